@@ -1,0 +1,91 @@
+package registry
+
+import (
+	"context"
+	"sync"
+)
+
+// Broadcaster fans Changes out to subscribers. A slow subscriber never blocks
+// the publisher: its pending changes are merged until it reads them.
+// Stores use it to implement Subscribe.
+type Broadcaster struct {
+	mu   sync.Mutex
+	subs map[*subscriber]struct{}
+}
+
+type subscriber struct {
+	mu      sync.Mutex
+	ids     map[string]struct{}
+	all     bool
+	pending bool
+	wake    chan struct{}
+}
+
+// Publish announces a change to every subscriber.
+func (b *Broadcaster) Publish(c Change) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for s := range b.subs {
+		s.mu.Lock()
+		if len(c.PeerIDs) == 0 {
+			s.all = true
+		}
+		for _, id := range c.PeerIDs {
+			s.ids[id] = struct{}{}
+		}
+		s.pending = true
+		s.mu.Unlock()
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Subscribe returns a channel of merged changes that closes when ctx ends.
+func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
+	s := &subscriber{ids: map[string]struct{}{}, wake: make(chan struct{}, 1)}
+	b.mu.Lock()
+	if b.subs == nil {
+		b.subs = map[*subscriber]struct{}{}
+	}
+	b.subs[s] = struct{}{}
+	b.mu.Unlock()
+	out := make(chan Change)
+	go func() {
+		defer close(out)
+		defer func() {
+			b.mu.Lock()
+			delete(b.subs, s)
+			b.mu.Unlock()
+		}()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.wake:
+			}
+			s.mu.Lock()
+			if !s.pending {
+				s.mu.Unlock()
+				continue
+			}
+			var c Change
+			if !s.all {
+				c.PeerIDs = make([]string, 0, len(s.ids))
+				for id := range s.ids {
+					c.PeerIDs = append(c.PeerIDs, id)
+				}
+			}
+			clear(s.ids)
+			s.all, s.pending = false, false
+			s.mu.Unlock()
+			select {
+			case out <- c:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}

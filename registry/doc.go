@@ -1,0 +1,10 @@
+// Package registry is the domain of pdplane's peer registry: peers (engine
+// instances) and their ranks, KV geometry and memory kinds, life-cycle states
+// and generations, the event log, the memory-kind resolution and pairing rules
+// that decide which prefill may send KV to which decode, and the Store
+// interface that the PostgreSQL and in-memory stores implement.
+//
+// It holds no SQL and does no I/O of its own; stores live in registry/pgstore
+// and registry/memstore, and both pass the contract suite in
+// registry/registrytest.
+package registry

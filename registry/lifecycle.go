@@ -1,0 +1,119 @@
+package registry
+
+import (
+	"fmt"
+	"time"
+)
+
+// The functions in this file are the life-cycle rules of a peer, written once
+// as pure functions so that every store applies exactly the same transitions.
+// Each returns the next peer and the events to append (ID and At unset).
+
+// ReasonLeaseExpired is the state reason of a peer whose heartbeats stopped.
+const ReasonLeaseExpired = "lease expired: heartbeats stopped"
+
+// ReasonSameAgentName is the stale reason kept when a stale peer re-registers
+// without a fresh NIXL agent name: SGLang ignores a re-registration under a
+// name it has seen, so nothing would be fixed.
+const ReasonSameAgentName = "re-registered under the same NIXL agent name; a fresh agent name is required to clear a stale mark"
+
+// Reregister applies a registration of spec over the existing peer prev.
+// It keeps the peer's ID, bumps the generation when the instance or an agent
+// name changed, and reports whether quarantines naming the peer must be
+// cleared because its geometry changed.
+func Reregister(prev Peer, spec PeerSpec, now time.Time, leaseTTL time.Duration) (next Peer, events []Event, clearQuarantine bool) {
+	next = prev
+	next.PeerSpec = spec
+	next.UpdatedAt = now
+	next.LeaseExpiry = now.Add(leaseTTL)
+	clearQuarantine = compatKey(&prev.PeerSpec) != compatKey(&spec)
+	if !NeedsNewGeneration(&prev.PeerSpec, &spec) {
+		if prev.State == StateStale {
+			next.StateReason = ReasonSameAgentName
+		}
+		if prev.State == StateFailed {
+			next.State, next.StateReason = StatePending, ""
+		}
+		return next, []Event{{Kind: EventRegistered, Message: "registration updated"}}, clearQuarantine
+	}
+	next.Generation = prev.Generation + 1
+	// A peer that was alive a moment ago (stale, or ready and restarted)
+	// goes straight back to ready: its agent just proved itself by
+	// re-registering, and waiting a heartbeat would keep it out of routing
+	// for no reason.
+	alive := prev.LastHeartbeat != nil && now.Before(prev.LeaseExpiry)
+	switch {
+	case prev.State == StateDraining:
+	case alive && (prev.State == StateReady || prev.State == StateStale):
+		next.State, next.StateReason = StateReady, ""
+	default:
+		next.State, next.StateReason = StatePending, ""
+	}
+	msg := fmt.Sprintf("generation %d → %d", prev.Generation, next.Generation)
+	if prev.InstanceID != spec.InstanceID {
+		msg += ", new instance " + spec.InstanceID
+	}
+	return next, []Event{{Kind: EventReregistered, Message: msg}}, clearQuarantine
+}
+
+// NewPeer is the peer a first registration creates.
+func NewPeer(id string, spec PeerSpec, now time.Time, leaseTTL time.Duration) (Peer, []Event) {
+	p := Peer{PeerSpec: spec, ID: id, State: StatePending, Generation: 1,
+		LeaseExpiry: now.Add(leaseTTL), CreatedAt: now, UpdatedAt: now}
+	return p, []Event{{Kind: EventRegistered, Message: "registered"}}
+}
+
+// ApplyHeartbeat applies an agent's heartbeat.
+func ApplyHeartbeat(prev Peer, hb Heartbeat, now time.Time, leaseTTL time.Duration) (next Peer, reply HeartbeatReply, events []Event) {
+	next = prev
+	next.Load = hb.Load
+	t := now
+	next.LastHeartbeat = &t
+	next.LeaseExpiry = now.Add(leaseTTL)
+	switch {
+	case hb.InstanceID != prev.InstanceID:
+		reply = HeartbeatReply{Action: ActionReregister, Reason: "instance changed: registered " + prev.InstanceID + ", heartbeat from " + hb.InstanceID}
+	case prev.State == StateStale:
+		reply = HeartbeatReply{Action: ActionReregister, Reason: prev.StateReason}
+	case prev.State == StatePending || prev.State == StateFailed:
+		next.State, next.StateReason, next.UpdatedAt = StateReady, "", now
+		events = []Event{{Kind: EventReady, Message: "first heartbeat"}}
+		reply = HeartbeatReply{Action: ActionNone}
+	default:
+		reply = HeartbeatReply{Action: ActionNone}
+	}
+	reply.State = next.State
+	return next, reply, events
+}
+
+// ApplyStale marks a peer stale. Marking an already stale peer again only
+// logs the new error.
+func ApplyStale(prev Peer, reason, errText string, now time.Time) (Peer, []Event) {
+	next := prev
+	if reason == "" {
+		reason = "marked stale"
+	}
+	next.State, next.StateReason, next.UpdatedAt = StateStale, reason, now
+	return next, []Event{
+		{Kind: EventStale, Message: reason, Error: errText},
+		{Kind: EventReregisterRequested, Message: "next heartbeat answers reregister"},
+	}
+}
+
+// ApplyDrain stops new work from going to a peer.
+func ApplyDrain(prev Peer, now time.Time) (Peer, []Event) {
+	next := prev
+	next.State, next.StateReason, next.UpdatedAt = StateDraining, "drained by operator", now
+	return next, []Event{{Kind: EventDrained, Message: "drained by operator"}}
+}
+
+// Expired reports whether the peer's lease has run out in a state where
+// that matters, and returns the failed peer.
+func Expired(prev Peer, now time.Time) (Peer, []Event, bool) {
+	if !now.After(prev.LeaseExpiry) || (prev.State != StateReady && prev.State != StatePending && prev.State != StateStale) {
+		return prev, nil, false
+	}
+	next := prev
+	next.State, next.StateReason, next.UpdatedAt = StateFailed, ReasonLeaseExpired, now
+	return next, []Event{{Kind: EventExpired, Message: ReasonLeaseExpired}}, true
+}

@@ -1,0 +1,337 @@
+// Package memstore is the embedded, in-memory registry store: the default when
+// no database is configured. It keeps everything in one process; peers
+// re-register through their heartbeats after a restart, so nothing that
+// matters is lost.
+package memstore
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// Config configures a Store.
+type Config struct {
+	LeaseTTL time.Duration    // how long a heartbeat keeps a peer alive
+	Now      func() time.Time // the clock; time.Now when nil
+	// MaxEvents bounds the event log kept in memory; the oldest go first.
+	MaxEvents int
+}
+
+// WithDefaults fills in unset fields.
+func (c Config) WithDefaults() Config {
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = registry.DefaultLeaseTTL
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.MaxEvents == 0 {
+		c.MaxEvents = 100_000
+	}
+	return c
+}
+
+// Store is the in-memory registry.Store. One mutex guards everything: the
+// store is small and its callers are the API handlers, not the router's hot
+// path (the router reads snapshots).
+type Store struct {
+	cfg Config
+	bc  registry.Broadcaster
+
+	mu          sync.Mutex
+	byID        map[string]*registry.Peer
+	byName      map[string]string
+	events      []registry.Event
+	lastEvent   int64
+	quarantines map[[2]string]registry.Quarantine
+}
+
+var _ registry.Store = (*Store)(nil)
+
+// New returns an empty store.
+func New(cfg Config) *Store {
+	return &Store{
+		cfg:         cfg.WithDefaults(),
+		byID:        map[string]*registry.Peer{},
+		byName:      map[string]string{},
+		quarantines: map[[2]string]registry.Quarantine{},
+	}
+}
+
+// NewID returns a random UUID (version 4), the form peer IDs take in both
+// stores.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// clone deep-copies a peer so callers never share memory with the store.
+func clone(p *registry.Peer) registry.Peer {
+	c := *p
+	if p.Labels != nil {
+		c.Labels = make(map[string]string, len(p.Labels))
+		for k, v := range p.Labels {
+			c.Labels[k] = v
+		}
+	}
+	c.Ranks = make([]registry.Rank, len(p.Ranks))
+	for i, r := range p.Ranks {
+		r.AgentMetadata = slices.Clone(r.AgentMetadata)
+		r.KVDataPtrs = slices.Clone(r.KVDataPtrs)
+		r.KVDataLens = slices.Clone(r.KVDataLens)
+		r.KVItemLens = slices.Clone(r.KVItemLens)
+		r.KVMemKinds = slices.Clone(r.KVMemKinds)
+		r.AuxDataPtrs = slices.Clone(r.AuxDataPtrs)
+		r.AuxDataLens = slices.Clone(r.AuxDataLens)
+		c.Ranks[i] = r
+	}
+	if p.LastHeartbeat != nil {
+		t := *p.LastHeartbeat
+		c.LastHeartbeat = &t
+	}
+	return c
+}
+
+// now returns the clock truncated to microseconds, as PostgreSQL stores
+// time, so that both stores answer alike.
+func (s *Store) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// put stores p and appends its events; the caller holds mu.
+func (s *Store) put(p registry.Peer, events []registry.Event) registry.Peer {
+	p = clone(&p) // never keep the caller's slices
+	s.byID[p.ID] = &p
+	s.byName[p.Name] = p.ID
+	s.log(&p, events)
+	return clone(&p)
+}
+
+func (s *Store) log(p *registry.Peer, events []registry.Event) {
+	for _, e := range events {
+		s.lastEvent++
+		e.ID, e.PeerID, e.PeerName, e.Generation, e.At = s.lastEvent, p.ID, p.Name, p.Generation, s.now()
+		s.events = append(s.events, e)
+	}
+	if over := len(s.events) - s.cfg.MaxEvents; over > 0 {
+		s.events = slices.Delete(s.events, 0, over)
+	}
+}
+
+func (s *Store) publish(ids ...string) { s.bc.Publish(registry.Change{PeerIDs: ids}) }
+
+func (s *Store) find(id string) (*registry.Peer, error) {
+	p, ok := s.byID[id]
+	if !ok {
+		return nil, fmt.Errorf("peer %s: %w", id, registry.ErrNotFound)
+	}
+	return p, nil
+}
+
+// Register implements registry.Store.
+func (s *Store) Register(_ context.Context, spec registry.PeerSpec) (registry.RegisterResult, error) {
+	s.mu.Lock()
+	now := s.now()
+	var res registry.RegisterResult
+	if id, ok := s.byName[spec.Name]; ok {
+		next, events, clearQ := registry.Reregister(*s.byID[id], spec, now, s.cfg.LeaseTTL)
+		if clearQ {
+			s.clearQuarantines(id)
+		}
+		res.Peer = s.put(next, events)
+	} else {
+		p, events := registry.NewPeer(NewID(), spec, now, s.cfg.LeaseTTL)
+		res.Peer, res.Created = s.put(p, events), true
+	}
+	s.mu.Unlock()
+	s.publish(res.Peer.ID)
+	return res, nil
+}
+
+func (s *Store) clearQuarantines(id string) {
+	for k := range s.quarantines {
+		if k[0] == id || k[1] == id {
+			delete(s.quarantines, k)
+		}
+	}
+}
+
+// Get implements registry.Store.
+func (s *Store) Get(_ context.Context, id string) (registry.Peer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := s.find(id)
+	if err != nil {
+		return registry.Peer{}, err
+	}
+	return clone(p), nil
+}
+
+// List implements registry.Store; peers come sorted by name.
+func (s *Store) List(_ context.Context, f registry.Filter) ([]registry.Peer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []registry.Peer{}
+	for _, p := range s.byID {
+		if f.Match(p) {
+			out = append(out, clone(p))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Delete implements registry.Store.
+func (s *Store) Delete(_ context.Context, id string) error {
+	s.mu.Lock()
+	p, err := s.find(id)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	delete(s.byID, id)
+	delete(s.byName, p.Name)
+	s.clearQuarantines(id)
+	s.log(p, []registry.Event{{Kind: registry.EventRemoved, Message: "removed by operator"}})
+	s.mu.Unlock()
+	s.publish(id)
+	return nil
+}
+
+// Drain implements registry.Store.
+func (s *Store) Drain(_ context.Context, id string) (registry.Peer, error) {
+	return s.update(id, func(p registry.Peer, now time.Time) (registry.Peer, []registry.Event) {
+		return registry.ApplyDrain(p, now)
+	})
+}
+
+// MarkStale implements registry.Store.
+func (s *Store) MarkStale(_ context.Context, id, reason, errText string) (registry.Peer, error) {
+	return s.update(id, func(p registry.Peer, now time.Time) (registry.Peer, []registry.Event) {
+		return registry.ApplyStale(p, reason, errText, now)
+	})
+}
+
+func (s *Store) update(id string, f func(registry.Peer, time.Time) (registry.Peer, []registry.Event)) (registry.Peer, error) {
+	s.mu.Lock()
+	p, err := s.find(id)
+	if err != nil {
+		s.mu.Unlock()
+		return registry.Peer{}, err
+	}
+	next, events := f(*p, s.now())
+	out := s.put(next, events)
+	s.mu.Unlock()
+	s.publish(id)
+	return out, nil
+}
+
+// Heartbeat implements registry.Store.
+func (s *Store) Heartbeat(_ context.Context, hb registry.Heartbeat) (registry.HeartbeatReply, error) {
+	s.mu.Lock()
+	p, err := s.find(hb.PeerID)
+	if err != nil {
+		s.mu.Unlock()
+		return registry.HeartbeatReply{}, err
+	}
+	next, reply, events := registry.ApplyHeartbeat(*p, hb, s.now(), s.cfg.LeaseTTL)
+	s.put(next, events)
+	s.mu.Unlock()
+	if next.State != p.State {
+		s.publish(hb.PeerID)
+	}
+	return reply, nil
+}
+
+// Quarantine implements registry.Store.
+func (s *Store) Quarantine(_ context.Context, q registry.Quarantine) error {
+	s.mu.Lock()
+	d, err := s.find(q.DecodeID)
+	if err == nil {
+		_, err = s.find(q.PrefillID)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	q.At = s.now()
+	s.quarantines[[2]string{q.PrefillID, q.DecodeID}] = q
+	s.log(d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail}})
+	s.mu.Unlock()
+	s.publish(q.DecodeID, q.PrefillID)
+	return nil
+}
+
+// Quarantines implements registry.Store.
+func (s *Store) Quarantines(context.Context) ([]registry.Quarantine, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]registry.Quarantine, 0, len(s.quarantines))
+	for _, q := range s.quarantines {
+		out = append(out, q)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	return out, nil
+}
+
+// ExpireLeases implements registry.Store.
+func (s *Store) ExpireLeases(_ context.Context, now time.Time) (int, error) {
+	s.mu.Lock()
+	var ids []string
+	for id, p := range s.byID {
+		if next, events, ok := registry.Expired(*p, now); ok {
+			s.put(next, events)
+			ids = append(ids, id)
+		}
+	}
+	s.mu.Unlock()
+	if len(ids) > 0 {
+		s.publish(ids...)
+	}
+	return len(ids), nil
+}
+
+// Events implements registry.Store.
+func (s *Store) Events(_ context.Context, q registry.EventQuery) ([]registry.Event, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	out := []registry.Event{}
+	match := func(e *registry.Event) bool { return q.PeerID == "" || e.PeerID == q.PeerID }
+	if q.After > 0 {
+		i := sort.Search(len(s.events), func(i int) bool { return s.events[i].ID > q.After })
+		for ; i < len(s.events) && len(out) < limit; i++ {
+			if match(&s.events[i]) {
+				out = append(out, s.events[i])
+			}
+		}
+		return out, nil
+	}
+	for i := len(s.events) - 1; i >= 0 && len(out) < limit; i-- {
+		e := &s.events[i]
+		if (q.Before == 0 || e.ID < q.Before) && match(e) {
+			out = append(out, *e)
+		}
+	}
+	return out, nil
+}
+
+// Subscribe implements registry.Store.
+func (s *Store) Subscribe(ctx context.Context) <-chan registry.Change { return s.bc.Subscribe(ctx) }
+
+// Ping implements registry.Store; the embedded store is always there.
+func (s *Store) Ping(context.Context) error { return nil }
+
+// Close implements registry.Store.
+func (s *Store) Close() {}

@@ -1,0 +1,190 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// MirrorConfig configures a Mirror.
+type MirrorConfig struct {
+	// Debounce is how long to gather further changes before rebuilding the
+	// snapshot. It bounds how often snapshots are rebuilt under a storm of
+	// changes, and adds to the time a stale mark takes to reach the router.
+	Debounce time.Duration
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+// WithDefaults fills in unset fields.
+func (c MirrorConfig) WithDefaults() MirrorConfig {
+	if c.Debounce == 0 {
+		c.Debounce = 5 * time.Millisecond
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Mirror keeps an in-memory Snapshot of a Store current: it loads everything
+// once, then follows the store's change announcements and reloads only the
+// peers that changed.
+type Mirror struct {
+	cfg   MirrorConfig
+	store Store
+	log   zerolog.Logger
+
+	cur     atomic.Pointer[Snapshot]
+	peers   map[string]Peer // owned by the run loop after Start
+	version uint64
+
+	mu       sync.Mutex
+	watchers map[chan *Snapshot]struct{}
+}
+
+// NewMirror returns a mirror of store; call Start before Snapshot.
+func NewMirror(cfg MirrorConfig, store Store, log zerolog.Logger) *Mirror {
+	m := &Mirror{cfg: cfg.WithDefaults(), store: store, log: log, watchers: map[chan *Snapshot]struct{}{}}
+	m.cur.Store(NewSnapshot(0, nil, nil, m.cfg.Now()))
+	return m
+}
+
+// Start loads the whole store and follows its changes until ctx ends.
+func (m *Mirror) Start(ctx context.Context) error {
+	changes := m.store.Subscribe(ctx) // subscribe first so nothing slips between load and follow
+	peers, err := m.store.List(ctx, Filter{})
+	if err != nil {
+		return fmt.Errorf("load peers: %w", err)
+	}
+	m.peers = make(map[string]Peer, len(peers))
+	for _, p := range peers {
+		m.peers[p.ID] = p
+	}
+	if err := m.rebuild(ctx); err != nil {
+		return err
+	}
+	go m.run(ctx, changes)
+	return nil
+}
+
+// Snapshot returns the current snapshot. It never blocks.
+func (m *Mirror) Snapshot() *Snapshot { return m.cur.Load() }
+
+// Watch returns a channel that receives each new snapshot (the latest one
+// when the receiver falls behind) until ctx ends.
+func (m *Mirror) Watch(ctx context.Context) <-chan *Snapshot {
+	ch := make(chan *Snapshot, 1)
+	m.mu.Lock()
+	m.watchers[ch] = struct{}{}
+	m.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		m.mu.Lock()
+		delete(m.watchers, ch)
+		m.mu.Unlock()
+	}()
+	return ch
+}
+
+func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
+	for {
+		var c Change
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return
+		case c, ok = <-changes:
+			if !ok {
+				return
+			}
+		}
+		ids, all := map[string]struct{}{}, len(c.PeerIDs) == 0
+		for _, id := range c.PeerIDs {
+			ids[id] = struct{}{}
+		}
+		// Gather what else arrives within the debounce window.
+		timer := time.NewTimer(m.cfg.Debounce)
+	gather:
+		for {
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case more, ok := <-changes:
+				if !ok {
+					break gather
+				}
+				if len(more.PeerIDs) == 0 {
+					all = true
+				}
+				for _, id := range more.PeerIDs {
+					ids[id] = struct{}{}
+				}
+			case <-timer.C:
+				break gather
+			}
+		}
+		if err := m.apply(ctx, ids, all); err != nil && ctx.Err() == nil {
+			m.log.Error().Err(err).Msg("refresh registry snapshot")
+		}
+	}
+}
+
+func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) error {
+	if all {
+		peers, err := m.store.List(ctx, Filter{})
+		if err != nil {
+			return fmt.Errorf("reload peers: %w", err)
+		}
+		m.peers = make(map[string]Peer, len(peers))
+		for _, p := range peers {
+			m.peers[p.ID] = p
+		}
+	} else {
+		for id := range ids {
+			p, err := m.store.Get(ctx, id)
+			switch {
+			case errors.Is(err, ErrNotFound):
+				delete(m.peers, id)
+			case err != nil:
+				return fmt.Errorf("reload peer %s: %w", id, err)
+			default:
+				m.peers[id] = p
+			}
+		}
+	}
+	return m.rebuild(ctx)
+}
+
+func (m *Mirror) rebuild(ctx context.Context) error {
+	qs, err := m.store.Quarantines(ctx)
+	if err != nil {
+		return fmt.Errorf("load quarantines: %w", err)
+	}
+	peers := make([]Peer, 0, len(m.peers))
+	for _, p := range m.peers {
+		peers = append(peers, p)
+	}
+	m.version++
+	s := NewSnapshot(m.version, peers, qs, m.cfg.Now())
+	m.cur.Store(s)
+	m.mu.Lock()
+	for ch := range m.watchers {
+		select {
+		case <-ch: // drop the unread older snapshot
+		default:
+		}
+		select {
+		case ch <- s:
+		default:
+		}
+	}
+	m.mu.Unlock()
+	return nil
+}

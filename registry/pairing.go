@@ -1,0 +1,201 @@
+package registry
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Path is the way KV moves from a prefill to a decode, as SGLang's NIXL
+// connector chooses it.
+type Path string
+
+// Transfer paths.
+const (
+	// PathMLA: either side uses MLA; every rank holds the whole latent KV.
+	PathMLA Path = "mla"
+	// PathEqualTP: both sides split attention heads over the same number of
+	// ranks, so pages move whole from rank i to rank i.
+	PathEqualTP Path = "equal_tp"
+	// PathHeteroTP: attention TP sizes differ, so each page is sliced by head;
+	// supported only into VRAM.
+	PathHeteroTP Path = "hetero_tp"
+	// PathMixedSegments: the destination mixes memory kinds, so the transfer
+	// is issued once per run of equal (source, destination) kinds.
+	PathMixedSegments Path = "mixed_segments"
+)
+
+// NeedsMemKind reports whether the transfer on this path must know the
+// destination's memory kind (a homogeneous kind or segments); on these paths
+// a destination with neither is SGLang's "Missing NIXL destination KV memory
+// kind".
+func (p Path) NeedsMemKind() bool {
+	return p == PathMLA || p == PathEqualTP || p == PathMixedSegments
+}
+
+// Verdict says whether a prefill may send KV to a decode, by which path, and
+// why not when it may not.
+type Verdict struct {
+	Compatible bool   `json:"compatible"`
+	Path       Path   `json:"path,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+}
+
+func refuse(format string, args ...any) Verdict {
+	return Verdict{Reason: fmt.Sprintf(format, args...)}
+}
+
+// CheckPair applies the pairing rules to a (prefill, decode) pair of specs.
+// It looks only at what the engines declared, not at life-cycle state, so
+// its answer stays valid for as long as neither peer re-registers.
+func CheckPair(prefill, decode *PeerSpec) Verdict {
+	switch {
+	case !prefill.Role.Prefills():
+		return refuse("%s cannot prefill (role %s)", prefill.Name, prefill.Role)
+	case !decode.Role.Decodes():
+		return refuse("%s cannot decode (role %s)", decode.Name, decode.Role)
+	case prefill.Name == decode.Name:
+		return refuse("a peer does not pair with itself")
+	}
+	if v, ok := checkShape(prefill, decode); !ok {
+		return v
+	}
+	return checkMemKinds(prefill, decode)
+}
+
+// checkShape applies every rule that does not involve memory kinds.
+func checkShape(p, d *PeerSpec) (Verdict, bool) {
+	switch {
+	case p.Engine.Protocol() != d.Engine.Protocol():
+		return refuse("engine protocols differ: prefill speaks %s, decode speaks %s", p.Engine.Protocol(), d.Engine.Protocol()), false
+	case p.Model != d.Model:
+		return refuse("models differ: prefill serves %q, decode serves %q", p.Model, d.Model), false
+	case (p.TransferGroup != "" || d.TransferGroup != "") && p.TransferGroup != d.TransferGroup:
+		return refuse("transfer groups differ: prefill in %q, decode in %q", p.TransferGroup, d.TransferGroup), false
+	case p.KV.PageSize != d.KV.PageSize:
+		return refuse("page sizes differ: prefill %d, decode %d", p.KV.PageSize, d.KV.PageSize), false
+	case p.KV.DType != d.KV.DType:
+		return refuse("kv dtypes differ: prefill %s, decode %s", p.KV.DType, d.KV.DType), false
+	case p.KV.IsMLA != d.KV.IsMLA:
+		return refuse("one side uses MLA and the other does not (prefill is_mla=%t, decode is_mla=%t)", p.KV.IsMLA, d.KV.IsMLA), false
+	case p.Parallelism.PPSize != d.Parallelism.PPSize && d.Parallelism.PPSize != 1:
+		return refuse("pipeline parallel sizes differ: prefill pp %d, decode pp %d (decode pp must equal it or be 1)", p.Parallelism.PPSize, d.Parallelism.PPSize), false
+	}
+	src, dst := maxRegions(p.Ranks), minRegions(d.Ranks)
+	if dst < src {
+		return refuse("decode has fewer KV regions (%d) than the prefill sends (%d)", dst, src), false
+	}
+	return Verdict{}, true
+}
+
+// TransferPath is the path SGLang takes between the two geometries.
+func TransferPath(prefill, decode *PeerSpec) Path {
+	switch {
+	case prefill.KV.IsMLA || decode.KV.IsMLA:
+		return PathMLA
+	case prefill.Parallelism.AttnTPSize == decode.Parallelism.AttnTPSize:
+		return PathEqualTP
+	default:
+		return PathHeteroTP
+	}
+}
+
+// checkMemKinds resolves the destination memory kind of every decode rank for
+// the path the pair would take.
+func checkMemKinds(p, d *PeerSpec) Verdict {
+	path := TransferPath(p, d)
+	mixed := false
+	for i := range d.Ranks {
+		dr := &d.Ranks[i]
+		field := fmt.Sprintf("decode ranks[%d].kv_mem_kinds", i)
+		if len(dr.KVMemKinds) != len(dr.KVDataPtrs) {
+			return refuse("%s: destination memory kind unresolvable (%d kinds for %d regions)", field, len(dr.KVMemKinds), len(dr.KVDataPtrs))
+		}
+		if path == PathHeteroTP {
+			for j, k := range dr.KVMemKinds {
+				if k != VRAM {
+					return refuse("heterogeneous TP (prefill attn_tp %d, decode attn_tp %d) supports only VRAM destinations; %s[%d] is %s",
+						p.Parallelism.AttnTPSize, d.Parallelism.AttnTPSize, field, j, k)
+				}
+			}
+			continue
+		}
+		if _, ok := HomogeneousKind(dr.KVMemKinds); ok {
+			continue
+		}
+		sr := &p.Ranks[i%len(p.Ranks)]
+		if _, err := Segments(sr.KVMemKinds, dr.KVMemKinds); err != nil {
+			return refuse("%s: %v", field, err)
+		}
+		mixed = true
+	}
+	if mixed {
+		path = PathMixedSegments
+	}
+	return Verdict{Compatible: true, Path: path}
+}
+
+func maxRegions(ranks []Rank) int {
+	n := 0
+	for i := range ranks {
+		n = max(n, len(ranks[i].KVDataPtrs))
+	}
+	return n
+}
+
+func minRegions(ranks []Rank) int {
+	if len(ranks) == 0 {
+		return 0
+	}
+	n := len(ranks[0].KVDataPtrs)
+	for i := range ranks[1:] {
+		n = min(n, len(ranks[i+1].KVDataPtrs))
+	}
+	return n
+}
+
+// compatKey summarises every field CheckPair reads except name and role, so
+// peers with equal keys get equal verdicts against any other peer. Snapshots
+// compute verdicts once per pair of keys, not once per pair of peers.
+func compatKey(s *PeerSpec) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s|%q|%q|%d|%q|%t|%d|%d|%d", s.Engine.Protocol(), s.Model, s.TransferGroup,
+		s.KV.PageSize, s.KV.DType, s.KV.IsMLA, s.KV.NumLayers, s.Parallelism.PPSize, s.Parallelism.AttnTPSize)
+	for i := range s.Ranks {
+		b.WriteString("|")
+		for _, k := range s.Ranks[i].KVMemKinds {
+			b.WriteString(strconv.Itoa(int(k)))
+		}
+		b.WriteString("/")
+		b.WriteString(strconv.Itoa(len(s.Ranks[i].KVDataPtrs)))
+	}
+	return b.String()
+}
+
+// GeometryDiff describes how two peers' KV geometries differ, for quarantine
+// records and operators.
+func GeometryDiff(prefill, decode *PeerSpec) string {
+	var diffs []string
+	add := func(name string, a, b any) {
+		if fmt.Sprint(a) != fmt.Sprint(b) {
+			diffs = append(diffs, fmt.Sprintf("%s: prefill %v, decode %v", name, a, b))
+		}
+	}
+	add("page_size", prefill.KV.PageSize, decode.KV.PageSize)
+	add("dtype", prefill.KV.DType, decode.KV.DType)
+	add("is_mla", prefill.KV.IsMLA, decode.KV.IsMLA)
+	add("num_layers", prefill.KV.NumLayers, decode.KV.NumLayers)
+	add("num_kv_heads", prefill.KV.NumKVHeads, decode.KV.NumKVHeads)
+	add("head_dim", prefill.KV.HeadDim, decode.KV.HeadDim)
+	add("attn_tp_size", prefill.Parallelism.AttnTPSize, decode.Parallelism.AttnTPSize)
+	add("pp_size", prefill.Parallelism.PPSize, decode.Parallelism.PPSize)
+	add("ranks", len(prefill.Ranks), len(decode.Ranks))
+	for i := 0; i < min(len(prefill.Ranks), len(decode.Ranks)); i++ {
+		add(fmt.Sprintf("ranks[%d].regions", i), len(prefill.Ranks[i].KVDataPtrs), len(decode.Ranks[i].KVDataPtrs))
+		add(fmt.Sprintf("ranks[%d].kv_mem_kinds", i), prefill.Ranks[i].KVMemKinds, decode.Ranks[i].KVMemKinds)
+	}
+	if len(diffs) == 0 {
+		return "no geometry difference: the failure is not explained by the declared geometry"
+	}
+	return strings.Join(diffs, "; ")
+}

@@ -1,0 +1,201 @@
+package registry
+
+import "time"
+
+// Role says which half of a PD split a peer serves.
+type Role string
+
+// Roles.
+const (
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+	RoleBoth    Role = "both"
+)
+
+// Valid reports whether r is a known role.
+func (r Role) Valid() bool { return r == RolePrefill || r == RoleDecode || r == RoleBoth }
+
+// Prefills reports whether a peer of this role can serve the prefill leg.
+func (r Role) Prefills() bool { return r == RolePrefill || r == RoleBoth }
+
+// Decodes reports whether a peer of this role can serve the decode leg.
+func (r Role) Decodes() bool { return r == RoleDecode || r == RoleBoth }
+
+// Engine names the engine protocol a peer speaks. The simulator speaks
+// SGLang's protocol when registered as EngineSim.
+type Engine string
+
+// Engines.
+const (
+	EngineSGLang Engine = "sglang"
+	EngineVLLM   Engine = "vllm"
+	EngineSim    Engine = "sim"
+)
+
+// Valid reports whether e is a known engine.
+func (e Engine) Valid() bool { return e == EngineSGLang || e == EngineVLLM || e == EngineSim }
+
+// Protocol is the PD protocol the router must speak to the engine.
+func (e Engine) Protocol() Engine {
+	if e == EngineSim {
+		return EngineSGLang
+	}
+	return e
+}
+
+// State is where a peer is in its life cycle.
+type State string
+
+// States. A peer is routable only while StateReady.
+const (
+	StatePending  State = "pending"  // registered, no heartbeat yet
+	StateReady    State = "ready"    // heartbeating; routable
+	StateStale    State = "stale"    // a transfer to it failed; waiting for re-registration
+	StateDraining State = "draining" // an operator asked it to take no new work
+	StateFailed   State = "failed"   // heartbeats stopped for its lease
+)
+
+// Valid reports whether s is a known state.
+func (s State) Valid() bool {
+	switch s {
+	case StatePending, StateReady, StateStale, StateDraining, StateFailed:
+		return true
+	}
+	return false
+}
+
+// DefaultBootstrapPort is SGLang's default disaggregation bootstrap port.
+const DefaultBootstrapPort = 8998
+
+// Parallelism is how an engine splits the model over devices.
+type Parallelism struct {
+	TPSize     int `json:"tp_size"`
+	AttnTPSize int `json:"attn_tp_size"`
+	DPSize     int `json:"dp_size"`
+	PPSize     int `json:"pp_size"`
+	PPRank     int `json:"pp_rank"`
+	DCPSize    int `json:"dcp_size"`
+	DCPRank    int `json:"dcp_rank"`
+}
+
+// KVGeometry is the shape of a peer's KV cache, common to all its ranks.
+type KVGeometry struct {
+	PageSize   int    `json:"page_size"`
+	DType      string `json:"dtype"`
+	NumLayers  int    `json:"num_layers"`
+	NumKVHeads int    `json:"num_kv_heads"`
+	HeadDim    int    `json:"head_dim"`
+	IsMLA      bool   `json:"is_mla"`
+}
+
+// Rank is one device's share of a peer's KV cache, with the NIXL agent that
+// owns it. Region i is KVDataPtrs[i] .. KVDataPtrs[i]+KVDataLens[i] and lives
+// in memory of kind KVMemKinds[i].
+type Rank struct {
+	Rank          int       `json:"rank"`
+	GPUID         int       `json:"gpu_id"`
+	AgentName     string    `json:"agent_name"`
+	AgentMetadata []byte    `json:"agent_metadata"`
+	KVDataPtrs    []uint64  `json:"kv_data_ptrs"`
+	KVDataLens    []uint64  `json:"kv_data_lens"`
+	KVItemLens    []uint64  `json:"kv_item_lens"`
+	KVMemKinds    []MemKind `json:"kv_mem_kinds"`
+	AuxDataPtrs   []uint64  `json:"aux_data_ptrs,omitempty"`
+	AuxDataLens   []uint64  `json:"aux_data_lens,omitempty"`
+}
+
+// Load is what a peer reports about its own work on each heartbeat.
+type Load struct {
+	Running int     `json:"running"`
+	Queued  int     `json:"queued"`
+	KVUsage float64 `json:"kv_usage"`
+}
+
+// PeerSpec is what an agent registers: everything about a peer that the
+// engine decides, none of what the control plane decides.
+type PeerSpec struct {
+	Name          string            `json:"name"`
+	Role          Role              `json:"role"`
+	Engine        Engine            `json:"engine"`
+	URL           string            `json:"url"`
+	BootstrapHost string            `json:"bootstrap_host,omitempty"`
+	BootstrapPort int               `json:"bootstrap_port,omitempty"`
+	Model         string            `json:"model"`
+	InstanceID    string            `json:"instance_id"`
+	TransferGroup string            `json:"transfer_group,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Parallelism   Parallelism       `json:"parallelism"`
+	KV            KVGeometry        `json:"kv"`
+	Ranks         []Rank            `json:"ranks"`
+}
+
+// Peer is a registered engine instance: its spec plus the control plane's view
+// of its life.
+type Peer struct {
+	PeerSpec
+	ID            string     `json:"id"`
+	State         State      `json:"state"`
+	StateReason   string     `json:"state_reason,omitempty"`
+	Generation    int64      `json:"generation"`
+	LeaseExpiry   time.Time  `json:"lease_expiry"`
+	LastHeartbeat *time.Time `json:"last_heartbeat,omitempty"`
+	Load          Load       `json:"load"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+}
+
+// Routable reports whether the router may send work to the peer.
+func (p *Peer) Routable() bool { return p.State == StateReady }
+
+// AgentNames lists the NIXL agent names of the peer's ranks, in rank order.
+func (p *PeerSpec) AgentNames() []string {
+	names := make([]string, len(p.Ranks))
+	for i, r := range p.Ranks {
+		names[i] = r.AgentName
+	}
+	return names
+}
+
+// NeedsNewGeneration reports whether registering next over prev starts a new
+// generation: the process restarted or a rank's NIXL agent changed name, so
+// every holder of the old agent metadata must drop it.
+func NeedsNewGeneration(prev, next *PeerSpec) bool {
+	if prev.InstanceID != next.InstanceID || len(prev.Ranks) != len(next.Ranks) {
+		return true
+	}
+	for i := range prev.Ranks {
+		if prev.Ranks[i].AgentName != next.Ranks[i].AgentName {
+			return true
+		}
+	}
+	return false
+}
+
+// EventKind names an entry of the append-only event log.
+type EventKind string
+
+// Event kinds.
+const (
+	EventRegistered          EventKind = "registered"
+	EventReady               EventKind = "ready"
+	EventStale               EventKind = "stale"
+	EventReregisterRequested EventKind = "reregister_requested"
+	EventReregistered        EventKind = "reregistered"
+	EventExpired             EventKind = "expired"
+	EventDrained             EventKind = "drained"
+	EventRemoved             EventKind = "removed"
+	EventQuarantined         EventKind = "quarantined"
+)
+
+// Event is one entry of the event log. IDs grow with time, so they double as
+// a pagination cursor.
+type Event struct {
+	ID         int64     `json:"id"`
+	PeerID     string    `json:"peer_id"`
+	PeerName   string    `json:"peer_name"`
+	Kind       EventKind `json:"kind"`
+	Generation int64     `json:"generation"`
+	Message    string    `json:"message,omitempty"`
+	Error      string    `json:"error,omitempty"`
+	At         time.Time `json:"at"`
+}

@@ -1,0 +1,194 @@
+// Package pgstore is the PostgreSQL registry store. Every replica of the
+// control plane shares one database: writes are transactions that append
+// events and NOTIFY; one listening connection per process turns notifications
+// into registry.Changes; heartbeats are batched into one statement per batch;
+// the lease sweeper runs under an advisory lock so one replica sweeps at a
+// time. All of pdplane's SQL lives in this package.
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/migrations"
+	"github.com/pdplane/pdplane/registry"
+)
+
+// Config configures a Store.
+type Config struct {
+	URL      string
+	LeaseTTL time.Duration
+	// Channel is the NOTIFY channel; tests give each schema its own.
+	Channel string
+	// HeartbeatBatch is the most heartbeats written by one statement.
+	HeartbeatBatch int
+	// HeartbeatLinger is how long the batcher waits for more heartbeats
+	// after the first one of a batch arrives.
+	HeartbeatLinger time.Duration
+	// Migrate applies migrations when the store opens.
+	Migrate bool
+	Now     func() time.Time
+}
+
+// WithDefaults fills in unset fields.
+func (c Config) WithDefaults() Config {
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = registry.DefaultLeaseTTL
+	}
+	if c.Channel == "" {
+		c.Channel = "pdplane_peers"
+	}
+	if c.HeartbeatBatch == 0 {
+		c.HeartbeatBatch = 2000
+	}
+	if c.HeartbeatLinger == 0 {
+		c.HeartbeatLinger = 2 * time.Millisecond
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.URL == "" {
+		return errors.New("database url is required")
+	}
+	if c.HeartbeatBatch < 1 {
+		return fmt.Errorf("heartbeat batch must be at least 1, got %d", c.HeartbeatBatch)
+	}
+	return nil
+}
+
+// Store is the PostgreSQL registry.Store.
+type Store struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	log     zerolog.Logger
+	bc      registry.Broadcaster
+	hb      *heartbeatBatcher
+	lockKey int64 // advisory lock of the lease sweeper
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+var _ registry.Store = (*Store)(nil)
+
+// Open connects, migrates when asked, and starts the notification listener
+// and the heartbeat batcher. Close stops them.
+func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Store, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	if cfg.Migrate {
+		if err := migrateURL(ctx, pcfg.ConnConfig); err != nil {
+			return nil, err
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ping database: %w", err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte("pdplane-lease-sweeper:" + cfg.Channel))
+	runCtx, cancel := context.WithCancel(context.Background())
+	s := &Store{cfg: cfg, pool: pool, log: log, lockKey: int64(h.Sum64()), cancel: cancel, done: make(chan struct{})}
+	s.hb = newHeartbeatBatcher(s)
+	listening := make(chan error, 1)
+	go func() {
+		defer close(s.done)
+		go s.hb.run(runCtx)
+		s.listen(runCtx, pcfg.ConnConfig, listening)
+	}()
+	select {
+	case err := <-listening:
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+	case <-ctx.Done():
+		s.Close()
+		return nil, ctx.Err()
+	}
+	return s, nil
+}
+
+// Migrate applies the embedded migrations to the database at url.
+func Migrate(ctx context.Context, url string) error {
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		return fmt.Errorf("parse database url: %w", err)
+	}
+	return migrateURL(ctx, cc)
+}
+
+func migrateURL(ctx context.Context, cc *pgx.ConnConfig) error {
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return fmt.Errorf("connect for migration: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, _, err := migrations.Migrate(ctx, conn); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Close stops the listener and batcher and closes the pool.
+func (s *Store) Close() {
+	s.cancel()
+	<-s.done
+	s.pool.Close()
+}
+
+// Ping implements registry.Store.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// Subscribe implements registry.Store.
+func (s *Store) Subscribe(ctx context.Context) <-chan registry.Change { return s.bc.Subscribe(ctx) }
+
+func (s *Store) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// notify queues a change notification in tx; PostgreSQL delivers it to every
+// listener, this process's too, when tx commits.
+func (s *Store) notify(ctx context.Context, tx pgx.Tx, ids ...string) error {
+	_, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", s.cfg.Channel, encodeIDs(ids))
+	return err
+}
+
+// classify turns driver errors into registry error classes.
+func classify(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: %w", what, registry.ErrNotFound)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "23505":
+			return fmt.Errorf("%s: %w: %s", what, registry.ErrConflict, pgErr.Detail)
+		case "22P02": // invalid text representation, e.g. a malformed uuid
+			return fmt.Errorf("%s: %w", what, registry.ErrNotFound)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}

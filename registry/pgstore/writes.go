@@ -1,0 +1,336 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// Register implements registry.Store: one transaction locks the row of the
+// name (if any), applies registry.Reregister or registry.NewPeer, writes the
+// peer, its ranks and events, and notifies.
+func (s *Store) Register(ctx context.Context, spec registry.PeerSpec) (registry.RegisterResult, error) {
+	var res registry.RegisterResult
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		now := s.now()
+		// Serialise registrations of one name, including the very first,
+		// which has no row to lock yet.
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", spec.Name); err != nil {
+			return err
+		}
+		prev, err := loadPeers(ctx, tx, "WHERE name = $1 FOR UPDATE", spec.Name)
+		if err != nil {
+			return err
+		}
+		var next registry.Peer
+		var events []registry.Event
+		if len(prev) == 0 {
+			id, err := newUUID(ctx, tx)
+			if err != nil {
+				return err
+			}
+			next, events = registry.NewPeer(id, spec, now, s.cfg.LeaseTTL)
+			res.Created = true
+		} else {
+			var clearQ bool
+			next, events, clearQ = registry.Reregister(prev[0], spec, now, s.cfg.LeaseTTL)
+			if clearQ {
+				if _, err := tx.Exec(ctx, "DELETE FROM pair_quarantines WHERE prefill_id = $1 OR decode_id = $1", next.ID); err != nil {
+					return err
+				}
+			}
+		}
+		if err := writePeer(ctx, tx, &next, true); err != nil {
+			return err
+		}
+		if err := s.appendEvents(ctx, tx, &next, events, now); err != nil {
+			return err
+		}
+		res.Peer = next
+		return s.notify(ctx, tx, next.ID)
+	})
+	if err != nil {
+		return registry.RegisterResult{}, classify(err, "register peer "+spec.Name)
+	}
+	return res, nil
+}
+
+func newUUID(ctx context.Context, tx pgx.Tx) (string, error) {
+	var id string
+	err := tx.QueryRow(ctx, "SELECT gen_random_uuid()::text").Scan(&id)
+	return id, err
+}
+
+// writePeer upserts the peer row and, when withRanks, replaces its ranks.
+func writePeer(ctx context.Context, tx pgx.Tx, p *registry.Peer, withRanks bool) error {
+	labels, err := json.Marshal(p.Labels)
+	if err != nil {
+		return fmt.Errorf("encode labels: %w", err)
+	}
+	if p.Labels == nil {
+		labels = []byte("{}")
+	}
+	_, err = tx.Exec(ctx, `
+INSERT INTO peers (id, name, role, engine, url, bootstrap_host, bootstrap_port, model, instance_id,
+	transfer_group, labels, tp_size, attn_tp_size, dp_size, pp_size, pp_rank, dcp_size, dcp_rank,
+	page_size, kv_dtype, num_layers, num_kv_heads, head_dim, is_mla, state, state_reason, generation,
+	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
+	$21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)
+ON CONFLICT (id) DO UPDATE SET
+	name = EXCLUDED.name, role = EXCLUDED.role, engine = EXCLUDED.engine, url = EXCLUDED.url,
+	bootstrap_host = EXCLUDED.bootstrap_host, bootstrap_port = EXCLUDED.bootstrap_port,
+	model = EXCLUDED.model, instance_id = EXCLUDED.instance_id, transfer_group = EXCLUDED.transfer_group,
+	labels = EXCLUDED.labels, tp_size = EXCLUDED.tp_size, attn_tp_size = EXCLUDED.attn_tp_size,
+	dp_size = EXCLUDED.dp_size, pp_size = EXCLUDED.pp_size, pp_rank = EXCLUDED.pp_rank,
+	dcp_size = EXCLUDED.dcp_size, dcp_rank = EXCLUDED.dcp_rank, page_size = EXCLUDED.page_size,
+	kv_dtype = EXCLUDED.kv_dtype, num_layers = EXCLUDED.num_layers, num_kv_heads = EXCLUDED.num_kv_heads,
+	head_dim = EXCLUDED.head_dim, is_mla = EXCLUDED.is_mla, state = EXCLUDED.state,
+	state_reason = EXCLUDED.state_reason, generation = EXCLUDED.generation,
+	lease_expiry = EXCLUDED.lease_expiry, last_heartbeat = EXCLUDED.last_heartbeat,
+	load_running = EXCLUDED.load_running, load_queued = EXCLUDED.load_queued,
+	load_kv_usage = EXCLUDED.load_kv_usage, updated_at = EXCLUDED.updated_at`,
+		p.ID, p.Name, p.Role, p.Engine, p.URL, p.BootstrapHost, p.BootstrapPort, p.Model, p.InstanceID,
+		p.TransferGroup, labels, p.Parallelism.TPSize, p.Parallelism.AttnTPSize, p.Parallelism.DPSize,
+		p.Parallelism.PPSize, p.Parallelism.PPRank, p.Parallelism.DCPSize, p.Parallelism.DCPRank,
+		p.KV.PageSize, p.KV.DType, p.KV.NumLayers, p.KV.NumKVHeads, p.KV.HeadDim, p.KV.IsMLA,
+		p.State, p.StateReason, p.Generation, p.LeaseExpiry, p.LastHeartbeat,
+		p.Load.Running, p.Load.Queued, p.Load.KVUsage, p.CreatedAt, p.UpdatedAt)
+	if err != nil || !withRanks {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "DELETE FROM peer_ranks WHERE peer_id = $1", p.ID); err != nil {
+		return err
+	}
+	rows := make([][]any, len(p.Ranks))
+	for i, r := range p.Ranks {
+		kinds := make([]int16, len(r.KVMemKinds))
+		for j, k := range r.KVMemKinds {
+			kinds[j] = int16(k)
+		}
+		meta := r.AgentMetadata
+		if meta == nil {
+			meta = []byte{}
+		}
+		rows[i] = []any{p.ID, r.Rank, r.GPUID, r.AgentName, meta, toI64(r.KVDataPtrs), toI64(r.KVDataLens),
+			toI64(r.KVItemLens), kinds, toI64(r.AuxDataPtrs), toI64(r.AuxDataLens)}
+	}
+	_, err = tx.CopyFrom(ctx, pgx.Identifier{"peer_ranks"},
+		[]string{"peer_id", "rank", "gpu_id", "agent_name", "agent_metadata", "kv_data_ptrs", "kv_data_lens",
+			"kv_item_lens", "kv_mem_kinds", "aux_data_ptrs", "aux_data_lens"},
+		pgx.CopyFromRows(rows))
+	return err
+}
+
+func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, p *registry.Peer, events []registry.Event, now time.Time) error {
+	for _, e := range events {
+		if _, err := tx.Exec(ctx, `INSERT INTO peer_events (peer_id, peer_name, kind, generation, message, error, at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`, p.ID, p.Name, e.Kind, p.Generation, e.Message, e.Error, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// update applies a life-cycle rule to one locked peer.
+func (s *Store) update(ctx context.Context, id, what string, f func(registry.Peer, time.Time) (registry.Peer, []registry.Event)) (registry.Peer, error) {
+	var out registry.Peer
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		prev, err := loadPeers(ctx, tx, "WHERE id = $1 FOR UPDATE", id)
+		if err != nil {
+			return err
+		}
+		if len(prev) == 0 {
+			return pgx.ErrNoRows
+		}
+		now := s.now()
+		next, events := f(prev[0], now)
+		if err := writePeer(ctx, tx, &next, false); err != nil {
+			return err
+		}
+		if err := s.appendEvents(ctx, tx, &next, events, now); err != nil {
+			return err
+		}
+		out = next
+		return s.notify(ctx, tx, id)
+	})
+	return out, classify(err, what+" peer "+id)
+}
+
+// Drain implements registry.Store.
+func (s *Store) Drain(ctx context.Context, id string) (registry.Peer, error) {
+	return s.update(ctx, id, "drain", registry.ApplyDrain)
+}
+
+// MarkStale implements registry.Store.
+func (s *Store) MarkStale(ctx context.Context, id, reason, errText string) (registry.Peer, error) {
+	return s.update(ctx, id, "mark stale", func(p registry.Peer, now time.Time) (registry.Peer, []registry.Event) {
+		return registry.ApplyStale(p, reason, errText, now)
+	})
+}
+
+// Delete implements registry.Store.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var p registry.Peer
+		err := tx.QueryRow(ctx, "DELETE FROM peers WHERE id = $1 RETURNING id::text, name, generation", id).
+			Scan(&p.ID, &p.Name, &p.Generation)
+		if err != nil {
+			return err
+		}
+		if err := s.appendEvents(ctx, tx, &p, []registry.Event{{Kind: registry.EventRemoved, Message: "removed by operator"}}, s.now()); err != nil {
+			return err
+		}
+		return s.notify(ctx, tx, id)
+	})
+	return classify(err, "delete peer "+id)
+}
+
+// Get implements registry.Store.
+func (s *Store) Get(ctx context.Context, id string) (registry.Peer, error) {
+	peers, err := loadPeers(ctx, s.pool, "WHERE id = $1", id)
+	if err == nil && len(peers) == 0 {
+		err = pgx.ErrNoRows
+	}
+	if err != nil {
+		return registry.Peer{}, classify(err, "get peer "+id)
+	}
+	return peers[0], nil
+}
+
+// List implements registry.Store; peers come sorted by name.
+func (s *Store) List(ctx context.Context, f registry.Filter) ([]registry.Peer, error) {
+	where, args := "WHERE true", []any{}
+	arg := func(v any) string { args = append(args, v); return fmt.Sprintf("$%d", len(args)) }
+	switch f.Role {
+	case "":
+	case registry.RolePrefill, registry.RoleDecode:
+		where += " AND role IN (" + arg(string(f.Role)) + ", 'both')"
+	default:
+		where += " AND role = " + arg(string(f.Role))
+	}
+	if f.State != "" {
+		where += " AND state = " + arg(string(f.State))
+	}
+	if f.Model != "" {
+		where += " AND model = " + arg(f.Model)
+	}
+	peers, err := loadPeers(ctx, s.pool, where+" ORDER BY name", args...)
+	return peers, classify(err, "list peers")
+}
+
+// Quarantine implements registry.Store.
+func (s *Store) Quarantine(ctx context.Context, q registry.Quarantine) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		now := s.now()
+		if _, err := tx.Exec(ctx, `INSERT INTO pair_quarantines (prefill_id, decode_id, detail, at) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (prefill_id, decode_id) DO UPDATE SET detail = EXCLUDED.detail, at = EXCLUDED.at`,
+			q.PrefillID, q.DecodeID, q.Detail, now); err != nil {
+			return err
+		}
+		var d registry.Peer
+		if err := tx.QueryRow(ctx, "SELECT id::text, name, generation FROM peers WHERE id = $1", q.DecodeID).
+			Scan(&d.ID, &d.Name, &d.Generation); err != nil {
+			return err
+		}
+		if err := s.appendEvents(ctx, tx, &d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail}}, now); err != nil {
+			return err
+		}
+		return s.notify(ctx, tx, q.DecodeID, q.PrefillID)
+	})
+	if err != nil {
+		// A foreign-key violation means one of the peers is gone.
+		if isFKViolation(err) {
+			return fmt.Errorf("quarantine pair: %w", registry.ErrNotFound)
+		}
+		return classify(err, "quarantine pair")
+	}
+	return nil
+}
+
+// Quarantines implements registry.Store.
+func (s *Store) Quarantines(ctx context.Context) ([]registry.Quarantine, error) {
+	rows, err := s.pool.Query(ctx, "SELECT prefill_id::text, decode_id::text, detail, at FROM pair_quarantines ORDER BY at")
+	if err != nil {
+		return nil, classify(err, "list quarantines")
+	}
+	qs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (registry.Quarantine, error) {
+		var q registry.Quarantine
+		err := r.Scan(&q.PrefillID, &q.DecodeID, &q.Detail, &q.At)
+		q.At = q.At.UTC()
+		return q, err
+	})
+	return qs, classify(err, "list quarantines")
+}
+
+// ExpireLeases implements registry.Store. Only the replica holding the
+// sweeper's advisory lock sweeps; the others return 0 at once.
+func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
+	n := 0
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var got bool
+		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.lockKey).Scan(&got); err != nil || !got {
+			return err
+		}
+		rows, err := tx.Query(ctx, `UPDATE peers SET state = 'failed', state_reason = $2, updated_at = $1
+			WHERE lease_expiry < $1 AND state IN ('pending', 'ready', 'stale')
+			RETURNING id::text, name, generation`, now.UTC(), registry.ReasonLeaseExpired)
+		if err != nil {
+			return err
+		}
+		expired, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (registry.Peer, error) {
+			var p registry.Peer
+			err := r.Scan(&p.ID, &p.Name, &p.Generation)
+			return p, err
+		})
+		if err != nil || len(expired) == 0 {
+			return err
+		}
+		ids := make([]string, len(expired))
+		for i := range expired {
+			ids[i] = expired[i].ID
+			if err := s.appendEvents(ctx, tx, &expired[i], []registry.Event{{Kind: registry.EventExpired, Message: registry.ReasonLeaseExpired}}, now.UTC()); err != nil {
+				return err
+			}
+		}
+		n = len(expired)
+		return s.notify(ctx, tx, ids...)
+	})
+	return n, classify(err, "expire leases")
+}
+
+// Events implements registry.Store.
+func (s *Store) Events(ctx context.Context, q registry.EventQuery) ([]registry.Event, error) {
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	sql := "SELECT id, peer_id::text, peer_name, kind, generation, message, error, at FROM peer_events WHERE ($1 = '' OR peer_id::text = $1)"
+	var args []any
+	if q.After > 0 {
+		sql += " AND id > $2 ORDER BY id LIMIT $3"
+		args = []any{q.PeerID, q.After, limit}
+	} else {
+		sql += " AND ($2 = 0 OR id < $2) ORDER BY id DESC LIMIT $3"
+		args = []any{q.PeerID, q.Before, limit}
+	}
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, classify(err, "list events")
+	}
+	evs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (registry.Event, error) {
+		var e registry.Event
+		err := r.Scan(&e.ID, &e.PeerID, &e.PeerName, &e.Kind, &e.Generation, &e.Message, &e.Error, &e.At)
+		e.At = e.At.UTC()
+		return e, err
+	})
+	if evs == nil {
+		evs = []registry.Event{}
+	}
+	return evs, classify(err, "list events")
+}

@@ -1,0 +1,431 @@
+package registrytest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// StoreFactory opens a fresh, empty store for one test. Stores must use a
+// lease TTL of registry.DefaultLeaseTTL.
+type StoreFactory func(t *testing.T) registry.Store
+
+// RunContract runs the registry.Store contract suite against the stores that
+// newStore opens. Every store must pass it unchanged.
+func RunContract(t *testing.T, newStore StoreFactory) {
+	for _, tc := range []struct {
+		name string
+		fn   func(t *testing.T, s registry.Store)
+	}{
+		{"RegisterNew", testRegisterNew},
+		{"RoundTripGeometry", testRoundTrip},
+		{"ReregisterKeepsID", testReregister},
+		{"HeartbeatTurnsReady", testHeartbeat},
+		{"HeartbeatUnknownPeer", testHeartbeatUnknown},
+		{"StaleAndReregister", testStale},
+		{"DrainAndDelete", testDrainDelete},
+		{"ListFilters", testList},
+		{"LeaseExpiry", testExpiry},
+		{"EventsPaging", testEvents},
+		{"SubscribeAnnouncesChanges", testSubscribe},
+		{"Quarantine", testQuarantine},
+		{"ConcurrentHeartbeats", testConcurrentHeartbeats},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, newStore(t))
+		})
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func mustRegister(t *testing.T, s registry.Store, spec registry.PeerSpec) registry.RegisterResult {
+	t.Helper()
+	res, err := s.Register(ctx(t), spec)
+	if err != nil {
+		t.Fatalf("register %s: %v", spec.Name, err)
+	}
+	return res
+}
+
+func mustHeartbeat(t *testing.T, s registry.Store, p registry.Peer) registry.HeartbeatReply {
+	t.Helper()
+	r, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID, Load: registry.Load{Running: 3, Queued: 1, KVUsage: 0.25}})
+	if err != nil {
+		t.Fatalf("heartbeat %s: %v", p.Name, err)
+	}
+	return r
+}
+
+func mustGet(t *testing.T, s registry.Store, id string) registry.Peer {
+	t.Helper()
+	p, err := s.Get(ctx(t), id)
+	if err != nil {
+		t.Fatalf("get %s: %v", id, err)
+	}
+	return p
+}
+
+func kinds(t *testing.T, s registry.Store, id string) []registry.EventKind {
+	t.Helper()
+	evs, err := s.Events(ctx(t), registry.EventQuery{PeerID: id, Limit: 100})
+	if err != nil {
+		t.Fatalf("events: %v", err)
+	}
+	out := make([]registry.EventKind, len(evs))
+	for i := range evs {
+		out[len(evs)-1-i] = evs[i].Kind // oldest first
+	}
+	return out
+}
+
+func testRegisterNew(t *testing.T, s registry.Store) {
+	res := mustRegister(t, s, Spec("p0", registry.RolePrefill))
+	p := res.Peer
+	if !res.Created || p.ID == "" || p.Generation != 1 || p.State != registry.StatePending {
+		t.Fatalf("new peer: created=%v id=%q gen=%d state=%s", res.Created, p.ID, p.Generation, p.State)
+	}
+	if !p.LeaseExpiry.After(p.CreatedAt) {
+		t.Fatalf("lease %v not after creation %v", p.LeaseExpiry, p.CreatedAt)
+	}
+	if got := kinds(t, s, p.ID); !reflect.DeepEqual(got, []registry.EventKind{registry.EventRegistered}) {
+		t.Fatalf("events = %v", got)
+	}
+}
+
+func testRoundTrip(t *testing.T, s registry.Store) {
+	spec := Spec("p0", registry.RolePrefill)
+	spec.Labels = map[string]string{"zone": "a", "<b>": "x"}
+	spec.TransferGroup = "g1"
+	spec.BootstrapHost = "10.0.0.1"
+	spec.Parallelism = registry.Parallelism{TPSize: 4, AttnTPSize: 2, DPSize: 2, PPSize: 2, PPRank: 1, DCPSize: 1}
+	meta := make([]byte, 1<<20)
+	for i := range meta {
+		meta[i] = byte(i * 7)
+	}
+	spec.Ranks = append(spec.Ranks, registry.Rank{
+		Rank: 1, GPUID: 1, AgentName: "p0-agent-1", AgentMetadata: meta,
+		KVDataPtrs: []uint64{1 << 63, 0xffff_0000_0000_0000, 0x1000},
+		KVDataLens: []uint64{4096, 8192, 1 << 40},
+		KVItemLens: []uint64{64, 128, 4096},
+		KVMemKinds: []registry.MemKind{registry.DRAM, registry.VRAM, registry.FILE},
+		AuxDataPtrs: []uint64{0x2000}, AuxDataLens: []uint64{64},
+	})
+	p := mustRegister(t, s, spec).Peer
+	got := mustGet(t, s, p.ID)
+	if !reflect.DeepEqual(got.PeerSpec, spec) {
+		t.Fatalf("spec did not round-trip:\n got %+v\nwant %+v", got.PeerSpec, spec)
+	}
+	if !reflect.DeepEqual(got, p) {
+		t.Fatalf("Get differs from Register's answer:\n got %+v\nwant %+v", got, p)
+	}
+}
+
+func testReregister(t *testing.T, s registry.Store) {
+	first := mustRegister(t, s, Spec("d0", registry.RoleDecode)).Peer
+	same := mustRegister(t, s, Spec("d0", registry.RoleDecode))
+	if same.Created || same.Peer.ID != first.ID || same.Peer.Generation != 1 {
+		t.Fatalf("identical re-registration: created=%v id=%s gen=%d", same.Created, same.Peer.ID, same.Peer.Generation)
+	}
+	spec := Spec("d0", registry.RoleDecode)
+	spec.InstanceID = "restarted"
+	if p := mustRegister(t, s, spec).Peer; p.ID != first.ID || p.Generation != 2 {
+		t.Fatalf("new instance: id=%s gen=%d, want same id, gen 2", p.ID, p.Generation)
+	}
+	spec.Ranks[0].AgentName = "fresh-agent"
+	if p := mustRegister(t, s, spec).Peer; p.Generation != 3 {
+		t.Fatalf("new agent name: gen=%d, want 3", p.Generation)
+	}
+	spec.URL = "http://127.0.0.1:31000"
+	if p := mustRegister(t, s, spec).Peer; p.Generation != 3 || p.URL != spec.URL {
+		t.Fatalf("changed url only: gen=%d url=%s, want gen 3 and the new url", p.Generation, p.URL)
+	}
+}
+
+func testHeartbeat(t *testing.T, s registry.Store) {
+	p := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	if r := mustHeartbeat(t, s, p); r.Action != registry.ActionNone || r.State != registry.StateReady {
+		t.Fatalf("first heartbeat: %+v", r)
+	}
+	got := mustGet(t, s, p.ID)
+	if got.State != registry.StateReady || got.LastHeartbeat == nil || got.Load.Running != 3 || got.Load.KVUsage != 0.25 {
+		t.Fatalf("after heartbeat: state=%s hb=%v load=%+v", got.State, got.LastHeartbeat, got.Load)
+	}
+	mustHeartbeat(t, s, p)
+	if k := kinds(t, s, p.ID); !reflect.DeepEqual(k, []registry.EventKind{registry.EventRegistered, registry.EventReady}) {
+		t.Fatalf("events = %v (a second heartbeat must not log)", k)
+	}
+	r, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: p.ID, InstanceID: "someone-else"})
+	if err != nil || r.Action != registry.ActionReregister {
+		t.Fatalf("heartbeat from another instance: %+v, %v; want reregister", r, err)
+	}
+}
+
+func testHeartbeatUnknown(t *testing.T, s registry.Store) {
+	for _, id := range []string{"6f1c3c55-1111-4222-8333-444455556666", "not-a-uuid"} {
+		_, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: id, InstanceID: "x"})
+		if !errors.Is(err, registry.ErrNotFound) {
+			t.Fatalf("heartbeat of unknown %q: %v, want ErrNotFound", id, err)
+		}
+		if _, err := s.Get(ctx(t), id); !errors.Is(err, registry.ErrNotFound) {
+			t.Fatalf("get unknown %q: %v, want ErrNotFound", id, err)
+		}
+		if _, err := s.MarkStale(ctx(t), id, "r", "e"); !errors.Is(err, registry.ErrNotFound) {
+			t.Fatalf("stale unknown %q: %v, want ErrNotFound", id, err)
+		}
+	}
+}
+
+func testStale(t *testing.T, s registry.Store) {
+	spec := Spec("d0", registry.RoleDecode)
+	p := mustRegister(t, s, spec).Peer
+	mustHeartbeat(t, s, p)
+	const msg = "Missing NIXL destination KV memory kind"
+	st, err := s.MarkStale(ctx(t), p.ID, "transfer failed", msg)
+	if err != nil || st.State != registry.StateStale || st.StateReason != "transfer failed" {
+		t.Fatalf("mark stale: %+v, %v", st, err)
+	}
+	if r := mustHeartbeat(t, s, p); r.Action != registry.ActionReregister || r.State != registry.StateStale {
+		t.Fatalf("heartbeat of a stale peer: %+v, want reregister", r)
+	}
+	// Re-registering under the same agent name does not clear the mark.
+	if q := mustRegister(t, s, spec).Peer; q.State != registry.StateStale || q.StateReason != registry.ReasonSameAgentName || q.Generation != 1 {
+		t.Fatalf("same-name re-registration: state=%s reason=%q gen=%d", q.State, q.StateReason, q.Generation)
+	}
+	spec.Ranks[0].AgentName = "d0-agent-fresh"
+	q := mustRegister(t, s, spec).Peer
+	if q.State != registry.StateReady || q.Generation != 2 || q.ID != p.ID {
+		t.Fatalf("fresh-name re-registration: state=%s gen=%d", q.State, q.Generation)
+	}
+	want := []registry.EventKind{registry.EventRegistered, registry.EventReady, registry.EventStale,
+		registry.EventReregisterRequested, registry.EventRegistered, registry.EventReregistered}
+	if k := kinds(t, s, p.ID); !reflect.DeepEqual(k, want) {
+		t.Fatalf("events = %v, want %v", k, want)
+	}
+	evs, _ := s.Events(ctx(t), registry.EventQuery{PeerID: p.ID, Limit: 100})
+	for _, e := range evs {
+		if e.Kind == registry.EventStale && e.Error != msg {
+			t.Fatalf("stale event error = %q, want %q", e.Error, msg)
+		}
+	}
+}
+
+func testDrainDelete(t *testing.T, s registry.Store) {
+	p := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	mustHeartbeat(t, s, p)
+	d, err := s.Drain(ctx(t), p.ID)
+	if err != nil || d.State != registry.StateDraining {
+		t.Fatalf("drain: %+v, %v", d.State, err)
+	}
+	if r := mustHeartbeat(t, s, p); r.State != registry.StateDraining {
+		t.Fatalf("heartbeat must not undrain: %+v", r)
+	}
+	if err := s.Delete(ctx(t), p.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if _, err := s.Get(ctx(t), p.ID); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+	if err := s.Delete(ctx(t), p.ID); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("second delete: %v, want ErrNotFound", err)
+	}
+	if k := kinds(t, s, p.ID); k[len(k)-1] != registry.EventRemoved {
+		t.Fatalf("events after delete = %v", k)
+	}
+	// The name is free again and gets a new ID.
+	if q := mustRegister(t, s, Spec("p0", registry.RolePrefill)); !q.Created || q.Peer.ID == p.ID {
+		t.Fatalf("re-create after delete: created=%v id=%s", q.Created, q.Peer.ID)
+	}
+}
+
+func testList(t *testing.T, s registry.Store) {
+	both := Spec("b0", registry.RoleBoth)
+	other := Spec("d1", registry.RoleDecode)
+	other.Model = "other"
+	var ps []registry.Peer
+	for _, spec := range []registry.PeerSpec{Spec("p0", registry.RolePrefill), Spec("d0", registry.RoleDecode), both, other} {
+		ps = append(ps, mustRegister(t, s, spec).Peer)
+	}
+	mustHeartbeat(t, s, ps[1])
+	names := func(f registry.Filter) []string {
+		peers, err := s.List(ctx(t), f)
+		if err != nil {
+			t.Fatalf("list %+v: %v", f, err)
+		}
+		out := []string{}
+		for _, p := range peers {
+			out = append(out, p.Name)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		f    registry.Filter
+		want []string
+	}{
+		{registry.Filter{}, []string{"b0", "d0", "d1", "p0"}},
+		{registry.Filter{Role: registry.RolePrefill}, []string{"b0", "p0"}},
+		{registry.Filter{Role: registry.RoleDecode}, []string{"b0", "d0", "d1"}},
+		{registry.Filter{Role: registry.RoleBoth}, []string{"b0"}},
+		{registry.Filter{State: registry.StateReady}, []string{"d0"}},
+		{registry.Filter{Model: "other"}, []string{"d1"}},
+		{registry.Filter{Model: "none"}, []string{}},
+	} {
+		if got := names(tc.f); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("list %+v = %v, want %v", tc.f, got, tc.want)
+		}
+	}
+}
+
+func testExpiry(t *testing.T, s registry.Store) {
+	p := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	mustHeartbeat(t, s, p)
+	if n, err := s.ExpireLeases(ctx(t), time.Now()); err != nil || n != 0 {
+		t.Fatalf("expire before the lease ends: %d, %v", n, err)
+	}
+	later := time.Now().Add(registry.DefaultLeaseTTL + time.Minute)
+	if n, err := s.ExpireLeases(ctx(t), later); err != nil || n != 1 {
+		t.Fatalf("expire after the lease: %d, %v; want 1", n, err)
+	}
+	if got := mustGet(t, s, p.ID); got.State != registry.StateFailed || got.StateReason != registry.ReasonLeaseExpired {
+		t.Fatalf("expired peer: state=%s reason=%q", got.State, got.StateReason)
+	}
+	if n, _ := s.ExpireLeases(ctx(t), later); n != 0 {
+		t.Fatalf("a failed peer expired again: %d", n)
+	}
+	if r := mustHeartbeat(t, s, p); r.State != registry.StateReady {
+		t.Fatalf("heartbeat after expiry: %+v, want ready again", r)
+	}
+	if k := kinds(t, s, p.ID); !reflect.DeepEqual(k, []registry.EventKind{registry.EventRegistered, registry.EventReady, registry.EventExpired, registry.EventReady}) {
+		t.Fatalf("events = %v", k)
+	}
+}
+
+func testEvents(t *testing.T, s registry.Store) {
+	for i := 0; i < 5; i++ {
+		mustRegister(t, s, Spec(fmt.Sprintf("p%d", i), registry.RolePrefill))
+	}
+	page1, err := s.Events(ctx(t), registry.EventQuery{Limit: 3})
+	if err != nil || len(page1) != 3 {
+		t.Fatalf("page 1: %d events, %v", len(page1), err)
+	}
+	if page1[0].ID <= page1[1].ID || page1[0].PeerName != "p4" {
+		t.Fatalf("page 1 is not newest first: %+v", page1)
+	}
+	page2, err := s.Events(ctx(t), registry.EventQuery{Limit: 3, Before: page1[2].ID})
+	if err != nil || len(page2) != 2 || page2[0].ID >= page1[2].ID {
+		t.Fatalf("page 2: %+v, %v", page2, err)
+	}
+	after, err := s.Events(ctx(t), registry.EventQuery{After: page2[0].ID, Limit: 10})
+	if err != nil || len(after) != 3 || after[0].ID <= page2[0].ID || after[0].ID >= after[1].ID {
+		t.Fatalf("after cursor: %+v, %v", after, err)
+	}
+}
+
+func testSubscribe(t *testing.T, s registry.Store) {
+	c, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	changes := s.Subscribe(c)
+	p := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	waitFor := func(what string) {
+		t.Helper()
+		deadline := time.After(5 * time.Second)
+		for {
+			select {
+			case ch := <-changes:
+				if len(ch.PeerIDs) == 0 {
+					return
+				}
+				for _, id := range ch.PeerIDs {
+					if id == p.ID {
+						return
+					}
+				}
+			case <-deadline:
+				t.Fatalf("no change announced after %s", what)
+			}
+		}
+	}
+	waitFor("register")
+	if _, err := s.MarkStale(ctx(t), p.ID, "r", "e"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("mark stale")
+}
+
+func testQuarantine(t *testing.T, s registry.Store) {
+	pf := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	dspec := Spec("d0", registry.RoleDecode)
+	d := mustRegister(t, s, dspec).Peer
+	q := registry.Quarantine{PrefillID: pf.ID, DecodeID: d.ID, Detail: "ranks[0].kv_mem_kinds: prefill [VRAM], decode [DRAM]"}
+	if err := s.Quarantine(ctx(t), q); err != nil {
+		t.Fatalf("quarantine: %v", err)
+	}
+	qs, err := s.Quarantines(ctx(t))
+	if err != nil || len(qs) != 1 || qs[0].Detail != q.Detail || qs[0].At.IsZero() {
+		t.Fatalf("quarantines: %+v, %v", qs, err)
+	}
+	if k := kinds(t, s, d.ID); k[len(k)-1] != registry.EventQuarantined {
+		t.Fatalf("events = %v", k)
+	}
+	// A new agent name alone keeps the quarantine: the geometry is the same.
+	dspec.Ranks[0].AgentName = "d0-fresh"
+	mustRegister(t, s, dspec)
+	if qs, _ := s.Quarantines(ctx(t)); len(qs) != 1 {
+		t.Fatalf("quarantine cleared by a same-geometry re-registration")
+	}
+	// A changed geometry clears it.
+	dspec.Ranks[0].KVMemKinds = []registry.MemKind{registry.DRAM, registry.DRAM}
+	mustRegister(t, s, dspec)
+	if qs, _ := s.Quarantines(ctx(t)); len(qs) != 0 {
+		t.Fatalf("quarantine kept after the geometry changed: %+v", qs)
+	}
+	bad := registry.Quarantine{PrefillID: pf.ID, DecodeID: "6f1c3c55-1111-4222-8333-444455556666"}
+	if err := s.Quarantine(ctx(t), bad); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("quarantine with an unknown decode: %v", err)
+	}
+}
+
+func testConcurrentHeartbeats(t *testing.T, s registry.Store) {
+	const n = 200
+	peers := make([]registry.Peer, n)
+	for i := range peers {
+		peers[i] = mustRegister(t, s, Spec(fmt.Sprintf("p%03d", i), registry.RolePrefill)).Peer
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n*3)
+	for round := 0; round < 3; round++ {
+		for i := range peers {
+			wg.Add(1)
+			go func(p registry.Peer) {
+				defer wg.Done()
+				r, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID})
+				if err == nil && (r.Action != registry.ActionNone || r.State != registry.StateReady) {
+					err = fmt.Errorf("peer %s: reply %+v", p.Name, r)
+				}
+				if err != nil {
+					errs <- err
+				}
+			}(peers[i])
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	ready, err := s.List(ctx(t), registry.Filter{State: registry.StateReady})
+	if err != nil || len(ready) != n {
+		t.Fatalf("ready peers: %d, %v; want %d", len(ready), err, n)
+	}
+}

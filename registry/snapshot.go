@@ -1,0 +1,230 @@
+package registry
+
+import (
+	"sort"
+	"time"
+)
+
+// Snapshot is an immutable view of every peer and the verdict of every
+// (prefill, decode) pair, built from the store and swapped atomically by a
+// Mirror. The router selects pairs from it without I/O or locks.
+type Snapshot struct {
+	Version uint64
+	BuiltAt time.Time
+
+	peers       []*Peer // sorted by name
+	byID        map[string]*Peer
+	class       map[string]int // peer ID -> index into keys
+	verdicts    map[[2]int]Verdict
+	quarantined map[[2]string]Quarantine // (prefill ID, decode ID)
+	models      map[string]*ModelRoutes
+	modelNames  []string
+}
+
+// ModelRoutes is what the router needs to serve one model: the ready
+// prefills, and for each of them the ready decodes it may send KV to.
+type ModelRoutes struct {
+	Model    string
+	Prefills []*Peer
+	Decodes  []*Peer // every ready decode of the model, compatible or not
+	// decodesFor maps a prefill ID to the ready decodes compatible with it
+	// and not quarantined with it.
+	decodesFor map[string][]*Peer
+}
+
+// DecodesFor returns the ready decodes the prefill may pair with; shared,
+// do not modify.
+func (m *ModelRoutes) DecodesFor(prefillID string) []*Peer { return m.decodesFor[prefillID] }
+
+// PairView is one pair of peers with its verdict, for the API.
+type PairView struct {
+	Prefill     *Peer
+	Decode      *Peer
+	Verdict     Verdict
+	Routable    bool
+	Quarantined *Quarantine
+}
+
+// NewSnapshot builds a snapshot from peers and quarantines.
+func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now time.Time) *Snapshot {
+	s := &Snapshot{
+		Version:     version,
+		BuiltAt:     now,
+		peers:       make([]*Peer, len(peers)),
+		byID:        make(map[string]*Peer, len(peers)),
+		class:       make(map[string]int, len(peers)),
+		verdicts:    map[[2]int]Verdict{},
+		quarantined: make(map[[2]string]Quarantine, len(quarantines)),
+		models:      map[string]*ModelRoutes{},
+	}
+	keys := map[string]int{}
+	reps := []*Peer{} // one representative spec per class
+	for i := range peers {
+		p := &peers[i]
+		s.peers[i] = p
+		s.byID[p.ID] = p
+		k := compatKey(&p.PeerSpec)
+		c, ok := keys[k]
+		if !ok {
+			c = len(reps)
+			keys[k] = c
+			reps = append(reps, p)
+		}
+		s.class[p.ID] = c
+	}
+	sort.Slice(s.peers, func(a, b int) bool { return s.peers[a].Name < s.peers[b].Name })
+	for _, q := range quarantines {
+		s.quarantined[[2]string{q.PrefillID, q.DecodeID}] = q
+	}
+
+	// Routes over ready peers, grouped by class so that verdicts are
+	// computed once per pair of classes.
+	for _, p := range s.peers {
+		if !p.Routable() {
+			continue
+		}
+		m := s.models[p.Model]
+		if m == nil {
+			m = &ModelRoutes{Model: p.Model, decodesFor: map[string][]*Peer{}}
+			s.models[p.Model] = m
+			s.modelNames = append(s.modelNames, p.Model)
+		}
+		if p.Role.Prefills() {
+			m.Prefills = append(m.Prefills, p)
+		}
+		if p.Role.Decodes() {
+			m.Decodes = append(m.Decodes, p)
+		}
+	}
+	sort.Strings(s.modelNames)
+	for _, m := range s.models {
+		for _, pf := range m.Prefills {
+			var ds []*Peer
+			for _, d := range m.Decodes {
+				if d.ID == pf.ID {
+					continue
+				}
+				if _, q := s.quarantined[[2]string{pf.ID, d.ID}]; q {
+					continue
+				}
+				if s.verdictOf(pf, d, reps).Compatible {
+					ds = append(ds, d)
+				}
+			}
+			if len(ds) > 0 {
+				m.decodesFor[pf.ID] = ds
+			}
+		}
+	}
+	return s
+}
+
+func (s *Snapshot) verdictOf(p, d *Peer, reps []*Peer) Verdict {
+	if p.ID == d.ID || !p.Role.Prefills() || !d.Role.Decodes() {
+		return CheckPair(&p.PeerSpec, &d.PeerSpec)
+	}
+	key := [2]int{s.class[p.ID], s.class[d.ID]}
+	if v, ok := s.verdicts[key]; ok {
+		return v
+	}
+	// Peers of one class differ only in name and role, which CheckPair has
+	// already settled above, so the representatives decide for everyone.
+	rp, rd := *reps[key[0]], *reps[key[1]]
+	rp.Role, rd.Role, rp.Name, rd.Name = RolePrefill, RoleDecode, "p", "d"
+	v := CheckPair(&rp.PeerSpec, &rd.PeerSpec)
+	s.verdicts[key] = v
+	return v
+}
+
+// Peers returns every peer, sorted by name; shared, do not modify.
+func (s *Snapshot) Peers() []*Peer { return s.peers }
+
+// Peer returns the peer with the ID.
+func (s *Snapshot) Peer(id string) (*Peer, bool) {
+	p, ok := s.byID[id]
+	return p, ok
+}
+
+// Models lists the models that have at least one ready peer, sorted.
+func (s *Snapshot) Models() []string { return s.modelNames }
+
+// Routes returns the routing view of a model, or nil when no peer of it is
+// ready.
+func (s *Snapshot) Routes(model string) *ModelRoutes { return s.models[model] }
+
+// Routable reports whether at least one ready pair may be routed, and if not,
+// why.
+func (s *Snapshot) Routable() (bool, string) {
+	if len(s.modelNames) == 0 {
+		return false, "no ready peers"
+	}
+	var reason string
+	for _, name := range s.modelNames {
+		m := s.models[name]
+		switch {
+		case len(m.decodesFor) > 0:
+			return true, ""
+		case len(m.Prefills) == 0:
+			reason = "model " + name + ": no ready prefill"
+		case len(m.Decodes) == 0:
+			reason = "model " + name + ": no ready decode"
+		default:
+			reason = "model " + name + ": no compatible pair of ready peers"
+		}
+	}
+	return false, reason
+}
+
+// Pairs lists every (prefill-capable, decode-capable) pair of distinct peers
+// with its verdict, at most limit of them (all when limit <= 0), and the
+// total count.
+func (s *Snapshot) Pairs(limit int) ([]PairView, int) {
+	var prefills, decodes []*Peer
+	for _, p := range s.peers {
+		if p.Role.Prefills() {
+			prefills = append(prefills, p)
+		}
+		if p.Role.Decodes() {
+			decodes = append(decodes, p)
+		}
+	}
+	total := 0
+	var out []PairView
+	for _, p := range prefills {
+		for _, d := range decodes {
+			if p.ID == d.ID {
+				continue
+			}
+			total++
+			if limit > 0 && len(out) >= limit {
+				continue
+			}
+			v := s.Verdict(p, d)
+			pv := PairView{Prefill: p, Decode: d, Verdict: v}
+			if q, ok := s.quarantined[[2]string{p.ID, d.ID}]; ok {
+				pv.Quarantined = &q
+			}
+			pv.Routable = v.Compatible && pv.Quarantined == nil && p.Routable() && d.Routable()
+			out = append(out, pv)
+		}
+	}
+	return out, total
+}
+
+// Verdict returns the pairing verdict for two peers of the snapshot.
+func (s *Snapshot) Verdict(prefill, decode *Peer) Verdict {
+	cp, okP := s.class[prefill.ID]
+	cd, okD := s.class[decode.ID]
+	if okP && okD && prefill.ID != decode.ID && prefill.Role.Prefills() && decode.Role.Decodes() {
+		if v, ok := s.verdicts[[2]int{cp, cd}]; ok {
+			return v
+		}
+	}
+	return CheckPair(&prefill.PeerSpec, &decode.PeerSpec)
+}
+
+// Quarantined returns the quarantine record of a pair, if any.
+func (s *Snapshot) Quarantined(prefillID, decodeID string) (Quarantine, bool) {
+	q, ok := s.quarantined[[2]string{prefillID, decodeID}]
+	return q, ok
+}

@@ -1,0 +1,135 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Error classes that stores return and the HTTP edge maps to status codes.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrConflict = errors.New("conflict")
+	ErrInvalid  = errors.New("invalid")
+)
+
+// Lease timing handed to agents at registration.
+const (
+	DefaultHeartbeatInterval = 2 * time.Second
+	DefaultLeaseTTL          = 10 * time.Second
+)
+
+// Action is what a heartbeat answer tells the agent to do.
+type Action string
+
+// Heartbeat actions.
+const (
+	ActionNone       Action = "none"
+	ActionReregister Action = "reregister"
+)
+
+// Heartbeat is one agent's periodic report.
+type Heartbeat struct {
+	PeerID     string
+	InstanceID string
+	Load       Load
+}
+
+// HeartbeatReply is the control plane's answer to a heartbeat.
+type HeartbeatReply struct {
+	Action Action `json:"action"`
+	Reason string `json:"reason,omitempty"`
+	State  State  `json:"state"`
+}
+
+// Filter narrows a peer listing; empty fields match everything.
+type Filter struct {
+	Role  Role
+	State State
+	Model string
+}
+
+// Match reports whether p passes the filter. A filter on role prefill also
+// matches peers of role both, and likewise for decode.
+func (f Filter) Match(p *Peer) bool {
+	switch f.Role {
+	case "":
+	case RolePrefill:
+		if !p.Role.Prefills() {
+			return false
+		}
+	case RoleDecode:
+		if !p.Role.Decodes() {
+			return false
+		}
+	default:
+		if p.Role != f.Role {
+			return false
+		}
+	}
+	return (f.State == "" || p.State == f.State) && (f.Model == "" || p.Model == f.Model)
+}
+
+// EventQuery pages through the event log. With After set it returns the
+// events after that ID, oldest first (for followers of the live stream);
+// otherwise the newest first, before the Before cursor when it is set.
+type EventQuery struct {
+	Before int64
+	After  int64
+	Limit  int
+	PeerID string
+}
+
+// RegisterResult is what a registration did.
+type RegisterResult struct {
+	Peer    Peer
+	Created bool // a new peer, not an update of one with the same name
+}
+
+// Change tells a watcher that peers changed. An empty PeerIDs means anything
+// may have changed and the watcher should reload everything.
+type Change struct {
+	PeerIDs []string
+}
+
+// Quarantine is a (prefill, decode) pair kept out of routing because it
+// failed the same way again right after the decode re-registered.
+type Quarantine struct {
+	PrefillID string    `json:"prefill_id"`
+	DecodeID  string    `json:"decode_id"`
+	Detail    string    `json:"detail"`
+	At        time.Time `json:"at"`
+}
+
+// Store keeps peers and their events. Every replica of the control plane sees
+// the same store; changes made through one are announced to all through
+// Subscribe.
+type Store interface {
+	// Register inserts or updates the peer with spec.Name. The spec must
+	// already be validated. A changed instance ID or agent name starts a new
+	// generation.
+	Register(ctx context.Context, spec PeerSpec) (RegisterResult, error)
+	Get(ctx context.Context, id string) (Peer, error)
+	List(ctx context.Context, f Filter) ([]Peer, error)
+	Delete(ctx context.Context, id string) error
+	Drain(ctx context.Context, id string) (Peer, error)
+	// Heartbeat extends the peer's lease, records its load, turns a pending
+	// or failed peer ready, and tells a stale or restarted one to re-register.
+	Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatReply, error)
+	// MarkStale takes the peer out of routing until it re-registers.
+	MarkStale(ctx context.Context, id, reason, errText string) (Peer, error)
+	// Quarantine takes a pair that fails deterministically out of routing
+	// until either peer re-registers with a different geometry or is
+	// removed, and logs it as an event on the decode.
+	Quarantine(ctx context.Context, q Quarantine) error
+	Quarantines(ctx context.Context) ([]Quarantine, error)
+	// ExpireLeases marks every ready or pending peer whose lease ended before
+	// now as failed and returns how many it marked.
+	ExpireLeases(ctx context.Context, now time.Time) (int, error)
+	Events(ctx context.Context, q EventQuery) ([]Event, error)
+	// Subscribe delivers a Change after every committed change, from any
+	// replica, until ctx ends. Slow receivers see coalesced changes.
+	Subscribe(ctx context.Context) <-chan Change
+	Ping(ctx context.Context) error
+	Close()
+}
