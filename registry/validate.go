@@ -36,12 +36,10 @@ const (
 
 // WithDefaults returns a copy of the spec with unset optional fields filled
 // in: parallelism sizes of 1, attention TP equal to TP, and SGLang's default
-// bootstrap port for SGLang prefills.
+// bootstrap port for SGLang prefills. TP size is required, so it is not
+// defaulted: a zero stays zero and fails validation.
 func (s PeerSpec) WithDefaults() PeerSpec {
 	p := &s.Parallelism
-	if p.TPSize == 0 {
-		p.TPSize = 1
-	}
 	if p.AttnTPSize == 0 {
 		p.AttnTPSize = p.TPSize
 	}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# All set-up and all tests: what `make test` runs.
+#  - PostgreSQL: uses $PDPLANE_TEST_DATABASE_URL, or starts a throwaway server
+#    under .tmp/pg and stops it afterwards.
+#  - NIXL: installs the nixl-cu12 wheel into .venv and points
+#    $PDPLANE_NIXL_LIB at its libnixl_capi.so.
+#  - Chromium: found on PATH (Debian's `chromium`) for the browser test.
+# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL or Chromium
+# fails the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "go vet"
+go vet ./...
+
+if [ -z "${PDPLANE_TEST_DATABASE_URL:-}" ]; then
+  step "starting a throwaway PostgreSQL"
+  pgdir=$root/.tmp/pg
+  PDPLANE_TEST_DATABASE_URL=$(scripts/pg-start.sh "$pgdir" | tail -n 1)
+  export PDPLANE_TEST_DATABASE_URL
+  trap 'scripts/pg-stop.sh "$pgdir" || true' EXIT
+  echo "PDPLANE_TEST_DATABASE_URL=$PDPLANE_TEST_DATABASE_URL"
+fi
+
+if [ -z "${PDPLANE_NIXL_LIB:-}" ] && [ -x scripts/install-nixl.sh ]; then
+  step "installing NIXL into .venv"
+  if lib=$(scripts/install-nixl.sh | tail -n 1) && [ -f "$lib" ]; then
+    export PDPLANE_NIXL_LIB=$lib
+    echo "PDPLANE_NIXL_LIB=$PDPLANE_NIXL_LIB"
+  elif [ "${CI:-}" = true ]; then
+    echo "NIXL could not be installed; under CI=true it is required" >&2
+    exit 1
+  fi
+fi
+
+if [ -z "${PDPLANE_CHROMIUM:-}" ]; then
+  for c in chromium chromium-browser google-chrome; do
+    if command -v "$c" >/dev/null; then PDPLANE_CHROMIUM=$(command -v "$c"); break; fi
+  done
+  export PDPLANE_CHROMIUM=${PDPLANE_CHROMIUM:-}
+fi
+
+if [ "${CI:-}" = true ]; then
+  export PDPLANE_REQUIRE_NIXL=1 PDPLANE_REQUIRE_CHROMIUM=1
+fi
+
+step "go test -race ./..."
+go test -race -count=1 -timeout 12m ./...

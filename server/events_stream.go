@@ -1,0 +1,106 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/server/api"
+)
+
+// keepAlive is how often an idle event stream sends a comment, so proxies
+// and browsers keep the connection open.
+const keepAlive = 15 * time.Second
+
+// StreamEvents follows the event log as server-sent events. The generated
+// response type flushes every write; the stream ends when the client leaves.
+func (h handlers) StreamEvents(ctx context.Context, req api.StreamEventsRequestObject) (api.StreamEventsResponseObject, error) {
+	after := deref(req.Params.After)
+	if id := deref(req.Params.LastEventID); id != "" {
+		n, err := strconv.ParseInt(id, 10, 64)
+		if err != nil || n < 0 {
+			return nil, malformed("Last-Event-ID", "Last-Event-ID must be an event id")
+		}
+		after = n
+	}
+	if after < 0 {
+		return nil, malformed("after", "after must not be negative")
+	}
+	// Subscribe before reading the cursor so that nothing committed in
+	// between is missed.
+	ctx, cancel := context.WithCancel(ctx)
+	changes := h.store.Subscribe(ctx)
+	if after == 0 && req.Params.After == nil {
+		newest, err := h.store.Events(ctx, registry.EventQuery{Limit: 1})
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("read event cursor: %w", err)
+		}
+		if len(newest) > 0 {
+			after = newest[0].ID
+		}
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		defer cancel()
+		pw.CloseWithError(h.followEvents(ctx, pw, changes, after))
+	}()
+	go func() {
+		<-ctx.Done()
+		pr.CloseWithError(ctx.Err()) // unblocks the response writer when the client leaves
+	}()
+	return api.StreamEvents200TexteventStreamResponse{Body: pr}, nil
+}
+
+func (h handlers) followEvents(ctx context.Context, w io.Writer, changes <-chan registry.Change, after int64) error {
+	if _, err := io.WriteString(w, ": pdplane event stream\nretry: 1000\n\n"); err != nil {
+		return err
+	}
+	tick := time.NewTicker(keepAlive)
+	defer tick.Stop()
+	send := func() error {
+		for {
+			evs, err := h.store.Events(ctx, registry.EventQuery{After: after, Limit: 500})
+			if err != nil {
+				return err
+			}
+			for i := range evs {
+				data, err := json.Marshal(eventToAPI(&evs[i]))
+				if err != nil {
+					return err
+				}
+				if _, err := fmt.Fprintf(w, "id: %d\nevent: peer-event\ndata: %s\n\n", evs[i].ID, data); err != nil {
+					return err
+				}
+				after = evs[i].ID
+			}
+			if len(evs) < 500 {
+				return nil
+			}
+		}
+	}
+	if err := send(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case _, ok := <-changes:
+			if !ok {
+				return ctx.Err()
+			}
+			if err := send(); err != nil {
+				return err
+			}
+		case <-tick.C:
+			if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -1,0 +1,194 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/server/api"
+)
+
+// handlers implements api.StrictServerInterface over the store and the
+// mirror's snapshot. Errors are returned, not written: toProblem turns them
+// into problem+json at the edge.
+type handlers struct{ *Server }
+
+var _ api.StrictServerInterface = handlers{}
+
+func (h handlers) RegisterPeer(ctx context.Context, req api.RegisterPeerRequestObject) (api.RegisterPeerResponseObject, error) {
+	if req.Body == nil {
+		return nil, malformed("body", "a JSON body is required")
+	}
+	spec, err := specFromAPI(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	res, err := h.store.Register(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("register peer %s: %w", spec.Name, err)
+	}
+	h.metrics.registrations.WithLabelValues(string(spec.Role), created(res.Created)).Inc()
+	if res.Created {
+		return api.RegisterPeer201JSONResponse(h.peerToAPI(&res.Peer)), nil
+	}
+	return api.RegisterPeer200JSONResponse(h.peerToAPI(&res.Peer)), nil
+}
+
+func created(c bool) string {
+	if c {
+		return "created"
+	}
+	return "updated"
+}
+
+func (h handlers) ListPeers(ctx context.Context, req api.ListPeersRequestObject) (api.ListPeersResponseObject, error) {
+	var f registry.Filter
+	if r := req.Params.Role; r != nil {
+		if f.Role = registry.Role(*r); !f.Role.Valid() {
+			return nil, malformed("role", fmt.Sprintf("unknown role %q (want prefill, decode or both)", *r))
+		}
+	}
+	if s := req.Params.State; s != nil {
+		if f.State = registry.State(*s); !f.State.Valid() {
+			return nil, malformed("state", fmt.Sprintf("unknown state %q", *s))
+		}
+	}
+	f.Model = deref(req.Params.Model)
+	peers, err := h.store.List(ctx, f)
+	if err != nil {
+		return nil, fmt.Errorf("list peers: %w", err)
+	}
+	out := api.ListPeers200JSONResponse{Peers: make([]api.Peer, len(peers))}
+	for i := range peers {
+		out.Peers[i] = h.peerToAPI(&peers[i])
+	}
+	return out, nil
+}
+
+func (h handlers) GetPeer(ctx context.Context, req api.GetPeerRequestObject) (api.GetPeerResponseObject, error) {
+	p, err := h.store.Get(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetPeer200JSONResponse(h.peerToAPI(&p)), nil
+}
+
+func (h handlers) DeletePeer(ctx context.Context, req api.DeletePeerRequestObject) (api.DeletePeerResponseObject, error) {
+	if err := h.store.Delete(ctx, req.Id); err != nil {
+		return nil, err
+	}
+	return api.DeletePeer204Response{}, nil
+}
+
+func (h handlers) DrainPeer(ctx context.Context, req api.DrainPeerRequestObject) (api.DrainPeerResponseObject, error) {
+	p, err := h.store.Drain(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	return api.DrainPeer200JSONResponse(h.peerToAPI(&p)), nil
+}
+
+func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerRequestObject) (api.HeartbeatPeerResponseObject, error) {
+	if req.Body == nil {
+		return nil, malformed("body", "a JSON body is required")
+	}
+	if strings.TrimSpace(req.Body.InstanceId) == "" {
+		return nil, invalidField("instance_id", "instance_id is required")
+	}
+	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId}
+	if l := req.Body.Load; l != nil {
+		switch {
+		case l.Running < 0:
+			return nil, invalidField("load.running", "must not be negative")
+		case l.Queued < 0:
+			return nil, invalidField("load.queued", "must not be negative")
+		case l.KvUsage < 0 || l.KvUsage > 1:
+			return nil, invalidField("load.kv_usage", "must be between 0 and 1")
+		}
+		hb.Load = registry.Load{Running: l.Running, Queued: l.Queued, KVUsage: l.KvUsage}
+	}
+	reply, err := h.store.Heartbeat(ctx, hb)
+	if err != nil {
+		return nil, err
+	}
+	h.metrics.heartbeats.WithLabelValues(string(reply.Action)).Inc()
+	return api.HeartbeatPeer200JSONResponse{Action: api.HeartbeatReplyAction(reply.Action), Reason: opt(reply.Reason), State: api.State(reply.State)}, nil
+}
+
+func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleRequestObject) (api.MarkPeerStaleResponseObject, error) {
+	if req.Body == nil {
+		return nil, malformed("body", "a JSON body is required")
+	}
+	if strings.TrimSpace(req.Body.Reason) == "" {
+		return nil, invalidField("reason", "reason is required")
+	}
+	p, err := h.store.MarkStale(ctx, req.Id, req.Body.Reason, deref(req.Body.Error))
+	if err != nil {
+		return nil, err
+	}
+	h.metrics.staleMarks.WithLabelValues("api").Inc()
+	return api.MarkPeerStale200JSONResponse(h.peerToAPI(&p)), nil
+}
+
+func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (api.ListPairsResponseObject, error) {
+	limit := 10000
+	if l := req.Params.Limit; l != nil {
+		if *l < 1 || *l > 100000 {
+			return nil, malformed("limit", "limit must be between 1 and 100000")
+		}
+		limit = *l
+	}
+	pairs, total := h.snaps.Snapshot().Pairs(limit)
+	out := api.ListPairs200JSONResponse{Pairs: make([]api.Pair, len(pairs)), Total: total}
+	for i, p := range pairs {
+		ap := api.Pair{
+			Prefill:    api.PeerRef{Id: p.Prefill.ID, Name: p.Prefill.Name},
+			Decode:     api.PeerRef{Id: p.Decode.ID, Name: p.Decode.Name},
+			Compatible: p.Verdict.Compatible, Routable: p.Routable,
+		}
+		if p.Verdict.Path != "" {
+			path := api.PairPath(p.Verdict.Path)
+			ap.Path = &path
+		}
+		reason := p.Verdict.Reason
+		switch {
+		case p.Quarantined != nil:
+			reason = "quarantined: " + p.Quarantined.Detail
+			ap.Quarantined = opt(true)
+		case reason == "" && !p.Routable:
+			reason = fmt.Sprintf("not both ready (prefill %s, decode %s)", p.Prefill.State, p.Decode.State)
+		}
+		ap.Reason = opt(reason)
+		out.Pairs[i] = ap
+	}
+	return out, nil
+}
+
+func (h handlers) ListEvents(ctx context.Context, req api.ListEventsRequestObject) (api.ListEventsResponseObject, error) {
+	q := registry.EventQuery{Limit: 100, Before: deref(req.Params.Before), PeerID: deref(req.Params.PeerId)}
+	if l := req.Params.Limit; l != nil {
+		if *l < 1 || *l > 1000 {
+			return nil, malformed("limit", "limit must be between 1 and 1000")
+		}
+		q.Limit = *l
+	}
+	if q.Before < 0 {
+		return nil, malformed("before", "before must not be negative")
+	}
+	evs, err := h.store.Events(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	out := api.ListEvents200JSONResponse{Events: make([]api.Event, len(evs))}
+	for i := range evs {
+		out.Events[i] = eventToAPI(&evs[i])
+	}
+	if len(evs) == q.Limit {
+		out.NextCursor = &evs[len(evs)-1].ID
+	}
+	return out, nil
+}

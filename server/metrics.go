@@ -1,0 +1,75 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// serverMetrics are the control plane's own metrics; the router registers
+// its own on the same registry.
+type serverMetrics struct {
+	requests      *prometheus.CounterVec
+	registrations *prometheus.CounterVec
+	heartbeats    *prometheus.CounterVec
+	staleMarks    *prometheus.CounterVec
+}
+
+func newServerMetrics(reg prometheus.Registerer, snaps Snapshots) *serverMetrics {
+	m := &serverMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdplane_api_requests_total", Help: "Control-plane API requests by route and status code.",
+		}, []string{"route", "code"}),
+		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdplane_registrations_total", Help: "Peer registrations by role and outcome.",
+		}, []string{"role", "outcome"}),
+		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdplane_heartbeats_total", Help: "Heartbeats answered, by action.",
+		}, []string{"action"}),
+		staleMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdplane_stale_marks_total", Help: "Peers marked stale through the control-plane API, by cause.",
+		}, []string{"cause"}),
+	}
+	reg.MustRegister(m.requests, m.registrations, m.heartbeats, m.staleMarks, &snapshotCollector{snaps: snaps})
+	return m
+}
+
+// snapshotCollector reports the fleet as the router sees it, read from the
+// current snapshot at scrape time.
+type snapshotCollector struct{ snaps Snapshots }
+
+var (
+	peersDesc = prometheus.NewDesc("pdplane_peers", "Peers by role and state in the routing snapshot.",
+		[]string{"role", "state"}, nil)
+	snapshotVersionDesc = prometheus.NewDesc("pdplane_snapshot_version", "Version of the routing snapshot (rebuilds since start).", nil, nil)
+	routableDesc        = prometheus.NewDesc("pdplane_routable", "1 when at least one compatible pair of ready peers exists.", nil, nil)
+)
+
+func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- peersDesc
+	ch <- snapshotVersionDesc
+	ch <- routableDesc
+}
+
+func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.snaps.Snapshot()
+	counts := map[[2]string]int{}
+	for _, role := range []registry.Role{registry.RolePrefill, registry.RoleDecode, registry.RoleBoth} {
+		for _, st := range []registry.State{registry.StatePending, registry.StateReady, registry.StateStale, registry.StateDraining, registry.StateFailed} {
+			counts[[2]string{string(role), string(st)}] = 0
+		}
+	}
+	for _, p := range s.Peers() {
+		counts[[2]string{string(p.Role), string(p.State)}]++
+	}
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(n), k[0], k[1])
+	}
+	ch <- prometheus.MustNewConstMetric(snapshotVersionDesc, prometheus.GaugeValue, float64(s.Version))
+	ok, _ := s.Routable()
+	v := 0.0
+	if ok {
+		v = 1
+	}
+	ch <- prometheus.MustNewConstMetric(routableDesc, prometheus.GaugeValue, v)
+}

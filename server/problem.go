@@ -1,0 +1,77 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/rs/zerolog/hlog"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// Problem types: stable URIs that clients can switch on.
+const (
+	problemBase         = "https://pdplane.dev/problems/"
+	ProblemInvalidField = problemBase + "invalid-field"
+	ProblemMalformed    = problemBase + "malformed-request"
+	ProblemTooLarge     = problemBase + "body-too-large"
+	ProblemUnauthorized = problemBase + "unauthorized"
+	ProblemNotFound     = problemBase + "not-found"
+	ProblemConflict     = problemBase + "conflict"
+	ProblemInternal     = problemBase + "internal"
+	ProblemUnavailable  = problemBase + "unavailable"
+)
+
+// Problem is an RFC 9457 problem; handlers return it as an error and the
+// strict server's error handler writes it.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Field  string `json:"field,omitempty"`
+}
+
+func (p *Problem) Error() string { return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail) }
+
+func invalidField(field, detail string) *Problem {
+	return &Problem{Type: ProblemInvalidField, Title: "Invalid field", Status: http.StatusUnprocessableEntity, Detail: detail, Field: field}
+}
+
+func malformed(field, detail string) *Problem {
+	return &Problem{Type: ProblemMalformed, Title: "Malformed request", Status: http.StatusBadRequest, Detail: detail, Field: field}
+}
+
+// writeProblem writes p as application/problem+json.
+func writeProblem(w http.ResponseWriter, p *Problem) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// toProblem classifies an error at the HTTP edge. Anything unexpected is a
+// 500 whose detail says nothing about the cause; the cause goes to the log.
+func toProblem(r *http.Request, err error) *Problem {
+	var p *Problem
+	var fe *registry.FieldError
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &p):
+		return p
+	case errors.As(err, &fe):
+		return invalidField(fe.Field, fe.Error())
+	case errors.As(err, &tooLarge):
+		return &Problem{Type: ProblemTooLarge, Title: "Body too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: fmt.Sprintf("request body exceeds %d bytes", tooLarge.Limit), Field: "body"}
+	case errors.Is(err, registry.ErrNotFound):
+		return &Problem{Type: ProblemNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no such peer"}
+	case errors.Is(err, registry.ErrConflict):
+		return &Problem{Type: ProblemConflict, Title: "Conflict", Status: http.StatusConflict, Detail: "the request conflicts with a stored peer"}
+	}
+	hlog.FromRequest(r).Error().Err(err).Msg("request failed")
+	return &Problem{Type: ProblemInternal, Title: "Internal error", Status: http.StatusInternalServerError,
+		Detail: "the server could not complete the request; see its log"}
+}

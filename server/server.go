@@ -1,0 +1,224 @@
+// Package server is pdplane's control-plane HTTP surface: it implements the
+// generated REST API (server/api) over a registry.Store, serves /healthz,
+// /readyz and /metrics, and mounts the router's OpenAI routes and the status
+// page on the same chi router. It owns no routing logic and no SQL.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"github.com/rs/zerolog/hlog"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/server/api"
+)
+
+// Config configures a Server.
+type Config struct {
+	// AdminToken guards operator actions; PeerToken guards what agents
+	// call. Empty means unguarded.
+	AdminToken string
+	PeerToken  string
+	// MaxBodyBytes bounds request bodies on /api/v1. It leaves room for NIXL
+	// agent metadata of several MiB per rank.
+	MaxBodyBytes int64
+	// HeartbeatInterval and LeaseTTL are what agents are told at
+	// registration; LeaseTTL must match the store's.
+	HeartbeatInterval time.Duration
+	LeaseTTL          time.Duration
+}
+
+// WithDefaults fills in unset fields.
+func (c Config) WithDefaults() Config {
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 64 << 20
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = registry.DefaultHeartbeatInterval
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = registry.DefaultLeaseTTL
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.MaxBodyBytes < 1<<20:
+		return fmt.Errorf("max body bytes must be at least 1 MiB, got %d", c.MaxBodyBytes)
+	case c.HeartbeatInterval <= 0:
+		return errors.New("heartbeat interval must be positive")
+	case c.LeaseTTL <= c.HeartbeatInterval:
+		return fmt.Errorf("lease ttl %s must be longer than the heartbeat interval %s", c.LeaseTTL, c.HeartbeatInterval)
+	case c.AdminToken != "" && c.AdminToken == c.PeerToken:
+		return errors.New("admin token and peer token must differ")
+	}
+	return nil
+}
+
+// Snapshots gives the current routing snapshot; *registry.Mirror is one.
+type Snapshots interface {
+	Snapshot() *registry.Snapshot
+}
+
+// Mounter adds routes to the server's chi router; the router package's
+// OpenAI routes come in this way.
+type Mounter interface {
+	Mount(r chi.Router)
+}
+
+// Deps are the server's collaborators.
+type Deps struct {
+	Store    registry.Store
+	Snaps    Snapshots
+	Registry *prometheus.Registry
+	// Routes, if set, mounts the OpenAI-compatible routes.
+	Routes Mounter
+	// Web, if set, serves the status page at /.
+	Web http.Handler
+}
+
+// Server is the control-plane HTTP server.
+type Server struct {
+	cfg     Config
+	store   registry.Store
+	snaps   Snapshots
+	log     zerolog.Logger
+	metrics *serverMetrics
+	handler http.Handler
+}
+
+// New builds the server and its routes.
+func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if deps.Store == nil || deps.Snaps == nil || deps.Registry == nil {
+		return nil, errors.New("server needs a store, a snapshot source and a metrics registry")
+	}
+	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log}
+	s.metrics = newServerMetrics(deps.Registry, deps.Snaps)
+
+	r := chi.NewRouter()
+	r.Use(hlog.NewHandler(log), hlog.RequestIDHandler("request_id", "X-Request-Id"), s.accessLog)
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	r.Get("/readyz", s.readyz)
+	r.Handle("/metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
+
+	strict := api.NewStrictHandlerWithOptions(handlers{s}, nil, api.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc:  s.requestError,
+		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) { writeProblem(w, toProblem(r, err)) },
+	})
+	r.Group(func(r chi.Router) {
+		r.Use(s.limitBody)
+		api.HandlerWithOptions(strict, api.ChiServerOptions{
+			BaseRouter:       r,
+			Middlewares:      []api.MiddlewareFunc{s.authMiddleware},
+			ErrorHandlerFunc: s.requestError,
+		})
+	})
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/api/") {
+			writeProblem(w, &Problem{Type: ProblemNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no such endpoint: " + r.URL.Path})
+			return
+		}
+		http.NotFound(w, r)
+	})
+	if deps.Routes != nil {
+		deps.Routes.Mount(r)
+	}
+	if deps.Web != nil {
+		r.Handle("/*", deps.Web)
+	}
+	s.handler = r
+	return s, nil
+}
+
+// Handler returns the server's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// limitBody caps request bodies; the decoder then fails with
+// *http.MaxBytesError, which becomes a 413.
+func (s *Server) limitBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requestError turns decoding and parameter errors into problem+json that
+// names the field.
+func (s *Server) requestError(w http.ResponseWriter, r *http.Request, err error) {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var tooLarge *http.MaxBytesError
+	var param *api.InvalidParamFormatError
+	var required *api.RequiredParamError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeProblem(w, toProblem(r, err))
+	case errors.As(err, &syntax):
+		writeProblem(w, malformed("body", fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, syntax)))
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			field = "body"
+		}
+		writeProblem(w, malformed(field, fmt.Sprintf("%s: expected %s, got JSON %s", field, typ.Type, typ.Value)))
+	case errors.As(err, &param):
+		writeProblem(w, malformed(param.ParamName, fmt.Sprintf("invalid %s: %v", param.ParamName, param.Err)))
+	case errors.As(err, &required):
+		writeProblem(w, malformed(required.ParamName, required.ParamName+" is required"))
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		writeProblem(w, malformed("body", "malformed JSON: the body ends in the middle of a value"))
+	case errors.Is(err, io.EOF):
+		writeProblem(w, malformed("body", "a JSON body is required"))
+	default:
+		writeProblem(w, malformed("body", "malformed request: "+err.Error()))
+	}
+}
+
+// readyz is 200 only when the store answers and the routing snapshot holds
+// at least one compatible pair of ready peers.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		hlog.FromRequest(r).Warn().Err(err).Msg("readiness: store does not answer")
+		http.Error(w, "not ready: registry store does not answer", http.StatusServiceUnavailable)
+		return
+	}
+	if ok, reason := s.snaps.Snapshot().Routable(); !ok {
+		http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}
+
+// accessLog logs each request once it is done and counts it by route.
+func (s *Server) accessLog(next http.Handler) http.Handler {
+	return hlog.AccessHandler(func(r *http.Request, status, size int, d time.Duration) {
+		route := "unmatched"
+		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
+			route = rc.RoutePattern()
+		}
+		s.metrics.requests.WithLabelValues(route, fmt.Sprint(status)).Inc()
+		ev := hlog.FromRequest(r).Debug()
+		if status >= 500 {
+			ev = hlog.FromRequest(r).Warn()
+		}
+		ev.Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).Dur("duration", d).Msg("request")
+	})(next)
+}
