@@ -6,6 +6,7 @@
 set -euo pipefail
 dir=${1:?usage: pg-start.sh DIR}
 port=${PDPLANE_TEST_PG_PORT:-55432}
+[ -f "$dir/port" ] && port=$(cat "$dir/port")
 
 bindir=${PG_BINDIR:-}
 if [ -z "$bindir" ]; then
@@ -33,6 +34,9 @@ if [ ! -f "$dir/data/PG_VERSION" ]; then
     { cat "$dir/initdb.log" >&2; exit 1; }
 fi
 if ! as_pg "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+  # Another server (a developer's own, a parallel run) may hold the port.
+  while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+  echo "$port" >"$dir/port"
   as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
     -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" >/dev/null ||
     { cat "$dir/server.log" >&2; exit 1; }
