@@ -97,19 +97,45 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 		}
 	}
 	sort.Strings(s.modelNames)
+	quarantinedPrefill := map[string]bool{}
+	for k := range s.quarantined {
+		quarantinedPrefill[k[0]] = true
+	}
 	for _, m := range s.models {
+		// Decodes grouped by class; every prefill of one class shares the
+		// same list, so building routes costs O(peers + classes²), not
+		// O(prefills × decodes).
+		var decodeClasses []int
+		byClass := map[int][]*Peer{}
+		for _, d := range m.Decodes {
+			c := s.class[d.ID]
+			if _, ok := byClass[c]; !ok {
+				decodeClasses = append(decodeClasses, c)
+			}
+			byClass[c] = append(byClass[c], d)
+		}
+		shared := map[int][]*Peer{} // prefill class -> compatible ready decodes
 		for _, pf := range m.Prefills {
-			var ds []*Peer
-			for _, d := range m.Decodes {
-				if d.ID == pf.ID {
-					continue
+			pc := s.class[pf.ID]
+			ds, ok := shared[pc]
+			if !ok {
+				for _, dc := range decodeClasses {
+					if s.classVerdict(pc, dc, reps).Compatible {
+						ds = append(ds, byClass[dc]...)
+					}
 				}
-				if _, q := s.quarantined[[2]string{pf.ID, d.ID}]; q {
-					continue
+				shared[pc] = ds
+			}
+			// Rare cases get a private copy: a peer of role both must not
+			// pair with itself, and quarantined pairs are left out.
+			if pf.Role.Decodes() || quarantinedPrefill[pf.ID] {
+				own := make([]*Peer, 0, len(ds))
+				for _, d := range ds {
+					if _, q := s.quarantined[[2]string{pf.ID, d.ID}]; d.ID != pf.ID && !q {
+						own = append(own, d)
+					}
 				}
-				if s.verdictOf(pf, d, reps).Compatible {
-					ds = append(ds, d)
-				}
+				ds = own
 			}
 			if len(ds) > 0 {
 				m.decodesFor[pf.ID] = ds
@@ -119,17 +145,15 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 	return s
 }
 
-func (s *Snapshot) verdictOf(p, d *Peer, reps []*Peer) Verdict {
-	if p.ID == d.ID || !p.Role.Prefills() || !d.Role.Decodes() {
-		return CheckPair(&p.PeerSpec, &d.PeerSpec)
-	}
-	key := [2]int{s.class[p.ID], s.class[d.ID]}
+// classVerdict is the verdict between a prefill of class pc and a decode of
+// class dc. Peers of one class differ only in name and role, so the classes'
+// representatives decide for everyone; roles are settled by the callers.
+func (s *Snapshot) classVerdict(pc, dc int, reps []*Peer) Verdict {
+	key := [2]int{pc, dc}
 	if v, ok := s.verdicts[key]; ok {
 		return v
 	}
-	// Peers of one class differ only in name and role, which CheckPair has
-	// already settled above, so the representatives decide for everyone.
-	rp, rd := *reps[key[0]], *reps[key[1]]
+	rp, rd := *reps[pc], *reps[dc]
 	rp.Role, rd.Role, rp.Name, rd.Name = RolePrefill, RoleDecode, "p", "d"
 	v := CheckPair(&rp.PeerSpec, &rd.PeerSpec)
 	s.verdicts[key] = v
@@ -188,16 +212,23 @@ func (s *Snapshot) Pairs(limit int) ([]PairView, int) {
 			decodes = append(decodes, p)
 		}
 	}
-	total := 0
+	total := len(prefills) * len(decodes)
+	for _, p := range prefills {
+		if p.Role.Decodes() {
+			total-- // a peer of role both is in both lists but never pairs with itself
+		}
+	}
 	var out []PairView
 	for _, p := range prefills {
+		if limit > 0 && len(out) >= limit {
+			break
+		}
 		for _, d := range decodes {
 			if p.ID == d.ID {
 				continue
 			}
-			total++
 			if limit > 0 && len(out) >= limit {
-				continue
+				break
 			}
 			v := s.Verdict(p, d)
 			pv := PairView{Prefill: p, Decode: d, Verdict: v}

@@ -1,0 +1,83 @@
+package registry_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/registrytest"
+)
+
+func peer(spec registry.PeerSpec, st registry.State) registry.Peer {
+	return registry.Peer{PeerSpec: spec, ID: "id-" + spec.Name, State: st, Generation: 1}
+}
+
+func TestSnapshotRoutes(t *testing.T) {
+	t.Parallel()
+	dram := registrytest.Spec("d-dram-hetero", registry.RoleDecode)
+	dram.Parallelism.TPSize, dram.Parallelism.AttnTPSize = 2, 2
+	dram.Ranks[0].KVMemKinds = []registry.MemKind{registry.DRAM, registry.DRAM}
+	peers := []registry.Peer{
+		peer(registrytest.Spec("p0", registry.RolePrefill), registry.StateReady),
+		peer(registrytest.Spec("p1", registry.RolePrefill), registry.StateStale),
+		peer(registrytest.Spec("d0", registry.RoleDecode), registry.StateReady),
+		peer(registrytest.Spec("d1", registry.RoleDecode), registry.StateReady),
+		peer(registrytest.Spec("d2", registry.RoleDecode), registry.StatePending),
+		peer(dram, registry.StateReady),
+	}
+	q := []registry.Quarantine{{PrefillID: "id-p0", DecodeID: "id-d1", Detail: "x"}}
+	s := registry.NewSnapshot(1, peers, q, time.Now())
+	r := s.Routes("m")
+	if r == nil || len(r.Prefills) != 1 || r.Prefills[0].Name != "p0" {
+		t.Fatalf("prefills = %+v", r)
+	}
+	ds := r.DecodesFor("id-p0")
+	if len(ds) != 1 || ds[0].Name != "d0" {
+		t.Fatalf("decodes for p0 = %v; want only d0 (d1 quarantined, d2 pending, DRAM hetero refused)", names(ds))
+	}
+	if ok, _ := s.Routable(); !ok {
+		t.Fatal("snapshot with a routable pair says it is not routable")
+	}
+	pairs, total := s.Pairs(0)
+	if total != 8 || len(pairs) != 8 {
+		t.Fatalf("pairs = %d/%d, want 8 (2 prefills × 4 decodes)", len(pairs), total)
+	}
+	for _, p := range pairs {
+		if p.Decode.Name == "d-dram-hetero" && (p.Verdict.Compatible || p.Routable) {
+			t.Errorf("DRAM hetero-TP pair accepted: %+v", p.Verdict)
+		}
+		if p.Decode.Name == "d1" && p.Prefill.Name == "p0" && (p.Quarantined == nil || p.Routable) {
+			t.Errorf("quarantined pair routable")
+		}
+	}
+	empty := registry.NewSnapshot(2, []registry.Peer{peers[2]}, nil, time.Now())
+	if ok, reason := empty.Routable(); ok || reason != "model m: no ready prefill" {
+		t.Fatalf("decode-only snapshot: %v %q", ok, reason)
+	}
+}
+
+func names(ps []*registry.Peer) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Name
+	}
+	return out
+}
+
+// BenchmarkSnapshotBuild measures a snapshot rebuild at fleet sizes: what
+// every replica pays, debounced, after a change.
+func BenchmarkSnapshotBuild(b *testing.B) {
+	for _, n := range []int{10, 1000, 10000} {
+		peers := make([]registry.Peer, 0, n)
+		for i := 0; i < n/2; i++ {
+			peers = append(peers, peer(registrytest.Spec(fmt.Sprintf("p%d", i), registry.RolePrefill), registry.StateReady),
+				peer(registrytest.Spec(fmt.Sprintf("d%d", i), registry.RoleDecode), registry.StateReady))
+		}
+		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
+			for range b.N {
+				registry.NewSnapshot(1, peers, nil, time.Now())
+			}
+		})
+	}
+}
