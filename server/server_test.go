@@ -227,7 +227,7 @@ func TestTokens(t *testing.T) {
 		{"GET", "/api/v1/pairs", "", nil, 200},
 		{"POST", "/api/v1/peers/" + id + "/heartbeat", "", map[string]any{"instance_id": "inst-p0"}, 401},
 		{"POST", "/api/v1/peers/" + id + "/heartbeat", adminToken, map[string]any{"instance_id": "inst-p0"}, 200}, // admin works where peer does
-		{"POST", "/api/v1/peers/" + id + "/drain", peerToken, nil, 401},                                          // peer token is not admin
+		{"POST", "/api/v1/peers/" + id + "/drain", peerToken, nil, 401},                                           // peer token is not admin
 		{"POST", "/api/v1/peers/" + id + "/drain", adminToken, nil, 200},
 		{"POST", "/api/v1/peers/" + id + "/stale", peerToken, map[string]any{"reason": "r"}, 200},
 		{"DELETE", "/api/v1/peers/" + id, peerToken, nil, 401},

@@ -116,10 +116,10 @@ func testRoundTrip(t *testing.T, s registry.Store) {
 	}
 	spec.Ranks = append(spec.Ranks, registry.Rank{
 		Rank: 1, GPUID: 1, AgentName: "p0-agent-1", AgentMetadata: meta,
-		KVDataPtrs: []uint64{1 << 63, 0xffff_0000_0000_0000, 0x1000},
-		KVDataLens: []uint64{4096, 8192, 1 << 40},
-		KVItemLens: []uint64{64, 128, 4096},
-		KVMemKinds: []registry.MemKind{registry.DRAM, registry.VRAM, registry.FILE},
+		KVDataPtrs:  []uint64{1 << 63, 0xffff_0000_0000_0000, 0x1000},
+		KVDataLens:  []uint64{4096, 8192, 1 << 40},
+		KVItemLens:  []uint64{64, 128, 4096},
+		KVMemKinds:  []registry.MemKind{registry.DRAM, registry.VRAM, registry.FILE},
 		AuxDataPtrs: []uint64{0x2000}, AuxDataLens: []uint64{64},
 	})
 	p := mustRegister(t, s, spec).Peer
