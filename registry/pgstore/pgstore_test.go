@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
@@ -165,11 +166,38 @@ func BenchmarkHeartbeatThroughput(b *testing.B) {
 	peers := registerFleet(b, ctx, s, 10_000)
 	b.ResetTimer()
 	var next atomic.Int64
-	b.SetParallelism(256) // 256 × GOMAXPROCS callers
+	b.SetParallelism(1024) // 1024 × GOMAXPROCS callers, like a large fleet
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			p := peers[int(next.Add(1))%len(peers)]
 			if _, err := s.Heartbeat(ctx, registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+}
+
+// BenchmarkHeartbeatUnbatched is the baseline for BenchmarkHeartbeatThroughput:
+// the same callers, each heartbeat its own single-row UPDATE on the pool.
+func BenchmarkHeartbeatUnbatched(b *testing.B) {
+	ctx := context.Background()
+	s, cfg := registrytest.NewPGStore(b, pgstore.Config{})
+	peers := registerFleet(b, ctx, s, 10_000)
+	pool, err := pgxpool.New(ctx, cfg.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	b.ResetTimer()
+	var next atomic.Int64
+	b.SetParallelism(1024)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			p := peers[int(next.Add(1))%len(peers)]
+			if _, err := pool.Exec(ctx, `UPDATE peers SET last_heartbeat = now(), lease_expiry = now() + interval '10 seconds',
+				load_running = $2 WHERE id = $1`, p.ID, 1); err != nil {
 				b.Error(err)
 				return
 			}
