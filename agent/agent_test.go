@@ -1,0 +1,180 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/agent"
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/memstore"
+	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/server"
+)
+
+// fakeEngine stands in for an engine process: its spec, and a counter of
+// fresh NIXL agents it was asked to create.
+type fakeEngine struct {
+	mu    sync.Mutex
+	spec  registry.PeerSpec
+	fresh int
+}
+
+func (e *fakeEngine) Spec(context.Context) (registry.PeerSpec, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.spec
+	s.Ranks = append([]registry.Rank(nil), e.spec.Ranks...)
+	for i := range s.Ranks {
+		s.Ranks[i].AgentName = fmt.Sprintf("%s-%d", e.spec.Ranks[i].AgentName, e.fresh)
+	}
+	return s, nil
+}
+
+func (e *fakeEngine) Reregister(context.Context, string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.fresh++
+	return nil
+}
+
+func (e *fakeEngine) Load() registry.Load { return registry.Load{Running: 2, Queued: 1, KVUsage: 0.5} }
+
+type controlPlane struct {
+	url   string
+	store *memstore.Store
+	close func()
+}
+
+func startControlPlane(t *testing.T, ln net.Listener) controlPlane {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	log := zerolog.New(zerolog.NewTestWriter(t))
+	store := memstore.New(memstore.Config{LeaseTTL: time.Second})
+	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	if err := mirror.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{PeerToken: "tok", HeartbeatInterval: 50 * time.Millisecond, LeaseTTL: time.Second},
+		server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(srv.Handler())
+	if ln != nil {
+		ts.Listener.Close()
+		ts.Listener = ln
+	}
+	ts.Start()
+	t.Cleanup(ts.Close)
+	return controlPlane{url: ts.URL, store: store, close: ts.Close}
+}
+
+func runAgent(t *testing.T, url string, eng agent.Engine) (*agent.Agent, chan error) {
+	t.Helper()
+	a, err := agent.New(agent.Config{ControlPlane: url, Token: "tok", MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond},
+		eng, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return a, done
+}
+
+func waitPeer(t *testing.T, s registry.Store, name string, ok func(p registry.Peer) bool) registry.Peer {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		peers, _ := s.List(context.Background(), registry.Filter{})
+		for _, p := range peers {
+			if p.Name == name && ok(p) {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("peer %s never reached the expected state; peers: %+v", name, peers)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestAgentRegistersHeartbeatsAndReregisters(t *testing.T) {
+	t.Parallel()
+	cp := startControlPlane(t, nil)
+	eng := &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}
+	runAgent(t, cp.url, eng)
+
+	p := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady && p.Load.Running == 2 })
+	if p.Generation != 1 || p.Ranks[0].AgentName != "d0-agent-0-0" {
+		t.Fatalf("first registration: gen %d agent %s", p.Generation, p.Ranks[0].AgentName)
+	}
+	if _, err := cp.store.MarkStale(context.Background(), p.ID, "transfer failed", "Missing NIXL destination KV memory kind"); err != nil {
+		t.Fatal(err)
+	}
+	q := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.Generation == 2 })
+	if q.State != registry.StateReady || q.ID != p.ID || q.Ranks[0].AgentName != "d0-agent-0-1" {
+		t.Fatalf("after re-registration: state %s id %s agent %s", q.State, q.ID, q.Ranks[0].AgentName)
+	}
+}
+
+func TestAgentRefusedGeometryStops(t *testing.T) {
+	t.Parallel()
+	cp := startControlPlane(t, nil)
+	spec := registrytest.Spec("d0", registry.RoleDecode)
+	spec.Ranks[0].KVMemKinds = nil
+	_, done := runAgent(t, cp.url, &fakeEngine{spec: spec})
+	select {
+	case err := <-done:
+		var refused *agent.RefusedError
+		if !errors.As(err, &refused) || refused.Status != 422 || refused.Problem.Field == nil || *refused.Problem.Field != "ranks[0].kv_mem_kinds" {
+			t.Fatalf("Run returned %v, want a 422 refusal naming ranks[0].kv_mem_kinds", err)
+		}
+		done <- err // for the cleanup
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent kept retrying a refused geometry")
+	}
+}
+
+// TestAgentWaitsForControlPlane starts the agent before the control plane
+// exists, then starts it: the agent registers once it is reachable, and
+// again after the control plane restarts empty (the embedded store).
+func TestAgentWaitsForControlPlane(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	runAgent(t, "http://"+addr, &fakeEngine{spec: registrytest.Spec("p0", registry.RolePrefill)})
+	time.Sleep(200 * time.Millisecond) // a few failed attempts
+
+	relisten := func() net.Listener {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("relisten on %s: %v", addr, err)
+		}
+		return l
+	}
+	cp := startControlPlane(t, relisten())
+	first := waitPeer(t, cp.store, "p0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+
+	cp.close()
+	cp2 := startControlPlane(t, relisten())
+	again := waitPeer(t, cp2.store, "p0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+	if again.ID == first.ID {
+		t.Fatalf("a new, empty control plane kept the old id")
+	}
+}
