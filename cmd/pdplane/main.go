@@ -22,6 +22,7 @@ Usage:
   pdplane serve    [flags]   control plane + OpenAI-compatible router
   pdplane dev      [flags]   serve on the embedded store, for trying things out
   pdplane migrate  [flags]   apply database migrations and exit
+  pdplane peers    list|show|drain|stale|rm   CLI over the REST API
   pdplane version            print the version
 
 Run 'pdplane COMMAND -h' for a command's flags. Every flag can also be set
@@ -43,6 +44,8 @@ func main() {
 		err = runServe(ctx, args, true)
 	case "migrate":
 		err = runMigrate(ctx, args)
+	case "peers":
+		err = runPeers(ctx, args)
 	case "version", "--version", "-v":
 		fmt.Println("pdplane", version)
 	case "help", "-h", "--help":
