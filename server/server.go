@@ -119,7 +119,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 
 	strict := api.NewStrictHandlerWithOptions(handlers{s}, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  s.requestError,
-		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) { writeProblem(w, toProblem(r, err)) },
+		ResponseErrorHandlerFunc: s.responseError,
 	})
 	r.Group(func(r chi.Router) {
 		r.Use(s.limitBody)
@@ -188,6 +188,17 @@ func (s *Server) requestError(w http.ResponseWriter, r *http.Request, err error)
 	default:
 		writeProblem(w, malformed("body", "malformed request: "+err.Error()))
 	}
+}
+
+// responseError writes a handler's error as problem+json. A client that left
+// (the usual end of an event stream) is not an error: there is nobody to
+// answer, so it is logged at debug level and nothing is written.
+func (s *Server) responseError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		hlog.FromRequest(r).Debug().Err(err).Msg("client gone (499)")
+		return
+	}
+	writeProblem(w, toProblem(r, err))
 }
 
 // readyz is 200 only when the store answers and the routing snapshot holds

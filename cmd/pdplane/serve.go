@@ -17,6 +17,7 @@ import (
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/web"
 )
 
 type serveConfig struct {
@@ -70,7 +71,7 @@ func runServe(ctx context.Context, args []string, dev bool) error {
 	srv, err := server.New(server.Config{
 		AdminToken: c.adminToken, PeerToken: c.peerToken,
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
-	}, server.Deps{Store: store, Snaps: mirror, Registry: reg}, log.With().Str("component", "server").Logger())
+	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Web: web.Handler()}, log.With().Str("component", "server").Logger())
 	if err != nil {
 		return err
 	}

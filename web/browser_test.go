@@ -1,0 +1,787 @@
+package web_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"image/png"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/memstore"
+	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/web"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/status.png with the browser test's screenshot")
+
+const (
+	adminToken = "admin-secret"
+	hostile    = `<img src=x onerror=alert(1)>`
+	nixlError  = "RuntimeError: Missing NIXL destination KV memory kind"
+)
+
+// ---------------------------------------------------------------- server
+
+// fixture is a pdplane server with the status page mounted, on the embedded
+// store, listening on 127.0.0.1.
+type fixture struct {
+	t     *testing.T
+	url   string
+	store *memstore.Store
+	reg   *prometheus.Registry
+	gate  *streamGate
+	// back sets the store's clock back by this many nanoseconds, so that a
+	// test can build a fleet with a history spread over the past.
+	back atomic.Int64
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	// Nothing here runs the lease sweeper: a peer whose heartbeats stop
+	// shows its lease as expired but keeps its state.
+	f := &fixture{t: t}
+	store := memstore.New(memstore.Config{Now: func() time.Time { return time.Now().Add(-time.Duration(f.back.Load())) }})
+	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	if err := mirror.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	srv, err := server.New(server.Config{AdminToken: adminToken},
+		server.Deps{Store: store, Snaps: mirror, Registry: reg, Web: web.Handler()}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := &streamGate{next: srv.Handler(), open: map[int]context.CancelFunc{}}
+	ts := httptest.NewServer(gate)
+	t.Cleanup(ts.Close)
+	t.Cleanup(gate.closeAll) // before ts.Close, which waits for open streams
+	f.url, f.store, f.reg, f.gate = ts.URL, store, reg, gate
+	return f
+}
+
+// streamGate passes everything to the server, but can cut the event stream:
+// it ends the open streams and answers new ones 503 until it is reopened,
+// as a restarting server or a broken proxy would.
+type streamGate struct {
+	next http.Handler
+	mu   sync.Mutex
+	cut  bool
+	seq  int
+	open map[int]context.CancelFunc
+}
+
+func (g *streamGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/api/v1/events/stream" {
+		g.next.ServeHTTP(w, r)
+		return
+	}
+	g.mu.Lock()
+	if g.cut {
+		g.mu.Unlock()
+		http.Error(w, "event stream cut by the test", http.StatusServiceUnavailable)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	g.seq++
+	id := g.seq
+	g.open[id] = cancel
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		delete(g.open, id)
+		g.mu.Unlock()
+		cancel()
+	}()
+	g.next.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// setCut cuts the stream (true) or lets it through again (false).
+func (g *streamGate) setCut(cut bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.cut = cut
+	if cut {
+		for _, cancel := range g.open {
+			cancel()
+		}
+	}
+}
+
+func (g *streamGate) closeAll() { g.setCut(true) }
+
+// call sends a JSON request to the API and decodes the answer into out
+// (when not nil), failing the test unless the status is want.
+func (f *fixture) call(method, path, token string, body any, want int, out any) {
+	f.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequest(method, f.url+path, rd)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	data, _ := io.ReadAll(res.Body)
+	if res.StatusCode != want {
+		f.t.Fatalf("%s %s = %d, want %d: %s", method, path, res.StatusCode, want, data)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			f.t.Fatalf("%s %s: decode %s: %v", method, path, data, err)
+		}
+	}
+}
+
+// register registers spec through the API and returns the peer's id.
+func (f *fixture) register(spec registry.PeerSpec) string {
+	f.t.Helper()
+	var p struct {
+		ID string `json:"id"`
+	}
+	f.call(http.MethodPost, "/api/v1/peers", adminToken, spec, http.StatusCreated, &p)
+	return p.ID
+}
+
+func (f *fixture) reregister(spec registry.PeerSpec) {
+	f.t.Helper()
+	f.call(http.MethodPost, "/api/v1/peers", adminToken, spec, http.StatusOK, nil)
+}
+
+func (f *fixture) heartbeat(id, instance string, load registry.Load) {
+	f.t.Helper()
+	f.call(http.MethodPost, "/api/v1/peers/"+id+"/heartbeat", adminToken,
+		map[string]any{"instance_id": instance, "load": load}, http.StatusOK, nil)
+}
+
+func (f *fixture) markStale(id, reason, errText string) {
+	f.t.Helper()
+	f.call(http.MethodPost, "/api/v1/peers/"+id+"/stale", adminToken,
+		map[string]string{"reason": reason, "error": errText}, http.StatusOK, nil)
+}
+
+// --------------------------------------------------------------- browser
+
+// chromiumPath finds the browser: $PDPLANE_CHROMIUM, else chromium on PATH.
+// Without one the test is skipped, unless PDPLANE_REQUIRE_CHROMIUM=1 (as in
+// CI), where a missing browser is a failure.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	var tried []string
+	if p := os.Getenv("PDPLANE_CHROMIUM"); p != "" {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		tried = append(tried, p+" (from $PDPLANE_CHROMIUM)")
+	} else {
+		if p, err := exec.LookPath("chromium"); err == nil {
+			return p
+		}
+		tried = append(tried, "chromium on $PATH")
+	}
+	msg := fmt.Sprintf("no Chromium found (tried %s); install Debian's chromium or set PDPLANE_CHROMIUM", strings.Join(tried, ", "))
+	if os.Getenv("PDPLANE_REQUIRE_CHROMIUM") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg + "; set PDPLANE_REQUIRE_CHROMIUM=1 to make this a failure")
+	return ""
+}
+
+// cspProbe runs before the page's own scripts (injected through DevTools, so
+// the page's policy does not apply to it) and records every violation of the
+// policy the page reports.
+const cspProbe = `window.__csp = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__csp.push(e.violatedDirective + ' blocked ' + (e.blockedURI || 'inline') + ' ' + (e.sample || ''));
+});`
+
+// browser is one headless Chromium tab at 1280×800 that records what the
+// page writes to the console and every JavaScript dialog it opens.
+type browser struct {
+	ctx context.Context
+
+	mu      sync.Mutex
+	console []chromedp.ConsoleMessage
+	dialogs []string
+}
+
+func newBrowser(t *testing.T, chromium string) *browser {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromium),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-background-timer-throttling", true),
+		chromedp.Flag("hide-scrollbars", true),
+		chromedp.Flag("lang", "en-US"),
+		chromedp.WindowSize(1280, 800),
+		chromedp.UserDataDir(t.TempDir()),
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(allocCtx)
+	t.Cleanup(func() {
+		cancelTab()
+		cancelAlloc()
+	})
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	b := &browser{ctx: ctx}
+
+	messages := chromedp.Console(ctx)
+	go func() {
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.console = append(b.console, m)
+			b.mu.Unlock()
+		}
+	}()
+	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range dialogs {
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.dialogs = append(b.dialogs, string(ev.Type)+": "+ev.Message)
+			b.mu.Unlock()
+			// An open dialog blocks the page; dismiss it so that the test
+			// fails on the record instead of hanging.
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: false})
+		}
+	}()
+	if _, err := chromedp.Call(ctx, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: cspProbe}); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 800)); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (b *browser) do(t *testing.T, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		t.Fatalf("browser: %v\n%s", err, b.pageText())
+	}
+}
+
+// eval evaluates a JavaScript expression and decodes its value into T.
+func eval[T any](t *testing.T, b *browser, expr string) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// waitFor polls a JavaScript predicate until it holds.
+func (b *browser) waitFor(t *testing.T, what, predicate string, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, timeout+5*time.Second)
+	defer cancel()
+	_, err := chromedp.Run(ctx, chromedp.Poll[bool](predicate,
+		chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(50*time.Millisecond)))
+	if err != nil {
+		t.Fatalf("waiting for %s: %v\n%s", what, err, b.pageText())
+	}
+}
+
+// pageText is what the page shows, for failure messages.
+func (b *browser) pageText() string {
+	ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
+	defer cancel()
+	text, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText.slice(0, 3000) : ''`))
+	if err != nil {
+		return "(page text unavailable: " + err.Error() + ")"
+	}
+	return "page shows:\n" + text
+}
+
+// problems returns the console errors and exceptions and the dialogs so far.
+func (b *browser) problems(t *testing.T) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, m := range b.console {
+		switch m.Type {
+		case chromedp.ConsoleError, chromedp.ConsoleException:
+			out = append(out, fmt.Sprintf("console %s (%s): %s", m.Type, m.URL, m.Text))
+		case chromedp.ConsoleWarning:
+			t.Logf("console warning: %s", m.Text)
+		}
+	}
+	for _, d := range b.dialogs {
+		out = append(out, "dialog opened: "+d)
+	}
+	return out
+}
+
+// checkClean fails the test on any console error, exception, dialog or CSP
+// violation so far.
+func (b *browser) checkClean(t *testing.T, when string) {
+	t.Helper()
+	// Console events arrive asynchronously; give the last ones a moment.
+	time.Sleep(200 * time.Millisecond)
+	for _, p := range b.problems(t) {
+		t.Errorf("%s: %s", when, p)
+	}
+	for _, v := range eval[[]string](t, b, `window.__csp || ['the CSP probe did not run']`) {
+		t.Errorf("%s: CSP violation: %s", when, v)
+	}
+}
+
+func jsString(s string) string {
+	data, _ := json.Marshal(s)
+	return string(data)
+}
+
+// stateOf is a predicate on the state word shown in a peer's row.
+func stateOf(id, state string) string {
+	return fmt.Sprintf(`(document.querySelector('#peer-groups tr[data-peer-id=%s] .state-word') || {}).textContent === %s`,
+		jsString(id), jsString(state))
+}
+
+// ------------------------------------------------------------------ tests
+
+// TestStatusPageLive drives the page in Chromium while the fleet changes
+// underneath it through the API: it must follow without a reload, render
+// hostile data as text, and say when it has lost the event stream.
+func TestStatusPageLive(t *testing.T) {
+	// Not parallel: each browser test starts a Chromium of its own.
+	chromium := chromiumPath(t)
+	f := newFixture(t)
+	p0 := f.register(registrytest.Spec("p0", registry.RolePrefill))
+	d0 := f.register(registrytest.Spec("d0", registry.RoleDecode))
+	f.heartbeat(p0, "inst-p0", registry.Load{Running: 2, Queued: 1, KVUsage: 0.25})
+	f.heartbeat(d0, "inst-d0", registry.Load{Running: 7, KVUsage: 0.5})
+
+	b := newBrowser(t, chromium)
+	b.do(t, chromedp.Navigate(f.url+"/"))
+	b.waitFor(t, "the registered peers", stateOf(p0, "ready")+" && "+stateOf(d0, "ready"), 10*time.Second)
+	b.waitFor(t, "the live badge", `document.getElementById('conn-text').textContent === 'live'`, 10*time.Second)
+	b.waitFor(t, "a routable pair", `!!document.querySelector('#pair-matrix td.v-routable button')`, 10*time.Second)
+	if got := eval[string](t, b, `document.querySelector('[data-chart=rps]').textContent`); !strings.Contains(got, "no traffic yet") {
+		t.Errorf("with no router metrics the requests chart shows %q, want 'no traffic yet'", got)
+	}
+	// A marker that a reload would wipe.
+	b.do(t, chromedp.Evaluate[chromedp.Void](`window.__noReload = true`))
+
+	t.Run("metrics maths", func(t *testing.T) {
+		for _, tc := range []struct{ expr, want string }{
+			// histogram_quantile: linear inside the bucket holding the rank.
+			{`+P.quantile(0.5, [{le: 0.1, count: 0}, {le: 0.2, count: 10}, {le: Infinity, count: 10}]).toFixed(6)`, `0.15`},
+			{`P.quantile(0.99, [{le: 0.1, count: 5}, {le: 0.2, count: 10}, {le: Infinity, count: 20}])`, `0.2`},
+			{`P.quantile(0.5, [{le: 0.1, count: 0}, {le: Infinity, count: 0}])`, `null`}, // NaN: no requests
+			// A counter that went down was reset: count from zero.
+			{`P.counterDelta(100, 7)`, `7`},
+			{`P.rates({requests: 10, errors: 1, retries: 0, ttft: []}, {requests: 40, errors: 4, retries: 2, ttft: []}, 0, 2000).rps`, `15`},
+			{`P.parse('a_total{route="/v1/x",msg="say \\"hi\\", {ok}"} 3\n# HELP b x\nb 1e3\nc{le="+Inf"} 7 1700000000\n')`,
+				`[{"name":"a_total","labels":{"route":"/v1/x","msg":"say \"hi\", {ok}"},"value":3},{"name":"b","labels":{},"value":1000},{"name":"c","labels":{"le":"+Inf"},"value":7}]`},
+			{`(({present, traffic, requests, errors}) => [present, traffic, requests, errors])(P.routerTotals(P.parse(` +
+				`'pdplane_router_requests_total{route="r",outcome="ok"} 90\npdplane_router_requests_total{route="r",outcome="upstream_error"} 4\n' + ` +
+				`'pdplane_router_requests_total{route="r",outcome="bad_request"} 6\n')))`, `[true,true,100,4]`},
+		} {
+			got := eval[string](t, b, `(() => { const P = window.pdplaneProm; return JSON.stringify(`+tc.expr+`); })()`)
+			if got != tc.want {
+				t.Errorf("%s = %s, want %s", tc.expr, got, tc.want)
+			}
+		}
+	})
+
+	t.Run("new peer appears live", func(t *testing.T) {
+		d1 := f.register(registrytest.Spec("d1", registry.RoleDecode))
+		b.waitFor(t, "d1 pending", stateOf(d1, "pending"), 5*time.Second)
+		f.heartbeat(d1, "inst-d1", registry.Load{})
+		b.waitFor(t, "d1 ready", stateOf(d1, "ready"), 5*time.Second)
+	})
+
+	t.Run("stale mark shows live", func(t *testing.T) {
+		f.markStale(d0, "transfer worker on p0: KV transfer failed", nixlError)
+		b.waitFor(t, "d0 stale", stateOf(d0, "stale"), 5*time.Second)
+		b.waitFor(t, "the stale event with its error text",
+			`[...document.querySelectorAll('#event-list .ev-stale pre.err')].some((e) => e.textContent === `+jsString(nixlError)+`)`, 5*time.Second)
+		b.waitFor(t, "the re-register request in the timeline", `!!document.querySelector('#event-list .ev-reregister_requested')`, 5*time.Second)
+		if !eval[bool](t, b, `window.__noReload === true`) {
+			t.Error("the page reloaded to show the stale mark")
+		}
+	})
+
+	t.Run("hostile name is text", func(t *testing.T) {
+		spec := registrytest.Spec(hostile, registry.RoleDecode)
+		spec.Labels = map[string]string{"note": `<script>window.__pwned = true</script>`}
+		id := f.register(spec)
+		f.markStale(id, `<b onmouseover=alert(2)>reason</b>`, `<svg onload=alert(3)>`)
+		b.waitFor(t, "the hostile peer's row", stateOf(id, "stale"), 5*time.Second)
+		name := jsString(hostile)
+		b.waitFor(t, "the hostile name in the table and the timeline",
+			`[...document.querySelectorAll('#peer-groups .peer-link')].some((e) => e.textContent === `+name+`) && `+
+				`[...document.querySelectorAll('#event-list .peer-link')].some((e) => e.textContent === `+name+`)`, 5*time.Second)
+		b.do(t, chromedp.Click(chromedp.CSS(`#peer-groups tr[data-peer-id=`+jsString(id)+`] .peer-link`)))
+		b.waitFor(t, "the detail view", `document.getElementById('peer-dialog').open && !!document.querySelector('#pd-body .facts')`, 5*time.Second)
+		if got := eval[string](t, b, `document.getElementById('pd-title').firstChild.textContent`); got != hostile {
+			t.Errorf("detail title = %q, want %q", got, hostile)
+		}
+		if got := eval[bool](t, b, `[...document.querySelectorAll('#pd-body .label')].some((e) => e.textContent === 'note=<script>window.__pwned = true</script>')`); !got {
+			t.Error("the hostile label is not shown as text")
+		}
+		injected := eval[[]string](t, b, `[...document.querySelectorAll('img, script, svg[onload], b')]`+
+			`.filter((e) => e.tagName === 'B' || e.hasAttribute('onerror') || e.hasAttribute('onload') || e.getAttribute('src') === 'x' || (e.tagName === 'SCRIPT' && !e.src))`+
+			`.map((e) => e.outerHTML)`)
+		if len(injected) > 0 {
+			t.Errorf("elements were created from data: %q", injected)
+		}
+		if eval[bool](t, b, `window.__pwned === true`) {
+			t.Error("a script from a label ran")
+		}
+		b.do(t, chromedp.Click(chromedp.CSS(`#peer-dialog .close`)))
+		b.waitFor(t, "the detail view to close", `!document.getElementById('peer-dialog').open`, 5*time.Second)
+	})
+
+	// Everything so far is what an operator does all day: it must not have
+	// caused a single console error, exception, dialog or CSP violation.
+	b.checkClean(t, "page in normal use")
+
+	t.Run("admin actions show problem details", func(t *testing.T) {
+		d1 := "" // find d1 by name
+		var peers struct {
+			Peers []struct{ ID, Name string } `json:"peers"`
+		}
+		f.call(http.MethodGet, "/api/v1/peers", "", nil, http.StatusOK, &peers)
+		for _, p := range peers.Peers {
+			if p.Name == "d1" {
+				d1 = p.ID
+			}
+		}
+		open := func() {
+			b.do(t, chromedp.Click(chromedp.CSS(`#peer-groups tr[data-peer-id=`+jsString(d1)+`] .peer-link`)))
+			b.waitFor(t, "d1's detail view", `document.getElementById('peer-dialog').open && !!document.querySelector('#pd-body .facts')`, 5*time.Second)
+		}
+		open()
+		if eval[bool](t, b, `!!document.querySelector('#pd-body [data-action=drain]')`) {
+			t.Error("actions are offered before an admin token is set")
+		}
+		b.do(t, chromedp.Click(chromedp.CSS(`#peer-dialog .close`)))
+
+		b.do(t, chromedp.SendKeys(chromedp.ID("token"), "wrong-token"), chromedp.Click(chromedp.CSS(`#token-form button[type=submit]`)))
+		if got := eval[string](t, b, `sessionStorage.getItem('pdplane.adminToken')`); got != "wrong-token" {
+			t.Errorf("token in sessionStorage = %q", got)
+		}
+		open()
+		b.do(t, chromedp.Click(chromedp.CSS(`#pd-body [data-action=drain]`)))
+		b.waitFor(t, "the 401 problem detail", `(document.querySelector('#pd-body .notice.problem') || {}).textContent?.includes('this operation needs the admin token')`, 5*time.Second)
+		b.do(t, chromedp.Click(chromedp.CSS(`#peer-dialog .close`)))
+
+		b.do(t, chromedp.Click(chromedp.ID("token-clear")))
+		b.do(t, chromedp.SendKeys(chromedp.ID("token"), adminToken), chromedp.Click(chromedp.CSS(`#token-form button[type=submit]`)))
+		open()
+		b.do(t, chromedp.Click(chromedp.CSS(`#pd-body [data-action=drain]`)))
+		b.waitFor(t, "d1 draining", stateOf(d1, "draining"), 5*time.Second)
+		b.waitFor(t, "the success notice", `!!document.querySelector('#pd-body .notice.ok')`, 5*time.Second)
+
+		// Half-way through typing a stale mark, the peer changes under the
+		// operator's hands: the live re-render must keep the form.
+		b.do(t, chromedp.Click(chromedp.CSS(`#pd-body [data-action=stale]`)))
+		b.do(t, chromedp.SendKeys(chromedp.CSS(`#pd-body input[name=error]`), "typed by the operator"))
+		f.heartbeat(d1, "inst-d1", registry.Load{Running: 1})
+		f.call(http.MethodPost, "/api/v1/peers/"+d1+"/drain", adminToken, nil, http.StatusOK, nil)
+		b.waitFor(t, "the history to show the second drain", `document.querySelectorAll('#pd-body table.history .kind-drained').length === 2`, 5*time.Second)
+		if got := eval[string](t, b, `(document.querySelector('#pd-body [data-action-form=stale]:not([hidden]) input[name=error]') || {}).value`); got != "typed by the operator" {
+			t.Fatalf("after a live update the stale form holds %q", got)
+		}
+		b.do(t, chromedp.Click(chromedp.CSS(`#pd-body [data-action-form=stale] button[type=submit]`)))
+		b.waitFor(t, "d1 stale", stateOf(d1, "stale"), 5*time.Second)
+		b.waitFor(t, "the operator's error text in the timeline",
+			`[...document.querySelectorAll('#event-list .ev-stale pre.err')].some((e) => e.textContent === 'typed by the operator')`, 5*time.Second)
+		b.do(t, chromedp.Click(chromedp.CSS(`#peer-dialog .close`)))
+	})
+
+	t.Run("disconnect is visible and recovers", func(t *testing.T) {
+		f.gate.setCut(true)
+		b.waitFor(t, "the disconnected badge and banner",
+			`document.getElementById('conn-text').textContent === 'disconnected' && !document.getElementById('banner').hidden`, 10*time.Second)
+		f.gate.setCut(false)
+		b.waitFor(t, "the stream to come back", `document.getElementById('conn-text').textContent === 'live' && document.getElementById('banner').hidden`, 20*time.Second)
+		// Changes made after the reconnect arrive live again.
+		d2 := f.register(registrytest.Spec("d2", registry.RoleDecode))
+		b.waitFor(t, "a peer registered after the reconnect", stateOf(d2, "pending"), 5*time.Second)
+		b.waitFor(t, "its registration in the timeline",
+			`[...document.querySelectorAll('#event-list .ev-registered .peer-link')].some((e) => e.textContent === 'd2')`, 5*time.Second)
+	})
+
+	// The failed admin call and the cut stream log network errors by
+	// design; exceptions and policy violations are never expected.
+	for _, p := range b.problems(t) {
+		if strings.Contains(p, "exception") || strings.Contains(p, "dialog") {
+			t.Error(p)
+		}
+	}
+	for _, v := range eval[[]string](t, b, `window.__csp`) {
+		t.Errorf("CSP violation: %s", v)
+	}
+}
+
+// TestStatusPageScreenshot renders a realistic fleet (stale decode, a
+// re-registration, a quarantined pair, a refused pair, router traffic) and
+// saves the screenshot the README shows. It is rewritten only with -update.
+func TestStatusPageScreenshot(t *testing.T) {
+	chromium := chromiumPath(t)
+	f := newFixture(t)
+	stopTraffic := fakeRouterTraffic(t, f.reg)
+	defer stopTraffic()
+	ids := buildFleet(f)
+
+	b := newBrowser(t, chromium)
+	// Scrape /metrics every second so the charts fill within the test.
+	b.do(t, chromedp.Navigate(f.url+"/?interval=1"))
+	b.waitFor(t, "the fleet", stateOf(ids["decode-1"], "stale")+" && "+stateOf(ids["prefill-2"], "draining"), 10*time.Second)
+	b.waitFor(t, "the quarantined pair", `!!document.querySelector('#pair-matrix td.v-quarantined button')`, 10*time.Second)
+	b.waitFor(t, "charts with a few minutes' worth of shape", `document.querySelectorAll('#charts svg path.line').length >= 5`, 20*time.Second)
+	time.Sleep(14 * time.Second) // more points on the charts
+	b.do(t, chromedp.Click(chromedp.CSS(`#pair-matrix td.v-quarantined button`)))
+	b.waitFor(t, "the pinned pair's reason", `document.getElementById('pair-detail').textContent.includes('quarantined')`, 5*time.Second)
+	b.do(t, chromedp.Evaluate[chromedp.Void](`document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0)`))
+	b.checkClean(t, "screenshot fleet")
+
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	shot, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := png.DecodeConfig(bytes.NewReader(shot))
+	if err != nil {
+		t.Fatalf("screenshot is not a PNG: %v", err)
+	}
+	if cfg.Width != 1280 || cfg.Height != 800 {
+		t.Errorf("screenshot is %d×%d, want 1280×800", cfg.Width, cfg.Height)
+	}
+	path := filepath.Join(t.TempDir(), "status.png")
+	if *update {
+		path = filepath.Join("testdata", "status.png")
+	}
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot written to %s", path)
+}
+
+// buildFleet registers a fleet the way a morning on call finds it and
+// returns the peers' ids by name.
+func buildFleet(f *fixture) map[string]string {
+	const model = "deepseek-ai/DeepSeek-V3"
+	spec := func(name string, role registry.Role, host string, gpu0 int) registry.PeerSpec {
+		s := registrytest.Spec(name, role)
+		s.Model = model
+		s.URL = "http://" + host + ":30000"
+		s.InstanceID = fmt.Sprintf("%s-%08x", name, rand.Uint32())
+		s.Labels = map[string]string{"zone": "us-east-1a", "host": host}
+		s.Parallelism = registry.Parallelism{TPSize: 2}
+		s.KV = registry.KVGeometry{PageSize: 64, DType: "bfloat16", NumLayers: 61, NumKVHeads: 1, HeadDim: 576, IsMLA: true}
+		s.Ranks = nil
+		for r := range 2 {
+			rank := registry.Rank{Rank: r, GPUID: gpu0 + r, AgentName: fmt.Sprintf("%s-r%d-%04x", name, r, rand.Uint32()>>16),
+				AgentMetadata: bytes.Repeat([]byte{0xA5}, 2048)}
+			for l := range 61 {
+				rank.KVDataPtrs = append(rank.KVDataPtrs, 0x7f3a00000000+uint64(r)<<36+uint64(l)<<28)
+				rank.KVDataLens = append(rank.KVDataLens, 72<<20)
+				rank.KVItemLens = append(rank.KVItemLens, 64*576*2)
+				rank.KVMemKinds = append(rank.KVMemKinds, registry.VRAM)
+			}
+			s.Ranks = append(s.Ranks, rank)
+		}
+		return s.WithDefaults()
+	}
+	specs := []registry.PeerSpec{
+		spec("prefill-0", registry.RolePrefill, "10.0.1.11", 0),
+		spec("prefill-1", registry.RolePrefill, "10.0.1.12", 0),
+		spec("prefill-2", registry.RolePrefill, "10.0.1.13", 0),
+		spec("decode-0", registry.RoleDecode, "10.0.2.21", 0),
+		spec("decode-1", registry.RoleDecode, "10.0.2.22", 0),
+		spec("decode-2", registry.RoleDecode, "10.0.2.23", 0),
+		spec("decode-3", registry.RoleDecode, "10.0.2.24", 2),
+	}
+	specs[6].KV.PageSize = 32 // a misconfigured decode: refused by every prefill
+	ids := map[string]string{}
+	load := map[string]registry.Load{
+		"prefill-0": {Running: 6, Queued: 1, KVUsage: 0.41}, "prefill-1": {Running: 5, Queued: 0, KVUsage: 0.37},
+		"prefill-2": {Running: 1, KVUsage: 0.08}, "decode-0": {Running: 48, Queued: 3, KVUsage: 0.72},
+		"decode-1": {Running: 0, KVUsage: 0.05}, "decode-2": {Running: 41, Queued: 0, KVUsage: 0.66},
+		"decode-3": {Running: 0, KVUsage: 0},
+	}
+	instances := map[string]string{}
+	at := func(ago time.Duration) { f.back.Store(int64(ago)) }
+	at(47 * time.Minute)
+	for _, s := range specs {
+		ids[s.Name] = f.register(s)
+		instances[s.Name] = s.InstanceID
+	}
+	for _, s := range specs {
+		f.heartbeat(ids[s.Name], s.InstanceID, load[s.Name])
+	}
+	// decode-2 failed a transfer, re-registered under fresh NIXL agent
+	// names (generation 2), then failed again with prefill-1: quarantined.
+	at(21*time.Minute + 12*time.Second)
+	f.markStale(ids["decode-2"], "prefill-1 answered HTTP 500", nixlError)
+	at(21*time.Minute + 10*time.Second)
+	f.heartbeat(ids["decode-2"], instances["decode-2"], load["decode-2"])
+	re := specs[5]
+	for i := range re.Ranks {
+		re.Ranks[i].AgentName += "-g2"
+	}
+	at(21*time.Minute + 9*time.Second)
+	f.reregister(re)
+	f.heartbeat(ids["decode-2"], instances["decode-2"], load["decode-2"])
+	at(21*time.Minute + 7*time.Second)
+	if err := f.store.Quarantine(context.Background(), registry.Quarantine{
+		PrefillID: ids["prefill-1"], DecodeID: ids["decode-2"],
+		Detail: "failed again 1.4 s after decode-2 re-registered (generation 2): " + nixlError,
+	}); err != nil {
+		f.t.Fatal(err)
+	}
+	at(9*time.Minute + 31*time.Second)
+	f.call(http.MethodPost, "/api/v1/peers/"+ids["prefill-2"]+"/drain", adminToken, nil, http.StatusOK, nil)
+	// And now: decode-1 just went stale.
+	at(40 * time.Second)
+	f.markStale(ids["decode-1"], "transfer worker on prefill-0: KV write failed", nixlError)
+	at(0)
+	for _, s := range specs {
+		f.heartbeat(ids[s.Name], s.InstanceID, load[s.Name])
+	}
+
+	// Keep heartbeating so leases and "last heartbeat" look alive.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	f.t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(2 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			for _, s := range specs {
+				l := load[s.Name]
+				if l.Running > 2 {
+					l.Running += rand.IntN(5) - 2
+					l.KVUsage = math.Min(0.95, math.Max(0, l.KVUsage+(rand.Float64()-0.5)*0.04))
+				}
+				body, _ := json.Marshal(map[string]any{"instance_id": instances[s.Name], "load": l})
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/api/v1/peers/"+ids[s.Name]+"/heartbeat", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+adminToken)
+				req.Header.Set("Content-Type", "application/json")
+				if res, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, res.Body)
+					res.Body.Close()
+				}
+			}
+		}
+	}()
+	return ids
+}
+
+// fakeRouterTraffic registers the router's series (same names and labels as
+// package router) and feeds them a plausible load until stopped, so the
+// page's charts have something to draw.
+func fakeRouterTraffic(t *testing.T, reg *prometheus.Registry) (stop func()) {
+	t.Helper()
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pdplane_router_requests_total", Help: "Generation requests."}, []string{"route", "outcome"})
+	ttft := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pdplane_router_ttft_seconds", Help: "TTFT.",
+		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}}, []string{"route"})
+	retries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pdplane_router_retries_total", Help: "Retries."}, []string{"reason"})
+	inflight := prometheus.NewGauge(prometheus.GaugeOpts{Name: "pdplane_router_inflight_requests", Help: "In flight."})
+	reg.MustRegister(requests, ttft, retries, inflight)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		start := time.Now()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			s := time.Since(start).Seconds()
+			perSecond := 38 + 14*math.Sin(s/3) + 4*rand.NormFloat64()
+			n := int(math.Max(0, perSecond/10+rand.Float64()))
+			inflight.Set(float64(40 + rand.IntN(20)))
+			for range n {
+				route := "/v1/chat/completions"
+				if rand.IntN(5) == 0 {
+					route = "/generate"
+				}
+				switch x := rand.Float64(); {
+				case x < 0.015:
+					requests.WithLabelValues(route, "upstream_error").Inc()
+					continue
+				case x < 0.05:
+					retries.WithLabelValues("missing_memkind").Inc()
+				}
+				requests.WithLabelValues(route, "ok").Inc()
+				// Log-normal around 140 ms, slower while the load peaks.
+				ttft.WithLabelValues(route).Observe(0.14 * (1 + 0.3*math.Sin(s/3)) * math.Exp(0.45*rand.NormFloat64()))
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
