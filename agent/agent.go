@@ -274,10 +274,20 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	return *resp.JSON200, nil
 }
 
-// ReportStale tells the control plane that transfers to peerID fail, so that
-// every replica stops routing to it and it is told to re-register.
-func (a *Agent) ReportStale(ctx context.Context, peerID, reason, errText string) error {
-	resp, err := a.client.MarkPeerStaleWithResponse(ctx, peerID, api.StaleReport{Reason: reason, Error: &errText})
+// ReportTransferFailure tells the control plane that a transfer from this
+// agent's engine to the decode peerID (its NIXL agent decodeAgent, when
+// known) failed, so that every replica stops routing to it and it is told to
+// re-register — or, on a repeat right after it re-registered, so that the
+// pair is quarantined.
+func (a *Agent) ReportTransferFailure(ctx context.Context, peerID, decodeAgent, reason, errText string) error {
+	body := api.StaleReport{Reason: reason, Error: &errText}
+	if id := a.Peer().Id; id != "" {
+		body.PrefillId = &id
+	}
+	if decodeAgent != "" {
+		body.AgentName = &decodeAgent
+	}
+	resp, err := a.client.MarkPeerStaleWithResponse(ctx, peerID, body)
 	if err != nil {
 		return fmt.Errorf("report peer %s stale: %w", peerID, err)
 	}

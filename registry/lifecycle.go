@@ -117,3 +117,44 @@ func Expired(prev Peer, now time.Time) (Peer, []Event, bool) {
 	next.State, next.StateReason, next.UpdatedAt = StateFailed, ReasonLeaseExpired, now
 	return next, []Event{{Kind: EventExpired, Message: ReasonLeaseExpired}}, true
 }
+
+// ApplyTransferFailure decides what a failed transfer to decode means.
+// last is the pair's previous failure, if any. Every replica and every
+// reporter (routers reading a prefill's 500, prefill-side transfer workers)
+// goes through this one rule, so duplicates collapse and a deterministic
+// repeat quarantines the pair instead of looping through stale marks.
+func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now time.Time, window time.Duration) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
+	if f.DecodeAgent != "" && !hasAgent(&decode.PeerSpec, f.DecodeAgent) {
+		return decode, nil, nil, nil, OutcomeOutdated
+	}
+	if decode.State == StateStale {
+		return decode, nil, nil, nil, OutcomeAlreadyStale
+	}
+	if f.PrefillID != "" && last != nil && last.DecodeGeneration < decode.Generation && now.Sub(last.At) <= window {
+		return decode, nil, &Quarantine{PrefillID: f.PrefillID, DecodeID: decode.ID, At: now}, nil, OutcomeQuarantined
+	}
+	next, events = ApplyStale(decode, f.Reason, f.Error, now)
+	if f.PrefillID != "" {
+		rec = &PairFailure{PrefillID: f.PrefillID, DecodeID: decode.ID, DecodeGeneration: decode.Generation, At: now}
+	}
+	return next, events, nil, rec, OutcomeStale
+}
+
+func hasAgent(s *PeerSpec, name string) bool {
+	for i := range s.Ranks {
+		if s.Ranks[i].AgentName == name {
+			return true
+		}
+	}
+	return false
+}
+
+// QuarantineDetail explains a quarantine: what failed, and how the two
+// geometries differ.
+func QuarantineDetail(prefill, decode *Peer, errText string) string {
+	if errText == "" {
+		errText = "transfer failed"
+	}
+	return fmt.Sprintf("failed again right after %s re-registered (generation %d): %s; geometry: %s",
+		decode.Name, decode.Generation, errText, GeometryDiff(&prefill.PeerSpec, &decode.PeerSpec))
+}

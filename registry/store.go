@@ -101,6 +101,50 @@ type Quarantine struct {
 	At        time.Time `json:"at"`
 }
 
+// TransferFailure reports that a KV transfer from a prefill to a decode
+// failed in a way that says the decode's registration is broken (SGLang's
+// "Missing NIXL destination KV memory kind").
+type TransferFailure struct {
+	DecodeID string
+	// DecodeAgent is the NIXL agent name the failed transfer targeted. When
+	// the decode no longer has an agent of that name, it has re-registered
+	// since and the report is outdated. Empty means "its current agent".
+	DecodeAgent string
+	// PrefillID is the prefill that could not send; empty when unknown,
+	// which rules out quarantine.
+	PrefillID string
+	Reason    string
+	Error     string
+}
+
+// TransferOutcome says what a TransferFailure did.
+type TransferOutcome string
+
+// Transfer failure outcomes.
+const (
+	// OutcomeStale: the decode is now stale and will be told to re-register.
+	OutcomeStale TransferOutcome = "stale"
+	// OutcomeAlreadyStale: another report got there first; nothing changed.
+	OutcomeAlreadyStale TransferOutcome = "already_stale"
+	// OutcomeOutdated: the decode re-registered since the failed transfer.
+	OutcomeOutdated TransferOutcome = "outdated"
+	// OutcomeQuarantined: the pair failed again right after the decode
+	// re-registered, so the pair (not the decode) is taken out of routing.
+	OutcomeQuarantined TransferOutcome = "quarantined"
+)
+
+// DefaultQuarantineWindow is how recent a pair's previous failure must be
+// for a repeat after re-registration to quarantine the pair.
+const DefaultQuarantineWindow = 10 * time.Minute
+
+// PairFailure is the last transfer failure recorded for a pair.
+type PairFailure struct {
+	PrefillID        string
+	DecodeID         string
+	DecodeGeneration int64
+	At               time.Time
+}
+
 // Store keeps peers and their events. Every replica of the control plane sees
 // the same store; changes made through one are announced to all through
 // Subscribe.
@@ -118,6 +162,10 @@ type Store interface {
 	Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatReply, error)
 	// MarkStale takes the peer out of routing until it re-registers.
 	MarkStale(ctx context.Context, id, reason, errText string) (Peer, error)
+	// ReportTransferFailure applies ApplyTransferFailure atomically: it
+	// marks the decode stale, quarantines the pair, or does nothing when
+	// the report is a duplicate or outdated.
+	ReportTransferFailure(ctx context.Context, f TransferFailure) (Peer, TransferOutcome, error)
 	// Quarantine takes a pair that fails deterministically out of routing
 	// until either peer re-registers with a different geometry or is
 	// removed, and logs it as an event on the decode.

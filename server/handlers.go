@@ -126,11 +126,22 @@ func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleReques
 	if strings.TrimSpace(req.Body.Reason) == "" {
 		return nil, invalidField("reason", "reason is required")
 	}
-	p, err := h.store.MarkStale(ctx, req.Id, req.Body.Reason, deref(req.Body.Error))
+	if req.Body.PrefillId == nil && req.Body.AgentName == nil {
+		p, err := h.store.MarkStale(ctx, req.Id, req.Body.Reason, deref(req.Body.Error))
+		if err != nil {
+			return nil, err
+		}
+		h.metrics.staleMarks.WithLabelValues("api", string(registry.OutcomeStale)).Inc()
+		return api.MarkPeerStale200JSONResponse(h.peerToAPI(&p)), nil
+	}
+	p, out, err := h.store.ReportTransferFailure(ctx, registry.TransferFailure{
+		DecodeID: req.Id, DecodeAgent: deref(req.Body.AgentName), PrefillID: deref(req.Body.PrefillId),
+		Reason: req.Body.Reason, Error: deref(req.Body.Error),
+	})
 	if err != nil {
 		return nil, err
 	}
-	h.metrics.staleMarks.WithLabelValues("api").Inc()
+	h.metrics.staleMarks.WithLabelValues("transfer_report", string(out)).Inc()
 	return api.MarkPeerStale200JSONResponse(h.peerToAPI(&p)), nil
 }
 

@@ -27,8 +27,8 @@ func newServerMetrics(reg prometheus.Registerer, snaps Snapshots) *serverMetrics
 			Name: "pdplane_heartbeats_total", Help: "Heartbeats answered, by action.",
 		}, []string{"action"}),
 		staleMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pdplane_stale_marks_total", Help: "Peers marked stale through the control-plane API, by cause.",
-		}, []string{"cause"}),
+			Name: "pdplane_stale_reports_total", Help: "Stale marks and failed-transfer reports received through the control-plane API, by source and outcome.",
+		}, []string{"source", "outcome"}),
 	}
 	reg.MustRegister(m.requests, m.registrations, m.heartbeats, m.staleMarks, &snapshotCollector{snaps: snaps})
 	return m

@@ -227,7 +227,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		}
 		s.metrics.requests.WithLabelValues(route, fmt.Sprint(status)).Inc()
 		ev := hlog.FromRequest(r).Debug()
-		if status >= 500 {
+		if status >= 500 && route != "/readyz" { // not ready is an answer, not a failure
 			ev = hlog.FromRequest(r).Warn()
 		}
 		ev.Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).Dur("duration", d).Msg("request")

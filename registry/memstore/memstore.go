@@ -51,6 +51,7 @@ type Store struct {
 	events      []registry.Event
 	lastEvent   int64
 	quarantines map[[2]string]registry.Quarantine
+	failures    map[[2]string]registry.PairFailure
 }
 
 var _ registry.Store = (*Store)(nil)
@@ -62,6 +63,7 @@ func New(cfg Config) *Store {
 		byID:        map[string]*registry.Peer{},
 		byName:      map[string]string{},
 		quarantines: map[[2]string]registry.Quarantine{},
+		failures:    map[[2]string]registry.PairFailure{},
 	}
 }
 
@@ -162,6 +164,11 @@ func (s *Store) clearQuarantines(id string) {
 			delete(s.quarantines, k)
 		}
 	}
+	for k := range s.failures {
+		if k[0] == id || k[1] == id {
+			delete(s.failures, k)
+		}
+	}
 }
 
 // Get implements registry.Store.
@@ -249,6 +256,47 @@ func (s *Store) Heartbeat(_ context.Context, hb registry.Heartbeat) (registry.He
 		s.publish(hb.PeerID)
 	}
 	return reply, nil
+}
+
+// ReportTransferFailure implements registry.Store.
+func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFailure) (registry.Peer, registry.TransferOutcome, error) {
+	s.mu.Lock()
+	d, err := s.find(f.DecodeID)
+	if err != nil {
+		s.mu.Unlock()
+		return registry.Peer{}, "", err
+	}
+	var prefill *registry.Peer
+	if f.PrefillID != "" {
+		if prefill, err = s.find(f.PrefillID); err != nil {
+			s.mu.Unlock()
+			return registry.Peer{}, "", err
+		}
+	}
+	key := [2]string{f.PrefillID, f.DecodeID}
+	var last *registry.PairFailure
+	if lf, ok := s.failures[key]; ok {
+		last = &lf
+	}
+	now := s.now()
+	next, events, q, rec, out := registry.ApplyTransferFailure(*d, f, last, now, registry.DefaultQuarantineWindow)
+	if q != nil {
+		q.Detail = registry.QuarantineDetail(prefill, d, f.Error)
+		s.quarantines[key] = *q
+		s.log(d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail, Error: f.Error}})
+	}
+	if rec != nil {
+		s.failures[key] = *rec
+	}
+	res := clone(d)
+	if len(events) > 0 {
+		res = s.put(next, events)
+	}
+	s.mu.Unlock()
+	if out == registry.OutcomeStale || out == registry.OutcomeQuarantined {
+		s.publish(f.DecodeID)
+	}
+	return res, out, nil
 }
 
 // Quarantine implements registry.Store.

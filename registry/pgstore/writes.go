@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -40,8 +41,10 @@ func (s *Store) Register(ctx context.Context, spec registry.PeerSpec) (registry.
 			var clearQ bool
 			next, events, clearQ = registry.Reregister(prev[0], spec, now, s.cfg.LeaseTTL)
 			if clearQ {
-				if _, err := tx.Exec(ctx, "DELETE FROM pair_quarantines WHERE prefill_id = $1 OR decode_id = $1", next.ID); err != nil {
-					return err
+				for _, table := range []string{"pair_quarantines", "pair_failures"} {
+					if _, err := tx.Exec(ctx, "DELETE FROM "+table+" WHERE prefill_id = $1 OR decode_id = $1", next.ID); err != nil {
+						return err
+					}
 				}
 			}
 		}
@@ -160,6 +163,84 @@ func (s *Store) update(ctx context.Context, id, what string, f func(registry.Pee
 		return s.notify(ctx, tx, id)
 	})
 	return out, classify(err, what+" peer "+id)
+}
+
+// ReportTransferFailure implements registry.Store: the decode's row is
+// locked, so concurrent reports from several replicas and reporters are
+// applied one after the other and collapse into one outcome.
+func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFailure) (registry.Peer, registry.TransferOutcome, error) {
+	var res registry.Peer
+	var out registry.TransferOutcome
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		ds, err := loadPeers(ctx, tx, "WHERE id = $1 FOR UPDATE", f.DecodeID)
+		if err != nil {
+			return err
+		}
+		if len(ds) == 0 {
+			return pgx.ErrNoRows
+		}
+		d := ds[0]
+		var prefill registry.Peer
+		var last *registry.PairFailure
+		if f.PrefillID != "" {
+			ps, err := loadPeers(ctx, tx, "WHERE id = $1", f.PrefillID)
+			if err != nil {
+				return err
+			}
+			if len(ps) == 0 {
+				return pgx.ErrNoRows
+			}
+			prefill = ps[0]
+			var lf registry.PairFailure
+			err = tx.QueryRow(ctx, `SELECT decode_generation, at FROM pair_failures WHERE prefill_id = $1 AND decode_id = $2`,
+				f.PrefillID, f.DecodeID).Scan(&lf.DecodeGeneration, &lf.At)
+			switch {
+			case err == nil:
+				lf.PrefillID, lf.DecodeID = f.PrefillID, f.DecodeID
+				last = &lf
+			case !errors.Is(err, pgx.ErrNoRows):
+				return err
+			}
+		}
+		now := s.now()
+		next, events, q, rec, o := registry.ApplyTransferFailure(d, f, last, now, registry.DefaultQuarantineWindow)
+		out, res = o, d
+		if q != nil {
+			q.Detail = registry.QuarantineDetail(&prefill, &d, f.Error)
+			if _, err := tx.Exec(ctx, `INSERT INTO pair_quarantines (prefill_id, decode_id, detail, at) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (prefill_id, decode_id) DO UPDATE SET detail = EXCLUDED.detail, at = EXCLUDED.at`,
+				q.PrefillID, q.DecodeID, q.Detail, now); err != nil {
+				return err
+			}
+			if err := s.appendEvents(ctx, tx, &d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail, Error: f.Error}}, now); err != nil {
+				return err
+			}
+		}
+		if rec != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO pair_failures (prefill_id, decode_id, decode_generation, at) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (prefill_id, decode_id) DO UPDATE SET decode_generation = EXCLUDED.decode_generation, at = EXCLUDED.at`,
+				rec.PrefillID, rec.DecodeID, rec.DecodeGeneration, rec.At); err != nil {
+				return err
+			}
+		}
+		if len(events) > 0 {
+			if err := writePeer(ctx, tx, &next, false); err != nil {
+				return err
+			}
+			if err := s.appendEvents(ctx, tx, &next, events, now); err != nil {
+				return err
+			}
+			res = next
+		}
+		if out == registry.OutcomeStale || out == registry.OutcomeQuarantined {
+			return s.notify(ctx, tx, f.DecodeID)
+		}
+		return nil
+	})
+	if err != nil {
+		return registry.Peer{}, "", classify(err, "report transfer failure to peer "+f.DecodeID)
+	}
+	return res, out, nil
 }
 
 // Drain implements registry.Store.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,6 +36,7 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"EventsPaging", testEvents},
 		{"SubscribeAnnouncesChanges", testSubscribe},
 		{"Quarantine", testQuarantine},
+		{"TransferFailures", testTransferFailures},
 		{"ConcurrentHeartbeats", testConcurrentHeartbeats},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -428,4 +430,60 @@ func testConcurrentHeartbeats(t *testing.T, s registry.Store) {
 	if err != nil || len(ready) != n {
 		t.Fatalf("ready peers: %d, %v; want %d", len(ready), err, n)
 	}
+}
+
+func testTransferFailures(t *testing.T, s registry.Store) {
+	p0 := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	p1 := mustRegister(t, s, Spec("p1", registry.RolePrefill)).Peer
+	dspec := Spec("d0", registry.RoleDecode)
+	d := mustRegister(t, s, dspec).Peer
+	mustHeartbeat(t, s, d)
+	const msg = "RuntimeError: Missing NIXL destination KV memory kind"
+	report := func(agent, prefill string) (registry.Peer, registry.TransferOutcome) {
+		t.Helper()
+		got, out, err := s.ReportTransferFailure(ctx(t), registry.TransferFailure{
+			DecodeID: d.ID, DecodeAgent: agent, PrefillID: prefill, Reason: "transfer failed", Error: msg})
+		if err != nil {
+			t.Fatalf("report: %v", err)
+		}
+		return got, out
+	}
+	if got, out := report("d0-agent-0", p0.ID); out != registry.OutcomeStale || got.State != registry.StateStale {
+		t.Fatalf("first failure: %s, state %s", out, got.State)
+	}
+	if _, out := report("d0-agent-0", p0.ID); out != registry.OutcomeAlreadyStale {
+		t.Fatalf("duplicate report: %s", out)
+	}
+	dspec.Ranks[0].AgentName = "d0-agent-fresh"
+	if q := mustRegister(t, s, dspec).Peer; q.State != registry.StateReady || q.Generation != 2 {
+		t.Fatalf("re-registration: %s gen %d", q.State, q.Generation)
+	}
+	if got, out := report("d0-agent-0", p0.ID); out != registry.OutcomeOutdated || got.State != registry.StateReady {
+		t.Fatalf("late report about the old agent: %s, state %s", out, got.State)
+	}
+	got, out := report("d0-agent-fresh", p0.ID)
+	if out != registry.OutcomeQuarantined || got.State != registry.StateReady {
+		t.Fatalf("repeat after re-registration: %s, state %s; want the pair quarantined and the decode left ready", out, got.State)
+	}
+	qs, _ := s.Quarantines(ctx(t))
+	if len(qs) != 1 || qs[0].PrefillID != p0.ID || qs[0].DecodeID != d.ID || !strings.Contains(qs[0].Detail, "geometry") {
+		t.Fatalf("quarantines = %+v", qs)
+	}
+	// Another prefill has no history with this decode: a plain stale mark.
+	if _, out := report("d0-agent-fresh", p1.ID); out != registry.OutcomeStale {
+		t.Fatalf("failure from another prefill: %s", out)
+	}
+	if n := countKinds(kinds(t, s, d.ID), registry.EventStale); n != 2 {
+		t.Fatalf("%d stale events, want 2 (duplicates and outdated reports log nothing)", n)
+	}
+}
+
+func countKinds(ks []registry.EventKind, k registry.EventKind) int {
+	n := 0
+	for _, x := range ks {
+		if x == k {
+			n++
+		}
+	}
+	return n
 }

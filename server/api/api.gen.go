@@ -411,11 +411,22 @@ type Rank struct {
 // Role defines model for Role.
 type Role string
 
-// StaleReport defines model for StaleReport.
+// StaleReport Without prefill_id or agent_name this is an operator's stale mark. With
+// them it is a failed-transfer report, applied by one rule on every
+// replica: a duplicate or a report about an agent the peer no longer has
+// changes nothing, and a repeat failure of the same pair right after the
+// decode re-registered quarantines the pair instead of marking the
+// decode stale again.
 type StaleReport struct {
+	// AgentName the NIXL agent name of this peer that the failed transfer targeted
+	AgentName *string `json:"agent_name,omitempty"`
+
 	// Error the error text that revealed the problem
-	Error  *string `json:"error,omitempty"`
-	Reason string  `json:"reason"`
+	Error *string `json:"error,omitempty"`
+
+	// PrefillId the prefill whose transfer to this peer failed
+	PrefillId *string `json:"prefill_id,omitempty"`
+	Reason    string  `json:"reason"`
 }
 
 // State defines model for State.
