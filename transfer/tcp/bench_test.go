@@ -1,0 +1,13 @@
+package tcp_test
+
+import (
+	"testing"
+
+	"github.com/pdplane/pdplane/transfer/transfertest"
+)
+
+// BenchmarkWrite: DRAM to DRAM WRITE through the TCP backend, by size.
+func BenchmarkWrite(b *testing.B) { transfertest.BenchWrite(b, newBackend, newBackend) }
+
+// BenchmarkLoopbackTCP: the plain net.Conn baseline for BenchmarkWrite.
+func BenchmarkLoopbackTCP(b *testing.B) { transfertest.BenchLoopback(b) }

@@ -1,0 +1,19 @@
+// Package tcp is pdplane's embedded transfer backend: pure Go, no NIXL, for
+// hosts and tests where libnixl_capi.so is absent. It implements
+// transfer.Backend over TCP between registered host (DRAM) memory of two
+// processes.
+//
+// Each agent listens on one TCP port. Its metadata (an opaque []byte the
+// control plane carries) holds the agent name, the listen address, a random
+// instance id and the registered regions. An initiator dials the remote's
+// address, says hello naming the agent and instance it loaded (a connection
+// for another agent, or for a previous instance of it, is refused as a
+// stranger), and then sends framed requests: a WRITE carries its payload,
+// which the target reads straight into its registered memory; a READ is
+// answered with the bytes. Both sides check every span against registered
+// regions before touching memory. The target queues the notification of a
+// transfer only after the bytes are in place (WRITE) or sent (READ).
+//
+// It owns the listener, the connection pools and the wire format (wire.go);
+// it does not know about KV geometry or the control plane.
+package tcp

@@ -1,0 +1,343 @@
+package tcp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/transfer"
+)
+
+// The wire format, little endian throughout.
+//
+// Metadata (what LocalMetadata returns and the control plane carries):
+//
+//	magic "PDTCPMD1" | u16 len, agent name | u16 len, address | u64 instance |
+//	u32 count, count × (u8 kind, u64 addr, u64 len, u64 dev id) | u32 crc32 (IEEE) of all before
+//
+// Connection hello, initiator to target, then a one-status reply:
+//
+//	magic "PDTH" | u8 version | u16 len, initiator name | u16 len, target name | u64 target instance
+//
+// Request, then the payload of a WRITE:
+//
+//	u8 op | u8 flags (1: notification) | u16 0 | u32 span count | u32 notification length |
+//	u64 total bytes | count × (u64 addr, u64 len) | notification
+//
+// Reply: u8 status | u16 len, message; a successful READ reply is followed by
+// the payload.
+const (
+	mdMagic    = "PDTCPMD1"
+	helloMagic = "PDTH"
+	version    = 1
+
+	maxName     = 1024
+	maxRegions  = 1 << 16
+	maxSpans    = 1 << 22
+	maxNotif    = 1 << 20
+	maxMessage  = 1 << 12
+	headerBytes = 24
+	spanBytes   = 16
+
+	flagNotif = 1
+)
+
+// Reply statuses.
+const (
+	stOK byte = iota
+	stOutOfRange
+	stInvalid
+	stStranger
+	stClosing
+)
+
+func statusErr(st byte, msg string) error {
+	var class error
+	switch st {
+	case stOK:
+		return nil
+	case stOutOfRange:
+		class = transfer.ErrOutOfRange
+	case stInvalid:
+		class = transfer.ErrInvalidDescs
+	case stStranger:
+		class = transfer.ErrStranger
+	case stClosing:
+		class = transfer.ErrPeerGone
+	default:
+		class = transfer.ErrPeerGone
+	}
+	return fmt.Errorf("remote: %s: %w", msg, class)
+}
+
+// metadata is the decoded form of an agent's metadata.
+type metadata struct {
+	Name     string
+	Addr     string
+	Instance uint64
+	Regions  []transfer.DescList
+}
+
+func encodeMetadata(m metadata) []byte {
+	b := []byte(mdMagic)
+	b = appendString(b, m.Name)
+	b = appendString(b, m.Addr)
+	b = binary.LittleEndian.AppendUint64(b, m.Instance)
+	var n uint32
+	for _, l := range m.Regions {
+		n += uint32(len(l.Descs))
+	}
+	b = binary.LittleEndian.AppendUint32(b, n)
+	for _, l := range m.Regions {
+		for _, d := range l.Descs {
+			b = append(b, byte(l.Kind))
+			b = binary.LittleEndian.AppendUint64(b, d.Addr)
+			b = binary.LittleEndian.AppendUint64(b, d.Len)
+			b = binary.LittleEndian.AppendUint64(b, d.DevID)
+		}
+	}
+	return binary.LittleEndian.AppendUint32(b, crc32.ChecksumIEEE(b))
+}
+
+var errShort = errors.New("truncated")
+
+func decodeMetadata(b []byte) (metadata, error) {
+	var m metadata
+	if len(b) < len(mdMagic)+4 || string(b[:len(mdMagic)]) != mdMagic {
+		return m, fmt.Errorf("no tcp metadata magic: %w", transfer.ErrBadMetadata)
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if crc32.ChecksumIEEE(body) != sum {
+		return m, fmt.Errorf("checksum mismatch: %w", transfer.ErrBadMetadata)
+	}
+	r := reader{b: body[len(mdMagic):]}
+	m.Name = r.string()
+	m.Addr = r.string()
+	m.Instance = r.u64()
+	n := r.u32()
+	if r.err == nil && (n > maxRegions || uint64(n)*25 > uint64(len(r.b))) {
+		r.err = fmt.Errorf("%d regions", n)
+	}
+	byKind := map[registry.MemKind]int{}
+	for i := uint32(0); i < n && r.err == nil; i++ {
+		k := registry.MemKind(r.u8())
+		d := transfer.Desc{Addr: r.u64(), Len: r.u64(), DevID: r.u64()}
+		if !k.Valid() {
+			r.err = fmt.Errorf("region %d has kind %d", i, int(k))
+			break
+		}
+		j, ok := byKind[k]
+		if !ok {
+			j = len(m.Regions)
+			byKind[k] = j
+			m.Regions = append(m.Regions, transfer.DescList{Kind: k})
+		}
+		m.Regions[j].Descs = append(m.Regions[j].Descs, d)
+	}
+	if r.err == nil && len(r.b) != 0 {
+		r.err = fmt.Errorf("%d trailing bytes", len(r.b))
+	}
+	if r.err == nil && (m.Name == "" || m.Addr == "") {
+		r.err = errors.New("empty agent name or address")
+	}
+	if r.err != nil {
+		return metadata{}, fmt.Errorf("decode tcp metadata: %w: %w", r.err, transfer.ErrBadMetadata)
+	}
+	return m, nil
+}
+
+type hello struct {
+	Initiator string
+	Target    string
+	Instance  uint64
+}
+
+func encodeHello(h hello) []byte {
+	b := append([]byte(helloMagic), version)
+	b = appendString(b, h.Initiator)
+	b = appendString(b, h.Target)
+	return binary.LittleEndian.AppendUint64(b, h.Instance)
+}
+
+func readHello(r io.Reader) (hello, error) {
+	var fixed [len(helloMagic) + 1]byte
+	if _, err := io.ReadFull(r, fixed[:]); err != nil {
+		return hello{}, err
+	}
+	if string(fixed[:len(helloMagic)]) != helloMagic || fixed[len(helloMagic)] != version {
+		return hello{}, errors.New("not a pdplane tcp transfer hello")
+	}
+	var h hello
+	var err error
+	if h.Initiator, err = readString(r); err != nil {
+		return hello{}, err
+	}
+	if h.Target, err = readString(r); err != nil {
+		return hello{}, err
+	}
+	var inst [8]byte
+	if _, err := io.ReadFull(r, inst[:]); err != nil {
+		return hello{}, err
+	}
+	h.Instance = binary.LittleEndian.Uint64(inst[:])
+	return h, nil
+}
+
+// header is a decoded request header.
+type header struct {
+	Op       transfer.Op
+	HasNotif bool
+	Spans    uint32
+	NotifLen uint32
+	Total    uint64
+}
+
+func putHeader(b []byte, h header) {
+	b[0] = byte(h.Op)
+	b[1] = 0
+	if h.HasNotif {
+		b[1] = flagNotif
+	}
+	b[2], b[3] = 0, 0
+	binary.LittleEndian.PutUint32(b[4:], h.Spans)
+	binary.LittleEndian.PutUint32(b[8:], h.NotifLen)
+	binary.LittleEndian.PutUint32(b[12:], 0)
+	binary.LittleEndian.PutUint64(b[16:], h.Total)
+}
+
+func parseHeader(b []byte) (header, error) {
+	h := header{
+		Op:       transfer.Op(b[0]),
+		HasNotif: b[1]&flagNotif != 0,
+		Spans:    binary.LittleEndian.Uint32(b[4:]),
+		NotifLen: binary.LittleEndian.Uint32(b[8:]),
+		Total:    binary.LittleEndian.Uint64(b[16:]),
+	}
+	switch {
+	case h.Op != transfer.OpRead && h.Op != transfer.OpWrite:
+		return h, fmt.Errorf("op %d", b[0])
+	case h.Spans == 0 || h.Spans > maxSpans:
+		return h, fmt.Errorf("%d spans", h.Spans)
+	case h.NotifLen > maxNotif:
+		return h, fmt.Errorf("notification of %d bytes", h.NotifLen)
+	case !h.HasNotif && h.NotifLen != 0:
+		return h, errors.New("notification bytes without the notification flag")
+	}
+	return h, nil
+}
+
+// parseSpans decodes count spans and checks that they add up to total.
+func parseSpans(b []byte, total uint64) ([]transfer.Desc, error) {
+	ds := make([]transfer.Desc, len(b)/spanBytes)
+	var sum uint64
+	for i := range ds {
+		ds[i] = transfer.Desc{Addr: binary.LittleEndian.Uint64(b[i*spanBytes:]), Len: binary.LittleEndian.Uint64(b[i*spanBytes+8:])}
+		if ds[i].Len == 0 {
+			return nil, fmt.Errorf("span %d has zero length", i)
+		}
+		if sum+ds[i].Len < sum {
+			return nil, errors.New("span lengths overflow")
+		}
+		sum += ds[i].Len
+	}
+	if sum != total {
+		return nil, fmt.Errorf("spans add up to %d bytes, header says %d", sum, total)
+	}
+	return ds, nil
+}
+
+func appendReply(b []byte, st byte, msg string) []byte {
+	if len(msg) > maxMessage {
+		msg = msg[:maxMessage]
+	}
+	b = append(b, st)
+	return appendString(b, msg)
+}
+
+func readReply(r io.Reader) (byte, string, error) {
+	var st [1]byte
+	if _, err := io.ReadFull(r, st[:]); err != nil {
+		return 0, "", err
+	}
+	msg, err := readString(r)
+	if err != nil {
+		return 0, "", err
+	}
+	return st[0], msg, nil
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+func readString(r io.Reader) (string, error) {
+	var n [2]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return "", err
+	}
+	l := binary.LittleEndian.Uint16(n[:])
+	if l > maxMessage {
+		return "", fmt.Errorf("string of %d bytes", l)
+	}
+	b := make([]byte, l)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+// reader decodes from a byte slice, remembering the first error.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) take(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if len(r.b) < n {
+		r.err = errShort
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) u8() byte {
+	if v := r.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (r *reader) u32() uint32 {
+	if v := r.take(4); v != nil {
+		return binary.LittleEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (r *reader) u64() uint64 {
+	if v := r.take(8); v != nil {
+		return binary.LittleEndian.Uint64(v)
+	}
+	return 0
+}
+
+func (r *reader) string() string {
+	var n uint16
+	if v := r.take(2); v != nil {
+		n = binary.LittleEndian.Uint16(v)
+	}
+	if r.err == nil && n > maxName {
+		r.err = fmt.Errorf("name of %d bytes", n)
+		return ""
+	}
+	return string(r.take(int(n)))
+}
