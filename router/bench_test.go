@@ -1,0 +1,272 @@
+package router_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/router"
+	"github.com/pdplane/pdplane/router/routertest"
+)
+
+// The P/D benchmarks run the fake engines in a child process (this test
+// binary, re-executed with envFakes set), so that the benchmark process
+// holds only the load generator and the router: comparing its CPU and memory
+// with and without the router in the path isolates the router's share.
+const (
+	envFakes     = "PDPLANE_ROUTERTEST_FAKES"      // "sglang" or "vllm"
+	envFakePause = "PDPLANE_ROUTERTEST_FAKE_PAUSE" // pause before each chunk after the first
+)
+
+func TestMain(m *testing.M) {
+	if proto := os.Getenv(envFakes); proto != "" {
+		serveFakes(proto)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// serveFakes runs a prefill and a decode fake, prints their URLs, and
+// serves until stdin closes.
+func serveFakes(proto string) {
+	b := routertest.Behavior{Chunks: 8}
+	if p, err := time.ParseDuration(os.Getenv(envFakePause)); err == nil {
+		b.ChunkPause = p
+	}
+	var p, d *routertest.Fake
+	if proto == "vllm" {
+		p, d = routertest.NewFakeVLLM("p1", registry.RolePrefill).Fake, routertest.NewFakeVLLM("d1", registry.RoleDecode).Fake
+	} else {
+		p, d = routertest.NewFakeSGLang("p1", registry.RolePrefill).Fake, routertest.NewFakeSGLang("d1", registry.RoleDecode).Fake
+	}
+	d.SetBehavior(b)
+	fmt.Printf("%s %s\n", p.URL, d.URL)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	p.Close()
+	d.Close()
+}
+
+// startFakes starts the fake engines' process and returns ready peers.
+func startFakes(tb testing.TB, proto string, pause time.Duration) (prefill, decode registry.Peer) {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envFakes+"="+proto, envFakePause+"="+pause.String())
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		tb.Fatalf("fakes: %v", err)
+	}
+	urls := strings.Fields(line)
+	engine := registry.EngineSGLang
+	if proto == "vllm" {
+		engine = registry.EngineVLLM
+	}
+	prefill = routertest.ReadyPeer(routertest.Spec("p1", registry.RolePrefill, engine, urls[0], model), 1)
+	decode = routertest.ReadyPeer(routertest.Spec("d1", registry.RoleDecode, engine, urls[1], model), 1)
+	return prefill, decode
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// streamOnce posts body and returns the time to the first SSE data line,
+// reading the stream to its end.
+func streamOnce(client *http.Client, url string, body []byte) (time.Duration, error) {
+	start := time.Now()
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return 0, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	br := bufio.NewReaderSize(resp.Body, 4096)
+	var ttft time.Duration
+	for {
+		line, err := br.ReadSlice('\n')
+		if ttft == 0 && bytes.HasPrefix(line, []byte("data:")) {
+			ttft = time.Since(start)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	return ttft, nil
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+
+// BenchmarkPDRequest compares, in one run, a streamed chat completion sent
+// straight to the fake decode with the same request split by the router
+// into prefill and decode legs. It reports the p50/p99 time to the first
+// SSE event both ways, the latency the router adds, and the router's CPU per
+// request (the process's CPU with the router minus without, per request).
+//
+//	go test -run '^$' -bench PDRequest -benchtime 3000x ./router/
+func BenchmarkPDRequest(b *testing.B) {
+	for _, proto := range []string{"sglang", "vllm"} {
+		b.Run(proto, func(b *testing.B) {
+			pp, dp := startFakes(b, proto, 0)
+			snaps := routertest.NewSnapshots(pp, dp)
+			rt, err := router.New(router.Config{}, snaps, nil, zerolog.Nop(), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			srv := httptest.NewServer(rt.Routes())
+			defer srv.Close()
+			defer rt.Close()
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
+
+			routed := []byte(`{"model":"test-model","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello to the benchmark."}],"stream":true,"max_tokens":8}`)
+			// The decode alone needs what the router would add.
+			direct := routed
+			if proto == "sglang" {
+				direct = append(routed[:len(routed)-1:len(routed)-1], []byte(`,"bootstrap_host":"2.2.2.2","bootstrap_port":8998,"bootstrap_room":12345}`)...)
+			}
+			directURL, routerURL := dp.URL+"/v1/chat/completions", srv.URL+"/v1/chat/completions"
+
+			run := func(url string, body []byte, n int) ([]time.Duration, time.Duration) {
+				ttfts := make([]time.Duration, 0, n)
+				runtime.GC()
+				c0 := cpuTime()
+				for range n {
+					ttft, err := streamOnce(client, url, body)
+					if err != nil {
+						b.Fatal(err)
+					}
+					ttfts = append(ttfts, ttft)
+				}
+				return ttfts, cpuTime() - c0
+			}
+			n := max(b.N, 100)
+			run(directURL, direct, 200) // warm up connections and pools
+			run(routerURL, routed, 200)
+			b.ResetTimer()
+			dT, dCPU := run(directURL, direct, n)
+			rT, rCPU := run(routerURL, routed, n)
+			b.StopTimer()
+			d50, r50 := percentile(dT, 0.5), percentile(rT, 0.5)
+			b.ReportMetric(float64(d50.Microseconds()), "direct-ttft-p50-µs")
+			b.ReportMetric(float64(r50.Microseconds()), "router-ttft-p50-µs")
+			b.ReportMetric(float64((r50 - d50).Microseconds()), "added-ttft-p50-µs")
+			b.ReportMetric(float64(percentile(dT, 0.99).Microseconds()), "direct-ttft-p99-µs")
+			b.ReportMetric(float64(percentile(rT, 0.99).Microseconds()), "router-ttft-p99-µs")
+			b.ReportMetric(float64((rCPU-dCPU).Microseconds())/float64(n), "router-cpu-µs/req")
+		})
+	}
+}
+
+// BenchmarkOpenStreamMemory holds many streams open through the router (the
+// decode pauses after its first chunk) and reports the router's memory per
+// open stream: the process's heap and stacks with the streams routed, minus
+// the same number of streams opened straight to the decode, per stream.
+//
+//	go test -run '^$' -bench OpenStreamMemory -benchtime 1x ./router/
+func BenchmarkOpenStreamMemory(b *testing.B) {
+	const streams = 500
+	pp, dp := startFakes(b, "sglang", time.Minute)
+	snaps := routertest.NewSnapshots(pp, dp)
+	rt, err := router.New(router.Config{}, snaps, nil, zerolog.Nop(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(rt.Routes())
+	defer srv.Close()
+	defer rt.Close()
+	routed := []byte(`{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	direct := append(routed[:len(routed)-1:len(routed)-1], []byte(`,"bootstrap_host":"2.2.2.2","bootstrap_port":8998,"bootstrap_room":1}`)...)
+
+	inUse := func() (heap, stack uint64) {
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapInuse, ms.StackInuse
+	}
+	// hold opens the streams one after another, each waiting for its first
+	// chunk (as streams accumulate in a steady state, so that one prefill
+	// connection serves them all), and returns the memory in use while they
+	// are all open.
+	hold := func(url string, body []byte) (heap, stack float64) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}}
+		defer client.CloseIdleConnections()
+		h0, s0 := inUse()
+		open := make(chan error)
+		for range streams {
+			go func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+				resp, err := client.Do(req)
+				if err != nil {
+					open <- err
+					return
+				}
+				defer resp.Body.Close()
+				_, err = bufio.NewReaderSize(resp.Body, 16).ReadString('\n')
+				open <- err
+				<-ctx.Done()
+			}()
+			if err := <-open; err != nil {
+				b.Fatal(err)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+		h1, s1 := inUse()
+		return (float64(h1) - float64(h0)) / streams / 1024, (float64(s1) - float64(s0)) / streams / 1024
+	}
+	for b.Loop() {
+		dh, ds := hold(dp.URL+"/v1/chat/completions", direct)
+		time.Sleep(300 * time.Millisecond)
+		rh, rs := hold(srv.URL+"/v1/chat/completions", routed)
+		b.ReportMetric(dh+ds, "direct-KiB/stream")
+		b.ReportMetric(rh+rs, "routed-KiB/stream")
+		b.ReportMetric(rh-dh, "router-heap-KiB/stream")
+		b.ReportMetric(rs-ds, "router-stack-KiB/stream")
+		b.ReportMetric(rh+rs-dh-ds, "router-KiB/stream")
+	}
+}

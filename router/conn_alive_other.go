@@ -1,0 +1,11 @@
+//go:build !unix
+
+package router
+
+import "net"
+
+// connAlive cannot peek without blocking here; a closed connection is found
+// on use instead, and the request is sent again once.
+func connAlive(net.Conn) bool { return true }
+
+func isConnReset(error) bool { return false }

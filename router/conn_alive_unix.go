@@ -1,0 +1,36 @@
+//go:build unix
+
+package router
+
+import (
+	"errors"
+	"net"
+	"syscall"
+)
+
+// connAlive peeks at an idle connection without blocking: a connection the
+// engine closed reads as end of file, and one with unexpected bytes is
+// unusable; only "nothing to read yet" means it may be reused.
+func connAlive(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := false
+	var buf [1]byte
+	err = raw.Read(func(fd uintptr) bool {
+		n, _, rerr := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		alive = n < 0 && (errors.Is(rerr, syscall.EAGAIN) || errors.Is(rerr, syscall.EWOULDBLOCK))
+		return true // never wait for readability
+	})
+	return err == nil && alive
+}
+
+// isConnReset reports a write to a connection the engine already closed.
+func isConnReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

@@ -1,0 +1,715 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// Log field names.
+const (
+	logRequestID      = "request_id"
+	logRoute          = "route"
+	logModel          = "model"
+	logPrefill        = "prefill"
+	logDecode         = "decode"
+	logGeneration     = "generation"
+	logDetail         = "detail"
+	logStatus         = "status"
+	logOutcome        = "outcome"
+	logAttempts       = "attempts"
+	logDuration       = "duration"
+	logLeg            = "leg"
+	logUpstreamStatus = "upstream_status"
+	logFailure        = "failure"
+)
+
+// Sizes of the buffers the router holds per request.
+const (
+	relayBufSize   = 2 << 10  // per open stream, while relaying; SSE events are smaller
+	errorBodyLimit = 64 << 10 // what is kept of an engine's error answer
+	prefillKeep    = 64 << 10 // what is kept of a prefill's answer without logprobs
+	errTextLimit   = 4 << 10  // what of an error answer goes to the registry
+)
+
+// leg is one half of a PD request.
+type leg uint8
+
+const (
+	legPrefill leg = iota
+	legDecode
+)
+
+func (l leg) String() string {
+	if l == legPrefill {
+		return "prefill"
+	}
+	return "decode"
+}
+
+// failKind classifies how an attempt failed; it decides retries, breakers
+// and the client's status.
+type failKind uint8
+
+const (
+	failTransport   failKind = iota + 1 // refused, reset, EOF: 502, breaker failure
+	failTimeout                         // 504, breaker failure
+	failStatus                          // the engine answered 5xx (or an error event): 502, breaker failure
+	failProtocol                        // the engine's answer was unusable: 502, breaker failure
+	failOverload                        // 429, or 503 with Retry-After: another pair, no breaker failure
+	failUpstream4xx                     // the engine refused the request: passed on, no retry
+	failMemKind                         // the prefill could not send KV to the decode: stale mark, retry
+	failClientGone                      // the client left: 499 in logs
+	failUnsupported                     // the route does not exist in the engine's protocol
+)
+
+func (k failKind) String() string {
+	switch k {
+	case failTransport:
+		return "transport"
+	case failTimeout:
+		return "timeout"
+	case failStatus:
+		return "status"
+	case failProtocol:
+		return "protocol"
+	case failOverload:
+		return "overload"
+	case failUpstream4xx:
+		return "upstream_4xx"
+	case failMemKind:
+		return causeMissingMemKind
+	case failClientGone:
+		return "client_gone"
+	case failUnsupported:
+		return "unsupported"
+	}
+	return "unknown"
+}
+
+// failure is why one attempt did not deliver.
+type failure struct {
+	kind   failKind
+	leg    leg
+	status int         // the engine's status, when it answered
+	header http.Header // the engine's headers, when it answered
+	body   []byte      // the engine's answer, bounded, when it answered
+	err    error
+}
+
+func (f *failure) retryable() bool {
+	switch f.kind {
+	case failUpstream4xx, failClientGone, failUnsupported:
+		return false
+	}
+	return true
+}
+
+// Causes of cancelling an attempt's context, to tell which leg failed first.
+var (
+	errPrefillLegFailed = errors.New("prefill leg failed")
+	errDecodeLegFailed  = errors.New("decode leg failed")
+	errAttemptOver      = errors.New("attempt over")
+)
+
+// dispatch is one client request on its way through the router.
+type dispatch struct {
+	rt    *Router
+	w     http.ResponseWriter
+	r     *http.Request
+	rc    *http.ResponseController
+	route route
+	q     *request
+	rid   string
+	key   uint64
+	ex    exclusions
+
+	start      time.Time
+	dispatched time.Time
+
+	committed bool // headers (and maybe bytes) went to the client
+	ttftSeen  bool
+	abort     bool // the response must be cut, not ended
+	attempts  int
+	prefill   string
+	decode    string
+	status    int
+	outcome   string
+	lastFail  *failure
+}
+
+// serveGeneration returns the handler of one generation route.
+func (rt *Router) serveGeneration(rte route) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		d := &dispatch{rt: rt, w: w, r: r, route: rte, start: rt.cfg.Now()}
+		d.serve()
+	}
+}
+
+func (d *dispatch) serve() {
+	rt := d.rt
+	rt.m.inflight.Inc()
+	defer rt.m.inflight.Dec()
+	d.rid = d.r.Header.Get("X-Request-Id")
+	if !validRequestID(d.rid) {
+		d.rid = newRequestID()
+	}
+	d.w.Header().Set("X-Request-Id", d.rid)
+	defer d.finish()
+
+	body, aerr := rt.readBody(d.r)
+	if aerr != nil {
+		d.reject(aerr, outcomeBadRequest)
+		return
+	}
+	q, aerr := parseRequest(d.route, body, rt.cfg.CacheAwarePrefixBytes)
+	if aerr != nil {
+		d.reject(aerr, outcomeBadRequest)
+		return
+	}
+	d.q = q
+	v := rt.currentView()
+	mv, aerr := d.resolveModel(v)
+	if aerr != nil {
+		outcome := outcomeBadRequest
+		if aerr.Status == http.StatusServiceUnavailable {
+			outcome = outcomeNoRoute
+		}
+		d.reject(aerr, outcome)
+		return
+	}
+	d.key = xxhash.Sum64(q.prefix)
+	d.rc = http.NewResponseController(d.w)
+	d.dispatched = rt.cfg.Now()
+	d.run(v, mv)
+}
+
+// resolveModel finds the model's routes, or says why there are none: an
+// unknown model is the client's error (404); a known one without a ready,
+// compatible pair is 503 naming the missing role.
+func (d *dispatch) resolveModel(v *view) (*modelView, *apiError) {
+	q := d.q
+	if !q.modelGiven {
+		switch models := v.snap.Models(); len(models) {
+		case 1:
+			q.model = models[0]
+		case 0:
+			return nil, serverError(http.StatusServiceUnavailable, "no model is being served: no ready peers", codeNoRoute)
+		default:
+			return nil, badRequest("'model' is required: this router serves "+strconv.Itoa(len(models))+" models", "model", codeModelRequired)
+		}
+	}
+	mv := v.models[q.model]
+	if mv == nil {
+		for _, p := range v.snap.Peers() {
+			if p.Model == q.model {
+				return nil, serverError(http.StatusServiceUnavailable, "model "+strconv.Quote(q.model)+": no ready prefill and no ready decode", codeNoRoute)
+			}
+		}
+		return nil, &apiError{Status: http.StatusNotFound, Message: "the model " + strconv.Quote(q.model) + " does not exist",
+			Type: "invalid_request_error", Param: "model", Code: codeModelNotFound}
+	}
+	switch {
+	case len(mv.prefills) == 0:
+		return nil, serverError(http.StatusServiceUnavailable, "model "+strconv.Quote(q.model)+": no ready prefill", codeNoRoute)
+	case len(mv.routes.Decodes) == 0:
+		return nil, serverError(http.StatusServiceUnavailable, "model "+strconv.Quote(q.model)+": no ready decode", codeNoRoute)
+	case !mv.pairable:
+		return nil, serverError(http.StatusServiceUnavailable, "model "+strconv.Quote(q.model)+": no ready decode is compatible with a ready prefill (see /api/v1/pairs)", codeNoRoute)
+	}
+	return mv, nil
+}
+
+// run tries pairs until one delivers, the failure is the client's, or the
+// attempts are spent. Once a byte has reached the client there is no retry.
+func (d *dispatch) run(v *view, mv *modelView) {
+	rt := d.rt
+	for attempt := 1; ; attempt++ {
+		if attempt > 1 {
+			v = rt.currentView()
+			if mv = v.models[d.q.model]; mv == nil {
+				d.respondFailure(d.lastFail)
+				return
+			}
+		}
+		pr, ok := rt.pickPair(v, mv, d.key, &d.ex)
+		if !ok {
+			if d.lastFail != nil {
+				d.respondFailure(d.lastFail)
+				return
+			}
+			d.reject(serverError(http.StatusServiceUnavailable, "model "+strconv.Quote(d.q.model)+
+				": no healthy pair: every compatible pair is failing or has its circuit breaker open", codeNoRoute), outcomeNoRoute)
+			return
+		}
+		d.attempts = attempt
+		d.prefill, d.decode = pr.p.peer.Name, pr.d.peer.Name
+		f := d.attempt(&pr)
+		rt.settle(&pr, f)
+		if f == nil {
+			d.outcome = outcomeOK
+			return
+		}
+		d.lastFail = f
+		if f.kind == failMemKind {
+			rt.onMemKindFailure(&pr, errText(f.body), d.rid)
+		}
+		if d.committed {
+			d.brokenStream(f)
+			return
+		}
+		d.logFailure(&pr, f, attempt)
+		if !f.retryable() || attempt >= rt.cfg.MaxAttempts {
+			d.respondFailure(f)
+			return
+		}
+		rt.m.retries.WithLabelValues(f.kind.String()).Inc()
+		if f.leg == legPrefill && f.kind != failMemKind {
+			d.ex.add(pr.p.peer.ID)
+		} else {
+			d.ex.add(pr.d.peer.ID)
+		}
+		if !d.backoff(attempt) {
+			d.respondFailure(&failure{kind: failClientGone, leg: f.leg, err: d.r.Context().Err()})
+			return
+		}
+	}
+}
+
+// backoff pauses before the next attempt: base × 2^(attempt-1), capped,
+// with ±50 % jitter. It returns false when the client left meanwhile.
+func (d *dispatch) backoff(attempt int) bool {
+	cfg := &d.rt.cfg
+	if cfg.RetryBackoff <= 0 {
+		return d.r.Context().Err() == nil
+	}
+	p := cfg.RetryBackoff << min(attempt-1, 16)
+	if p > cfg.RetryBackoffMax || p <= 0 {
+		p = cfg.RetryBackoffMax
+	}
+	p = p/2 + time.Duration(rand.Int64N(int64(p)+1))
+	t := time.NewTimer(p)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-d.r.Context().Done():
+		return false
+	}
+}
+
+// attempt runs one pair.
+func (d *dispatch) attempt(pr *pair) *failure {
+	proto := pr.p.ep.protocol
+	if d.route == routeGenerate && proto == registry.EngineVLLM {
+		return &failure{kind: failUnsupported, leg: legPrefill}
+	}
+	pr.p.state.inflight.Add(1)
+	pr.d.state.inflight.Add(1)
+	defer pr.p.state.inflight.Add(-1)
+	defer pr.d.state.inflight.Add(-1)
+	if proto == registry.EngineVLLM {
+		return d.runVLLM(pr)
+	}
+	return d.runSGLang(pr)
+}
+
+// settle feeds an attempt's outcome to the breakers it touched.
+func (rt *Router) settle(pr *pair, f *failure) {
+	now := rt.cfg.Now()
+	if f == nil || f.kind == failUpstream4xx {
+		pr.p.state.breaker.success(pr.pProbe)
+		pr.d.state.breaker.success(pr.dProbe)
+		if pr.pairBrk != nil {
+			pr.pairBrk.success(pr.pairProbe)
+		} else if b := rt.pairs.get(pr.p.peer.ID, pr.d.peer.ID); b != nil {
+			b.success(false)
+		}
+		return
+	}
+	switch f.kind {
+	case failOverload, failClientGone, failUnsupported:
+		pr.release()
+		return
+	case failMemKind:
+		// The pair cannot transfer; neither peer is down.
+		pr.p.state.breaker.release(pr.pProbe)
+		pr.d.state.breaker.release(pr.dProbe)
+	default:
+		culprit, culpritProbe, other, otherProbe := pr.p, pr.pProbe, pr.d, pr.dProbe
+		if f.leg == legDecode {
+			culprit, culpritProbe, other, otherProbe = pr.d, pr.dProbe, pr.p, pr.pProbe
+		}
+		if culprit.state.breaker.failure(culpritProbe, rt.cfg.BreakerFailures, now) {
+			rt.log.Warn().Str(logLeg, f.leg.String()).Str("peer", culprit.peer.Name).Str(logFailure, f.kind.String()).
+				Msg("peer circuit breaker opened")
+		}
+		other.state.breaker.release(otherProbe)
+	}
+	b := pr.pairBrk
+	if b == nil {
+		b = rt.pairs.getOrCreate(pr.p.peer.ID, pr.d.peer.ID)
+	}
+	b.failure(pr.pairProbe, rt.cfg.BreakerFailures, now)
+}
+
+// newUpstream builds one leg's request.
+func (d *dispatch) newUpstream(ctx context.Context, url string, body []byte) (*http.Request, error) {
+	ub := newUpstreamBody(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, ub)
+	if err != nil {
+		return nil, err
+	}
+	req.ContentLength = int64(len(body))
+	req.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
+	h := req.Header
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Request-Id", d.rid)
+	if k := d.rt.cfg.UpstreamAPIKey; k != "" {
+		h.Set("Authorization", "Bearer "+k)
+	}
+	if tp := d.r.Header.Get("Traceparent"); tp != "" {
+		h.Set("Traceparent", tp)
+		if ts := d.r.Header.Get("Tracestate"); ts != "" {
+			h.Set("Tracestate", ts)
+		}
+	}
+	return req, nil
+}
+
+// transportFailure classifies an error of a leg that got no answer.
+func (d *dispatch) transportFailure(l leg, err error) *failure {
+	if d.r.Context().Err() != nil {
+		return &failure{kind: failClientGone, leg: l, err: err}
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return &failure{kind: failTimeout, leg: l, err: err}
+	}
+	return &failure{kind: failTransport, leg: l, err: err}
+}
+
+// statusFailure classifies a non-2xx answer; it reads (a bounded part of)
+// the body.
+func (d *dispatch) statusFailure(l leg, resp *http.Response) *failure {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, errorBodyLimit))
+	f := &failure{leg: l, status: resp.StatusCode, header: resp.Header, body: body}
+	switch s := resp.StatusCode; {
+	case l == legPrefill && isMemKindError(body):
+		f.kind = failMemKind
+	case s == http.StatusTooManyRequests || (s == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""):
+		f.kind = failOverload
+	case s >= 400 && s < 500 && s != http.StatusRequestTimeout:
+		f.kind = failUpstream4xx
+	default:
+		f.kind = failStatus
+	}
+	return f
+}
+
+// readKeep reads r to the end, keeping its first keep bytes.
+func readKeep(r io.Reader, keep int64) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.Grow(512)
+	if _, err := buf.ReadFrom(io.LimitReader(r, keep)); err != nil {
+		return buf.Bytes(), err
+	}
+	if int64(buf.Len()) == keep {
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			return buf.Bytes(), err
+		}
+	}
+	return buf.Bytes(), nil
+}
+
+// hasSSEError reports whether a streamed answer carries an error event, the
+// way SGLang reports a failure after it has sent 200.
+func hasSSEError(b []byte) bool {
+	return bytes.Contains(b, []byte(`data: {"error"`)) || bytes.Contains(b, []byte(`data:{"error"`))
+}
+
+// commit sends the decode's status and headers to the client: from here on
+// the request cannot move to another pair.
+func (d *dispatch) commit(resp *http.Response, contentLength int) {
+	h := d.w.Header()
+	if ct := resp.Header.Get("Content-Type"); ct != "" {
+		h.Set("Content-Type", ct)
+	}
+	if d.q.stream {
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+	}
+	if contentLength >= 0 {
+		h.Set("Content-Length", strconv.Itoa(contentLength))
+	}
+	d.status = resp.StatusCode
+	d.w.WriteHeader(resp.StatusCode)
+	d.committed = true
+	// No retry can follow: let go of what only a retry would need, so that
+	// a long stream does not pin the client's body.
+	d.q.body, d.q.members, d.q.prefix = nil, nil, nil
+}
+
+// write sends bytes to the client, flushing when streaming; the first write
+// stamps the TTFT.
+func (d *dispatch) write(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if _, err := d.w.Write(b); err != nil {
+		return err
+	}
+	if !d.ttftSeen {
+		d.ttftSeen = true
+		d.rt.m.ttft.WithLabelValues(d.route.label()).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
+	}
+	if d.q.stream {
+		if err := d.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+	}
+	return nil
+}
+
+// relay copies the rest of the decode's answer to the client as it arrives.
+func (d *dispatch) relay(body io.Reader, buf []byte) *failure {
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if werr := d.write(buf[:n]); werr != nil {
+				return &failure{kind: failClientGone, leg: legDecode, err: werr}
+			}
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, io.EOF):
+			return nil
+		default:
+			return d.transportFailure(legDecode, err)
+		}
+	}
+}
+
+// readFirst reads until the decode sends something or ends.
+func readFirst(body io.Reader, buf []byte) (int, error) {
+	for {
+		n, err := body.Read(buf)
+		if n > 0 || err != nil {
+			return n, err
+		}
+	}
+}
+
+// brokenStream ends a response whose first byte already went out: an SSE
+// stream gets an error event, anything else is cut so that the client cannot
+// take it for complete.
+func (d *dispatch) brokenStream(f *failure) {
+	switch {
+	case f.kind == failClientGone:
+		d.outcome, d.status = outcomeClientGone, 499
+	case d.q.stream:
+		d.outcome = outcomeStreamError
+		e := serverError(http.StatusBadGateway, "the decode engine failed mid-stream; the answer is incomplete", codeStreamBroken)
+		if _, err := d.w.Write(e.sseEvent()); err == nil {
+			_ = d.rc.Flush()
+		}
+	default:
+		d.outcome = outcomeStreamError
+		d.abort = true
+	}
+}
+
+// respondFailure answers the client after the last attempt failed before its
+// first byte.
+func (d *dispatch) respondFailure(f *failure) {
+	if f == nil {
+		d.reject(serverError(http.StatusServiceUnavailable, "model "+strconv.Quote(d.q.model)+": no longer served", codeNoRoute), outcomeNoRoute)
+		return
+	}
+	model := strconv.Quote(d.q.model)
+	switch f.kind {
+	case failClientGone:
+		d.outcome, d.status = outcomeClientGone, 499
+	case failUpstream4xx:
+		// The engine's own answer, which names what the client must fix.
+		h := d.w.Header()
+		if ct := f.header.Get("Content-Type"); ct != "" {
+			h.Set("Content-Type", ct)
+		}
+		d.status, d.outcome = f.status, outcomeUpstream4xx
+		d.w.WriteHeader(f.status)
+		_, _ = d.w.Write(f.body)
+	case failOverload:
+		if ra := f.header.Get("Retry-After"); ra != "" {
+			d.w.Header().Set("Retry-After", ra)
+		}
+		e := serverError(f.status, "model "+model+": every engine tried is overloaded; retry later", codeOverloaded)
+		if f.status == http.StatusTooManyRequests {
+			e.Type = "rate_limit_error"
+		}
+		d.reject(e, outcomeOverloaded)
+	case failTimeout:
+		d.reject(serverError(http.StatusGatewayTimeout, "model "+model+": the "+f.leg.String()+" engine timed out", codeUpstreamTimeout), outcomeTimeout)
+	case failUnsupported:
+		d.reject(&apiError{Status: http.StatusBadRequest, Message: "model " + model + " is served by vLLM engines, which have no native /generate; use /v1/completions",
+			Type: "invalid_request_error", Code: codeUnsupported}, outcomeBadRequest)
+	case failMemKind:
+		d.reject(serverError(http.StatusBadGateway, "model "+model+": the KV cache transfer from prefill to decode failed on every pair tried", codeUpstreamError), outcomeUpstreamErr)
+	default:
+		msg := "model " + model + ": the " + f.leg.String() + " engine failed"
+		if f.status != 0 {
+			msg += " (HTTP " + strconv.Itoa(f.status) + ")"
+		} else {
+			msg += " (no answer)"
+		}
+		d.reject(serverError(http.StatusBadGateway, msg, codeUpstreamError), outcomeUpstreamErr)
+	}
+}
+
+// reject answers with the router's own error.
+func (d *dispatch) reject(e *apiError, outcome string) {
+	d.status, d.outcome = e.Status, outcome
+	e.write(d.w)
+}
+
+// logFailure records an attempt that will be retried or answered.
+func (d *dispatch) logFailure(pr *pair, f *failure, attempt int) {
+	if f.kind == failClientGone {
+		return
+	}
+	ev := d.rt.log.Info().Str(logRequestID, d.rid).Str(logRoute, d.route.label()).Str(logModel, d.q.model).
+		Str(logPrefill, pr.p.peer.Name).Str(logDecode, pr.d.peer.Name).Int(logAttempts, attempt).
+		Str(logLeg, f.leg.String()).Str(logFailure, f.kind.String())
+	if f.status != 0 {
+		ev = ev.Int(logUpstreamStatus, f.status)
+	}
+	if f.err != nil {
+		ev = ev.Err(f.err)
+	}
+	ev.Msg("attempt failed")
+}
+
+// finish counts and logs the request once it is answered.
+func (d *dispatch) finish() {
+	rt := d.rt
+	if d.outcome == "" {
+		d.outcome = outcomeOK
+	}
+	if d.status == 0 {
+		d.status = http.StatusOK
+	}
+	rt.m.requests.WithLabelValues(d.route.label(), d.outcome).Inc()
+	var ev *zerolog.Event
+	switch d.outcome {
+	case outcomeOK:
+		ev = rt.log.Debug()
+	case outcomeBadRequest, outcomeClientGone, outcomeUnauthorized, outcomeUpstream4xx:
+		ev = rt.log.Info()
+	default:
+		ev = rt.log.Warn()
+	}
+	if ev.Enabled() {
+		model := ""
+		if d.q != nil {
+			model = d.q.model
+		}
+		ev.Str(logRequestID, d.rid).Str(logRoute, d.route.label()).Str(logModel, model).
+			Int(logStatus, d.status).Str(logOutcome, d.outcome).Int(logAttempts, d.attempts).
+			Str(logPrefill, d.prefill).Str(logDecode, d.decode).Dur(logDuration, rt.cfg.Now().Sub(d.start))
+		if f := d.lastFail; f != nil && d.outcome != outcomeOK {
+			ev.Str(logFailure, f.kind.String()).Str(logLeg, f.leg.String())
+			if f.err != nil {
+				ev.AnErr("upstream_error", f.err)
+			}
+		}
+		ev.Msg("request")
+	}
+	if d.abort {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// readBody reads the client's body, refusing one over MaxBodyBytes. The
+// buffer is sized to the declared length: pooling it would pin a large
+// buffer to every open stream, since the body is kept for retries.
+func (rt *Router) readBody(r *http.Request) ([]byte, *apiError) {
+	limit := rt.cfg.MaxBodyBytes
+	tooLarge := &apiError{Status: http.StatusRequestEntityTooLarge, Message: "request body exceeds " + strconv.FormatInt(limit, 10) + " bytes",
+		Type: "invalid_request_error", Code: codeBodyTooLarge}
+	if r.ContentLength > limit {
+		return nil, tooLarge
+	}
+	size := int64(512)
+	if r.ContentLength > 0 {
+		size = r.ContentLength + 1 // room to see EOF without growing
+	}
+	buf := make([]byte, 0, size)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit {
+			return nil, tooLarge
+		}
+		if errors.Is(err, io.EOF) {
+			return buf, nil
+		}
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return nil, tooLarge
+			}
+			return nil, badRequest("reading the request body: "+err.Error(), "", "invalid_request_body")
+		}
+	}
+}
+
+func (rt *Router) getRelayBuf() *[]byte  { return rt.bufs.Get().(*[]byte) }
+func (rt *Router) putRelayBuf(b *[]byte) { rt.bufs.Put(b) }
+
+// validRequestID accepts a client's X-Request-Id when it is short and
+// printable ASCII.
+func validRequestID(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func newRequestID() string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		u := rand.Uint64()
+		for k := range 8 {
+			b[i+k] = byte(u >> (8 * k))
+		}
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// errText is what of an engine's error answer is worth recording.
+func errText(b []byte) string {
+	if len(b) > errTextLimit {
+		b = b[:errTextLimit]
+	}
+	return string(b)
+}

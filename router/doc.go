@@ -1,0 +1,25 @@
+// Package router is pdplane's data plane: an OpenAI-compatible front door
+// that splits each request into a prefill leg and a decode leg on a
+// compatible, ready pair of engines and streams the decode's answer back.
+//
+// It owns:
+//
+//   - pair selection over the immutable registry.Snapshot it is handed, with
+//     a policy per role (round_robin, random, power_of_two, cache_aware) that
+//     costs O(1) or O(log n) in the number of peers and no I/O;
+//   - the engine protocols: SGLang's bootstrap triple (both legs POSTed the
+//     same body concurrently) and vLLM's NixlConnector kv_transfer_params
+//     (prefill first, then decode with the prefill's parameters);
+//   - the SSE relay, retries on another pair before the first byte reaches
+//     the client, per-peer and per-pair circuit breakers, and the
+//     classification of upstream errors, including SGLang's
+//     "Missing NIXL destination KV memory kind", which marks the decode stale
+//     and quarantines a pair that fails that way again after the decode
+//     re-registered.
+//
+// It must not touch a database or the store beyond the two calls of
+// PeerReporter, and it keeps no package-level mutable state: everything lives
+// in a Router built by New. Request bodies are never fully unmarshalled: the
+// router validates the JSON, reads the few top-level fields it needs, and
+// splices its own fields into the original bytes.
+package router

@@ -1,0 +1,108 @@
+package router
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcomes of a request, the values of the outcome label.
+const (
+	outcomeOK           = "ok"
+	outcomeBadRequest   = "bad_request"    // the client's request was refused before any upstream call
+	outcomeUnauthorized = "unauthorized"   // missing or wrong API key
+	outcomeNoRoute      = "no_route"       // no ready, compatible, healthy pair
+	outcomeUpstream4xx  = "upstream_4xx"   // an engine refused the request; its answer was passed on
+	outcomeOverloaded   = "overloaded"     // every pair tried answered 429/503 with Retry-After
+	outcomeUpstreamErr  = "upstream_error" // every pair tried failed before the first byte
+	outcomeTimeout      = "timeout"        // the last failure was a timeout
+	outcomeStreamError  = "stream_error"   // the decode failed after the first byte
+	outcomeClientGone   = "client_gone"    // the client left (499 in logs)
+)
+
+// metrics are the router's Prometheus series, all prefixed pdplane_router_.
+type metrics struct {
+	requests           *prometheus.CounterVec   // route, outcome
+	ttft               *prometheus.HistogramVec // route
+	prefillDuration    *prometheus.HistogramVec // protocol, result
+	decodeDuration     *prometheus.HistogramVec // protocol, result
+	retries            *prometheus.CounterVec   // reason
+	breakerState       *prometheus.GaugeVec     // peer
+	breakerTransitions *prometheus.CounterVec   // kind, state
+	pairBreakersOpen   prometheus.Gauge
+	selections         *prometheus.CounterVec // role, peer
+	staleMarks         *prometheus.CounterVec // cause
+	quarantines        prometheus.Counter
+	inflight           prometheus.Gauge
+}
+
+// latencyBuckets span loopback (sub-millisecond) to long prefills.
+func latencyBuckets() []float64 {
+	return []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns, sub = "pdplane", "router"
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "requests_total",
+			Help: "Generation requests by route and outcome.",
+		}, []string{"route", "outcome"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "ttft_seconds",
+			Help:    "Time from dispatch to the first decode byte sent to the client, retries included.",
+			Buckets: latencyBuckets(),
+		}, []string{"route"}),
+		prefillDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "prefill_duration_seconds",
+			Help:    "Duration of the prefill leg, from dispatch to the end of its answer.",
+			Buckets: latencyBuckets(),
+		}, []string{"protocol", "result"}),
+		decodeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "decode_duration_seconds",
+			Help:    "Duration of the decode leg, from dispatch to the end of its stream.",
+			Buckets: latencyBuckets(),
+		}, []string{"protocol", "result"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "retries_total",
+			Help: "Attempts retried on another pair, by the failure that caused them.",
+		}, []string{"reason"}),
+		breakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "breaker_state",
+			Help: "Circuit breaker state per peer: 0 closed, 1 open, 2 half-open.",
+		}, []string{"peer"}),
+		breakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "breaker_transitions_total",
+			Help: "Circuit breaker transitions by kind (peer, pair) and new state.",
+		}, []string{"kind", "state"}),
+		pairBreakersOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "pair_breakers_not_closed",
+			Help: "Pair circuit breakers currently open or half-open.",
+		}),
+		selections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "selections_total",
+			Help: "Times a peer was selected, by role.",
+		}, []string{"role", "peer"}),
+		staleMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "stale_marks_total",
+			Help: "Peers the router reported stale, by cause.",
+		}, []string{"cause"}),
+		quarantines: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "quarantines_total",
+			Help: "Pairs the router reported for quarantine.",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "inflight_requests",
+			Help: "Generation requests being served.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{
+		m.requests, m.ttft, m.prefillDuration, m.decodeDuration, m.retries, m.breakerState,
+		m.breakerTransitions, m.pairBreakersOpen, m.selections, m.staleMarks, m.quarantines, m.inflight,
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register router metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,595 @@
+package router
+
+import (
+	"math/bits"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// peerState is what the router tracks about one peer across snapshots, keyed
+// by peer ID: requests in flight, the circuit breaker, and the generation it
+// has itself reported stale.
+type peerState struct {
+	inflight atomic.Int64
+	breaker  breaker
+	// staleGen is 1 + the generation this router reported stale; the peer is
+	// skipped until the snapshot shows a newer generation. 0 when none.
+	staleGen atomic.Int64
+
+	// Touched only while building a view (under Router.viewMu).
+	gen int64
+	ep  *endpoint
+}
+
+// endpoint is what the router derives from a peer's spec, once per spec.
+type endpoint struct {
+	name     string
+	url      string
+	protocol registry.Engine
+	urls     [numRoutes]string
+	hostJSON string // the bootstrap host as a JSON string
+	port     int
+	selected [2]prometheus.Counter // by role index (0 prefill, 1 decode)
+}
+
+func (e *endpoint) sameSpec(p *registry.Peer) bool {
+	return e.name == p.Name && e.url == p.URL && e.protocol == p.Engine.Protocol() &&
+		e.port == p.BootstrapPort && e.hostJSON == strconv.Quote(bootstrapHost(p))
+}
+
+// bootstrapHost is the host a decode reaches the prefill's bootstrap server
+// at: the declared one, else the host of its URL (IPv6 in brackets, as
+// SGLang's mini_lb writes it).
+func bootstrapHost(p *registry.Peer) string {
+	h := p.BootstrapHost
+	if h == "" {
+		if u, err := url.Parse(p.URL); err == nil {
+			h = u.Hostname()
+		}
+	}
+	if strings.Contains(h, ":") && !strings.HasPrefix(h, "[") {
+		if ip := net.ParseIP(h); ip != nil {
+			h = "[" + h + "]"
+		}
+	}
+	return h
+}
+
+// peerRef is one peer as one view sees it.
+type peerRef struct {
+	peer  *registry.Peer
+	state *peerState
+	ep    *endpoint
+}
+
+// view is the router's routing state derived from one registry snapshot.
+// It is immutable once published, except for the atomic counters.
+type view struct {
+	snap   *registry.Snapshot
+	refs   map[*registry.Peer]*peerRef
+	byID   map[string]*peerState
+	models map[string]*modelView
+}
+
+// modelView is what selection needs for one model.
+type modelView struct {
+	name     string
+	routes   *registry.ModelRoutes
+	prefills []*peerRef // aligned with routes.Prefills
+	ring     *hashRing  // for cache_aware prefill selection; nil otherwise
+	pairable bool       // at least one prefill has a compatible decode
+	rr       [2]paddedCounter
+}
+
+// paddedCounter keeps the round-robin counters of the two roles on separate
+// cache lines.
+type paddedCounter struct {
+	atomic.Uint64
+	_ [56]byte
+}
+
+// viewBuilder owns the state carried from one view to the next.
+type viewBuilder struct {
+	mu     sync.Mutex
+	states map[string]*peerState
+}
+
+// currentView returns the view of the snapshot source's current snapshot,
+// building it on the first request that sees a new snapshot.
+func (rt *Router) currentView() *view {
+	s := rt.snaps.Snapshot()
+	if v := rt.view.Load(); v != nil && v.snap == s {
+		return v
+	}
+	return rt.buildView(s)
+}
+
+func (rt *Router) buildView(s *registry.Snapshot) *view {
+	b := &rt.builder
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := rt.view.Load()
+	if old != nil && old.snap == s {
+		return old
+	}
+	peers := s.Peers()
+	v := &view{
+		snap:   s,
+		refs:   make(map[*registry.Peer]*peerRef, len(peers)),
+		byID:   make(map[string]*peerState, len(peers)),
+		models: make(map[string]*modelView, len(s.Models())),
+	}
+	states := make(map[string]*peerState, len(peers))
+	for _, p := range peers {
+		st, known := b.states[p.ID]
+		if !known {
+			st = rt.newPeerState(p)
+		} else if st.gen != p.Generation {
+			// A new generation is a fresh registration: forget what the old
+			// one did wrong.
+			st.breaker.reset()
+		}
+		st.gen = p.Generation
+		if st.ep == nil || !st.ep.sameSpec(p) {
+			st.ep = rt.newEndpoint(p)
+		}
+		states[p.ID] = st
+		v.byID[p.ID] = st
+		v.refs[p] = &peerRef{peer: p, state: st, ep: st.ep}
+	}
+	b.states = states
+	for _, name := range s.Models() {
+		routes := s.Routes(name)
+		mv := &modelView{name: name, routes: routes, prefills: make([]*peerRef, len(routes.Prefills))}
+		for i, p := range routes.Prefills {
+			mv.prefills[i] = v.refs[p]
+			if !mv.pairable && len(routes.DecodesFor(p.ID)) > 0 {
+				mv.pairable = true
+			}
+		}
+		if rt.cfg.PrefillPolicy == PolicyCacheAware && len(mv.prefills) > 0 {
+			var prev *hashRing
+			if old != nil {
+				if om := old.models[name]; om != nil {
+					prev = om.ring
+				}
+			}
+			mv.ring = buildRing(routes.Prefills, rt.cfg.CacheAwareVirtualNodes, prev)
+		}
+		v.models[name] = mv
+	}
+	rt.view.Store(v)
+	return v
+}
+
+func (rt *Router) newPeerState(p *registry.Peer) *peerState {
+	st := &peerState{}
+	gauge := rt.m.breakerState.WithLabelValues(p.Name)
+	opened := rt.m.breakerTransitions.WithLabelValues("peer", breakerOpen.String())
+	halfOpened := rt.m.breakerTransitions.WithLabelValues("peer", breakerHalfOpen.String())
+	closed := rt.m.breakerTransitions.WithLabelValues("peer", breakerClosed.String())
+	st.breaker.onChange = func(_, to breakerState) {
+		gauge.Set(float64(to))
+		switch to {
+		case breakerOpen:
+			opened.Inc()
+		case breakerHalfOpen:
+			halfOpened.Inc()
+		default:
+			closed.Inc()
+		}
+	}
+	return st
+}
+
+func (rt *Router) newEndpoint(p *registry.Peer) *endpoint {
+	base := strings.TrimRight(p.URL, "/")
+	e := &endpoint{
+		name:     p.Name,
+		url:      p.URL,
+		protocol: p.Engine.Protocol(),
+		hostJSON: strconv.Quote(bootstrapHost(p)),
+		port:     p.BootstrapPort,
+	}
+	for r := range numRoutes {
+		e.urls[r] = base + r.path()
+	}
+	e.selected[0] = rt.m.selections.WithLabelValues(string(registry.RolePrefill), p.Name)
+	e.selected[1] = rt.m.selections.WithLabelValues(string(registry.RoleDecode), p.Name)
+	return e
+}
+
+// hashRing is a consistent-hash ring over a model's prefills: each peer
+// owns vnodes points, and a key belongs to the first point at or after its
+// hash. Removing a peer moves only the keys it owned; lookups are a binary
+// search, O(log n).
+type hashRing struct {
+	names  []string // the prefills' names in snapshot order, to reuse the ring
+	points []uint64 // sorted
+	owners []int32  // index into the prefills, per point
+	vnodes int
+}
+
+func buildRing(prefills []*registry.Peer, vnodes int, prev *hashRing) *hashRing {
+	if prev != nil && prev.vnodes == vnodes && len(prev.names) == len(prefills) {
+		same := true
+		for i, p := range prefills {
+			if prev.names[i] != p.Name {
+				same = false
+				break
+			}
+		}
+		if same {
+			return prev
+		}
+	}
+	type point struct {
+		h     uint64
+		owner int32
+	}
+	pts := make([]point, 0, len(prefills)*vnodes)
+	names := make([]string, len(prefills))
+	buf := make([]byte, 0, 64)
+	for i, p := range prefills {
+		names[i] = p.Name
+		for k := range vnodes {
+			buf = append(buf[:0], p.Name...)
+			buf = append(buf, '#')
+			buf = strconv.AppendInt(buf, int64(k), 10)
+			pts = append(pts, point{xxhash.Sum64(buf), int32(i)})
+		}
+	}
+	slices.SortFunc(pts, func(a, b point) int {
+		switch {
+		case a.h < b.h:
+			return -1
+		case a.h > b.h:
+			return 1
+		}
+		return int(a.owner - b.owner)
+	})
+	r := &hashRing{names: names, points: make([]uint64, len(pts)), owners: make([]int32, len(pts)), vnodes: vnodes}
+	for i, pt := range pts {
+		r.points[i], r.owners[i] = pt.h, pt.owner
+	}
+	return r
+}
+
+// locate returns the index of the first point at or after h, wrapping.
+func (r *hashRing) locate(h uint64) int {
+	i, j := 0, len(r.points)
+	for i < j {
+		m := int(uint(i+j) >> 1)
+		if r.points[m] < h {
+			i = m + 1
+		} else {
+			j = m
+		}
+	}
+	if i == len(r.points) {
+		return 0
+	}
+	return i
+}
+
+// jumpHash maps key to a bucket in [0, n) (Lamping and Veach), in O(log n)
+// without memory; used for cache_aware decode selection, whose candidate list
+// differs per prefill.
+func jumpHash(key uint64, n int) int {
+	var b, j int64 = -1, 0
+	for j < int64(n) {
+		b = j
+		key = key*2862933555777941757 + 1
+		j = int64(float64(b+1) * (float64(int64(1)<<31) / float64((key>>33)+1)))
+	}
+	return int(b)
+}
+
+// exclusions are the peers one request has already failed on; small.
+type exclusions struct {
+	ids  [6]string
+	n    int
+	more []string
+}
+
+func (e *exclusions) add(id string) {
+	if e.has(id) {
+		return
+	}
+	if e.n < len(e.ids) {
+		e.ids[e.n] = id
+		e.n++
+		return
+	}
+	e.more = append(e.more, id)
+}
+
+func (e *exclusions) has(id string) bool {
+	for i := 0; i < e.n; i++ {
+		if e.ids[i] == id {
+			return true
+		}
+	}
+	return len(e.more) > 0 && slices.Contains(e.more, id)
+}
+
+// candidates is the list one role picks from: a model's prefills, or the
+// decodes compatible with the chosen prefill.
+type candidates struct {
+	refs  []*peerRef       // prefills
+	peers []*registry.Peer // decodes, resolved through lookup
+	look  map[*registry.Peer]*peerRef
+}
+
+func (c *candidates) len() int {
+	if c.refs != nil {
+		return len(c.refs)
+	}
+	return len(c.peers)
+}
+
+func (c *candidates) at(i int) *peerRef {
+	if c.refs != nil {
+		return c.refs[i]
+	}
+	return c.look[c.peers[i]]
+}
+
+// pickCtx is what eligibility depends on during one pick.
+type pickCtx struct {
+	ex      *exclusions
+	now     time.Time
+	prefill *peerRef // set when picking a decode, for the pair breaker
+}
+
+// maxProbes bounds how many candidates a policy looks at before it falls
+// back to a scan; the scan runs only when most candidates are ineligible
+// (a fleet with most breakers open).
+const maxProbes = 8
+
+// eligible reports whether the peer may take this attempt.
+func (rt *Router) eligible(pc *pickCtx, r *peerRef) bool {
+	if r == nil {
+		return false
+	}
+	if sg := r.state.staleGen.Load(); sg != 0 && r.peer.Generation < sg {
+		return false
+	}
+	if pc.ex.has(r.peer.ID) {
+		return false
+	}
+	if !r.state.breaker.available(pc.now, rt.cfg.BreakerCooldown) {
+		return false
+	}
+	if pc.prefill != nil && rt.pairs.notClosed.Load() > 0 {
+		if b := rt.pairs.get(pc.prefill.peer.ID, r.peer.ID); b != nil && !b.available(pc.now, rt.cfg.BreakerCooldown) {
+			return false
+		}
+	}
+	return true
+}
+
+// pick chooses one candidate by policy, or nil when none is eligible.
+func (rt *Router) pick(c *candidates, policy Policy, rr *atomic.Uint64, ring *hashRing, key uint64, pc *pickCtx) *peerRef {
+	n := c.len()
+	if n == 0 {
+		return nil
+	}
+	switch policy {
+	case PolicyRoundRobin:
+		start := int(rr.Add(1) - 1)
+		for k := 0; k < min(n, maxProbes); k++ {
+			if r := c.at((start + k) % n); rt.eligible(pc, r) {
+				return r
+			}
+		}
+	case PolicyRandom:
+		for range min(n, maxProbes) {
+			if r := c.at(rand.IntN(n)); rt.eligible(pc, r) {
+				return r
+			}
+		}
+	case PolicyPowerOfTwo:
+		if r := rt.powerOfTwo(c, pc); r != nil {
+			return r
+		}
+	case PolicyCacheAware:
+		if r := rt.cacheAware(c, ring, key, pc); r != nil {
+			return r
+		}
+	}
+	return rt.scan(c, pc)
+}
+
+// scan looks at every candidate from a random start: the fallback when the
+// policy's few probes found none eligible.
+func (rt *Router) scan(c *candidates, pc *pickCtx) *peerRef {
+	n := c.len()
+	start := rand.IntN(n)
+	for k := range n {
+		if r := c.at((start + k) % n); rt.eligible(pc, r) {
+			return r
+		}
+	}
+	return nil
+}
+
+// powerOfTwo draws two distinct candidates and keeps the less loaded.
+func (rt *Router) powerOfTwo(c *candidates, pc *pickCtx) *peerRef {
+	n := c.len()
+	if n == 1 {
+		if r := c.at(0); rt.eligible(pc, r) {
+			return r
+		}
+		return nil
+	}
+	for range maxProbes / 2 {
+		i := rand.IntN(n)
+		j := rand.IntN(n - 1)
+		if j >= i {
+			j++
+		}
+		a, b := c.at(i), c.at(j)
+		okA, okB := rt.eligible(pc, a), rt.eligible(pc, b)
+		switch {
+		case okA && okB:
+			if b.state.inflight.Load() < a.state.inflight.Load() {
+				return b
+			}
+			return a
+		case okA:
+			return a
+		case okB:
+			return b
+		}
+	}
+	return nil
+}
+
+// cacheAware favours the peer the key hashes to, unless it is markedly busier
+// than a power-of-two alternative.
+func (rt *Router) cacheAware(c *candidates, ring *hashRing, key uint64, pc *pickCtx) *peerRef {
+	n := c.len()
+	var fav *peerRef
+	if ring != nil && c.refs != nil && len(ring.points) > 0 {
+		idx := ring.locate(key)
+		for k := 0; k < maxProbes && k < len(ring.points); k++ {
+			if r := c.at(int(ring.owners[(idx+k)%len(ring.points)])); rt.eligible(pc, r) {
+				fav = r
+				break
+			}
+		}
+	} else {
+		idx := jumpHash(key, n)
+		for k := 0; k < min(n, maxProbes); k++ {
+			if r := c.at((idx + k) % n); rt.eligible(pc, r) {
+				fav = r
+				break
+			}
+		}
+	}
+	if fav == nil || n == 1 {
+		return fav
+	}
+	alt := rt.powerOfTwo(c, pc)
+	if alt == nil || alt == fav {
+		return fav
+	}
+	lf, la := fav.state.inflight.Load(), alt.state.inflight.Load()
+	if lf > la+int64(rt.cfg.CacheAwareBalanceAbs) && float64(lf) > float64(la)*rt.cfg.CacheAwareBalanceRel {
+		return alt
+	}
+	return fav
+}
+
+// pair is a selected (prefill, decode) pair with the breaker probes it holds.
+type pair struct {
+	p, d           *peerRef
+	pProbe, dProbe bool
+	pairBrk        *breaker
+	pairProbe      bool
+}
+
+// pickPair selects a prefill and a decode compatible with it, both eligible,
+// and takes their breakers' probes where they are half-open. It returns
+// false when no such pair exists.
+func (rt *Router) pickPair(v *view, mv *modelView, key uint64, ex *exclusions) (pair, bool) {
+	pc := pickCtx{ex: ex, now: rt.cfg.Now()}
+	skip := *ex // prefills without an eligible decode, for this pick only
+	skip.more = slices.Clone(ex.more)
+	pc.ex = &skip
+	prefills := candidates{refs: mv.prefills}
+	for range maxProbes {
+		pc.prefill = nil
+		p := rt.pick(&prefills, rt.cfg.PrefillPolicy, &mv.rr[0].Uint64, mv.ring, key, &pc)
+		if p == nil {
+			return pair{}, false
+		}
+		pc.prefill = p
+		decodes := candidates{peers: mv.routes.DecodesFor(p.peer.ID), look: v.refs}
+		d := rt.pick(&decodes, rt.cfg.DecodePolicy, &mv.rr[1].Uint64, nil, bits.RotateLeft64(key, 17), &pc)
+		if d == nil {
+			skip.add(p.peer.ID)
+			continue
+		}
+		var pr pair
+		var ok bool
+		pr.p, pr.d = p, d
+		if ok, pr.pProbe = p.state.breaker.acquire(pc.now, rt.cfg.BreakerCooldown); !ok {
+			skip.add(p.peer.ID)
+			continue
+		}
+		if ok, pr.dProbe = d.state.breaker.acquire(pc.now, rt.cfg.BreakerCooldown); !ok {
+			p.state.breaker.release(pr.pProbe)
+			skip.add(p.peer.ID)
+			continue
+		}
+		if rt.pairs.notClosed.Load() > 0 {
+			if b := rt.pairs.get(p.peer.ID, d.peer.ID); b != nil {
+				if ok, pr.pairProbe = b.acquire(pc.now, rt.cfg.BreakerCooldown); !ok {
+					p.state.breaker.release(pr.pProbe)
+					d.state.breaker.release(pr.dProbe)
+					skip.add(p.peer.ID)
+					continue
+				}
+				pr.pairBrk = b
+			}
+		}
+		p.ep.selected[0].Inc()
+		d.ep.selected[1].Inc()
+		return pr, true
+	}
+	return pair{}, false
+}
+
+// release gives back every probe the pair holds, for an attempt that ended
+// without a verdict.
+func (pr *pair) release() {
+	pr.p.state.breaker.release(pr.pProbe)
+	pr.d.state.breaker.release(pr.dProbe)
+	if pr.pairBrk != nil {
+		pr.pairBrk.release(pr.pairProbe)
+	}
+}
+
+// pairKey names a (prefill ID, decode ID) pair.
+type pairKey struct{ prefill, decode string }
+
+// pairBreakers holds a breaker for each pair that has failed; pairs that
+// never failed have none, so the map stays small and the common pick skips
+// it entirely.
+type pairBreakers struct {
+	m         sync.Map // pairKey -> *breaker
+	notClosed atomic.Int64
+	onChange  func(from, to breakerState)
+}
+
+func (pb *pairBreakers) get(prefillID, decodeID string) *breaker {
+	b, ok := pb.m.Load(pairKey{prefillID, decodeID})
+	if !ok {
+		return nil
+	}
+	return b.(*breaker)
+}
+
+func (pb *pairBreakers) getOrCreate(prefillID, decodeID string) *breaker {
+	k := pairKey{prefillID, decodeID}
+	if b, ok := pb.m.Load(k); ok {
+		return b.(*breaker)
+	}
+	nb := &breaker{onChange: pb.onChange}
+	b, _ := pb.m.LoadOrStore(k, nb)
+	return b.(*breaker)
+}

@@ -1,0 +1,251 @@
+package router
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/router/routertest"
+)
+
+// fleet returns n ready peers of model m, half prefills and half decodes,
+// all compatible.
+func fleet(n int) []registry.Peer {
+	peers := make([]registry.Peer, n)
+	for i := range peers {
+		role := registry.RolePrefill
+		if i%2 == 1 {
+			role = registry.RoleDecode
+		}
+		peers[i] = routertest.ReadyPeer(routertest.Spec(fmt.Sprintf("peer-%05d", i), role, registry.EngineSGLang, "http://127.0.0.1:1", "m"), 1)
+	}
+	return peers
+}
+
+func newPickRouter(tb testing.TB, cfg Config, peers []registry.Peer) (*Router, *routertest.Snapshots) {
+	tb.Helper()
+	snaps := routertest.NewSnapshots(peers...)
+	log := zerolog.Nop()
+	if t, ok := tb.(*testing.T); ok {
+		log = zerolog.New(zerolog.NewTestWriter(t))
+	}
+	rt, err := New(cfg, snaps, nil, log, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(rt.Close)
+	return rt, snaps
+}
+
+func pickN(t *testing.T, rt *Router, n int, key func(i int) uint64) (prefills, decodes map[string]int) {
+	t.Helper()
+	prefills, decodes = map[string]int{}, map[string]int{}
+	for i := range n {
+		v := rt.currentView()
+		pr, ok := rt.pickPair(v, v.models["m"], key(i), &exclusions{})
+		if !ok {
+			t.Fatalf("pick %d: no pair", i)
+		}
+		if !pr.p.peer.Role.Prefills() || !pr.d.peer.Role.Decodes() {
+			t.Fatalf("picked %s/%s", pr.p.peer.Name, pr.d.peer.Name)
+		}
+		prefills[pr.p.peer.Name]++
+		decodes[pr.d.peer.Name]++
+		rt.settle(&pr, nil)
+	}
+	return prefills, decodes
+}
+
+func TestPolicySpread(t *testing.T) {
+	t.Parallel()
+	for _, pol := range []Policy{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware} {
+		t.Run(string(pol), func(t *testing.T) {
+			t.Parallel()
+			rt, _ := newPickRouter(t, Config{PrefillPolicy: pol, DecodePolicy: pol}, fleet(20))
+			p, d := pickN(t, rt, 2000, func(i int) uint64 { return xxhash.Sum64String(strconv.Itoa(i)) })
+			if len(p) != 10 || len(d) != 10 {
+				t.Fatalf("used %d prefills and %d decodes of 10 each", len(p), len(d))
+			}
+			if pol == PolicyRoundRobin {
+				for name, c := range p {
+					if c != 200 {
+						t.Fatalf("round robin gave %s %d of 2000", name, c)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestPowerOfTwoPrefersIdle(t *testing.T) {
+	t.Parallel()
+	rt, _ := newPickRouter(t, Config{PrefillPolicy: PolicyPowerOfTwo, DecodePolicy: PolicyPowerOfTwo}, fleet(4))
+	v := rt.currentView()
+	busy := v.byID["id-peer-00000"]
+	busy.inflight.Store(100)
+	p, _ := pickN(t, rt, 200, func(int) uint64 { return 0 })
+	if p["peer-00000"] != 0 || p["peer-00002"] != 200 {
+		t.Fatalf("picks %v: the busy prefill was chosen", p)
+	}
+}
+
+func TestCacheAwareAffinityAndFallback(t *testing.T) {
+	t.Parallel()
+	rt, _ := newPickRouter(t, Config{PrefillPolicy: PolicyCacheAware, DecodePolicy: PolicyCacheAware, CacheAwareBalanceAbs: 4, CacheAwareBalanceRel: 2}, fleet(40))
+	key := xxhash.Sum64String("You are a helpful assistant.")
+	p, d := pickN(t, rt, 50, func(int) uint64 { return key })
+	if len(p) != 1 || len(d) != 1 {
+		t.Fatalf("one prefix went to %d prefills and %d decodes", len(p), len(d))
+	}
+	var fav string
+	for name := range p {
+		fav = name
+	}
+	// Make the favoured prefill busy: requests move elsewhere.
+	rt.currentView().byID["id-"+fav].inflight.Store(50)
+	p, _ = pickN(t, rt, 50, func(int) uint64 { return key })
+	if p[fav] != 0 {
+		t.Fatalf("busy favoured prefill still got %d of 50", p[fav])
+	}
+}
+
+func TestRingMovesOnlyTheRemovedPeersKeys(t *testing.T) {
+	t.Parallel()
+	peers := fleet(200)
+	rt, snaps := newPickRouter(t, Config{PrefillPolicy: PolicyCacheAware}, peers)
+	owner := func() map[int]string {
+		v := rt.currentView()
+		mv := v.models["m"]
+		out := map[int]string{}
+		for i := range 2000 {
+			h := xxhash.Sum64String(strconv.Itoa(i))
+			out[i] = mv.prefills[mv.ring.owners[mv.ring.locate(h)]].peer.Name
+		}
+		return out
+	}
+	before := owner()
+	removed := peers[10].Name
+	snaps.Set(append(append([]registry.Peer(nil), peers[:10]...), peers[11:]...)...)
+	after := owner()
+	moved := 0
+	for k, o := range before {
+		if after[k] != o {
+			if o != removed {
+				t.Fatalf("key %d moved from %s, which is still there", k, o)
+			}
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no key moved although its owner left")
+	}
+}
+
+func TestEligibility(t *testing.T) {
+	t.Parallel()
+	rt, _ := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyRoundRobin, BreakerFailures: 1, BreakerCooldown: time.Hour}, fleet(6))
+	v := rt.currentView()
+	mv := v.models["m"]
+	// Exclude one prefill, open another's breaker, mark a decode stale.
+	ex := &exclusions{}
+	ex.add("id-peer-00000")
+	v.byID["id-peer-00002"].breaker.failure(false, 1, time.Now())
+	setMax(&v.byID["id-peer-00001"].staleGen, 2)
+	for range 30 {
+		pr, ok := rt.pickPair(v, mv, 0, ex)
+		if !ok {
+			t.Fatal("no pair")
+		}
+		if pr.p.peer.Name != "peer-00004" || pr.d.peer.Name == "peer-00001" {
+			t.Fatalf("picked %s/%s", pr.p.peer.Name, pr.d.peer.Name)
+		}
+		pr.release()
+	}
+	// Nothing eligible: no pair.
+	ex.add("id-peer-00004")
+	if _, ok := rt.pickPair(v, mv, 0, ex); ok {
+		t.Fatal("picked a pair with every prefill ineligible")
+	}
+}
+
+func TestBreakerLifecycle(t *testing.T) {
+	t.Parallel()
+	var b breaker
+	var trans []breakerState
+	b.onChange = func(_, to breakerState) { trans = append(trans, to) }
+	now := time.Unix(0, 0)
+	const cool = time.Second
+	for i := range 2 {
+		if ok, probe := b.acquire(now, cool); !ok || probe {
+			t.Fatalf("closed breaker refused request %d", i)
+		}
+		b.failure(false, 3, now)
+	}
+	b.success(false) // resets the count
+	for range 3 {
+		b.failure(false, 3, now)
+	}
+	if b.current() != breakerOpen {
+		t.Fatalf("state %v after 3 consecutive failures", b.current())
+	}
+	if ok, _ := b.acquire(now.Add(cool/2), cool); ok {
+		t.Fatal("open breaker let a request through before the cool-down")
+	}
+	ok, probe := b.acquire(now.Add(cool), cool)
+	if !ok || !probe || b.current() != breakerHalfOpen {
+		t.Fatalf("after cool-down: ok=%t probe=%t state=%v", ok, probe, b.current())
+	}
+	if ok, _ := b.acquire(now.Add(cool), cool); ok {
+		t.Fatal("half-open breaker let a second request through")
+	}
+	b.release(true) // the probe ended without a verdict
+	ok, probe = b.acquire(now.Add(cool), cool)
+	if !ok || !probe {
+		t.Fatal("released probe not available again")
+	}
+	b.failure(true, 3, now.Add(cool)) // probe failed: open again
+	if b.current() != breakerOpen {
+		t.Fatalf("state %v after failed probe", b.current())
+	}
+	_, probe = b.acquire(now.Add(3*cool), cool)
+	b.success(probe)
+	if b.current() != breakerClosed {
+		t.Fatalf("state %v after successful probe", b.current())
+	}
+	want := []breakerState{breakerOpen, breakerHalfOpen, breakerOpen, breakerHalfOpen, breakerClosed}
+	if fmt.Sprint(trans) != fmt.Sprint(want) {
+		t.Fatalf("transitions %v, want %v", trans, want)
+	}
+}
+
+func BenchmarkPickPair(b *testing.B) {
+	for _, pol := range []Policy{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware} {
+		for _, n := range []int{10, 1000, 10000} {
+			b.Run(fmt.Sprintf("%s/peers=%d", pol, n), func(b *testing.B) {
+				rt, _ := newPickRouter(b, Config{PrefillPolicy: pol, DecodePolicy: pol}, fleet(n))
+				v := rt.currentView()
+				mv := v.models["m"]
+				keys := make([]uint64, 1024)
+				for i := range keys {
+					keys[i] = xxhash.Sum64String(strconv.Itoa(i))
+				}
+				var ex exclusions
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					pr, ok := rt.pickPair(v, mv, keys[i&1023], &ex)
+					if !ok {
+						b.Fatal("no pair")
+					}
+					pr.release()
+					i++
+				}
+			})
+		}
+	}
+}

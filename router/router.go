@@ -1,0 +1,270 @@
+package router
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// Snapshots is the router's source of routing state: the latest immutable
+// registry snapshot. *registry.Mirror satisfies it. Snapshot must not block.
+type Snapshots interface {
+	Snapshot() *registry.Snapshot
+}
+
+// PeerReporter is how the router tells the registry what it learned from
+// engines' answers. registry.Store satisfies it: the store applies one rule
+// (registry.ApplyTransferFailure) to the reports of every router replica and
+// every prefill-side transfer worker, marking the decode stale, or
+// quarantining the pair on a repeat right after the decode re-registered.
+type PeerReporter interface {
+	ReportTransferFailure(ctx context.Context, f registry.TransferFailure) (registry.Peer, registry.TransferOutcome, error)
+}
+
+// Router is the OpenAI-compatible PD router. Build it with New, mount it with
+// Mount (or serve Routes), and Close it at shutdown.
+type Router struct {
+	cfg      Config
+	snaps    Snapshots
+	reporter PeerReporter
+	log      zerolog.Logger
+	m        *metrics
+
+	transport http.RoundTripper
+	ownedTr   *upstreamTransport // the transport New built, closed by Close
+	apiKeys   [][]byte
+
+	view    atomic.Pointer[view]
+	builder viewBuilder
+	pairs   pairBreakers
+	stale   staleTracker
+	bufs    sync.Pool // *[]byte relay buffers
+
+	reports sync.WaitGroup // reporter calls in flight
+}
+
+// New builds a Router. reporter may be nil (stale marks and quarantines are
+// then only logged); reg may be nil (metrics are then kept in a private
+// registry).
+func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger, reg prometheus.Registerer) (*Router, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("router config: %w", err)
+	}
+	if snaps == nil {
+		return nil, fmt.Errorf("router: nil Snapshots")
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	rt := &Router{
+		cfg:      cfg,
+		snaps:    snaps,
+		reporter: reporter,
+		log:      log.With().Str("component", "router").Logger(),
+		m:        m,
+	}
+	rt.transport = cfg.Transport
+	if rt.transport == nil {
+		rt.ownedTr = newUpstreamTransport(&cfg)
+		rt.transport = rt.ownedTr
+	}
+	for _, k := range cfg.APIKeys {
+		rt.apiKeys = append(rt.apiKeys, []byte(k))
+	}
+	rt.bufs.New = func() any {
+		b := make([]byte, relayBufSize)
+		return &b
+	}
+	rt.stale.init()
+	opened := m.breakerTransitions.WithLabelValues("pair", breakerOpen.String())
+	halfOpened := m.breakerTransitions.WithLabelValues("pair", breakerHalfOpen.String())
+	closed := m.breakerTransitions.WithLabelValues("pair", breakerClosed.String())
+	rt.pairs.onChange = func(from, to breakerState) {
+		switch {
+		case from == breakerClosed && to != breakerClosed:
+			rt.pairs.notClosed.Add(1)
+			m.pairBreakersOpen.Inc()
+		case from != breakerClosed && to == breakerClosed:
+			rt.pairs.notClosed.Add(-1)
+			m.pairBreakersOpen.Dec()
+		}
+		switch to {
+		case breakerOpen:
+			opened.Inc()
+		case breakerHalfOpen:
+			halfOpened.Inc()
+		default:
+			closed.Inc()
+		}
+	}
+	return rt, nil
+}
+
+// newTransport is the net/http transport for engines the router's own
+// transport does not speak to (https): a large idle pool per engine (each
+// request opens two legs), no compression (bytes are relayed as they come),
+// no proxy from the environment.
+func newTransport(cfg *Config) *http.Transport {
+	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		DialContext:         d.DialContext,
+		MaxIdleConns:        0,
+		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+		// Small connection buffers keep an open stream's footprint low:
+		// SSE events are far smaller, and large request bodies bypass the
+		// write buffer.
+		ReadBufferSize:  2 << 10,
+		WriteBufferSize: 2 << 10,
+	}
+}
+
+// Mount registers the router's routes on r: POST /v1/chat/completions,
+// /v1/completions and /generate, GET /v1/models (behind the API keys when
+// set) and GET /health. It adds no middleware that would buffer or time out
+// a stream.
+func (rt *Router) Mount(r chi.Router) {
+	r.Group(func(r chi.Router) {
+		r.Use(rt.requireAPIKey)
+		r.Post(routeChat.path(), rt.serveGeneration(routeChat))
+		r.Post(routeCompletions.path(), rt.serveGeneration(routeCompletions))
+		r.Post(routeGenerate.path(), rt.serveGeneration(routeGenerate))
+		r.Get("/v1/models", rt.serveModels)
+	})
+	r.Get("/health", rt.serveHealth)
+}
+
+// Routes returns a handler serving only the router's routes, for a
+// standalone server or tests.
+func (rt *Router) Routes() http.Handler {
+	r := chi.NewRouter()
+	rt.Mount(r)
+	return r
+}
+
+// Close waits for pending reports to the registry (bounded by
+// Config.ReportTimeout each) and closes idle upstream connections.
+func (rt *Router) Close() {
+	rt.reports.Wait()
+	if rt.ownedTr != nil {
+		rt.ownedTr.CloseIdleConnections()
+	}
+}
+
+// requireAPIKey refuses requests without one of Config.APIKeys as a bearer
+// token, in OpenAI's error format.
+func (rt *Router) requireAPIKey(next http.Handler) http.Handler {
+	if len(rt.apiKeys) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !rt.validKey(r.Header.Get("Authorization")) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="pdplane"`)
+			(&apiError{Status: http.StatusUnauthorized, Message: "missing or invalid API key; send it as 'Authorization: Bearer <key>'",
+				Type: "invalid_request_error", Code: codeInvalidAPIKey}).write(w)
+			if i := routeOf(r.URL.Path); i >= 0 {
+				rt.m.requests.WithLabelValues(route(i).label(), outcomeUnauthorized).Inc()
+			}
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (rt *Router) validKey(h string) bool {
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok {
+		return false
+	}
+	tok = strings.TrimSpace(tok)
+	match := 0
+	for _, k := range rt.apiKeys {
+		match |= subtle.ConstantTimeCompare([]byte(tok), k)
+	}
+	return match == 1
+}
+
+func routeOf(path string) int {
+	for r := range numRoutes {
+		if r.path() == path {
+			return int(r)
+		}
+	}
+	return -1
+}
+
+// modelList is OpenAI's list-models answer.
+type modelList struct {
+	Object string      `json:"object"`
+	Data   []modelInfo `json:"data"`
+}
+
+type modelInfo struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// serveModels lists the models that have ready peers.
+func (rt *Router) serveModels(w http.ResponseWriter, _ *http.Request) {
+	s := rt.snaps.Snapshot()
+	out := modelList{Object: "list", Data: []modelInfo{}}
+	for _, name := range s.Models() {
+		created := int64(0)
+		if mr := s.Routes(name); mr != nil {
+			for _, ps := range [][]*registry.Peer{mr.Prefills, mr.Decodes} {
+				for _, p := range ps {
+					if c := p.CreatedAt.Unix(); !p.CreatedAt.IsZero() && (created == 0 || c < created) {
+						created = c
+					}
+				}
+			}
+		}
+		out.Data = append(out.Data, modelInfo{ID: name, Object: "model", Created: created, OwnedBy: "pdplane"})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// serveHealth answers 200 while at least one pair is routable, so that
+// another router can use pdplane as an upstream worker, and 503 with the
+// reason otherwise.
+func (rt *Router) serveHealth(w http.ResponseWriter, _ *http.Request) {
+	ok, reason := rt.snaps.Snapshot().Routable()
+	if !ok {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": reason})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

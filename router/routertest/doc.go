@@ -1,0 +1,11 @@
+// Package routertest holds what tests of the router need: fake engines that
+// speak SGLang's and vLLM's PD protocols over real HTTP (FakeSGLang,
+// FakeVLLM) and can be told to fail, stall, or stream chunks with pauses;
+// a snapshot source whose peers a test sets (Snapshots); a reporter that
+// records stale marks and quarantines (Reporter); and specs of peers that
+// pair with each other (Spec, ReadyPeer).
+//
+// The fakes check what a real engine would refuse (a missing or
+// mis-sized bootstrap triple, a vLLM prefill without kv_transfer_params) and
+// answer 400, so a router that breaks the protocol fails its tests.
+package routertest

@@ -1,0 +1,233 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// countingServer is an engine stand-in that counts the connections it
+// accepted.
+func countingServer(t *testing.T, h http.HandlerFunc) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(func() {
+		srv.CloseClientConnections() // wakes handlers waiting on their request
+		srv.Close()
+	})
+	return srv, &conns
+}
+
+func newTestTransport() *upstreamTransport {
+	return newUpstreamTransport(&Config{ConnectTimeout: time.Second, MaxIdleConnsPerHost: 4})
+}
+
+func post(t *testing.T, tr http.RoundTripper, ctx context.Context, url, body string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, newUpstreamBody([]byte(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = int64(len(body))
+	req.Header.Set("X-Request-Id", "r1")
+	return tr.RoundTrip(req)
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return string(b)
+}
+
+func TestUpstreamTransportReusesConnections(t *testing.T) {
+	t.Parallel()
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.Header.Get("X-Request-Id") != "r1" || r.ContentLength != int64(len(b)) {
+			http.Error(w, "bad request head", 400)
+			return
+		}
+		if strings.Contains(string(b), "chunked") {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := range 3 {
+				fmt.Fprintf(w, "data: %d\n\n", i)
+				w.(http.Flusher).Flush()
+			}
+			return
+		}
+		fmt.Fprintf(w, "echo %s", b)
+	})
+	tr := newTestTransport()
+	defer tr.CloseIdleConnections()
+	for i := range 10 {
+		body := "plain"
+		if i%2 == 1 {
+			body = "chunked"
+		}
+		resp, err := post(t, tr, context.Background(), srv.URL+"/v1/completions?x=1", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := readAll(t, resp)
+		if resp.StatusCode != 200 || (body == "plain" && got != "echo plain") || (body == "chunked" && got != "data: 0\n\ndata: 1\n\ndata: 2\n\n") {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, got)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections for 10 sequential requests", n)
+	}
+}
+
+func TestUpstreamTransportSurvivesEngineClosingIdleConnections(t *testing.T) {
+	t.Parallel()
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })
+	tr := newTestTransport()
+	defer tr.CloseIdleConnections()
+	for i := range 5 {
+		resp, err := post(t, tr, context.Background(), srv.URL, "x")
+		if err != nil {
+			t.Fatalf("request %d after the engine closed idle connections: %v", i, err)
+		}
+		if got := readAll(t, resp); got != "ok" {
+			t.Fatalf("got %q", got)
+		}
+		srv.CloseClientConnections() // as uvicorn does after its keep-alive
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := conns.Load(); n != 5 {
+		t.Fatalf("%d connections, want 5 (each idle one was closed)", n)
+	}
+
+	// Past the idle timeout a connection is not reused either.
+	tr.idleTimeout = time.Millisecond
+	resp, _ := post(t, tr, context.Background(), srv.URL, "x")
+	readAll(t, resp)
+	time.Sleep(5 * time.Millisecond)
+	resp, _ = post(t, tr, context.Background(), srv.URL, "x")
+	readAll(t, resp)
+	if n := conns.Load(); n != 7 {
+		t.Fatalf("%d connections, want 7", n)
+	}
+}
+
+func TestUpstreamTransportCancelWakesBlockedRead(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.WriteHeader(200)
+		fmt.Fprint(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	tr := newTestTransport()
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := post(t, tr, ctx, srv.URL, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := resp.Body.Read(buf); err != nil || !strings.HasPrefix(string(buf[:n]), "data: first") {
+		t.Fatalf("first read %q %v", buf[:n], err)
+	}
+	time.AfterFunc(20*time.Millisecond, cancel)
+	start := time.Now()
+	_, err = resp.Body.Read(buf)
+	if !errors.Is(err, context.Canceled) || time.Since(start) > 2*time.Second {
+		t.Fatalf("blocked read ended with %v after %v", err, time.Since(start))
+	}
+	resp.Body.Close()
+	// The cancelled connection is not reused.
+	resp, err = post(t, tr, context.Background(), srv.URL, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2", n)
+	}
+
+	// Cancelling before the answer's head arrives fails the round trip.
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	hang, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body) // net/http notices a client leaving only once the body is read
+		<-r.Context().Done()
+	})
+	if _, err := post(t, tr, ctx, hang.URL, "x"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("round trip past its deadline: %v", err)
+	}
+}
+
+func TestUpstreamTransportDoesNotReuseUnfinishedOrClosedConnections(t *testing.T) {
+	t.Parallel()
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/close" {
+			w.Header().Set("Connection", "close")
+		}
+		fmt.Fprint(w, strings.Repeat("x", 10000))
+	})
+	tr := newTestTransport()
+	defer tr.CloseIdleConnections()
+	// Closed before its end: the connection goes.
+	resp, err := post(t, tr, context.Background(), srv.URL, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = resp.Body.Read(make([]byte, 10))
+	resp.Body.Close()
+	// Connection: close: the connection goes.
+	resp, err = post(t, tr, context.Background(), srv.URL+"/close", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp); len(got) != 10000 {
+		t.Fatalf("body of %d bytes", len(got))
+	}
+	resp, err = post(t, tr, context.Background(), srv.URL, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if n := conns.Load(); n != 3 {
+		t.Fatalf("%d connections, want 3", n)
+	}
+}
+
+func TestUpstreamTransportConnectError(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	tr := newTestTransport()
+	if _, err := post(t, tr, context.Background(), "http://"+addr, "x"); err == nil {
+		t.Fatal("no error from a closed port")
+	}
+}

@@ -1,0 +1,86 @@
+package router
+
+import (
+	"context"
+	"errors"
+)
+
+// vllmPrefillAnswerLimit bounds a vLLM prefill's answer (one token).
+const vllmPrefillAnswerLimit = 4 << 20
+
+// runVLLM runs one attempt of vLLM's NixlConnector protocol: the prefill
+// first, for one token and not streamed, asking it to keep the KV for a
+// remote decode; then the decode with the client's body plus the
+// kv_transfer_params the prefill answered with. Both legs carry the same
+// X-Request-Id.
+func (d *dispatch) runVLLM(pr *pair) *failure {
+	rt, q := d.rt, d.q
+	kv, f := d.vllmPrefill(pr)
+	if f != nil {
+		return f
+	}
+	body := appendVLLMDecodeBody(make([]byte, 0, len(q.body)+len(kv)+64), q, kv)
+	start := rt.cfg.Now()
+	req, err := d.newUpstream(d.r.Context(), pr.d.ep.urls[d.route], body)
+	if err != nil {
+		return &failure{kind: failProtocol, leg: legDecode, err: err}
+	}
+	resp, err := rt.transport.RoundTrip(req)
+	if err != nil {
+		d.observeDecode("vllm", start, "error")
+		return d.transportFailure(legDecode, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		d.observeDecode("vllm", start, "error")
+		return d.statusFailure(legDecode, resp)
+	}
+	f = d.deliverDecode(resp, nil)
+	switch {
+	case f == nil:
+		d.observeDecode("vllm", start, "ok")
+	case f.kind != failClientGone:
+		d.observeDecode("vllm", start, "error")
+	}
+	return f
+}
+
+// vllmPrefill runs the prefill leg and returns the raw kv_transfer_params of
+// its answer (nil when it sent none).
+func (d *dispatch) vllmPrefill(pr *pair) ([]byte, *failure) {
+	rt, q := d.rt, d.q
+	start := rt.cfg.Now()
+	result := "error"
+	defer func() {
+		rt.m.prefillDuration.WithLabelValues("vllm", result).Observe(rt.cfg.Now().Sub(start).Seconds())
+	}()
+	ctx, cancel := context.WithTimeout(d.r.Context(), rt.cfg.PrefillTimeout)
+	defer cancel()
+	body := appendVLLMPrefillBody(make([]byte, 0, len(q.body)+256), q)
+	req, err := d.newUpstream(ctx, pr.p.ep.urls[d.route], body)
+	if err != nil {
+		return nil, &failure{kind: failProtocol, leg: legPrefill, err: err}
+	}
+	resp, err := rt.transport.RoundTrip(req)
+	if err != nil {
+		return nil, d.transportFailure(legPrefill, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return nil, d.statusFailure(legPrefill, resp)
+	}
+	ans, err := readKeep(resp.Body, vllmPrefillAnswerLimit)
+	if err != nil {
+		return nil, d.transportFailure(legPrefill, err)
+	}
+	ms, err := scanTopObject(ans, nil)
+	if err != nil {
+		return nil, &failure{kind: failProtocol, leg: legPrefill, status: resp.StatusCode, body: ans,
+			err: errors.New("prefill answer is not a JSON object: " + err.Error())}
+	}
+	result = "ok"
+	if m := find(ms, "kv_transfer_params"); m != nil {
+		return m.value(ans), nil
+	}
+	return nil, nil
+}
