@@ -1,0 +1,267 @@
+package sim
+
+import (
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// Transfer backends a simulator can move KV pages with.
+const (
+	// TransferTCP is the pure-Go backend (transfer/tcp); the default.
+	TransferTCP = "tcp"
+	// TransferNIXL is the purego NIXL binding (transfer/nixl); it needs
+	// libnixl_capi.so (see $PDPLANE_NIXL_LIB).
+	TransferNIXL = "nixl"
+)
+
+// FakeBootstrapHost is the bootstrap host that makes an SGLang decode fake
+// the KV transfer: it generates without a prefill, as SGLang does for
+// decode-only health probes.
+const FakeBootstrapHost = "2.2.2.2"
+
+// Config configures a Sim. Durations of zero mean "no pause" for the
+// per-token times and the default for the timeouts.
+type Config struct {
+	// Name names the engine; agent names and the registration derive from
+	// it. Required.
+	Name string
+	// Role is registry.RolePrefill or registry.RoleDecode. Required.
+	Role registry.Role
+	// Engine is the protocol the simulator speaks: registry.EngineSGLang
+	// (the default) or registry.EngineVLLM.
+	Engine registry.Engine
+	// Model is the served model name; default "sim-model".
+	Model string
+	// Addr is the HTTP listen address; default "127.0.0.1:0".
+	Addr string
+	// AdvertiseHost is the host put in URLs others reach this engine at
+	// (the registration's url, vLLM's remote_host); default the host of
+	// the HTTP listener.
+	AdvertiseHost string
+	// BootstrapPort is where a prefill serves its bootstrap server: SGLang's
+	// disaggregation bootstrap (decodes post their KV destinations there)
+	// and vLLM's NIXL side channel (decodes fetch the prefill's agent
+	// metadata there). 0 picks a free port. Decodes run no bootstrap
+	// server.
+	BootstrapPort int
+	// Transfer is the KV transfer backend: TransferTCP (default) or
+	// TransferNIXL.
+	Transfer string
+	// TransferAddr is where the TCP backend listens; default "127.0.0.1:0".
+	TransferAddr string
+	// UCXTLS restricts UCX's transports for the NIXL backend (e.g. "tcp"
+	// on a CPU-only host); empty lets UCX choose.
+	UCXTLS string
+
+	// PageSize is the number of tokens per KV page; default 16.
+	PageSize int
+	// NumLayers is the number of model layers; default 4. The pool has one
+	// K region and one V region per layer.
+	NumLayers int
+	// NumKVHeads is the number of KV heads; default 2.
+	NumKVHeads int
+	// HeadDim is the size of one head; default 64.
+	HeadDim int
+	// DType is the KV dtype: "bfloat16" (default), "float16", "float32" or
+	// "fp8_e4m3".
+	DType string
+	// Pages is the number of pages in the KV pool; default 512.
+	Pages int
+
+	// PrefillTimePerToken is how long a prefill "computes" per prompt
+	// token.
+	PrefillTimePerToken time.Duration
+	// DecodeTimePerToken is the pause before each generated token.
+	DecodeTimePerToken time.Duration
+	// MaxTokensDefault is the number of tokens generated when a request
+	// sets no limit; default 16.
+	MaxTokensDefault int
+	// MaxTokensLimit caps max_tokens; default 4096.
+	MaxTokensLimit int
+
+	// RoomTimeout bounds how long a room (SGLang) or a set of held blocks
+	// (vLLM) waits for its counterpart before its pages are freed;
+	// default 30s.
+	RoomTimeout time.Duration
+	// TransferTimeout bounds one KV transfer; default 30s.
+	TransferTimeout time.Duration
+	// NotifPollInterval is how often the notification poller drains the
+	// backend while rooms wait; default 200µs.
+	NotifPollInterval time.Duration
+
+	// TransferGroup and Labels are copied into the registration.
+	TransferGroup string
+	Labels        map[string]string
+
+	// OnTransferError, if set, is called when a KV transfer fails: by an
+	// SGLang prefill with the decode's peer ID (as the decode sent it, see
+	// SetPeerID) for every failed transfer to the decode's current agent,
+	// and by a vLLM decode with its own peer ID when its read-side
+	// preparation raises *transfer.MissingMemKindError. It is not called
+	// when the peer ID is unknown, for cancellations, or for a decode's
+	// agent that a newer one has replaced. Classify err with errors.As.
+	// The wiring sends it to agent.ReportStale. It runs on the request's
+	// goroutine, so it must not block for long.
+	OnTransferError func(peerID string, err error)
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Defaults.
+const (
+	DefaultModel             = "sim-model"
+	DefaultPageSize          = 16
+	DefaultNumLayers         = 4
+	DefaultNumKVHeads        = 2
+	DefaultHeadDim           = 64
+	DefaultDType             = "bfloat16"
+	DefaultPages             = 512
+	DefaultMaxTokens         = 16
+	DefaultMaxTokensLimit    = 4096
+	DefaultRoomTimeout       = 30 * time.Second
+	DefaultTransferTimeout   = 30 * time.Second
+	DefaultNotifPollInterval = 200 * time.Microsecond
+)
+
+// WithDefaults returns the config with unset fields filled in.
+func (c Config) WithDefaults() Config {
+	if c.Engine == "" {
+		c.Engine = registry.EngineSGLang
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.Addr == "" {
+		c.Addr = "127.0.0.1:0"
+	}
+	if c.Transfer == "" {
+		c.Transfer = TransferTCP
+	}
+	if c.TransferAddr == "" {
+		c.TransferAddr = "127.0.0.1:0"
+	}
+	if c.PageSize == 0 {
+		c.PageSize = DefaultPageSize
+	}
+	if c.NumLayers == 0 {
+		c.NumLayers = DefaultNumLayers
+	}
+	if c.NumKVHeads == 0 {
+		c.NumKVHeads = DefaultNumKVHeads
+	}
+	if c.HeadDim == 0 {
+		c.HeadDim = DefaultHeadDim
+	}
+	if c.DType == "" {
+		c.DType = DefaultDType
+	}
+	if c.Pages == 0 {
+		c.Pages = DefaultPages
+	}
+	if c.MaxTokensDefault == 0 {
+		c.MaxTokensDefault = DefaultMaxTokens
+	}
+	if c.MaxTokensLimit == 0 {
+		c.MaxTokensLimit = DefaultMaxTokensLimit
+	}
+	if c.RoomTimeout == 0 {
+		c.RoomTimeout = DefaultRoomTimeout
+	}
+	if c.TransferTimeout == 0 {
+		c.TransferTimeout = DefaultTransferTimeout
+	}
+	if c.NotifPollInterval == 0 {
+		c.NotifPollInterval = DefaultNotifPollInterval
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// dtypeBytes is the size of one element of a supported KV dtype, 0 for
+// others.
+func dtypeBytes(dtype string) int {
+	switch dtype {
+	case "bfloat16", "float16":
+		return 2
+	case "float32":
+		return 4
+	case "fp8_e4m3":
+		return 1
+	}
+	return 0
+}
+
+// maxPoolBytes bounds the KV pool a simulator maps (16 GiB).
+const maxPoolBytes = 16 << 30
+
+// validate names the first wrong field.
+func (c Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("sim config: %s: %s", field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Name == "":
+		return bad("name", "is required")
+	case len(c.Name) > 200:
+		return bad("name", "longer than 200 bytes")
+	case c.Role != registry.RolePrefill && c.Role != registry.RoleDecode:
+		return bad("role", "must be prefill or decode, got %q", c.Role)
+	case c.Engine != registry.EngineSGLang && c.Engine != registry.EngineVLLM:
+		return bad("engine", "must be sglang or vllm, got %q", c.Engine)
+	case c.Transfer != TransferTCP && c.Transfer != TransferNIXL:
+		return bad("transfer", "must be tcp or nixl, got %q", c.Transfer)
+	case c.BootstrapPort < 0 || c.BootstrapPort > 65535:
+		return bad("bootstrap_port", "must be in [0, 65535], got %d", c.BootstrapPort)
+	case c.PageSize < 1:
+		return bad("page_size", "must be at least 1, got %d", c.PageSize)
+	case c.NumLayers < 1:
+		return bad("num_layers", "must be at least 1, got %d", c.NumLayers)
+	case c.NumKVHeads < 1:
+		return bad("num_kv_heads", "must be at least 1, got %d", c.NumKVHeads)
+	case c.HeadDim < 1:
+		return bad("head_dim", "must be at least 1, got %d", c.HeadDim)
+	case dtypeBytes(c.DType) == 0:
+		return bad("dtype", "must be bfloat16, float16, float32 or fp8_e4m3, got %q", c.DType)
+	case c.Pages < 1:
+		return bad("pages", "must be at least 1, got %d", c.Pages)
+	case c.PrefillTimePerToken < 0:
+		return bad("prefill_time_per_token", "must not be negative")
+	case c.DecodeTimePerToken < 0:
+		return bad("decode_time_per_token", "must not be negative")
+	case c.MaxTokensDefault < 1:
+		return bad("max_tokens_default", "must be at least 1, got %d", c.MaxTokensDefault)
+	case c.MaxTokensLimit < c.MaxTokensDefault:
+		return bad("max_tokens_limit", "must be at least max_tokens_default=%d, got %d", c.MaxTokensDefault, c.MaxTokensLimit)
+	case c.RoomTimeout < 0:
+		return bad("room_timeout", "must not be negative")
+	case c.TransferTimeout < 0:
+		return bad("transfer_timeout", "must not be negative")
+	case c.NotifPollInterval < 0:
+		return bad("notif_poll_interval", "must not be negative")
+	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return bad("addr", "%v", err)
+	}
+	if c.poolBytes() > maxPoolBytes {
+		return bad("pages", "a pool of %d pages of %d bytes in %d regions exceeds %d bytes", c.Pages, c.itemLen(), c.regions(), maxPoolBytes)
+	}
+	return nil
+}
+
+// slotLen is the bytes of one token's K (or V) in one layer.
+func (c Config) slotLen() int { return c.NumKVHeads * c.HeadDim * dtypeBytes(c.DType) }
+
+// itemLen is the bytes of one page in one region.
+func (c Config) itemLen() int { return c.PageSize * c.slotLen() }
+
+// regions is the number of KV regions: K then V, one per layer.
+func (c Config) regions() int { return 2 * c.NumLayers }
+
+func (c Config) poolBytes() int64 {
+	return int64(c.regions()) * int64(c.Pages) * int64(c.itemLen())
+}

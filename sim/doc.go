@@ -1,0 +1,38 @@
+// Package sim is pdplane's engine simulator: a prefill or decode engine that
+// speaks the HTTP protocols the router speaks to real SGLang and vLLM
+// engines, keeps a real KV pool in host memory off the Go heap, and moves
+// real bytes between engines through a transfer backend (transfer/tcp by
+// default, transfer/nixl when libnixl_capi.so is available). Tests, demos
+// and benchmarks run PD fleets with it and no GPU.
+//
+// A Sim serves:
+//
+//   - the generation endpoints POST /v1/chat/completions and
+//     /v1/completions (and, for SGLang, POST /generate), streamed (SSE, one
+//     event flushed per token) or not;
+//   - GET /health, /health_generate, /v1/models and, for SGLang,
+//     /get_model_info and /server_info;
+//   - POST/GET /_sim/fault and GET /_sim/stats, the simulator's own
+//     controls.
+//
+// A prefill also serves a bootstrap server on its bootstrap port, which is
+// sim-internal: SGLang decodes register their KV args there once per agent
+// and post each room's destination pages (modelled on SGLang's NIXL
+// connector and its decode_kv_args_table); vLLM decodes fetch the prefill's
+// agent metadata there (vLLM's NIXL side channel).
+//
+// The KV a prefill computes is a pure function of the prompt's tokens, the
+// region and the position; a decode verifies every byte it received before
+// it generates, so a transfer that moved the wrong bytes is an error answer,
+// never a silent success. Generated text is deterministic too.
+//
+// *Sim implements agent.Engine: Spec describes it for registration,
+// Reregister gives it a fresh transfer agent (new name, memory registered
+// again, new metadata) and Load reports its work. Faults (see Fault) make it
+// misbehave on purpose, including SGLang's "Missing NIXL destination KV
+// memory kind", reproduced by the mechanism that causes it in a real fleet.
+//
+// The package owns only the simulator. It must not reach into the control
+// plane or the router; the wiring in cmd/pdplane connects a Sim to an agent
+// (SetPeerID from OnRegistered, OnTransferError to ReportStale).
+package sim

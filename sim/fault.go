@@ -1,0 +1,263 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// Fault is a failure the simulator can be told to show.
+type Fault string
+
+// Faults.
+const (
+	// FaultNone: behave.
+	FaultNone Fault = "none"
+	// FaultMissingMemKind (decodes): SGLang — the decode's next bootstrap
+	// registration with each prefill is one whose preparation "failed": its
+	// KV args go without memory kinds, the prefill's table entry for the
+	// agent ends with neither a homogeneous kind nor segments, and the
+	// prefill's next transfer raises *transfer.MissingMemKindError, answers
+	// HTTP 500 with "Missing NIXL destination KV memory kind" and calls
+	// OnTransferError. vLLM — the decode's own read-side preparation of
+	// each prefill fails the same way and the decode answers the 500. It
+	// lasts until Reregister (a fresh agent is prepared correctly).
+	FaultMissingMemKind Fault = "missing-mem-kind"
+	// FaultPrefillError: every generation request is answered with an
+	// ordinary HTTP 500.
+	FaultPrefillError Fault = "prefill-error"
+	// FaultSlow multiplies the per-token times by 10; a zero decode time
+	// counts as 1ms a token and a zero prefill time as 100µs a token.
+	FaultSlow Fault = "slow"
+	// FaultCrash: the engine stops answering: connections are dropped
+	// without a response, requests in flight are cut, until FaultNone. Only
+	// POST /_sim/fault still answers.
+	FaultCrash Fault = "crash"
+	// FaultCorruptKV (prefills): the computed KV has a wrong byte in every
+	// page, so that the decode's verification fails.
+	FaultCorruptKV Fault = "corrupt-kv"
+)
+
+// Faults returns the known faults.
+func Faults() []Fault {
+	return []Fault{FaultNone, FaultMissingMemKind, FaultPrefillError, FaultSlow, FaultCrash, FaultCorruptKV}
+}
+
+const faultPath = "/_sim/fault"
+
+// InvalidFaultError refuses a fault by name or for this role.
+type InvalidFaultError struct {
+	Fault  Fault
+	Detail string
+}
+
+func (e *InvalidFaultError) Error() string { return fmt.Sprintf("fault %q: %s", e.Fault, e.Detail) }
+
+// Fault returns the fault in effect.
+func (s *Sim) Fault() Fault {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	if s.fault == "" {
+		return FaultNone
+	}
+	return s.fault
+}
+
+// SetFault puts f in effect, replacing the previous fault.
+func (s *Sim) SetFault(f Fault) error {
+	known := false
+	for _, k := range Faults() {
+		known = known || k == f
+	}
+	if !known {
+		return &InvalidFaultError{Fault: f, Detail: fmt.Sprintf("unknown fault (want one of %v)", Faults())}
+	}
+	if f == FaultMissingMemKind && s.cfg.Role != registry.RoleDecode {
+		return &InvalidFaultError{Fault: f, Detail: "applies to decodes: it breaks a decode's registration on the prefill side"}
+	}
+	if f == FaultCorruptKV && s.cfg.Role != registry.RolePrefill {
+		return &InvalidFaultError{Fault: f, Detail: "applies to prefills: they compute the KV"}
+	}
+	s.faultMu.Lock()
+	prev := s.fault
+	s.fault = f
+	switch {
+	case f == FaultCrash && prev != FaultCrash:
+		s.crashCancel()
+	case f != FaultCrash && prev == FaultCrash:
+		s.crashCtx, s.crashCancel = context.WithCancel(context.Background())
+	}
+	s.faultMu.Unlock()
+	if f == FaultMissingMemKind {
+		if st := s.state.Load(); st != nil {
+			// SGLang: the next registration with every prefill is the
+			// broken one. vLLM: the next preparation of every prefill.
+			st.forgetRegistrations()
+			if err := st.evictReads(); err != nil {
+				s.log.Warn().Err(err).Msg("evict loaded prefills")
+			}
+		}
+	}
+	s.log.Warn().Str("fault", string(f)).Str("previous", string(prev)).Msg("fault set")
+	return nil
+}
+
+// crashed reports whether the crash fault is in effect.
+func (s *Sim) crashed() bool { return s.Fault() == FaultCrash }
+
+// requestContext is r's context, also cancelled when the sim "crashes".
+func (s *Sim) requestContext(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.Context())
+	s.faultMu.Lock()
+	crash := s.crashCtx
+	s.faultMu.Unlock()
+	stop := context.AfterFunc(crash, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// perToken is a per-token time under the current fault; floor stands in
+// for a zero time when slowed.
+func (s *Sim) perToken(d, floor time.Duration) time.Duration {
+	if s.Fault() == FaultSlow {
+		return 10 * max(d, floor)
+	}
+	return d
+}
+
+// decodeTime and prefillTime are the per-token times in effect.
+func (s *Sim) decodeTime() time.Duration {
+	return s.perToken(s.cfg.DecodeTimePerToken, time.Millisecond)
+}
+
+func (s *Sim) prefillTime() time.Duration {
+	return s.perToken(s.cfg.PrefillTimePerToken, 100*time.Microsecond)
+}
+
+// problem is an RFC 9457 problem, for the simulator's own endpoints.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Field  string `json:"field,omitempty"`
+}
+
+func writeProblem(w http.ResponseWriter, p problem) {
+	b, _ := json.Marshal(p)
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(b)
+}
+
+type faultBody struct {
+	Fault Fault `json:"fault"`
+}
+
+func (s *Sim) handleSetFault(w http.ResponseWriter, r *http.Request) {
+	var body faultBody
+	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&body); err != nil {
+		writeProblem(w, problem{Type: "https://pdplane.dev/problems/malformed-request", Title: "Malformed request", Status: http.StatusBadRequest, Detail: "the body must be {\"fault\": \"...\"}: " + err.Error()})
+		return
+	}
+	if err := s.SetFault(body.Fault); err != nil {
+		writeProblem(w, problem{Type: "https://pdplane.dev/problems/invalid-field", Title: "Invalid fault", Status: http.StatusBadRequest, Detail: err.Error(), Field: "fault"})
+		return
+	}
+	writeJSON(w, faultBody{Fault: s.Fault()})
+}
+
+func (s *Sim) handleGetFault(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, faultBody{Fault: s.Fault()})
+}
+
+// counters are the simulator's statistics.
+type counters struct {
+	requests        atomic.Int64
+	errors          atomic.Int64
+	verifyFailures  atomic.Int64
+	transfers       atomic.Int64
+	transferErrors  atomic.Int64
+	missingMemKind  atomic.Int64
+	bytesMoved      atomic.Int64
+	reregistrations atomic.Int64
+	roomTimeouts    atomic.Int64
+}
+
+// Stats is what a simulator has done, for tests and GET /_sim/stats.
+type Stats struct {
+	Name            string  `json:"name"`
+	Role            string  `json:"role"`
+	Engine          string  `json:"engine"`
+	Agent           string  `json:"agent"`
+	Generation      int64   `json:"generation"`
+	Fault           Fault   `json:"fault"`
+	Requests        int64   `json:"requests"`
+	Errors          int64   `json:"errors"`
+	VerifyFailures  int64   `json:"verify_failures"`
+	Transfers       int64   `json:"transfers"`
+	TransferErrors  int64   `json:"transfer_errors"`
+	MissingMemKind  int64   `json:"missing_mem_kind"`
+	BytesMoved      int64   `json:"bytes_moved"`
+	Reregistrations int64   `json:"reregistrations"`
+	RoomTimeouts    int64   `json:"room_timeouts"`
+	Running         int     `json:"running"`
+	Queued          int     `json:"queued"`
+	KVUsage         float64 `json:"kv_usage"`
+	// Remotes are the peers whose agents this sim has loaded: the decodes
+	// a prefill writes to (SGLang), the prefills a decode reads from
+	// (vLLM).
+	Remotes []RemoteAgent `json:"remotes"`
+}
+
+// RemoteAgent is a loaded remote agent.
+type RemoteAgent struct {
+	Key        string `json:"key"`
+	Agent      string `json:"agent"`
+	Generation int64  `json:"generation"`
+}
+
+// Stats returns the simulator's statistics.
+func (s *Sim) Stats() Stats {
+	c := &s.counters
+	l := s.Load()
+	st := Stats{
+		Name: s.cfg.Name, Role: string(s.cfg.Role), Engine: string(s.cfg.Engine),
+		Agent: s.AgentName(), Generation: s.Generation(), Fault: s.Fault(),
+		Requests: c.requests.Load(), Errors: c.errors.Load(), VerifyFailures: c.verifyFailures.Load(),
+		Transfers: c.transfers.Load(), TransferErrors: c.transferErrors.Load(), MissingMemKind: c.missingMemKind.Load(),
+		BytesMoved: c.bytesMoved.Load(), Reregistrations: c.reregistrations.Load(), RoomTimeouts: c.roomTimeouts.Load(),
+		Running: l.Running, Queued: l.Queued, KVUsage: l.KVUsage,
+		Remotes: []RemoteAgent{},
+	}
+	if cur := s.state.Load(); cur != nil {
+		var keys []string
+		if cur.worker != nil {
+			keys = s.decodes.keys()
+			for _, k := range keys {
+				if a, g, ok := cur.worker.Cache().Loaded(k); ok {
+					st.Remotes = append(st.Remotes, RemoteAgent{Key: k, Agent: a, Generation: g})
+				}
+			}
+		} else if cur.reads != nil {
+			cur.mu.Lock()
+			for k := range cur.readKeys {
+				keys = append(keys, k)
+			}
+			cur.mu.Unlock()
+			for _, k := range keys {
+				if a, g, ok := cur.reads.Loaded(k); ok {
+					st.Remotes = append(st.Remotes, RemoteAgent{Key: k, Agent: a, Generation: g})
+				}
+			}
+		}
+		sort.Slice(st.Remotes, func(i, j int) bool { return st.Remotes[i].Key < st.Remotes[j].Key })
+	}
+	return st
+}

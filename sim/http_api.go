@@ -1,0 +1,313 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/transfer"
+)
+
+// maxBody bounds a generation request body.
+const maxBody = 16 << 20
+
+// routes is the engine's HTTP API.
+func (s *Sim) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.handleGen(routeChat))
+	mux.HandleFunc("POST /v1/completions", s.handleGen(routeCompletions))
+	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("GET /health", s.handleHealth)
+	mux.HandleFunc("GET /health_generate", s.handleHealth)
+	if s.cfg.Engine == registry.EngineSGLang {
+		mux.HandleFunc("POST /generate", s.handleGen(routeGenerate))
+		mux.HandleFunc("GET /get_model_info", s.handleModelInfo)
+		mux.HandleFunc("GET /server_info", s.handleServerInfo)
+		mux.HandleFunc("GET /get_server_info", s.handleServerInfo)
+	}
+	mux.HandleFunc("POST "+faultPath, s.handleSetFault)
+	mux.HandleFunc("GET "+faultPath, s.handleGetFault)
+	mux.HandleFunc("GET /_sim/stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, s.Stats()) })
+	return mux
+}
+
+// httpError is how a generation request failed: the status and message the
+// client gets, and the cause the log gets.
+type httpError struct {
+	status int
+	msg    string
+	typ    string
+	cause  error
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+// errCancelled: the client (the router) cancelled the request; nothing is
+// written.
+var errCancelled = &httpError{status: 499, msg: "request cancelled"}
+
+func badRequestErr(err error) *httpError {
+	return &httpError{status: http.StatusBadRequest, msg: err.Error(), typ: "BadRequestError", cause: err}
+}
+
+func internalErr(msg string, cause error) *httpError {
+	return &httpError{status: http.StatusInternalServerError, msg: msg, typ: "InternalServerError", cause: cause}
+}
+
+var errPoolFull = &httpError{status: http.StatusServiceUnavailable, msg: "KV cache pool exhausted", typ: "ServiceUnavailable"}
+
+func (s *Sim) handleGen(rt route) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, done := s.requestContext(r)
+		defer done()
+		s.counters.requests.Add(1)
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				s.fail(ctx, w, &httpError{status: http.StatusRequestEntityTooLarge, msg: "request body too large", typ: "BadRequestError"})
+				return
+			}
+			s.fail(ctx, w, errCancelled)
+			return
+		}
+		q, err := parseRequest(rt, body, &s.cfg)
+		if err != nil {
+			s.fail(ctx, w, badRequestErr(err))
+			return
+		}
+		if id := r.Header.Get("X-Request-Id"); id != "" {
+			q.rid = id
+		} else if q.rid == "" {
+			q.rid = s.nextID()
+		}
+		s.running.Add(1)
+		defer s.running.Add(-1)
+
+		var (
+			ans     *answer
+			release func()
+			herr    *httpError
+		)
+		switch {
+		case s.Fault() == FaultPrefillError:
+			herr = internalErr("simulated engine failure", errors.New("prefill-error fault"))
+		case s.cfg.Engine == registry.EngineVLLM && s.cfg.Role == registry.RolePrefill:
+			ans, release, herr = s.vllmPrefill(ctx, q)
+		case s.cfg.Engine == registry.EngineVLLM:
+			ans, release, herr = s.vllmDecode(ctx, q)
+		case s.cfg.Role == registry.RolePrefill:
+			ans, release, herr = s.sglangPrefill(ctx, q)
+		default:
+			ans, release, herr = s.sglangDecode(ctx, q)
+		}
+		if release != nil {
+			defer release()
+		}
+		if herr != nil {
+			if s.cfg.Role == registry.RolePrefill {
+				// Tell the decodes of the request's rooms at once rather
+				// than at their room timeout.
+				for _, bs := range q.bootstrap {
+					s.preRooms.fail(bs.room, herr)
+				}
+			}
+			s.fail(ctx, w, herr)
+			return
+		}
+		ans.model = q.model
+		ans.created = s.cfg.Now().Unix()
+		if ans.id == "" {
+			prefix := "cmpl-"
+			if rt == routeChat {
+				prefix = "chatcmpl-"
+			}
+			ans.id = prefix + q.rid
+			if rt == routeGenerate {
+				ans.id = q.rid
+			}
+		}
+		pause := func() time.Duration { return 0 }
+		if s.cfg.Role == registry.RoleDecode || ans.seqs[0].n > 1 {
+			pause = func() time.Duration { return s.decodeTime() }
+		}
+		if !q.stream {
+			if !sleepCtx(ctx, pause()*time.Duration(ans.longest())) {
+				s.fail(ctx, w, errCancelled)
+				return
+			}
+			ans.write(w, q)
+			return
+		}
+		if !ans.stream(ctx, w, q, pause) && s.crashed() {
+			panic(http.ErrAbortHandler)
+		}
+	}
+}
+
+// fail answers a failed generation request, unless the client is gone
+// (nothing to answer) or the sim is "crashed" (answer nothing at all).
+func (s *Sim) fail(ctx context.Context, w http.ResponseWriter, e *httpError) {
+	if s.crashed() {
+		panic(http.ErrAbortHandler)
+	}
+	if e == errCancelled || ctx.Err() != nil {
+		s.log.Debug().Msg("request cancelled by the client")
+		return
+	}
+	s.counters.errors.Add(1)
+	ev := s.log.Warn()
+	if e.status < 500 {
+		ev = s.log.Debug()
+	}
+	ev.Err(e.cause).Int("status", e.status).Str("message", e.msg).Msg("request failed")
+	if e.status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeError(w, e.status, e.msg, e.typ)
+}
+
+// transferFailed counts a failed transfer, reports it (unless peerID is
+// empty) and returns the error the engine answers. A missing memory kind answers SGLang's exact
+// RuntimeError text, which the router classifies.
+func (s *Sim) transferFailed(peerID string, err error) *httpError {
+	s.counters.transferErrors.Add(1)
+	if peerID != "" && !errors.Is(err, context.Canceled) && !errors.Is(err, transfer.ErrStaleGeneration) {
+		s.onTransferError(peerID, err)
+	}
+	var mk *transfer.MissingMemKindError
+	if errors.As(err, &mk) {
+		s.counters.missingMemKind.Add(1)
+		return internalErr("RuntimeError: "+mk.Error(), err)
+	}
+	return internalErr("KV transfer failed", err)
+}
+
+// compute "runs" the prompt: the prefill time, then the KV bytes into pages.
+func (s *Sim) compute(ctx context.Context, prompt []int, seeds []uint64, pages []int) *httpError {
+	if !sleepCtx(ctx, s.prefillTime()*time.Duration(len(prompt))) {
+		return errCancelled
+	}
+	s.pool.fill(seeds, pages)
+	if s.Fault() == FaultCorruptKV {
+		s.pool.corrupt(pages)
+	}
+	return nil
+}
+
+// seqFor is the answer to prompt when generating up to q's limit.
+func (q *genRequest) seqFor(prompt []int, seeds []uint64, n int) seq {
+	finish := "stop"
+	if q.explicitMax || n < q.maxTokens {
+		finish = "length"
+	}
+	return newSeq(prompt, seeds, n, finish)
+}
+
+// local serves a request without a PD split: compute the KV into this
+// engine's own pages and generate (a vLLM engine given no
+// kv_transfer_params).
+func (s *Sim) local(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
+	ans := &answer{}
+	var all [][]int
+	release := func() {
+		for _, p := range all {
+			s.pool.release(p)
+		}
+	}
+	for _, prompt := range q.prompts {
+		seeds := promptSeeds(prompt)
+		pages, ok := s.pool.alloc(s.pool.pagesFor(len(prompt)))
+		if !ok {
+			release()
+			return nil, nil, errPoolFull
+		}
+		all = append(all, pages)
+		if e := s.compute(ctx, prompt, seeds, pages); e != nil {
+			release()
+			return nil, nil, e
+		}
+		ans.seqs = append(ans.seqs, q.seqFor(prompt, seeds, q.maxTokens))
+	}
+	return ans, release, nil
+}
+
+func (s *Sim) handleHealth(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *Sim) handleModels(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, map[string]any{
+		"object": "list",
+		"data": []any{map[string]any{
+			"id": s.cfg.Model, "object": "model", "created": s.cfg.Now().Unix(), "owned_by": "pdplane-sim",
+			"root": s.cfg.Model, "max_model_len": s.cfg.Pages * s.cfg.PageSize,
+		}},
+	})
+}
+
+func (s *Sim) handleModelInfo(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, map[string]any{
+		"model_path": s.cfg.Model, "tokenizer_path": s.cfg.Model, "is_generation": true,
+		"preferred_sampling_params": nil, "weight_version": "default",
+	})
+}
+
+func (s *Sim) handleServerInfo(w http.ResponseWriter, r *http.Request) {
+	l := s.Load()
+	writeJSON(w, map[string]any{
+		"version":                         "pdplane-sim",
+		"model_path":                      s.cfg.Model,
+		"served_model_name":               s.cfg.Model,
+		"disaggregation_mode":             string(s.cfg.Role),
+		"disaggregation_bootstrap_port":   s.bootstrapPort,
+		"disaggregation_transfer_backend": "nixl",
+		"pdplane_transfer_backend":        s.cfg.Transfer,
+		"page_size":                       s.cfg.PageSize,
+		"kv_cache_dtype":                  s.cfg.DType,
+		"tp_size":                         1,
+		"dp_size":                         1,
+		"pp_size":                         1,
+		"max_total_num_tokens":            s.cfg.Pages * s.cfg.PageSize,
+		"nixl_agent_name":                 s.AgentName(),
+		"internal_states": []any{map[string]any{
+			"num_running_reqs": l.Running, "num_queue_reqs": l.Queued, "kv_usage": l.KVUsage,
+		}},
+	})
+}
+
+// runAll runs f for 0..n-1 concurrently (inline for one) and returns the
+// first error by index.
+func runAll(n int, f func(i int) *httpError) *httpError {
+	if n == 1 {
+		return f(0)
+	}
+	errs := make([]*httpError, n)
+	done := make(chan struct{}, n)
+	for i := range n {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			errs[i] = f(i)
+		}()
+	}
+	for range n {
+		<-done
+	}
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// needBootstrap refuses an SGLang PD request without the bootstrap triple.
+func needBootstrap(q *genRequest) *httpError {
+	if len(q.bootstrap) == 0 {
+		return badRequestErr(badf("bootstrap_room", "an SGLang engine in PD mode needs bootstrap_host, bootstrap_port and bootstrap_room"))
+	}
+	return nil
+}

@@ -1,0 +1,199 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/pdplane/pdplane/transfer"
+)
+
+// SGLang's PD protocol. The router POSTs the same body, carrying the
+// prefill's bootstrap address and a room, to the prefill and the decode at
+// once. The decode allocates pages for the prompt and posts them to the
+// prefill's bootstrap server; the prefill computes the prompt's KV, WRITEs
+// it into those pages with the notification "room:<room>" and answers the
+// router; the decode waits for the notification, verifies the bytes and
+// generates.
+
+// sglangPrefill serves a prefill: every prompt of the request computed and
+// sent to the decode of its room; the answer is one token per prompt, with
+// the prompt's logprobs when asked.
+func (s *Sim) sglangPrefill(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
+	if e := needBootstrap(q); e != nil {
+		return nil, nil, e
+	}
+	st := s.state.Load()
+	ans := &answer{seqs: make([]seq, len(q.prompts))}
+	e := runAll(len(q.prompts), func(i int) *httpError {
+		seeds := promptSeeds(q.prompts[i])
+		if e := s.prefillRoom(ctx, st, q.prompts[i], seeds, q.bootstrap[i]); e != nil {
+			return e
+		}
+		sq := newSeq(q.prompts[i], seeds, 1, "length")
+		sq.inputLogprobs = true
+		ans.seqs[i] = sq
+		return nil
+	})
+	if e != nil {
+		return nil, nil, e
+	}
+	return ans, nil, nil
+}
+
+// prefillRoom computes one prompt into fresh pages, waits for the room's
+// decode and sends the pages to it. The pages are freed only after the
+// transfer is over, whatever happens to the request meanwhile.
+func (s *Sim) prefillRoom(ctx context.Context, st *agentState, prompt []int, seeds []uint64, bs bootstrap) *httpError {
+	if bs.host == FakeBootstrapHost {
+		return nil
+	}
+	pages, ok := s.pool.alloc(s.pool.pagesFor(len(prompt)))
+	if !ok {
+		s.preRooms.fail(bs.room, errors.New("the prefill's KV pool is exhausted"))
+		return errPoolFull
+	}
+	defer s.pool.release(pages)
+	if e := s.compute(ctx, prompt, seeds, pages); e != nil {
+		s.preRooms.fail(bs.room, errPrefillCancelled)
+		return e
+	}
+	s.queued.Add(1)
+	dst, room, err := s.preRooms.waitDecode(ctx, bs.room, s.cfg.RoomTimeout)
+	s.queued.Add(-1)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return errCancelled
+	case errors.Is(err, errRoomTimeout):
+		s.counters.roomTimeouts.Add(1)
+		return internalErr("KV transfer timed out: no decode joined the room", err)
+	default:
+		return internalErr("KV transfer failed: the decode left the room", err)
+	}
+	finish := func(err error) { room.result <- err }
+	a, ok := s.decodes.get(dst.AgentName)
+	if !ok {
+		err := errors.New("unknown decode agent " + dst.AgentName)
+		finish(err)
+		return internalErr("KV transfer failed", err)
+	}
+	done := make(chan error, 1)
+	err = st.worker.Submit(transfer.Job{
+		Peer:  a.peer(),
+		Pages: transfer.Pages{SrcPages: pages, DstPages: dst.Pages},
+		Notif: roomNotif(bs.room),
+		Room:  bs.room,
+		Done:  func(err error) { done <- err },
+	})
+	if err != nil {
+		// The worker refused the job (full, or closed by a
+		// re-registration): nothing about the decode is known to be wrong.
+		finish(err)
+		if errors.Is(err, transfer.ErrQueueFull) {
+			return &httpError{status: http.StatusServiceUnavailable, msg: "KV transfer queue full", typ: "ServiceUnavailable", cause: err}
+		}
+		return internalErr("KV transfer worker unavailable", err)
+	}
+	err = <-done
+	finish(err)
+	if err != nil {
+		peerID := dst.PeerID
+		if peerID == "" {
+			peerID = a.PeerID
+		}
+		if !s.decodes.current(a.key(), a.AgentName) {
+			// The decode re-registered meanwhile: its old agent is gone,
+			// and reporting it would only undo the healing.
+			peerID = ""
+		}
+		return s.transferFailed(peerID, err)
+	}
+	s.counters.transfers.Add(1)
+	s.counters.bytesMoved.Add(int64(min(len(pages), len(dst.Pages)) * s.pool.itemLen * s.pool.regions))
+	return nil
+}
+
+// sglangDecode serves a decode: for every prompt, pages allocated and
+// posted to the room's prefill, the KV awaited and verified; then the
+// generation. The pages stay held until the answer is written.
+func (s *Sim) sglangDecode(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
+	if e := needBootstrap(q); e != nil {
+		return nil, nil, e
+	}
+	st := s.state.Load()
+	releases := make([]func(), len(q.prompts))
+	release := func() {
+		for _, r := range releases {
+			if r != nil {
+				r()
+			}
+		}
+	}
+	ans := &answer{seqs: make([]seq, len(q.prompts))}
+	e := runAll(len(q.prompts), func(i int) *httpError {
+		seeds := promptSeeds(q.prompts[i])
+		rel, e := s.decodeRoom(ctx, st, seeds, q.bootstrap[i])
+		releases[i] = rel
+		if e != nil {
+			return e
+		}
+		ans.seqs[i] = q.seqFor(q.prompts[i], seeds, q.maxTokens)
+		return nil
+	})
+	if e != nil {
+		release()
+		return nil, nil, e
+	}
+	return ans, release, nil
+}
+
+// decodeRoom gets one prompt's KV through room bs.room and verifies it; the
+// returned release frees the room's pages (once the prefill is done with
+// them too).
+func (s *Sim) decodeRoom(ctx context.Context, st *agentState, seeds []uint64, bs bootstrap) (func(), *httpError) {
+	if bs.host == FakeBootstrapHost {
+		return nil, nil // SGLang fakes the transfer for health probes
+	}
+	pages, ok := s.pool.alloc(s.pool.pagesFor(len(seeds)))
+	if !ok {
+		return nil, errPoolFull
+	}
+	s.pool.poison(pages)
+	room, ok := s.decRooms.add(bs.room, pages)
+	if !ok {
+		s.pool.release(pages)
+		return nil, badRequestErr(badf("bootstrap_room", "room %d is already in use on this decode", bs.room))
+	}
+	release := func() { s.decRooms.release(room, s.pool) }
+	s.kickPoller()
+	s.bg.Go(func() {
+		err := s.exchangeRoom(st, bs, room)
+		room.settle(err)
+		s.decRooms.release(room, s.pool)
+	})
+	s.queued.Add(1)
+	err := room.wait(ctx, s.cfg.RoomTimeout, s.kickPoller)
+	s.queued.Add(-1)
+	if err != nil {
+		var pe *prefillError
+		switch {
+		case ctx.Err() != nil:
+			return release, errCancelled
+		case errors.Is(err, errRoomTimeout):
+			s.counters.roomTimeouts.Add(1)
+			return release, internalErr("KV transfer timed out: the prefill never sent the room's KV", err)
+		case errors.As(err, &pe):
+			return release, internalErr("KV transfer from the prefill failed", err)
+		default:
+			return release, internalErr("KV transfer failed", err)
+		}
+	}
+	if err := s.pool.verify(seeds, pages); err != nil {
+		s.counters.verifyFailures.Add(1)
+		return release, internalErr("KV cache verification failed: the received KV does not match the prompt", err)
+	}
+	s.counters.transfers.Add(1)
+	s.counters.bytesMoved.Add(int64(len(pages) * s.pool.itemLen * s.pool.regions))
+	return release, nil
+}

@@ -1,0 +1,367 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/transfer"
+)
+
+// Sim is one simulated engine: an HTTP server speaking SGLang's or vLLM's
+// protocol, a KV pool in host memory, and a transfer agent moving that
+// pool's bytes. It implements agent.Engine. Create it with New, then Start;
+// Close releases everything.
+type Sim struct {
+	cfg        Config
+	log        zerolog.Logger
+	pool       *kvPool
+	instanceID string
+
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+
+	ln, bootLn    net.Listener
+	srv, bootSrv  *http.Server
+	client        *http.Client
+	host, url     string
+	bootstrapPort int
+
+	regMu sync.Mutex // serialises Start, Reregister and Close
+	state atomic.Pointer[agentState]
+
+	peerID atomic.Pointer[string]
+
+	faultMu     sync.Mutex
+	fault       Fault
+	crashCtx    context.Context // cancelled while crashed
+	crashCancel context.CancelFunc
+
+	gateMu   sync.Mutex
+	closing  bool
+	inflight sync.WaitGroup // HTTP handlers
+	bg       sync.WaitGroup // background goroutines
+
+	decRooms decodeRooms  // SGLang decode: rooms waiting for KV
+	preRooms prefillRooms // SGLang prefill: rooms waiting for a decode
+	decodes  decodeTable  // SGLang prefill: decode KV args by agent name
+	held     heldBlocks   // vLLM prefill: blocks held for decodes
+	sides    sideChannels // vLLM decode: prefill agents by engine id
+	kick     chan struct{}
+
+	running, queued atomic.Int64
+	counters        counters
+	reqSeq          atomic.Uint64
+	started         atomic.Bool
+	closeOnce       sync.Once
+}
+
+// New checks cfg and allocates the KV pool; Start serves.
+func New(cfg Config, log zerolog.Logger) (*Sim, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	pool, err := newKVPool(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Sim{
+		cfg:        cfg,
+		log:        log.With().Str("component", "sim").Str("sim", cfg.Name).Str("role", string(cfg.Role)).Logger(),
+		pool:       pool,
+		instanceID: cfg.Name + "-" + randomSuffix(12),
+		ctx:        ctx,
+		cancel:     cancel,
+		kick:       make(chan struct{}, 1),
+		client: &http.Client{Transport: &http.Transport{
+			Proxy:               nil,
+			MaxIdleConns:        256,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		}},
+	}
+	s.crashCtx, s.crashCancel = context.WithCancel(context.Background())
+	s.decRooms.init()
+	s.preRooms.init(cfg.RoomTimeout)
+	s.decodes.init()
+	s.held.init()
+	s.sides.init()
+	return s, nil
+}
+
+// Start creates the transfer agent, binds the HTTP listener (and, on a
+// prefill, the bootstrap listener) and serves until Close or until ctx
+// ends. Call Close even when Start fails. URL, BootstrapPort and Spec are
+// valid once Start returned nil.
+func (s *Sim) Start(ctx context.Context) error {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if s.ctx.Err() != nil {
+		return fmt.Errorf("sim %s: %w", s.cfg.Name, transfer.ErrClosed)
+	}
+	if s.started.Load() {
+		return fmt.Errorf("sim %s already started", s.cfg.Name)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	st, err := s.newAgentState(1)
+	if err != nil {
+		return err
+	}
+	s.state.Store(st)
+
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", s.cfg.Addr, err)
+	}
+	s.ln = ln
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1" // listening everywhere: loopback reaches it
+	}
+	if s.cfg.AdvertiseHost != "" {
+		host = s.cfg.AdvertiseHost
+	}
+	s.host = host
+	s.url = "http://" + net.JoinHostPort(host, port)
+	s.srv = s.newServer(s.routes())
+	if s.cfg.Role == registry.RolePrefill {
+		bh, _, _ := net.SplitHostPort(s.cfg.Addr)
+		bl, err := net.Listen("tcp", net.JoinHostPort(bh, strconv.Itoa(s.cfg.BootstrapPort)))
+		if err != nil {
+			return fmt.Errorf("listen on bootstrap port %d: %w", s.cfg.BootstrapPort, err)
+		}
+		s.bootLn = bl
+		s.bootstrapPort = bl.Addr().(*net.TCPAddr).Port
+		s.bootSrv = s.newServer(s.bootstrapRoutes())
+		s.bg.Go(func() { s.serve(s.bootSrv, bl) })
+	}
+	s.bg.Go(func() { s.serve(s.srv, ln) })
+	s.bg.Go(s.pollNotifs)
+	s.started.Store(true)
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	go func() {
+		<-s.ctx.Done()
+		stop()
+	}()
+	s.log.Info().Str("url", s.url).Int("bootstrap_port", s.bootstrapPort).Str("engine", string(s.cfg.Engine)).
+		Str("agent", st.name).Str("transfer", s.cfg.Transfer).Msg("sim started")
+	return nil
+}
+
+func (s *Sim) newServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           s.gate(h),
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return s.ctx },
+	}
+}
+
+func (s *Sim) serve(srv *http.Server, ln net.Listener) {
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		s.log.Error().Err(err).Msg("http server stopped")
+	}
+}
+
+// gate counts handlers in flight, so that Close can wait for them before it
+// unmaps the pool, and drops connections while the sim is "crashed".
+func (s *Sim) gate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.gateMu.Lock()
+		if s.closing {
+			s.gateMu.Unlock()
+			writeError(w, http.StatusServiceUnavailable, "engine is shutting down", "ServiceUnavailable")
+			return
+		}
+		s.inflight.Add(1)
+		s.gateMu.Unlock()
+		defer s.inflight.Done()
+		if s.crashed() && r.URL.Path != faultPath {
+			panic(http.ErrAbortHandler) // a dead engine answers nothing
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Close stops serving, cancels requests in flight, waits for them and for
+// the transfers they started, closes the transfer agent and unmaps the KV
+// pool. It is idempotent.
+func (s *Sim) Close() {
+	s.closeOnce.Do(func() {
+		s.regMu.Lock()
+		defer s.regMu.Unlock()
+		s.gateMu.Lock()
+		s.closing = true
+		s.gateMu.Unlock()
+		s.cancel()
+		for _, srv := range []*http.Server{s.srv, s.bootSrv} {
+			if srv != nil {
+				srv.Close()
+			}
+		}
+		s.inflight.Wait()
+		s.held.releaseAll(s.pool)
+		s.bg.Wait()
+		if st := s.state.Swap(nil); st != nil {
+			st.close(s.log)
+		}
+		s.client.CloseIdleConnections()
+		s.crashCancel()
+		if err := s.pool.close(); err != nil {
+			s.log.Warn().Err(err).Msg("unmap KV pool")
+		}
+		s.log.Info().Msg("sim closed")
+	})
+}
+
+// URL is the base URL of the engine's HTTP API ("" before Start).
+func (s *Sim) URL() string { return s.url }
+
+// BootstrapPort is the prefill's bootstrap (SGLang) or side-channel (vLLM)
+// port; 0 on a decode or before Start.
+func (s *Sim) BootstrapPort() int { return s.bootstrapPort }
+
+// Config returns the configuration the sim runs with (defaults applied).
+func (s *Sim) Config() Config { return s.cfg }
+
+// InstanceID changes with every process (every New).
+func (s *Sim) InstanceID() string { return s.instanceID }
+
+// AgentName is the current transfer agent's name ("" before Start).
+func (s *Sim) AgentName() string {
+	if st := s.state.Load(); st != nil {
+		return st.name
+	}
+	return ""
+}
+
+// Generation is the current transfer agent's generation: 1 at Start, one
+// more at every Reregister.
+func (s *Sim) Generation() int64 {
+	if st := s.state.Load(); st != nil {
+		return st.gen
+	}
+	return 0
+}
+
+// SetPeerID records the peer ID the control plane gave this engine; the
+// wiring calls it from the agent's OnRegistered. A decode sends it to the
+// prefills it gets KV from, so that they can report it stale.
+func (s *Sim) SetPeerID(id string) { s.peerID.Store(&id) }
+
+// PeerID is the ID recorded by SetPeerID ("" before).
+func (s *Sim) PeerID() string {
+	if p := s.peerID.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Spec describes the engine for registration (agent.Engine): its identity,
+// URL and bootstrap port, TP 1, the KV geometry, and one rank whose regions
+// are the pool's K and V buffers (DRAM), with the current agent's name and
+// metadata.
+func (s *Sim) Spec(ctx context.Context) (registry.PeerSpec, error) {
+	st := s.state.Load()
+	if st == nil || s.url == "" {
+		return registry.PeerSpec{}, fmt.Errorf("sim %s is not started", s.cfg.Name)
+	}
+	g := st.geometry
+	spec := registry.PeerSpec{
+		Name:          s.cfg.Name,
+		Role:          s.cfg.Role,
+		Engine:        s.cfg.Engine,
+		URL:           s.url,
+		Model:         s.cfg.Model,
+		InstanceID:    s.instanceID,
+		TransferGroup: s.cfg.TransferGroup,
+		Labels:        maps.Clone(s.cfg.Labels),
+		Parallelism:   registry.Parallelism{TPSize: 1, AttnTPSize: 1, DPSize: 1, PPSize: 1, DCPSize: 1},
+		KV: registry.KVGeometry{
+			PageSize: s.cfg.PageSize, DType: s.cfg.DType, NumLayers: s.cfg.NumLayers,
+			NumKVHeads: s.cfg.NumKVHeads, HeadDim: s.cfg.HeadDim,
+		},
+		Ranks: []registry.Rank{{
+			Rank: 0, GPUID: 0,
+			AgentName:     st.name,
+			AgentMetadata: append([]byte(nil), st.metadata...),
+			KVDataPtrs:    append([]uint64(nil), g.KVDataPtrs...),
+			KVDataLens:    append([]uint64(nil), g.KVDataLens...),
+			KVItemLens:    append([]uint64(nil), g.KVItemLens...),
+			KVMemKinds:    append([]registry.MemKind(nil), g.KVMemKinds...),
+		}},
+	}
+	if s.cfg.Role == registry.RolePrefill && s.cfg.Engine == registry.EngineSGLang {
+		spec.BootstrapPort = s.bootstrapPort
+		if s.cfg.AdvertiseHost != "" {
+			spec.BootstrapHost = s.cfg.AdvertiseHost
+		}
+	}
+	return spec, nil
+}
+
+// Reregister gives the engine a fresh transfer agent (agent.Engine): a new
+// agent name, the pool registered again, new metadata, generation + 1. The
+// old agent is closed once its transfers finish. It clears the
+// missing-mem-kind fault: the fresh agent's KV args are prepared correctly
+// by every prefill, which is how a real fleet heals.
+func (s *Sim) Reregister(ctx context.Context, reason string) error {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if s.ctx.Err() != nil {
+		return fmt.Errorf("sim %s: %w", s.cfg.Name, transfer.ErrClosed)
+	}
+	old := s.state.Load()
+	if old == nil {
+		return fmt.Errorf("sim %s is not started", s.cfg.Name)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	next, err := s.newAgentState(old.gen + 1)
+	if err != nil {
+		return fmt.Errorf("re-register: %w", err)
+	}
+	s.faultMu.Lock()
+	if s.fault == FaultMissingMemKind {
+		s.fault = FaultNone
+	}
+	s.faultMu.Unlock()
+	s.state.Store(next)
+	old.close(s.log)
+	s.counters.reregistrations.Add(1)
+	s.log.Info().Str("reason", reason).Str("old_agent", old.name).Str("agent", next.name).Int64("generation", next.gen).Msg("re-registered with a fresh transfer agent")
+	return nil
+}
+
+// Load reports the engine's work (agent.Engine): requests generating or
+// prefilling, requests waiting for KV, and the fraction of the pool in use.
+func (s *Sim) Load() registry.Load {
+	return registry.Load{Running: int(s.running.Load()), Queued: int(s.queued.Load()), KVUsage: s.pool.usage()}
+}
+
+// onTransferError calls the hook, if any.
+func (s *Sim) onTransferError(peerID string, err error) {
+	if s.cfg.OnTransferError != nil {
+		s.cfg.OnTransferError(peerID, err)
+	}
+}
+
+// nextID returns a request id unique within the process.
+func (s *Sim) nextID() string {
+	return s.cfg.Name + "-" + strconv.FormatUint(s.reqSeq.Add(1), 10)
+}

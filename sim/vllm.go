@@ -1,0 +1,168 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/pdplane/pdplane/transfer"
+)
+
+// vLLM's PD protocol (NixlConnector). The router first sends the prefill
+// the request with max_tokens=1 and kv_transfer_params.do_remote_decode; the
+// prefill computes the prompt's KV, holds those blocks, and answers one
+// token with kv_transfer_params naming its engine, blocks, side-channel
+// address and request id. The router sends the decode the original request
+// with those params; the decode fetches the prefill's agent from the side
+// channel, READs the blocks into its own pages (NIXL's pull model) with the
+// notification "done:<request id>" that tells the prefill to free them,
+// verifies the bytes and generates.
+
+// vllmPrefill serves a prefill.
+func (s *Sim) vllmPrefill(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
+	kv := q.kv
+	if kv == nil || !kv.DoRemoteDecode {
+		return s.local(ctx, q)
+	}
+	switch {
+	case kv.DoRemotePrefill:
+		return nil, nil, badRequestErr(badf("kv_transfer_params.do_remote_prefill", "a prefill cannot take a remote prefill's KV"))
+	case q.stream:
+		return nil, nil, badRequestErr(badf("stream", "a prefill with do_remote_decode answers non-streamed"))
+	case q.batch || len(q.prompts) != 1:
+		return nil, nil, badRequestErr(badf("prompt", "a PD request carries one prompt"))
+	}
+	st := s.state.Load()
+	prompt := q.prompts[0]
+	seeds := promptSeeds(prompt)
+	pages, ok := s.pool.alloc(s.pool.pagesFor(len(prompt)))
+	if !ok {
+		return nil, nil, errPoolFull
+	}
+	if e := s.compute(ctx, prompt, seeds, pages); e != nil {
+		s.pool.release(pages)
+		return nil, nil, e
+	}
+	id := q.rid + "-" + s.nextID()
+	s.held.hold(id, pages, s.pool, s.cfg.RoomTimeout, func() {
+		s.counters.roomTimeouts.Add(1)
+		s.log.Warn().Str("request", id).Msg("held blocks timed out before a decode read them")
+	})
+	s.kickPoller()
+	engine, host, port := st.name, s.host, s.bootstrapPort
+	ans := &answer{
+		seqs: []seq{newSeq(prompt, seeds, 1, "length")},
+		kv: &kvTransferParams{
+			DoRemotePrefill: true, DoRemoteDecode: false,
+			RemoteEngineID: &engine, RemoteBlockIDs: append([]int(nil), pages...),
+			RemoteHost: &host, RemotePort: &port, RemoteRequestID: id, TPSize: 1,
+		},
+	}
+	return ans, nil, nil
+}
+
+// vllmDecode serves a decode.
+func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
+	kv := q.kv
+	if kv == nil || !kv.DoRemotePrefill {
+		if kv != nil && kv.DoRemoteDecode {
+			return nil, nil, badRequestErr(badf("kv_transfer_params.do_remote_decode", "this engine is a decode"))
+		}
+		return s.local(ctx, q)
+	}
+	switch {
+	case kv.RemoteEngineID == nil || *kv.RemoteEngineID == "":
+		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_engine_id", "is required"))
+	case kv.RemoteHost == nil || *kv.RemoteHost == "":
+		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_host", "is required"))
+	case kv.RemotePort == nil || *kv.RemotePort < 1 || *kv.RemotePort > 65535:
+		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_port", "is required"))
+	case kv.RemoteRequestID == "":
+		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_request_id", "is required"))
+	case q.batch || len(q.prompts) != 1:
+		return nil, nil, badRequestErr(badf("prompt", "a PD request carries one prompt"))
+	}
+	prompt := q.prompts[0]
+	seeds := promptSeeds(prompt)
+	n := s.pool.pagesFor(len(prompt))
+	if len(kv.RemoteBlockIDs) != n {
+		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_block_ids", "%d blocks for a prompt of %d tokens (%d pages)", len(kv.RemoteBlockIDs), len(prompt), n))
+	}
+	s.queued.Add(1)
+	defer s.queued.Add(-1)
+	info, err := s.fetchAgent(ctx, *kv.RemoteHost, *kv.RemotePort, *kv.RemoteEngineID)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, errCancelled
+		}
+		return nil, nil, internalErr("cannot reach the prefill's side channel", err)
+	}
+	st := s.state.Load()
+	pages, ok := s.pool.alloc(n)
+	if !ok {
+		return nil, nil, errPoolFull
+	}
+	release := func() { s.pool.release(pages) }
+	s.pool.poison(pages)
+	if err := s.readKV(ctx, st, &info, pages, kv.RemoteBlockIDs, notifDone+kv.RemoteRequestID); err != nil {
+		release()
+		s.releaseBlocks(*kv.RemoteHost, *kv.RemotePort, kv.RemoteRequestID)
+		if ctx.Err() != nil {
+			return nil, nil, errCancelled
+		}
+		var mk *transfer.MissingMemKindError
+		if errors.As(err, &mk) {
+			return nil, nil, s.transferFailed(s.PeerID(), err)
+		}
+		if errors.Is(err, transfer.ErrUnknownAgent) || errors.Is(err, transfer.ErrStranger) || errors.Is(err, transfer.ErrPeerGone) {
+			s.sides.forget(info.EngineID)
+		}
+		s.counters.transferErrors.Add(1)
+		return nil, nil, internalErr("KV transfer from the prefill failed", err)
+	}
+	s.counters.transfers.Add(1)
+	s.counters.bytesMoved.Add(int64(n * s.pool.itemLen * s.pool.regions))
+	if err := s.pool.verify(seeds, pages); err != nil {
+		release()
+		s.counters.verifyFailures.Add(1)
+		return nil, nil, internalErr("KV cache verification failed: the received KV does not match the prompt", err)
+	}
+	return &answer{seqs: []seq{q.seqFor(prompt, seeds, q.maxTokens)}}, release, nil
+}
+
+// readKV READs the prefill's blocks into pages, each READ carrying notif
+// (with its part suffix on the mixed-segments path). It returns only once no
+// transfer uses pages any more.
+func (s *Sim) readKV(ctx context.Context, st *agentState, info *agentInfo, pages, blocks []int, notif string) error {
+	p := info.peer()
+	st.noteReadKey(p.Key)
+	r, release, err := st.reads.Acquire(p)
+	if err != nil {
+		return fmt.Errorf("load prefill %s: %w", info.AgentName, err)
+	}
+	defer release()
+	plan, err := transfer.BuildPlan(st.source, r.Dest, transfer.Pages{SrcPages: pages, DstPages: blocks}, notif)
+	if err != nil {
+		return fmt.Errorf("plan READ from %s: %w", info.AgentName, err)
+	}
+	reqs := make([]transfer.Request, 0, len(plan.Steps))
+	var errs []error
+	for _, stp := range plan.Steps {
+		if stp.List >= len(r.Prepared) {
+			errs = append(errs, fmt.Errorf("step for list %d of %d prepared: %w", stp.List, len(r.Prepared), transfer.ErrInvalidDescs))
+			break
+		}
+		req, err := r.Prepared[stp.List].Post(ctx, transfer.OpRead, stp.LocalIdx, stp.DstIdx, []byte(stp.Notif))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("READ from %s: %w", info.AgentName, err))
+			break
+		}
+		reqs = append(reqs, req)
+	}
+	for _, req := range reqs {
+		if err := req.Wait(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("READ from %s: %w", info.AgentName, err))
+		}
+	}
+	return errors.Join(errs...)
+}
