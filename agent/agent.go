@@ -274,25 +274,34 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	return *resp.JSON200, nil
 }
 
-// ReportTransferFailure tells the control plane that a transfer from this
-// agent's engine to the decode peerID (its NIXL agent decodeAgent, when
-// known) failed, so that every replica stops routing to it and it is told to
+// TransferReport is a failed KV transfer as an engine's transfer worker saw
+// it.
+type TransferReport struct {
+	DecodeID    string // the peer whose registration looks broken
+	DecodeAgent string // its NIXL agent the transfer targeted, when known
+	PrefillID   string // the sending prefill, when known
+	Reason      string
+	Error       string
+}
+
+// ReportTransferFailure tells the control plane that a KV transfer to a
+// decode failed, so that every replica stops routing to it and it is told to
 // re-register — or, on a repeat right after it re-registered, so that the
 // pair is quarantined.
-func (a *Agent) ReportTransferFailure(ctx context.Context, peerID, decodeAgent, reason, errText string) error {
-	body := api.StaleReport{Reason: reason, Error: &errText}
-	if id := a.Peer().Id; id != "" {
-		body.PrefillId = &id
+func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) error {
+	body := api.StaleReport{Reason: r.Reason, Error: &r.Error}
+	if r.PrefillID != "" {
+		body.PrefillId = &r.PrefillID
 	}
-	if decodeAgent != "" {
-		body.AgentName = &decodeAgent
+	if r.DecodeAgent != "" {
+		body.AgentName = &r.DecodeAgent
 	}
-	resp, err := a.client.MarkPeerStaleWithResponse(ctx, peerID, body)
+	resp, err := a.client.MarkPeerStaleWithResponse(ctx, r.DecodeID, body)
 	if err != nil {
-		return fmt.Errorf("report peer %s stale: %w", peerID, err)
+		return fmt.Errorf("report peer %s stale: %w", r.DecodeID, err)
 	}
 	if resp.JSON200 == nil {
-		return fmt.Errorf("report peer %s stale: %w", peerID, refusal(resp.HTTPResponse, resp.Body))
+		return fmt.Errorf("report peer %s stale: %w", r.DecodeID, refusal(resp.HTTPResponse, resp.Body))
 	}
 	return nil
 }

@@ -20,7 +20,8 @@ const usage = `pdplane — control plane and router for prefill/decode disaggreg
 
 Usage:
   pdplane serve    [flags]   control plane + OpenAI-compatible router
-  pdplane dev      [flags]   serve on the embedded store, for trying things out
+  pdplane dev      [flags]   serve + simulated prefill and decode engines, for trying things out
+  pdplane sim      [flags]   a simulated SGLang/vLLM engine (prefill or decode), with its agent
   pdplane migrate  [flags]   apply database migrations and exit
   pdplane peers    list|show|drain|stale|rm   CLI over the REST API
   pdplane version            print the version
@@ -39,9 +40,11 @@ func main() {
 	var err error
 	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
 	case "serve":
-		err = runServe(ctx, args, false)
+		err = runServe(ctx, args)
 	case "dev":
-		err = runServe(ctx, args, true)
+		err = runDev(ctx, args)
+	case "sim":
+		err = runSim(ctx, args)
 	case "migrate":
 		err = runMigrate(ctx, args)
 	case "peers":

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/pgstore"
+	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/web"
 )
@@ -28,81 +30,131 @@ type serveConfig struct {
 	logLevel    string
 	leaseTTL    time.Duration
 	heartbeat   time.Duration
+
+	apiKeys       string
+	prefillPolicy string
+	decodePolicy  string
 }
 
-func runServe(ctx context.Context, args []string, dev bool) error {
-	var c serveConfig
-	name := "serve"
-	if dev {
-		name = "dev"
-	}
-	fs := newFlagSet(name)
+// controlPlane is a running `pdplane serve`: store, mirror, sweeper, API,
+// router and status page on one listener.
+type controlPlane struct {
+	BaseURL string
+	log     zerolog.Logger
+	hs      *http.Server
+	store   registry.Store
+	mirror  *registry.Mirror
+	router  *router.Router
+	errc    chan error
+}
+
+func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.addr, "addr", "127.0.0.1:8080", "listen address HOST:PORT")
 	fs.str(&c.databaseURL, "database-url", "", "PostgreSQL URL; empty uses the embedded in-memory store")
 	fs.str(&c.adminToken, "admin-token", "", "bearer token for operator actions (delete, drain)")
 	fs.str(&c.peerToken, "peer-token", "", "bearer token for agents (register, heartbeat, stale reports)")
+	fs.str(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
+	fs.str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two or cache_aware")
+	fs.str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two or cache_aware")
 	fs.str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.dur(&c.heartbeat, "heartbeat-interval", registry.DefaultHeartbeatInterval, "how often agents heartbeat")
 	fs.dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
+}
+
+func runServe(ctx context.Context, args []string) error {
+	var c serveConfig
+	fs := newFlagSet("serve")
+	c.flags(fs)
 	if err := fs.parse(args); err != nil {
 		return err
 	}
-	log, err := newLogger(c.logLevel, dev)
+	log, err := newLogger(c.logLevel, false)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	cp, err := startControlPlane(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	return cp.wait(ctx)
+}
 
+// startControlPlane opens the store and serves until wait returns.
+func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (*controlPlane, error) {
 	store, err := openStore(ctx, c, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer store.Close()
-
+	cp := &controlPlane{log: log, store: store, errc: make(chan error, 1)}
+	ok := false
+	defer func() {
+		if !ok {
+			cp.close()
+		}
+	}()
 	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log.With().Str("component", "mirror").Logger())
+	cp.mirror = mirror
 	if err := mirror.Start(ctx); err != nil {
-		return fmt.Errorf("load registry: %w", err)
+		return nil, fmt.Errorf("load registry: %w", err)
 	}
 	go registry.RunLeaseSweeper(ctx, store, time.Second, time.Now, log.With().Str("component", "sweeper").Logger())
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rcfg := router.Config{PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy)}
+	if c.apiKeys != "" {
+		rcfg.APIKeys = strings.Split(c.apiKeys, ",")
+	}
+	cp.router, err = router.New(rcfg, mirror, store, log.With().Str("component", "router").Logger(), reg)
+	if err != nil {
+		return nil, err
+	}
 	srv, err := server.New(server.Config{
 		AdminToken: c.adminToken, PeerToken: c.peerToken,
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
-	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Web: web.Handler()}, log.With().Str("component", "server").Logger())
+	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Web: web.Handler()},
+		log.With().Str("component", "server").Logger())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if c.adminToken == "" && c.peerToken == "" {
 		log.Warn().Msg("no --admin-token or --peer-token: the control-plane API accepts writes from anyone who can reach it")
 	}
-
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", c.addr, err)
+		return nil, fmt.Errorf("listen on %s: %w", c.addr, err)
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	base := "http://" + ln.Addr().String()
-	log.Info().Str("addr", ln.Addr().String()).Str("openai_base_url", base+"/v1").Str("status_page", base+"/").Msg("pdplane listening")
-	if dev {
-		fmt.Fprintf(os.Stderr, "\n  OpenAI base URL: %s/v1\n  Status page:     %s/\n  REST API:        %s/api/v1/peers\n\n", base, base, base)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	cp.hs = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	cp.BaseURL = "http://" + ln.Addr().String()
+	log.Info().Str("addr", ln.Addr().String()).Str("openai_base_url", cp.BaseURL+"/v1").
+		Str("status_page", cp.BaseURL+"/").Msg("pdplane listening")
+	go func() { cp.errc <- cp.hs.Serve(ln) }()
+	ok = true
+	return cp, nil
+}
+
+// wait serves until ctx ends or the server fails, then shuts down.
+func (cp *controlPlane) wait(ctx context.Context) error {
+	defer cp.close()
 	select {
-	case err := <-errc:
+	case err := <-cp.errc:
 		return err
 	case <-ctx.Done():
 	}
-	log.Info().Msg("shutting down")
-	shutCtx, shutCancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer shutCancel()
-	if err := hs.Shutdown(shutCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	cp.log.Info().Msg("shutting down")
+	shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cp.hs.Shutdown(shutCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+func (cp *controlPlane) close() {
+	if cp.router != nil {
+		cp.router.Close()
+	}
+	cp.store.Close()
 }
 
 func openStore(ctx context.Context, c serveConfig, log zerolog.Logger) (registry.Store, error) {
