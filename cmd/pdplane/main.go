@@ -22,6 +22,7 @@ Usage:
   pdplane serve    [flags]   control plane + OpenAI-compatible router
   pdplane dev      [flags]   serve + simulated prefill and decode engines, for trying things out
   pdplane sim      [flags]   a simulated SGLang/vLLM engine (prefill or decode), with its agent
+  pdplane agent    [flags]   host agent for a real engine described by a spec file
   pdplane migrate  [flags]   apply database migrations and exit
   pdplane peers    list|show|drain|stale|rm   CLI over the REST API
   pdplane version            print the version
@@ -45,6 +46,8 @@ func main() {
 		err = runDev(ctx, args)
 	case "sim":
 		err = runSim(ctx, args)
+	case "agent":
+		err = runAgent(ctx, args)
 	case "migrate":
 		err = runMigrate(ctx, args)
 	case "peers":
