@@ -77,7 +77,7 @@ func (s *Sim) handleKVArgs(w http.ResponseWriter, r *http.Request) {
 	if len(a.Geometry.KVMemKinds) == 0 {
 		ev = s.log.Warn()
 	}
-	ev.Str("decode", a.DecodeName).Str("decode_agent", a.AgentName).Int64("decode_generation", a.Generation).
+	ev.Str("decode", a.Name).Str("decode_agent", a.AgentName).Int64("decode_generation", a.Generation).
 		Int("mem_kinds", len(a.Geometry.KVMemKinds)).Bool("changed", changed).Msg("decode KV args registered")
 	if st := s.state.Load(); st != nil && st.worker != nil {
 		cache := st.worker.Cache()
@@ -159,24 +159,8 @@ func (s *Sim) handleRoom(w http.ResponseWriter, r *http.Request) {
 // agentInfo is what a vLLM prefill's side channel serves: its agent, so
 // that decodes can READ from it.
 type agentInfo struct {
-	EngineID      string                `json:"engine_id"`
-	Name          string                `json:"name"`
-	InstanceID    string                `json:"instance_id"`
-	AgentName     string                `json:"agent_name"`
-	AgentMetadata []byte                `json:"agent_metadata"`
-	Generation    int64                 `json:"generation"`
-	Geometry      transfer.RankGeometry `json:"geometry"`
-	AttnTPSize    int                   `json:"attn_tp_size"`
-	AttnTPRank    int                   `json:"attn_tp_rank"`
-}
-
-func (a *agentInfo) key() string { return a.Name + "/" + a.InstanceID }
-
-func (a *agentInfo) peer() transfer.Peer {
-	g := a.Geometry
-	g.AgentName = a.AgentName
-	return transfer.Peer{Key: a.key(), AgentName: a.AgentName, Generation: a.Generation, Metadata: a.AgentMetadata,
-		Geometry: g, AttnTPSize: a.AttnTPSize, AttnTPRank: a.AttnTPRank}
+	EngineID string `json:"engine_id"`
+	agentRecord
 }
 
 // handleAgentInfo serves the current agent; an engine_id naming an older
@@ -191,10 +175,10 @@ func (s *Sim) handleAgentInfo(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "engine "+id+" is gone; this engine is "+st.name, "NotFound")
 		return
 	}
-	writeJSON(w, agentInfo{
-		EngineID: st.name, Name: s.cfg.Name, InstanceID: s.instanceID, AgentName: st.name,
+	writeJSON(w, agentInfo{EngineID: st.name, agentRecord: agentRecord{
+		Name: s.cfg.Name, InstanceID: s.instanceID, AgentName: st.name,
 		AgentMetadata: st.metadata, Generation: st.gen, Geometry: st.geometry, AttnTPSize: 1,
-	})
+	}})
 }
 
 // releaseMsg names held blocks to free.
@@ -275,11 +259,11 @@ func (s *Sim) kvArgsOf(st *agentState) kvArgs {
 	if s.Fault() == FaultMissingMemKind {
 		g.KVMemKinds = nil
 	}
-	return kvArgs{
-		DecodeName: s.cfg.Name, InstanceID: s.instanceID, PeerID: s.PeerID(),
+	return kvArgs{PeerID: s.PeerID(), agentRecord: agentRecord{
+		Name: s.cfg.Name, InstanceID: s.instanceID,
 		AgentName: st.name, AgentMetadata: st.metadata, Generation: st.gen,
 		Geometry: g, AttnTPSize: 1, AttnTPRank: 0,
-	}
+	}}
 }
 
 // registerWith sends st's KV args to the prefill at addr.

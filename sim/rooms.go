@@ -332,13 +332,13 @@ func (r *decodeRoom) wait(ctx context.Context, timeout time.Duration, kick func(
 	}
 }
 
-// kvArgs is what a decode registers with a prefill's bootstrap server, once
-// per agent (SGLang's KVArgsRegisterInfo): its agent, its metadata and the
-// geometry of its KV regions, memory kinds included.
-type kvArgs struct {
-	DecodeName    string                `json:"decode_name"`
+// agentRecord is one engine's transfer agent as another engine sees it: its
+// NIXL agent, metadata and the geometry of its KV regions, memory kinds
+// included. A decode sends it to a prefill's bootstrap server (SGLang's
+// KVArgsRegisterInfo); a vLLM prefill serves it on its side channel.
+type agentRecord struct {
+	Name          string                `json:"name"` // the engine's name
 	InstanceID    string                `json:"instance_id"`
-	PeerID        string                `json:"peer_id,omitempty"`
 	AgentName     string                `json:"agent_name"`
 	AgentMetadata []byte                `json:"agent_metadata"`
 	Generation    int64                 `json:"generation"`
@@ -347,17 +347,23 @@ type kvArgs struct {
 	AttnTPRank    int                   `json:"attn_tp_rank"`
 }
 
-// key identifies the decode across re-registrations (not across restarts).
-func (a *kvArgs) key() string { return a.DecodeName + "/" + a.InstanceID }
+// key identifies the engine across re-registrations (not across restarts).
+func (a *agentRecord) key() string { return a.Name + "/" + a.InstanceID }
 
-// peer is the transfer worker's view of the decode.
-func (a *kvArgs) peer() transfer.Peer {
+// peer is the transfer worker's view of the engine.
+func (a *agentRecord) peer() transfer.Peer {
 	g := a.Geometry
 	g.AgentName = a.AgentName
 	return transfer.Peer{
 		Key: a.key(), AgentName: a.AgentName, Generation: a.Generation, Metadata: a.AgentMetadata,
 		Geometry: g, AttnTPSize: a.AttnTPSize, AttnTPRank: a.AttnTPRank,
 	}
+}
+
+// kvArgs is a decode's registration with a prefill, once per agent.
+type kvArgs struct {
+	agentRecord
+	PeerID string `json:"peer_id,omitempty"` // the decode's peer ID in the registry
 }
 
 // decodeTable is a prefill's table of decode KV args by agent name (SGLang's
@@ -385,12 +391,12 @@ func (t *decodeTable) put(a *kvArgs) (changed bool, gone string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := a.key()
-	if old, ok := t.keyByName[a.DecodeName]; ok && old != k {
+	if old, ok := t.keyByName[a.Name]; ok && old != k {
 		delete(t.byAgent, t.agentByKey[old])
 		delete(t.agentByKey, old)
 		gone = old
 	}
-	t.keyByName[a.DecodeName] = k
+	t.keyByName[a.Name] = k
 	if old, ok := t.agentByKey[k]; ok && old != a.AgentName {
 		delete(t.byAgent, old)
 	}

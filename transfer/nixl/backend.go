@@ -30,8 +30,8 @@ type Config struct {
 	Agent AgentConfig
 	// PollSpin is how long a wait polls the transfer's status back to back
 	// (yielding to other goroutines) before it starts sleeping between
-	// polls; default 2ms. Polling also progresses an agent that runs
-	// without a progress thread.
+	// polls; default 2ms. An agent without a progress thread never sleeps:
+	// its polls are what progresses the transfer.
 	PollSpin time.Duration
 	// PollBackoff caps the sleep between status polls after PollSpin;
 	// default 50µs.
@@ -395,7 +395,9 @@ func (r *request) Wait(ctx context.Context) error {
 			case i == 0:
 				spinUntil = time.Now().Add(r.b.cfg.PollSpin)
 			case i%64 == 0:
-				spinning = time.Now().Before(spinUntil)
+				// Without a progress thread the polls are what moves
+				// the bytes: never sleep between them.
+				spinning = r.b.cfg.Agent.NoProgressThread || time.Now().Before(spinUntil)
 			}
 			runtime.Gosched()
 			continue
