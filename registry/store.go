@@ -13,9 +13,12 @@ var (
 	ErrInvalid  = errors.New("invalid")
 )
 
-// Lease timing handed to agents at registration.
+// Lease timing handed to agents at registration. A stale peer learns it must
+// re-register from its next heartbeat answer, so the interval bounds how
+// long a broken decode stays out of routing; at 1 s, 10,000 peers cost the
+// PostgreSQL store 10,000 batched rows a second, a fifth of what it writes.
 const (
-	DefaultHeartbeatInterval = 2 * time.Second
+	DefaultHeartbeatInterval = 1 * time.Second
 	DefaultLeaseTTL          = 10 * time.Second
 )
 

@@ -124,7 +124,7 @@ func TestRegisterCreatesThenUpdates(t *testing.T) {
 	if code != http.StatusCreated {
 		t.Fatalf("first registration: %d %v", code, first)
 	}
-	for k, want := range map[string]any{"generation": 1.0, "state": "pending", "heartbeat_interval_seconds": 2.0, "lease_ttl_seconds": 10.0, "bootstrap_port": 8998.0} {
+	for k, want := range map[string]any{"generation": 1.0, "state": "pending", "heartbeat_interval_seconds": 1.0, "lease_ttl_seconds": 10.0, "bootstrap_port": 8998.0} {
 		if first[k] != want {
 			t.Errorf("%s = %v, want %v", k, first[k], want)
 		}

@@ -48,7 +48,7 @@ func startFleet(t *testing.T, fc fleetConfig) *fleet {
 	for i := 0; i < fc.replicas; i++ {
 		cp, err := startControlPlane(ctx, serveConfig{
 			addr: "127.0.0.1:0", databaseURL: fc.databaseURL, peerToken: "peer-tok", adminToken: "admin-tok",
-			heartbeat: 250 * time.Millisecond, leaseTTL: 3 * time.Second,
+			heartbeat: registry.DefaultHeartbeatInterval, leaseTTL: registry.DefaultLeaseTTL,
 			prefillPolicy: "round_robin", decodePolicy: "round_robin",
 		}, log.With().Int("replica", i).Logger())
 		if err != nil {
