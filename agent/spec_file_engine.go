@@ -1,0 +1,170 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// SpecFileEngine is a real engine (SGLang, vLLM) described by a registration
+// file that its launcher writes: the KV geometry, NIXL agent names and
+// metadata per rank, which engines do not serve over HTTP. When EngineURL is
+// set, fields the file leaves empty are filled from SGLang's /server_info
+// (model, role, bootstrap port, parallelism, page size, KV dtype), and the
+// load comes from it too. Re-registration runs ReregisterCmd, which must
+// make the engine create fresh NIXL agents and rewrite the file.
+type SpecFileEngine struct {
+	Path          string
+	EngineURL     string
+	ReregisterCmd string
+	Client        *http.Client // http.DefaultClient with a 5 s timeout when nil
+}
+
+var _ Engine = (*SpecFileEngine)(nil)
+
+// serverInfo is the part of SGLang's /server_info the agent reads.
+type serverInfo struct {
+	ModelPath                   string `json:"model_path"`
+	ServedModelName             string `json:"served_model_name"`
+	DisaggregationMode          string `json:"disaggregation_mode"`
+	DisaggregationBootstrapPort int    `json:"disaggregation_bootstrap_port"`
+	PageSize                    int    `json:"page_size"`
+	KVCacheDType                string `json:"kv_cache_dtype"`
+	TPSize                      int    `json:"tp_size"`
+	DPSize                      int    `json:"dp_size"`
+	PPSize                      int    `json:"pp_size"`
+	InternalStates              []struct {
+		NumRunningReqs int     `json:"num_running_reqs"`
+		NumQueueReqs   int     `json:"num_queue_reqs"`
+		KVUsage        float64 `json:"kv_usage"`
+	} `json:"internal_states"`
+}
+
+// Spec reads the file and completes it from /server_info.
+func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
+	data, err := os.ReadFile(e.Path)
+	if err != nil {
+		return registry.PeerSpec{}, fmt.Errorf("read peer spec: %w", err)
+	}
+	var s registry.PeerSpec
+	if err := json.Unmarshal(data, &s); err != nil {
+		return registry.PeerSpec{}, fmt.Errorf("parse peer spec %s: %w", e.Path, err)
+	}
+	if e.EngineURL == "" {
+		return s, nil
+	}
+	info, err := e.serverInfo(ctx)
+	if err != nil {
+		return registry.PeerSpec{}, err
+	}
+	fill := func(dst *int, v int) {
+		if *dst == 0 {
+			*dst = v
+		}
+	}
+	if s.URL == "" {
+		s.URL = strings.TrimRight(e.EngineURL, "/")
+	}
+	if s.Engine == "" {
+		s.Engine = registry.EngineSGLang
+	}
+	if s.Model == "" {
+		s.Model = info.ServedModelName
+		if s.Model == "" {
+			s.Model = info.ModelPath
+		}
+	}
+	if s.Role == "" {
+		switch info.DisaggregationMode {
+		case "prefill":
+			s.Role = registry.RolePrefill
+		case "decode":
+			s.Role = registry.RoleDecode
+		}
+	}
+	if s.Role.Prefills() {
+		fill(&s.BootstrapPort, info.DisaggregationBootstrapPort)
+	}
+	fill(&s.Parallelism.TPSize, info.TPSize)
+	fill(&s.Parallelism.DPSize, info.DPSize)
+	fill(&s.Parallelism.PPSize, info.PPSize)
+	fill(&s.KV.PageSize, info.PageSize)
+	if s.KV.DType == "" && info.KVCacheDType != "auto" {
+		s.KV.DType = info.KVCacheDType
+	}
+	return s.WithDefaults(), nil
+}
+
+func (e *SpecFileEngine) serverInfo(ctx context.Context) (*serverInfo, error) {
+	c := e.Client
+	if c == nil {
+		c = &http.Client{Timeout: 5 * time.Second}
+	}
+	var lastErr error
+	for _, path := range []string{"/server_info", "/get_server_info"} { // newer SGLang, then older
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(e.EngineURL, "/")+path, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		var info serverInfo
+		err = json.NewDecoder(resp.Body).Decode(&info)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			lastErr = fmt.Errorf("%s answered %d", path, resp.StatusCode)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("parse %s: %w", path, err)
+		}
+		return &info, nil
+	}
+	return nil, fmt.Errorf("read engine server info from %s: %w", e.EngineURL, lastErr)
+}
+
+// Reregister runs the operator's command.
+func (e *SpecFileEngine) Reregister(ctx context.Context, reason string) error {
+	if e.ReregisterCmd == "" {
+		return errors.New("the control plane asks for re-registration with fresh NIXL agents, but no re-register command is set")
+	}
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", e.ReregisterCmd)
+	cmd.Env = append(os.Environ(), "PDPLANE_REREGISTER_REASON="+reason, "PDPLANE_SPEC_FILE="+e.Path)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("run re-register command: %w", err)
+	}
+	return nil
+}
+
+// Load reads the engine's running and queued requests from /server_info, or
+// reports nothing when the engine URL is unset or does not answer.
+func (e *SpecFileEngine) Load() registry.Load {
+	if e.EngineURL == "" {
+		return registry.Load{}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := e.serverInfo(ctx)
+	if err != nil || len(info.InternalStates) == 0 {
+		return registry.Load{}
+	}
+	var l registry.Load
+	for _, st := range info.InternalStates { // one per DP rank
+		l.Running += st.NumRunningReqs
+		l.Queued += st.NumQueueReqs
+		l.KVUsage = max(l.KVUsage, st.KVUsage)
+	}
+	return l
+}
