@@ -407,7 +407,9 @@ func (d *dispatch) statusFailure(l leg, resp *http.Response) *failure {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, errorBodyLimit))
 	f := &failure{leg: l, status: resp.StatusCode, header: resp.Header, body: body}
 	switch s := resp.StatusCode; {
-	case l == legPrefill && isMemKindError(body):
+	case isMemKindError(body):
+		// From a prefill (SGLang writes KV) or from a decode (vLLM pulls
+		// it): either way the decode's registration is what is broken.
 		f.kind = failMemKind
 	case s == http.StatusTooManyRequests || (s == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""):
 		f.kind = failOverload

@@ -660,6 +660,32 @@ func TestOverloadMovesOnWithoutOpeningBreaker(t *testing.T) {
 	}
 }
 
+// TestVLLMDecodeMemKindErrorMarksDecodeStale: a vLLM decode pulls KV itself,
+// so it is the decode that answers with the memory-kind error.
+func TestVLLMDecodeMemKindErrorMarksDecodeStale(t *testing.T) {
+	t.Parallel()
+	p := routertest.StartVLLM(t, "p1", registry.RolePrefill)
+	d1 := routertest.StartVLLM(t, "d1", registry.RoleDecode)
+	d2 := routertest.StartVLLM(t, "d2", registry.RoleDecode)
+	d1.SetBehavior(routertest.Behavior{Status: 500, Body: `{"error":{"message":"RuntimeError: Missing NIXL destination KV memory kind"}}`})
+	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin}, p.Peer(model), d1.Peer(model), d2.Peer(model))
+
+	// Round robin sends one of the first two requests to d1; both succeed.
+	for range 2 {
+		resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "d2-") {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	if d1.Started() == 0 {
+		t.Fatal("d1 never got a request")
+	}
+	m := b.rep.WaitStale(t, 5*time.Second)
+	if m.ID != "id-d1" || !strings.Contains(m.ErrText, "Missing NIXL destination KV memory kind") {
+		t.Fatalf("stale mark %+v", m)
+	}
+}
+
 func TestMemKindErrorMarksDecodeStaleAndRetries(t *testing.T) {
 	t.Parallel()
 	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)
