@@ -47,5 +47,9 @@ if [ "${CI:-}" = true ]; then
   export PDPLANE_REQUIRE_NIXL=1 PDPLANE_REQUIRE_CHROMIUM=1
 fi
 
+step "registry store contract suite, on both stores"
+go test -race -count=1 -v -run 'TestContract' ./registry/registrytest |
+  grep -E -- '--- (PASS|FAIL|SKIP): TestContract/(memstore|pgstore) ' || true
+
 step "go test -race ./..."
 go test -race -count=1 -timeout 12m ./...
