@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# pdplane: one static-free Go binary on a glibc base. purego loads
+# pdplane: one Go binary (no cgo) on a glibc base. purego loads
 # libnixl_capi.so through the dynamic loader at run time, so the runtime image
 # must have glibc and ld.so (no scratch, no musl/alpine).
 
@@ -13,15 +13,18 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/pdplane ./cmd/pdplane
 
 # NIXL (optional at run time): the nixl-cu12 wheel ships libnixl_capi.so, the
-# UCX plugin and UCX itself. Installed into a venv and copied as plain files.
+# UCX plugin and UCX itself. Only the C libraries are needed, so the wheel is
+# installed without its Python dependencies (torch) and its two library
+# folders are copied as they are: their RPATHs point at each other.
 FROM python:3.12-slim-bookworm AS nixl
-RUN python -m venv /opt/nixl-venv && /opt/nixl-venv/bin/pip install --no-cache-dir nixl-cu12==1.5.1 \
- && mkdir -p /opt/nixl \
- && lib=$(find /opt/nixl-venv -name 'libnixl_capi.so*' | head -n 1) \
- && cp -a "$(dirname "$lib")"/. /opt/nixl/ \
- && plugin=$(find /opt/nixl-venv -name 'libplugin_UCX*.so' | head -n 1) \
- && mkdir -p /opt/nixl/plugins && cp -a "$(dirname "$plugin")"/. /opt/nixl/plugins/ \
- && ln -sf "$(basename "$lib")" /opt/nixl/libnixl_capi.so.0 || true
+RUN set -eux; \
+    python -m venv /opt/nixl-venv; \
+    /opt/nixl-venv/bin/pip install --no-cache-dir --no-deps nixl-cu12==1.5.1; \
+    site=$(/opt/nixl-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+    mkdir -p /opt/nixl; \
+    cp -a "$site/.nixl_cu12.mesonpy.libs" "$site/nixl_cu12.libs" /opt/nixl/; \
+    test -f /opt/nixl/.nixl_cu12.mesonpy.libs/libnixl_capi.so; \
+    test -f /opt/nixl/.nixl_cu12.mesonpy.libs/plugins/libplugin_UCX.so
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
@@ -29,9 +32,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
  && useradd --system --uid 10001 --home /nonexistent --shell /usr/sbin/nologin pdplane
 COPY --from=build /out/pdplane /usr/local/bin/pdplane
 COPY --from=nixl /opt/nixl /opt/nixl
-ENV PDPLANE_NIXL_LIB=/opt/nixl/libnixl_capi.so.0 \
-    NIXL_PLUGIN_DIR=/opt/nixl/plugins \
-    LD_LIBRARY_PATH=/opt/nixl \
+ENV PDPLANE_NIXL_LIB=/opt/nixl/.nixl_cu12.mesonpy.libs/libnixl_capi.so \
+    NIXL_PLUGIN_DIR=/opt/nixl/.nixl_cu12.mesonpy.libs/plugins \
     PDPLANE_ADDR=0.0.0.0:8080
 USER pdplane
 EXPOSE 8080
