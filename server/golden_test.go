@@ -1,0 +1,101 @@
+package server_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/registrytest"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+var (
+	uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	timeRE = regexp.MustCompile(`"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"`)
+	idRE   = regexp.MustCompile(`"(id|next_cursor)":\d+`)
+)
+
+// normalize replaces what changes from run to run (IDs, times, event IDs)
+// and indents, so the golden files show only the wire shape and values.
+func normalize(t *testing.T, body []byte) []byte {
+	t.Helper()
+	body = uuidRE.ReplaceAll(body, []byte("<uuid>"))
+	body = timeRE.ReplaceAll(body, []byte(`"<time>"`))
+	body = idRE.ReplaceAll(body, []byte(`"$1":0`))
+	var out bytes.Buffer
+	if err := json.Indent(&out, body, "", "  "); err != nil {
+		t.Fatalf("answer is not JSON: %v\n%s", err, body)
+	}
+	out.WriteByte('\n')
+	return out.Bytes()
+}
+
+// TestGoldenAnswers pins the JSON the API answers with. Run with -update
+// after an intended change to the contract and review the diff.
+func TestGoldenAnswers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pf := b.register(t, registrytest.Spec("p0", registry.RolePrefill))
+	dv := b.register(t, registrytest.Spec("d0", registry.RoleDecode))
+	b.heartbeat(t, pf["id"].(string), "inst-p0")
+	b.heartbeat(t, dv["id"].(string), "inst-d0")
+	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
+	bad := strings.Replace(mustJSON(t, registrytest.Spec("x", registry.RoleDecode)), `"VRAM","VRAM"`, `"VRAM","HBM"`, 1)
+
+	for _, tc := range []struct {
+		name, method, path, token, body string
+	}{
+		{"peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", ""},
+		{"pairs", "GET", "/api/v1/pairs", "", ""},
+		{"events", "GET", "/api/v1/events?limit=3", "", ""},
+		{"heartbeat", "POST", "/api/v1/peers/" + dv["id"].(string) + "/heartbeat", peerToken, `{"instance_id":"inst-d0","load":{"running":1,"queued":0,"kv_usage":0.5}}`},
+		{"problem-unknown-kind", "POST", "/api/v1/peers", peerToken, bad},
+		{"problem-unauthorized", "DELETE", "/api/v1/peers/" + dv["id"].(string), peerToken, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, b.url+tc.path, strings.NewReader(tc.body))
+			if tc.token != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			got := normalize(t, body)
+			path := filepath.Join("testdata", tc.name+".golden.json")
+			if *update {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%s %s answered differently from %s (run with -update if intended):\n%s", tc.method, tc.path, path, got)
+			}
+		})
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
