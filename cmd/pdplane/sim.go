@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -188,16 +189,22 @@ func runDev(ctx context.Context, args []string) error {
 		engines = append(engines, e)
 	}
 	waitReady(ctx, cp.BaseURL+"/readyz", 10*time.Second)
+	var engineList strings.Builder
+	for _, e := range engines {
+		fmt.Fprintf(&engineList, "    %-12s %s\n", e.sim.Config().Name, e.sim.URL())
+	}
 	fmt.Fprintf(os.Stderr, `
   pdplane dev is running: %d prefill and %d decode simulated %s engines (%s transfer)
 
   OpenAI base URL: %s/v1
   Status page:     %s/
 
+  Engines (POST <url>/_sim/fault {"fault": "missing-mem-kind"} breaks one):
+%s
   Try: curl %s/v1/chat/completions -H 'Content-Type: application/json' \
          -d '{"model": "%s", "messages": [{"role": "user", "content": "hello"}], "stream": true}'
 
-`, prefills, decodes, engine, transferName, cp.BaseURL, cp.BaseURL, cp.BaseURL, model)
+`, prefills, decodes, engine, transferName, cp.BaseURL, cp.BaseURL, engineList.String(), cp.BaseURL, model)
 	return cp.wait(ctx)
 }
 
