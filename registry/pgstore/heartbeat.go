@@ -134,7 +134,7 @@ WITH hb AS (
 		AS t(id, instance_id, running, queued, kv_usage)
 ), prev AS (
 	SELECT p.id, p.name, p.state, p.state_reason, p.instance_id, p.generation
-	FROM peers p JOIN hb USING (id) ORDER BY p.id FOR UPDATE OF p
+	FROM peers p JOIN hb USING (id) ORDER BY p.id FOR NO KEY UPDATE OF p
 ), upd AS (
 	UPDATE peers p SET
 		load_running = hb.running, load_queued = hb.queued, load_kv_usage = hb.kv_usage,
