@@ -5,6 +5,8 @@
 # initdb refuses to run as root, so as root the server runs as user postgres.
 set -euo pipefail
 dir=${1:?usage: pg-start.sh DIR}
+mkdir -p "$dir" && dir=$(cd "$dir" && pwd)
+cd / # the server's user may not be allowed into the caller's folder
 port=${PDPLANE_TEST_PG_PORT:-55432}
 [ -f "$dir/port" ] && port=$(cat "$dir/port")
 

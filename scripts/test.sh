@@ -18,10 +18,13 @@ go vet ./...
 
 if [ -z "${PDPLANE_TEST_DATABASE_URL:-}" ]; then
   step "starting a throwaway PostgreSQL"
-  pgdir=$root/.tmp/pg
+  # Under /tmp, not the checkout: as root the server runs as user postgres,
+  # which may not be allowed into the folder the checkout lives in.
+  pgdir=$(mktemp -d "${TMPDIR:-/tmp}/pdplane-test-pg.XXXXXX")
+  chmod 755 "$pgdir"
+  trap 'scripts/pg-stop.sh "$pgdir" || true; rm -rf "$pgdir"' EXIT
   PDPLANE_TEST_DATABASE_URL=$(scripts/pg-start.sh "$pgdir" | tail -n 1)
   export PDPLANE_TEST_DATABASE_URL
-  trap 'scripts/pg-stop.sh "$pgdir" || true' EXIT
   echo "PDPLANE_TEST_DATABASE_URL=$PDPLANE_TEST_DATABASE_URL"
 fi
 
