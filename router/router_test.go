@@ -749,6 +749,47 @@ func TestMemKindTextInASuccessfulAnswerIsNotAnError(t *testing.T) {
 	}
 }
 
+// TestQuarantineDecidedElsewhereKeepsTheDecode: the first failure of a pair
+// went through another replica, so this router sees only the repeat. The
+// registry quarantines the pair; this router must then stop skipping the
+// decode for its other prefills (it is not stale and will not re-register).
+func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
+	t.Parallel()
+	p1 := routertest.StartSGLang(t, "p1", registry.RolePrefill)
+	p2 := routertest.StartSGLang(t, "p2", registry.RolePrefill)
+	d := routertest.StartSGLang(t, "d1", registry.RoleDecode)
+	p1.SetBehavior(routertest.Behavior{Status: 500, Body: "RuntimeError: Missing NIXL destination KV memory kind"})
+	b := setup(t, router.Config{PrefillPolicy: router.PolicyRoundRobin}, p1.Peer(model), p2.Peer(model), d.Peer(model))
+	b.rep.SeedFailure("id-p1", "id-d1", "an-earlier-agent")
+
+	// Round robin reaches p1 within two requests; their answers do not
+	// matter here (the retry may run before the registry has answered).
+	for range 2 {
+		b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
+	}
+	if p1.Started() == 0 {
+		t.Fatal("p1 never got a request")
+	}
+	if q := b.rep.WaitQuarantine(t, 5*time.Second); q.PrefillID != "id-p1" || q.DecodeID != "id-d1" {
+		t.Fatalf("quarantine %+v", q)
+	}
+	// The decode stays routable from p2 on this router.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
+		if resp.StatusCode == 200 && strings.Contains(string(body), "d1-") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("decode no longer routed after the registry quarantined only the pair: %d %s", resp.StatusCode, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := len(b.rep.StaleMarks()); n != 0 {
+		t.Fatalf("%d stale marks; the registry decided on a quarantine", n)
+	}
+}
+
 func TestMemKindAgainAfterReregistrationQuarantines(t *testing.T) {
 	t.Parallel()
 	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)

@@ -116,33 +116,53 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string) {
 		// mark a freshly re-registered decode stale.
 		report.DecodeAgent = d.peer.Ranks[0].AgentName
 	}
-	if v.quarantine {
+	pairOut := func() {
 		// Keep this pair out of this router's picks until the snapshot
-		// carries the quarantine the store decides on.
-		rt.pairs.getOrCreate(p.peer.ID, d.peer.ID).forceOpen(now)
+		// carries the quarantine the registry decided on.
+		rt.pairs.getOrCreate(p.peer.ID, d.peer.ID).forceOpen(rt.cfg.Now())
 		rt.m.quarantines.Inc()
+	}
+	if v.quarantine {
+		pairOut()
 		log.Warn().Str(logDetail, registry.GeometryDiff(&p.peer.PeerSpec, &d.peer.PeerSpec)).
 			Msg("pair failed with missing KV memory kind again after the decode re-registered; reporting it for quarantine")
-		rt.reportFailure(report, log)
+		rt.reportFailure(report, log, nil)
 		return
 	}
 	// Skip this decode generation here at once; the snapshot follows.
+	prevSkip := d.state.staleGen.Load()
 	setMax(&d.state.staleGen, d.peer.Generation+1)
 	if !v.markStale {
 		return
 	}
 	rt.m.staleMarks.WithLabelValues(causeMissingMemKind).Inc()
 	log.Warn().Msg("decode's KV memory kind is missing on the prefill side; reporting it stale")
-	rt.reportFailure(report, log)
+	rt.reportFailure(report, log, func(out registry.TransferOutcome) {
+		if out != registry.OutcomeQuarantined {
+			return
+		}
+		// This router's tracker guessed "first failure", but the registry
+		// holds an earlier one (seen by another replica or reporter) and
+		// quarantined the pair. The decode is not stale and will not
+		// re-register, so stop skipping it; only the pair leaves routing.
+		d.state.staleGen.CompareAndSwap(d.peer.Generation+1, prevSkip)
+		pairOut()
+	})
 }
 
-func (rt *Router) reportFailure(f registry.TransferFailure, log zerolog.Logger) {
+// reportFailure sends f to the registry in the background; then, when set,
+// runs with the registry's outcome, which overrides this router's guess.
+func (rt *Router) reportFailure(f registry.TransferFailure, log zerolog.Logger, then func(registry.TransferOutcome)) {
 	rt.report(func(ctx context.Context) error {
 		_, out, err := rt.reporter.ReportTransferFailure(ctx, f)
-		if err == nil {
-			log.Info().Str("outcome", string(out)).Msg("registry applied the transfer failure")
+		if err != nil {
+			return err
 		}
-		return err
+		log.Info().Str("outcome", string(out)).Msg("registry applied the transfer failure")
+		if then != nil {
+			then(out)
+		}
+		return nil
 	}, log, "report transfer failure")
 }
 

@@ -176,6 +176,18 @@ func (r *Reporter) ReportTransferFailure(_ context.Context, f registry.TransferF
 	return registry.Peer{ID: f.DecodeID, State: registry.StateStale, StateReason: f.Reason}, registry.OutcomeStale, nil
 }
 
+// SeedFailure records that the pair already failed with an earlier agent of
+// the decode, as if another router replica had reported it: the next
+// failure of that pair is a quarantine.
+func (r *Reporter) SeedFailure(prefillID, decodeID, earlierAgent string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pairAgent == nil {
+		r.pairAgent, r.markedAgent = map[[2]string]string{}, map[string]string{}
+	}
+	r.pairAgent[[2]string{prefillID, decodeID}] = earlierAgent
+}
+
 func (r *Reporter) recordQuarantine(q registry.Quarantine) {
 	r.mu.Lock()
 	r.quarantines = append(r.quarantines, q)
