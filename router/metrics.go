@@ -106,3 +106,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// transitionCounter returns a function that counts a breaker of the given
+// kind ("peer" or "pair") entering a state; the counters are resolved once.
+func (m *metrics) transitionCounter(kind string) func(to breakerState) {
+	opened := m.breakerTransitions.WithLabelValues(kind, breakerOpen.String())
+	halfOpened := m.breakerTransitions.WithLabelValues(kind, breakerHalfOpen.String())
+	closed := m.breakerTransitions.WithLabelValues(kind, breakerClosed.String())
+	return func(to breakerState) {
+		switch to {
+		case breakerOpen:
+			opened.Inc()
+		case breakerHalfOpen:
+			halfOpened.Inc()
+		default:
+			closed.Inc()
+		}
+	}
+}

@@ -177,19 +177,10 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 func (rt *Router) newPeerState(p *registry.Peer) *peerState {
 	st := &peerState{}
 	gauge := rt.m.breakerState.WithLabelValues(p.Name)
-	opened := rt.m.breakerTransitions.WithLabelValues("peer", breakerOpen.String())
-	halfOpened := rt.m.breakerTransitions.WithLabelValues("peer", breakerHalfOpen.String())
-	closed := rt.m.breakerTransitions.WithLabelValues("peer", breakerClosed.String())
+	count := rt.m.transitionCounter("peer")
 	st.breaker.onChange = func(_, to breakerState) {
 		gauge.Set(float64(to))
-		switch to {
-		case breakerOpen:
-			opened.Inc()
-		case breakerHalfOpen:
-			halfOpened.Inc()
-		default:
-			closed.Inc()
-		}
+		count(to)
 	}
 	return st
 }

@@ -94,9 +94,7 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 		return &b
 	}
 	rt.stale.init()
-	opened := m.breakerTransitions.WithLabelValues("pair", breakerOpen.String())
-	halfOpened := m.breakerTransitions.WithLabelValues("pair", breakerHalfOpen.String())
-	closed := m.breakerTransitions.WithLabelValues("pair", breakerClosed.String())
+	count := m.transitionCounter("pair")
 	rt.pairs.onChange = func(from, to breakerState) {
 		switch {
 		case from == breakerClosed && to != breakerClosed:
@@ -106,14 +104,7 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 			rt.pairs.notClosed.Add(-1)
 			m.pairBreakersOpen.Dec()
 		}
-		switch to {
-		case breakerOpen:
-			opened.Inc()
-		case breakerHalfOpen:
-			halfOpened.Inc()
-		default:
-			closed.Inc()
-		}
+		count(to)
 	}
 	return rt, nil
 }
