@@ -169,10 +169,9 @@ type Store interface {
 	// marks the decode stale, quarantines the pair, or does nothing when
 	// the report is a duplicate or outdated.
 	ReportTransferFailure(ctx context.Context, f TransferFailure) (Peer, TransferOutcome, error)
-	// Quarantine takes a pair that fails deterministically out of routing
-	// until either peer re-registers with a different geometry or is
-	// removed, and logs it as an event on the decode.
-	Quarantine(ctx context.Context, q Quarantine) error
+	// Quarantines lists the pairs kept out of routing. ReportTransferFailure
+	// creates them; either peer re-registering with a different geometry,
+	// or being removed, clears them.
 	Quarantines(ctx context.Context) ([]Quarantine, error)
 	// ExpireLeases marks every ready or pending peer whose lease ended before
 	// now as failed and returns how many it marked.

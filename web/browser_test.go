@@ -672,7 +672,11 @@ func buildFleet(f *fixture) map[string]string {
 	// decode-2 failed a transfer, re-registered under fresh NIXL agent
 	// names (generation 2), then failed again with prefill-1: quarantined.
 	at(21*time.Minute + 12*time.Second)
-	f.markStale(ids["decode-2"], "prefill-1 answered HTTP 500", nixlError)
+	failed := func(agent string) map[string]string { // prefill-1's report of a failed transfer
+		return map[string]string{"reason": "prefill-1 answered HTTP 500", "error": nixlError,
+			"prefill_id": ids["prefill-1"], "agent_name": agent}
+	}
+	f.call(http.MethodPost, "/api/v1/peers/"+ids["decode-2"]+"/stale", adminToken, failed(specs[5].Ranks[0].AgentName), http.StatusOK, nil)
 	at(21*time.Minute + 10*time.Second)
 	f.heartbeat(ids["decode-2"], instances["decode-2"], load["decode-2"])
 	re := specs[5]
@@ -683,12 +687,8 @@ func buildFleet(f *fixture) map[string]string {
 	f.reregister(re)
 	f.heartbeat(ids["decode-2"], instances["decode-2"], load["decode-2"])
 	at(21*time.Minute + 7*time.Second)
-	if err := f.store.Quarantine(context.Background(), registry.Quarantine{
-		PrefillID: ids["prefill-1"], DecodeID: ids["decode-2"],
-		Detail: "failed again 1.4 s after decode-2 re-registered (generation 2): " + nixlError,
-	}); err != nil {
-		f.t.Fatal(err)
-	}
+	// The same pair fails again: the registry quarantines it.
+	f.call(http.MethodPost, "/api/v1/peers/"+ids["decode-2"]+"/stale", adminToken, failed(re.Ranks[0].AgentName), http.StatusOK, nil)
 	at(9*time.Minute + 31*time.Second)
 	f.call(http.MethodPost, "/api/v1/peers/"+ids["prefill-2"]+"/drain", adminToken, nil, http.StatusOK, nil)
 	// And now: decode-1 just went stale.

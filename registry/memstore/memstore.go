@@ -299,25 +299,6 @@ func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFail
 	return res, out, nil
 }
 
-// Quarantine implements registry.Store.
-func (s *Store) Quarantine(_ context.Context, q registry.Quarantine) error {
-	s.mu.Lock()
-	d, err := s.find(q.DecodeID)
-	if err == nil {
-		_, err = s.find(q.PrefillID)
-	}
-	if err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	q.At = s.now()
-	s.quarantines[[2]string{q.PrefillID, q.DecodeID}] = q
-	s.log(d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail}})
-	s.mu.Unlock()
-	s.publish(q.DecodeID, q.PrefillID)
-	return nil
-}
-
 // Quarantines implements registry.Store.
 func (s *Store) Quarantines(context.Context) ([]registry.Quarantine, error) {
 	s.mu.Lock()

@@ -2,13 +2,11 @@ package pgstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pdplane/pdplane/registry"
 )
@@ -85,9 +83,4 @@ func (s *Store) follow(ctx context.Context, conn *pgx.Conn) error {
 		}
 		s.bc.Publish(decodeIDs(n.Payload))
 	}
-}
-
-func isFKViolation(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23503"
 }

@@ -305,35 +305,6 @@ func (s *Store) List(ctx context.Context, f registry.Filter) ([]registry.Peer, e
 	return peers, classify(err, "list peers")
 }
 
-// Quarantine implements registry.Store.
-func (s *Store) Quarantine(ctx context.Context, q registry.Quarantine) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		now := s.now()
-		if _, err := tx.Exec(ctx, `INSERT INTO pair_quarantines (prefill_id, decode_id, detail, at) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (prefill_id, decode_id) DO UPDATE SET detail = EXCLUDED.detail, at = EXCLUDED.at`,
-			q.PrefillID, q.DecodeID, q.Detail, now); err != nil {
-			return err
-		}
-		var d registry.Peer
-		if err := tx.QueryRow(ctx, "SELECT id::text, name, generation FROM peers WHERE id = $1", q.DecodeID).
-			Scan(&d.ID, &d.Name, &d.Generation); err != nil {
-			return err
-		}
-		if err := s.appendEvents(ctx, tx, &d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail}}, now); err != nil {
-			return err
-		}
-		return s.notify(ctx, tx, q.DecodeID, q.PrefillID)
-	})
-	if err != nil {
-		// A foreign-key violation means one of the peers is gone.
-		if isFKViolation(err) {
-			return fmt.Errorf("quarantine pair: %w", registry.ErrNotFound)
-		}
-		return classify(err, "quarantine pair")
-	}
-	return nil
-}
-
 // Quarantines implements registry.Store.
 func (s *Store) Quarantines(ctx context.Context) ([]registry.Quarantine, error) {
 	rows, err := s.pool.Query(ctx, "SELECT prefill_id::text, decode_id::text, detail, at FROM pair_quarantines ORDER BY at")

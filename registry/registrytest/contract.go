@@ -365,16 +365,38 @@ func testSubscribe(t *testing.T, s registry.Store) {
 	waitFor("mark stale")
 }
 
+// quarantinePair drives the pair into quarantine the only way the product
+// does: a failed transfer, a re-registration under a fresh agent, and the
+// same failure again.
+func quarantinePair(t *testing.T, s registry.Store, prefillID string, dspec *registry.PeerSpec, decodeID string) {
+	t.Helper()
+	report := func() registry.TransferOutcome {
+		_, out, err := s.ReportTransferFailure(ctx(t), registry.TransferFailure{DecodeID: decodeID,
+			DecodeAgent: dspec.Ranks[0].AgentName, PrefillID: prefillID, Reason: "transfer failed", Error: "Missing NIXL destination KV memory kind"})
+		if err != nil {
+			t.Fatalf("report: %v", err)
+		}
+		return out
+	}
+	if out := report(); out != registry.OutcomeStale {
+		t.Fatalf("first failure: %s", out)
+	}
+	dspec.Ranks[0].AgentName += "-g2"
+	mustRegister(t, s, *dspec)
+	if out := report(); out != registry.OutcomeQuarantined {
+		t.Fatalf("repeat after re-registration: %s", out)
+	}
+}
+
 func testQuarantine(t *testing.T, s registry.Store) {
 	pf := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
 	dspec := Spec("d0", registry.RoleDecode)
 	d := mustRegister(t, s, dspec).Peer
-	q := registry.Quarantine{PrefillID: pf.ID, DecodeID: d.ID, Detail: "ranks[0].kv_mem_kinds: prefill [VRAM], decode [DRAM]"}
-	if err := s.Quarantine(ctx(t), q); err != nil {
-		t.Fatalf("quarantine: %v", err)
-	}
+	mustHeartbeat(t, s, d)
+	quarantinePair(t, s, pf.ID, &dspec, d.ID)
 	qs, err := s.Quarantines(ctx(t))
-	if err != nil || len(qs) != 1 || qs[0].Detail != q.Detail || qs[0].At.IsZero() {
+	if err != nil || len(qs) != 1 || qs[0].PrefillID != pf.ID || qs[0].DecodeID != d.ID ||
+		!strings.Contains(qs[0].Detail, "Missing NIXL destination KV memory kind") || qs[0].At.IsZero() {
 		t.Fatalf("quarantines: %+v, %v", qs, err)
 	}
 	if k := kinds(t, s, d.ID); k[len(k)-1] != registry.EventQuarantined {
@@ -392,9 +414,9 @@ func testQuarantine(t *testing.T, s registry.Store) {
 	if qs, _ := s.Quarantines(ctx(t)); len(qs) != 0 {
 		t.Fatalf("quarantine kept after the geometry changed: %+v", qs)
 	}
-	bad := registry.Quarantine{PrefillID: pf.ID, DecodeID: "6f1c3c55-1111-4222-8333-444455556666"}
-	if err := s.Quarantine(ctx(t), bad); !errors.Is(err, registry.ErrNotFound) {
-		t.Fatalf("quarantine with an unknown decode: %v", err)
+	bad := registry.TransferFailure{PrefillID: pf.ID, DecodeID: "6f1c3c55-1111-4222-8333-444455556666"}
+	if _, _, err := s.ReportTransferFailure(ctx(t), bad); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("failure report about an unknown decode: %v", err)
 	}
 }
 
