@@ -108,13 +108,14 @@ func clone(p *registry.Peer) registry.Peer {
 // time, so that both stores answer alike.
 func (s *Store) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
 
-// put stores p and appends its events; the caller holds mu.
-func (s *Store) put(p registry.Peer, events []registry.Event) registry.Peer {
-	p = clone(&p) // never keep the caller's slices
+// put stores p and appends its events; the caller holds mu. p's slices
+// must belong to the store: a registration's are cloned first, and the
+// life-cycle rules only ever share the stored peer's own. A heartbeat thus
+// copies no rank data, however large its NIXL metadata.
+func (s *Store) put(p registry.Peer, events []registry.Event) {
 	s.byID[p.ID] = &p
 	s.byName[p.Name] = p.ID
 	s.log(&p, events)
-	return clone(&p)
 }
 
 func (s *Store) log(p *registry.Peer, events []registry.Event) {
@@ -148,10 +149,14 @@ func (s *Store) Register(_ context.Context, spec registry.PeerSpec) (registry.Re
 		if clearQ {
 			s.clearQuarantines(id)
 		}
-		res.Peer = s.put(next, events)
+		next = clone(&next) // never keep the caller's slices
+		s.put(next, events)
+		res.Peer = clone(&next)
 	} else {
 		p, events := registry.NewPeer(NewID(), spec, now, s.cfg.LeaseTTL)
-		res.Peer, res.Created = s.put(p, events), true
+		p = clone(&p)
+		s.put(p, events)
+		res.Peer, res.Created = clone(&p), true
 	}
 	s.mu.Unlock()
 	s.publish(res.Peer.ID)
@@ -235,7 +240,8 @@ func (s *Store) update(id string, f func(registry.Peer, time.Time) (registry.Pee
 		return registry.Peer{}, err
 	}
 	next, events := f(*p, s.now())
-	out := s.put(next, events)
+	s.put(next, events)
+	out := clone(&next)
 	s.mu.Unlock()
 	s.publish(id)
 	return out, nil
@@ -290,7 +296,8 @@ func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFail
 	}
 	res := clone(d)
 	if len(events) > 0 {
-		res = s.put(next, events)
+		s.put(next, events)
+		res = clone(&next)
 	}
 	s.mu.Unlock()
 	if out == registry.OutcomeStale || out == registry.OutcomeQuarantined {
