@@ -20,6 +20,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/transfer"
 )
 
 // Engine is what the agent needs from the engine it represents.
@@ -282,6 +283,28 @@ type TransferReport struct {
 	PrefillID   string // the sending prefill, when known
 	Reason      string
 	Error       string
+}
+
+// ReportFor turns a transfer worker's error about peer decodeID into a
+// report from the engine whose peer ID is self and whose current NIXL agent
+// is selfAgent. A prefill reports the decode it could not write to, naming
+// the decode agent the failed plan targeted; a decode that could not pull KV
+// (vLLM) reports itself, naming its own current agent.
+func ReportFor(err error, decodeID, self, selfAgent string) TransferReport {
+	r := TransferReport{DecodeID: decodeID, Reason: "KV transfer failed", Error: err.Error()}
+	var mk *transfer.MissingMemKindError
+	if errors.As(err, &mk) {
+		r.Reason = "KV transfer failed: destination memory kind missing"
+	}
+	switch {
+	case decodeID == self:
+		r.DecodeAgent = selfAgent
+	case mk != nil:
+		r.PrefillID, r.DecodeAgent = self, mk.Agent
+	default:
+		r.PrefillID = self
+	}
+	return r
 }
 
 // ReportTransferFailure tells the control plane that a KV transfer to a

@@ -18,6 +18,7 @@ import (
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/transfer"
 )
 
 // fakeEngine stands in for an engine process: its spec, and a counter of
@@ -176,5 +177,29 @@ func TestAgentWaitsForControlPlane(t *testing.T) {
 	again := waitPeer(t, cp2.store, "p0", func(p registry.Peer) bool { return p.State == registry.StateReady })
 	if again.ID == first.ID {
 		t.Fatalf("a new, empty control plane kept the old id")
+	}
+}
+
+func TestReportFor(t *testing.T) {
+	t.Parallel()
+	missing := fmt.Errorf("plan: %w", &transfer.MissingMemKindError{Agent: "d0-g1"})
+	for _, tc := range []struct {
+		name   string
+		err    error
+		decode string
+		want   agent.TransferReport
+	}{
+		{"prefill reports the decode it could not write to", missing, "id-d0",
+			agent.TransferReport{DecodeID: "id-d0", DecodeAgent: "d0-g1", PrefillID: "id-p0",
+				Reason: "KV transfer failed: destination memory kind missing", Error: missing.Error()}},
+		{"other transfer errors name no decode agent", errors.New("peer gone"), "id-d0",
+			agent.TransferReport{DecodeID: "id-d0", PrefillID: "id-p0", Reason: "KV transfer failed", Error: "peer gone"}},
+		{"a decode that could not pull reports itself", missing, "id-p0",
+			agent.TransferReport{DecodeID: "id-p0", DecodeAgent: "self-agent",
+				Reason: "KV transfer failed: destination memory kind missing", Error: missing.Error()}},
+	} {
+		if got := agent.ReportFor(tc.err, tc.decode, "id-p0", "self-agent"); got != tc.want {
+			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)
+		}
 	}
 }

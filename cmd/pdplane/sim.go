@@ -15,7 +15,6 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
 	"github.com/pdplane/pdplane/sim"
-	"github.com/pdplane/pdplane/transfer"
 )
 
 // engineWithAgent is a simulator and the agent that registers it.
@@ -41,22 +40,7 @@ func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token 
 		go func() {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			r := agent.TransferReport{DecodeID: peerID, Reason: "KV transfer failed", Error: err.Error()}
-			var mk *transfer.MissingMemKindError
-			if errors.As(err, &mk) {
-				r.Reason = "KV transfer failed: destination memory kind missing"
-			}
-			if peerID == e.agent.Peer().Id {
-				// A decode that failed to pull KV (vLLM) reports itself,
-				// naming its own current agent.
-				r.DecodeAgent = e.sim.AgentName()
-			} else {
-				// A prefill reports the decode it could not write to.
-				r.PrefillID = e.agent.Peer().Id
-				if mk != nil {
-					r.DecodeAgent = mk.Agent
-				}
-			}
+			r := agent.ReportFor(err, peerID, e.agent.Peer().Id, e.sim.AgentName())
 			if rerr := e.agent.ReportTransferFailure(rctx, r); rerr != nil {
 				log.Warn().Err(rerr).Str("peer_id", peerID).Msg("report stale peer")
 			}
