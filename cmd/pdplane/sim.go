@@ -50,22 +50,25 @@ func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token 
 	if err != nil {
 		return nil, err
 	}
+	// Both are set before the sim starts: its transfer errors read them.
+	e.sim = s
+	if controlPlane != "" {
+		e.agent, err = agent.New(agent.Config{
+			ControlPlane: controlPlane, Token: token,
+			OnRegistered: func(p api.Peer) { s.SetPeerID(p.Id) },
+		}, s, log.With().Str("agent", cfg.Name).Logger())
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
 	if err := s.Start(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("start sim %s: %w", cfg.Name, err)
 	}
-	e.sim = s
-	if controlPlane == "" {
+	if e.agent == nil {
 		close(e.done)
 		return e, nil
-	}
-	e.agent, err = agent.New(agent.Config{
-		ControlPlane: controlPlane, Token: token,
-		OnRegistered: func(p api.Peer) { s.SetPeerID(p.Id) },
-	}, s, log.With().Str("agent", cfg.Name).Logger())
-	if err != nil {
-		s.Close()
-		return nil, err
 	}
 	go func() { e.done <- e.agent.Run(ctx) }()
 	return e, nil
