@@ -131,8 +131,9 @@ func newTransport(cfg *Config) *http.Transport {
 }
 
 // Mount registers the router's routes on r: POST /v1/chat/completions,
-// /v1/completions and /generate, GET /v1/models (behind the API keys when
-// set) and GET /health. It adds no middleware that would buffer or time out
+// /v1/completions and /generate, GET /v1/models and SGLang's
+// /server_info and /model_info (behind the API keys when set) and GET
+// /health. It adds no middleware that would buffer or time out
 // a stream.
 func (rt *Router) Mount(r chi.Router) {
 	r.Group(func(r chi.Router) {
@@ -141,6 +142,10 @@ func (rt *Router) Mount(r chi.Router) {
 		r.Post(routeCompletions.path(), rt.serveGeneration(routeCompletions))
 		r.Post(routeGenerate.path(), rt.serveGeneration(routeGenerate))
 		r.Get("/v1/models", rt.serveModels)
+		for _, prefix := range []string{"/", "/get_"} {
+			r.Get(prefix+"server_info", rt.serveServerInfo)
+			r.Get(prefix+"model_info", rt.serveModelInfo)
+		}
 	})
 	r.Get("/health", rt.serveHealth)
 }
