@@ -4,6 +4,8 @@
 #    under .tmp/pg and stops it afterwards.
 #  - NIXL: installs the nixl-cu12 wheel into .venv and points
 #    $PDPLANE_NIXL_LIB at its libnixl_capi.so.
+#  - SMG and vllm-router: installed into .venv for the interop tests, which
+#    run the simulators behind them and pdplane behind SMG.
 #  - Chromium: found on PATH (Debian's `chromium`) for the browser test.
 # Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL or Chromium
 # fails the run.
@@ -35,6 +37,17 @@ if [ -z "${PDPLANE_NIXL_LIB:-}" ] && [ -x scripts/install-nixl.sh ]; then
     echo "PDPLANE_NIXL_LIB=$PDPLANE_NIXL_LIB"
   elif [ "${CI:-}" = true ]; then
     echo "NIXL could not be installed; under CI=true it is required" >&2
+    exit 1
+  fi
+fi
+
+if [ -z "${PDPLANE_SMG:-}" ] || [ -z "${PDPLANE_VLLM_ROUTER:-}" ]; then
+  step "installing SMG and vllm-router into .venv (interop tests)"
+  if paths=$(scripts/install-routers.sh | tail -n 2); then
+    while IFS= read -r kv; do export "$kv"; done <<<"$paths"
+    echo "$paths"
+  elif [ "${CI:-}" = true ]; then
+    echo "SMG and vllm-router could not be installed; under CI=true the interop tests are required" >&2
     exit 1
   fi
 fi

@@ -1,0 +1,466 @@
+package interop
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// pdplaneBin is the binary under test, built once by TestMain.
+var pdplaneBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pdplane-interop-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	pdplaneBin = filepath.Join(dir, "pdplane")
+	build := exec.Command("go", "build", "-o", pdplaneBin, "../cmd/pdplane")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build pdplane:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// routerBin returns the router executable named by env, skipping the test
+// when it is unset outside CI.
+func routerBin(t *testing.T, env, install string) string {
+	t.Helper()
+	p := os.Getenv(env)
+	if p == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not set; under CI=true the interop tests are required (make test installs it: %s)", env, install)
+		}
+		t.Skipf("%s is not set; %s, or run make test", env, install)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s=%s: %v", env, p, err)
+	}
+	return p
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// logBuffer keeps a process's output for the test log on failure.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// start runs a process until the test ends; its output is logged if the
+// test fails.
+func start(t *testing.T, name string, args ...string) {
+	t.Helper()
+	var out logBuffer
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Env = append(os.Environ(), "NO_COLOR=1", "RUST_LOG_STYLE=never")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("--- %s output ---\n%s", name, tail(out.String(), 6000))
+		}
+	})
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
+
+// sim is a `pdplane sim` engine run alone (no control plane), as an
+// operator would run it behind another router.
+type sim struct {
+	url           string
+	bootstrapPort int
+}
+
+func startSim(t *testing.T, engine, role string) sim {
+	t.Helper()
+	s := sim{url: "http://127.0.0.1:" + strconv.Itoa(freePort(t))}
+	args := []string{pdplaneBin, "sim", "--engine", engine, "--role", role, "--name", engine + "-" + role,
+		"--sim-addr", strings.TrimPrefix(s.url, "http://"), "--log-level", "warn"}
+	if engine == "sglang" && role == "prefill" {
+		s.bootstrapPort = freePort(t)
+		args = append(args, "--bootstrap-port", strconv.Itoa(s.bootstrapPort))
+	}
+	start(t, engine+" "+role+" sim", args...)
+	waitHTTP(t, s.url+"/health", 30*time.Second)
+	return s
+}
+
+// waitHTTP waits until GET url answers 200.
+func waitHTTP(t *testing.T, url string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s never answered 200 within %v: %s", url, within, last)
+}
+
+func (s sim) stats(t *testing.T) map[string]any {
+	t.Helper()
+	resp, err := http.Get(s.url + "/_sim/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func num(m map[string]any, k string) int {
+	f, _ := m[k].(float64)
+	return int(f)
+}
+
+// post sends one request and returns the status and the whole body.
+func post(t *testing.T, url, body string) (int, []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("POST %s: read: %v", url, err)
+	}
+	return resp.StatusCode, b
+}
+
+// postUntilOK retries while the router in front is still discovering its
+// workers (it answers 5xx or refuses the connection until then).
+func postUntilOK(t *testing.T, url, body string, within time.Duration) []byte {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return b
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("POST %s never succeeded within %v: %s", url, within, last)
+	return nil
+}
+
+// completionText returns the generated text of a non-streamed OpenAI or
+// SGLang-native answer.
+func completionText(t *testing.T, b []byte) string {
+	t.Helper()
+	var v struct {
+		Text    string `json:"text"`
+		Choices []struct {
+			Text    string `json:"text"`
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("answer is not JSON: %v: %s", err, b)
+	}
+	if v.Text != "" {
+		return v.Text
+	}
+	if len(v.Choices) == 0 {
+		t.Fatalf("answer has no choices: %s", b)
+	}
+	return v.Choices[0].Text + v.Choices[0].Message.Content
+}
+
+// streamText reads an SSE answer and returns the concatenated content of
+// its data events and whether it ended with [DONE]. Any event carrying an
+// "error" member fails the test.
+func streamText(t *testing.T, b []byte) (string, bool) {
+	t.Helper()
+	var text strings.Builder
+	done := false
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			done = true
+			continue
+		}
+		var ev struct {
+			Error   json.RawMessage `json:"error"`
+			Text    string          `json:"text"`
+			Choices []struct {
+				Text  string `json:"text"`
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("SSE event is not JSON: %v: %s", err, data)
+		}
+		if len(ev.Error) > 0 {
+			t.Fatalf("SSE error event: %s", data)
+		}
+		if ev.Text != "" { // SGLang's /generate streams the text so far
+			text.Reset()
+			text.WriteString(ev.Text)
+		}
+		for _, c := range ev.Choices {
+			text.WriteString(c.Text + c.Delta.Content)
+		}
+	}
+	return text.String(), done
+}
+
+// transfers returns how many KV transfers the decode received (each P/D
+// request moves its KV once), and fails on any KV byte that did not verify
+// or any transfer error on either side.
+func transfers(t *testing.T, p, d sim) int {
+	t.Helper()
+	ps, ds := p.stats(t), d.stats(t)
+	for _, s := range []map[string]any{ps, ds} {
+		if n := num(s, "verify_failures"); n != 0 {
+			t.Fatalf("%v: %d KV verify failures", s["name"], n)
+		}
+		if n := num(s, "transfer_errors"); n != 0 {
+			t.Fatalf("%v: %d transfer errors", s["name"], n)
+		}
+	}
+	return num(ds, "transfers")
+}
+
+// smgArgs are the flags every SMG launch here shares: loopback only, its
+// metrics listener on a free loopback port instead of 0.0.0.0:29000.
+func smgArgs(t *testing.T, bin string, port int) []string {
+	return []string{bin, "launch", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--prometheus-host", "127.0.0.1", "--prometheus-port", strconv.Itoa(freePort(t)),
+		"--log-level", "warn"}
+}
+
+// TestSMGDrivesSGLangSims runs SMG in PD mode in front of a simulated SGLang
+// prefill and decode, as `smg launch --pd-disaggregation --prefill URL
+// BOOTSTRAP_PORT --decode URL` is run in front of real ones: SMG health-checks
+// both, sends the same body with its bootstrap triple to both, and relays the
+// decode's answer. Each request must move and verify real KV bytes.
+func TestSMGDrivesSGLangSims(t *testing.T) {
+	bin := routerBin(t, "PDPLANE_SMG", "pip install smg==1.13.0")
+	p, d := startSim(t, "sglang", "prefill"), startSim(t, "sglang", "decode")
+	port := freePort(t)
+	args := append(smgArgs(t, bin, port), "--pd-disaggregation",
+		"--prefill", p.url, strconv.Itoa(p.bootstrapPort), "--decode", d.url)
+	start(t, "smg", args...)
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+
+	before := transfers(t, p, d)
+	chat := `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}`
+	if got := completionText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second)); got == "" {
+		t.Fatal("empty chat completion")
+	}
+	cases := []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
+		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
+		{"/generate", `{"text":"native generate","sampling_params":{"max_new_tokens":8}}`},
+		{"/generate", `{"text":"native generate streamed","sampling_params":{"max_new_tokens":8},"stream":true}`},
+	}
+	for _, c := range cases {
+		status, b := post(t, base+c.path, c.body)
+		if status != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", c.path, c.body, status, b)
+		}
+		var text string
+		if strings.Contains(c.body, `"stream":true`) {
+			var done bool
+			text, done = streamText(t, b)
+			if !done {
+				t.Fatalf("%s: stream did not end with [DONE]: %s", c.path, b)
+			}
+		} else {
+			text = completionText(t, b)
+		}
+		if text == "" {
+			t.Fatalf("%s: no text in %s", c.path, b)
+		}
+	}
+	if got, want := transfers(t, p, d)-before, 1+len(cases); got != want {
+		t.Fatalf("sims counted %d KV transfers for %d requests through SMG", got, want)
+	}
+}
+
+// TestVLLMRouterDrivesVLLMSims runs vllm-router in PD mode
+// (`--vllm-pd-disaggregation --prefill URL --decode URL`) in front of a
+// simulated vLLM prefill and decode: the router sends the prefill a
+// max_tokens=1 request with kv_transfer_params, then the decode the original
+// request with the prefill's kv_transfer_params. Each request must move and
+// verify real KV bytes.
+func TestVLLMRouterDrivesVLLMSims(t *testing.T) {
+	bin := routerBin(t, "PDPLANE_VLLM_ROUTER", "pip install vllm-router==0.1.17")
+	p, d := startSim(t, "vllm", "prefill"), startSim(t, "vllm", "decode")
+	port := freePort(t)
+	start(t, "vllm-router", bin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--prometheus-host", "127.0.0.1", "--prometheus-port", strconv.Itoa(freePort(t)),
+		"--log-level", "warning",
+		"--vllm-pd-disaggregation", "--prefill", p.url, "--decode", d.url)
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+
+	before := transfers(t, p, d)
+	chat := `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}`
+	if got := completionText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second)); got == "" {
+		t.Fatal("empty chat completion")
+	}
+	cases := []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
+		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8}`},
+		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
+	}
+	for _, c := range cases {
+		status, b := post(t, base+c.path, c.body)
+		if status != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", c.path, c.body, status, b)
+		}
+		var text string
+		if strings.Contains(c.body, `"stream":true`) {
+			var done bool
+			text, done = streamText(t, b)
+			if !done {
+				t.Fatalf("%s: stream did not end with [DONE]: %s", c.path, b)
+			}
+		} else {
+			text = completionText(t, b)
+		}
+		if text == "" {
+			t.Fatalf("%s: no text in %s", c.path, b)
+		}
+	}
+	if got, want := transfers(t, p, d)-before, 1+len(cases); got != want {
+		t.Fatalf("sims counted %d KV transfers for %d requests through vllm-router", got, want)
+	}
+}
+
+// TestPdplaneBehindSMG puts a whole pdplane (`pdplane dev`: control plane,
+// router, a simulated prefill and decode) behind SMG as one regular worker,
+// the way an operator adds pdplane to an existing SMG. SMG identifies the
+// worker by /server_info and reads its model from /server_info and
+// /model_info; it must see an SGLang worker serving sim-model and route
+// chat completions through it.
+func TestPdplaneBehindSMG(t *testing.T) {
+	bin := routerBin(t, "PDPLANE_SMG", "pip install smg==1.13.0")
+	devPort := freePort(t)
+	dev := "http://127.0.0.1:" + strconv.Itoa(devPort)
+	start(t, "pdplane dev", pdplaneBin, "dev", "--addr", strings.TrimPrefix(dev, "http://"))
+	waitHTTP(t, dev+"/readyz", 60*time.Second)
+
+	port := freePort(t)
+	start(t, "smg", append(smgArgs(t, bin, port), "--worker-urls", dev)...)
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+
+	chat := `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":8,"stream":true}`
+	text, done := streamText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second))
+	if text == "" || !done {
+		t.Fatalf("streamed chat through SMG and pdplane: text %q, [DONE] %v", text, done)
+	}
+
+	resp, err := http.Get(base + "/workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("SMG /workers: %d %s", resp.StatusCode, b)
+	}
+	var workers struct {
+		Workers []struct {
+			URL         string `json:"url"`
+			ModelID     string `json:"model_id"`
+			RuntimeType string `json:"runtime_type"`
+			IsHealthy   bool   `json:"is_healthy"`
+		} `json:"workers"`
+	}
+	if err := json.Unmarshal(b, &workers); err != nil {
+		t.Fatalf("SMG /workers: %v: %s", err, b)
+	}
+	if len(workers.Workers) != 1 {
+		t.Fatalf("SMG lists %d workers, want pdplane alone: %s", len(workers.Workers), b)
+	}
+	w := workers.Workers[0]
+	if w.URL != dev || w.ModelID != "sim-model" || w.RuntimeType != "sglang" || !w.IsHealthy {
+		t.Fatalf("SMG sees pdplane as %+v, want a healthy sglang worker at %s serving sim-model", w, dev)
+	}
+}
