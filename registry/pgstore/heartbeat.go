@@ -30,8 +30,16 @@ func newHeartbeatBatcher(s *Store) *heartbeatBatcher {
 	return &heartbeatBatcher{s: s, in: make(chan *hbRequest, s.cfg.HeartbeatBatch)}
 }
 
-// Heartbeat implements registry.Store by joining the next batch.
+// Heartbeat implements registry.Store by joining the next batch. A heartbeat
+// that breaks the field limits never joins one.
 func (s *Store) Heartbeat(ctx context.Context, hb registry.Heartbeat) (registry.HeartbeatReply, error) {
+	if err := hb.Validate(); err != nil {
+		return registry.HeartbeatReply{}, err
+	}
+	return s.joinBatch(ctx, hb)
+}
+
+func (s *Store) joinBatch(ctx context.Context, hb registry.Heartbeat) (registry.HeartbeatReply, error) {
 	req := &hbRequest{hb: hb, done: make(chan struct{})}
 	select {
 	case s.hb.in <- req:
@@ -90,7 +98,7 @@ func (b *heartbeatBatcher) flush(ctx context.Context, batch []*hbRequest) {
 	replies, err := b.s.writeHeartbeats(ctx, batch)
 	for _, r := range batch {
 		if err != nil {
-			r.err = err
+			r.err = classify(err, "write heartbeats")
 		} else if rep, ok := replies[r.hb.PeerID]; ok {
 			r.reply = rep
 		} else {
@@ -111,7 +119,7 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[st
 	}
 	ids := make([]string, 0, len(last))
 	for id := range last {
-		if isUUID(id) {
+		if registry.IsPeerID(id) {
 			ids = append(ids, id)
 		}
 	}
@@ -173,27 +181,7 @@ SELECT prev.id::text, prev.state, prev.state_reason, prev.instance_id FROM prev`
 		return s.notify(ctx, tx, changed...)
 	})
 	if err != nil {
-		return nil, classify(err, "write heartbeats")
+		return nil, err
 	}
 	return replies, nil
-}
-
-// isUUID keeps malformed IDs out of the batch, where one would fail the
-// statement for every peer in it.
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i, c := range s {
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return false
-			}
-		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
-		default:
-			return false
-		}
-	}
-	return true
 }
