@@ -389,13 +389,15 @@ func (s *Store) Events(ctx context.Context, q registry.EventQuery) ([]registry.E
 	if limit <= 0 {
 		limit = 100
 	}
+	// The cursors are bigint like the ids: left to inference, "$2 = 0"
+	// would make $2 an int4 and a cursor past 2^31 an error.
 	sql := "SELECT id, peer_id::text, peer_name, kind, generation, message, error, at FROM peer_events WHERE ($1 = '' OR peer_id::text = $1)"
 	var args []any
 	if q.After > 0 {
-		sql += " AND id > $2 ORDER BY id LIMIT $3"
+		sql += " AND id > $2::bigint ORDER BY id LIMIT $3"
 		args = []any{q.PeerID, q.After, limit}
 	} else {
-		sql += " AND ($2 = 0 OR id < $2) ORDER BY id DESC LIMIT $3"
+		sql += " AND ($2::bigint = 0 OR id < $2::bigint) ORDER BY id DESC LIMIT $3"
 		args = []any{q.PeerID, q.Before, limit}
 	}
 	rows, err := s.pool.Query(ctx, sql, args...)

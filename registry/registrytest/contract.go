@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"sync"
@@ -333,6 +334,14 @@ func testEvents(t *testing.T, s registry.Store) {
 	after, err := s.Events(ctx(t), registry.EventQuery{After: page2[0].ID, Limit: 10})
 	if err != nil || len(after) != 3 || after[0].ID <= page2[0].ID || after[0].ID >= after[1].ID {
 		t.Fatalf("after cursor: %+v, %v", after, err)
+	}
+	// Cursors are bigint ids: one past int32 is a cursor like any other.
+	top, err := s.Events(ctx(t), registry.EventQuery{Limit: 3, Before: math.MaxInt64, PeerID: page1[0].PeerID})
+	if err != nil || len(top) != 1 || top[0].ID != page1[0].ID {
+		t.Fatalf("before the largest id: %+v, %v; want the newest event", top, err)
+	}
+	if none, err := s.Events(ctx(t), registry.EventQuery{After: math.MaxInt32 + 1, Limit: 3}); err != nil || len(none) != 0 {
+		t.Fatalf("after an id past int32: %+v, %v; want nothing", none, err)
 	}
 }
 
