@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/url"
 	"sort"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -315,6 +316,27 @@ func checkText(field, v string, need bool, maxChars int, rule textRule) error {
 		}
 	}
 	return nil
+}
+
+// CleanText makes text from outside the registry's control (an engine's
+// error answer, cut at a byte limit) fit a free-text field of at most
+// maxChars characters: invalid UTF-8 and NUL become U+FFFD and the rest is
+// cut at a character boundary. Callers that report what they observed use
+// it so that their report is never refused for the bytes it quotes.
+func CleanText(s string, maxChars int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	if utf8.RuneCountInString(s) <= maxChars {
+		return s
+	}
+	n := 0
+	for i := range s {
+		if n == maxChars {
+			return s[:i]
+		}
+		n++
+	}
+	return s
 }
 
 // checkInt bounds an integer field; every integer the registry stores fits

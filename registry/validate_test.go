@@ -164,3 +164,26 @@ func TestValidateQueries(t *testing.T) {
 		wantField(t, tc.name, tc.err, tc.field)
 	}
 }
+
+func TestCleanText(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"fine\nline", 100, "fine\nline"},
+		{"nul\x00here", 100, "nul\uFFFDhere"},
+		{"cut mid-rune \xe5\x90", 100, "cut mid-rune \uFFFD"},
+		{strings.Repeat("名", 5), 4, strings.Repeat("名", 4)},
+		{strings.Repeat("e", registry.MaxErrorLen+10), registry.MaxErrorLen, strings.Repeat("e", registry.MaxErrorLen)},
+	} {
+		got := registry.CleanText(tc.in, tc.max)
+		if got != tc.want {
+			t.Errorf("CleanText(%.40q, %d) = %.40q, want %.40q", tc.in, tc.max, got, tc.want)
+		}
+		if err := registry.ValidateStaleMark("r", got); err != nil {
+			t.Errorf("cleaned text %.40q is refused: %v", got, err)
+		}
+	}
+}
