@@ -270,7 +270,7 @@ type Pair struct {
 	// Reason why the pair is refused or not routable
 	Reason *string `json:"reason,omitempty"`
 
-	// Routable compatible
+	// Routable compatible, both peers ready, and not quarantined
 	Routable bool `json:"routable"`
 }
 
@@ -400,7 +400,7 @@ type Problem struct {
 
 // Rank defines model for Rank.
 type Rank struct {
-	// AgentMetadata NIXL agent metadata
+	// AgentMetadata NIXL agent metadata, base64
 	AgentMetadata *[]byte `json:"agent_metadata,omitempty"`
 
 	// AgentName NIXL agent name; a new one starts a new generation
@@ -419,7 +419,7 @@ type Rank struct {
 	// KvDataPtrs region start addresses; regions of one memory kind must not overlap
 	KvDataPtrs []uint64 `json:"kv_data_ptrs"`
 
-	// KvItemLens one per region
+	// KvItemLens one per region, at most the region length
 	KvItemLens []uint64 `json:"kv_item_lens"`
 
 	// KvMemKinds One memory kind per KV region; required, or the destination memory kind could not be resolved.
