@@ -291,7 +291,9 @@ type TransferReport struct {
 // the decode agent the failed plan targeted; a decode that could not pull KV
 // (vLLM) reports itself, naming its own current agent.
 func ReportFor(err error, decodeID, self, selfAgent string) TransferReport {
-	r := TransferReport{DecodeID: decodeID, Reason: "KV transfer failed", Error: err.Error()}
+	// A transfer error may quote remote bytes; cleaned, the registry
+	// cannot refuse the report for them.
+	r := TransferReport{DecodeID: decodeID, Reason: "KV transfer failed", Error: registry.CleanText(err.Error(), registry.MaxErrorLen)}
 	var mk *transfer.MissingMemKindError
 	if errors.As(err, &mk) {
 		r.Reason = "KV transfer failed: destination memory kind missing"

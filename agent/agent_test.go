@@ -197,6 +197,8 @@ func TestReportFor(t *testing.T) {
 		{"a decode that could not pull reports itself", missing, "id-p0",
 			agent.TransferReport{DecodeID: "id-p0", DecodeAgent: "self-agent",
 				Reason: "KV transfer failed: destination memory kind missing", Error: missing.Error()}},
+		{"error text the registry would refuse is cleaned", errors.New("remote said \x00\xff"), "id-d0",
+			agent.TransferReport{DecodeID: "id-d0", PrefillID: "id-p0", Reason: "KV transfer failed", Error: "remote said \uFFFD\uFFFD"}},
 	} {
 		if got := agent.ReportFor(tc.err, tc.decode, "id-p0", "self-agent"); got != tc.want {
 			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)

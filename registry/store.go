@@ -151,10 +151,15 @@ type PairFailure struct {
 // Store keeps peers and their events. Every replica of the control plane sees
 // the same store; changes made through one are announced to all through
 // Subscribe.
+//
+// Every store refuses input that breaks the field limits in validate.go
+// with the *FieldError of the registry's validators, before it changes
+// anything, so that all stores accept and refuse exactly the same input.
+// An ID that is not a peer ID (IsPeerID) names no peer: ErrNotFound.
 type Store interface {
 	// Register inserts or updates the peer with spec.Name. The spec must
-	// already be validated. A changed instance ID or agent name starts a new
-	// generation.
+	// have its defaults applied (PeerSpec.WithDefaults). A changed instance
+	// ID or agent name starts a new generation.
 	Register(ctx context.Context, spec PeerSpec) (RegisterResult, error)
 	Get(ctx context.Context, id string) (Peer, error)
 	List(ctx context.Context, f Filter) ([]Peer, error)

@@ -3,10 +3,12 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"sort"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // FieldError says which field of a registration is wrong and why. Field uses
@@ -25,13 +27,29 @@ func fieldErr(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Detail: fmt.Sprintf(format, args...)}
 }
 
-// Limits on registration fields.
+// Field limits. They are the registry's one statement of what a stored
+// field may hold: the PostgreSQL schema's column types bound the integers,
+// the lengths are caps of this package (PostgreSQL text has none), and
+// openapi.yaml repeats every one of them. Lengths count characters (Unicode
+// code points), as JSON Schema's maxLength does.
 const (
-	MaxNameLen  = 253
-	MaxRanks    = 1024
-	MaxRegions  = 4096
-	MaxLabels   = 64
-	MaxLabelLen = 256
+	MaxNameLen          = 253 // name, bootstrap_host, agent names
+	MaxModelLen         = 512
+	MaxInstanceIDLen    = 256
+	MaxTransferGroupLen = 256
+	MaxDTypeLen         = 64
+	MaxURLLen           = 2048
+	MaxRanks            = 1024
+	MaxRegions          = 4096 // KV regions per rank, and aux regions per rank
+	MaxLabels           = 64
+	MaxLabelLen         = 256 // label keys and values
+	MaxReasonLen        = 1024
+	MaxErrorLen         = 64 << 10
+	MaxEventPage        = 1000
+	// MaxInt32 bounds every field stored in an integer column.
+	MaxInt32 = math.MaxInt32
+	// MaxPort bounds bootstrap_port; 0 means "the default".
+	MaxPort = 65535
 )
 
 // WithDefaults returns a copy of the spec with unset optional fields filled
@@ -61,9 +79,10 @@ func (s PeerSpec) WithDefaults() PeerSpec {
 // Validate checks a registration (after WithDefaults) and returns a
 // *FieldError naming the first wrong field. A spec that passes has a memory
 // kind for every KV region, so memory-kind resolution can never fail later for
-// lack of one.
+// lack of one, and every value fits its PostgreSQL column, so both stores
+// accept exactly the same specs.
 func (s *PeerSpec) Validate() error {
-	if err := validateText("name", s.Name, MaxNameLen); err != nil {
+	if err := checkText("name", s.Name, required, MaxNameLen, lineText); err != nil {
 		return err
 	}
 	if !s.Role.Valid() {
@@ -75,35 +94,25 @@ func (s *PeerSpec) Validate() error {
 	if err := validateURL("url", s.URL); err != nil {
 		return err
 	}
-	if s.BootstrapPort < 0 || s.BootstrapPort > 65535 {
-		return fieldErr("bootstrap_port", "must be between 1 and 65535, got %d", s.BootstrapPort)
-	}
-	if s.BootstrapHost != "" {
-		if err := validateText("bootstrap_host", s.BootstrapHost, MaxNameLen); err != nil {
-			return err
-		}
-	}
-	if err := validateText("model", s.Model, 512); err != nil {
+	if err := checkInt("bootstrap_port", s.BootstrapPort, 0, MaxPort); err != nil {
 		return err
 	}
-	if err := validateText("instance_id", s.InstanceID, 256); err != nil {
+	for _, f := range []struct {
+		name, v  string
+		need     bool
+		maxChars int
+	}{
+		{"bootstrap_host", s.BootstrapHost, optional, MaxNameLen},
+		{"model", s.Model, required, MaxModelLen},
+		{"instance_id", s.InstanceID, required, MaxInstanceIDLen},
+		{"transfer_group", s.TransferGroup, optional, MaxTransferGroupLen},
+	} {
+		if err := checkText(f.name, f.v, f.need, f.maxChars, lineText); err != nil {
+			return err
+		}
+	}
+	if err := validateLabels(s.Labels); err != nil {
 		return err
-	}
-	if s.TransferGroup != "" {
-		if err := validateText("transfer_group", s.TransferGroup, 256); err != nil {
-			return err
-		}
-	}
-	if len(s.Labels) > MaxLabels {
-		return fieldErr("labels", "at most %d labels, got %d", MaxLabels, len(s.Labels))
-	}
-	for _, k := range sortedKeys(s.Labels) {
-		if err := validateText("labels", k, MaxLabelLen); err != nil {
-			return err
-		}
-		if len(s.Labels[k]) > MaxLabelLen {
-			return fieldErr("labels."+k, "longer than %d bytes", MaxLabelLen)
-		}
 	}
 	if err := s.Parallelism.validate(); err != nil {
 		return err
@@ -114,13 +123,29 @@ func (s *PeerSpec) Validate() error {
 	return validateRanks(s.Ranks)
 }
 
+func validateLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fieldErr("labels", "at most %d labels, got %d", MaxLabels, len(labels))
+	}
+	for _, k := range sortedKeys(labels) {
+		// A bad key cannot name its own field, so the field is the map.
+		if err := checkText("labels", k, required, MaxLabelLen, lineText); err != nil {
+			return fieldErr("labels", "label key %q: %s", k, err.(*FieldError).Detail)
+		}
+		if err := checkText("labels."+k, labels[k], optional, MaxLabelLen, lineText); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (p Parallelism) validate() error {
 	for _, f := range []struct {
 		name string
 		v    int
 	}{{"tp_size", p.TPSize}, {"attn_tp_size", p.AttnTPSize}, {"dp_size", p.DPSize}, {"pp_size", p.PPSize}, {"dcp_size", p.DCPSize}} {
-		if f.v < 1 {
-			return fieldErr("parallelism."+f.name, "must be at least 1, got %d", f.v)
+		if err := checkInt("parallelism."+f.name, f.v, 1, MaxInt32); err != nil {
+			return err
 		}
 	}
 	if p.PPRank < 0 || p.PPRank >= p.PPSize {
@@ -140,11 +165,11 @@ func (g KVGeometry) validate() error {
 		name string
 		v    int
 	}{{"page_size", g.PageSize}, {"num_layers", g.NumLayers}, {"num_kv_heads", g.NumKVHeads}, {"head_dim", g.HeadDim}} {
-		if f.v < 1 {
-			return fieldErr("kv."+f.name, "must be at least 1, got %d", f.v)
+		if err := checkInt("kv."+f.name, f.v, 1, MaxInt32); err != nil {
+			return err
 		}
 	}
-	return validateText("kv.dtype", g.DType, 64)
+	return checkText("kv.dtype", g.DType, required, MaxDTypeLen, lineText)
 }
 
 func validateRanks(ranks []Rank) error {
@@ -159,17 +184,17 @@ func validateRanks(ranks []Rank) error {
 	for i := range ranks {
 		r := &ranks[i]
 		at := func(f string) string { return fmt.Sprintf("ranks[%d].%s", i, f) }
-		if r.Rank < 0 {
-			return fieldErr(at("rank"), "must not be negative, got %d", r.Rank)
+		if err := checkInt(at("rank"), r.Rank, 0, MaxInt32); err != nil {
+			return err
 		}
 		if seenRank[r.Rank] {
 			return fieldErr(at("rank"), "rank %d appears twice", r.Rank)
 		}
 		seenRank[r.Rank] = true
-		if r.GPUID < -1 {
-			return fieldErr(at("gpu_id"), "must be -1 (none) or a device index, got %d", r.GPUID)
+		if r.GPUID < -1 || r.GPUID > MaxInt32 {
+			return fieldErr(at("gpu_id"), "must be -1 (none) or a device index up to %d, got %d", MaxInt32, r.GPUID)
 		}
-		if err := validateText(at("agent_name"), r.AgentName, MaxNameLen); err != nil {
+		if err := checkText(at("agent_name"), r.AgentName, required, MaxNameLen, lineText); err != nil {
 			return err
 		}
 		if seenAgent[r.AgentName] {
@@ -215,6 +240,9 @@ func validateRanks(ranks []Rank) error {
 		if j, k, ok := overlap(r.KVDataPtrs, r.KVDataLens, r.KVMemKinds); ok {
 			return fieldErr(fmt.Sprintf("ranks[%d].kv_data_ptrs[%d]", i, k), "region overlaps region %d", j)
 		}
+		if len(r.AuxDataPtrs) > MaxRegions {
+			return fieldErr(at("aux_data_ptrs"), "at most %d aux regions, got %d", MaxRegions, len(r.AuxDataPtrs))
+		}
 		if len(r.AuxDataLens) != len(r.AuxDataPtrs) {
 			return fieldErr(at("aux_data_lens"), "need one length per aux region: %d regions, %d lengths", len(r.AuxDataPtrs), len(r.AuxDataLens))
 		}
@@ -244,24 +272,85 @@ func overlap(ptrs, lens []uint64, kinds []MemKind) (int, int, bool) {
 	return 0, 0, false
 }
 
-func validateText(field, v string, maxLen int) error {
-	if strings.TrimSpace(v) == "" {
-		return fieldErr(field, "is required")
+// Whether a text field must be set.
+const (
+	required = true
+	optional = false
+)
+
+// textRule says which characters a text field may hold. PostgreSQL refuses
+// only NUL (and invalid UTF-8) in text and jsonb; the registry refuses more
+// in identifiers and names, which are shown and compared, never free prose.
+type textRule int
+
+const (
+	// lineText is for identifiers and names: no control characters
+	// (C0, DEL, C1) at all.
+	lineText textRule = iota
+	// freeText is for messages such as a stale report's error, which may
+	// be a multi-line traceback: anything but NUL.
+	freeText
+)
+
+// checkText applies the text rules to one field: valid UTF-8, set when
+// required, at most maxChars characters, and the characters rule allows.
+func checkText(field, v string, need bool, maxChars int, rule textRule) error {
+	if !utf8.ValidString(v) {
+		return fieldErr(field, "is not valid UTF-8")
 	}
-	if len(v) > maxLen {
-		return fieldErr(field, "longer than %d bytes", maxLen)
+	if v == "" {
+		if need {
+			return fieldErr(field, "is required")
+		}
+		return nil
+	}
+	if n := utf8.RuneCountInString(v); n > maxChars {
+		return fieldErr(field, "longer than %d characters (%d)", maxChars, n)
 	}
 	for _, r := range v {
-		if unicode.IsControl(r) {
-			return fieldErr(field, "must not contain control characters")
+		switch {
+		case r == 0:
+			return fieldErr(field, "must not contain NUL characters")
+		case rule == lineText && unicode.IsControl(r):
+			return fieldErr(field, "must not contain control characters (U+%04X)", r)
 		}
 	}
 	return nil
 }
 
+// CleanText makes text from outside the registry's control (an engine's
+// error answer, cut at a byte limit) fit a free-text field of at most
+// maxChars characters: invalid UTF-8 and NUL become U+FFFD and the rest is
+// cut at a character boundary. Callers that report what they observed use
+// it so that their report is never refused for the bytes it quotes.
+func CleanText(s string, maxChars int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	if utf8.RuneCountInString(s) <= maxChars {
+		return s
+	}
+	n := 0
+	for i := range s {
+		if n == maxChars {
+			return s[:i]
+		}
+		n++
+	}
+	return s
+}
+
+// checkInt bounds an integer field; every integer the registry stores fits
+// in PostgreSQL's integer (int32) column, so nothing is ever truncated.
+func checkInt(field string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return fieldErr(field, "must be between %d and %d, got %d", lo, hi, v)
+	}
+	return nil
+}
+
 func validateURL(field, v string) error {
-	if v == "" {
-		return fieldErr(field, "is required")
+	if err := checkText(field, v, required, MaxURLLen, lineText); err != nil {
+		return err
 	}
 	u, err := url.Parse(v)
 	if err != nil {
@@ -274,6 +363,97 @@ func validateURL(field, v string) error {
 		return fieldErr(field, "has no host")
 	}
 	return nil
+}
+
+// Validate checks a heartbeat's fields (not its peer ID: an ID that names
+// no peer is ErrNotFound, not a bad field).
+func (hb *Heartbeat) Validate() error {
+	if err := checkText("instance_id", hb.InstanceID, required, MaxInstanceIDLen, lineText); err != nil {
+		return err
+	}
+	return hb.Load.validate()
+}
+
+func (l Load) validate() error {
+	if err := checkInt("load.running", l.Running, 0, MaxInt32); err != nil {
+		return err
+	}
+	if err := checkInt("load.queued", l.Queued, 0, MaxInt32); err != nil {
+		return err
+	}
+	if math.IsNaN(l.KVUsage) || l.KVUsage < 0 || l.KVUsage > 1 {
+		return fieldErr("load.kv_usage", "must be between 0 and 1, got %v", l.KVUsage)
+	}
+	return nil
+}
+
+// ValidateStaleMark checks the reason and error text of a stale mark.
+func ValidateStaleMark(reason, errText string) error {
+	if err := checkText("reason", reason, required, MaxReasonLen, freeText); err != nil {
+		return err
+	}
+	return checkText("error", errText, optional, MaxErrorLen, freeText)
+}
+
+// Validate checks a failed-transfer report. Field names are those of the
+// stale report body (prefill_id, agent_name), which carries it.
+func (f *TransferFailure) Validate() error {
+	if err := ValidateStaleMark(f.Reason, f.Error); err != nil {
+		return err
+	}
+	if f.PrefillID != "" && !IsPeerID(f.PrefillID) {
+		return fieldErr("prefill_id", "not a peer id (a UUID)")
+	}
+	return checkText("agent_name", f.DecodeAgent, optional, MaxNameLen, lineText)
+}
+
+// Validate checks a peer listing's filter.
+func (f Filter) Validate() error {
+	if f.Role != "" && !f.Role.Valid() {
+		return fieldErr("role", "unknown role %q (want prefill, decode or both)", f.Role)
+	}
+	if f.State != "" && !f.State.Valid() {
+		return fieldErr("state", "unknown state %q", f.State)
+	}
+	return checkText("model", f.Model, optional, MaxModelLen, lineText)
+}
+
+// Validate checks an event query. A zero Limit means the default page.
+func (q EventQuery) Validate() error {
+	switch {
+	case q.Before < 0:
+		return fieldErr("before", "must not be negative, got %d", q.Before)
+	case q.After < 0:
+		return fieldErr("after", "must not be negative, got %d", q.After)
+	case q.Limit < 0 || q.Limit > MaxEventPage:
+		return fieldErr("limit", "must be between 1 and %d, got %d", MaxEventPage, q.Limit)
+	case q.PeerID != "" && !IsPeerID(q.PeerID):
+		return fieldErr("peer_id", "not a peer id (a UUID)")
+	}
+	return nil
+}
+
+// IsPeerID reports whether s has the form of a peer ID: a UUID in the
+// canonical lowercase 36-character form that both stores issue. A string of
+// any other form (upper case, braces, no hyphens: forms PostgreSQL's uuid
+// would accept and the embedded store would not) names no peer.
+func IsPeerID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func sortedKeys(m map[string]string) []string {

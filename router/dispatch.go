@@ -708,10 +708,12 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// errText is what of an engine's error answer is worth recording.
+// errText is what of an engine's error answer is worth recording, cleaned
+// so that the registry takes it: the cut may split a character, and an
+// engine's body may hold any bytes, which the registry would refuse.
 func errText(b []byte) string {
 	if len(b) > errTextLimit {
 		b = b[:errTextLimit]
 	}
-	return string(b)
+	return registry.CleanText(string(b), errTextLimit)
 }

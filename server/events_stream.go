@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
@@ -20,15 +19,14 @@ const keepAlive = 15 * time.Second
 // response type flushes every write; the stream ends when the client leaves.
 func (h handlers) StreamEvents(ctx context.Context, req api.StreamEventsRequestObject) (api.StreamEventsResponseObject, error) {
 	after := deref(req.Params.After)
-	if id := deref(req.Params.LastEventID); id != "" {
-		n, err := strconv.ParseInt(id, 10, 64)
-		if err != nil || n < 0 {
-			return nil, malformed("Last-Event-ID", "Last-Event-ID must be an event id")
-		}
-		after = n
-	}
 	if after < 0 {
 		return nil, malformed("after", "after must not be negative")
+	}
+	if id := req.Params.LastEventID; id != nil {
+		if *id < 0 {
+			return nil, malformed("Last-Event-ID", "Last-Event-ID must be an event id, not negative")
+		}
+		after = *id
 	}
 	// Subscribe before reading the cursor so that nothing committed in
 	// between is missed.

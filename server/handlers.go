@@ -2,8 +2,8 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
@@ -24,9 +24,7 @@ func (h handlers) RegisterPeer(ctx context.Context, req api.RegisterPeerRequestO
 	if err != nil {
 		return nil, err
 	}
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
+	// The store validates the spec (a *registry.FieldError is a 422).
 	res, err := h.store.Register(ctx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("register peer %s: %w", spec.Name, err)
@@ -58,6 +56,9 @@ func (h handlers) ListPeers(ctx context.Context, req api.ListPeersRequestObject)
 		}
 	}
 	f.Model = deref(req.Params.Model)
+	if err := f.Validate(); err != nil {
+		return nil, badParam(err)
+	}
 	peers, err := h.store.List(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("list peers: %w", err)
@@ -96,21 +97,11 @@ func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerReques
 	if req.Body == nil {
 		return nil, malformed("body", "a JSON body is required")
 	}
-	if strings.TrimSpace(req.Body.InstanceId) == "" {
-		return nil, invalidField("instance_id", "instance_id is required")
-	}
 	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId}
 	if l := req.Body.Load; l != nil {
-		switch {
-		case l.Running < 0:
-			return nil, invalidField("load.running", "must not be negative")
-		case l.Queued < 0:
-			return nil, invalidField("load.queued", "must not be negative")
-		case l.KvUsage < 0 || l.KvUsage > 1:
-			return nil, invalidField("load.kv_usage", "must be between 0 and 1")
-		}
 		hb.Load = registry.Load{Running: l.Running, Queued: l.Queued, KVUsage: l.KvUsage}
 	}
+	// The store validates the heartbeat (a *registry.FieldError is a 422).
 	reply, err := h.store.Heartbeat(ctx, hb)
 	if err != nil {
 		return nil, err
@@ -123,9 +114,7 @@ func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleReques
 	if req.Body == nil {
 		return nil, malformed("body", "a JSON body is required")
 	}
-	if strings.TrimSpace(req.Body.Reason) == "" {
-		return nil, invalidField("reason", "reason is required")
-	}
+	// The store validates the report (a *registry.FieldError is a 422).
 	if req.Body.PrefillId == nil && req.Body.AgentName == nil {
 		p, err := h.store.MarkStale(ctx, req.Id, req.Body.Reason, deref(req.Body.Error))
 		if err != nil {
@@ -187,8 +176,8 @@ func (h handlers) ListEvents(ctx context.Context, req api.ListEventsRequestObjec
 		}
 		q.Limit = *l
 	}
-	if q.Before < 0 {
-		return nil, malformed("before", "before must not be negative")
+	if err := q.Validate(); err != nil {
+		return nil, badParam(err)
 	}
 	evs, err := h.store.Events(ctx, q)
 	if err != nil {
@@ -202,4 +191,14 @@ func (h handlers) ListEvents(ctx context.Context, req api.ListEventsRequestObjec
 		out.NextCursor = &evs[len(evs)-1].ID
 	}
 	return out, nil
+}
+
+// badParam turns a query parameter's *registry.FieldError into a 400 naming
+// the parameter, as every other malformed query parameter is answered.
+func badParam(err error) error {
+	var fe *registry.FieldError
+	if errors.As(err, &fe) {
+		return malformed(fe.Field, fe.Error())
+	}
+	return err
 }

@@ -141,6 +141,9 @@ func (s *Store) find(id string) (*registry.Peer, error) {
 
 // Register implements registry.Store.
 func (s *Store) Register(_ context.Context, spec registry.PeerSpec) (registry.RegisterResult, error) {
+	if err := spec.Validate(); err != nil {
+		return registry.RegisterResult{}, err
+	}
 	s.mu.Lock()
 	now := s.now()
 	var res registry.RegisterResult
@@ -189,6 +192,9 @@ func (s *Store) Get(_ context.Context, id string) (registry.Peer, error) {
 
 // List implements registry.Store; peers come sorted by name.
 func (s *Store) List(_ context.Context, f registry.Filter) ([]registry.Peer, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []registry.Peer{}
@@ -227,6 +233,9 @@ func (s *Store) Drain(_ context.Context, id string) (registry.Peer, error) {
 
 // MarkStale implements registry.Store.
 func (s *Store) MarkStale(_ context.Context, id, reason, errText string) (registry.Peer, error) {
+	if err := registry.ValidateStaleMark(reason, errText); err != nil {
+		return registry.Peer{}, err
+	}
 	return s.update(id, func(p registry.Peer, now time.Time) (registry.Peer, []registry.Event) {
 		return registry.ApplyStale(p, reason, errText, now)
 	})
@@ -249,6 +258,9 @@ func (s *Store) update(id string, f func(registry.Peer, time.Time) (registry.Pee
 
 // Heartbeat implements registry.Store.
 func (s *Store) Heartbeat(_ context.Context, hb registry.Heartbeat) (registry.HeartbeatReply, error) {
+	if err := hb.Validate(); err != nil {
+		return registry.HeartbeatReply{}, err
+	}
 	s.mu.Lock()
 	p, err := s.find(hb.PeerID)
 	if err != nil {
@@ -266,6 +278,9 @@ func (s *Store) Heartbeat(_ context.Context, hb registry.Heartbeat) (registry.He
 
 // ReportTransferFailure implements registry.Store.
 func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFailure) (registry.Peer, registry.TransferOutcome, error) {
+	if err := f.Validate(); err != nil {
+		return registry.Peer{}, "", err
+	}
 	s.mu.Lock()
 	d, err := s.find(f.DecodeID)
 	if err != nil {
@@ -337,6 +352,9 @@ func (s *Store) ExpireLeases(_ context.Context, now time.Time) (int, error) {
 
 // Events implements registry.Store.
 func (s *Store) Events(_ context.Context, q registry.EventQuery) ([]registry.Event, error) {
+	if err := q.Validate(); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	limit := q.Limit

@@ -2,11 +2,13 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pdplane/pdplane/registry"
 )
@@ -30,8 +32,16 @@ func newHeartbeatBatcher(s *Store) *heartbeatBatcher {
 	return &heartbeatBatcher{s: s, in: make(chan *hbRequest, s.cfg.HeartbeatBatch)}
 }
 
-// Heartbeat implements registry.Store by joining the next batch.
+// Heartbeat implements registry.Store by joining the next batch. A heartbeat
+// that breaks the field limits never joins one.
 func (s *Store) Heartbeat(ctx context.Context, hb registry.Heartbeat) (registry.HeartbeatReply, error) {
+	if err := hb.Validate(); err != nil {
+		return registry.HeartbeatReply{}, err
+	}
+	return s.joinBatch(ctx, hb)
+}
+
+func (s *Store) joinBatch(ctx context.Context, hb registry.Heartbeat) (registry.HeartbeatReply, error) {
 	req := &hbRequest{hb: hb, done: make(chan struct{})}
 	select {
 	case s.hb.in <- req:
@@ -85,22 +95,53 @@ func (b *heartbeatBatcher) drain(err error) {
 	}
 }
 
-// flush writes one batch and answers every request in it.
+// flush writes one batch and answers every request in it. When the database
+// refuses the batch statement, one row may be to blame and must not fail the
+// others: each heartbeat is then written alone and gets its own answer.
 func (b *heartbeatBatcher) flush(ctx context.Context, batch []*hbRequest) {
 	replies, err := b.s.writeHeartbeats(ctx, batch)
-	for _, r := range batch {
-		if err != nil {
-			r.err = err
-		} else if rep, ok := replies[r.hb.PeerID]; ok {
-			r.reply = rep
-		} else {
-			r.err = fmt.Errorf("heartbeat of peer %s: %w", r.hb.PeerID, registry.ErrNotFound)
+	if err != nil && len(batch) > 1 && rowMayBeToBlame(err) {
+		b.s.log.Warn().Err(err).Int("heartbeats", len(batch)).Msg("heartbeat batch refused; writing its rows one by one")
+		for _, r := range batch {
+			replies, err := b.s.writeHeartbeats(ctx, []*hbRequest{r})
+			answer(r, replies, err)
 		}
-		close(r.done)
+		return
+	}
+	for _, r := range batch {
+		answer(r, replies, err)
 	}
 }
 
-// writeHeartbeats runs the batch statement. The prev CTE locks the rows in id
+func answer(r *hbRequest, replies map[string]registry.HeartbeatReply, err error) {
+	if err != nil {
+		r.err = classify(err, "write heartbeat of peer "+r.hb.PeerID)
+	} else if rep, ok := replies[r.hb.PeerID]; ok {
+		r.reply = rep
+	} else {
+		r.err = fmt.Errorf("heartbeat of peer %s: %w", r.hb.PeerID, registry.ErrNotFound)
+	}
+	close(r.done)
+}
+
+// rowMayBeToBlame reports whether a failed batch is worth retrying row by
+// row: the server refused the statement for something other than its own
+// trouble (a lost connection, no resources, shutting down), which would
+// fail every row alike.
+func rowMayBeToBlame(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "08", "53", "57", "58": // connection, resources, operator intervention, system
+		return false
+	}
+	return true
+}
+
+// writeHeartbeats runs the batch statement and returns the driver's error
+// unclassified, so that flush can tell what failed. The prev CTE locks the rows in id
 // order, so concurrent batches from several replicas cannot deadlock, and
 // returns each peer's state before the update; the answer is computed from it
 // with the same rule (registry.ApplyHeartbeat) the in-memory store uses.
@@ -111,7 +152,7 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[st
 	}
 	ids := make([]string, 0, len(last))
 	for id := range last {
-		if isUUID(id) {
+		if registry.IsPeerID(id) {
 			ids = append(ids, id)
 		}
 	}
@@ -173,27 +214,7 @@ SELECT prev.id::text, prev.state, prev.state_reason, prev.instance_id FROM prev`
 		return s.notify(ctx, tx, changed...)
 	})
 	if err != nil {
-		return nil, classify(err, "write heartbeats")
+		return nil, err
 	}
 	return replies, nil
-}
-
-// isUUID keeps malformed IDs out of the batch, where one would fail the
-// statement for every peer in it.
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i, c := range s {
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return false
-			}
-		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -16,6 +16,9 @@ import (
 // name (if any), applies registry.Reregister or registry.NewPeer, writes the
 // peer, its ranks and events, and notifies.
 func (s *Store) Register(ctx context.Context, spec registry.PeerSpec) (registry.RegisterResult, error) {
+	if err := spec.Validate(); err != nil {
+		return registry.RegisterResult{}, err
+	}
 	var res registry.RegisterResult
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		now := s.now()
@@ -142,6 +145,9 @@ func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, p *registry.Peer, e
 
 // update applies a life-cycle rule to one locked peer.
 func (s *Store) update(ctx context.Context, id, what string, f func(registry.Peer, time.Time) (registry.Peer, []registry.Event)) (registry.Peer, error) {
+	if err := checkID(id, what+" peer"); err != nil {
+		return registry.Peer{}, err
+	}
 	var out registry.Peer
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		prev, err := loadPeers(ctx, tx, "WHERE id = $1 FOR UPDATE", id)
@@ -169,6 +175,12 @@ func (s *Store) update(ctx context.Context, id, what string, f func(registry.Pee
 // locked, so concurrent reports from several replicas and reporters are
 // applied one after the other and collapse into one outcome.
 func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFailure) (registry.Peer, registry.TransferOutcome, error) {
+	if err := f.Validate(); err != nil {
+		return registry.Peer{}, "", err
+	}
+	if err := checkID(f.DecodeID, "report transfer failure to peer"); err != nil {
+		return registry.Peer{}, "", err
+	}
 	var res registry.Peer
 	var out registry.TransferOutcome
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -250,6 +262,9 @@ func (s *Store) Drain(ctx context.Context, id string) (registry.Peer, error) {
 
 // MarkStale implements registry.Store.
 func (s *Store) MarkStale(ctx context.Context, id, reason, errText string) (registry.Peer, error) {
+	if err := registry.ValidateStaleMark(reason, errText); err != nil {
+		return registry.Peer{}, err
+	}
 	return s.update(ctx, id, "mark stale", func(p registry.Peer, now time.Time) (registry.Peer, []registry.Event) {
 		return registry.ApplyStale(p, reason, errText, now)
 	})
@@ -257,6 +272,9 @@ func (s *Store) MarkStale(ctx context.Context, id, reason, errText string) (regi
 
 // Delete implements registry.Store.
 func (s *Store) Delete(ctx context.Context, id string) error {
+	if err := checkID(id, "delete peer"); err != nil {
+		return err
+	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var p registry.Peer
 		err := tx.QueryRow(ctx, "DELETE FROM peers WHERE id = $1 RETURNING id::text, name, generation", id).
@@ -274,6 +292,9 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 
 // Get implements registry.Store.
 func (s *Store) Get(ctx context.Context, id string) (registry.Peer, error) {
+	if err := checkID(id, "get peer"); err != nil {
+		return registry.Peer{}, err
+	}
 	peers, err := loadPeers(ctx, s.pool, "WHERE id = $1", id)
 	if err == nil && len(peers) == 0 {
 		err = pgx.ErrNoRows
@@ -286,6 +307,9 @@ func (s *Store) Get(ctx context.Context, id string) (registry.Peer, error) {
 
 // List implements registry.Store; peers come sorted by name.
 func (s *Store) List(ctx context.Context, f registry.Filter) ([]registry.Peer, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
 	where, args := "WHERE true", []any{}
 	arg := func(v any) string { args = append(args, v); return fmt.Sprintf("$%d", len(args)) }
 	switch f.Role {
@@ -358,17 +382,22 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
 
 // Events implements registry.Store.
 func (s *Store) Events(ctx context.Context, q registry.EventQuery) ([]registry.Event, error) {
+	if err := q.Validate(); err != nil {
+		return nil, err
+	}
 	limit := q.Limit
 	if limit <= 0 {
 		limit = 100
 	}
+	// The cursors are bigint like the ids: left to inference, "$2 = 0"
+	// would make $2 an int4 and a cursor past 2^31 an error.
 	sql := "SELECT id, peer_id::text, peer_name, kind, generation, message, error, at FROM peer_events WHERE ($1 = '' OR peer_id::text = $1)"
 	var args []any
 	if q.After > 0 {
-		sql += " AND id > $2 ORDER BY id LIMIT $3"
+		sql += " AND id > $2::bigint ORDER BY id LIMIT $3"
 		args = []any{q.PeerID, q.After, limit}
 	} else {
-		sql += " AND ($2 = 0 OR id < $2) ORDER BY id DESC LIMIT $3"
+		sql += " AND ($2::bigint = 0 OR id < $2::bigint) ORDER BY id DESC LIMIT $3"
 		args = []any{q.PeerID, q.Before, limit}
 	}
 	rows, err := s.pool.Query(ctx, sql, args...)
@@ -385,4 +414,14 @@ func (s *Store) Events(ctx context.Context, q registry.EventQuery) ([]registry.E
 		evs = []registry.Event{}
 	}
 	return evs, classify(err, "list events")
+}
+
+// checkID answers ErrNotFound for a string that cannot be a peer ID, as the
+// embedded store does, instead of sending it to PostgreSQL, whose uuid type
+// reads other spellings of a UUID and fails on text that is not one.
+func checkID(id, what string) error {
+	if !registry.IsPeerID(id) {
+		return fmt.Errorf("%s %q: %w", what, id, registry.ErrNotFound)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"sync"
@@ -38,6 +39,8 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"Quarantine", testQuarantine},
 		{"TransferFailures", testTransferFailures},
 		{"ConcurrentHeartbeats", testConcurrentHeartbeats},
+		{"RefusesBadFields", testRefusesBadFields},
+		{"MalformedHeartbeatFlood", testMalformedHeartbeatFlood},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -175,7 +178,7 @@ func testHeartbeat(t *testing.T, s registry.Store) {
 }
 
 func testHeartbeatUnknown(t *testing.T, s registry.Store) {
-	for _, id := range []string{"6f1c3c55-1111-4222-8333-444455556666", "not-a-uuid"} {
+	for _, id := range []string{"6f1c3c55-1111-4222-8333-444455556666", "not-a-uuid", "6f1c3c55-1111-4222-8333-44445555666\x00", "\xff"} {
 		_, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: id, InstanceID: "x"})
 		if !errors.Is(err, registry.ErrNotFound) {
 			t.Fatalf("heartbeat of unknown %q: %v, want ErrNotFound", id, err)
@@ -332,6 +335,14 @@ func testEvents(t *testing.T, s registry.Store) {
 	if err != nil || len(after) != 3 || after[0].ID <= page2[0].ID || after[0].ID >= after[1].ID {
 		t.Fatalf("after cursor: %+v, %v", after, err)
 	}
+	// Cursors are bigint ids: one past int32 is a cursor like any other.
+	top, err := s.Events(ctx(t), registry.EventQuery{Limit: 3, Before: math.MaxInt64, PeerID: page1[0].PeerID})
+	if err != nil || len(top) != 1 || top[0].ID != page1[0].ID {
+		t.Fatalf("before the largest id: %+v, %v; want the newest event", top, err)
+	}
+	if none, err := s.Events(ctx(t), registry.EventQuery{After: math.MaxInt32 + 1, Limit: 3}); err != nil || len(none) != 0 {
+		t.Fatalf("after an id past int32: %+v, %v; want nothing", none, err)
+	}
 }
 
 func testSubscribe(t *testing.T, s registry.Store) {
@@ -414,7 +425,7 @@ func testQuarantine(t *testing.T, s registry.Store) {
 	if qs, _ := s.Quarantines(ctx(t)); len(qs) != 0 {
 		t.Fatalf("quarantine kept after the geometry changed: %+v", qs)
 	}
-	bad := registry.TransferFailure{PrefillID: pf.ID, DecodeID: "6f1c3c55-1111-4222-8333-444455556666"}
+	bad := registry.TransferFailure{PrefillID: pf.ID, DecodeID: "6f1c3c55-1111-4222-8333-444455556666", Reason: "transfer failed"}
 	if _, _, err := s.ReportTransferFailure(ctx(t), bad); !errors.Is(err, registry.ErrNotFound) {
 		t.Fatalf("failure report about an unknown decode: %v", err)
 	}
@@ -508,4 +519,136 @@ func countKinds(ks []registry.EventKind, k registry.EventKind) int {
 		}
 	}
 	return n
+}
+
+// wantFieldError fails unless err is the *registry.FieldError on field.
+func wantFieldError(t *testing.T, what string, err error, field string) {
+	t.Helper()
+	var fe *registry.FieldError
+	if !errors.As(err, &fe) || fe.Field != field || !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("%s: %v, want a FieldError on %q", what, err, field)
+	}
+}
+
+// testRefusesBadFields pins that a store refuses, with the registry's
+// FieldError, every value its schema could not hold or would change (NUL,
+// invalid UTF-8, integers past int32), and that nothing changes: the
+// embedded store refuses exactly what PostgreSQL would.
+func testRefusesBadFields(t *testing.T, s registry.Store) {
+	p := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	mustHeartbeat(t, s, p)
+	before := mustGet(t, s, p.ID)
+	evsBefore := kinds(t, s, p.ID)
+
+	specs := []struct {
+		field string
+		edit  func(*registry.PeerSpec)
+	}{
+		{"instance_id", func(sp *registry.PeerSpec) { sp.InstanceID = "i\x00" }},
+		{"labels.foo", func(sp *registry.PeerSpec) { sp.Labels = map[string]string{"foo": "\x00"} }},
+		{"model", func(sp *registry.PeerSpec) { sp.Model = "\xff\xfe" }},
+		{"kv.num_layers", func(sp *registry.PeerSpec) { sp.KV.NumLayers = 4294967301 }},
+		{"ranks[0].rank", func(sp *registry.PeerSpec) { sp.Ranks[0].Rank = 1 << 31 }},
+	}
+	for _, tc := range specs {
+		spec := Spec("p0", registry.RolePrefill)
+		tc.edit(&spec)
+		_, err := s.Register(ctx(t), spec)
+		wantFieldError(t, "register with a bad "+tc.field, err, tc.field)
+	}
+	for _, tc := range []struct {
+		field string
+		hb    registry.Heartbeat
+	}{
+		{"instance_id", registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID + "\x00"}},
+		{"instance_id", registry.Heartbeat{PeerID: p.ID, InstanceID: "\xc3("}},
+		{"load.running", registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID, Load: registry.Load{Running: 4294967301}}},
+		{"load.queued", registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID, Load: registry.Load{Queued: -1}}},
+	} {
+		_, err := s.Heartbeat(ctx(t), tc.hb)
+		wantFieldError(t, "heartbeat with a bad "+tc.field, err, tc.field)
+	}
+	_, err := s.MarkStale(ctx(t), p.ID, "r\x00", "")
+	wantFieldError(t, "stale mark with NUL in the reason", err, "reason")
+	_, err = s.MarkStale(ctx(t), p.ID, "r", "e\xff")
+	wantFieldError(t, "stale mark with invalid UTF-8 in the error", err, "error")
+	_, _, err = s.ReportTransferFailure(ctx(t), registry.TransferFailure{DecodeID: p.ID, PrefillID: "p0\x00", Reason: "r"})
+	wantFieldError(t, "report naming a prefill by a non-id", err, "prefill_id")
+	_, err = s.List(ctx(t), registry.Filter{Model: "m\x00"})
+	wantFieldError(t, "list by a model with NUL", err, "model")
+	_, err = s.Events(ctx(t), registry.EventQuery{PeerID: "\x00"})
+	wantFieldError(t, "events of a non-id", err, "peer_id")
+	_, err = s.Events(ctx(t), registry.EventQuery{Before: -1})
+	wantFieldError(t, "events before a negative id", err, "before")
+
+	if after := mustGet(t, s, p.ID); !reflect.DeepEqual(after, before) {
+		t.Errorf("refused input changed the peer:\n got %+v\nwant %+v", after, before)
+	}
+	if k := kinds(t, s, p.ID); !reflect.DeepEqual(k, evsBefore) {
+		t.Errorf("refused input logged events: %v, want %v", k, evsBefore)
+	}
+	if peers, err := s.List(ctx(t), registry.Filter{}); err != nil || len(peers) != 1 {
+		t.Errorf("refused registrations stored something: %d peers, %v", len(peers), err)
+	}
+}
+
+// testMalformedHeartbeatFlood floods one peer with malformed heartbeats
+// while every other peer heartbeats as usual: each malformed heartbeat is
+// refused on its own, and every other peer's heartbeat succeeds and leaves
+// it ready.
+func testMalformedHeartbeatFlood(t *testing.T, s registry.Store) {
+	const good, rounds, flood = 40, 3, 400
+	victim := mustRegister(t, s, Spec("victim", registry.RoleDecode)).Peer
+	peers := make([]registry.Peer, good)
+	for i := range peers {
+		peers[i] = mustRegister(t, s, Spec(fmt.Sprintf("d%02d", i), registry.RoleDecode)).Peer
+	}
+	bad := []registry.Heartbeat{
+		{PeerID: victim.ID, InstanceID: victim.InstanceID + "\x00"},
+		{PeerID: victim.ID, InstanceID: "\xff\xfe"},
+		{PeerID: victim.ID, InstanceID: victim.InstanceID, Load: registry.Load{Running: 4294967301}},
+		{PeerID: victim.ID, InstanceID: victim.InstanceID, Load: registry.Load{Queued: -7}},
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, good*rounds+flood)
+	start := make(chan struct{})
+	for i := 0; i < flood; i++ {
+		wg.Add(1)
+		go func(hb registry.Heartbeat) {
+			defer wg.Done()
+			<-start
+			if _, err := s.Heartbeat(ctx(t), hb); !errors.Is(err, registry.ErrInvalid) {
+				errs <- fmt.Errorf("malformed heartbeat %+v: %v, want ErrInvalid", hb, err)
+			}
+		}(bad[i%len(bad)])
+	}
+	for round := 0; round < rounds; round++ {
+		for i := range peers {
+			wg.Add(1)
+			go func(p registry.Peer) {
+				defer wg.Done()
+				<-start
+				r, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID, Load: registry.Load{Running: 1}})
+				if err == nil && r.State != registry.StateReady {
+					err = fmt.Errorf("reply %+v", r)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("good heartbeat of %s: %w", p.Name, err)
+				}
+			}(peers[i])
+		}
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	ready, err := s.List(ctx(t), registry.Filter{State: registry.StateReady})
+	if err != nil || len(ready) != good {
+		t.Fatalf("ready peers: %d, %v; want the %d well-behaved ones", len(ready), err, good)
+	}
+	if v := mustGet(t, s, victim.ID); v.State != registry.StatePending || v.LastHeartbeat != nil {
+		t.Fatalf("the flooded peer: state %s, last heartbeat %v; its malformed heartbeats must change nothing", v.State, v.LastHeartbeat)
+	}
 }

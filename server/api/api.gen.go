@@ -270,7 +270,7 @@ type Pair struct {
 	// Reason why the pair is refused or not routable
 	Reason *string `json:"reason,omitempty"`
 
-	// Routable compatible
+	// Routable compatible, both peers ready, and not quarantined
 	Routable bool `json:"routable"`
 }
 
@@ -287,15 +287,19 @@ type PairList struct {
 
 // Parallelism defines model for Parallelism.
 type Parallelism struct {
-	// AttnTpSize defaults to tp_size
+	// AttnTpSize defaults to tp_size; at most tp_size
 	AttnTpSize *int `json:"attn_tp_size,omitempty"`
-	DcpRank    *int `json:"dcp_rank,omitempty"`
+
+	// DcpRank below dcp_size
+	DcpRank *int `json:"dcp_rank,omitempty"`
 
 	// DcpSize defaults to 1
 	DcpSize *int `json:"dcp_size,omitempty"`
 
 	// DpSize defaults to 1
 	DpSize *int `json:"dp_size,omitempty"`
+
+	// PpRank below pp_size
 	PpRank *int `json:"pp_rank,omitempty"`
 
 	// PpSize defaults to 1
@@ -308,7 +312,7 @@ type Peer struct {
 	// BootstrapHost SGLang prefill: host the decode reaches the bootstrap server at (default: the host of url)
 	BootstrapHost *string `json:"bootstrap_host,omitempty"`
 
-	// BootstrapPort SGLang prefill: bootstrap port (default 8998)
+	// BootstrapPort SGLang prefill: bootstrap port (0 or absent: 8998)
 	BootstrapPort            *int      `json:"bootstrap_port,omitempty"`
 	CreatedAt                time.Time `json:"created_at"`
 	Engine                   Engine    `json:"engine"`
@@ -317,8 +321,10 @@ type Peer struct {
 	Id                       string    `json:"id"`
 
 	// InstanceId changes when the engine process restarts
-	InstanceId      string             `json:"instance_id"`
-	Kv              KVGeometry         `json:"kv"`
+	InstanceId string     `json:"instance_id"`
+	Kv         KVGeometry `json:"kv"`
+
+	// Labels Keys are 1 to 256 characters without control characters.
 	Labels          *map[string]string `json:"labels,omitempty"`
 	LastHeartbeat   *time.Time         `json:"last_heartbeat,omitempty"`
 	LeaseExpiry     time.Time          `json:"lease_expiry"`
@@ -338,6 +344,9 @@ type Peer struct {
 	Url string `json:"url"`
 }
 
+// PeerIDString A peer id, a UUID in lowercase canonical form.
+type PeerIDString = string
+
 // PeerList defines model for PeerList.
 type PeerList struct {
 	Peers []Peer `json:"peers"`
@@ -354,13 +363,15 @@ type PeerRegistration struct {
 	// BootstrapHost SGLang prefill: host the decode reaches the bootstrap server at (default: the host of url)
 	BootstrapHost *string `json:"bootstrap_host,omitempty"`
 
-	// BootstrapPort SGLang prefill: bootstrap port (default 8998)
+	// BootstrapPort SGLang prefill: bootstrap port (0 or absent: 8998)
 	BootstrapPort *int   `json:"bootstrap_port,omitempty"`
 	Engine        Engine `json:"engine"`
 
 	// InstanceId changes when the engine process restarts
-	InstanceId    string             `json:"instance_id"`
-	Kv            KVGeometry         `json:"kv"`
+	InstanceId string     `json:"instance_id"`
+	Kv         KVGeometry `json:"kv"`
+
+	// Labels Keys are 1 to 256 characters without control characters.
 	Labels        *map[string]string `json:"labels,omitempty"`
 	Model         string             `json:"model"`
 	Name          string             `json:"name"`
@@ -389,18 +400,26 @@ type Problem struct {
 
 // Rank defines model for Rank.
 type Rank struct {
-	// AgentMetadata NIXL agent metadata
+	// AgentMetadata NIXL agent metadata, base64
 	AgentMetadata *[]byte `json:"agent_metadata,omitempty"`
 
 	// AgentName NIXL agent name; a new one starts a new generation
-	AgentName   string    `json:"agent_name"`
+	AgentName string `json:"agent_name"`
+
+	// AuxDataLens one per aux region
 	AuxDataLens *[]uint64 `json:"aux_data_lens,omitempty"`
 	AuxDataPtrs *[]uint64 `json:"aux_data_ptrs,omitempty"`
 
 	// GpuId -1 when the rank has no GPU
-	GpuId      *int     `json:"gpu_id,omitempty"`
+	GpuId *int `json:"gpu_id,omitempty"`
+
+	// KvDataLens one per region
 	KvDataLens []uint64 `json:"kv_data_lens"`
+
+	// KvDataPtrs region start addresses; regions of one memory kind must not overlap
 	KvDataPtrs []uint64 `json:"kv_data_ptrs"`
+
+	// KvItemLens one per region, at most the region length
 	KvItemLens []uint64 `json:"kv_item_lens"`
 
 	// KvMemKinds One memory kind per KV region; required, or the destination memory kind could not be resolved.
@@ -432,22 +451,24 @@ type StaleReport struct {
 // State defines model for State.
 type State string
 
-// PeerID defines model for PeerID.
-type PeerID = string
+// PeerID A peer id, a UUID in lowercase canonical form.
+type PeerID = PeerIDString
 
 // ListEventsParams defines parameters for ListEvents.
 type ListEventsParams struct {
-	// Before cursor from next_cursor
-	Before *int64  `form:"before,omitempty" json:"before,omitempty"`
-	Limit  *int    `form:"limit,omitempty" json:"limit,omitempty"`
-	PeerId *string `form:"peer_id,omitempty" json:"peer_id,omitempty"`
+	// Before cursor from next_cursor; 0 or absent: the newest
+	Before *int64        `form:"before,omitempty" json:"before,omitempty"`
+	Limit  *int          `form:"limit,omitempty" json:"limit,omitempty"`
+	PeerId *PeerIDString `form:"peer_id,omitempty" json:"peer_id,omitempty"`
 }
 
 // StreamEventsParams defines parameters for StreamEvents.
 type StreamEventsParams struct {
 	// After replay events after this id first
-	After       *int64  `form:"after,omitempty" json:"after,omitempty"`
-	LastEventID *string `json:"Last-Event-ID,omitempty"`
+	After *int64 `form:"after,omitempty" json:"after,omitempty"`
+
+	// LastEventID the last event id seen (EventSource sends it on reconnect); wins over after
+	LastEventID *int64 `json:"Last-Event-ID,omitempty"`
 }
 
 // ListPairsParams defines parameters for ListPairs.
@@ -940,7 +961,7 @@ func NewStreamEventsRequest(server string, params *StreamEventsParams) (*http.Re
 		if params.LastEventID != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Last-Event-ID", *params.LastEventID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Last-Event-ID", *params.LastEventID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
 			if err != nil {
 				return nil, err
 			}
@@ -2730,14 +2751,14 @@ func (siw *ServerInterfaceWrapper) StreamEvents(w http.ResponseWriter, r *http.R
 
 	// ------------- Optional header parameter "Last-Event-ID" -------------
 	if valueList, found := headers[http.CanonicalHeaderKey("Last-Event-ID")]; found {
-		var LastEventID string
+		var LastEventID int64
 		n := len(valueList)
 		if n != 1 {
 			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Last-Event-ID", Count: n})
 			return
 		}
 
-		err = runtime.BindStyledParameterWithOptions("simple", "Last-Event-ID", valueList[0], &LastEventID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		err = runtime.BindStyledParameterWithOptions("simple", "Last-Event-ID", valueList[0], &LastEventID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: "int64"})
 		if err != nil {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Last-Event-ID", Err: err})
 			return
