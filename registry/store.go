@@ -11,6 +11,11 @@ var (
 	ErrNotFound = errors.New("not found")
 	ErrConflict = errors.New("conflict")
 	ErrInvalid  = errors.New("invalid")
+	// ErrUnavailable: the store could not be reached (connection refused,
+	// the database shutting down or restarting, a broken connection). The
+	// request changed nothing that the caller can rely on and may be
+	// retried, here or on another replica; the HTTP edge answers 503.
+	ErrUnavailable = errors.New("registry store unavailable")
 )
 
 // Lease timing handed to agents at registration. A stale peer learns it must
