@@ -169,3 +169,34 @@ func TestOutageOfOneReplica(t *testing.T) {
 		t.Fatalf("ready peers: %d, %v; want %d", len(ready), err, len(peers)-1)
 	}
 }
+
+// TestMirrorResyncsAfterOutage: while a replica is cut off its database,
+// another replica changes a peer; the notification is lost to the first.
+// Its routing snapshot keeps serving the old state meanwhile, and once the
+// database is back its listener reconnects and the snapshot reloads.
+func TestMirrorResyncsAfterOutage(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{})
+	b := registrytest.OpenPGStore(t, cfg)
+	mirrorA := registry.NewMirror(registry.MirrorConfig{}, a, zerolog.New(zerolog.NewTestWriter(t)))
+	if err := mirrorA.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	snaps := mirrorA.Watch(ctx)
+	peers := readyFleet(t, ctx, b, 2)
+	for _, p := range peers {
+		waitState(t, ctx, mirrorA, snaps, p.ID, registry.StateReady)
+	}
+
+	outage.Cut()
+	if _, err := b.MarkStale(ctx, peers[0].ID, "changed while a was away", ""); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := mirrorA.Snapshot().Peer(peers[0].ID); p.State != registry.StateReady {
+		t.Fatalf("the cut-off replica saw the change: %s", p.State)
+	}
+	outage.Restore()
+	waitState(t, ctx, mirrorA, snaps, peers[0].ID, registry.StateStale)
+}
