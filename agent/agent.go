@@ -126,6 +126,7 @@ type Agent struct {
 	mu       sync.Mutex
 	peer     api.Peer
 	interval time.Duration
+	leaseTTL time.Duration // from the last registration; 0 before
 }
 
 // New returns an agent for eng.
@@ -196,6 +197,7 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 	if p.HeartbeatIntervalSeconds > 0 {
 		a.interval = time.Duration(p.HeartbeatIntervalSeconds * float64(time.Second))
 	}
+	a.leaseTTL = time.Duration(p.LeaseTtlSeconds * float64(time.Second))
 	a.mu.Unlock()
 	a.log.Info().Str("peer", p.Name).Str("id", p.Id).Int64("generation", p.Generation).Str("state", string(p.State)).Msg("registered")
 	if a.cfg.OnRegistered != nil {
@@ -250,6 +252,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				return err
 			}
 		case err != nil:
+			backoff = min(backoff, a.maxHeartbeatBackoff())
 			a.log.Warn().Err(err).Dur("retry_in", backoff).Msg("heartbeat failed; the engine keeps serving")
 			if !sleep(ctx, jitter(backoff)) {
 				return ctx.Err()
@@ -270,6 +273,20 @@ func (a *Agent) Run(ctx context.Context) error {
 			backoff = a.cfg.MinBackoff
 		}
 	}
+}
+
+// maxHeartbeatBackoff caps the pause between failed heartbeats at a
+// quarter of the lease: when the control plane comes back from an outage it
+// grants every lease one TTL (see registry.LeaseSweeper), and an agent that
+// backed off for longer than that would lose a lease it could have kept.
+func (a *Agent) maxHeartbeatBackoff() time.Duration {
+	a.mu.Lock()
+	ttl := a.leaseTTL
+	a.mu.Unlock()
+	if ttl <= 0 {
+		return a.cfg.MaxBackoff
+	}
+	return min(a.cfg.MaxBackoff, ttl/4)
 }
 
 func (a *Agent) registerRetrying(ctx context.Context) error {

@@ -200,3 +200,39 @@ func TestParseControlPlanes(t *testing.T) {
 		t.Errorf("a bad second URL: %v, want an error naming it", err)
 	}
 }
+
+// TestAgentRetriesWithinLease: the only replica's database is away for
+// several leases, so every heartbeat is answered 503 and the agent backs
+// off. Once the database is back the replica grants every lease one TTL;
+// the agent's pause between retries is capped well inside it (a quarter of
+// the lease), so its next heartbeat lands in time however long the outage
+// lasted, with backoffs configured far above the lease.
+func TestAgentRetriesWithinLease(t *testing.T) {
+	t.Parallel()
+	store, outage, _ := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: failoverTTL})
+	cp := startReplica(t, store, nil)
+	a, err := agent.New(agent.Config{ControlPlane: cp.URL, Token: "tok", MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second},
+		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitPeer(t, store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+
+	outage.Cut()
+	// Hold the outage long enough for an uncapped backoff to pass the lease.
+	<-time.After(3 * failoverTTL)
+	outage.Restore()
+	back := time.Now()
+	took := waitUntil(t, "a heartbeat after the outage", func() bool { return heartbeatAfter(store, "d0", back) })
+	t.Logf("first heartbeat %s after the store came back (lease %s)", took, failoverTTL)
+	if took >= failoverTTL/2 {
+		t.Errorf("the agent came back %s after the store, more than half the lease %s", took, failoverTTL)
+	}
+	if n := expiredEvents(t, store); n != 0 {
+		t.Errorf("%d lease expiries", n)
+	}
+}
