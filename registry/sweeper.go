@@ -47,6 +47,10 @@ import (
 
 // SweeperConfig configures a LeaseSweeper.
 type SweeperConfig struct {
+	// LeaseTTL is the stores' lease; when Interval is unset it is a tenth
+	// of it, at most a second, so that a lease ends within a tenth of its
+	// length of when it should.
+	LeaseTTL time.Duration
 	// Interval is how often the sweeper looks for expired leases.
 	Interval time.Duration
 	// PauseAfter is the gap between two sweeps after which the sweeper
@@ -61,6 +65,9 @@ type SweeperConfig struct {
 func (c SweeperConfig) WithDefaults() SweeperConfig {
 	if c.Interval == 0 {
 		c.Interval = time.Second
+		if c.LeaseTTL > 0 {
+			c.Interval = min(c.Interval, c.LeaseTTL/10)
+		}
 	}
 	if c.PauseAfter == 0 {
 		c.PauseAfter = 3 * c.Interval

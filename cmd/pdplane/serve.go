@@ -97,7 +97,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if err := mirror.Start(ctx); err != nil {
 		return nil, fmt.Errorf("load registry: %w", err)
 	}
-	sweeper, err := registry.NewLeaseSweeper(registry.SweeperConfig{}, store, log.With().Str("component", "sweeper").Logger())
+	sweeper, err := registry.NewLeaseSweeper(registry.SweeperConfig{LeaseTTL: c.leaseTTL}, store, log.With().Str("component", "sweeper").Logger())
 	if err != nil {
 		return nil, err
 	}
