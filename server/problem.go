@@ -90,7 +90,9 @@ func toProblem(r *http.Request, err error) *Problem {
 		// Nothing was changed that the caller can rely on; an agent retries
 		// (or fails over to another replica), and the cause is logged, not
 		// echoed.
-		hlog.FromRequest(r).Warn().Err(err).Msg("registry store unavailable (503)")
+		// Debug: during an outage every heartbeat of the fleet lands here;
+		// the sweeper and the listener report the outage itself.
+		hlog.FromRequest(r).Debug().Err(err).Msg("registry store unavailable (503)")
 		return unavailable()
 	case errors.Is(err, registry.ErrConflict):
 		return &Problem{Type: ProblemConflict, Title: "Conflict", Status: http.StatusConflict, Detail: "the request conflicts with a stored peer"}
