@@ -54,6 +54,10 @@ type Config struct {
 	// agent tries it again (doubling while it keeps failing): how soon the
 	// agent returns to the replica it prefers.
 	FailbackMin, FailbackMax time.Duration
+	// LookupHost resolves a control-plane URL's host name; a name with
+	// several addresses counts as several replicas. The system resolver
+	// when nil.
+	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// OnRegistered, if set, is called after every successful registration.
 	OnRegistered func(api.Peer)
 }
@@ -79,6 +83,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.FailbackMax == 0 {
 		c.FailbackMax = 30 * time.Second
+	}
+	if c.LookupHost == nil {
+		c.LookupHost = net.DefaultResolver.LookupHost
 	}
 	return c
 }
@@ -135,23 +142,23 @@ func New(cfg Config, eng Engine, log zerolog.Logger) (*Agent, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	opts := []api.ClientOption{api.WithHTTPClient(cfg.HTTPClient)}
+	var opts []api.ClientOption
 	if cfg.Token != "" {
 		opts = append(opts, api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
 			r.Header.Set("Authorization", "Bearer "+cfg.Token)
 			return nil
 		}))
 	}
-	urls, _ := ParseControlPlanes(cfg.ControlPlane) // validated above
-	cps, err := newControlPlanes(urls, opts, cfg.FailbackMin, cfg.FailbackMax, log)
+	cps, err := newControlPlanes(cfg, opts, log)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	return &Agent{cfg: cfg, eng: eng, cps: cps, log: log, interval: registry.DefaultHeartbeatInterval}, nil
 }
 
-// ControlPlane returns the URL of the control-plane replica that answered
-// the agent last; empty before any answered.
+// ControlPlane names the control-plane replica that answered the agent
+// last: its URL, followed by the address in parentheses when the URL's name
+// resolves to several; empty before any answered.
 func (a *Agent) ControlPlane() string { return a.cps.current() }
 
 // Peer returns the peer as last registered (zero before the first

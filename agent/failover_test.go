@@ -3,8 +3,11 @@ package agent_test
 import (
 	"context"
 	"net"
+	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +32,13 @@ const (
 // nil). It runs the replica's lease sweeper too.
 func startReplica(t *testing.T, store registry.Store, ln net.Listener) *httptest.Server {
 	t.Helper()
+	return startReplicaWith(t, store, ln, nil, false)
+}
+
+// startReplicaWith is startReplica with wrap, when set, around the
+// replica's handler, serving HTTPS when tls is set.
+func startReplicaWith(t *testing.T, store registry.Store, ln net.Listener, wrap func(http.Handler) http.Handler, tls bool) *httptest.Server {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t))
@@ -46,12 +56,20 @@ func startReplica(t *testing.T, store registry.Store, ln net.Listener) *httptest
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewUnstartedServer(srv.Handler())
+	h := srv.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	ts := httptest.NewUnstartedServer(h)
 	if ln != nil {
 		ts.Listener.Close()
 		ts.Listener = ln
 	}
-	ts.Start()
+	if tls {
+		ts.StartTLS()
+	} else {
+		ts.Start()
+	}
 	t.Cleanup(ts.Close)
 	return ts
 }
@@ -234,5 +252,92 @@ func TestAgentRetriesWithinLease(t *testing.T) {
 	}
 	if n := expiredEvents(t, store); n != 0 {
 		t.Errorf("%d lease expiries", n)
+	}
+}
+
+// TestAgentFailsOverAcrossAddressesOfOneName: one control-plane URL whose
+// name resolves to two addresses (a headless Service, round-robin DNS),
+// each a replica. When the replica at the first address answers 503 the
+// agent heartbeats through the second, still under the name: every request
+// carries the name as its Host header and, over HTTPS, as its TLS server
+// name (the test certificate covers *.example.com and 127.0.0.1, not
+// 127.0.0.2, so a connection verified by address would fail).
+func TestAgentFailsOverAcrossAddressesOfOneName(t *testing.T) {
+	t.Parallel()
+	for _, scheme := range []string{"http", "https"} {
+		t.Run(scheme, func(t *testing.T) {
+			t.Parallel()
+			testFailoverAcrossAddresses(t, scheme)
+		})
+	}
+}
+
+func testFailoverAcrossAddresses(t *testing.T, scheme string) {
+	cut, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: failoverTTL})
+	whole := registrytest.OpenPGStore(t, cfg)
+	lnA, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(lnA.Addr().(*net.TCPAddr).Port)
+	lnB, err := net.Listen("tcp", "127.0.0.2:"+port)
+	if err != nil {
+		t.Skipf("no second loopback address to serve a second replica on: %v", err)
+	}
+	name := "cp.example.com:" + port
+	var mu sync.Mutex
+	hosts := map[string]int{}
+	recordHost := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			hosts[r.Host]++
+			if r.TLS != nil {
+				hosts["sni "+r.TLS.ServerName]++
+			}
+			mu.Unlock()
+			h.ServeHTTP(w, r)
+		})
+	}
+	tls := scheme == "https"
+	tsA := startReplicaWith(t, cut, lnA, recordHost, tls)
+	startReplicaWith(t, whole, lnB, recordHost, tls)
+	a, err := agent.New(agent.Config{ControlPlane: scheme + "://" + name, Token: "tok", HTTPClient: tsA.Client(),
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		FailbackMin: 100 * time.Millisecond, FailbackMax: 200 * time.Millisecond,
+		LookupHost: func(_ context.Context, host string) ([]string, error) {
+			if host != "cp.example.com" {
+				return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+			}
+			return []string{"127.0.0.1", "127.0.0.2"}, nil
+		}}, &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	first, second := scheme+"://"+name+" (127.0.0.1:"+port+")", scheme+"://"+name+" (127.0.0.2:"+port+")"
+	waitPeer(t, whole, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+	waitUntil(t, "the agent on the first address", func() bool { return a.ControlPlane() == first })
+	outage.Cut()
+	cutAt := time.Now()
+	waitUntil(t, "a heartbeat through the second address", func() bool {
+		return a.ControlPlane() == second && heartbeatAfter(whole, "d0", cutAt)
+	})
+	outage.Restore()
+	waitUntil(t, "the agent back on the first address", func() bool { return a.ControlPlane() == first })
+	mu.Lock()
+	defer mu.Unlock()
+	want := 1
+	if tls {
+		want = 2
+		if hosts["sni cp.example.com"] == 0 {
+			t.Errorf("TLS server names seen by the replicas: %v, want cp.example.com", hosts)
+		}
+	}
+	if len(hosts) != want || hosts[name] == 0 {
+		t.Errorf("Host headers seen by the replicas: %v, want only %s", hosts, name)
 	}
 }
