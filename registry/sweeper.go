@@ -55,7 +55,8 @@ type SweeperConfig struct {
 	Interval time.Duration
 	// PauseAfter is the gap between two sweeps after which the sweeper
 	// concludes that its process was not running (frozen, starved) and
-	// could not have taken heartbeats, and grants a grace.
+	// could not have taken heartbeats, and grants a grace. Unset, it is
+	// three intervals or half the lease, whichever is longer.
 	PauseAfter time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
@@ -70,7 +71,10 @@ func (c SweeperConfig) WithDefaults() SweeperConfig {
 		}
 	}
 	if c.PauseAfter == 0 {
-		c.PauseAfter = 3 * c.Interval
+		// A gap shorter than half a lease cannot by itself expire a peer
+		// that heartbeats several times a lease, and a short threshold on
+		// a loaded machine would keep granting graces to dead peers.
+		c.PauseAfter = max(3*c.Interval, c.LeaseTTL/2)
 	}
 	if c.Now == nil {
 		c.Now = time.Now

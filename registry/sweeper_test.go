@@ -142,6 +142,18 @@ func TestSweeperExpiresSilentPeers(t *testing.T) {
 
 func TestSweeperConfig(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		ttl, interval, pauseAfter time.Duration
+	}{
+		{0, time.Second, 3 * time.Second},
+		{10 * time.Second, time.Second, 5 * time.Second},                   // the defaults: a second, half a lease
+		{3 * time.Second, 300 * time.Millisecond, 1500 * time.Millisecond}, // a tenth of a short lease
+	} {
+		got := registry.SweeperConfig{LeaseTTL: tc.ttl}.WithDefaults()
+		if got.Interval != tc.interval || got.PauseAfter != tc.pauseAfter {
+			t.Errorf("lease %s: interval %s, pause after %s; want %s, %s", tc.ttl, got.Interval, got.PauseAfter, tc.interval, tc.pauseAfter)
+		}
+	}
 	for _, cfg := range []registry.SweeperConfig{{Interval: -time.Second}, {Interval: time.Second, PauseAfter: time.Second}} {
 		if _, err := registry.NewLeaseSweeper(cfg, memstore.New(memstore.Config{}), zerolog.Nop()); err == nil {
 			t.Errorf("config %+v accepted", cfg)
