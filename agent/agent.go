@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -38,7 +39,9 @@ type Engine interface {
 
 // Config configures an Agent.
 type Config struct {
-	// ControlPlane is the base URL of `pdplane serve`.
+	// ControlPlane is the base URL of `pdplane serve`, or the URLs of
+	// several replicas separated by commas, in order of preference (see
+	// ParseControlPlanes). The agent fails over between them.
 	ControlPlane string
 	// Token is the peer (or admin) bearer token, if the control plane has one.
 	Token      string
@@ -46,6 +49,15 @@ type Config struct {
 	// MinBackoff and MaxBackoff bound the retry delay while the control
 	// plane is unreachable.
 	MinBackoff, MaxBackoff time.Duration
+	// FailbackMin and FailbackMax bound how long a control-plane replica
+	// that refused a connection or answered 5xx is passed over before the
+	// agent tries it again (doubling while it keeps failing): how soon the
+	// agent returns to the replica it prefers.
+	FailbackMin, FailbackMax time.Duration
+	// LookupHost resolves a control-plane URL's host name; a name with
+	// several addresses counts as several replicas. The system resolver
+	// when nil.
+	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// OnRegistered, if set, is called after every successful registration.
 	OnRegistered func(api.Peer)
 }
@@ -53,7 +65,12 @@ type Config struct {
 // WithDefaults fills in unset fields.
 func (c Config) WithDefaults() Config {
 	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+		// A short dial timeout: a replica whose host is gone must not hold
+		// a heartbeat for long when another replica could take it. Go's
+		// dialer tries every address a name resolves to in turn.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.DialContext = (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+		c.HTTPClient = &http.Client{Timeout: 10 * time.Second, Transport: tr}
 	}
 	if c.MinBackoff == 0 {
 		c.MinBackoff = 100 * time.Millisecond
@@ -61,15 +78,27 @@ func (c Config) WithDefaults() Config {
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
 	}
+	if c.FailbackMin == 0 {
+		c.FailbackMin = time.Second
+	}
+	if c.FailbackMax == 0 {
+		c.FailbackMax = 30 * time.Second
+	}
+	if c.LookupHost == nil {
+		c.LookupHost = net.DefaultResolver.LookupHost
+	}
 	return c
 }
 
 func (c Config) validate() error {
-	if c.ControlPlane == "" {
-		return errors.New("agent: control plane URL is required")
+	if _, err := ParseControlPlanes(c.ControlPlane); err != nil {
+		return fmt.Errorf("agent: %w", err)
 	}
 	if c.MinBackoff > c.MaxBackoff {
 		return fmt.Errorf("agent: min backoff %s exceeds max backoff %s", c.MinBackoff, c.MaxBackoff)
+	}
+	if c.FailbackMin <= 0 || c.FailbackMin > c.FailbackMax {
+		return fmt.Errorf("agent: failback min %s must be positive and at most failback max %s", c.FailbackMin, c.FailbackMax)
 	}
 	return nil
 }
@@ -96,14 +125,15 @@ var errPeerGone = errors.New("control plane does not know the peer")
 
 // Agent registers one engine and keeps it registered.
 type Agent struct {
-	cfg    Config
-	eng    Engine
-	client *api.ClientWithResponses
-	log    zerolog.Logger
+	cfg Config
+	eng Engine
+	cps *controlPlanes
+	log zerolog.Logger
 
 	mu       sync.Mutex
 	peer     api.Peer
 	interval time.Duration
+	leaseTTL time.Duration // from the last registration; 0 before
 }
 
 // New returns an agent for eng.
@@ -112,19 +142,24 @@ func New(cfg Config, eng Engine, log zerolog.Logger) (*Agent, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	opts := []api.ClientOption{api.WithHTTPClient(cfg.HTTPClient)}
+	var opts []api.ClientOption
 	if cfg.Token != "" {
 		opts = append(opts, api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
 			r.Header.Set("Authorization", "Bearer "+cfg.Token)
 			return nil
 		}))
 	}
-	client, err := api.NewClientWithResponses(cfg.ControlPlane, opts...)
+	cps, err := newControlPlanes(cfg, opts, log)
 	if err != nil {
-		return nil, fmt.Errorf("agent: control plane client: %w", err)
+		return nil, fmt.Errorf("agent: %w", err)
 	}
-	return &Agent{cfg: cfg, eng: eng, client: client, log: log, interval: registry.DefaultHeartbeatInterval}, nil
+	return &Agent{cfg: cfg, eng: eng, cps: cps, log: log, interval: registry.DefaultHeartbeatInterval}, nil
 }
+
+// ControlPlane names the control-plane replica that answered the agent
+// last: its URL, followed by the address in parentheses when the URL's name
+// resolves to several; empty before any answered.
+func (a *Agent) ControlPlane() string { return a.cps.current() }
 
 // Peer returns the peer as last registered (zero before the first
 // registration).
@@ -145,9 +180,17 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 	if err != nil {
 		return api.Peer{}, fmt.Errorf("encode registration: %w", err)
 	}
-	resp, err := a.client.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body))
+	var resp *api.RegisterPeerResponse
+	err = a.cps.call(ctx, "register "+spec.Name, func(c *api.ClientWithResponses) (*http.Response, error) {
+		var err error
+		resp, err = c.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		return resp.HTTPResponse, nil
+	})
 	if err != nil {
-		return api.Peer{}, fmt.Errorf("register %s: %w", spec.Name, err)
+		return api.Peer{}, err
 	}
 	p := resp.JSON201
 	if p == nil {
@@ -161,6 +204,7 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 	if p.HeartbeatIntervalSeconds > 0 {
 		a.interval = time.Duration(p.HeartbeatIntervalSeconds * float64(time.Second))
 	}
+	a.leaseTTL = time.Duration(p.LeaseTtlSeconds * float64(time.Second))
 	a.mu.Unlock()
 	a.log.Info().Str("peer", p.Name).Str("id", p.Id).Int64("generation", p.Generation).Str("state", string(p.State)).Msg("registered")
 	if a.cfg.OnRegistered != nil {
@@ -215,6 +259,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				return err
 			}
 		case err != nil:
+			backoff = min(backoff, a.maxHeartbeatBackoff())
 			a.log.Warn().Err(err).Dur("retry_in", backoff).Msg("heartbeat failed; the engine keeps serving")
 			if !sleep(ctx, jitter(backoff)) {
 				return ctx.Err()
@@ -235,6 +280,20 @@ func (a *Agent) Run(ctx context.Context) error {
 			backoff = a.cfg.MinBackoff
 		}
 	}
+}
+
+// maxHeartbeatBackoff caps the pause between failed heartbeats at a
+// quarter of the lease: when the control plane comes back from an outage it
+// grants every lease one TTL (see registry.LeaseSweeper), and an agent that
+// backed off for longer than that would lose a lease it could have kept.
+func (a *Agent) maxHeartbeatBackoff() time.Duration {
+	a.mu.Lock()
+	ttl := a.leaseTTL
+	a.mu.Unlock()
+	if ttl <= 0 {
+		return a.cfg.MaxBackoff
+	}
+	return min(a.cfg.MaxBackoff, ttl/4)
 }
 
 func (a *Agent) registerRetrying(ctx context.Context) error {
@@ -262,9 +321,17 @@ func (a *Agent) registerRetrying(ctx context.Context) error {
 func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	p := a.Peer()
 	load := a.eng.Load()
-	resp, err := a.client.HeartbeatPeerWithResponse(ctx, p.Id, api.Heartbeat{
-		InstanceId: p.InstanceId,
-		Load:       &api.Load{Running: load.Running, Queued: load.Queued, KvUsage: load.KVUsage},
+	var resp *api.HeartbeatPeerResponse
+	err := a.cps.call(ctx, "heartbeat", func(c *api.ClientWithResponses) (*http.Response, error) {
+		var err error
+		resp, err = c.HeartbeatPeerWithResponse(ctx, p.Id, api.Heartbeat{
+			InstanceId: p.InstanceId,
+			Load:       &api.Load{Running: load.Running, Queued: load.Queued, KvUsage: load.KVUsage},
+		})
+		if err != nil {
+			return nil, err
+		}
+		return resp.HTTPResponse, nil
 	})
 	if err != nil {
 		return api.HeartbeatReply{}, err
@@ -321,9 +388,17 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 	if r.DecodeAgent != "" {
 		body.AgentName = &r.DecodeAgent
 	}
-	resp, err := a.client.MarkPeerStaleWithResponse(ctx, r.DecodeID, body)
+	var resp *api.MarkPeerStaleResponse
+	err := a.cps.call(ctx, "report peer "+r.DecodeID+" stale", func(c *api.ClientWithResponses) (*http.Response, error) {
+		var err error
+		resp, err = c.MarkPeerStaleWithResponse(ctx, r.DecodeID, body)
+		if err != nil {
+			return nil, err
+		}
+		return resp.HTTPResponse, nil
+	})
 	if err != nil {
-		return fmt.Errorf("report peer %s stale: %w", r.DecodeID, err)
+		return err
 	}
 	if resp.JSON200 == nil {
 		return fmt.Errorf("report peer %s stale: %w", r.DecodeID, refusal(resp.HTTPResponse, resp.Body))

@@ -107,10 +107,17 @@ func ApplyDrain(prev Peer, now time.Time) (Peer, []Event) {
 	return next, []Event{{Kind: EventDrained, Message: "drained by operator"}}
 }
 
+// HoldsLease reports whether a peer in state st needs heartbeats to keep
+// it: a pending, ready or stale peer fails when its lease runs out; a
+// draining or failed one does not.
+func HoldsLease(st State) bool {
+	return st == StateReady || st == StatePending || st == StateStale
+}
+
 // Expired reports whether the peer's lease has run out in a state where
 // that matters, and returns the failed peer.
 func Expired(prev Peer, now time.Time) (Peer, []Event, bool) {
-	if !now.After(prev.LeaseExpiry) || (prev.State != StateReady && prev.State != StatePending && prev.State != StateStale) {
+	if !now.After(prev.LeaseExpiry) || !HoldsLease(prev.State) {
 		return prev, nil, false
 	}
 	next := prev

@@ -17,6 +17,9 @@ type MirrorConfig struct {
 	// snapshot. It bounds how often snapshots are rebuilt under a storm of
 	// changes, and adds to the time a stale mark takes to reach the router.
 	Debounce time.Duration
+	// MinRetry and MaxRetry bound the backoff between attempts to refresh
+	// the snapshot after a refresh failed.
+	MinRetry, MaxRetry time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -25,6 +28,12 @@ type MirrorConfig struct {
 func (c MirrorConfig) WithDefaults() MirrorConfig {
 	if c.Debounce == 0 {
 		c.Debounce = 5 * time.Millisecond
+	}
+	if c.MinRetry == 0 {
+		c.MinRetry = 50 * time.Millisecond
+	}
+	if c.MaxRetry == 0 {
+		c.MaxRetry = 2 * time.Second
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -93,20 +102,46 @@ func (m *Mirror) Watch(ctx context.Context) <-chan *Snapshot {
 }
 
 func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
-	for {
-		var c Change
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return
-		case c, ok = <-changes:
-			if !ok {
-				return
-			}
+	// ids and all are what the snapshot still has to catch up with. They
+	// are kept until a refresh succeeds: a refresh that fails (the store is
+	// away, or its first query after an outage meets a broken connection)
+	// is retried with backoff, since the change that asked for it — often
+	// the full reload after the listener reconnected — will not come again.
+	ids, all := map[string]struct{}{}, false
+	merge := func(c Change) {
+		if len(c.PeerIDs) == 0 {
+			all = true
 		}
-		ids, all := map[string]struct{}{}, len(c.PeerIDs) == 0
 		for _, id := range c.PeerIDs {
 			ids[id] = struct{}{}
+		}
+	}
+	retrying, backoff := false, m.cfg.MinRetry
+	for {
+		if retrying {
+			timer := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case c, ok := <-changes:
+				timer.Stop()
+				if !ok {
+					return
+				}
+				merge(c) // a notification arrived: the store answers again
+			case <-timer.C:
+			}
+		} else {
+			select {
+			case <-ctx.Done():
+				return
+			case c, ok := <-changes:
+				if !ok {
+					return
+				}
+				merge(c)
+			}
 		}
 		// Gather what else arrives within the debounce window.
 		timer := time.NewTimer(m.cfg.Debounce)
@@ -120,19 +155,21 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 				if !ok {
 					break gather
 				}
-				if len(more.PeerIDs) == 0 {
-					all = true
-				}
-				for _, id := range more.PeerIDs {
-					ids[id] = struct{}{}
-				}
+				merge(more)
 			case <-timer.C:
 				break gather
 			}
 		}
-		if err := m.apply(ctx, ids, all); err != nil && ctx.Err() == nil {
-			m.log.Error().Err(err).Msg("refresh registry snapshot")
+		if err := m.apply(ctx, ids, all); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			m.log.Warn().Err(err).Dur("retry_in", backoff).Msg("refresh registry snapshot; routing from the previous one")
+			retrying, backoff = true, min(2*backoff, m.cfg.MaxRetry)
+			continue
 		}
+		ids, all = map[string]struct{}{}, false
+		retrying, backoff = false, m.cfg.MinRetry
 	}
 }
 

@@ -11,6 +11,11 @@ var (
 	ErrNotFound = errors.New("not found")
 	ErrConflict = errors.New("conflict")
 	ErrInvalid  = errors.New("invalid")
+	// ErrUnavailable: the store could not be reached (connection refused,
+	// the database shutting down or restarting, a broken connection). The
+	// request changed nothing that the caller can rely on and may be
+	// retried, here or on another replica; the HTTP edge answers 503.
+	ErrUnavailable = errors.New("registry store unavailable")
 )
 
 // Lease timing handed to agents at registration. A stale peer learns it must
@@ -181,6 +186,11 @@ type Store interface {
 	// ExpireLeases marks every ready or pending peer whose lease ended before
 	// now as failed and returns how many it marked.
 	ExpireLeases(ctx context.Context, now time.Time) (int, error)
+	// GrantLeaseGrace extends the lease of every pending, ready or stale
+	// peer to at least now plus the lease TTL, and returns how many it
+	// extended. The lease sweeper calls it when heartbeats may have been
+	// lost through no fault of the peers (see LeaseSweeper).
+	GrantLeaseGrace(ctx context.Context, now time.Time) (int, error)
 	Events(ctx context.Context, q EventQuery) ([]Event, error)
 	// Subscribe delivers a Change after every committed change, from any
 	// replica, until ctx ends. Slow receivers see coalesced changes.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/rs/zerolog/hlog"
 
@@ -32,6 +34,9 @@ type Problem struct {
 	Status int    `json:"status"`
 	Detail string `json:"detail"`
 	Field  string `json:"field,omitempty"`
+	// RetryAfter, when positive, is sent as the Retry-After header (in
+	// whole seconds): the request may succeed if repeated then.
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (p *Problem) Error() string { return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail) }
@@ -48,8 +53,21 @@ func malformed(field, detail string) *Problem {
 func writeProblem(w http.ResponseWriter, p *Problem) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if p.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((p.RetryAfter+time.Second-1)/time.Second)))
+	}
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)
+}
+
+// storeRetryAfter is what a 503 for an unreachable store suggests: a
+// PostgreSQL restart or failover usually takes seconds, and agents retry
+// with their own backoff anyway.
+const storeRetryAfter = time.Second
+
+func unavailable() *Problem {
+	return &Problem{Type: ProblemUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
+		Detail: "the registry store cannot be reached; retry later or on another replica", RetryAfter: storeRetryAfter}
 }
 
 // toProblem classifies an error at the HTTP edge. Anything unexpected is a
@@ -68,6 +86,14 @@ func toProblem(r *http.Request, err error) *Problem {
 			Detail: fmt.Sprintf("request body exceeds %d bytes", tooLarge.Limit), Field: "body"}
 	case errors.Is(err, registry.ErrNotFound):
 		return &Problem{Type: ProblemNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no such peer"}
+	case errors.Is(err, registry.ErrUnavailable):
+		// Nothing was changed that the caller can rely on; an agent retries
+		// (or fails over to another replica), and the cause is logged, not
+		// echoed.
+		// Debug: during an outage every heartbeat of the fleet lands here;
+		// the sweeper and the listener report the outage itself.
+		hlog.FromRequest(r).Debug().Err(err).Msg("registry store unavailable (503)")
+		return unavailable()
 	case errors.Is(err, registry.ErrConflict):
 		return &Problem{Type: ProblemConflict, Title: "Conflict", Status: http.StatusConflict, Detail: "the request conflicts with a stored peer"}
 	}

@@ -201,18 +201,23 @@ func (s *Server) responseError(w http.ResponseWriter, r *http.Request, err error
 	writeProblem(w, toProblem(r, err))
 }
 
-// readyz is 200 only when the store answers and the routing snapshot holds
-// at least one compatible pair of ready peers.
+// readyz is 200 when the routing snapshot holds at least one compatible
+// pair of ready peers: that is what this replica needs to serve clients.
+// A store that does not answer does not make it unready: the router keeps
+// routing from its last snapshot, and taking every replica out of a load
+// balancer because their shared database is away would stop the traffic
+// that still flows. The body says so; agents learn of the outage from the
+// 503s of the API and fail over.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if ok, reason := s.snaps.Snapshot().Routable(); !ok {
+		http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.store.Ping(ctx); err != nil {
-		hlog.FromRequest(r).Warn().Err(err).Msg("readiness: store does not answer")
-		http.Error(w, "not ready: registry store does not answer", http.StatusServiceUnavailable)
-		return
-	}
-	if ok, reason := s.snaps.Snapshot().Routable(); !ok {
-		http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
+		hlog.FromRequest(r).Warn().Err(err).Msg("readiness: store does not answer; routing from the last snapshot")
+		_, _ = w.Write([]byte("ready (registry store does not answer: routing from the last snapshot)\n"))
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))

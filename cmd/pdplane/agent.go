@@ -13,7 +13,8 @@ func runAgent(ctx context.Context, args []string) error {
 	var controlPlane, token, logLevel string
 	var eng agent.SpecFileEngine
 	fs := newFlagSet("agent")
-	fs.str(&controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve")
+	fs.str(&controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve, or several replicas' URLs "+
+		"separated by commas: the agent uses the first that answers and fails over on connection errors and 5xx")
 	fs.str(&token, "token", "", "peer token of the control plane")
 	fs.str(&eng.Path, "spec", "", "JSON registration of the engine (the body of POST /api/v1/peers) written by its launcher: "+
 		"KV regions, memory kinds, NIXL agents")

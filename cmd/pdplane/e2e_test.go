@@ -385,5 +385,7 @@ func TestMain(m *testing.M) {
 			os.Setenv(k, v)
 		}
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	removeBinary()
+	os.Exit(code)
 }

@@ -97,7 +97,11 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if err := mirror.Start(ctx); err != nil {
 		return nil, fmt.Errorf("load registry: %w", err)
 	}
-	go registry.RunLeaseSweeper(ctx, store, time.Second, time.Now, log.With().Str("component", "sweeper").Logger())
+	sweeper, err := registry.NewLeaseSweeper(registry.SweeperConfig{LeaseTTL: c.leaseTTL}, store, log.With().Str("component", "sweeper").Logger())
+	if err != nil {
+		return nil, err
+	}
+	go sweeper.Run(ctx)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

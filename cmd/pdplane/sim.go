@@ -92,7 +92,8 @@ func runSim(ctx context.Context, args []string) error {
 	fs := newFlagSet("sim")
 	simFlags(fs, &c, &role, &engine)
 	fs.IntVar(&c.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill (0 picks a free one)")
-	fs.str(&controlPlane, "control-plane", "", "base URL of pdplane serve to register with; empty runs the engine alone")
+	fs.str(&controlPlane, "control-plane", "", "base URL of pdplane serve to register with, or several replicas' URLs "+
+		"separated by commas (failover in order); empty runs the engine alone")
 	fs.str(&token, "token", "", "peer token of the control plane")
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.parse(args); err != nil {

@@ -350,6 +350,25 @@ func (s *Store) ExpireLeases(_ context.Context, now time.Time) (int, error) {
 	return len(ids), nil
 }
 
+// GrantLeaseGrace implements registry.Store. The peers keep their state and
+// events: a grace is not a heartbeat.
+func (s *Store) GrantLeaseGrace(_ context.Context, now time.Time) (int, error) {
+	until := now.UTC().Truncate(time.Microsecond).Add(s.cfg.LeaseTTL)
+	s.mu.Lock()
+	var ids []string
+	for id, p := range s.byID {
+		if registry.HoldsLease(p.State) && p.LeaseExpiry.Before(until) {
+			p.LeaseExpiry = until
+			ids = append(ids, id)
+		}
+	}
+	s.mu.Unlock()
+	if len(ids) > 0 {
+		s.publish(ids...)
+	}
+	return len(ids), nil
+}
+
 // Events implements registry.Store.
 func (s *Store) Events(_ context.Context, q registry.EventQuery) ([]registry.Event, error) {
 	if err := q.Validate(); err != nil {

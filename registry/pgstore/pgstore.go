@@ -11,6 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
+	"net"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -181,6 +185,9 @@ func classify(err error, what string) error {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%s: %w", what, registry.ErrNotFound)
 	}
+	if unreachable(err) {
+		return fmt.Errorf("%s: %w: %w", what, registry.ErrUnavailable, err)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
@@ -191,4 +198,34 @@ func classify(err error, what string) error {
 		}
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// unreachable reports whether err says the database could not be reached or
+// went away under the request, as opposed to refusing the request itself:
+// a failed connection attempt (refused, reset, the server starting up or
+// shutting down), a connection exception (SQLSTATE class 08), an operator or
+// crash shutdown (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03
+// cannot_connect_now), too many connections (53300), or a connection that
+// broke mid-statement.
+func unreachable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"),
+			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03",
+			pgErr.Code == "53300":
+			return true
+		}
+		var connErr *pgconn.ConnectError
+		return errors.As(err, &connErr) // e.g. 57P03 while connecting
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	switch {
+	case errors.As(err, &connErr), errors.As(err, &netErr),
+		errors.Is(err, pgconn.ErrConnClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return true
+	}
+	return false
 }

@@ -380,6 +380,29 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
 	return n, classify(err, "expire leases")
 }
 
+// GrantLeaseGrace implements registry.Store in one statement. It takes no
+// advisory lock: lease_expiry only grows, and a sweep running at the same
+// time re-checks each row it would expire after this statement commits.
+func (s *Store) GrantLeaseGrace(ctx context.Context, now time.Time) (int, error) {
+	var ids []string
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `UPDATE peers SET lease_expiry = $1
+			WHERE lease_expiry < $1 AND state IN ('pending', 'ready', 'stale')
+			RETURNING id::text`, now.UTC().Add(s.cfg.LeaseTTL))
+		if err != nil {
+			return err
+		}
+		if ids, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(ids) == 0 {
+			return err
+		}
+		return s.notify(ctx, tx, ids...)
+	})
+	if err != nil {
+		return 0, classify(err, "grant lease grace")
+	}
+	return len(ids), nil
+}
+
 // Events implements registry.Store.
 func (s *Store) Events(ctx context.Context, q registry.EventQuery) ([]registry.Event, error) {
 	if err := q.Validate(); err != nil {

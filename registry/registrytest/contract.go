@@ -34,6 +34,7 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"DrainAndDelete", testDrainDelete},
 		{"ListFilters", testList},
 		{"LeaseExpiry", testExpiry},
+		{"LeaseGrace", testLeaseGrace},
 		{"EventsPaging", testEvents},
 		{"SubscribeAnnouncesChanges", testSubscribe},
 		{"Quarantine", testQuarantine},
@@ -313,6 +314,61 @@ func testExpiry(t *testing.T, s registry.Store) {
 	}
 	if k := kinds(t, s, p.ID); !reflect.DeepEqual(k, []registry.EventKind{registry.EventRegistered, registry.EventReady, registry.EventExpired, registry.EventReady}) {
 		t.Fatalf("events = %v", k)
+	}
+}
+
+// testLeaseGrace: a grace granted long after every lease ran out keeps live
+// peers from expiring for one TTL from the grant, and no longer; it leaves
+// failed and draining peers, their states and their events alone.
+func testLeaseGrace(t *testing.T, s registry.Store) {
+	live := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	mustHeartbeat(t, s, live)
+	pending := mustRegister(t, s, Spec("d0", registry.RoleDecode)).Peer
+	drained := mustRegister(t, s, Spec("d1", registry.RoleDecode)).Peer
+	if _, err := s.Drain(ctx(t), drained.ID); err != nil {
+		t.Fatal(err)
+	}
+	failed := mustRegister(t, s, Spec("d2", registry.RoleDecode)).Peer
+	if n, err := s.ExpireLeases(ctx(t), time.Now().Add(registry.DefaultLeaseTTL+time.Minute)); err != nil || n != 3 {
+		t.Fatalf("expire to set up a failed peer: %d, %v; want 3", n, err)
+	}
+	mustHeartbeat(t, s, live)
+	mustRegister(t, s, Spec("d0", registry.RoleDecode)) // pending again, with a fresh lease
+	before := map[string][]registry.EventKind{}
+	for _, p := range []registry.Peer{live, pending, drained, failed} {
+		before[p.ID] = kinds(t, s, p.ID)
+	}
+
+	grant := time.Now().Add(time.Hour) // every lease ran out long ago
+	n, err := s.GrantLeaseGrace(ctx(t), grant)
+	if err != nil || n != 2 {
+		t.Fatalf("grant: %d, %v; want the 2 live peers", n, err)
+	}
+	for _, p := range []registry.Peer{live, pending} {
+		got := mustGet(t, s, p.ID)
+		if want := grant.UTC().Truncate(time.Microsecond).Add(registry.DefaultLeaseTTL); !got.LeaseExpiry.Equal(want) {
+			t.Errorf("%s lease after the grace = %s, want %s", got.Name, got.LeaseExpiry, want)
+		}
+	}
+	if n, err := s.ExpireLeases(ctx(t), grant.Add(registry.DefaultLeaseTTL-time.Second)); err != nil || n != 0 {
+		t.Fatalf("expire within the grace: %d, %v; want 0", n, err)
+	}
+	if n, err := s.GrantLeaseGrace(ctx(t), grant.Add(-time.Minute)); err != nil || n != 0 {
+		t.Fatalf("an earlier grant shortened %d leases (%v); leases only grow", n, err)
+	}
+	for _, p := range []registry.Peer{live, pending, drained, failed} {
+		if got := kinds(t, s, p.ID); !reflect.DeepEqual(got, before[p.ID]) {
+			t.Errorf("%s: the grace logged events %v, had %v", p.Name, got, before[p.ID])
+		}
+	}
+	for id, want := range map[string]registry.State{live.ID: registry.StateReady, pending.ID: registry.StatePending,
+		drained.ID: registry.StateDraining, failed.ID: registry.StateFailed} {
+		if got := mustGet(t, s, id); got.State != want {
+			t.Errorf("%s after the grace: %s, want %s", got.Name, got.State, want)
+		}
+	}
+	if n, err := s.ExpireLeases(ctx(t), grant.Add(registry.DefaultLeaseTTL+time.Second)); err != nil || n != 2 {
+		t.Fatalf("expire after the grace: %d, %v; want the 2 peers that never heartbeat again", n, err)
 	}
 }
 

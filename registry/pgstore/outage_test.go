@@ -1,0 +1,202 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/pgstore"
+	"github.com/pdplane/pdplane/registry/registrytest"
+)
+
+// readyFleet registers n peers and heartbeats each once: all ready.
+func readyFleet(t *testing.T, ctx context.Context, s registry.Store, n int) []registry.Peer {
+	t.Helper()
+	peers := registerFleet(t, ctx, s, n)
+	for _, p := range peers {
+		if _, err := s.Heartbeat(ctx, registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return peers
+}
+
+// sweepUntilOK sweeps until a sweep reaches the database again: the first
+// ones after an outage may still meet pooled connections the outage broke.
+func sweepUntilOK(t *testing.T, ctx context.Context, sw *registry.LeaseSweeper) int {
+	t.Helper()
+	for i := 0; ; i++ {
+		n, err := sw.Sweep(ctx)
+		if err == nil {
+			return n
+		}
+		if !errors.Is(err, registry.ErrUnavailable) || i == 50 {
+			t.Fatalf("sweep after the outage: %v", err)
+		}
+	}
+}
+
+// TestLeasesSurviveStoreOutage is issue 11's first failure: PostgreSQL away
+// for longer than the lease TTL, then back. Every heartbeat in between
+// failed with ErrUnavailable (the HTTP edge answers 503), so the lapsed
+// leases say nothing about the peers: the first sweep that reaches the
+// database again grants a grace of one TTL, and only peers that stay silent
+// after it fail.
+func TestLeasesSurviveStoreOutage(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const ttl, interval = 3 * time.Second, 500 * time.Millisecond
+	clock := &registrytest.Clock{}
+	s, outage, _ := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: ttl, Now: clock.Now})
+	peers := readyFleet(t, ctx, s, 10)
+	sw, err := registry.NewLeaseSweeper(registry.SweeperConfig{Interval: interval, Now: clock.Now}, s, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := sweepUntilOK(t, ctx, sw); n != 0 {
+		t.Fatalf("first sweep expired %d", n)
+	}
+
+	outage.Cut()
+	for elapsed := time.Duration(0); elapsed < 3*ttl; elapsed += interval {
+		clock.Advance(interval)
+		if _, err := sw.Sweep(ctx); !errors.Is(err, registry.ErrUnavailable) {
+			t.Fatalf("sweep during the outage: %v, want ErrUnavailable", err)
+		}
+	}
+	_, err = s.Heartbeat(ctx, registry.Heartbeat{PeerID: peers[0].ID, InstanceID: peers[0].InstanceID})
+	if !errors.Is(err, registry.ErrUnavailable) {
+		t.Fatalf("heartbeat during the outage: %v, want ErrUnavailable", err)
+	}
+	if _, err := s.List(ctx, registry.Filter{}); !errors.Is(err, registry.ErrUnavailable) {
+		t.Fatalf("list during the outage: %v, want ErrUnavailable", err)
+	}
+	if _, err := s.Register(ctx, registrytest.Spec("late", registry.RoleDecode)); !errors.Is(err, registry.ErrUnavailable) {
+		t.Fatalf("register during the outage: %v, want ErrUnavailable", err)
+	}
+
+	outage.Restore()
+	if n := sweepUntilOK(t, ctx, sw); n != 0 {
+		t.Fatalf("the first sweep after the outage expired %d peers; want a grace", n)
+	}
+	for elapsed := interval; elapsed < ttl; elapsed += interval {
+		clock.Advance(interval)
+		if n, err := sw.Sweep(ctx); err != nil || n != 0 {
+			t.Fatalf("sweep %s into the grace: %d expired, %v", elapsed, n, err)
+		}
+	}
+	all, err := s.List(ctx, registry.Filter{State: registry.StateReady})
+	if err != nil || len(all) != len(peers) {
+		t.Fatalf("ready peers at the end of the grace: %d (%v), want %d", len(all), err, len(peers))
+	}
+	// The grace is one TTL, not an amnesty: peers whose agents stay
+	// silent after it fail.
+	expired := 0
+	for i := 0; i < 3; i++ {
+		clock.Advance(interval)
+		n, err := sw.Sweep(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expired += n
+	}
+	if expired != len(peers) {
+		t.Fatalf("after the grace %d peers expired, want %d", expired, len(peers))
+	}
+}
+
+// TestOutageOfOneReplica: two replicas share the database; one loses it
+// (a network partition of its own). The other keeps sweeping, and the
+// peers whose agents moved over to it stay alive; the partitioned replica
+// answers ErrUnavailable, and its grace once it reaches the database again
+// touches only live leases.
+func TestOutageOfOneReplica(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const ttl, interval = 3 * time.Second, 500 * time.Millisecond
+	clock := &registrytest.Clock{}
+	a, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: ttl, Now: clock.Now})
+	b := registrytest.OpenPGStore(t, cfg)
+	peers := readyFleet(t, ctx, b, 2)
+	log := zerolog.New(zerolog.NewTestWriter(t))
+	swA, err := registry.NewLeaseSweeper(registry.SweeperConfig{Interval: interval, Now: clock.Now}, a, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	swB, err := registry.NewLeaseSweeper(registry.SweeperConfig{Interval: interval, Now: clock.Now}, b, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sweepUntilOK(t, ctx, swA)
+	sweepUntilOK(t, ctx, swB)
+
+	outage.Cut()
+	silent := peers[0] // its agent reaches no working replica
+	expired := 0
+	for elapsed := time.Duration(0); elapsed < 2*ttl; elapsed += interval {
+		clock.Advance(interval)
+		for _, p := range peers[1:] { // these agents fail over to b
+			if _, err := b.Heartbeat(ctx, registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := swA.Sweep(ctx); !errors.Is(err, registry.ErrUnavailable) {
+			t.Fatalf("partitioned replica's sweep: %v, want ErrUnavailable", err)
+		}
+		n, err := swB.Sweep(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expired += n
+	}
+	if expired != 1 {
+		t.Fatalf("the healthy replica expired %d peers; want only the silent one", expired)
+	}
+	outage.Restore()
+	sweepUntilOK(t, ctx, swA)
+	got, err := b.Get(ctx, silent.ID)
+	if err != nil || got.State != registry.StateFailed {
+		t.Fatalf("silent peer after the partition healed: %s, %v; the grace must not revive it", got.State, err)
+	}
+	ready, err := b.List(ctx, registry.Filter{State: registry.StateReady})
+	if err != nil || len(ready) != len(peers)-1 {
+		t.Fatalf("ready peers: %d, %v; want %d", len(ready), err, len(peers)-1)
+	}
+}
+
+// TestMirrorResyncsAfterOutage: while a replica is cut off its database,
+// another replica changes a peer; the notification is lost to the first.
+// Its routing snapshot keeps serving the old state meanwhile, and once the
+// database is back its listener reconnects and the snapshot reloads.
+func TestMirrorResyncsAfterOutage(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{})
+	b := registrytest.OpenPGStore(t, cfg)
+	mirrorA := registry.NewMirror(registry.MirrorConfig{}, a, zerolog.New(zerolog.NewTestWriter(t)))
+	if err := mirrorA.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	snaps := mirrorA.Watch(ctx)
+	peers := readyFleet(t, ctx, b, 2)
+	for _, p := range peers {
+		waitState(t, ctx, mirrorA, snaps, p.ID, registry.StateReady)
+	}
+
+	outage.Cut()
+	if _, err := b.MarkStale(ctx, peers[0].ID, "changed while a was away", ""); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := mirrorA.Snapshot().Peer(peers[0].ID); p.State != registry.StateReady {
+		t.Fatalf("the cut-off replica saw the change: %s", p.State)
+	}
+	outage.Restore()
+	waitState(t, ctx, mirrorA, snaps, peers[0].ID, registry.StateStale)
+}
