@@ -36,6 +36,12 @@ type Heartbeat struct {
 	PeerID     string
 	InstanceID string
 	Load       Load
+	// EngineDown is the agent's verdict from probing its engine: the probes
+	// failed often enough in a row to call the engine down. False when the
+	// engine is healthy or the agent does not probe it.
+	EngineDown bool
+	// EngineError is the last failed probe's error, when EngineDown.
+	EngineError string
 }
 
 // HeartbeatReply is the control plane's answer to a heartbeat.

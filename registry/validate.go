@@ -284,3 +284,25 @@ func sortedKeys(m map[string]string) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// MaxEngineErrorLen bounds the probe error a heartbeat may carry; it
+// becomes the peer's state reason.
+const MaxEngineErrorLen = 1024
+
+// Validate checks the fields of a heartbeat that an agent fills in, naming
+// the bad one.
+func (hb Heartbeat) Validate() error {
+	switch {
+	case hb.Load.Running < 0:
+		return fieldErr("load.running", "must not be negative")
+	case hb.Load.Queued < 0:
+		return fieldErr("load.queued", "must not be negative")
+	case !(hb.Load.KVUsage >= 0 && hb.Load.KVUsage <= 1): // NaN fails too
+		return fieldErr("load.kv_usage", "must be between 0 and 1")
+	case !hb.EngineDown && hb.EngineError != "":
+		return fieldErr("engine_error", "is set only when engine_healthy is false")
+	case hb.EngineError == "":
+		return nil
+	}
+	return validateText("engine_error", hb.EngineError, MaxEngineErrorLen)
+}
