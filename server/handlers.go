@@ -99,17 +99,15 @@ func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerReques
 	if strings.TrimSpace(req.Body.InstanceId) == "" {
 		return nil, invalidField("instance_id", "instance_id is required")
 	}
-	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId}
+	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId, EngineError: deref(req.Body.EngineError)}
 	if l := req.Body.Load; l != nil {
-		switch {
-		case l.Running < 0:
-			return nil, invalidField("load.running", "must not be negative")
-		case l.Queued < 0:
-			return nil, invalidField("load.queued", "must not be negative")
-		case l.KvUsage < 0 || l.KvUsage > 1:
-			return nil, invalidField("load.kv_usage", "must be between 0 and 1")
-		}
 		hb.Load = registry.Load{Running: l.Running, Queued: l.Queued, KVUsage: l.KvUsage}
+	}
+	if req.Body.EngineHealthy != nil {
+		hb.EngineDown = !*req.Body.EngineHealthy
+	}
+	if err := hb.Validate(); err != nil {
+		return nil, err
 	}
 	reply, err := h.store.Heartbeat(ctx, hb)
 	if err != nil {
