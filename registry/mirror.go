@@ -17,6 +17,11 @@ type MirrorConfig struct {
 	// snapshot. It bounds how often snapshots are rebuilt under a storm of
 	// changes, and adds to the time a stale mark takes to reach the router.
 	Debounce time.Duration
+	// LoadRefresh is how often the peers' loads are read from the store;
+	// heartbeats change them without announcing a change. Default: the
+	// default heartbeat interval; negative turns the reads off (loads then
+	// change only with snapshots).
+	LoadRefresh time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -25,6 +30,9 @@ type MirrorConfig struct {
 func (c MirrorConfig) WithDefaults() MirrorConfig {
 	if c.Debounce == 0 {
 		c.Debounce = 5 * time.Millisecond
+	}
+	if c.LoadRefresh == 0 {
+		c.LoadRefresh = DefaultHeartbeatInterval
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -43,6 +51,7 @@ type Mirror struct {
 	cur     atomic.Pointer[Snapshot]
 	peers   map[string]Peer // owned by the run loop after Start
 	version uint64
+	loads   LoadTable // shared by every snapshot
 
 	mu       sync.Mutex
 	watchers map[chan *Snapshot]struct{}
@@ -70,7 +79,34 @@ func (m *Mirror) Start(ctx context.Context) error {
 		return err
 	}
 	go m.run(ctx, changes)
+	if m.cfg.LoadRefresh > 0 {
+		go m.refreshLoads(ctx)
+	}
 	return nil
+}
+
+// refreshLoads reads every peer's load into the shared table each
+// LoadRefresh until ctx ends.
+func (m *Mirror) refreshLoads(ctx context.Context) {
+	t := time.NewTicker(m.cfg.LoadRefresh)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		loads, err := m.store.Loads(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			m.log.Warn().Err(err).Msg("read peer loads; routing keeps the last ones")
+			failing = true
+		case err == nil:
+			m.loads.Set(loads)
+			failing = false
+		}
+	}
 }
 
 // Snapshot returns the current snapshot. It never blocks.
@@ -173,6 +209,7 @@ func (m *Mirror) rebuild(ctx context.Context) error {
 	}
 	m.version++
 	s := NewSnapshot(m.version, peers, qs, m.cfg.Now())
+	s.loads = &m.loads
 	m.cur.Store(s)
 	m.mu.Lock()
 	for ch := range m.watchers {

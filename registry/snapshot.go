@@ -22,6 +22,7 @@ type Snapshot struct {
 	models      map[string]*ModelRoutes
 	modelNames  []string
 	unhealthy   []*Peer // sorted by name; named by Routable
+	loads       *LoadTable
 }
 
 // ModelRoutes is what the router needs to serve one model: the ready
@@ -288,6 +289,20 @@ func (s *Snapshot) Verdict(prefill, decode *Peer) Verdict {
 		}
 	}
 	return CheckPair(&prefill.PeerSpec, &decode.PeerSpec)
+}
+
+// Load returns the peer's latest reported load: from the load table the
+// snapshot shares with its Mirror, or from the peer as the snapshot holds
+// it, whichever heartbeat is newer. ok is false for a peer that never
+// heartbeated.
+func (s *Snapshot) Load(p *Peer) (l PeerLoad, ok bool) {
+	if p.LastHeartbeat != nil {
+		l, ok = PeerLoad{PeerID: p.ID, Load: p.Load, At: *p.LastHeartbeat}, true
+	}
+	if t, found := s.loads.Get(p.ID); found && (!ok || t.At.After(l.At)) {
+		l, ok = t, true
+	}
+	return l, ok
 }
 
 // Quarantined returns the quarantine record of a pair, if any.

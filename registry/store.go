@@ -183,6 +183,10 @@ type Store interface {
 	// now as failed and returns how many it marked.
 	ExpireLeases(ctx context.Context, now time.Time) (int, error)
 	Events(ctx context.Context, q EventQuery) ([]Event, error)
+	// Loads returns the load of every peer that has heartbeated, as its
+	// last heartbeat reported it. Heartbeats change loads without
+	// announcing a change, so a Mirror reads them on a timer.
+	Loads(ctx context.Context) ([]PeerLoad, error)
 	// Subscribe delivers a Change after every committed change, from any
 	// replica, until ctx ends. Slow receivers see coalesced changes.
 	Subscribe(ctx context.Context) <-chan Change

@@ -92,7 +92,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 			cp.close()
 		}
 	}()
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log.With().Str("component", "mirror").Logger())
+	mirror := registry.NewMirror(registry.MirrorConfig{LoadRefresh: c.heartbeat}, store, log.With().Str("component", "mirror").Logger())
 	cp.mirror = mirror
 	if err := mirror.Start(ctx); err != nil {
 		return nil, fmt.Errorf("load registry: %w", err)

@@ -30,6 +30,7 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"HeartbeatTurnsReady", testHeartbeat},
 		{"HeartbeatUnknownPeer", testHeartbeatUnknown},
 		{"EngineDownAndBack", testEngineDown},
+		{"LoadsFollowHeartbeats", testLoads},
 		{"StaleAndReregister", testStale},
 		{"DrainAndDelete", testDrainDelete},
 		{"ListFilters", testList},
@@ -342,6 +343,26 @@ func testEngineDown(t *testing.T, s registry.Store) {
 	}
 	if r := down(); r.State != registry.StateDraining {
 		t.Fatalf("drained peer, engine down: %+v", r)
+	}
+}
+
+// testLoads: Loads holds what the last heartbeat of each peer reported,
+// and nothing for a peer that never heartbeated.
+func testLoads(t *testing.T, s registry.Store) {
+	d0 := mustRegister(t, s, Spec("d0", registry.RoleDecode)).Peer
+	mustRegister(t, s, Spec("d1", registry.RoleDecode))
+	if _, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: d0.ID, InstanceID: d0.InstanceID, Load: registry.Load{Running: 1, Queued: 2, KVUsage: 0.5}}); err != nil {
+		t.Fatal(err)
+	}
+	mustHeartbeat(t, s, d0) // running 3, queued 1, usage 0.25
+	loads, err := s.Loads(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := mustGet(t, s, d0.ID)
+	want := []registry.PeerLoad{{PeerID: d0.ID, Load: registry.Load{Running: 3, Queued: 1, KVUsage: 0.25}, At: *got.LastHeartbeat}}
+	if len(loads) != 1 || loads[0].PeerID != want[0].PeerID || loads[0].Load != want[0].Load || !loads[0].At.Equal(want[0].At) {
+		t.Fatalf("Loads() = %+v, want %+v", loads, want)
 	}
 }
 
