@@ -203,9 +203,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.probe != nil {
 		// The probes watch whatever engine the agent last registered; a
 		// failed probe never stops the heartbeats (the agent is alive).
-		go a.probe.Run(ctx, func() (string, registry.Engine) {
-			p := a.Peer()
-			return p.Url, registry.Engine(p.Engine)
+		go a.probe.Run(ctx, func() ProbeTarget {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return ProbeTarget{URL: a.peer.Url, Engine: registry.Engine(a.peer.Engine), Interval: a.interval}
 		})
 	}
 	if err := a.registerRetrying(ctx); err != nil {

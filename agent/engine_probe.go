@@ -21,15 +21,18 @@ import (
 
 // ProbeConfig configures how the agent watches its engine. The thresholds
 // default to those of SGLang's router (sgl-router HealthCheckConfig: 3
-// failures, 2 successes, 5 s timeout); the interval is shorter than its
-// 60 s because the probes are the only way a crashed engine leaves routing
-// for good, the router's breakers being the fast path between them.
+// failures, 2 successes, 5 s timeout); the interval follows the heartbeats
+// rather than its 60 s, because the probes are the only way a crashed
+// engine leaves routing for good, the router's breakers being the fast path
+// between them.
 type ProbeConfig struct {
 	// Disabled turns probing off: heartbeats then say nothing about the
 	// engine (the control plane takes it as healthy) and carry no load.
 	Disabled bool
 	// Interval is the time between the end of one probe and the start of
-	// the next.
+	// the next. Zero follows the heartbeat interval the control plane gives
+	// the agent: the heartbeats carry what the probes find, so probing
+	// more often is wasted and less often makes heartbeats repeat old news.
 	Interval time.Duration
 	// Timeout bounds each request to the engine.
 	Timeout time.Duration
@@ -44,7 +47,6 @@ type ProbeConfig struct {
 
 // Probe defaults.
 const (
-	DefaultProbeInterval         = 2 * time.Second
 	DefaultProbeTimeout          = 5 * time.Second
 	DefaultProbeFailureThreshold = 3
 	DefaultProbeSuccessThreshold = 2
@@ -52,9 +54,6 @@ const (
 
 // WithDefaults fills in unset fields.
 func (c ProbeConfig) WithDefaults() ProbeConfig {
-	if c.Interval == 0 {
-		c.Interval = DefaultProbeInterval
-	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultProbeTimeout
 	}
@@ -129,15 +128,26 @@ func (p *EngineProbe) Status() EngineStatus {
 	return p.st
 }
 
-// Run probes the engine that target names every interval until ctx ends.
-// target returns "" while there is nothing to probe (before the first
-// registration).
-func (p *EngineProbe) Run(ctx context.Context, target func() (url string, engine registry.Engine)) {
+// ProbeTarget is the engine a probe loop watches.
+type ProbeTarget struct {
+	URL    string // "" while there is nothing to probe (before registration)
+	Engine registry.Engine
+	// Interval is used when ProbeConfig.Interval is zero.
+	Interval time.Duration
+}
+
+// Run probes the engine that target names, every interval, until ctx ends.
+func (p *EngineProbe) Run(ctx context.Context, target func() ProbeTarget) {
 	for {
-		if url, eng := target(); url != "" {
-			p.Probe(ctx, url, eng)
+		t := target()
+		if t.URL != "" {
+			p.Probe(ctx, t.URL, t.Engine)
 		}
-		if !sleep(ctx, p.cfg.Interval) {
+		wait := p.cfg.Interval
+		if wait == 0 {
+			wait = t.Interval
+		}
+		if !sleep(ctx, max(wait, 10*time.Millisecond)) {
 			return
 		}
 	}
