@@ -33,8 +33,6 @@ type Engine interface {
 	// registered again, new metadata), so that the next Spec starts a new
 	// generation. SGLang ignores a re-registration under an old name.
 	Reregister(ctx context.Context, reason string) error
-	// Load is the engine's current work, sent with each heartbeat.
-	Load() registry.Load
 }
 
 // Config configures an Agent.
@@ -60,6 +58,9 @@ type Config struct {
 	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// OnRegistered, if set, is called after every successful registration.
 	OnRegistered func(api.Peer)
+	// Probe configures the probes of the engine at the registered peer's
+	// URL, whose verdict and load every heartbeat carries.
+	Probe ProbeConfig
 }
 
 // WithDefaults fills in unset fields.
@@ -130,6 +131,8 @@ type Agent struct {
 	cps *controlPlanes
 	log zerolog.Logger
 
+	probe *EngineProbe // nil when probing is disabled
+
 	mu       sync.Mutex
 	peer     api.Peer
 	interval time.Duration
@@ -153,7 +156,13 @@ func New(cfg Config, eng Engine, log zerolog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	return &Agent{cfg: cfg, eng: eng, cps: cps, log: log, interval: registry.DefaultHeartbeatInterval}, nil
+	a := &Agent{cfg: cfg, eng: eng, cps: cps, log: log, interval: registry.DefaultHeartbeatInterval}
+	if !cfg.Probe.Disabled {
+		if a.probe, err = NewEngineProbe(cfg.Probe, log.With().Str("component", "engine_probe").Logger()); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
 }
 
 // ControlPlane names the control-plane replica that answered the agent
@@ -235,6 +244,15 @@ func refusal(resp *http.Response, body []byte) error {
 // control plane asks (with fresh NIXL agents from the engine) or has
 // forgotten the peer. It returns only when ctx ends or on a *RefusedError.
 func (a *Agent) Run(ctx context.Context) error {
+	if a.probe != nil {
+		// The probes watch whatever engine the agent last registered; a
+		// failed probe never stops the heartbeats (the agent is alive).
+		go a.probe.Run(ctx, func() ProbeTarget {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return ProbeTarget{URL: a.peer.Url, Engine: registry.Engine(a.peer.Engine), Interval: a.interval}
+		})
+	}
 	if err := a.registerRetrying(ctx); err != nil {
 		return err
 	}
@@ -317,17 +335,23 @@ func (a *Agent) registerRetrying(ctx context.Context) error {
 	}
 }
 
-// Heartbeat sends one heartbeat now and returns the control plane's answer.
+// Heartbeat sends one heartbeat now, with the probes' verdict on the
+// engine and its load, and returns the control plane's answer.
 func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	p := a.Peer()
-	load := a.eng.Load()
+	body := api.Heartbeat{InstanceId: p.InstanceId}
+	if a.probe != nil {
+		st := a.probe.Status()
+		body.Load = &api.Load{Running: st.Load.Running, Queued: st.Load.Queued, KvUsage: st.Load.KVUsage}
+		body.EngineHealthy = &st.Healthy
+		if !st.Healthy {
+			body.EngineError = &st.Error
+		}
+	}
 	var resp *api.HeartbeatPeerResponse
 	err := a.cps.call(ctx, "heartbeat", func(c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
-		resp, err = c.HeartbeatPeerWithResponse(ctx, p.Id, api.Heartbeat{
-			InstanceId: p.InstanceId,
-			Load:       &api.Load{Running: load.Running, Queued: load.Queued, KvUsage: load.KVUsage},
-		})
+		resp, err = c.HeartbeatPeerWithResponse(ctx, p.Id, body)
 		if err != nil {
 			return nil, err
 		}
@@ -340,6 +364,15 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 		return api.HeartbeatReply{}, refusal(resp.HTTPResponse, resp.Body)
 	}
 	return *resp.JSON200, nil
+}
+
+// EngineStatus is what the agent's probes know about its engine (the zero
+// value, healthy, when probing is disabled).
+func (a *Agent) EngineStatus() EngineStatus {
+	if a.probe == nil {
+		return EngineStatus{Healthy: true}
+	}
+	return a.probe.Status()
 }
 
 // TransferReport is a failed KV transfer as an engine's transfer worker saw

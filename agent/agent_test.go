@@ -47,12 +47,11 @@ func (e *fakeEngine) Reregister(context.Context, string) error {
 	return nil
 }
 
-func (e *fakeEngine) Load() registry.Load { return registry.Load{Running: 2, Queued: 1, KVUsage: 0.5} }
-
 type controlPlane struct {
-	url   string
-	store *memstore.Store
-	close func()
+	url    string
+	store  *memstore.Store
+	mirror *registry.Mirror
+	close  func()
 }
 
 func startControlPlane(t *testing.T, ln net.Listener) controlPlane {
@@ -77,12 +76,15 @@ func startControlPlane(t *testing.T, ln net.Listener) controlPlane {
 	}
 	ts.Start()
 	t.Cleanup(ts.Close)
-	return controlPlane{url: ts.URL, store: store, close: ts.Close}
+	return controlPlane{url: ts.URL, store: store, mirror: mirror, close: ts.Close}
 }
 
 func runAgent(t *testing.T, url string, eng agent.Engine) (*agent.Agent, chan error) {
 	t.Helper()
-	a, err := agent.New(agent.Config{ControlPlane: url, Token: "tok", MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond},
+	// The fake engine has no HTTP side to probe; the probes are tested
+	// against the simulator in engine_probe_test.go.
+	a, err := agent.New(agent.Config{ControlPlane: url, Token: "tok", MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		Probe: agent.ProbeConfig{Disabled: true}},
 		eng, zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +119,7 @@ func TestAgentRegistersHeartbeatsAndReregisters(t *testing.T) {
 	eng := &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}
 	runAgent(t, cp.url, eng)
 
-	p := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady && p.Load.Running == 2 })
+	p := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
 	if p.Generation != 1 || p.Ranks[0].AgentName != "d0-agent-0-0" {
 		t.Fatalf("first registration: gen %d agent %s", p.Generation, p.Ranks[0].AgentName)
 	}

@@ -18,9 +18,11 @@ import (
 // file that its launcher writes: the KV geometry, NIXL agent names and
 // metadata per rank, which engines do not serve over HTTP. When EngineURL is
 // set, fields the file leaves empty are filled from SGLang's /server_info
-// (model, role, bootstrap port, parallelism, page size, KV dtype), and the
-// load comes from it too. Re-registration runs ReregisterCmd, which must
-// make the engine create fresh NIXL agents and rewrite the file.
+// (model, role, bootstrap port, parallelism, page size, KV dtype).
+// Re-registration runs ReregisterCmd, which must
+// make the engine create fresh NIXL agents and rewrite the file. The
+// agent's probes, not the file, say whether the engine is healthy and how
+// busy it is.
 type SpecFileEngine struct {
 	Path          string
 	EngineURL     string
@@ -41,11 +43,6 @@ type serverInfo struct {
 	TPSize                      int    `json:"tp_size"`
 	DPSize                      int    `json:"dp_size"`
 	PPSize                      int    `json:"pp_size"`
-	InternalStates              []struct {
-		NumRunningReqs int     `json:"num_running_reqs"`
-		NumQueueReqs   int     `json:"num_queue_reqs"`
-		KVUsage        float64 `json:"kv_usage"`
-	} `json:"internal_states"`
 }
 
 // Spec reads the file and completes it from /server_info.
@@ -146,25 +143,4 @@ func (e *SpecFileEngine) Reregister(ctx context.Context, reason string) error {
 		return fmt.Errorf("run re-register command: %w", err)
 	}
 	return nil
-}
-
-// Load reads the engine's running and queued requests from /server_info, or
-// reports nothing when the engine URL is unset or does not answer.
-func (e *SpecFileEngine) Load() registry.Load {
-	if e.EngineURL == "" {
-		return registry.Load{}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	info, err := e.serverInfo(ctx)
-	if err != nil || len(info.InternalStates) == 0 {
-		return registry.Load{}
-	}
-	var l registry.Load
-	for _, st := range info.InternalStates { // one per DP rank
-		l.Running += st.NumRunningReqs
-		l.Queued += st.NumQueueReqs
-		l.KVUsage = max(l.KVUsage, st.KVUsage)
-	}
-	return l
 }

@@ -63,27 +63,45 @@ func NewPeer(id string, spec PeerSpec, now time.Time, leaseTTL time.Duration) (P
 	return p, []Event{{Kind: EventRegistered, Message: "registered"}}
 }
 
-// ApplyHeartbeat applies an agent's heartbeat.
+// ApplyHeartbeat applies an agent's heartbeat. The agent's verdict on its
+// engine decides between ready and unhealthy: a ready (or pending, or
+// failed) peer whose engine is down becomes unhealthy, with the probe error
+// as its reason, and an unhealthy one becomes ready when its engine is back.
+// Stale and draining peers keep their state: a stale peer must re-register
+// either way, and a drained one stays out of routing until an operator acts.
 func ApplyHeartbeat(prev Peer, hb Heartbeat, now time.Time, leaseTTL time.Duration) (next Peer, reply HeartbeatReply, events []Event) {
 	next = prev
 	next.Load = hb.Load
 	t := now
 	next.LastHeartbeat = &t
 	next.LeaseExpiry = now.Add(leaseTTL)
+	reply = HeartbeatReply{Action: ActionNone}
 	switch {
 	case hb.InstanceID != prev.InstanceID:
 		reply = HeartbeatReply{Action: ActionReregister, Reason: "instance changed: registered " + prev.InstanceID + ", heartbeat from " + hb.InstanceID}
 	case prev.State == StateStale:
 		reply = HeartbeatReply{Action: ActionReregister, Reason: prev.StateReason}
+	case prev.State == StateDraining || prev.State == StateUnhealthy && hb.EngineDown:
+	case hb.EngineDown:
+		next.State, next.StateReason, next.UpdatedAt = StateUnhealthy, UnhealthyReason(hb.EngineError), now
+		events = []Event{{Kind: EventUnhealthy, Message: "engine probes failing", Error: hb.EngineError}}
+	case prev.State == StateUnhealthy:
+		next.State, next.StateReason, next.UpdatedAt = StateReady, "", now
+		events = []Event{{Kind: EventReady, Message: "engine probes passing again"}}
 	case prev.State == StatePending || prev.State == StateFailed:
 		next.State, next.StateReason, next.UpdatedAt = StateReady, "", now
 		events = []Event{{Kind: EventReady, Message: "first heartbeat"}}
-		reply = HeartbeatReply{Action: ActionNone}
-	default:
-		reply = HeartbeatReply{Action: ActionNone}
 	}
 	reply.State = next.State
 	return next, reply, events
+}
+
+// UnhealthyReason is the state reason of a peer whose engine's probes fail.
+func UnhealthyReason(probeErr string) string {
+	if probeErr == "" {
+		return "engine unhealthy"
+	}
+	return "engine unhealthy: " + probeErr
 }
 
 // ApplyStale marks a peer stale. Marking an already stale peer again only
@@ -108,10 +126,11 @@ func ApplyDrain(prev Peer, now time.Time) (Peer, []Event) {
 }
 
 // HoldsLease reports whether a peer in state st needs heartbeats to keep
-// it: a pending, ready or stale peer fails when its lease runs out; a
-// draining or failed one does not.
+// it: a pending, ready, stale or unhealthy peer (its agent is expected to
+// heartbeat) fails when its lease runs out; a draining or failed one does
+// not.
 func HoldsLease(st State) bool {
-	return st == StateReady || st == StatePending || st == StateStale
+	return st == StateReady || st == StatePending || st == StateStale || st == StateUnhealthy
 }
 
 // Expired reports whether the peer's lease has run out in a state where

@@ -20,6 +20,11 @@ type MirrorConfig struct {
 	// MinRetry and MaxRetry bound the backoff between attempts to refresh
 	// the snapshot after a refresh failed.
 	MinRetry, MaxRetry time.Duration
+	// LoadRefresh is how often the peers' loads are read from the store;
+	// heartbeats change them without announcing a change. Default: the
+	// default heartbeat interval; negative turns the reads off (loads then
+	// change only with snapshots).
+	LoadRefresh time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -34,6 +39,9 @@ func (c MirrorConfig) WithDefaults() MirrorConfig {
 	}
 	if c.MaxRetry == 0 {
 		c.MaxRetry = 2 * time.Second
+	}
+	if c.LoadRefresh == 0 {
+		c.LoadRefresh = DefaultHeartbeatInterval
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -52,6 +60,7 @@ type Mirror struct {
 	cur     atomic.Pointer[Snapshot]
 	peers   map[string]Peer // owned by the run loop after Start
 	version uint64
+	loads   LoadTable // shared by every snapshot
 
 	mu       sync.Mutex
 	watchers map[chan *Snapshot]struct{}
@@ -79,7 +88,34 @@ func (m *Mirror) Start(ctx context.Context) error {
 		return err
 	}
 	go m.run(ctx, changes)
+	if m.cfg.LoadRefresh > 0 {
+		go m.refreshLoads(ctx)
+	}
 	return nil
+}
+
+// refreshLoads reads every peer's load into the shared table each
+// LoadRefresh until ctx ends.
+func (m *Mirror) refreshLoads(ctx context.Context) {
+	t := time.NewTicker(m.cfg.LoadRefresh)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		loads, err := m.store.Loads(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			m.log.Warn().Err(err).Msg("read peer loads; routing keeps the last ones")
+			failing = true
+		case err == nil:
+			m.loads.Set(loads)
+			failing = false
+		}
+	}
 }
 
 // Snapshot returns the current snapshot. It never blocks.
@@ -210,6 +246,7 @@ func (m *Mirror) rebuild(ctx context.Context) error {
 	}
 	m.version++
 	s := NewSnapshot(m.version, peers, qs, m.cfg.Now())
+	s.loads = &m.loads
 	m.cur.Store(s)
 	m.mu.Lock()
 	for ch := range m.watchers {

@@ -53,12 +53,20 @@ const (
 	StateStale    State = "stale"    // a transfer to it failed; waiting for re-registration
 	StateDraining State = "draining" // an operator asked it to take no new work
 	StateFailed   State = "failed"   // heartbeats stopped for its lease
+	// StateUnhealthy: its agent heartbeats, but the agent's probes of the
+	// engine fail; out of routing until the probes pass again.
+	StateUnhealthy State = "unhealthy"
 )
+
+// States lists every state, in life-cycle order.
+func States() []State {
+	return []State{StatePending, StateReady, StateUnhealthy, StateStale, StateDraining, StateFailed}
+}
 
 // Valid reports whether s is a known state.
 func (s State) Valid() bool {
 	switch s {
-	case StatePending, StateReady, StateStale, StateDraining, StateFailed:
+	case StatePending, StateReady, StateStale, StateDraining, StateFailed, StateUnhealthy:
 		return true
 	}
 	return false
@@ -185,6 +193,7 @@ const (
 	EventDrained             EventKind = "drained"
 	EventRemoved             EventKind = "removed"
 	EventQuarantined         EventKind = "quarantined"
+	EventUnhealthy           EventKind = "unhealthy"
 )
 
 // Event is one entry of the event log. IDs grow with time, so they double as

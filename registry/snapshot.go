@@ -1,7 +1,9 @@
 package registry
 
 import (
+	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -19,6 +21,8 @@ type Snapshot struct {
 	quarantined map[[2]string]Quarantine // (prefill ID, decode ID)
 	models      map[string]*ModelRoutes
 	modelNames  []string
+	unhealthy   []*Peer // sorted by name; named by Routable
+	loads       *LoadTable
 }
 
 // ModelRoutes is what the router needs to serve one model: the ready
@@ -80,6 +84,9 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 	// Routes over ready peers, grouped by class so that verdicts are
 	// computed once per pair of classes.
 	for _, p := range s.peers {
+		if p.State == StateUnhealthy {
+			s.unhealthy = append(s.unhealthy, p)
+		}
 		if !p.Routable() {
 			continue
 		}
@@ -177,10 +184,10 @@ func (s *Snapshot) Models() []string { return s.modelNames }
 func (s *Snapshot) Routes(model string) *ModelRoutes { return s.models[model] }
 
 // Routable reports whether at least one ready pair may be routed, and if not,
-// why.
+// why, naming the unhealthy peers that would otherwise serve.
 func (s *Snapshot) Routable() (bool, string) {
 	if len(s.modelNames) == 0 {
-		return false, "no ready peers"
+		return false, "no ready peers" + s.unhealthyNote("", func(Role) bool { return true })
 	}
 	var reason string
 	for _, name := range s.modelNames {
@@ -189,14 +196,44 @@ func (s *Snapshot) Routable() (bool, string) {
 		case len(m.decodesFor) > 0:
 			return true, ""
 		case len(m.Prefills) == 0:
-			reason = "model " + name + ": no ready prefill"
+			reason = "model " + name + ": no ready prefill" + s.unhealthyNote(name, Role.Prefills)
 		case len(m.Decodes) == 0:
-			reason = "model " + name + ": no ready decode"
+			reason = "model " + name + ": no ready decode" + s.unhealthyNote(name, Role.Decodes)
 		default:
 			reason = "model " + name + ": no compatible pair of ready peers"
 		}
 	}
 	return false, reason
+}
+
+// unhealthyNote names the unhealthy peers of model (any model when empty)
+// whose role passes serves, with their probe errors.
+func (s *Snapshot) unhealthyNote(model string, serves func(Role) bool) string {
+	const named = 3 // a fleet-wide outage must not make a page-long answer
+	var b strings.Builder
+	n := 0
+	for _, p := range s.unhealthy {
+		if (model != "" && p.Model != model) || !serves(p.Role) {
+			continue
+		}
+		n++
+		if n > named {
+			continue
+		}
+		if n == 1 {
+			b.WriteString(" (unhealthy: ")
+		} else {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s %s: %s", p.Role, p.Name, p.StateReason)
+	}
+	if n > named {
+		fmt.Fprintf(&b, "; and %d more", n-named)
+	}
+	if n > 0 {
+		b.WriteString(")")
+	}
+	return b.String()
 }
 
 // Pairs lists every (prefill-capable, decode-capable) pair of distinct peers
@@ -252,6 +289,20 @@ func (s *Snapshot) Verdict(prefill, decode *Peer) Verdict {
 		}
 	}
 	return CheckPair(&prefill.PeerSpec, &decode.PeerSpec)
+}
+
+// Load returns the peer's latest reported load: from the load table the
+// snapshot shares with its Mirror, or from the peer as the snapshot holds
+// it, whichever heartbeat is newer. ok is false for a peer that never
+// heartbeated.
+func (s *Snapshot) Load(p *Peer) (l PeerLoad, ok bool) {
+	if p.LastHeartbeat != nil {
+		l, ok = PeerLoad{PeerID: p.ID, Load: p.Load, At: *p.LastHeartbeat}, true
+	}
+	if t, found := s.loads.Get(p.ID); found && (!ok || t.At.After(l.At)) {
+		l, ok = t, true
+	}
+	return l, ok
 }
 
 // Quarantined returns the quarantine record of a pair, if any.

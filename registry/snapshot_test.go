@@ -57,6 +57,35 @@ func TestSnapshotRoutes(t *testing.T) {
 	}
 }
 
+// TestSnapshotUnhealthyDecode: an unhealthy decode is out of routing, and
+// the readiness reason names it with its probe error.
+func TestSnapshotUnhealthyDecode(t *testing.T) {
+	t.Parallel()
+	sick := peer(registrytest.Spec("d0", registry.RoleDecode), registry.StateUnhealthy)
+	sick.StateReason = registry.UnhealthyReason("GET /health: connection refused")
+	peers := []registry.Peer{peer(registrytest.Spec("p0", registry.RolePrefill), registry.StateReady), sick}
+	s := registry.NewSnapshot(1, peers, nil, time.Now())
+	if ds := s.Routes("m").DecodesFor("id-p0"); len(ds) != 0 {
+		t.Fatalf("decodes for p0 = %v, want none: d0 is unhealthy", names(ds))
+	}
+	ok, reason := s.Routable()
+	want := "model m: no ready decode (unhealthy: decode d0: engine unhealthy: GET /health: connection refused)"
+	if ok || reason != want {
+		t.Fatalf("Routable() = %v %q, want false %q", ok, reason, want)
+	}
+	var many []registry.Peer
+	for i := range 5 {
+		d := peer(registrytest.Spec(fmt.Sprintf("d%d", i), registry.RoleDecode), registry.StateUnhealthy)
+		d.StateReason = "engine unhealthy"
+		many = append(many, d)
+	}
+	_, reason = registry.NewSnapshot(2, many, nil, time.Now()).Routable()
+	want = "no ready peers (unhealthy: decode d0: engine unhealthy; decode d1: engine unhealthy; decode d2: engine unhealthy; and 2 more)"
+	if reason != want {
+		t.Fatalf("Routable() reason %q, want %q", reason, want)
+	}
+}
+
 func names(ps []*registry.Peer) []string {
 	out := make([]string, len(ps))
 	for i, p := range ps {

@@ -41,6 +41,12 @@ type Heartbeat struct {
 	PeerID     string
 	InstanceID string
 	Load       Load
+	// EngineDown is the agent's verdict from probing its engine: the probes
+	// failed often enough in a row to call the engine down. False when the
+	// engine is healthy or the agent does not probe it.
+	EngineDown bool
+	// EngineError is the last failed probe's error, when EngineDown.
+	EngineError string
 }
 
 // HeartbeatReply is the control plane's answer to a heartbeat.
@@ -192,6 +198,10 @@ type Store interface {
 	// lost through no fault of the peers (see LeaseSweeper).
 	GrantLeaseGrace(ctx context.Context, now time.Time) (int, error)
 	Events(ctx context.Context, q EventQuery) ([]Event, error)
+	// Loads returns the load of every peer that has heartbeated, as its
+	// last heartbeat reported it. Heartbeats change loads without
+	// announcing a change, so a Mirror reads them on a timer.
+	Loads(ctx context.Context) ([]PeerLoad, error)
 	// Subscribe delivers a Change after every committed change, from any
 	// replica, until ctx ends. Slow receivers see coalesced changes.
 	Subscribe(ctx context.Context) <-chan Change

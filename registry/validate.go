@@ -371,6 +371,12 @@ func (hb *Heartbeat) Validate() error {
 	if err := checkText("instance_id", hb.InstanceID, required, MaxInstanceIDLen, lineText); err != nil {
 		return err
 	}
+	if !hb.EngineDown && hb.EngineError != "" {
+		return fieldErr("engine_error", "is set only when engine_healthy is false")
+	}
+	if err := checkText("engine_error", hb.EngineError, optional, MaxEngineErrorLen, lineText); err != nil {
+		return err
+	}
 	return hb.Load.validate()
 }
 
@@ -464,3 +470,7 @@ func sortedKeys(m map[string]string) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// MaxEngineErrorLen bounds the probe error a heartbeat may carry; it
+// becomes the peer's state reason.
+const MaxEngineErrorLen = 1024

@@ -15,9 +15,15 @@ const (
 	PolicyRoundRobin Policy = "round_robin"
 	// PolicyRandom picks a candidate uniformly at random.
 	PolicyRandom Policy = "random"
-	// PolicyPowerOfTwo draws two candidates at random and keeps the one with
-	// fewer requests in flight through this router.
+	// PolicyPowerOfTwo draws two candidates at random and keeps the less
+	// loaded, by the load least_load compares.
 	PolicyPowerOfTwo Policy = "power_of_two"
+	// PolicyLeastLoad picks the least loaded candidate: fewest requests
+	// (the engine's running and queued ones from its last heartbeat, moved
+	// by this router's own in-flight count since), then the lowest KV
+	// usage. It compares every candidate up to 8, and 8 consecutive ones
+	// from a random start beyond, so a pick stays O(1).
+	PolicyLeastLoad Policy = "least_load"
 	// PolicyCacheAware maps a hash of the prompt's first bytes to a peer by
 	// consistent hashing, so that requests sharing a prefix meet the same
 	// prefix cache, and falls back to power_of_two when the favoured peer is
@@ -28,7 +34,7 @@ const (
 // Valid reports whether p is a known policy.
 func (p Policy) Valid() bool {
 	switch p {
-	case PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware:
+	case PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware, PolicyLeastLoad:
 		return true
 	}
 	return false
@@ -176,9 +182,9 @@ func (c Config) WithDefaults() Config {
 func (c *Config) validate() error {
 	switch {
 	case !c.PrefillPolicy.Valid():
-		return fmt.Errorf("PrefillPolicy: unknown policy %q (want round_robin, random, power_of_two or cache_aware)", c.PrefillPolicy)
+		return fmt.Errorf("PrefillPolicy: unknown policy %q (want round_robin, random, power_of_two, least_load or cache_aware)", c.PrefillPolicy)
 	case !c.DecodePolicy.Valid():
-		return fmt.Errorf("DecodePolicy: unknown policy %q (want round_robin, random, power_of_two or cache_aware)", c.DecodePolicy)
+		return fmt.Errorf("DecodePolicy: unknown policy %q (want round_robin, random, power_of_two, least_load or cache_aware)", c.DecodePolicy)
 	case c.MaxBodyBytes < 0:
 		return fmt.Errorf("MaxBodyBytes: must be positive, got %d", c.MaxBodyBytes)
 	case c.MaxResponseBytes < 0:

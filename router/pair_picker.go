@@ -27,6 +27,10 @@ type peerState struct {
 	// staleGen is 1 + the generation this router reported stale; the peer is
 	// skipped until the snapshot shows a newer generation. 0 when none.
 	staleGen atomic.Int64
+	// loadAt is the time (Unix ns) of the heartbeat whose load this router
+	// last saw for the peer, and inflightAt its in-flight count then: the
+	// baseline its own traffic since that heartbeat is measured from.
+	loadAt, inflightAt atomic.Int64
 
 	// Touched only while building a view (under Router.viewMu).
 	gen int64
@@ -342,7 +346,37 @@ func (c *candidates) at(i int) *peerRef {
 type pickCtx struct {
 	ex      *exclusions
 	now     time.Time
-	prefill *peerRef // set when picking a decode, for the pair breaker
+	prefill *peerRef           // set when picking a decode, for the pair breaker
+	snap    *registry.Snapshot // for the peers' reported loads
+}
+
+// load is a candidate's work as this router sees it: the requests its
+// engine reported running and queued at its last heartbeat, plus the change
+// in this router's own requests in flight to it since the router first saw
+// that heartbeat, and never fewer than those in flight; then the KV usage
+// reported. Without a heartbeat it is the in-flight count alone.
+func (pc *pickCtx) load(r *peerRef) (reqs int64, kv float64) {
+	in := r.state.inflight.Load()
+	if pc.snap == nil {
+		return in, 0
+	}
+	pl, ok := pc.snap.Load(r.peer)
+	if !ok {
+		return in, 0
+	}
+	at := pl.At.UnixNano()
+	if seen := r.state.loadAt.Load(); seen != at && r.state.loadAt.CompareAndSwap(seen, at) {
+		r.state.inflightAt.Store(in)
+	}
+	reqs = int64(pl.Load.Running+pl.Load.Queued) + in - r.state.inflightAt.Load()
+	return max(reqs, in), pl.Load.KVUsage
+}
+
+// lessLoaded reports whether a is less loaded than b.
+func (pc *pickCtx) lessLoaded(a, b *peerRef) bool {
+	ra, ka := pc.load(a)
+	rb, kb := pc.load(b)
+	return ra < rb || ra == rb && ka < kb
 }
 
 // maxProbes bounds how many candidates a policy looks at before it falls
@@ -396,6 +430,10 @@ func (rt *Router) pick(c *candidates, policy Policy, rr *atomic.Uint64, ring *ha
 		if r := rt.powerOfTwo(c, pc); r != nil {
 			return r
 		}
+	case PolicyLeastLoad:
+		if r := rt.leastLoad(c, pc); r != nil {
+			return r
+		}
 	case PolicyCacheAware:
 		if r := rt.cacheAware(c, ring, key, pc); r != nil {
 			return r
@@ -436,7 +474,7 @@ func (rt *Router) powerOfTwo(c *candidates, pc *pickCtx) *peerRef {
 		okA, okB := rt.eligible(pc, a), rt.eligible(pc, b)
 		switch {
 		case okA && okB:
-			if b.state.inflight.Load() < a.state.inflight.Load() {
+			if pc.lessLoaded(b, a) {
 				return b
 			}
 			return a
@@ -447,6 +485,30 @@ func (rt *Router) powerOfTwo(c *candidates, pc *pickCtx) *peerRef {
 		}
 	}
 	return nil
+}
+
+// leastLoadWindow is how many candidates least_load compares at most.
+const leastLoadWindow = maxProbes
+
+// leastLoad keeps the least loaded eligible candidate of a window: all of
+// them in a small fleet, leastLoadWindow consecutive ones from a random
+// start in a large one. The random start also breaks ties at random.
+func (rt *Router) leastLoad(c *candidates, pc *pickCtx) *peerRef {
+	n := c.len()
+	start := rand.IntN(n)
+	var best *peerRef
+	var bestReqs int64
+	var bestKV float64
+	for k := range min(n, leastLoadWindow) {
+		r := c.at((start + k) % n)
+		if !rt.eligible(pc, r) {
+			continue
+		}
+		if reqs, kv := pc.load(r); best == nil || reqs < bestReqs || reqs == bestReqs && kv < bestKV {
+			best, bestReqs, bestKV = r, reqs, kv
+		}
+	}
+	return best
 }
 
 // cacheAware favours the peer the key hashes to, unless it is markedly busier
@@ -497,7 +559,7 @@ type pair struct {
 // and takes their breakers' probes where they are half-open. It returns
 // false when no such pair exists.
 func (rt *Router) pickPair(v *view, mv *modelView, key uint64, ex *exclusions) (pair, bool) {
-	pc := pickCtx{ex: ex, now: rt.cfg.Now()}
+	pc := pickCtx{ex: ex, now: rt.cfg.Now(), snap: v.snap}
 	skip := *ex // prefills without an eligible decode, for this pick only
 	skip.more = slices.Clone(ex.more)
 	pc.ex = &skip

@@ -63,7 +63,7 @@ func pickN(t *testing.T, rt *Router, n int, key func(i int) uint64) (prefills, d
 
 func TestPolicySpread(t *testing.T) {
 	t.Parallel()
-	for _, pol := range []Policy{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware} {
+	for _, pol := range []Policy{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware, PolicyLeastLoad} {
 		t.Run(string(pol), func(t *testing.T) {
 			t.Parallel()
 			rt, _ := newPickRouter(t, Config{PrefillPolicy: pol, DecodePolicy: pol}, fleet(20))
@@ -91,6 +91,86 @@ func TestPowerOfTwoPrefersIdle(t *testing.T) {
 	p, _ := pickN(t, rt, 200, func(int) uint64 { return 0 })
 	if p["peer-00000"] != 0 || p["peer-00002"] != 200 {
 		t.Fatalf("picks %v: the busy prefill was chosen", p)
+	}
+}
+
+// withLoad is p as a heartbeat at at reporting l left it.
+func withLoad(p registry.Peer, l registry.Load, at time.Time) registry.Peer {
+	p.Load, p.LastHeartbeat = l, &at
+	return p
+}
+
+// TestLoadPoliciesUseHeartbeatLoad: least_load and power_of_two send new
+// work away from the decode whose engine reports itself busy, though no
+// request of this router is in flight to either; with equal requests the
+// lower KV usage wins.
+func TestLoadPoliciesUseHeartbeatLoad(t *testing.T) {
+	t.Parallel()
+	at := time.Now()
+	for _, pol := range []Policy{PolicyLeastLoad, PolicyPowerOfTwo} {
+		t.Run(string(pol), func(t *testing.T) {
+			t.Parallel()
+			peers := fleet(4) // prefills 0, 2; decodes 1, 3
+			peers[1] = withLoad(peers[1], registry.Load{Running: 3, Queued: 2}, at)
+			peers[3] = withLoad(peers[3], registry.Load{Running: 1}, at)
+			rt, snaps := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: pol}, peers)
+			if _, d := pickN(t, rt, 200, func(int) uint64 { return 0 }); d["peer-00003"] != 200 {
+				t.Fatalf("decode picks %v: want all on peer-00003 (1 request against 5)", d)
+			}
+			peers[1] = withLoad(peers[1], registry.Load{Running: 1, KVUsage: 0.2}, at.Add(time.Second))
+			peers[3] = withLoad(peers[3], registry.Load{Running: 1, KVUsage: 0.9}, at.Add(time.Second))
+			snaps.Set(peers...)
+			if _, d := pickN(t, rt, 200, func(int) uint64 { return 0 }); d["peer-00001"] != 200 {
+				t.Fatalf("decode picks %v: want all on peer-00001 (equal requests, less KV in use)", d)
+			}
+		})
+	}
+}
+
+// TestLoadBlendsInflight: between heartbeats, the router adds its own
+// requests sent since the heartbeat to what the engine reported; a newer
+// heartbeat, which already counts them, resets the baseline.
+func TestLoadBlendsInflight(t *testing.T) {
+	t.Parallel()
+	at := time.Now()
+	peers := fleet(4)
+	peers[1] = withLoad(peers[1], registry.Load{Running: 3}, at)
+	peers[3] = withLoad(peers[3], registry.Load{Running: 4}, at)
+	rt, snaps := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyLeastLoad}, peers)
+	v := rt.currentView()
+	a, b := v.refs[v.snap.Peers()[1]], v.refs[v.snap.Peers()[3]]
+	pc := &pickCtx{snap: v.snap}
+	if ra, _ := pc.load(a); ra != 3 {
+		t.Fatalf("load of peer-00001 with nothing in flight: %d, want its reported 3", ra)
+	}
+	a.state.inflight.Add(2) // two requests sent since the heartbeat
+	if ra, _ := pc.load(a); ra != 5 {
+		t.Fatalf("load of peer-00001 with 2 sent since the heartbeat: %d, want 5", ra)
+	}
+	if !pc.lessLoaded(b, a) {
+		t.Fatal("peer-00003 (4 reported) is not less loaded than peer-00001 (3 reported + 2 sent)")
+	}
+	// The next heartbeat counts the two.
+	peers[1] = withLoad(peers[1], registry.Load{Running: 5}, at.Add(time.Second))
+	snaps.Set(peers...)
+	v = rt.currentView()
+	pc = &pickCtx{snap: v.snap}
+	if ra, _ := pc.load(v.refs[v.snap.Peers()[1]]); ra != 5 {
+		t.Fatalf("load after a heartbeat that counts the router's requests: %d, want 5", ra)
+	}
+	a.state.inflight.Add(-2) // both finished
+	if ra, _ := pc.load(v.refs[v.snap.Peers()[1]]); ra != 3 {
+		t.Fatalf("load after the router's 2 requests finished: %d, want 3", ra)
+	}
+	// Never fewer than the router's own requests in flight.
+	peers[3] = withLoad(peers[3], registry.Load{}, at.Add(2*time.Second))
+	snaps.Set(peers...)
+	v = rt.currentView()
+	pc = &pickCtx{snap: v.snap}
+	rb := v.refs[v.snap.Peers()[3]]
+	rb.state.inflight.Add(7)
+	if got, _ := pc.load(rb); got < 7 {
+		t.Fatalf("load %d below the 7 requests in flight", got)
 	}
 }
 
@@ -224,7 +304,7 @@ func TestBreakerLifecycle(t *testing.T) {
 }
 
 func BenchmarkPickPair(b *testing.B) {
-	for _, pol := range []Policy{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware} {
+	for _, pol := range []Policy{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware, PolicyLeastLoad} {
 		for _, n := range []int{10, 1000, 10000} {
 			b.Run(fmt.Sprintf("%s/peers=%d", pol, n), func(b *testing.B) {
 				rt, _ := newPickRouter(b, Config{PrefillPolicy: pol, DecodePolicy: pol}, fleet(n))

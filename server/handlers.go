@@ -97,9 +97,12 @@ func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerReques
 	if req.Body == nil {
 		return nil, malformed("body", "a JSON body is required")
 	}
-	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId}
+	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId, EngineError: deref(req.Body.EngineError)}
 	if l := req.Body.Load; l != nil {
 		hb.Load = registry.Load{Running: l.Running, Queued: l.Queued, KVUsage: l.KvUsage}
+	}
+	if req.Body.EngineHealthy != nil {
+		hb.EngineDown = !*req.Body.EngineHealthy
 	}
 	// The store validates the heartbeat (a *registry.FieldError is a 422).
 	reply, err := h.store.Heartbeat(ctx, hb)

@@ -55,7 +55,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.snaps.Snapshot()
 	counts := map[[2]string]int{}
 	for _, role := range []registry.Role{registry.RolePrefill, registry.RoleDecode, registry.RoleBoth} {
-		for _, st := range []registry.State{registry.StatePending, registry.StateReady, registry.StateStale, registry.StateDraining, registry.StateFailed} {
+		for _, st := range registry.States() {
 			counts[[2]string{string(role), string(st)}] = 0
 		}
 	}

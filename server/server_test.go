@@ -295,6 +295,71 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// TestUnhealthyDecode: a heartbeat whose agent reports the engine down
+// takes the decode out of routing; /readyz says so and names it, the page's
+// API and the metrics show the state, and the next healthy heartbeat brings
+// it back.
+func TestUnhealthyDecode(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	get := func(path string) (int, string) {
+		resp, err := http.Get(b.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(data)
+	}
+	pf, dv := registrytest.Spec("p0", registry.RolePrefill), registrytest.Spec("d0", registry.RoleDecode)
+	p, d := b.register(t, pf), b.register(t, dv)
+	b.heartbeat(t, p["id"].(string), pf.InstanceID)
+	b.heartbeat(t, d["id"].(string), dv.InstanceID)
+	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
+
+	hbPath := "/api/v1/peers/" + d["id"].(string) + "/heartbeat"
+	code, out, _ := b.do(t, "POST", hbPath, peerToken, map[string]any{
+		"instance_id": dv.InstanceID, "engine_healthy": false, "engine_error": "GET /health: connection refused"})
+	if code != 200 || out["state"] != "unhealthy" || out["action"] != "none" {
+		t.Fatalf("heartbeat with the engine down: %d %v", code, out)
+	}
+	waitFor(t, "the decode out of routing", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return !ok })
+	code, body := get("/readyz")
+	if want := "not ready: model m: no ready decode (unhealthy: decode d0: engine unhealthy: GET /health: connection refused)"; code != 503 || strings.TrimSpace(body) != want {
+		t.Fatalf("readyz: %d %q, want 503 %q", code, body, want)
+	}
+	if code, out, _ := b.do(t, "GET", "/api/v1/peers/"+d["id"].(string), "", nil); code != 200 || out["state"] != "unhealthy" ||
+		out["state_reason"] != "engine unhealthy: GET /health: connection refused" {
+		t.Fatalf("peer: %d %v", code, out)
+	}
+	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, `pdplane_peers{role="decode",state="unhealthy"} 1`) {
+		t.Fatalf("metrics: %d, want one unhealthy decode\n%s", code, body)
+	}
+
+	if hb := b.heartbeat(t, d["id"].(string), dv.InstanceID); hb["state"] != "ready" {
+		t.Fatalf("heartbeat with the engine back: %v", hb)
+	}
+	waitFor(t, "the decode back in routing", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
+
+	for _, tc := range []struct {
+		body map[string]any
+		fld  string
+	}{
+		{map[string]any{"instance_id": dv.InstanceID, "engine_error": "boom"}, "engine_error"},
+		{map[string]any{"instance_id": dv.InstanceID, "engine_healthy": false, "engine_error": "a\nb"}, "engine_error"},
+		{map[string]any{"instance_id": dv.InstanceID, "engine_healthy": false, "engine_error": strings.Repeat("x", registry.MaxEngineErrorLen+1)}, "engine_error"},
+		{map[string]any{"instance_id": dv.InstanceID, "load": map[string]any{"running": 0, "queued": 0, "kv_usage": 1.5}}, "load.kv_usage"},
+	} {
+		code, out, _ := b.do(t, "POST", hbPath, peerToken, tc.body)
+		if code != 422 || out["field"] != tc.fld {
+			t.Errorf("heartbeat %v: %d %v, want 422 naming %s", tc.body, code, out, tc.fld)
+		}
+	}
+	if got, err := b.store.Get(context.Background(), d["id"].(string)); err != nil || got.State != registry.StateReady {
+		t.Fatalf("refused heartbeats changed the peer: %+v %v", got.State, err)
+	}
+}
+
 func TestPairsAndReadiness(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

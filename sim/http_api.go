@@ -21,8 +21,13 @@ func (s *Sim) routes() http.Handler {
 	mux.HandleFunc("POST /v1/completions", s.handleGen(routeCompletions))
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /health", s.handleHealth)
-	mux.HandleFunc("GET /health_generate", s.handleHealth)
+	if s.cfg.Engine == registry.EngineVLLM {
+		mux.HandleFunc("GET /metrics", s.handleVLLMMetrics)
+	}
 	if s.cfg.Engine == registry.EngineSGLang {
+		mux.HandleFunc("GET /health_generate", s.handleHealth)
+		mux.HandleFunc("GET /v1/loads", s.handleLoads)
+		mux.HandleFunc("GET /get_load", s.handleGetLoad)
 		mux.HandleFunc("POST /generate", s.handleGen(routeGenerate))
 		mux.HandleFunc("GET /get_model_info", s.handleModelInfo)
 		mux.HandleFunc("GET /server_info", s.handleServerInfo)
@@ -233,10 +238,6 @@ func (s *Sim) local(ctx context.Context, q *genRequest) (*answer, func(), *httpE
 		ans.seqs = append(ans.seqs, q.seqFor(prompt, seeds, q.maxTokens))
 	}
 	return ans, release, nil
-}
-
-func (s *Sim) handleHealth(w http.ResponseWriter, r *http.Request) {
-	w.WriteHeader(http.StatusOK)
 }
 
 func (s *Sim) handleModels(w http.ResponseWriter, r *http.Request) {

@@ -348,10 +348,13 @@ func (s *Sim) Reregister(ctx context.Context, reason string) error {
 	return nil
 }
 
-// Load reports the engine's work (agent.Engine): requests generating or
-// prefilling, requests waiting for KV, and the fraction of the pool in use.
+// Load reports the engine's work, as its load endpoints publish it:
+// requests generating or prefilling, requests waiting (for KV, or for a
+// decode to take it), and the fraction of the pool in use.
 func (s *Sim) Load() registry.Load {
-	return registry.Load{Running: int(s.running.Load()), Queued: int(s.queued.Load()), KVUsage: s.pool.usage()}
+	q := s.queued.Load()
+	r := s.running.Load() - q // a waiting request's handler counts in running too
+	return registry.Load{Running: int(max(r, 0)), Queued: int(max(q, 0)), KVUsage: s.pool.usage()}
 }
 
 // onTransferError calls the hook, if any.

@@ -444,6 +444,21 @@ func TestStatusPageLive(t *testing.T) {
 		b.waitFor(t, "d1 pending", stateOf(d1, "pending"), 5*time.Second)
 		f.heartbeat(d1, "inst-d1", registry.Load{})
 		b.waitFor(t, "d1 ready", stateOf(d1, "ready"), 5*time.Second)
+
+		// Its agent reports the engine down: the badge turns red and says
+		// why; healthy again, it is ready again.
+		f.call(http.MethodPost, "/api/v1/peers/"+d1+"/heartbeat", adminToken,
+			map[string]any{"instance_id": "inst-d1", "engine_healthy": false, "engine_error": "GET /health: connection refused"}, http.StatusOK, nil)
+		b.waitFor(t, "d1 unhealthy", stateOf(d1, "unhealthy"), 5*time.Second)
+		badge := `document.querySelector('#peer-groups tr[data-peer-id=` + jsString(d1) + `] .state')`
+		if got := eval[string](t, b, `getComputedStyle(`+badge+`).color`); got != "rgb(179, 18, 31)" {
+			t.Errorf("unhealthy badge colour %s, want red rgb(179, 18, 31)", got)
+		}
+		if got := eval[string](t, b, badge+`.title`); got != "engine unhealthy: GET /health: connection refused" {
+			t.Errorf("unhealthy badge title %q, want the probe error", got)
+		}
+		f.heartbeat(d1, "inst-d1", registry.Load{})
+		b.waitFor(t, "d1 ready again", stateOf(d1, "ready"), 5*time.Second)
 	})
 
 	t.Run("stale mark shows live", func(t *testing.T) {

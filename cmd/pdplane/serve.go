@@ -54,8 +54,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.adminToken, "admin-token", "", "bearer token for operator actions (delete, drain)")
 	fs.str(&c.peerToken, "peer-token", "", "bearer token for agents (register, heartbeat, stale reports)")
 	fs.str(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
-	fs.str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two or cache_aware")
-	fs.str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two or cache_aware")
+	fs.str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two, least_load or cache_aware")
+	fs.str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two, least_load or cache_aware")
 	fs.str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.dur(&c.heartbeat, "heartbeat-interval", registry.DefaultHeartbeatInterval, "how often agents heartbeat")
 	fs.dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
@@ -92,7 +92,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 			cp.close()
 		}
 	}()
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log.With().Str("component", "mirror").Logger())
+	mirror := registry.NewMirror(registry.MirrorConfig{LoadRefresh: c.heartbeat}, store, log.With().Str("component", "mirror").Logger())
 	cp.mirror = mirror
 	if err := mirror.Start(ctx); err != nil {
 		return nil, fmt.Errorf("load registry: %w", err)

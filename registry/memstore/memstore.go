@@ -207,6 +207,19 @@ func (s *Store) List(_ context.Context, f registry.Filter) ([]registry.Peer, err
 	return out, nil
 }
 
+// Loads implements registry.Store.
+func (s *Store) Loads(_ context.Context) ([]registry.PeerLoad, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]registry.PeerLoad, 0, len(s.byID))
+	for _, p := range s.byID {
+		if p.LastHeartbeat != nil {
+			out = append(out, registry.PeerLoad{PeerID: p.ID, Load: p.Load, At: *p.LastHeartbeat})
+		}
+	}
+	return out, nil
+}
+
 // Delete implements registry.Store.
 func (s *Store) Delete(_ context.Context, id string) error {
 	s.mu.Lock()

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -159,9 +160,11 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[st
 	sort.Strings(ids)
 	n := len(ids)
 	instances, running, queued, usage := make([]string, n), make([]int32, n), make([]int32, n), make([]float64, n)
+	trans, tables := make([]string, n), map[[2]string]string{}
 	for i, id := range ids {
 		hb := last[id].hb
 		instances[i], running[i], queued[i], usage[i] = hb.InstanceID, int32(hb.Load.Running), int32(hb.Load.Queued), hb.Load.KVUsage
+		trans[i] = transitions(hb, tables)
 	}
 	now := s.now()
 	replies := make(map[string]registry.HeartbeatReply, n)
@@ -171,28 +174,31 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[st
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 WITH hb AS (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[], $4::int[], $5::float8[])
-		AS t(id, instance_id, running, queued, kv_usage)
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[], $4::int[], $5::float8[], $8::jsonb[])
+		AS t(id, instance_id, running, queued, kv_usage, trans)
 ), prev AS (
 	SELECT p.id, p.name, p.state, p.state_reason, p.instance_id, p.generation
 	FROM peers p JOIN hb USING (id) ORDER BY p.id FOR NO KEY UPDATE OF p
+), step AS (
+	SELECT id, CASE WHEN hb.instance_id = prev.instance_id THEN hb.trans -> prev.state END AS t
+	FROM hb JOIN prev USING (id)
 ), upd AS (
 	UPDATE peers p SET
 		load_running = hb.running, load_queued = hb.queued, load_kv_usage = hb.kv_usage,
 		last_heartbeat = $6, lease_expiry = $7,
-		state = CASE WHEN hb.instance_id = prev.instance_id AND prev.state IN ('pending', 'failed') THEN 'ready' ELSE p.state END,
-		state_reason = CASE WHEN hb.instance_id = prev.instance_id AND prev.state IN ('pending', 'failed') THEN '' ELSE p.state_reason END,
-		updated_at = CASE WHEN hb.instance_id = prev.instance_id AND prev.state IN ('pending', 'failed') THEN $6 ELSE p.updated_at END
-	FROM hb JOIN prev USING (id)
+		state = COALESCE(step.t ->> 'state', p.state),
+		state_reason = COALESCE(step.t ->> 'reason', p.state_reason),
+		updated_at = CASE WHEN step.t IS NULL THEN p.updated_at ELSE $6 END
+	FROM hb JOIN step USING (id)
 	WHERE p.id = hb.id
-	RETURNING p.id, p.state
+	RETURNING p.id
 ), ev AS (
-	INSERT INTO peer_events (peer_id, peer_name, kind, generation, message, at)
-	SELECT prev.id, prev.name, 'ready', prev.generation, 'first heartbeat', $6
-	FROM prev JOIN upd USING (id) WHERE upd.state <> prev.state
+	INSERT INTO peer_events (peer_id, peer_name, kind, generation, message, error, at)
+	SELECT prev.id, prev.name, step.t ->> 'kind', prev.generation, step.t ->> 'message', step.t ->> 'error', $6
+	FROM prev JOIN step USING (id) JOIN upd USING (id) WHERE step.t IS NOT NULL
 )
 SELECT prev.id::text, prev.state, prev.state_reason, prev.instance_id FROM prev`,
-			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL))
+			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans)
 		if err != nil {
 			return err
 		}
@@ -217,4 +223,46 @@ SELECT prev.id::text, prev.state, prev.state_reason, prev.instance_id FROM prev`
 		return nil, err
 	}
 	return replies, nil
+}
+
+// transition is one entry of a heartbeat's transition table: the state a
+// peer moves to from one prior state, and the event that records it.
+type transition struct {
+	State   registry.State     `json:"state"`
+	Reason  string             `json:"reason"`
+	Kind    registry.EventKind `json:"kind"`
+	Message string             `json:"message"`
+	Error   string             `json:"error"`
+}
+
+// transitions is hb's transition table as JSON: for every prior state the
+// heartbeat changes, what registry.ApplyHeartbeat makes of it. The batch
+// statement looks a peer's state up in it, so the rule stays in one place
+// while a whole batch is still one statement. Heartbeats with the same
+// engine verdict share a table, kept in cache.
+func transitions(hb registry.Heartbeat, cache map[[2]string]string) string {
+	key := [2]string{fmt.Sprint(hb.EngineDown), hb.EngineError}
+	if t, ok := cache[key]; ok {
+		return t
+	}
+	table := map[registry.State]transition{}
+	for _, st := range registry.States() {
+		prev := registry.Peer{State: st}
+		prev.InstanceID = hb.InstanceID
+		next, _, events := registry.ApplyHeartbeat(prev, hb, time.Time{}, 0)
+		if next.State == st {
+			continue
+		}
+		t := transition{State: next.State, Reason: next.StateReason}
+		if len(events) > 0 {
+			t.Kind, t.Message, t.Error = events[0].Kind, events[0].Message, events[0].Error
+		}
+		table[st] = t
+	}
+	b, err := json.Marshal(table)
+	if err != nil {
+		panic(fmt.Sprintf("encode heartbeat transitions: %v", err)) // plain strings always encode
+	}
+	cache[key] = string(b)
+	return cache[key]
 }

@@ -353,8 +353,10 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
 		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.lockKey).Scan(&got); err != nil || !got {
 			return err
 		}
+		// The states are registry.HoldsLease, spelled out so that the
+		// partial index peers_lease_idx serves the query.
 		rows, err := tx.Query(ctx, `UPDATE peers SET state = 'failed', state_reason = $2, updated_at = $1
-			WHERE lease_expiry < $1 AND state IN ('pending', 'ready', 'stale')
+			WHERE lease_expiry < $1 AND state IN ('pending', 'ready', 'stale', 'unhealthy')
 			RETURNING id::text, name, generation`, now.UTC(), registry.ReasonLeaseExpired)
 		if err != nil {
 			return err

@@ -30,6 +30,8 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"ReregisterKeepsID", testReregister},
 		{"HeartbeatTurnsReady", testHeartbeat},
 		{"HeartbeatUnknownPeer", testHeartbeatUnknown},
+		{"EngineDownAndBack", testEngineDown},
+		{"LoadsFollowHeartbeats", testLoads},
 		{"StaleAndReregister", testStale},
 		{"DrainAndDelete", testDrainDelete},
 		{"ListFilters", testList},
@@ -290,6 +292,81 @@ func testList(t *testing.T, s registry.Store) {
 		if got := names(tc.f); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("list %+v = %v, want %v", tc.f, got, tc.want)
 		}
+	}
+}
+
+// testEngineDown: heartbeats from an agent whose engine fails its probes
+// move the peer to unhealthy (with the probe error as the reason, once) and
+// back to ready when the engine answers again; the lease still applies.
+func testEngineDown(t *testing.T, s registry.Store) {
+	p := mustRegister(t, s, Spec("d0", registry.RoleDecode)).Peer
+	down := func() registry.HeartbeatReply {
+		t.Helper()
+		r, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID, EngineDown: true, EngineError: "GET /health: connection refused"})
+		if err != nil {
+			t.Fatalf("heartbeat: %v", err)
+		}
+		return r
+	}
+	// A pending peer whose engine is already down never becomes ready.
+	if r := down(); r.State != registry.StateUnhealthy || r.Action != registry.ActionNone {
+		t.Fatalf("first heartbeat with the engine down: %+v, want unhealthy and no action", r)
+	}
+	got := mustGet(t, s, p.ID)
+	if got.State != registry.StateUnhealthy || got.StateReason != "engine unhealthy: GET /health: connection refused" {
+		t.Fatalf("peer: state=%s reason=%q", got.State, got.StateReason)
+	}
+	if r := down(); r.State != registry.StateUnhealthy {
+		t.Fatalf("second heartbeat with the engine down: %+v", r)
+	}
+	if r := mustHeartbeat(t, s, p); r.State != registry.StateReady {
+		t.Fatalf("heartbeat with the engine back: %+v, want ready", r)
+	}
+	if got := mustGet(t, s, p.ID); got.State != registry.StateReady || got.StateReason != "" || got.Load.Running != 3 {
+		t.Fatalf("peer after recovery: state=%s reason=%q load=%+v", got.State, got.StateReason, got.Load)
+	}
+	if r := down(); r.State != registry.StateUnhealthy {
+		t.Fatalf("ready peer, engine down: %+v", r)
+	}
+	want := []registry.EventKind{registry.EventRegistered, registry.EventUnhealthy, registry.EventReady, registry.EventUnhealthy}
+	if k := kinds(t, s, p.ID); !reflect.DeepEqual(k, want) {
+		t.Fatalf("events = %v, want %v", k, want)
+	}
+	evs, err := s.Events(ctx(t), registry.EventQuery{PeerID: p.ID, Limit: 1})
+	if err != nil || len(evs) != 1 || evs[0].Error != "GET /health: connection refused" {
+		t.Fatalf("newest event: %+v, %v; want the probe error", evs, err)
+	}
+	// An unhealthy peer's agent is alive only while it heartbeats.
+	if n, err := s.ExpireLeases(ctx(t), time.Now().Add(registry.DefaultLeaseTTL+time.Minute)); err != nil || n != 1 {
+		t.Fatalf("expire an unhealthy peer: %d, %v; want 1", n, err)
+	}
+	// Draining wins over the engine's health either way.
+	d, err := s.Drain(ctx(t), p.ID)
+	if err != nil || d.State != registry.StateDraining {
+		t.Fatalf("drain: %+v, %v", d, err)
+	}
+	if r := down(); r.State != registry.StateDraining {
+		t.Fatalf("drained peer, engine down: %+v", r)
+	}
+}
+
+// testLoads: Loads holds what the last heartbeat of each peer reported,
+// and nothing for a peer that never heartbeated.
+func testLoads(t *testing.T, s registry.Store) {
+	d0 := mustRegister(t, s, Spec("d0", registry.RoleDecode)).Peer
+	mustRegister(t, s, Spec("d1", registry.RoleDecode))
+	if _, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: d0.ID, InstanceID: d0.InstanceID, Load: registry.Load{Running: 1, Queued: 2, KVUsage: 0.5}}); err != nil {
+		t.Fatal(err)
+	}
+	mustHeartbeat(t, s, d0) // running 3, queued 1, usage 0.25
+	loads, err := s.Loads(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := mustGet(t, s, d0.ID)
+	want := []registry.PeerLoad{{PeerID: d0.ID, Load: registry.Load{Running: 3, Queued: 1, KVUsage: 0.25}, At: *got.LastHeartbeat}}
+	if len(loads) != 1 || loads[0].PeerID != want[0].PeerID || loads[0].Load != want[0].Load || !loads[0].At.Equal(want[0].At) {
+		t.Fatalf("Loads() = %+v, want %+v", loads, want)
 	}
 }
 

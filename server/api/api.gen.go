@@ -171,11 +171,12 @@ func (e Role) Valid() bool {
 
 // Defines values for State.
 const (
-	StateDraining State = "draining"
-	StateFailed   State = "failed"
-	StatePending  State = "pending"
-	StateReady    State = "ready"
-	StateStale    State = "stale"
+	StateDraining  State = "draining"
+	StateFailed    State = "failed"
+	StatePending   State = "pending"
+	StateReady     State = "ready"
+	StateStale     State = "stale"
+	StateUnhealthy State = "unhealthy"
 )
 
 // Valid indicates whether the value is a known member of the State enum.
@@ -190,6 +191,8 @@ func (e State) Valid() bool {
 	case StateReady:
 		return true
 	case StateStale:
+		return true
+	case StateUnhealthy:
 		return true
 	default:
 		return false
@@ -224,15 +227,25 @@ type EventList struct {
 
 // Heartbeat defines model for Heartbeat.
 type Heartbeat struct {
-	InstanceId string `json:"instance_id"`
-	Load       *Load  `json:"load,omitempty"`
+	// EngineError The last failed probe's error; only with engine_healthy false.
+	EngineError *string `json:"engine_error,omitempty"`
+
+	// EngineHealthy The agent's verdict from probing its engine's /health (failure and success
+	// thresholds applied). Absent means healthy (an agent that does not probe).
+	// false moves a ready peer to unhealthy; true moves an unhealthy one back.
+	EngineHealthy *bool  `json:"engine_healthy,omitempty"`
+	InstanceId    string `json:"instance_id"`
+	Load          *Load  `json:"load,omitempty"`
 }
 
 // HeartbeatReply defines model for HeartbeatReply.
 type HeartbeatReply struct {
 	Action HeartbeatReplyAction `json:"action"`
 	Reason *string              `json:"reason,omitempty"`
-	State  State                `json:"state"`
+
+	// State ready is the only routable state. unhealthy: the peer's agent heartbeats but its
+	// probes of the engine fail (the reason holds the last probe error).
+	State State `json:"state"`
 }
 
 // HeartbeatReplyAction defines model for HeartbeatReply.Action.
@@ -335,10 +348,13 @@ type Peer struct {
 	Parallelism     Parallelism        `json:"parallelism"`
 	Ranks           []Rank             `json:"ranks"`
 	Role            Role               `json:"role"`
-	State           State              `json:"state"`
-	StateReason     *string            `json:"state_reason,omitempty"`
-	TransferGroup   *string            `json:"transfer_group,omitempty"`
-	UpdatedAt       time.Time          `json:"updated_at"`
+
+	// State ready is the only routable state. unhealthy: the peer's agent heartbeats but its
+	// probes of the engine fail (the reason holds the last probe error).
+	State         State     `json:"state"`
+	StateReason   *string   `json:"state_reason,omitempty"`
+	TransferGroup *string   `json:"transfer_group,omitempty"`
+	UpdatedAt     time.Time `json:"updated_at"`
 
 	// Url http(s) base URL of the engine
 	Url string `json:"url"`
@@ -448,7 +464,8 @@ type StaleReport struct {
 	Reason    string  `json:"reason"`
 }
 
-// State defines model for State.
+// State ready is the only routable state. unhealthy: the peer's agent heartbeats but its
+// probes of the engine fail (the reason holds the last probe error).
 type State string
 
 // PeerID A peer id, a UUID in lowercase canonical form.

@@ -13,7 +13,7 @@
   const API = 'api/v1/';
   const TOKEN_KEY = 'pdplane.adminToken';
   const ROLES = ['prefill', 'decode', 'both'];
-  const STATES = ['pending', 'ready', 'stale', 'draining', 'failed'];
+  const STATES = ['pending', 'ready', 'unhealthy', 'stale', 'draining', 'failed'];
   const POLL_PEERS_MS = 5000; // heartbeats change load and leases without events
   const POLL_PAIRS_MS = 15000;
   const REFRESH_DEBOUNCE_MS = 150;
@@ -33,6 +33,7 @@
   const EVENT_WORDS = {
     registered: 'registered',
     ready: 'ready',
+    unhealthy: 'engine unhealthy',
     stale: 'stale',
     reregister_requested: 're-register requested',
     reregistered: 're-registered',

@@ -1,0 +1,99 @@
+package sim
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The engine's health and load endpoints, in each engine's own format, so
+// that an agent probing the simulator reads it exactly as it reads a real
+// engine.
+
+// handleHealth is GET /health (and SGLang's /health_generate): 200 with an
+// empty body while the engine serves. SGLang (entrypoints/http_server.py
+// health_generate) and vLLM (entrypoints/openai/api_server.py health)
+// answer 503 while starting, shutting down or dead; the sim's gate answers
+// 503 once it is closing, and its crash fault drops the connection as a
+// dead process would.
+func (s *Sim) handleHealth(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusOK)
+}
+
+// sglangRankLoad is one DP rank of SGLang's GET /v1/loads: the core fields
+// of managers/load_snapshot.py LoadSnapshot.to_dict.
+type sglangRankLoad struct {
+	DPRank             int     `json:"dp_rank"`
+	NumRunningReqs     int     `json:"num_running_reqs"`
+	NumWaitingReqs     int     `json:"num_waiting_reqs"`
+	NumUsedTokens      int     `json:"num_used_tokens"`
+	NumTotalTokens     int     `json:"num_total_tokens"`
+	MaxTotalNumTokens  int     `json:"max_total_num_tokens"`
+	MaxRunningRequests int     `json:"max_running_requests"`
+	TokenUsage         float64 `json:"token_usage"`
+	GenThroughput      float64 `json:"gen_throughput"`
+	CacheHitRate       float64 `json:"cache_hit_rate"`
+	Utilization        float64 `json:"utilization"`
+}
+
+// sglangLoads is the whole GET /v1/loads answer (entrypoints/v1_loads.py
+// get_loads).
+type sglangLoads struct {
+	Timestamp       string           `json:"timestamp"`
+	Version         string           `json:"version"`
+	Accelerator     *string          `json:"accelerator"`
+	NumAccelerators int              `json:"num_accelerators"`
+	Loads           []sglangRankLoad `json:"loads"`
+}
+
+// rankLoad is the sim's one DP rank.
+func (s *Sim) rankLoad() sglangRankLoad {
+	l := s.Load()
+	total := s.cfg.Pages * s.cfg.PageSize
+	used := int(l.KVUsage * float64(total))
+	return sglangRankLoad{
+		NumRunningReqs: l.Running, NumWaitingReqs: l.Queued,
+		NumUsedTokens: used, NumTotalTokens: used, MaxTotalNumTokens: total,
+		MaxRunningRequests: s.cfg.Pages, TokenUsage: l.KVUsage, Utilization: l.KVUsage,
+	}
+}
+
+func (s *Sim) handleLoads(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, sglangLoads{
+		Timestamp: s.cfg.Now().UTC().Format(time.RFC3339Nano), Version: "pdplane-sim",
+		NumAccelerators: 1, Loads: []sglangRankLoad{s.rankLoad()},
+	})
+}
+
+// handleGetLoad is SGLang's deprecated GET /get_load (http_server.py
+// get_load): one entry per DP rank, num_reqs counting running and waiting
+// requests together.
+func (s *Sim) handleGetLoad(w http.ResponseWriter, r *http.Request) {
+	l := s.rankLoad()
+	writeJSON(w, []map[string]any{{
+		"dp_rank": l.DPRank, "num_reqs": l.NumRunningReqs + l.NumWaitingReqs, "num_waiting_reqs": l.NumWaitingReqs,
+		"num_tokens": l.NumUsedTokens, "num_pending_tokens": 0, "ts_tic": float64(s.cfg.Now().UnixNano()) / 1e9,
+	}})
+}
+
+// labelEscaper escapes a Prometheus text-format label value.
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+// handleVLLMMetrics is vLLM's GET /metrics: the scheduler gauges of
+// v1/metrics/loggers.py PrometheusStatLogger, one series per engine (DP
+// rank) labelled engine and model_name, in Prometheus text format.
+func (s *Sim) handleVLLMMetrics(w http.ResponseWriter, r *http.Request) {
+	l := s.Load()
+	labels := `{engine="0",model_name="` + labelEscaper.Replace(s.cfg.Model) + `"}`
+	var b strings.Builder
+	gauge := func(name, help, value string) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n%s%s %s\n", name, help, name, name, labels, value)
+	}
+	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", strconv.Itoa(l.Running)+".0")
+	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", strconv.Itoa(l.Queued)+".0")
+	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", strconv.FormatFloat(l.KVUsage, 'g', -1, 64))
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_, _ = w.Write([]byte(b.String()))
+}
