@@ -86,6 +86,14 @@ func SGLangPrefillTransferFailed(rank int, rid string, room uint64, exception st
 		" req.bootstrap_room=" + strconv.FormatUint(room, 10) + " with exception " + exception
 }
 
+// SGLangPrefillBootstrapFailed is the message SGLang's prefill aborts a
+// request with when its decode never joined the room
+// (disaggregation/prefill.py PrefillBootstrapQueue.pop_bootstrapped).
+func SGLangPrefillBootstrapFailed(rank int, rid string, room uint64, exception string) string {
+	return sglangPrefillBootstrapFailed + " rank=" + strconv.Itoa(rank) + " req.rid=" + pyRepr(rid) +
+		" req.bootstrap_room=" + strconv.FormatUint(room, 10) + " with exception " + exception
+}
+
 // SGLangDecodeTransferFailed is the message SGLang's decode aborts a
 // request with when its KV never arrived or failed
 // (disaggregation/decode.py DecodeTransferQueue.pop_transferred).
