@@ -115,7 +115,7 @@ func TestDecodeFirstByteDeadline(t *testing.T) {
 	if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "pair"}); st.Requests == 0 || got != float64(st.Requests) || st.Transfers != st.Requests {
 		t.Fatalf("%v pair retries; decode-0 stats %+v", got, st)
 	}
-	waitFor(t, "decode-0 let go of the cut request", func() bool { return ds[0].Load().Running == 0 })
+	simtest.WaitFor(t, "decode-0 let go of the cut request", func() bool { return ds[0].Load().Running == 0 })
 }
 
 // TestVLLMDecodeFailureFromTheSimulator: a vLLM decode whose KV load fails
@@ -143,17 +143,5 @@ func TestVLLMDecodeFailureFromTheSimulator(t *testing.T) {
 	}
 	if got := b.metric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}); got != 0 {
 		t.Fatalf("stale marks %v", got)
-	}
-}
-
-// waitFor waits until cond holds, failing the test after 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
