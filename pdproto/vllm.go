@@ -36,3 +36,26 @@ func appendVLLMError(b []byte, status int, typ, message, comma, colon string) []
 	b = strconv.AppendInt(b, int64(status), 10)
 	return append(b, "}}"...)
 }
+
+// KVTransferParams is vLLM's NixlConnector hand-off, in both directions: the
+// router asks a prefill for do_remote_decode; the prefill answers with where
+// its blocks are (request_finished in
+// vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py); the
+// decode gets that answer with its request.
+type KVTransferParams struct {
+	DoRemoteDecode  bool    `json:"do_remote_decode"`
+	DoRemotePrefill bool    `json:"do_remote_prefill"`
+	RemoteEngineID  *string `json:"remote_engine_id"`
+	RemoteBlockIDs  []int   `json:"remote_block_ids"`
+	RemoteHost      *string `json:"remote_host"`
+	RemotePort      *int    `json:"remote_port"`
+	// RemoteRequestID names the prefill's held blocks; the decode's READ
+	// notifies it so that the prefill frees them.
+	RemoteRequestID string `json:"remote_request_id,omitempty"`
+	TPSize          int    `json:"tp_size,omitempty"`
+}
+
+// VLLMPrefillKVTransferParams is the member a prefill's body gets so that it
+// keeps its KV for a remote decode, as vLLM's own proxy writes it
+// (toy_proxy_server.py send_request_to_service).
+const VLLMPrefillKVTransferParams = `"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`

@@ -52,7 +52,7 @@ type answer struct {
 	model   string
 	created int64
 	seqs    []seq
-	kv      *kvTransferParams // vLLM prefill only
+	kv      *pdproto.KVTransferParams // vLLM prefill only
 }
 
 type usage struct {
@@ -86,13 +86,13 @@ type choice struct {
 }
 
 type openAIAnswer struct {
-	ID               string            `json:"id"`
-	Object           string            `json:"object"`
-	Created          int64             `json:"created"`
-	Model            string            `json:"model"`
-	Choices          []choice          `json:"choices"`
-	Usage            *usage            `json:"usage,omitempty"`
-	KVTransferParams *kvTransferParams `json:"kv_transfer_params,omitempty"`
+	ID               string                    `json:"id"`
+	Object           string                    `json:"object"`
+	Created          int64                     `json:"created"`
+	Model            string                    `json:"model"`
+	Choices          []choice                  `json:"choices"`
+	Usage            *usage                    `json:"usage,omitempty"`
+	KVTransferParams *pdproto.KVTransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 // tokenLogprob is SGLang's [logprob, token_id, null] triple; the first

@@ -53,7 +53,7 @@ func (s *Sim) vllmPrefill(ctx context.Context, q *genRequest) (*answer, func(), 
 	engine, host, port := st.name, s.host, s.bootstrapPort
 	ans := &answer{
 		seqs: []seq{newSeq(prompt, seeds, 1, "length")},
-		kv: &kvTransferParams{
+		kv: &pdproto.KVTransferParams{
 			DoRemotePrefill: true, DoRemoteDecode: false,
 			RemoteEngineID: &engine, RemoteBlockIDs: append([]int(nil), pages...),
 			RemoteHost: &host, RemotePort: &port, RemoteRequestID: id, TPSize: 1,
