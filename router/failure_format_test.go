@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/router/routertest"
@@ -95,7 +98,7 @@ func TestSGLangMemKindFailureFormats(t *testing.T) {
 // takes the failure.
 func TestDecodeFirstByteDeadline(t *testing.T) {
 	t.Parallel()
-	b, _, ds := simFleet(t, registry.EngineSGLang, router.Config{DecodeFirstByteTimeout: 200 * time.Millisecond},
+	b, _, ds := simFleet(t, registry.EngineSGLang, router.Config{DecodeFirstByteTimeout: time.Second},
 		func(c *sim.Config) { c.DecodeTimePerToken = time.Minute })
 	for i := range 2 {
 		// Bounded, so that a router without the deadline fails the test
@@ -143,5 +146,17 @@ func TestVLLMDecodeFailureFromTheSimulator(t *testing.T) {
 	}
 	if got := b.metric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}); got != 0 {
 		t.Fatalf("stale marks %v", got)
+	}
+}
+
+func TestDecodeFirstByteTimeoutConfig(t *testing.T) {
+	t.Parallel()
+	if got := (router.Config{}).WithDefaults().DecodeFirstByteTimeout; got != router.DefaultDecodeFirstByteTimeout {
+		t.Fatalf("default %s", got)
+	}
+	_, err := router.New(router.Config{DecodeFirstByteTimeout: -time.Second}, routertest.NewSnapshots(), routertest.NewReporter(),
+		zerolog.New(zerolog.NewTestWriter(t)), prometheus.NewRegistry())
+	if err == nil || !strings.Contains(err.Error(), "DecodeFirstByteTimeout") {
+		t.Fatalf("negative timeout: %v", err)
 	}
 }
