@@ -40,6 +40,9 @@ func (p Policy) Valid() bool {
 	return false
 }
 
+// DefaultDecodeFirstByteTimeout is Config.DecodeFirstByteTimeout's default.
+const DefaultDecodeFirstByteTimeout = 30 * time.Second
+
 // Config configures a Router. The zero value is usable: WithDefaults fills
 // in every unset field.
 type Config struct {
@@ -86,6 +89,15 @@ type Config struct {
 	// its answer; 10 min by default. The decode leg is bounded only by the
 	// client, since a long generation is legitimate.
 	PrefillTimeout time.Duration
+	// DecodeFirstByteTimeout bounds how long a streamed decode may send
+	// nothing once its prefill answered in full (SGLang) or once it was
+	// sent its prefill's kv_transfer_params (vLLM): SGLang's decode waits
+	// out its own SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s) when the KV
+	// never comes. Past it both legs are cancelled and the pair takes a
+	// breaker failure; the request moves to another pair. 30 s by default.
+	// A non-streamed answer's first byte is its last, so only the client
+	// bounds it.
+	DecodeFirstByteTimeout time.Duration
 	// MaxIdleConnsPerHost is the idle keep-alive pool per engine; 512 by
 	// default, because every request opens two upstream legs.
 	MaxIdleConnsPerHost int
@@ -151,6 +163,9 @@ func (c Config) WithDefaults() Config {
 	if c.PrefillTimeout == 0 {
 		c.PrefillTimeout = 10 * time.Minute
 	}
+	if c.DecodeFirstByteTimeout == 0 {
+		c.DecodeFirstByteTimeout = DefaultDecodeFirstByteTimeout
+	}
 	if c.MaxIdleConnsPerHost == 0 {
 		c.MaxIdleConnsPerHost = 512
 	}
@@ -199,6 +214,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("BreakerCooldown: must not be negative")
 	case c.ConnectTimeout < 0 || c.PrefillTimeout < 0:
 		return fmt.Errorf("ConnectTimeout, PrefillTimeout: must not be negative")
+	case c.DecodeFirstByteTimeout < 0:
+		return fmt.Errorf("DecodeFirstByteTimeout: must not be negative, got %s", c.DecodeFirstByteTimeout)
 	case c.MaxIdleConnsPerHost < 0:
 		return fmt.Errorf("MaxIdleConnsPerHost: must not be negative")
 	case c.CacheAwarePrefixBytes < 0:

@@ -15,6 +15,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 )
 
@@ -52,11 +53,13 @@ const (
 	legDecode
 )
 
-func (l leg) String() string {
+func (l leg) String() string { return l.proto().String() }
+
+func (l leg) proto() pdproto.Leg {
 	if l == legPrefill {
-		return "prefill"
+		return pdproto.LegPrefill
 	}
-	return "decode"
+	return pdproto.LegDecode
 }
 
 // failKind classifies how an attempt failed; it decides retries, breakers
@@ -71,6 +74,7 @@ const (
 	failOverload                        // 429, or 503 with Retry-After: another pair, no breaker failure
 	failUpstream4xx                     // the engine refused the request: passed on, no retry
 	failMemKind                         // the prefill could not send KV to the decode: stale mark, retry
+	failPair                            // the pair could not move KV (or the decode never answered after a good prefill): pair breaker, retry
 	failClientGone                      // the client left: 499 in logs
 	failUnsupported                     // the route does not exist in the engine's protocol
 )
@@ -91,6 +95,8 @@ func (k failKind) String() string {
 		return "upstream_4xx"
 	case failMemKind:
 		return causeMissingMemKind
+	case failPair:
+		return "pair"
 	case failClientGone:
 		return "client_gone"
 	case failUnsupported:
@@ -122,6 +128,9 @@ var (
 	errPrefillLegFailed = errors.New("prefill leg failed")
 	errDecodeLegFailed  = errors.New("decode leg failed")
 	errAttemptOver      = errors.New("attempt over")
+	// errDecodeFirstByte: the decode sent nothing within
+	// DecodeFirstByteTimeout after its prefill answered in full.
+	errDecodeFirstByte = errors.New("the decode sent nothing in time after its prefill succeeded")
 )
 
 // dispatch is one client request on its way through the router.
@@ -138,6 +147,11 @@ type dispatch struct {
 
 	start      time.Time
 	dispatched time.Time
+
+	// Per attempt: the attempt's context (its cause tells which leg or
+	// deadline ended it) and the decode's first-byte deadline.
+	actx context.Context
+	fb   *firstByteDeadline
 
 	committed bool // headers (and maybe bytes) went to the client
 	ttftSeen  bool
@@ -276,7 +290,7 @@ func (d *dispatch) run(v *view, mv *modelView) {
 			return
 		}
 		rt.m.retries.WithLabelValues(f.kind.String()).Inc()
-		if f.leg == legPrefill && f.kind != failMemKind {
+		if f.leg == legPrefill && f.kind != failMemKind && f.kind != failPair {
 			d.ex.add(pr.p.peer.ID)
 		} else {
 			d.ex.add(pr.d.peer.ID)
@@ -343,7 +357,7 @@ func (rt *Router) settle(pr *pair, f *failure) {
 	case failOverload, failClientGone, failUnsupported:
 		pr.release()
 		return
-	case failMemKind:
+	case failMemKind, failPair:
 		// The pair cannot transfer; neither peer is down.
 		pr.p.state.breaker.release(pr.pProbe)
 		pr.d.state.breaker.release(pr.dProbe)
@@ -394,6 +408,9 @@ func (d *dispatch) transportFailure(l leg, err error) *failure {
 	if d.r.Context().Err() != nil {
 		return &failure{kind: failClientGone, leg: l, err: err}
 	}
+	if l == legDecode && d.actx != nil && errors.Is(context.Cause(d.actx), errDecodeFirstByte) {
+		return &failure{kind: failPair, leg: legDecode, err: errDecodeFirstByte}
+	}
 	var ne net.Error
 	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
 		return &failure{kind: failTimeout, leg: l, err: err}
@@ -401,24 +418,56 @@ func (d *dispatch) transportFailure(l leg, err error) *failure {
 	return &failure{kind: failTransport, leg: l, err: err}
 }
 
-// statusFailure classifies a non-2xx answer; it reads (a bounded part of)
-// the body.
-func (d *dispatch) statusFailure(l leg, resp *http.Response) *failure {
+// statusFailure classifies a non-2xx answer of engine on leg l; it reads (a
+// bounded part of) the body.
+func (d *dispatch) statusFailure(engine registry.Engine, l leg, resp *http.Response) *failure {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, errorBodyLimit))
-	f := &failure{leg: l, status: resp.StatusCode, header: resp.Header, body: body}
-	switch s := resp.StatusCode; {
-	case isMemKindError(body):
-		// From a prefill (SGLang writes KV) or from a decode (vLLM pulls
-		// it): either way the decode's registration is what is broken.
-		f.kind = failMemKind
-	case s == http.StatusTooManyRequests || (s == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""):
-		f.kind = failOverload
-	case s >= 400 && s < 500 && s != http.StatusRequestTimeout:
-		f.kind = failUpstream4xx
-	default:
-		f.kind = failStatus
+	pf := pdproto.ClassifyAnswer(engine, l.proto(), resp.StatusCode, resp.Header.Get("Retry-After") != "", body)
+	return &failure{kind: kindOf(pf.Class), leg: l, status: resp.StatusCode, header: resp.Header, body: body}
+}
+
+// eventFailure is the failure an SSE event of a 200 answer carries, or nil.
+// A refusal inside a stream is the client's answer, relayed as it is.
+func eventFailure(engine registry.Engine, l leg, resp *http.Response, event []byte) *failure {
+	data := pdproto.EventData(event)
+	if data == nil {
+		return nil
 	}
-	return f
+	pf, ok := pdproto.ClassifyEvent(engine, l.proto(), data)
+	if !ok || pf.Class == pdproto.ClassRefused || pf.Class == pdproto.ClassNone {
+		return nil
+	}
+	return &failure{kind: kindOf(pf.Class), leg: l, status: pf.Status, header: resp.Header, body: data}
+}
+
+// firstEventFailure scans the complete events of b for a failure.
+func firstEventFailure(engine registry.Engine, l leg, resp *http.Response, b []byte) *failure {
+	for len(b) > 0 {
+		ev, rest, complete := pdproto.NextEvent(b)
+		if !complete {
+			return nil
+		}
+		if f := eventFailure(engine, l, resp, ev); f != nil {
+			return f
+		}
+		b = rest
+	}
+	return nil
+}
+
+// kindOf maps pdproto's classes to the router's failure kinds.
+func kindOf(c pdproto.Class) failKind {
+	switch c {
+	case pdproto.ClassMissingMemKind:
+		return failMemKind
+	case pdproto.ClassTransfer:
+		return failPair
+	case pdproto.ClassOverload:
+		return failOverload
+	case pdproto.ClassRefused:
+		return failUpstream4xx
+	}
+	return failStatus
 }
 
 // readKeep reads r to the end, keeping its first keep bytes.
@@ -434,12 +483,6 @@ func readKeep(r io.Reader, keep int64) ([]byte, error) {
 		}
 	}
 	return buf.Bytes(), nil
-}
-
-// hasSSEError reports whether a streamed answer carries an error event, the
-// way SGLang reports a failure after it has sent 200.
-func hasSSEError(b []byte) bool {
-	return bytes.Contains(b, []byte(`data: {"error"`)) || bytes.Contains(b, []byte(`data:{"error"`))
 }
 
 // commit sends the decode's status and headers to the client: from here on
@@ -568,6 +611,12 @@ func (d *dispatch) respondFailure(f *failure) {
 		d.reject(&apiError{Status: http.StatusBadRequest, Message: "model " + model + " is served by vLLM engines, which have no native /generate; use /v1/completions",
 			Type: "invalid_request_error", Code: codeUnsupported}, outcomeBadRequest)
 	case failMemKind:
+		d.reject(serverError(http.StatusBadGateway, "model "+model+": the KV cache transfer from prefill to decode failed on every pair tried", codeUpstreamError), outcomeUpstreamErr)
+	case failPair:
+		if errors.Is(f.err, errDecodeFirstByte) {
+			d.reject(serverError(http.StatusGatewayTimeout, "model "+model+": the decode engine sent nothing in time after its prefill", codeUpstreamTimeout), outcomeTimeout)
+			return
+		}
 		d.reject(serverError(http.StatusBadGateway, "model "+model+": the KV cache transfer from prefill to decode failed on every pair tried", codeUpstreamError), outcomeUpstreamErr)
 	default:
 		msg := "model " + model + ": the " + f.leg.String() + " engine failed"

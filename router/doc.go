@@ -11,11 +11,14 @@
 //     same body concurrently) and vLLM's NixlConnector kv_transfer_params
 //     (prefill first, then decode with the prefill's parameters);
 //   - the SSE relay, retries on another pair before the first byte reaches
-//     the client, per-peer and per-pair circuit breakers, and the
-//     classification of upstream errors, including SGLang's
-//     "Missing NIXL destination KV memory kind", which marks the decode stale
-//     and quarantines a pair that fails that way again after the decode
-//     re-registered.
+//     the client, per-peer and per-pair circuit breakers, a deadline for a
+//     streamed decode's first byte after a good prefill, and what to do
+//     about each upstream failure. Recognising the failure (a status body,
+//     an OpenAI error event, a /generate abort event, on either leg) is
+//     pdproto's; the router acts on its class: SGLang's "Missing NIXL
+//     destination KV memory kind" marks the decode stale (and quarantines a
+//     pair that fails that way again after the decode re-registered), other
+//     transfer failures and vLLM's NIXL failures count against the pair.
 //
 // It must not touch a database or the store beyond the two calls of
 // PeerReporter, and it keeps no package-level mutable state: everything lives

@@ -3,6 +3,8 @@ package router
 import (
 	"bytes"
 	"errors"
+
+	"github.com/pdplane/pdplane/pdproto"
 )
 
 // With return_logprob, SGLang's prefill computes the prompt's logprobs and
@@ -155,43 +157,13 @@ func totalLen(bs [][]byte) int {
 	return n
 }
 
-// sseData returns the payload of the first "data:" line of an SSE event, or
-// nil when it has none.
-func sseData(event []byte) []byte {
-	for len(event) > 0 {
-		line := event
-		if nl := bytes.IndexByte(event, '\n'); nl >= 0 {
-			line, event = event[:nl], event[nl+1:]
-		} else {
-			event = nil
-		}
-		line = bytes.TrimRight(line, "\r")
-		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			return bytes.TrimSpace(d)
-		}
-	}
-	return nil
-}
-
-// firstSSEEvent returns the first complete event (up to its blank line) of an
-// SSE stream and whether one was complete.
-func firstSSEEvent(b []byte) ([]byte, bool) {
-	if i := bytes.Index(b, []byte("\n\n")); i >= 0 {
-		return b[:i+2], true
-	}
-	if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
-		return b[:i+4], true
-	}
-	return b, false
-}
-
 // prefillLogprobs extracts the prompt logprobs from a prefill's answer,
 // streamed (its first data event) or not.
 func prefillLogprobs(body []byte) ([][]byte, error) {
 	t := bytes.TrimSpace(body)
 	if bytes.HasPrefix(t, []byte("data:")) {
-		ev, _ := firstSSEEvent(t)
-		d := sseData(ev)
+		ev, _, _ := pdproto.NextEvent(t)
+		d := pdproto.EventData(ev)
 		if d == nil {
 			return nil, errNoLogprobs
 		}
@@ -209,7 +181,7 @@ func prefillLogprobs(body []byte) ([][]byte, error) {
 // mergeSSEEvent rewrites one decode SSE event with the prefill's logprobs;
 // events that are not JSON (such as [DONE]) pass unchanged.
 func mergeSSEEvent(event []byte, prefill [][]byte) []byte {
-	d := sseData(event)
+	d := pdproto.EventData(event)
 	if d == nil || (d[0] != '{' && d[0] != '[') {
 		return event
 	}
@@ -220,10 +192,7 @@ func mergeSSEEvent(event []byte, prefill [][]byte) []byte {
 	if err != nil {
 		return event
 	}
-	out := make([]byte, 0, len(merged)+8)
-	out = append(out, "data: "...)
-	out = append(out, merged...)
-	return append(out, "\n\n"...)
+	return pdproto.AppendEvent(make([]byte, 0, len(merged)+8), merged)
 }
 
 // scanTopValue validates b as exactly one JSON value.

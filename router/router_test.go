@@ -660,14 +660,19 @@ func TestOverloadMovesOnWithoutOpeningBreaker(t *testing.T) {
 	}
 }
 
-// TestVLLMDecodeMemKindErrorMarksDecodeStale: a vLLM decode pulls KV itself,
-// so it is the decode that answers with the memory-kind error.
-func TestVLLMDecodeMemKindErrorMarksDecodeStale(t *testing.T) {
+// TestVLLMDecodeFailureIsAPairFailure: vLLM's NIXL failures reach the
+// router as the decode's 500 (a KV load refused under
+// kv_load_failure_policy=fail is "Internal server error": vllm
+// entrypoints/openai/engine/serving.py _raise_if_error). The request moves
+// to another decode and the pair takes the failure; vLLM never raises
+// SGLang's memory-kind error, so even that text on a vLLM decode marks
+// nothing stale.
+func TestVLLMDecodeFailureIsAPairFailure(t *testing.T) {
 	t.Parallel()
 	p := routertest.StartVLLM(t, "p1", registry.RolePrefill)
 	d1 := routertest.StartVLLM(t, "d1", registry.RoleDecode)
 	d2 := routertest.StartVLLM(t, "d2", registry.RoleDecode)
-	d1.SetBehavior(routertest.Behavior{Status: 500, Body: `{"error":{"message":"RuntimeError: Missing NIXL destination KV memory kind"}}`})
+	d1.SetBehavior(routertest.Behavior{Status: 500, Body: `{"error":{"message":"RuntimeError: Missing NIXL destination KV memory kind","type":"InternalServerError","param":null,"code":500}}`})
 	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin}, p.Peer(model), d1.Peer(model), d2.Peer(model))
 
 	// Round robin sends one of the first two requests to d1; both succeed.
@@ -680,9 +685,14 @@ func TestVLLMDecodeMemKindErrorMarksDecodeStale(t *testing.T) {
 	if d1.Started() == 0 {
 		t.Fatal("d1 never got a request")
 	}
-	m := b.rep.WaitStale(t, 5*time.Second)
-	if m.ID != "id-d1" || !strings.Contains(m.ErrText, "Missing NIXL destination KV memory kind") {
-		t.Fatalf("stale mark %+v", m)
+	if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "pair"}); got != float64(d1.Started()) {
+		t.Fatalf("%v pair retries for %d requests to d1", got, d1.Started())
+	}
+	if got := b.metric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}); got != 0 {
+		t.Fatalf("stale marks %v", got)
+	}
+	if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "d1"}); got != 0 {
+		t.Fatalf("d1's own breaker moved (%v); the failure is the pair's", got)
 	}
 }
 

@@ -6,6 +6,9 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/pdplane/pdplane/pdproto"
+	"github.com/pdplane/pdplane/registry"
 )
 
 // prefillResult is how a prefill leg ended.
@@ -34,12 +37,17 @@ func (l *prefillLeg) wait() prefillResult {
 // the prefill's bootstrap address and a fresh room, goes to both engines at
 // once; the decode's answer is relayed once the prefill has answered in full
 // without error, so that a failed transfer is retried on another pair rather
-// than streamed as a 200. Either leg failing cancels the other at once.
+// than streamed as a 200. Either leg failing cancels the other at once; a
+// streamed decode that stays silent too long after a good prefill is cut by
+// the first-byte deadline.
 func (d *dispatch) runSGLang(pr *pair) *failure {
 	rt, q := d.rt, d.q
 	body := appendSGLangBody(make([]byte, 0, len(q.body)+160+q.bootstrapCount()*48), q, pr.p.ep.hostJSON, pr.p.ep.port)
+	engine := pr.d.ep.protocol
 
 	actx, cancel := context.WithCancelCause(d.r.Context())
+	d.actx, d.fb = actx, &firstByteDeadline{}
+	defer d.fb.stop()
 	pl := &prefillLeg{ch: make(chan prefillResult, 1)}
 	defer pl.wait()
 	defer cancel(errAttemptOver)
@@ -47,6 +55,8 @@ func (d *dispatch) runSGLang(pr *pair) *failure {
 		res := d.sglangPrefill(actx, pr, body)
 		if res.fail != nil {
 			cancel(errPrefillLegFailed)
+		} else if q.stream {
+			d.fb.arm(rt.cfg.DecodeFirstByteTimeout, cancel)
 		}
 		pl.ch <- res
 	}()
@@ -69,16 +79,18 @@ func (d *dispatch) runSGLang(pr *pair) *failure {
 	}
 	resp, err := rt.transport.RoundTrip(req)
 	if err != nil {
+		f := d.transportFailure(legDecode, err)
 		cancel(errDecodeLegFailed)
-		if f := prefillFailedFirst(); f != nil {
-			return f
+		if pf := prefillFailedFirst(); pf != nil {
+			return pf
 		}
 		d.observeDecode("sglang", start, "error")
-		return d.transportFailure(legDecode, err)
+		return f
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		f := d.statusFailure(legDecode, resp)
+		d.fb.firstByte()
+		f := d.statusFailure(engine, legDecode, resp)
 		cancel(errDecodeLegFailed)
 		if pf := prefillFailedFirst(); pf != nil {
 			return pf
@@ -87,7 +99,7 @@ func (d *dispatch) runSGLang(pr *pair) *failure {
 		return f
 	}
 
-	f := d.deliverDecode(resp, pl)
+	f := d.deliverDecode(engine, resp, pl)
 	switch {
 	case f == nil:
 		d.observeDecode("sglang", start, "ok")
@@ -117,6 +129,7 @@ func (d *dispatch) sglangPrefill(ctx context.Context, pr *pair, body []byte) pre
 }
 
 func (d *dispatch) prefillLegResult(ctx context.Context, pr *pair, body []byte) prefillResult {
+	engine := pr.p.ep.protocol
 	req, err := d.newUpstream(ctx, pr.p.ep.urls[d.route], body)
 	if err != nil {
 		return prefillResult{fail: &failure{kind: failProtocol, leg: legPrefill, err: err}}
@@ -127,7 +140,7 @@ func (d *dispatch) prefillLegResult(ctx context.Context, pr *pair, body []byte) 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		return prefillResult{fail: d.statusFailure(legPrefill, resp)}
+		return prefillResult{fail: d.statusFailure(engine, legPrefill, resp)}
 	}
 	keep := int64(prefillKeep)
 	if d.q.logprob {
@@ -137,21 +150,44 @@ func (d *dispatch) prefillLegResult(ctx context.Context, pr *pair, body []byte) 
 	if err != nil {
 		return prefillResult{fail: d.transportFailure(legPrefill, err)}
 	}
-	// After a 200, only an error event counts: a successful answer may echo
-	// the prompt, and a prompt must not be able to mark a decode stale.
-	if hasSSEError(kept) {
-		kind := failStatus
-		if isMemKindError(kept) {
-			kind = failMemKind
+	// After a 200 a streamed prefill may still have failed: SGLang sends an
+	// error event (OpenAI routes) or an abort event (/generate). Only an
+	// event's structure counts: a successful answer may echo the prompt,
+	// and a prompt must not be able to mark a decode stale.
+	if d.q.stream {
+		if f := firstEventFailure(engine, legPrefill, resp, kept); f != nil {
+			return prefillResult{fail: f}
 		}
-		return prefillResult{fail: &failure{kind: kind, leg: legPrefill, status: resp.StatusCode, header: resp.Header, body: kept}}
 	}
 	return prefillResult{body: kept}
 }
 
+// readFirstEvent reads a streamed answer until its first event is complete,
+// the answer ends, or limit bytes are in; every byte read counts as the
+// decode's first byte.
+func (d *dispatch) readFirstEvent(body io.Reader, buf []byte, limit int) ([]byte, error) {
+	var acc []byte
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			d.fb.firstByte()
+			acc = append(acc, buf[:n]...)
+			if _, _, ok := pdproto.NextEvent(acc); ok || len(acc) > limit {
+				return acc, nil
+			}
+		}
+		if err != nil {
+			return acc, err
+		}
+	}
+}
+
 // deliverDecode relays a decode's 2xx answer. With pl set (SGLang), nothing
-// reaches the client before the prefill has answered without error.
-func (d *dispatch) deliverDecode(resp *http.Response, pl *prefillLeg) *failure {
+// reaches the client before the prefill has answered without error. A
+// streamed answer's first event is held until then, and not sent at all
+// when it is itself a failure (SGLang's error or abort event, vLLM's error
+// event): the attempt fails and another pair may serve the request.
+func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl *prefillLeg) *failure {
 	rt, q := d.rt, d.q
 	bp := rt.getRelayBuf()
 	defer rt.putRelayBuf(bp)
@@ -170,6 +206,7 @@ func (d *dispatch) deliverDecode(resp *http.Response, pl *prefillLeg) *failure {
 	case merge && !q.stream:
 		// Both answers whole, merged, then sent.
 		all, err := readKeep(resp.Body, rt.cfg.MaxResponseBytes+1)
+		d.fb.firstByte()
 		if pf := pl.wait().fail; pf != nil {
 			return pf
 		}
@@ -194,38 +231,32 @@ func (d *dispatch) deliverDecode(resp *http.Response, pl *prefillLeg) *failure {
 		}
 		return nil
 
-	case merge && q.stream:
-		// The first event carries the prompt's logprobs.
-		var acc []byte
-		var rerr error
-		for {
-			n, err := resp.Body.Read(buf)
-			acc = append(acc, buf[:n]...)
-			if _, ok := firstSSEEvent(acc); ok {
-				break
-			}
-			if err != nil {
-				rerr = err
-				break
-			}
-			if int64(len(acc)) > rt.cfg.MaxResponseBytes {
-				rerr = errors.New("first decode event too large")
-				break
-			}
+	case q.stream:
+		limit := errorBodyLimit
+		if merge {
+			limit = int(min(rt.cfg.MaxResponseBytes, 1<<30))
 		}
+		acc, rerr := d.readFirstEvent(resp.Body, buf, limit)
 		res, pf := waitPrefill()
 		if pf != nil {
 			return pf
 		}
+		if pl != nil && !merge {
+			pl.res.body = nil // not needed without a logprob merge
+		}
 		if rerr != nil && !errors.Is(rerr, io.EOF) {
 			return d.transportFailure(legDecode, rerr)
 		}
-		ev, complete := firstSSEEvent(acc)
+		if merge && len(acc) > limit {
+			return &failure{kind: failProtocol, leg: legDecode, err: errors.New("first decode event too large")}
+		}
+		if f := firstEventFailure(engine, legDecode, resp, acc); f != nil {
+			return f
+		}
 		first := acc
-		if complete {
+		if ev, rest, complete := pdproto.NextEvent(acc); merge && complete {
 			if pre, err := prefillLogprobs(res.body); err == nil {
-				merged := mergeSSEEvent(ev, pre)
-				first = append(merged, acc[len(ev):]...)
+				first = append(mergeSSEEvent(ev, pre), rest...)
 			}
 		}
 		d.commit(resp, -1)
@@ -239,6 +270,7 @@ func (d *dispatch) deliverDecode(resp *http.Response, pl *prefillLeg) *failure {
 
 	default:
 		n, rerr := readFirst(resp.Body, buf)
+		d.fb.firstByte()
 		if _, pf := waitPrefill(); pf != nil {
 			return pf
 		}
@@ -249,7 +281,7 @@ func (d *dispatch) deliverDecode(resp *http.Response, pl *prefillLeg) *failure {
 			return d.transportFailure(legDecode, rerr)
 		}
 		cl := -1
-		if errors.Is(rerr, io.EOF) && !q.stream {
+		if errors.Is(rerr, io.EOF) {
 			cl = n
 		}
 		d.commit(resp, cl)

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"context"
 	"sync"
 	"sync/atomic"
@@ -9,19 +8,12 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 )
 
-// memKindMessage is what SGLang's NIXL connector raises when a decode's
-// registration on the prefill side never completed; every transfer to that
-// decode fails until it re-registers.
-const memKindMessage = "Missing NIXL destination KV memory kind"
-
 // Stale-mark causes, the values of the cause label.
 const causeMissingMemKind = "missing_mem_kind"
-
-// isMemKindError reports whether an engine's answer carries the message.
-func isMemKindError(body []byte) bool { return bytes.Contains(body, []byte(memKindMessage)) }
 
 // staleTracker remembers, per pair, the decode generation of its first
 // memory-kind failure, so that a second one after the decode re-registered
@@ -109,7 +101,7 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string) {
 		Int64(logGeneration, d.peer.Generation).Logger()
 	report := registry.TransferFailure{
 		DecodeID: d.peer.ID, PrefillID: p.peer.ID, Error: errText,
-		Reason: "prefill " + p.peer.Name + " could not send KV to this decode: " + memKindMessage,
+		Reason: "prefill " + p.peer.Name + " could not send KV to this decode: " + pdproto.MissingMemKindMessage,
 	}
 	if len(d.peer.Ranks) > 0 {
 		// Names the generation that failed, so that a late report cannot

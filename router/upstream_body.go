@@ -3,6 +3,8 @@ package router
 import (
 	"math/rand/v2"
 	"strconv"
+
+	"github.com/pdplane/pdplane/pdproto"
 )
 
 // The bodies sent to engines are the client's bytes with some top-level
@@ -117,10 +119,6 @@ func isVLLMPrefillDropped(k []byte) bool {
 
 func isKVTransferParams(k []byte) bool { return string(k) == "kv_transfer_params" }
 
-// vllmPrefillKVParams asks a vLLM prefill (NixlConnector) to keep the KV
-// blocks for a remote decode.
-const vllmPrefillKVParams = `"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
-
 // appendVLLMPrefillBody builds the prefill leg of a vLLM pair: one token,
 // not streamed, without stream_options or the min-token fields prefills
 // refuse, asking for remote decode.
@@ -132,7 +130,7 @@ func appendVLLMPrefillBody(dst []byte, q *request) []byte {
 		dst = append(dst, `,"max_completion_tokens":1`...)
 	}
 	dst = append(dst, ',')
-	dst = append(dst, vllmPrefillKVParams...)
+	dst = append(dst, pdproto.VLLMPrefillKVTransferParams...)
 	return append(dst, '}')
 }
 

@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"errors"
+
+	"github.com/pdplane/pdplane/registry"
 )
 
 // vllmPrefillAnswerLimit bounds a vLLM prefill's answer (one token).
@@ -12,7 +14,10 @@ const vllmPrefillAnswerLimit = 4 << 20
 // first, for one token and not streamed, asking it to keep the KV for a
 // remote decode; then the decode with the client's body plus the
 // kv_transfer_params the prefill answered with. Both legs carry the same
-// X-Request-Id.
+// X-Request-Id. vLLM's NIXL failures (a handshake or READ that failed, a KV
+// load refused under kv_load_failure_policy=fail) reach the router as the
+// decode's error and count against the pair, never as SGLang's memory-kind
+// rule (pdproto.ClassifyAnswer).
 func (d *dispatch) runVLLM(pr *pair) *failure {
 	rt, q := d.rt, d.q
 	kv, f := d.vllmPrefill(pr)
@@ -20,8 +25,15 @@ func (d *dispatch) runVLLM(pr *pair) *failure {
 		return f
 	}
 	body := appendVLLMDecodeBody(make([]byte, 0, len(q.body)+len(kv)+64), q, kv)
+	actx, cancel := context.WithCancelCause(d.r.Context())
+	defer cancel(errAttemptOver)
+	d.actx, d.fb = actx, &firstByteDeadline{}
+	defer d.fb.stop()
+	if q.stream {
+		d.fb.arm(rt.cfg.DecodeFirstByteTimeout, cancel)
+	}
 	start := rt.cfg.Now()
-	req, err := d.newUpstream(d.r.Context(), pr.d.ep.urls[d.route], body)
+	req, err := d.newUpstream(actx, pr.d.ep.urls[d.route], body)
 	if err != nil {
 		return &failure{kind: failProtocol, leg: legDecode, err: err}
 	}
@@ -33,9 +45,9 @@ func (d *dispatch) runVLLM(pr *pair) *failure {
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
 		d.observeDecode("vllm", start, "error")
-		return d.statusFailure(legDecode, resp)
+		return d.statusFailure(registry.EngineVLLM, legDecode, resp)
 	}
-	f = d.deliverDecode(resp, nil)
+	f = d.deliverDecode(registry.EngineVLLM, resp, nil)
 	switch {
 	case f == nil:
 		d.observeDecode("vllm", start, "ok")
@@ -67,7 +79,7 @@ func (d *dispatch) vllmPrefill(pr *pair) ([]byte, *failure) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		return nil, d.statusFailure(legPrefill, resp)
+		return nil, d.statusFailure(registry.EngineVLLM, legPrefill, resp)
 	}
 	ans, err := readKeep(resp.Body, vllmPrefillAnswerLimit)
 	if err != nil {

@@ -24,11 +24,17 @@ const (
 	// registration with each prefill is one whose preparation "failed": its
 	// KV args go without memory kinds, the prefill's table entry for the
 	// agent ends with neither a homogeneous kind nor segments, and the
-	// prefill's next transfer raises *transfer.MissingMemKindError, answers
-	// HTTP 500 with "Missing NIXL destination KV memory kind" and calls
-	// OnTransferError. vLLM — the decode's own read-side preparation of
-	// each prefill fails the same way and the decode answers the 500. It
-	// lasts until Reregister (a fresh agent is prepared correctly).
+	// prefill's next transfer raises *transfer.MissingMemKindError, calls
+	// OnTransferError and aborts the request the way SGLang does ("Prefill
+	// transfer failed ... with exception Missing NIXL destination KV memory
+	// kind"): 500 when not streamed, 200 then an error event (OpenAI
+	// routes) or an abort event (/generate) when streamed. The decode is
+	// not told and waits out its room timeout. vLLM — the decode's own
+	// read-side preparation of each prefill fails the same way, is
+	// reported, and the decode answers as vLLM does under
+	// kv_load_failure_policy=fail ("Internal server error"), never with
+	// SGLang's text. It lasts until Reregister (a fresh agent is prepared
+	// correctly).
 	FaultMissingMemKind Fault = "missing-mem-kind"
 	// FaultPrefillError: every generation request is answered with an
 	// ordinary HTTP 500.

@@ -46,6 +46,10 @@ type httpError struct {
 	msg    string
 	typ    string
 	cause  error
+	// abort: the engine failed the request once it was running (SGLang's
+	// scheduler aborts it; vLLM finishes it with an error), so a streamed
+	// request has had its 200 and gets the failure as an event.
+	abort bool
 }
 
 func (e *httpError) Error() string { return e.msg }
@@ -62,6 +66,11 @@ func internalErr(msg string, cause error) *httpError {
 	return &httpError{status: http.StatusInternalServerError, msg: msg, typ: "InternalServerError", cause: cause}
 }
 
+// abortErr is a request the engine failed while running it: status 500.
+func abortErr(msg string, cause error) *httpError {
+	return &httpError{status: http.StatusInternalServerError, msg: msg, typ: "InternalServerError", cause: cause, abort: true}
+}
+
 var errPoolFull = &httpError{status: http.StatusServiceUnavailable, msg: "KV cache pool exhausted", typ: "ServiceUnavailable"}
 
 func (s *Sim) handleGen(rt route) http.HandlerFunc {
@@ -73,15 +82,15 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 		if err != nil {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
-				s.fail(ctx, w, &httpError{status: http.StatusRequestEntityTooLarge, msg: "request body too large", typ: "BadRequestError"})
+				s.fail(ctx, w, nil, &httpError{status: http.StatusRequestEntityTooLarge, msg: "request body too large", typ: "BadRequestError"})
 				return
 			}
-			s.fail(ctx, w, errCancelled)
+			s.fail(ctx, w, nil, errCancelled)
 			return
 		}
 		q, err := parseRequest(rt, body, &s.cfg)
 		if err != nil {
-			s.fail(ctx, w, badRequestErr(err))
+			s.fail(ctx, w, nil, badRequestErr(err))
 			return
 		}
 		if id := r.Header.Get("X-Request-Id"); id != "" {
@@ -114,13 +123,14 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 		}
 		if herr != nil {
 			if s.cfg.Role == registry.RolePrefill {
-				// Tell the decodes of the request's rooms at once rather
-				// than at their room timeout.
+				// Give up the request's rooms. An SGLang decode is not
+				// told why (the NIXL decode polls only for its KV): it
+				// waits out its own timeout, as a real one does.
 				for _, bs := range q.bootstrap {
 					s.preRooms.fail(bs.room, herr)
 				}
 			}
-			s.fail(ctx, w, herr)
+			s.fail(ctx, w, q, herr)
 			return
 		}
 		ans.model = q.model
@@ -141,7 +151,7 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 		}
 		if !q.stream {
 			if !sleepCtx(ctx, pause()*time.Duration(ans.longest())) {
-				s.fail(ctx, w, errCancelled)
+				s.fail(ctx, w, q, errCancelled)
 				return
 			}
 			ans.write(w, q)
@@ -153,9 +163,10 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 	}
 }
 
-// fail answers a failed generation request, unless the client is gone
-// (nothing to answer) or the sim is "crashed" (answer nothing at all).
-func (s *Sim) fail(ctx context.Context, w http.ResponseWriter, e *httpError) {
+// fail answers a failed generation request (q is nil when it could not be
+// parsed), unless the client is gone (nothing to answer) or the sim is
+// "crashed" (answer nothing at all).
+func (s *Sim) fail(ctx context.Context, w http.ResponseWriter, q *genRequest, e *httpError) {
 	if s.crashed() {
 		panic(http.ErrAbortHandler)
 	}
@@ -172,12 +183,14 @@ func (s *Sim) fail(ctx context.Context, w http.ResponseWriter, e *httpError) {
 	if e.status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeError(w, e.status, e.msg, e.typ)
+	s.writeFailure(w, q, e)
 }
 
 // transferFailed counts a failed transfer, reports it (unless peerID is
-// empty) and returns the error the engine answers. A missing memory kind answers SGLang's exact
-// RuntimeError text, which the router classifies.
+// empty) and returns the engine's failure, its message the exception's
+// text: SGLang's exact "Missing NIXL destination KV memory kind" when the
+// destination's memory kind is missing. The caller puts it in the engine's
+// words (pdproto's SGLang messages; vLLM's generation error).
 func (s *Sim) transferFailed(peerID string, err error) *httpError {
 	s.counters.transferErrors.Add(1)
 	if peerID != "" && !errors.Is(err, context.Canceled) && !errors.Is(err, transfer.ErrStaleGeneration) {
@@ -186,9 +199,9 @@ func (s *Sim) transferFailed(peerID string, err error) *httpError {
 	var mk *transfer.MissingMemKindError
 	if errors.As(err, &mk) {
 		s.counters.missingMemKind.Add(1)
-		return internalErr("RuntimeError: "+mk.Error(), err)
+		return abortErr(mk.Error(), err)
 	}
-	return internalErr("KV transfer failed", err)
+	return abortErr("KVTransferError: "+err.Error(), err)
 }
 
 // compute "runs" the prompt: the prefill time, then the KV bytes into pages.

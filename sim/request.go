@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 )
 
@@ -24,23 +25,23 @@ const (
 // rawRequest is the part of a generation body the simulator reads; the
 // polymorphic fields stay raw until parse looks at them.
 type rawRequest struct {
-	Model               string            `json:"model"`
-	Messages            []rawMessage      `json:"messages"`
-	Prompt              json.RawMessage   `json:"prompt"`
-	Text                json.RawMessage   `json:"text"`
-	InputIDs            json.RawMessage   `json:"input_ids"`
-	MaxTokens           *int              `json:"max_tokens"`
-	MaxCompletionTokens *int              `json:"max_completion_tokens"`
-	N                   *int              `json:"n"`
-	SamplingParams      json.RawMessage   `json:"sampling_params"`
-	Stream              *bool             `json:"stream"`
-	StreamOptions       *streamOptions    `json:"stream_options"`
-	ReturnLogprob       json.RawMessage   `json:"return_logprob"`
-	BootstrapHost       json.RawMessage   `json:"bootstrap_host"`
-	BootstrapPort       json.RawMessage   `json:"bootstrap_port"`
-	BootstrapRoom       json.RawMessage   `json:"bootstrap_room"`
-	KVTransferParams    *kvTransferParams `json:"kv_transfer_params"`
-	RID                 json.RawMessage   `json:"rid"`
+	Model               string                    `json:"model"`
+	Messages            []rawMessage              `json:"messages"`
+	Prompt              json.RawMessage           `json:"prompt"`
+	Text                json.RawMessage           `json:"text"`
+	InputIDs            json.RawMessage           `json:"input_ids"`
+	MaxTokens           *int                      `json:"max_tokens"`
+	MaxCompletionTokens *int                      `json:"max_completion_tokens"`
+	N                   *int                      `json:"n"`
+	SamplingParams      json.RawMessage           `json:"sampling_params"`
+	Stream              *bool                     `json:"stream"`
+	StreamOptions       *streamOptions            `json:"stream_options"`
+	ReturnLogprob       json.RawMessage           `json:"return_logprob"`
+	BootstrapHost       json.RawMessage           `json:"bootstrap_host"`
+	BootstrapPort       json.RawMessage           `json:"bootstrap_port"`
+	BootstrapRoom       json.RawMessage           `json:"bootstrap_room"`
+	KVTransferParams    *pdproto.KVTransferParams `json:"kv_transfer_params"`
+	RID                 json.RawMessage           `json:"rid"`
 }
 
 type rawMessage struct {
@@ -55,22 +56,6 @@ type streamOptions struct {
 type samplingParams struct {
 	MaxNewTokens *int `json:"max_new_tokens"`
 	N            *int `json:"n"`
-}
-
-// kvTransferParams is vLLM's NixlConnector hand-off, in both directions:
-// the router asks a prefill for do_remote_decode, the prefill answers with
-// where its blocks are, and the decode gets that answer.
-type kvTransferParams struct {
-	DoRemoteDecode  bool    `json:"do_remote_decode"`
-	DoRemotePrefill bool    `json:"do_remote_prefill"`
-	RemoteEngineID  *string `json:"remote_engine_id"`
-	RemoteBlockIDs  []int   `json:"remote_block_ids"`
-	RemoteHost      *string `json:"remote_host"`
-	RemotePort      *int    `json:"remote_port"`
-	// RemoteRequestID names the prefill's held blocks; the decode's READ
-	// notifies it so that the prefill frees them.
-	RemoteRequestID string `json:"remote_request_id,omitempty"`
-	TPSize          int    `json:"tp_size,omitempty"`
 }
 
 // bootstrap is one SGLang bootstrap triple.
@@ -92,7 +77,7 @@ type genRequest struct {
 	includeUsage bool
 	logprob      bool
 	bootstrap    []bootstrap // one per prompt, or none
-	kv           *kvTransferParams
+	kv           *pdproto.KVTransferParams
 	rid          string
 }
 

@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pdplane/pdplane/pdproto"
+	"github.com/pdplane/pdplane/registry"
 )
 
 // seq is one prompt's generation: n deterministic tokens after the prompt.
@@ -49,7 +52,7 @@ type answer struct {
 	model   string
 	created int64
 	seqs    []seq
-	kv      *kvTransferParams // vLLM prefill only
+	kv      *pdproto.KVTransferParams // vLLM prefill only
 }
 
 type usage struct {
@@ -83,13 +86,13 @@ type choice struct {
 }
 
 type openAIAnswer struct {
-	ID               string            `json:"id"`
-	Object           string            `json:"object"`
-	Created          int64             `json:"created"`
-	Model            string            `json:"model"`
-	Choices          []choice          `json:"choices"`
-	Usage            *usage            `json:"usage,omitempty"`
-	KVTransferParams *kvTransferParams `json:"kv_transfer_params,omitempty"`
+	ID               string                    `json:"id"`
+	Object           string                    `json:"object"`
+	Created          int64                     `json:"created"`
+	Model            string                    `json:"model"`
+	Choices          []choice                  `json:"choices"`
+	Usage            *usage                    `json:"usage,omitempty"`
+	KVTransferParams *pdproto.KVTransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 // tokenLogprob is SGLang's [logprob, token_id, null] triple; the first
@@ -112,19 +115,14 @@ func (t tokenLogprob) MarshalJSON() ([]byte, error) {
 	return append(b, ",null]"...), nil
 }
 
-type finishReason struct {
-	Type   string `json:"type"`
-	Length int    `json:"length,omitempty"`
-}
-
 type metaInfo struct {
-	ID                  string          `json:"id"`
-	FinishReason        *finishReason   `json:"finish_reason"`
-	PromptTokens        int             `json:"prompt_tokens"`
-	CompletionTokens    int             `json:"completion_tokens"`
-	CachedTokens        int             `json:"cached_tokens"`
-	InputTokenLogprobs  *[]tokenLogprob `json:"input_token_logprobs,omitempty"`
-	OutputTokenLogprobs *[]tokenLogprob `json:"output_token_logprobs,omitempty"`
+	ID                  string                `json:"id"`
+	FinishReason        *pdproto.FinishReason `json:"finish_reason"`
+	PromptTokens        int                   `json:"prompt_tokens"`
+	CompletionTokens    int                   `json:"completion_tokens"`
+	CachedTokens        int                   `json:"cached_tokens"`
+	InputTokenLogprobs  *[]tokenLogprob       `json:"input_token_logprobs,omitempty"`
+	OutputTokenLogprobs *[]tokenLogprob       `json:"output_token_logprobs,omitempty"`
 }
 
 type generateAnswer struct {
@@ -151,9 +149,9 @@ func (a *answer) generateObject(q *genRequest, i, k int, done bool) generateAnsw
 	}
 	if done {
 		if s.finish == "length" {
-			g.MetaInfo.FinishReason = &finishReason{Type: "length", Length: k}
+			g.MetaInfo.FinishReason = &pdproto.FinishReason{Type: pdproto.FinishLength, Length: k}
 		} else {
-			g.MetaInfo.FinishReason = &finishReason{Type: "stop"}
+			g.MetaInfo.FinishReason = &pdproto.FinishReason{Type: pdproto.FinishStop}
 		}
 	}
 	if q.logprob {
@@ -229,9 +227,7 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, q *genReques
 		if err != nil {
 			return false
 		}
-		buf = append(buf[:0], "data: "...)
-		buf = append(buf, b...)
-		buf = append(buf, "\n\n"...)
+		buf = pdproto.AppendEvent(buf[:0], b)
 		if _, err := w.Write(buf); err != nil {
 			return false
 		}
@@ -262,7 +258,7 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, q *genReques
 			return false
 		}
 	}
-	if _, err := io.WriteString(w, "data: [DONE]\n\n"); err != nil {
+	if _, err := io.WriteString(w, pdproto.Done); err != nil {
 		return false
 	}
 	return rc.Flush() == nil
@@ -300,6 +296,56 @@ func (a *answer) chunk(q *genRequest, i, k int, last bool) any {
 		return openAIAnswer{ID: a.id, Object: "text_completion", Created: a.created, Model: a.model,
 			Choices: []choice{{Index: i, Text: strp(tok), FinishReason: finish}}, KVTransferParams: a.kv}
 	}
+}
+
+// writeFailure answers a failed generation request in the form the engine
+// uses for its route and stream mode (the formats are pdproto's):
+//
+//   - a request the engine aborted once it was running (e.abort), streamed:
+//     200, then SGLang's error event (OpenAI routes) or abort event
+//     (/generate), or vLLM's error event, then [DONE] — the status is in
+//     the event;
+//   - anything else, or not streamed: the status with SGLang's flat
+//     ErrorResponse or vLLM's nested one.
+func (s *Sim) writeFailure(w http.ResponseWriter, q *genRequest, e *httpError) {
+	vllm := s.cfg.Engine == registry.EngineVLLM
+	typ := e.typ
+	if e.abort && !vllm {
+		// HTTPException(status, message) through http_server's handler:
+		// type str(status).
+		typ = strconv.Itoa(e.status)
+	}
+	if q == nil || !q.stream || !e.abort {
+		b := pdproto.SGLangErrorBody(e.status, typ, e.msg)
+		if vllm {
+			b = pdproto.VLLMErrorBody(e.status, typ, e.msg)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(e.status)
+		_, _ = w.Write(b)
+		return
+	}
+	var data []byte
+	switch {
+	case vllm:
+		data = pdproto.VLLMStreamError(e.status, typ, e.msg)
+	case q.route == routeGenerate:
+		g := generateAnswer{OutputIDs: []int{}, MetaInfo: metaInfo{
+			ID: q.rid, FinishReason: pdproto.AbortFinish(e.status, e.msg), PromptTokens: len(q.prompts[0]),
+		}}
+		if q.batch {
+			g.Index = new(int)
+		}
+		data, _ = json.Marshal(g)
+	default:
+		data = pdproto.SGLangStreamError(e.status, e.msg)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(append(pdproto.AppendEvent(nil, data), pdproto.Done...))
+	_ = http.NewResponseController(w).Flush()
 }
 
 // engineError is the body SGLang and vLLM answer errors with.

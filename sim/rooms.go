@@ -301,30 +301,38 @@ func (t *decodeRooms) release(r *decodeRoom, pool *kvPool) {
 // prefill said the transfer is done.
 const notifGrace = 2 * time.Second
 
-// wait waits for the room's KV: the notification, or the prefill's
-// failure, or the timeout, or ctx.
+// wait waits for the room's KV: the notification, or the timeout, or ctx.
+// A failure the prefill reports does not end the wait (SGLang's decode is
+// never told; its KV just never comes), but one of the decode's own
+// exchange with the bootstrap server does.
 func (r *decodeRoom) wait(ctx context.Context, timeout time.Duration, kick func()) error {
 	tm := time.NewTimer(timeout)
 	defer tm.Stop()
 	settled := r.settled
+	graced := false
 	for {
 		select {
 		case <-r.notified:
 			return nil
 		case <-settled:
+			settled = nil
+			var pe *prefillError
+			if errors.As(r.err, &pe) {
+				continue
+			}
 			if r.err != nil {
 				return r.err
 			}
 			// The transfer is done; the notification is in the backend
 			// already or about to be. Drain now rather than at the next
 			// poll.
-			settled = nil
+			graced = true
 			kick()
 			tm.Reset(notifGrace)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tm.C:
-			if settled == nil {
+			if graced {
 				return fmt.Errorf("the prefill reported the transfer done but no notification came within %s", notifGrace)
 			}
 			return errRoomTimeout

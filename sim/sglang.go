@@ -3,8 +3,11 @@ package sim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/transfer"
 )
 
@@ -27,7 +30,7 @@ func (s *Sim) sglangPrefill(ctx context.Context, q *genRequest) (*answer, func()
 	ans := &answer{seqs: make([]seq, len(q.prompts))}
 	e := runAll(len(q.prompts), func(i int) *httpError {
 		seeds := promptSeeds(q.prompts[i])
-		if e := s.prefillRoom(ctx, st, q.prompts[i], seeds, q.bootstrap[i]); e != nil {
+		if e := s.prefillRoom(ctx, st, q.rid, q.prompts[i], seeds, q.bootstrap[i]); e != nil {
 			return e
 		}
 		sq := newSeq(q.prompts[i], seeds, 1, "length")
@@ -43,8 +46,12 @@ func (s *Sim) sglangPrefill(ctx context.Context, q *genRequest) (*answer, func()
 
 // prefillRoom computes one prompt into fresh pages, waits for the room's
 // decode and sends the pages to it. The pages are freed only after the
-// transfer is over, whatever happens to the request meanwhile.
-func (s *Sim) prefillRoom(ctx context.Context, st *agentState, prompt []int, seeds []uint64, bs bootstrap) *httpError {
+// transfer is over, whatever happens to the request meanwhile. Its failures
+// are SGLang's aborts, in SGLang's words.
+func (s *Sim) prefillRoom(ctx context.Context, st *agentState, rid string, prompt []int, seeds []uint64, bs bootstrap) *httpError {
+	transferFailed := func(exception string, cause error) *httpError {
+		return abortErr(pdproto.SGLangPrefillTransferFailed(0, rid, bs.room, exception), cause)
+	}
 	if bs.host == FakeBootstrapHost {
 		return nil
 	}
@@ -67,16 +74,17 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, prompt []int, see
 		return errCancelled
 	case errors.Is(err, errRoomTimeout):
 		s.counters.roomTimeouts.Add(1)
-		return internalErr("KV transfer timed out: no decode joined the room", err)
+		return abortErr(pdproto.SGLangPrefillBootstrapFailed(0, rid, bs.room,
+			fmt.Sprintf("Request %d timed out after %s: no decode joined the room", bs.room, s.cfg.RoomTimeout)), err)
 	default:
-		return internalErr("KV transfer failed: the decode left the room", err)
+		return transferFailed("the decode left the room", err)
 	}
 	finish := func(err error) { room.result <- err }
 	a, ok := s.decodes.get(dst.AgentName)
 	if !ok {
 		err := errors.New("unknown decode agent " + dst.AgentName)
 		finish(err)
-		return internalErr("KV transfer failed", err)
+		return transferFailed(err.Error(), err)
 	}
 	done := make(chan error, 1)
 	err = st.worker.Submit(transfer.Job{
@@ -93,7 +101,7 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, prompt []int, see
 		if errors.Is(err, transfer.ErrQueueFull) {
 			return &httpError{status: http.StatusServiceUnavailable, msg: "KV transfer queue full", typ: "ServiceUnavailable", cause: err}
 		}
-		return internalErr("KV transfer worker unavailable", err)
+		return transferFailed("the KV transfer worker is unavailable", err)
 	}
 	err = <-done
 	finish(err)
@@ -107,7 +115,9 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, prompt []int, see
 			// and reporting it would only undo the healing.
 			peerID = ""
 		}
-		return s.transferFailed(peerID, err)
+		e := s.transferFailed(peerID, err)
+		e.msg = pdproto.SGLangPrefillTransferFailed(0, rid, bs.room, e.msg)
+		return e
 	}
 	s.counters.transfers.Add(1)
 	s.counters.bytesMoved.Add(int64(min(len(pages), len(dst.Pages)) * s.pool.itemLen * s.pool.regions))
@@ -133,7 +143,7 @@ func (s *Sim) sglangDecode(ctx context.Context, q *genRequest) (*answer, func(),
 	ans := &answer{seqs: make([]seq, len(q.prompts))}
 	e := runAll(len(q.prompts), func(i int) *httpError {
 		seeds := promptSeeds(q.prompts[i])
-		rel, e := s.decodeRoom(ctx, st, seeds, q.bootstrap[i])
+		rel, e := s.decodeRoom(ctx, st, q.rid, seeds, q.bootstrap[i])
 		releases[i] = rel
 		if e != nil {
 			return e
@@ -150,8 +160,11 @@ func (s *Sim) sglangDecode(ctx context.Context, q *genRequest) (*answer, func(),
 
 // decodeRoom gets one prompt's KV through room bs.room and verifies it; the
 // returned release frees the room's pages (once the prefill is done with
-// them too).
-func (s *Sim) decodeRoom(ctx context.Context, st *agentState, seeds []uint64, bs bootstrap) (func(), *httpError) {
+// them too). Like SGLang's NIXL decode, which only polls for its KV's
+// notifications, it is not told when its prefill failed: it waits out the
+// room timeout (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300 s in SGLang)
+// and aborts with SGLang's "Decode transfer failed" message.
+func (s *Sim) decodeRoom(ctx context.Context, st *agentState, rid string, seeds []uint64, bs bootstrap) (func(), *httpError) {
 	if bs.host == FakeBootstrapHost {
 		return nil, nil // SGLang fakes the transfer for health probes
 	}
@@ -176,22 +189,21 @@ func (s *Sim) decodeRoom(ctx context.Context, st *agentState, seeds []uint64, bs
 	err := room.wait(ctx, s.cfg.RoomTimeout, s.kickPoller)
 	s.queued.Add(-1)
 	if err != nil {
-		var pe *prefillError
 		switch {
 		case ctx.Err() != nil:
 			return release, errCancelled
 		case errors.Is(err, errRoomTimeout):
 			s.counters.roomTimeouts.Add(1)
-			return release, internalErr("KV transfer timed out: the prefill never sent the room's KV", err)
-		case errors.As(err, &pe):
-			return release, internalErr("KV transfer from the prefill failed", err)
+			return release, abortErr(pdproto.SGLangDecodeTransferFailed(0, rid, bs.room,
+				fmt.Sprintf("KVTransferError(bootstrap_room=%d): Request %d timed out after %s waiting for its KV", bs.room, bs.room, s.cfg.RoomTimeout)), err)
 		default:
-			return release, internalErr("KV transfer failed", err)
+			return release, abortErr(pdproto.SGLangDecodeTransferFailed(0, rid, bs.room, "KVTransferError(bootstrap_room="+
+				strconv.FormatUint(bs.room, 10)+"): "+err.Error()), err)
 		}
 	}
 	if err := s.pool.verify(seeds, pages); err != nil {
 		s.counters.verifyFailures.Add(1)
-		return release, internalErr("KV cache verification failed: the received KV does not match the prompt", err)
+		return release, abortErr("KV cache verification failed: the received KV does not match the prompt", err)
 	}
 	s.counters.transfers.Add(1)
 	s.counters.bytesMoved.Add(int64(len(pages) * s.pool.itemLen * s.pool.regions))

@@ -265,6 +265,7 @@ func TestSGLangMissingMemKind(t *testing.T) {
 	var reported []string
 	var reportedErr error
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) {
+		c.RoomTimeout = 300 * time.Millisecond // how long the decode of a failed prefill waits
 		c.OnTransferError = func(peerID string, err error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -311,18 +312,33 @@ func missingMemKind(t *testing.T, p, d *sim.Sim, run func(context.Context, *simt
 		if err != nil {
 			t.Fatalf("%s: %v", when, err)
 		}
-		carrier := pr
 		if p.Config().Engine == registry.EngineVLLM {
-			carrier = dr
-		}
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if carrier.Status != http.StatusInternalServerError || json.Unmarshal(carrier.Body, &e) != nil ||
-			e.Error.Message != "RuntimeError: Missing NIXL destination KV memory kind" {
-			t.Fatalf("%s: prefill %d %s\ndecode %d %s", when, pr.Status, pr.Body, dr.Status, dr.Body)
+			// vllm entrypoints/openai/engine/serving.py _raise_if_error:
+			// a KV load that failed under kv_load_failure_policy=fail is
+			// GenerationError("Internal server error"); vLLM never says
+			// SGLang's words.
+			const want = `{"error":{"message":"Internal server error","type":"InternalServerError","param":null,"code":500}}`
+			if dr.Status != http.StatusInternalServerError || string(dr.Body) != want {
+				t.Fatalf("%s: prefill %d %s\ndecode %d %s", when, pr.Status, pr.Body, dr.Status, dr.Body)
+			}
+		} else {
+			// sglang disaggregation/prefill.py: the prefill aborts with
+			// "Prefill transfer failed ... with exception <e>", status 500;
+			// not streamed, http_server's HTTPException handler answers
+			// {"object":"error","message":...,"type":"500","param":null,"code":500}.
+			var e struct {
+				Object, Message, Type string
+				Code                  int
+			}
+			if pr.Status != http.StatusInternalServerError || json.Unmarshal(pr.Body, &e) != nil || e.Object != "error" || e.Type != "500" || e.Code != 500 ||
+				!strings.HasPrefix(e.Message, "Prefill transfer failed for request rank=0 req.rid='") ||
+				!strings.HasSuffix(e.Message, " with exception Missing NIXL destination KV memory kind") {
+				t.Fatalf("%s: prefill %d %s\ndecode %d %s", when, pr.Status, pr.Body, dr.Status, dr.Body)
+			}
+			// Its decode was never told: it waited out its timeout.
+			if dr.Status != http.StatusInternalServerError || !strings.Contains(string(dr.Body), "Decode transfer failed for request rank=0 decode_req.req.rid=") {
+				t.Fatalf("%s: decode %d %s", when, dr.Status, dr.Body)
+			}
 		}
 		if dr.Status == http.StatusOK {
 			t.Fatalf("%s: the decode answered 200 without KV: %s", when, dr.Body)
@@ -393,13 +409,16 @@ func TestSGLangCancelAndTimeout(t *testing.T) {
 	waitFor(t, "pages freed", func() bool { return p.Load().KVUsage == 0 && d.Load().KVUsage == 0 })
 	waitFor(t, "idle", func() bool { l := d.Load(); return l.Running == 0 && l.Queued == 0 })
 
-	// A prefill that fails tells the decode at once, not at the timeout.
+	// A prefill that fails does not tell its decode (SGLang's NIXL decode
+	// only polls for its KV): the decode waits out its timeout, then aborts
+	// (sglang disaggregation/decode.py pop_transferred).
 	if err := p.SetFault(sim.FaultPrefillError); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
 	_, dr, err := c.SGLang(ctx, p, d, "/v1/chat/completions", chatBody("fail fast", 2, false), simtest.Room())
-	if err != nil || dr.Status != http.StatusInternalServerError || time.Since(start) > 250*time.Millisecond {
+	if err != nil || dr.Status != http.StatusInternalServerError || time.Since(start) < 300*time.Millisecond ||
+		!strings.Contains(string(dr.Body), "Decode transfer failed for request") {
 		t.Fatalf("decode of a failed prefill: %v %d %s after %s", err, dr.Status, dr.Body, time.Since(start))
 	}
 }

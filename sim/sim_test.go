@@ -118,13 +118,7 @@ func testLog(t testing.TB) zerolog.Logger { return zerolog.New(zerolog.NewTestWr
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	simtest.WaitFor(t, what, cond)
 }
 
 func TestConfigValidate(t *testing.T) {

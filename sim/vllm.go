@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/transfer"
 )
 
@@ -52,7 +53,7 @@ func (s *Sim) vllmPrefill(ctx context.Context, q *genRequest) (*answer, func(), 
 	engine, host, port := st.name, s.host, s.bootstrapPort
 	ans := &answer{
 		seqs: []seq{newSeq(prompt, seeds, 1, "length")},
-		kv: &kvTransferParams{
+		kv: &pdproto.KVTransferParams{
 			DoRemotePrefill: true, DoRemoteDecode: false,
 			RemoteEngineID: &engine, RemoteBlockIDs: append([]int(nil), pages...),
 			RemoteHost: &host, RemotePort: &port, RemoteRequestID: id, TPSize: 1,
@@ -95,7 +96,8 @@ func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *
 		if ctx.Err() != nil {
 			return nil, nil, errCancelled
 		}
-		return nil, nil, internalErr("cannot reach the prefill's side channel", err)
+		s.counters.transferErrors.Add(1)
+		return nil, nil, kvLoadFailed(err)
 	}
 	st := s.state.Load()
 	pages, ok := s.pool.alloc(n)
@@ -112,22 +114,34 @@ func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *
 		}
 		var mk *transfer.MissingMemKindError
 		if errors.As(err, &mk) {
-			return nil, nil, s.transferFailed(s.PeerID(), err)
+			// Reported to the agent as what it is; answered in vLLM's
+			// words, which never carry SGLang's message.
+			return nil, nil, kvLoadFailed(s.transferFailed(s.PeerID(), err).cause)
 		}
 		if errors.Is(err, transfer.ErrUnknownAgent) || errors.Is(err, transfer.ErrStranger) || errors.Is(err, transfer.ErrPeerGone) {
 			s.sides.forget(info.EngineID)
 		}
 		s.counters.transferErrors.Add(1)
-		return nil, nil, internalErr("KV transfer from the prefill failed", err)
+		return nil, nil, kvLoadFailed(err)
 	}
 	s.counters.transfers.Add(1)
 	s.counters.bytesMoved.Add(int64(n * s.pool.itemLen * s.pool.regions))
 	if err := s.pool.verify(seeds, pages); err != nil {
 		release()
 		s.counters.verifyFailures.Add(1)
-		return nil, nil, internalErr("KV cache verification failed: the received KV does not match the prompt", err)
+		return nil, nil, abortErr("KV cache verification failed: the received KV does not match the prompt", err)
 	}
 	return &answer{seqs: []seq{q.seqFor(prompt, seeds, q.maxTokens)}}, release, nil
+}
+
+// kvLoadFailed is how vLLM answers a request whose KV could not be loaded
+// (a failed NIXL handshake or READ) under kv_load_failure_policy=fail: the
+// request finishes with an error, which the OpenAI server turns into
+// "Internal server error" (500, or an error event once streaming). Under
+// the default policy, recompute, the decode would compute the prompt itself
+// and hide the failure; the simulator models the policy that shows it.
+func kvLoadFailed(cause error) *httpError {
+	return abortErr(pdproto.VLLMGenerationError, cause)
 }
 
 // readKV READs the prefill's blocks into pages, each READ carrying notif

@@ -34,6 +34,8 @@ type serveConfig struct {
 	apiKeys       string
 	prefillPolicy string
 	decodePolicy  string
+
+	decodeFirstByteTimeout time.Duration
 }
 
 // controlPlane is a running `pdplane serve`: store, mirror, sweeper, API,
@@ -56,6 +58,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
 	fs.str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two, least_load or cache_aware")
 	fs.str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two, least_load or cache_aware")
+	fs.dur(&c.decodeFirstByteTimeout, "decode-first-byte-timeout", router.DefaultDecodeFirstByteTimeout,
+		"how long a streamed decode may send nothing after its prefill succeeded before the request moves to another pair")
 	fs.str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.dur(&c.heartbeat, "heartbeat-interval", registry.DefaultHeartbeatInterval, "how often agents heartbeat")
 	fs.dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
@@ -105,7 +109,8 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rcfg := router.Config{PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy)}
+	rcfg := router.Config{PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy),
+		DecodeFirstByteTimeout: c.decodeFirstByteTimeout}
 	if c.apiKeys != "" {
 		rcfg.APIKeys = strings.Split(c.apiKeys, ",")
 	}

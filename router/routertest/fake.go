@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 )
 
@@ -43,7 +44,8 @@ type Behavior struct {
 	// without ending the stream.
 	BreakAfter int
 	// StreamError, when set, answers 200 with one SSE error event carrying
-	// this message (the way SGLang reports errors after it sent headers).
+	// this message, then [DONE]: the way SGLang's OpenAI routes and vLLM
+	// report a failure after they sent headers (pdproto's formats).
 	StreamError string
 }
 
@@ -228,7 +230,11 @@ func (f *Fake) handle(w http.ResponseWriter, r *http.Request) {
 	if b.StreamError != "" {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
-		_, _ = fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", errorJSON(b.StreamError))
+		data := pdproto.SGLangStreamError(http.StatusInternalServerError, b.StreamError)
+		if f.Engine == registry.EngineVLLM {
+			data = pdproto.VLLMStreamError(http.StatusInternalServerError, pdproto.VLLMErrorTypeInternal, b.StreamError)
+		}
+		_, _ = w.Write(append(pdproto.AppendEvent(nil, data), pdproto.Done...))
 		return
 	}
 	f.serve(f, w, r, &req, b)
@@ -243,11 +249,6 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-func errorJSON(msg string) string {
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "server_error", "code": 500}})
-	return string(b)
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

@@ -227,3 +227,17 @@ func (c *Client) VLLM(ctx context.Context, prefill, decode *sim.Sim, path string
 func (c *Client) SetFault(ctx context.Context, s *sim.Sim, fault string) (Response, error) {
 	return c.Post(ctx, s.URL(), "/_sim/fault", map[string]string{"fault": fault}, nil)
 }
+
+// WaitFor waits until cond holds, checking every few milliseconds, and
+// fails the test after 10 s: for what a simulator does in the background
+// (pages freed, a cancelled request let go).
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
