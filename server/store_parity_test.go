@@ -318,7 +318,7 @@ func (g parityGen) peerRef(names []string) peerRef {
 
 // TestStoresAnswerAlike drives the control plane over the embedded store and
 // over PostgreSQL with the same seeded random requests — registrations,
-// heartbeats, stale reports, listings — full of NUL, control characters,
+// heartbeats, stale reports, drains, removals, listings — full of NUL, control characters,
 // invalid UTF-8, overlong strings and integers around the int32 and int64
 // edges, and requires the same answer from both every time (status,
 // problem type and field, the peer as stored) and the same peers at the end.
@@ -343,7 +343,7 @@ func TestStoresAnswerAlike(t *testing.T) {
 	n := 0
 	for ; n < iterations && time.Now().Before(deadline); n++ {
 		var build func(i int) parityOp
-		kind := g.pick(10)
+		kind := g.pick(11)
 		switch {
 		case kind < 3: // register, usually with one field at an edge
 			name := fmt.Sprintf("peer-%d", g.pick(4))
@@ -415,6 +415,15 @@ func TestStoresAnswerAlike(t *testing.T) {
 					return parityOp{method: "GET", path: "/api/v1/events/stream", header: h}
 				}
 				return parityOp{method: "GET", path: "/api/v1/events?" + q.Encode()}
+			}
+		case kind == 10 && g.pick(3) == 0: // an operator drains or removes a peer
+			ref := g.peerRef(names)
+			drain := g.pick(2) == 0
+			build = func(i int) parityOp {
+				if drain {
+					return parityOp{method: "POST", path: "/api/v1/peers/" + url.PathEscape(resolve(i, ref)) + "/drain"}
+				}
+				return parityOp{method: "DELETE", path: "/api/v1/peers/" + url.PathEscape(resolve(i, ref))}
 			}
 		default: // peer listing or one peer
 			model := g.str()
