@@ -4,6 +4,11 @@
 // that decide which prefill may send KV to which decode, and the Store
 // interface that the PostgreSQL and in-memory stores implement.
 //
+// It also owns the field limits (validate.go): what text, integers and
+// arrays a stored field may hold. Both stores apply the same validators
+// before they change anything, so they accept and refuse the same input,
+// and openapi.yaml states the same limits.
+//
 // It holds no SQL and does no I/O of its own; stores live in registry/pgstore
 // and registry/memstore, and both pass the contract suite in
 // registry/registrytest.

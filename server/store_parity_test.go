@@ -31,11 +31,14 @@ import (
 
 // serveStore starts the control plane over store, as setup does over the
 // embedded store, and returns its URL and routing mirror.
-func serveStore(t *testing.T, store registry.Store) (string, *registry.Mirror) {
+func serveStore(t testing.TB, store registry.Store) (string, *registry.Mirror) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	log := zerolog.Nop() // a fuzz target may not log through its *testing.F
+	if tt, ok := t.(*testing.T); ok {
+		log = zerolog.New(zerolog.NewTestWriter(tt)).Level(zerolog.WarnLevel)
+	}
 	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -70,7 +73,7 @@ type answer struct {
 }
 
 // sendRaw makes one request; body is sent as is.
-func sendRaw(t *testing.T, base, method, path string, header http.Header, body []byte) answer {
+func sendRaw(t testing.TB, base, method, path string, header http.Header, body []byte) answer {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -315,7 +318,7 @@ func (g parityGen) peerRef(names []string) peerRef {
 
 // TestStoresAnswerAlike drives the control plane over the embedded store and
 // over PostgreSQL with the same seeded random requests — registrations,
-// heartbeats, stale reports, listings — full of NUL, control characters,
+// heartbeats, stale reports, drains, removals, listings — full of NUL, control characters,
 // invalid UTF-8, overlong strings and integers around the int32 and int64
 // edges, and requires the same answer from both every time (status,
 // problem type and field, the peer as stored) and the same peers at the end.
@@ -340,7 +343,7 @@ func TestStoresAnswerAlike(t *testing.T) {
 	n := 0
 	for ; n < iterations && time.Now().Before(deadline); n++ {
 		var build func(i int) parityOp
-		kind := g.pick(10)
+		kind := g.pick(11)
 		switch {
 		case kind < 3: // register, usually with one field at an edge
 			name := fmt.Sprintf("peer-%d", g.pick(4))
@@ -412,6 +415,15 @@ func TestStoresAnswerAlike(t *testing.T) {
 					return parityOp{method: "GET", path: "/api/v1/events/stream", header: h}
 				}
 				return parityOp{method: "GET", path: "/api/v1/events?" + q.Encode()}
+			}
+		case kind == 10 && g.pick(3) == 0: // an operator drains or removes a peer
+			ref := g.peerRef(names)
+			drain := g.pick(2) == 0
+			build = func(i int) parityOp {
+				if drain {
+					return parityOp{method: "POST", path: "/api/v1/peers/" + url.PathEscape(resolve(i, ref)) + "/drain"}
+				}
+				return parityOp{method: "DELETE", path: "/api/v1/peers/" + url.PathEscape(resolve(i, ref))}
 			}
 		default: // peer listing or one peer
 			model := g.str()
@@ -566,6 +578,49 @@ func TestMalformedHeartbeatFloodKeepsOthersReady(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("/readyz after the flood: %d, want 200", resp.StatusCode)
+		}
+	})
+}
+
+// FuzzHeartbeatStoresAlike sends the same heartbeat body to the control
+// plane over each store, for a peer registered alike in both, and requires
+// the same answer and the same peer afterwards.
+func FuzzHeartbeatStoresAlike(f *testing.F) {
+	spec := registrytest.Spec("d0", registry.RoleDecode)
+	for _, seed := range []string{
+		`{"instance_id": "inst-d0", "load": {"running": 3, "queued": 1, "kv_usage": 0.25}}`,
+		`{"instance_id": "inst-d0\u0000"}`,
+		"{\"instance_id\": \"inst-d0\xff\"}",
+		`{"instance_id": "inst-d0", "load": {"running": 4294967301, "queued": 0, "kv_usage": 0}}`,
+		`{"instance_id": "inst-d0", "load": {"running": 0, "queued": -1, "kv_usage": 1.5}}`,
+		`{"instance_id": ""}`,
+		`{"instance_id": "other"}`,
+		`{"instance_id": "inst-d0", "load": {"running": 1e40}}`,
+		`[]`,
+	} {
+		f.Add([]byte(seed))
+	}
+	pgs, _ := registrytest.NewPGStore(f, pgstore.Config{})
+	var bases, ids [2]string
+	for i, store := range []registry.Store{memstore.New(memstore.Config{}), pgs} {
+		bases[i], _ = serveStore(f, store)
+		a := sendRaw(f, bases[i], "POST", "/api/v1/peers", nil, rawJSON(asMap(spec)))
+		if a.Status != http.StatusCreated {
+			f.Fatalf("register: %d %v", a.Status, a.Body)
+		}
+		ids[i] = a.Body.(map[string]any)["id"].(string)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var got, after [2]answer
+		for i := range bases {
+			got[i] = sendRaw(t, bases[i], "POST", "/api/v1/peers/"+ids[i]+"/heartbeat", nil, b)
+			after[i] = sendRaw(t, bases[i], "GET", "/api/v1/peers/"+ids[i], nil, nil)
+		}
+		if got[0].Status >= 500 || got[0].Status != got[1].Status || !reflect.DeepEqual(got[0].Body, got[1].Body) {
+			t.Fatalf("heartbeat %q: memstore %d %v, pgstore %d %v", b, got[0].Status, got[0].Body, got[1].Status, got[1].Body)
+		}
+		if !reflect.DeepEqual(storeNeutral(after[0].Body), storeNeutral(after[1].Body)) {
+			t.Fatalf("after heartbeat %q the peers differ:\nmemstore %v\npgstore  %v", b, after[0].Body, after[1].Body)
 		}
 	})
 }

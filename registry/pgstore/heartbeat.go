@@ -142,10 +142,11 @@ func rowMayBeToBlame(err error) bool {
 }
 
 // writeHeartbeats runs the batch statement and returns the driver's error
-// unclassified, so that flush can tell what failed. The prev CTE locks the rows in id
-// order, so concurrent batches from several replicas cannot deadlock, and
-// returns each peer's state before the update; the answer is computed from it
-// with the same rule (registry.ApplyHeartbeat) the in-memory store uses.
+// unclassified, so that flush can tell what failed. The prev CTE locks the
+// rows in id order, so concurrent batches from several replicas cannot
+// deadlock, and returns each peer's state before the update; the answer is
+// computed from it with the same rule (registry.ApplyHeartbeat) the
+// in-memory store uses.
 func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[string]registry.HeartbeatReply, error) {
 	last := map[string]*hbRequest{} // a peer heartbeating twice in one batch: the later one wins
 	for _, r := range batch {
