@@ -285,6 +285,10 @@ func sortedKeys(m map[string]string) []string {
 	return keys
 }
 
+// MaxLoadCount bounds the running and queued counts of a load; the
+// PostgreSQL store keeps them in integer columns.
+const MaxLoadCount = 1<<31 - 1
+
 // MaxEngineErrorLen bounds the probe error a heartbeat may carry; it
 // becomes the peer's state reason.
 const MaxEngineErrorLen = 1024
@@ -293,10 +297,10 @@ const MaxEngineErrorLen = 1024
 // the bad one.
 func (hb Heartbeat) Validate() error {
 	switch {
-	case hb.Load.Running < 0:
-		return fieldErr("load.running", "must not be negative")
-	case hb.Load.Queued < 0:
-		return fieldErr("load.queued", "must not be negative")
+	case hb.Load.Running < 0 || hb.Load.Running > MaxLoadCount:
+		return fieldErr("load.running", "must be between 0 and %d", MaxLoadCount)
+	case hb.Load.Queued < 0 || hb.Load.Queued > MaxLoadCount:
+		return fieldErr("load.queued", "must be between 0 and %d", MaxLoadCount)
 	case !(hb.Load.KVUsage >= 0 && hb.Load.KVUsage <= 1): // NaN fails too
 		return fieldErr("load.kv_usage", "must be between 0 and 1")
 	case !hb.EngineDown && hb.EngineError != "":
