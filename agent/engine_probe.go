@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/rs/zerolog"
@@ -293,8 +294,8 @@ func (p *EngineProbe) sglangLoad(ctx context.Context, url string, legacy bool) (
 			}
 			var l registry.Load
 			for _, r := range v.Loads { // one per DP rank
-				l.Running += max(r.NumRunningReqs, 0)
-				l.Queued += max(r.NumWaitingReqs, 0)
+				l.Running = addCount(l.Running, r.NumRunningReqs)
+				l.Queued = addCount(l.Queued, r.NumWaitingReqs)
 				l.KVUsage = max(l.KVUsage, r.TokenUsage)
 			}
 			l.KVUsage = clampUsage(l.KVUsage)
@@ -307,8 +308,8 @@ func (p *EngineProbe) sglangLoad(ctx context.Context, url string, legacy bool) (
 	}
 	var l registry.Load
 	for _, r := range ranks {
-		l.Running += max(r.NumReqs-r.NumWaitingReqs, 0)
-		l.Queued += max(r.NumWaitingReqs, 0)
+		l.Running = addCount(l.Running, r.NumReqs-r.NumWaitingReqs)
+		l.Queued = addCount(l.Queued, r.NumWaitingReqs)
 	}
 	return l, true, nil
 }
@@ -369,24 +370,40 @@ func ParseVLLMMetrics(r io.Reader) (registry.Load, error) {
 	if _, ok := fams[vllmRunning]; !ok {
 		return registry.Load{}, fmt.Errorf("parse vLLM metrics: no %s", vllmRunning)
 	}
+	// vLLM declares its gauges; a scrape without the TYPE line parses
+	// them as untyped, which reads the same.
+	value := func(m *dto.Metric) float64 { return m.GetGauge().GetValue() + m.GetUntyped().GetValue() }
 	sum := func(name string) (v float64) {
 		if f, ok := fams[name]; ok {
 			for _, m := range f.GetMetric() {
-				v += m.GetGauge().GetValue()
+				v += value(m)
 			}
 		}
 		return v
 	}
-	l := registry.Load{Running: int(max(sum(vllmRunning), 0)), Queued: int(max(sum(vllmWaiting), 0))}
+	l := registry.Load{Running: clampCount(sum(vllmRunning)), Queued: clampCount(sum(vllmWaiting))}
 	usage, ok := fams[vllmKVUsage]
 	if !ok {
 		usage = fams[vllmGPUKVUsage]
 	}
 	for _, m := range usage.GetMetric() {
-		l.KVUsage = max(l.KVUsage, m.GetGauge().GetValue())
+		l.KVUsage = max(l.KVUsage, value(m))
 	}
 	l.KVUsage = clampUsage(l.KVUsage)
 	return l, nil
+}
+
+// addCount adds an engine's count to a total a heartbeat may carry.
+func addCount(total, n int) int {
+	return min(total+min(max(n, 0), registry.MaxLoadCount), registry.MaxLoadCount)
+}
+
+// clampCount turns a gauge into a request count a heartbeat may carry.
+func clampCount(v float64) int {
+	if !(v > 0) {
+		return 0
+	}
+	return int(min(v, registry.MaxLoadCount))
 }
 
 // clampUsage keeps an engine's odd figure (NaN, or a rounding past 1) from

@@ -191,6 +191,12 @@ vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.75
 	if err != nil || l != (registry.Load{Running: 5, Queued: 5, KVUsage: 0.75}) {
 		t.Fatalf("ParseVLLMMetrics = %+v, %v", l, err)
 	}
+	// Without TYPE lines the gauges parse as untyped; absurd figures are
+	// bounded to what a heartbeat may carry.
+	l, err = agent.ParseVLLMMetrics(strings.NewReader("vllm:num_requests_running 2\nvllm:num_requests_waiting 1e300\nvllm:kv_cache_usage_perc 1.5\n"))
+	if err != nil || l != (registry.Load{Running: 2, Queued: registry.MaxLoadCount, KVUsage: 1}) {
+		t.Fatalf("ParseVLLMMetrics(untyped) = %+v, %v", l, err)
+	}
 	if _, err := agent.ParseVLLMMetrics(strings.NewReader("# TYPE other gauge\nother 1\n")); err == nil {
 		t.Fatal("metrics without vllm:num_requests_running parsed")
 	}
@@ -279,4 +285,22 @@ func TestHeartbeatCarriesLoad(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzParseVLLMMetrics: whatever an engine's /metrics holds, the parser
+// neither panics nor returns a load the control plane would refuse.
+func FuzzParseVLLMMetrics(f *testing.F) {
+	f.Add("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 3\nvllm:kv_cache_usage_perc 0.5\n")
+	f.Add("vllm:num_requests_running -4\nvllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc +Inf\n")
+	f.Add("vllm:num_requests_running 1e300\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		l, err := agent.ParseVLLMMetrics(strings.NewReader(text))
+		if err != nil {
+			return
+		}
+		hb := registry.Heartbeat{InstanceID: "fuzz", Load: l}
+		if verr := hb.Validate(); verr != nil {
+			t.Fatalf("parsed load %+v fails heartbeat validation: %v", l, verr)
+		}
+	})
 }

@@ -471,6 +471,10 @@ func sortedKeys(m map[string]string) []string {
 	return keys
 }
 
+// MaxLoadCount bounds the running and queued counts of a load; the
+// PostgreSQL store keeps them in integer columns.
+const MaxLoadCount = 1<<31 - 1
+
 // MaxEngineErrorLen bounds the probe error a heartbeat may carry; it
 // becomes the peer's state reason.
 const MaxEngineErrorLen = 1024
