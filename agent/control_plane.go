@@ -277,6 +277,19 @@ func (c *controlPlanes) markDown(e *endpoint, err error) {
 func (c *controlPlanes) markUp(e *endpoint) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if now := c.now(); now.Before(e.downUntil) {
+		// It answered as a last resort, every replica being marked down:
+		// what kept them all away (most likely their shared store) is
+		// over, so the others get their next try soon rather than after
+		// the long pause their failures during the outage earned.
+		soon := now.Add(c.minDown)
+		for _, o := range c.eps {
+			o.fails = 0
+			if o.downUntil.After(soon) {
+				o.downUntil = soon
+			}
+		}
+	}
 	e.fails, e.downUntil = 0, time.Time{}
 	if c.last != e && c.last != nil {
 		c.log.Info().Str("control_plane", e.String()).Str("previous", c.last.String()).Msg("agent switched control-plane replica")

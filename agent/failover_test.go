@@ -341,3 +341,47 @@ func testFailoverAcrossAddresses(t *testing.T, scheme string) {
 		t.Errorf("Host headers seen by the replicas: %v, want only %s", hosts, name)
 	}
 }
+
+// TestAgentFailsBackAfterSharedOutage: both replicas lose their database,
+// so the agent's every call fails on both and both earn a long pause
+// (FailbackMax is 10 s here). The second replica's database comes back
+// first and the agent heartbeats through it; when the first one's comes
+// back, the agent returns to it within a second, not after the pause.
+func TestAgentFailsBackAfterSharedOutage(t *testing.T) {
+	t.Parallel()
+	cutA, outageA, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: failoverTTL})
+	outageB, viaB := registrytest.NewOutage(t, cfg.URL)
+	cfgB := cfg
+	cfgB.URL = viaB
+	cutB := registrytest.OpenPGStore(t, cfgB)
+	a, b := startReplica(t, cutA, nil), startReplica(t, cutB, nil)
+	ag, err := agent.New(agent.Config{ControlPlane: a.URL + "," + b.URL, Token: "tok",
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		FailbackMin: 100 * time.Millisecond, FailbackMax: 10 * time.Second},
+		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	whole := registrytest.OpenPGStore(t, cfg)
+	waitPeer(t, whole, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+	waitUntil(t, "the agent on the first replica", func() bool { return ag.ControlPlane() == a.URL })
+
+	outageA.Cut()
+	outageB.Cut()
+	<-time.After(3 * failoverTTL) // the outage: many failed calls on both replicas
+	outageB.Restore()
+	backB := time.Now()
+	waitUntil(t, "a heartbeat through the second replica", func() bool {
+		return ag.ControlPlane() == b.URL && heartbeatAfter(whole, "d0", backB)
+	})
+	outageA.Restore()
+	took := waitUntil(t, "the agent back on the first replica", func() bool { return ag.ControlPlane() == a.URL })
+	t.Logf("failed back %s after the first replica's database returned", took)
+	if took > time.Second {
+		t.Errorf("failback took %s; want within a second", took)
+	}
+}

@@ -167,6 +167,7 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 				}
 				merge(c) // a notification arrived: the store answers again
 			case <-timer.C:
+				backoff = min(2*backoff, m.cfg.MaxRetry)
 			}
 		} else {
 			select {
@@ -201,7 +202,7 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 				return
 			}
 			m.log.Warn().Err(err).Dur("retry_in", backoff).Msg("refresh registry snapshot; routing from the previous one")
-			retrying, backoff = true, min(2*backoff, m.cfg.MaxRetry)
+			retrying = true
 			continue
 		}
 		ids, all = map[string]struct{}{}, false

@@ -36,7 +36,7 @@ import (
 // heartbeats, so it cannot expire a lease that heartbeats would have kept.
 // A replica that alone loses the database answers its agents 503 and they
 // fail over to a replica that can write (agents take every replica's URL,
-// or a Service whose readiness check, /readyz, drops that replica): those
+// or a name that resolves to each, and move on at a 503): those
 // peers' leases keep being renewed, and peers whose agents reach no working
 // replica at all for a full TTL after the grace do expire.
 //

@@ -63,6 +63,7 @@ func TestStoreOutageAnswers503(t *testing.T) {
 		{"POST", "/api/v1/peers/" + ids[1] + "/drain", adminToken, nil},
 		{"DELETE", "/api/v1/peers/" + ids[1], adminToken, nil},
 		{"GET", "/api/v1/events", "", nil},
+		{"GET", "/api/v1/events/stream", "", nil},
 	} {
 		code, out, h := b.do(t, tc.method, tc.path, tc.token, tc.body)
 		if code != http.StatusServiceUnavailable || out["type"] != server.ProblemUnavailable ||
@@ -82,6 +83,9 @@ func TestStoreOutageAnswers503(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "store") {
 		t.Errorf("readyz during the outage with a routable snapshot: %d %q, want 200 naming the store", resp.StatusCode, body)
+	}
+	if code, out, _ := b.do(t, "GET", "/api/v1/pairs", "", nil); code != http.StatusOK || out["total"] != 1.0 {
+		t.Errorf("pairs during the outage: %d %v; they come from the snapshot and must still answer", code, out)
 	}
 	if ok, reason := mirror.Snapshot().Routable(); !ok {
 		t.Errorf("the snapshot lost its pair during the outage: %s", reason)

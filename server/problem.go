@@ -88,10 +88,9 @@ func toProblem(r *http.Request, err error) *Problem {
 		return &Problem{Type: ProblemNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no such peer"}
 	case errors.Is(err, registry.ErrUnavailable):
 		// Nothing was changed that the caller can rely on; an agent retries
-		// (or fails over to another replica), and the cause is logged, not
-		// echoed.
-		// Debug: during an outage every heartbeat of the fleet lands here;
-		// the sweeper and the listener report the outage itself.
+		// or fails over to another replica. The cause is logged, not echoed,
+		// at debug level: during an outage every heartbeat of the fleet
+		// lands here, and the sweeper and the listener report the outage.
 		hlog.FromRequest(r).Debug().Err(err).Msg("registry store unavailable (503)")
 		return unavailable()
 	case errors.Is(err, registry.ErrConflict):
