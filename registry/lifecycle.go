@@ -134,6 +134,9 @@ func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now
 		return decode, nil, &Quarantine{PrefillID: f.PrefillID, DecodeID: decode.ID, At: now}, nil, OutcomeQuarantined
 	}
 	next, events = ApplyStale(decode, f.Reason, f.Error, now)
+	if f.Reporter != "" {
+		events[0].Message += " (reported by " + f.Reporter + ")"
+	}
 	if f.PrefillID != "" {
 		rec = &PairFailure{PrefillID: f.PrefillID, DecodeID: decode.ID, DecodeGeneration: decode.Generation, At: now}
 	}

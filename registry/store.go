@@ -87,6 +87,9 @@ type EventQuery struct {
 type RegisterResult struct {
 	Peer    Peer
 	Created bool // a new peer, not an update of one with the same name
+	// Credential is the credential issued by this registration, to be
+	// handed to the agent once; empty when the agent kept its own.
+	Credential string
 }
 
 // Change tells a watcher that peers changed. An empty PeerIDs means anything
@@ -118,6 +121,9 @@ type TransferFailure struct {
 	PrefillID string
 	Reason    string
 	Error     string
+	// Reporter names who reported (a peer's name, "admin",
+	// "router:<replica>"); it goes into the stale event.
+	Reporter string
 }
 
 // TransferOutcome says what a TransferFailure did.
@@ -152,10 +158,11 @@ type PairFailure struct {
 // the same store; changes made through one are announced to all through
 // Subscribe.
 type Store interface {
-	// Register inserts or updates the peer with spec.Name. The spec must
-	// already be validated. A changed instance ID or agent name starts a new
-	// generation.
-	Register(ctx context.Context, spec PeerSpec) (RegisterResult, error)
+	// Register inserts or updates the peer with spec.Name if claim may
+	// (AuthorizeRegistration, decided under the store's lock; ErrForbidden
+	// otherwise). The spec must already be validated. A changed instance ID
+	// or agent name starts a new generation.
+	Register(ctx context.Context, spec PeerSpec, claim Claim) (RegisterResult, error)
 	Get(ctx context.Context, id string) (Peer, error)
 	List(ctx context.Context, f Filter) ([]Peer, error)
 	Delete(ctx context.Context, id string) error
