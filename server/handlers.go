@@ -27,15 +27,19 @@ func (h handlers) RegisterPeer(ctx context.Context, req api.RegisterPeerRequestO
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	res, err := h.store.Register(ctx, spec)
+	who := principalFrom(ctx)
+	claim := registry.Claim{Open: h.open(), Admin: who.kind == admin, Join: who.kind == joiner, Credential: who.credential}
+	res, err := h.store.Register(ctx, spec, claim)
 	if err != nil {
 		return nil, fmt.Errorf("register peer %s: %w", spec.Name, err)
 	}
 	h.metrics.registrations.WithLabelValues(string(spec.Role), created(res.Created)).Inc()
+	out := h.peerToAPI(&res.Peer)
+	out.Credential = opt(res.Credential)
 	if res.Created {
-		return api.RegisterPeer201JSONResponse(h.peerToAPI(&res.Peer)), nil
+		return api.RegisterPeer201JSONResponse(out), nil
 	}
-	return api.RegisterPeer200JSONResponse(h.peerToAPI(&res.Peer)), nil
+	return api.RegisterPeer200JSONResponse(out), nil
 }
 
 func created(c bool) string {
@@ -62,9 +66,9 @@ func (h handlers) ListPeers(ctx context.Context, req api.ListPeersRequestObject)
 	if err != nil {
 		return nil, fmt.Errorf("list peers: %w", err)
 	}
-	out := api.ListPeers200JSONResponse{Peers: make([]api.Peer, len(peers))}
+	out := api.ListPeers200JSONResponse{Peers: make([]api.PeerSummary, len(peers))}
 	for i := range peers {
-		out.Peers[i] = h.peerToAPI(&peers[i])
+		out.Peers[i] = h.peerSummaryToAPI(&peers[i])
 	}
 	return out, nil
 }
@@ -74,7 +78,17 @@ func (h handlers) GetPeer(ctx context.Context, req api.GetPeerRequestObject) (ap
 	if err != nil {
 		return nil, err
 	}
-	return api.GetPeer200JSONResponse(h.peerToAPI(&p)), nil
+	return api.GetPeer200JSONResponse(h.peerSummaryToAPI(&p)), nil
+}
+
+// GetPeerRegistration returns the full registration; auth.go admits only
+// peer credentials and the admin token.
+func (h handlers) GetPeerRegistration(ctx context.Context, req api.GetPeerRegistrationRequestObject) (api.GetPeerRegistrationResponseObject, error) {
+	p, err := h.store.Get(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetPeerRegistration200JSONResponse(h.peerToAPI(&p)), nil
 }
 
 func (h handlers) DeletePeer(ctx context.Context, req api.DeletePeerRequestObject) (api.DeletePeerResponseObject, error) {
@@ -89,7 +103,7 @@ func (h handlers) DrainPeer(ctx context.Context, req api.DrainPeerRequestObject)
 	if err != nil {
 		return nil, err
 	}
-	return api.DrainPeer200JSONResponse(h.peerToAPI(&p)), nil
+	return api.DrainPeer200JSONResponse(h.peerSummaryToAPI(&p)), nil
 }
 
 func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerRequestObject) (api.HeartbeatPeerResponseObject, error) {
@@ -126,23 +140,27 @@ func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleReques
 	if strings.TrimSpace(req.Body.Reason) == "" {
 		return nil, invalidField("reason", "reason is required")
 	}
+	who := principalFrom(ctx)
+	if p := h.checkReport(who, req.Id, req.Body); p != nil {
+		return nil, p
+	}
 	if req.Body.PrefillId == nil && req.Body.AgentName == nil {
 		p, err := h.store.MarkStale(ctx, req.Id, req.Body.Reason, deref(req.Body.Error))
 		if err != nil {
 			return nil, err
 		}
 		h.metrics.staleMarks.WithLabelValues("api", string(registry.OutcomeStale)).Inc()
-		return api.MarkPeerStale200JSONResponse(h.peerToAPI(&p)), nil
+		return api.MarkPeerStale200JSONResponse(h.peerSummaryToAPI(&p)), nil
 	}
 	p, out, err := h.store.ReportTransferFailure(ctx, registry.TransferFailure{
 		DecodeID: req.Id, DecodeAgent: deref(req.Body.AgentName), PrefillID: deref(req.Body.PrefillId),
-		Reason: req.Body.Reason, Error: deref(req.Body.Error),
+		Reason: req.Body.Reason, Error: deref(req.Body.Error), Reporter: who.Name(),
 	})
 	if err != nil {
 		return nil, err
 	}
 	h.metrics.staleMarks.WithLabelValues("transfer_report", string(out)).Inc()
-	return api.MarkPeerStale200JSONResponse(h.peerToAPI(&p)), nil
+	return api.MarkPeerStale200JSONResponse(h.peerSummaryToAPI(&p)), nil
 }
 
 func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (api.ListPairsResponseObject, error) {

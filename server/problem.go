@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/rs/zerolog/hlog"
 
@@ -18,6 +21,8 @@ const (
 	ProblemMalformed    = problemBase + "malformed-request"
 	ProblemTooLarge     = problemBase + "body-too-large"
 	ProblemUnauthorized = problemBase + "unauthorized"
+	ProblemForbidden    = problemBase + "forbidden"
+	ProblemRateLimited  = problemBase + "rate-limited"
 	ProblemNotFound     = problemBase + "not-found"
 	ProblemConflict     = problemBase + "conflict"
 	ProblemInternal     = problemBase + "internal"
@@ -32,6 +37,8 @@ type Problem struct {
 	Status int    `json:"status"`
 	Detail string `json:"detail"`
 	Field  string `json:"field,omitempty"`
+	// RetryAfter, when set, goes out as the Retry-After header (429).
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (p *Problem) Error() string { return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail) }
@@ -48,6 +55,9 @@ func malformed(field, detail string) *Problem {
 func writeProblem(w http.ResponseWriter, p *Problem) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if p.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(p.RetryAfter.Seconds()))))
+	}
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)
 }
@@ -66,6 +76,8 @@ func toProblem(r *http.Request, err error) *Problem {
 	case errors.As(err, &tooLarge):
 		return &Problem{Type: ProblemTooLarge, Title: "Body too large", Status: http.StatusRequestEntityTooLarge,
 			Detail: fmt.Sprintf("request body exceeds %d bytes", tooLarge.Limit), Field: "body"}
+	case errors.Is(err, registry.ErrForbidden):
+		return forbidden(err.Error())
 	case errors.Is(err, registry.ErrNotFound):
 		return &Problem{Type: ProblemNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no such peer"}
 	case errors.Is(err, registry.ErrConflict):
