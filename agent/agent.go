@@ -40,9 +40,16 @@ type Engine interface {
 type Config struct {
 	// ControlPlane is the base URL of `pdplane serve`.
 	ControlPlane string
-	// Token is the peer (or admin) bearer token, if the control plane has one.
-	Token      string
-	HTTPClient *http.Client
+	// JoinToken admits the peer when it has no credential yet (or lost
+	// it): the control plane's join token, or its admin token. Empty for an
+	// open control plane.
+	JoinToken string
+	// CredentialFile, if set, keeps the credential the control plane issues
+	// at registration (mode 0600), so that a restarted agent re-registers
+	// its name at once. Without it, a restarted agent reclaims its name with
+	// the join token once the old lease has run out.
+	CredentialFile string
+	HTTPClient     *http.Client
 	// MinBackoff and MaxBackoff bound the retry delay while the control
 	// plane is unreachable.
 	MinBackoff, MaxBackoff time.Duration
@@ -91,8 +98,13 @@ func (e *RefusedError) Error() string {
 }
 
 // errPeerGone means the control plane no longer knows the peer (it was
-// removed, or the embedded store restarted): register again.
+// removed, or the embedded store restarted) or no longer takes its
+// credential: register again.
 var errPeerGone = errors.New("control plane does not know the peer")
+
+// errNameHeld means the peer's name is held under another credential; the
+// registration is retried until the holder's lease runs out.
+var errNameHeld = errors.New("the peer's name is held by another credential")
 
 // Agent registers one engine and keeps it registered.
 type Agent struct {
@@ -101,9 +113,10 @@ type Agent struct {
 	client *api.ClientWithResponses
 	log    zerolog.Logger
 
-	mu       sync.Mutex
-	peer     api.Peer
-	interval time.Duration
+	mu         sync.Mutex
+	peer       api.Peer
+	interval   time.Duration
+	credential string
 }
 
 // New returns an agent for eng.
@@ -112,18 +125,36 @@ func New(cfg Config, eng Engine, log zerolog.Logger) (*Agent, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	opts := []api.ClientOption{api.WithHTTPClient(cfg.HTTPClient)}
-	if cfg.Token != "" {
-		opts = append(opts, api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
-			r.Header.Set("Authorization", "Bearer "+cfg.Token)
-			return nil
-		}))
-	}
-	client, err := api.NewClientWithResponses(cfg.ControlPlane, opts...)
+	client, err := api.NewClientWithResponses(cfg.ControlPlane, api.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return nil, fmt.Errorf("agent: control plane client: %w", err)
 	}
-	return &Agent{cfg: cfg, eng: eng, client: client, log: log, interval: registry.DefaultHeartbeatInterval}, nil
+	a := &Agent{cfg: cfg, eng: eng, client: client, log: log, interval: registry.DefaultHeartbeatInterval}
+	if a.credential, err = loadCredential(cfg.CredentialFile); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// bearer sends token as the request's bearer token.
+func bearer(token string) api.RequestEditorFn {
+	return func(_ context.Context, r *http.Request) error {
+		if token != "" {
+			r.Header.Set("Authorization", "Bearer "+token)
+		}
+		return nil
+	}
+}
+
+// asPeer authenticates a call as this peer: its credential, or the join
+// token before it has one (an open control plane checks nothing).
+func (a *Agent) asPeer() api.RequestEditorFn {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.credential != "" {
+		return bearer(a.credential)
+	}
+	return bearer(a.cfg.JoinToken)
 }
 
 // Peer returns the peer as last registered (zero before the first
@@ -145,16 +176,53 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 	if err != nil {
 		return api.Peer{}, fmt.Errorf("encode registration: %w", err)
 	}
-	resp, err := a.client.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body))
+	a.mu.Lock()
+	cred := a.credential
+	a.mu.Unlock()
+	token := a.cfg.JoinToken
+	if cred != "" {
+		token = cred
+	}
+	resp, err := a.client.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body), bearer(token))
 	if err != nil {
 		return api.Peer{}, fmt.Errorf("register %s: %w", spec.Name, err)
+	}
+	if st := resp.StatusCode(); cred != "" && (st == http.StatusUnauthorized || st == http.StatusForbidden) {
+		// The credential was revoked (the peer was removed, or an operator
+		// or a claim reissued it): start over as a new agent.
+		a.log.Warn().Int("status", st).Msg("the control plane no longer accepts this peer's credential; registering with the join token")
+		a.mu.Lock()
+		if a.credential == cred {
+			a.credential = ""
+		}
+		a.mu.Unlock()
+		resp, err = a.client.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body), bearer(a.cfg.JoinToken))
+		if err != nil {
+			return api.Peer{}, fmt.Errorf("register %s: %w", spec.Name, err)
+		}
 	}
 	p := resp.JSON201
 	if p == nil {
 		p = resp.JSON200
 	}
 	if p == nil {
-		return api.Peer{}, refusal(resp.HTTPResponse, resp.Body)
+		err := refusal(resp.HTTPResponse, resp.Body)
+		if resp.StatusCode() == http.StatusForbidden {
+			// The name is held under a credential this agent does not have
+			// (it restarted without --credential-file): the control plane lets
+			// the join token claim it once the old lease runs out.
+			return api.Peer{}, fmt.Errorf("%w: %w", errNameHeld, err)
+		}
+		return api.Peer{}, err
+	}
+	if p.Credential != nil {
+		if err := saveCredential(a.cfg.CredentialFile, *p.Credential); err != nil {
+			a.log.Error().Err(err).Str("file", a.cfg.CredentialFile).Msg("keep the peer credential; a restart will wait for the lease to expire")
+		}
+		a.mu.Lock()
+		a.credential = *p.Credential
+		a.mu.Unlock()
+		p.Credential = nil // the credential stays in the agent
 	}
 	a.mu.Lock()
 	a.peer = *p
@@ -245,6 +313,7 @@ func (a *Agent) registerRetrying(ctx context.Context) error {
 		switch {
 		case err == nil:
 			return nil
+		case errors.Is(err, errNameHeld):
 		case errors.As(err, &refused):
 			return err
 		case ctx.Err() != nil:
@@ -265,9 +334,12 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	resp, err := a.client.HeartbeatPeerWithResponse(ctx, p.Id, api.Heartbeat{
 		InstanceId: p.InstanceId,
 		Load:       &api.Load{Running: load.Running, Queued: load.Queued, KvUsage: load.KVUsage},
-	})
+	}, a.asPeer())
 	if err != nil {
 		return api.HeartbeatReply{}, err
+	}
+	if st := resp.StatusCode(); st == http.StatusUnauthorized || st == http.StatusForbidden {
+		return api.HeartbeatReply{}, fmt.Errorf("heartbeat answered %d: %w", st, errPeerGone)
 	}
 	if resp.JSON200 == nil {
 		return api.HeartbeatReply{}, refusal(resp.HTTPResponse, resp.Body)
@@ -319,7 +391,7 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 	if r.DecodeAgent != "" {
 		body.AgentName = &r.DecodeAgent
 	}
-	resp, err := a.client.MarkPeerStaleWithResponse(ctx, r.DecodeID, body)
+	resp, err := a.client.MarkPeerStaleWithResponse(ctx, r.DecodeID, body, a.asPeer())
 	if err != nil {
 		return fmt.Errorf("report peer %s stale: %w", r.DecodeID, err)
 	}
@@ -327,6 +399,40 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 		return fmt.Errorf("report peer %s stale: %w", r.DecodeID, refusal(resp.HTTPResponse, resp.Body))
 	}
 	return nil
+}
+
+// Registration returns another peer's full registration (its agents'
+// metadata and transfer secrets), which this peer's transfer agent needs to
+// connect to it. The control plane answers only to a peer credential.
+func (a *Agent) Registration(ctx context.Context, peerID string) (api.Peer, error) {
+	resp, err := a.client.GetPeerRegistrationWithResponse(ctx, peerID, a.asPeer())
+	if err != nil {
+		return api.Peer{}, fmt.Errorf("registration of peer %s: %w", peerID, err)
+	}
+	if resp.JSON200 == nil {
+		return api.Peer{}, fmt.Errorf("registration of peer %s: %w", peerID, refusal(resp.HTTPResponse, resp.Body))
+	}
+	return *resp.JSON200, nil
+}
+
+// TransferSecret returns the transfer secret of agentName, a rank of peer
+// peerID, from the control plane. It fails when the peer has no rank of
+// that name any more (it re-registered), or the rank has no secret.
+func (a *Agent) TransferSecret(ctx context.Context, peerID, agentName string) ([]byte, error) {
+	p, err := a.Registration(ctx, peerID)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range p.Ranks {
+		if r.AgentName != agentName {
+			continue
+		}
+		if r.TransferSecret == nil || len(*r.TransferSecret) == 0 {
+			return nil, fmt.Errorf("agent %s of peer %s registered no transfer secret", agentName, peerID)
+		}
+		return *r.TransferSecret, nil
+	}
+	return nil, fmt.Errorf("peer %s has no agent %s (generation %d)", peerID, agentName, p.Generation)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
