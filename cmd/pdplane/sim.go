@@ -54,7 +54,7 @@ func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token 
 	e.sim = s
 	if controlPlane != "" {
 		e.agent, err = agent.New(agent.Config{
-			ControlPlane: controlPlane, Token: token,
+			ControlPlane: controlPlane, JoinToken: token,
 			OnRegistered: func(p api.Peer) { s.SetPeerID(p.Id) },
 		}, s, log.With().Str("agent", cfg.Name).Logger())
 		if err != nil {
@@ -88,16 +88,21 @@ func simFlags(fs *flagSet, c *sim.Config, role, engine *string) {
 // runSim runs one simulated engine and, with --control-plane, its agent.
 func runSim(ctx context.Context, args []string) error {
 	var c sim.Config
-	var role, engine, controlPlane, token, logLevel string
+	var role, engine, controlPlane, token, legacyToken, logLevel string
 	fs := newFlagSet("sim")
 	simFlags(fs, &c, &role, &engine)
 	fs.IntVar(&c.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill (0 picks a free one)")
 	fs.str(&controlPlane, "control-plane", "", "base URL of pdplane serve to register with; empty runs the engine alone")
-	fs.str(&token, "token", "", "peer token of the control plane")
+	fs.str(&token, "join-token", "", "join token of the control plane (or its admin token)")
+	fs.str(&legacyToken, "token", "", "deprecated: the same as --join-token")
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.parse(args); err != nil {
 		return err
 	}
+	if token == "" {
+		token = legacyToken
+	}
+	token = firstToken(token)
 	c.Role, c.Engine = registry.Role(role), registry.Engine(engine)
 	if c.Name == "" {
 		c.Name = fmt.Sprintf("%s-%d", role, os.Getpid())
@@ -169,7 +174,7 @@ func runDev(ctx context.Context, args []string) error {
 		}
 		cfg := sim.Config{Name: fmt.Sprintf("%s-%d", role, n), Role: role, Engine: registry.Engine(engine),
 			Model: model, Transfer: transferName}
-		e, err := startSimWithAgent(ctx, cfg, cp.BaseURL, c.peerToken, log)
+		e, err := startSimWithAgent(ctx, cfg, cp.BaseURL, c.agentToken(), log)
 		if err != nil {
 			return err
 		}
