@@ -46,6 +46,16 @@ func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token 
 			}
 		}()
 	}
+	if controlPlane != "" {
+		// The TCP transfer plane is closed: a remote agent's secret comes
+		// from the control plane, asked with this peer's credential.
+		cfg.TransferSecrets = func(ctx context.Context, peerID, agentName string) ([]byte, error) {
+			if e.agent == nil {
+				return nil, errors.New("no agent to ask the control plane")
+			}
+			return e.agent.TransferSecret(ctx, peerID, agentName)
+		}
+	}
 	s, err := sim.New(cfg, log.With().Str("sim", cfg.Name).Logger())
 	if err != nil {
 		return nil, err
