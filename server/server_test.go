@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -561,6 +562,59 @@ func TestEventsPageAndStream(t *testing.T) {
 			}
 		case <-ctx.Done():
 			t.Fatal("no event streamed")
+		}
+	}
+}
+
+// TestSummaryHidesTheKeysToKVMemory pins that anonymous reads carry no KV
+// pointer, agent metadata or transfer secret (only sizes, counts and
+// kinds), and that the full registration goes to peer credentials and the
+// admin only.
+func TestSummaryHidesTheKeysToKVMemory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	spec := registrytest.Spec("d0", registry.RoleDecode)
+	spec.Ranks[0].TransferSecret = []byte("0123456789abcdef0123456789abcdef")
+	spec.Ranks[0].AgentMetadata = bytes.Repeat([]byte{0xab}, 4096)
+	spec.Ranks[0].AuxDataPtrs, spec.Ranks[0].AuxDataLens = []uint64{0x7f0002000000}, []uint64{64}
+	d := b.register(t, spec)
+	p := b.register(t, registrytest.Spec("p0", registry.RolePrefill))
+	id := d["id"].(string)
+
+	secret := base64.StdEncoding.EncodeToString(spec.Ranks[0].TransferSecret)
+	forbidden := []string{"kv_data_ptrs", "aux_data_ptrs", "agent_metadata\"", "transfer_secret", "credential", secret}
+	for _, path := range []string{"/api/v1/peers", "/api/v1/peers/" + id} {
+		resp, err := http.Get(b.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, f := range forbidden {
+			if strings.Contains(string(body), f) {
+				t.Errorf("GET %s carries %q:\n%s", path, f, body)
+			}
+		}
+	}
+	_, one, _ := b.do(t, "GET", "/api/v1/peers/"+id, "", nil)
+	r0 := one["ranks"].([]any)[0].(map[string]any)
+	for k, want := range map[string]any{"regions": 2.0, "kv_bytes": float64(2 << 20), "agent_metadata_bytes": 4096.0, "aux_regions": 1.0} {
+		if r0[k] != want {
+			t.Errorf("summary %s = %v, want %v", k, r0[k], want)
+		}
+	}
+	if !reflect.DeepEqual(r0["kv_mem_kinds"], []any{"VRAM", "VRAM"}) {
+		t.Errorf("summary kinds = %v", r0["kv_mem_kinds"])
+	}
+
+	for name, token := range map[string]string{"another peer": b.cred(p["id"].(string)), "the admin": adminToken, "the peer itself": b.cred(id)} {
+		code, full, _ := b.do(t, "GET", "/api/v1/peers/"+id+"/registration", token, nil)
+		if code != 200 {
+			t.Fatalf("registration for %s: %d %v", name, code, full)
+		}
+		fr := full["ranks"].([]any)[0].(map[string]any)
+		if fr["transfer_secret"] != secret || fr["kv_data_ptrs"] == nil || fr["agent_metadata"] == nil || full["credential"] != nil {
+			t.Errorf("registration for %s: rank %v, credential %v", name, fr, full["credential"])
 		}
 	}
 }
