@@ -288,3 +288,36 @@ func TestAgentWithoutCredentialReclaimsAfterLease(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentFetchesTransferSecrets pins the transfer plane's path to a
+// remote's secret: a registered agent reads another peer's rank secret with
+// its credential; a name the peer no longer has, or an agent holding only
+// the join token, gets none.
+func TestAgentFetchesTransferSecrets(t *testing.T) {
+	t.Parallel()
+	cp := startControlPlane(t, nil)
+	dspec := registrytest.Spec("d0", registry.RoleDecode)
+	dspec.Ranks[0].TransferSecret = bytes.Repeat([]byte{0x5a}, 32)
+	runAgent(t, cp.url, &fakeEngine{spec: dspec})
+	p, _ := runAgent(t, cp.url, &fakeEngine{spec: registrytest.Spec("p0", registry.RolePrefill)})
+	d := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+	waitPeer(t, cp.store, "p0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+
+	ctx := context.Background()
+	got, err := p.TransferSecret(ctx, d.ID, d.Ranks[0].AgentName)
+	if err != nil || !bytes.Equal(got, dspec.Ranks[0].TransferSecret) {
+		t.Fatalf("secret of %s: %x, %v", d.Ranks[0].AgentName, got, err)
+	}
+	if _, err := p.TransferSecret(ctx, d.ID, "d0-agent-0-old"); err == nil {
+		t.Fatal("a secret for an agent name the peer does not have")
+	}
+	stranger, err := agent.New(agent.Config{ControlPlane: cp.url, JoinToken: "tok"}, &fakeEngine{spec: registrytest.Spec("x", registry.RolePrefill)},
+		zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused *agent.RefusedError
+	if _, err := stranger.TransferSecret(ctx, d.ID, d.Ranks[0].AgentName); !errors.As(err, &refused) || refused.Status != 403 {
+		t.Fatalf("an unregistered agent with the join token: %v, want a 403 refusal", err)
+	}
+}
