@@ -596,6 +596,22 @@ func TestSummaryHidesTheKeysToKVMemory(t *testing.T) {
 			}
 		}
 	}
+	// However large the NIXL metadata, the list stays small: the status
+	// page polls it.
+	big := registrytest.Spec("d1", registry.RoleDecode)
+	big.Ranks[0].AgentMetadata = bytes.Repeat([]byte{0xcd}, 4<<20)
+	b.register(t, big)
+	resp, err := http.Get(b.url + "/api/v1/peers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if len(list) > 16<<10 {
+		t.Fatalf("GET /api/v1/peers of 3 peers, one with 4 MiB of agent metadata, is %d bytes", len(list))
+	}
+	t.Logf("GET /api/v1/peers: %d bytes for 3 peers carrying %d bytes of agent metadata", len(list), 4<<20+4096+len("meta-p0"))
+
 	_, one, _ := b.do(t, "GET", "/api/v1/peers/"+id, "", nil)
 	r0 := one["ranks"].([]any)[0].(map[string]any)
 	for k, want := range map[string]any{"regions": 2.0, "kv_bytes": float64(2 << 20), "agent_metadata_bytes": 4096.0, "aux_regions": 1.0} {
