@@ -145,7 +145,7 @@ func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleReques
 		return nil, p
 	}
 	if req.Body.PrefillId == nil && req.Body.AgentName == nil {
-		p, err := h.store.MarkStale(ctx, req.Id, req.Body.Reason, deref(req.Body.Error))
+		p, err := h.store.MarkStale(ctx, req.Id, registry.ReportedBy(req.Body.Reason, who.Name()), deref(req.Body.Error))
 		if err != nil {
 			return nil, err
 		}

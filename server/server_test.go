@@ -392,7 +392,7 @@ func TestHeartbeatStaleAndReregister(t *testing.T) {
 	}
 	code, st, _ := b.do(t, "POST", "/api/v1/peers/"+id+"/stale", b.cred(id),
 		map[string]any{"reason": "transfer failed", "error": "RuntimeError: Missing NIXL destination KV memory kind"})
-	if code != 200 || st["state"] != "stale" {
+	if code != 200 || st["state"] != "stale" || st["state_reason"] != "transfer failed (reported by d0)" {
 		t.Fatalf("stale: %d %v", code, st)
 	}
 	if hb := b.heartbeat(t, id, spec.InstanceID); hb["action"] != "reregister" {
