@@ -65,8 +65,11 @@ const (
 // principal is the authenticated caller of a request.
 type principal struct {
 	kind principalKind
-	// peerID and peerName are the credential's peer (kind peerCred).
+	// peerID, peerName, role and model are the credential's peer (kind
+	// peerCred).
 	peerID, peerName string
+	role             registry.Role
+	model            string
 	// credential is the bearer a peerCred presented.
 	credential string
 }
@@ -119,7 +122,7 @@ func (s *Server) authenticate(r *http.Request) (principal, *Problem) {
 		}
 	}
 	if p, ok := s.peerFor(r.Context(), got); ok {
-		return principal{kind: peerCred, peerID: p.ID, peerName: p.Name, credential: got}, nil
+		return principal{kind: peerCred, peerID: p.ID, peerName: p.Name, role: p.Role, model: p.Model, credential: got}, nil
 	}
 	if s.open() {
 		return principal{}, nil
@@ -201,6 +204,24 @@ func (s *Server) authMiddleware(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, who)))
 	})
+}
+
+// checkRegistrationRead decides whether who may read target's full
+// registration. A peer reads its own, and those of the peers its transfer
+// agent may have to connect to: the other half of a PD split serving the
+// same model (a prefill WRITEs to decodes, a vLLM decode READs from
+// prefills). Nobody else's: a credential leaked from one engine opens only
+// what that engine could reach anyway.
+func (s *Server) checkRegistrationRead(who principal, target *registry.Peer) *Problem {
+	if s.open() || who.kind == admin || (who.kind == peerCred && who.peerID == target.ID) {
+		return nil
+	}
+	counterpart := (who.role.Prefills() && target.Role.Decodes()) || (who.role.Decodes() && target.Role.Prefills())
+	if who.kind == peerCred && counterpart && who.model == target.Model {
+		return nil
+	}
+	return forbidden("peer " + who.Name() + " does not transfer KV with peer " + target.Name +
+		" (a peer reads the registrations of the other half of its PD split, for the same model)")
 }
 
 // checkReport applies what a stale report may say to who sends it. A peer

@@ -82,11 +82,14 @@ func (h handlers) GetPeer(ctx context.Context, req api.GetPeerRequestObject) (ap
 }
 
 // GetPeerRegistration returns the full registration; auth.go admits only
-// peer credentials and the admin token.
+// peer credentials (of the peer or its counterparts) and the admin token.
 func (h handlers) GetPeerRegistration(ctx context.Context, req api.GetPeerRegistrationRequestObject) (api.GetPeerRegistrationResponseObject, error) {
 	p, err := h.store.Get(ctx, req.Id)
 	if err != nil {
 		return nil, err
+	}
+	if prob := h.checkRegistrationRead(principalFrom(ctx), &p); prob != nil {
+		return nil, prob
 	}
 	return api.GetPeerRegistration200JSONResponse(h.peerToAPI(&p)), nil
 }

@@ -254,6 +254,10 @@ func TestTokens(t *testing.T) {
 	b := setup(t)
 	p := b.register(t, registrytest.Spec("p0", registry.RolePrefill))
 	d := b.register(t, registrytest.Spec("d0", registry.RoleDecode))
+	p1 := b.register(t, registrytest.Spec("p1", registry.RolePrefill))
+	elsewhere := registrytest.Spec("d-other-model", registry.RoleDecode)
+	elsewhere.Model = "another-model"
+	dx := b.register(t, elsewhere)
 	id, did := p["id"].(string), d["id"].(string)
 	own, other := b.cred(id), b.cred(did)
 	hb := map[string]any{"instance_id": "inst-p0"}
@@ -273,7 +277,10 @@ func TestTokens(t *testing.T) {
 		{"admin heartbeat", "POST", "/api/v1/peers/" + id + "/heartbeat", adminToken, hb, 200},
 		{"anonymous full registration", "GET", "/api/v1/peers/" + id + "/registration", "", nil, 401},
 		{"join token full registration", "GET", "/api/v1/peers/" + id + "/registration", joinToken, nil, 403},
-		{"a peer reads another's registration", "GET", "/api/v1/peers/" + id + "/registration", other, nil, 200},
+		{"a decode reads a prefill's registration", "GET", "/api/v1/peers/" + id + "/registration", other, nil, 200},
+		{"a prefill reads its own registration", "GET", "/api/v1/peers/" + id + "/registration", own, nil, 200},
+		{"a prefill reads another prefill's registration", "GET", "/api/v1/peers/" + id + "/registration", b.cred(p1["id"].(string)), nil, 403},
+		{"a decode of another model reads a prefill's registration", "GET", "/api/v1/peers/" + id + "/registration", b.cred(dx["id"].(string)), nil, 403},
 		{"plain stale mark of another peer", "POST", "/api/v1/peers/" + id + "/stale", other, map[string]any{"reason": "r"}, 403},
 		{"report in another prefill's name", "POST", "/api/v1/peers/" + id + "/stale", other, map[string]any{"reason": "r", "agent_name": "p0-agent-0", "prefill_id": id}, 403},
 		{"join token stale report", "POST", "/api/v1/peers/" + id + "/stale", joinToken, report, 403},

@@ -688,8 +688,10 @@ type ClientInterface interface {
 
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	//
-	// For the peer's own agent, the admin, and other peers: a transfer agent
-	// needs a remote's metadata and transfer secret to connect to it.
+	// For the peer's own agent, the admin, and the peers its transfer agent
+	// may connect with (the other half of a PD split, serving the same
+	// model): a transfer agent needs a remote's metadata and transfer
+	// secret to connect to it. Any other credential gets 403.
 	//
 	// Corresponds with GET /api/v1/peers/{id}/registration (the `GetPeerRegistration` operationId).
 	GetPeerRegistration(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -898,8 +900,10 @@ func (c *Client) HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPee
 
 // GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 //
-// For the peer's own agent, the admin, and other peers: a transfer agent
-// needs a remote's metadata and transfer secret to connect to it.
+// For the peer's own agent, the admin, and the peers its transfer agent
+// may connect with (the other half of a PD split, serving the same
+// model): a transfer agent needs a remote's metadata and transfer
+// secret to connect to it. Any other credential gets 403.
 //
 // Corresponds with GET /api/v1/peers/{id}/registration (the `GetPeerRegistration` operationId).
 func (c *Client) GetPeerRegistration(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -1636,8 +1640,10 @@ type ClientWithResponsesInterface interface {
 
 	// GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	//
-	// For the peer's own agent, the admin, and other peers: a transfer agent
-	// needs a remote's metadata and transfer secret to connect to it.
+	// For the peer's own agent, the admin, and the peers its transfer agent
+	// may connect with (the other half of a PD split, serving the same
+	// model): a transfer agent needs a remote's metadata and transfer
+	// secret to connect to it. Any other credential gets 403.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -2467,8 +2473,10 @@ func (c *ClientWithResponses) HeartbeatPeerWithResponse(ctx context.Context, id 
 
 // GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
 //
-// For the peer's own agent, the admin, and other peers: a transfer agent
-// needs a remote's metadata and transfer secret to connect to it.
+// For the peer's own agent, the admin, and the peers its transfer agent
+// may connect with (the other half of a PD split, serving the same
+// model): a transfer agent needs a remote's metadata and transfer
+// secret to connect to it. Any other credential gets 403.
 //
 // Returns a wrapper object for the known response body format(s).
 //
