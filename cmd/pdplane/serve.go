@@ -29,6 +29,7 @@ type serveConfig struct {
 	joinTokens  string
 	peerToken   string // deprecated alias of joinTokens
 	insecure    bool
+	replica     string
 	logLevel    string
 	leaseTTL    time.Duration
 	heartbeat   time.Duration
@@ -58,6 +59,7 @@ func (c *serveConfig) flags(fs *flagSet) {
 		"each registration returns the peer's own credential")
 	fs.str(&c.peerToken, "peer-token", "", "deprecated: the same as --join-token")
 	fs.boolean(&c.insecure, "insecure", false, "serve without tokens on a non-loopback address: anyone who reaches it may register peers and read their KV metadata")
+	fs.str(&c.replica, "replica", "", "name of this replica in the stale reports its router makes (default: the host name)")
 	fs.str(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
 	fs.str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two or cache_aware")
 	fs.str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two or cache_aware")
@@ -148,7 +150,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rcfg := router.Config{PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy)}
+	rcfg := router.Config{Replica: c.replica, PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy)}
 	if c.apiKeys != "" {
 		rcfg.APIKeys = strings.Split(c.apiKeys, ",")
 	}
