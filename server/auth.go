@@ -21,8 +21,12 @@ import (
 //     name whose lease ran out; registry.AuthorizeRegistration decides).
 //   - A peer credential (issued by a registration) acts as its own peer:
 //     re-register, heartbeat, report itself. It may also report failed
-//     transfers to other peers (rate-limited per reporter) and read other
-//     peers' full registrations, which its transfer agent needs to connect.
+//     transfers to other peers (rate-limited per reporter, checkReport) and
+//     read the full registrations of its counterparts (the other half of
+//     its PD split, same model; checkRegistrationRead), which its transfer
+//     agent needs to connect to them.
+//   - A bearer token that is none of these is refused (401), even on reads,
+//     so that a revoked credential shows at once.
 //   - Reads of the summary API are open.
 //
 // A control plane with neither an admin nor a join token is open: every
@@ -37,7 +41,7 @@ const (
 	accessRegister               // a join token, the admin token, or a peer credential (the store decides)
 	accessSelf                   // the peer's own credential or the admin token
 	accessReport                 // any peer credential or the admin token (stale reports)
-	accessPeer                   // any peer credential or the admin token (full registrations)
+	accessPeer                   // a peer credential (checkRegistrationRead narrows it) or the admin token
 	accessAdmin                  // operator actions
 )
 
