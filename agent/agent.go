@@ -41,9 +41,16 @@ type Config struct {
 	// several replicas separated by commas, in order of preference (see
 	// ParseControlPlanes). The agent fails over between them.
 	ControlPlane string
-	// Token is the peer (or admin) bearer token, if the control plane has one.
-	Token      string
-	HTTPClient *http.Client
+	// JoinToken admits the peer when it has no credential yet (or lost
+	// it): the control plane's join token, or its admin token. Empty for an
+	// open control plane.
+	JoinToken string
+	// CredentialFile, if set, keeps the credential the control plane issues
+	// at registration (mode 0600), so that a restarted agent re-registers
+	// its name at once. Without it, a restarted agent reclaims its name with
+	// the join token once the old lease has run out.
+	CredentialFile string
+	HTTPClient     *http.Client
 	// MinBackoff and MaxBackoff bound the retry delay while the control
 	// plane is unreachable.
 	MinBackoff, MaxBackoff time.Duration
@@ -121,8 +128,13 @@ func (e *RefusedError) Error() string {
 }
 
 // errPeerGone means the control plane no longer knows the peer (it was
-// removed, or the embedded store restarted): register again.
+// removed, or the embedded store restarted) or no longer takes its
+// credential: register again.
 var errPeerGone = errors.New("control plane does not know the peer")
+
+// errNameHeld means the peer's name is held under another credential; the
+// registration is retried until the holder's lease runs out.
+var errNameHeld = errors.New("the peer's name is held by another credential")
 
 // Agent registers one engine and keeps it registered.
 type Agent struct {
@@ -133,10 +145,11 @@ type Agent struct {
 
 	probe *EngineProbe // nil when probing is disabled
 
-	mu       sync.Mutex
-	peer     api.Peer
-	interval time.Duration
-	leaseTTL time.Duration // from the last registration; 0 before
+	mu         sync.Mutex
+	peer       api.Peer
+	interval   time.Duration
+	leaseTTL   time.Duration // from the last registration; 0 before
+	credential string
 }
 
 // New returns an agent for eng.
@@ -145,14 +158,7 @@ func New(cfg Config, eng Engine, log zerolog.Logger) (*Agent, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	var opts []api.ClientOption
-	if cfg.Token != "" {
-		opts = append(opts, api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
-			r.Header.Set("Authorization", "Bearer "+cfg.Token)
-			return nil
-		}))
-	}
-	cps, err := newControlPlanes(cfg, opts, log)
+	cps, err := newControlPlanes(cfg, nil, log)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
@@ -162,7 +168,31 @@ func New(cfg Config, eng Engine, log zerolog.Logger) (*Agent, error) {
 			return nil, err
 		}
 	}
+	if a.credential, err = loadCredential(cfg.CredentialFile); err != nil {
+		return nil, err
+	}
 	return a, nil
+}
+
+// bearer sends token as the request's bearer token.
+func bearer(token string) api.RequestEditorFn {
+	return func(_ context.Context, r *http.Request) error {
+		if token != "" {
+			r.Header.Set("Authorization", "Bearer "+token)
+		}
+		return nil
+	}
+}
+
+// asPeer authenticates a call as this peer: its credential, or the join
+// token before it has one (an open control plane checks nothing).
+func (a *Agent) asPeer() api.RequestEditorFn {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.credential != "" {
+		return bearer(a.credential)
+	}
+	return bearer(a.cfg.JoinToken)
 }
 
 // ControlPlane names the control-plane replica that answered the agent
@@ -189,10 +219,17 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 	if err != nil {
 		return api.Peer{}, fmt.Errorf("encode registration: %w", err)
 	}
+	a.mu.Lock()
+	cred := a.credential
+	a.mu.Unlock()
+	token := a.cfg.JoinToken
+	if cred != "" {
+		token = cred
+	}
 	var resp *api.RegisterPeerResponse
 	err = a.cps.call(ctx, "register "+spec.Name, func(c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
-		resp, err = c.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body))
+		resp, err = c.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body), bearer(token))
 		if err != nil {
 			return nil, err
 		}
@@ -201,12 +238,49 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 	if err != nil {
 		return api.Peer{}, err
 	}
+	if st := resp.StatusCode(); cred != "" && (st == http.StatusUnauthorized || st == http.StatusForbidden) {
+		// The credential was revoked (the peer was removed, or an operator
+		// or a claim reissued it): start over as a new agent.
+		a.log.Warn().Int("status", st).Msg("the control plane no longer accepts this peer's credential; registering with the join token")
+		a.mu.Lock()
+		if a.credential == cred {
+			a.credential = ""
+		}
+		a.mu.Unlock()
+		err = a.cps.call(ctx, "register "+spec.Name, func(c *api.ClientWithResponses) (*http.Response, error) {
+			var err error
+			resp, err = c.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body), bearer(a.cfg.JoinToken))
+			if err != nil {
+				return nil, err
+			}
+			return resp.HTTPResponse, nil
+		})
+		if err != nil {
+			return api.Peer{}, err
+		}
+	}
 	p := resp.JSON201
 	if p == nil {
 		p = resp.JSON200
 	}
 	if p == nil {
-		return api.Peer{}, refusal(resp.HTTPResponse, resp.Body)
+		err := refusal(resp.HTTPResponse, resp.Body)
+		if resp.StatusCode() == http.StatusForbidden {
+			// The name is held under a credential this agent does not have
+			// (it restarted without --credential-file): the control plane lets
+			// the join token claim it once the old lease runs out.
+			return api.Peer{}, fmt.Errorf("%w: %w", errNameHeld, err)
+		}
+		return api.Peer{}, err
+	}
+	if p.Credential != nil {
+		if err := saveCredential(a.cfg.CredentialFile, *p.Credential); err != nil {
+			a.log.Error().Err(err).Str("file", a.cfg.CredentialFile).Msg("keep the peer credential; a restart will wait for the lease to expire")
+		}
+		a.mu.Lock()
+		a.credential = *p.Credential
+		a.mu.Unlock()
+		p.Credential = nil // the credential stays in the agent
 	}
 	a.mu.Lock()
 	a.peer = *p
@@ -322,6 +396,7 @@ func (a *Agent) registerRetrying(ctx context.Context) error {
 		switch {
 		case err == nil:
 			return nil
+		case errors.Is(err, errNameHeld):
 		case errors.As(err, &refused):
 			return err
 		case ctx.Err() != nil:
@@ -348,10 +423,11 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 			body.EngineError = &st.Error
 		}
 	}
+	auth := a.asPeer()
 	var resp *api.HeartbeatPeerResponse
 	err := a.cps.call(ctx, "heartbeat", func(c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
-		resp, err = c.HeartbeatPeerWithResponse(ctx, p.Id, body)
+		resp, err = c.HeartbeatPeerWithResponse(ctx, p.Id, body, auth)
 		if err != nil {
 			return nil, err
 		}
@@ -359,6 +435,9 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	})
 	if err != nil {
 		return api.HeartbeatReply{}, err
+	}
+	if st := resp.StatusCode(); st == http.StatusUnauthorized || st == http.StatusForbidden {
+		return api.HeartbeatReply{}, fmt.Errorf("heartbeat answered %d: %w", st, errPeerGone)
 	}
 	if resp.JSON200 == nil {
 		return api.HeartbeatReply{}, refusal(resp.HTTPResponse, resp.Body)
@@ -421,10 +500,11 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 	if r.DecodeAgent != "" {
 		body.AgentName = &r.DecodeAgent
 	}
+	auth := a.asPeer()
 	var resp *api.MarkPeerStaleResponse
 	err := a.cps.call(ctx, "report peer "+r.DecodeID+" stale", func(c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
-		resp, err = c.MarkPeerStaleWithResponse(ctx, r.DecodeID, body)
+		resp, err = c.MarkPeerStaleWithResponse(ctx, r.DecodeID, body, auth)
 		if err != nil {
 			return nil, err
 		}
@@ -437,6 +517,49 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 		return fmt.Errorf("report peer %s stale: %w", r.DecodeID, refusal(resp.HTTPResponse, resp.Body))
 	}
 	return nil
+}
+
+// Registration returns another peer's full registration (its agents'
+// metadata and transfer secrets), which this peer's transfer agent needs to
+// connect to it. The control plane answers only to a peer credential.
+func (a *Agent) Registration(ctx context.Context, peerID string) (api.Peer, error) {
+	auth := a.asPeer()
+	var resp *api.GetPeerRegistrationResponse
+	err := a.cps.call(ctx, "registration of peer "+peerID, func(c *api.ClientWithResponses) (*http.Response, error) {
+		var err error
+		resp, err = c.GetPeerRegistrationWithResponse(ctx, peerID, auth)
+		if err != nil {
+			return nil, err
+		}
+		return resp.HTTPResponse, nil
+	})
+	if err != nil {
+		return api.Peer{}, err
+	}
+	if resp.JSON200 == nil {
+		return api.Peer{}, fmt.Errorf("registration of peer %s: %w", peerID, refusal(resp.HTTPResponse, resp.Body))
+	}
+	return *resp.JSON200, nil
+}
+
+// TransferSecret returns the transfer secret of agentName, a rank of peer
+// peerID, from the control plane. It fails when the peer has no rank of
+// that name any more (it re-registered), or the rank has no secret.
+func (a *Agent) TransferSecret(ctx context.Context, peerID, agentName string) ([]byte, error) {
+	p, err := a.Registration(ctx, peerID)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range p.Ranks {
+		if r.AgentName != agentName {
+			continue
+		}
+		if r.TransferSecret == nil || len(*r.TransferSecret) == 0 {
+			return nil, fmt.Errorf("agent %s of peer %s registered no transfer secret", agentName, peerID)
+		}
+		return *r.TransferSecret, nil
+	}
+	return nil, fmt.Errorf("peer %s has no agent %s (generation %d)", peerID, agentName, p.Generation)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

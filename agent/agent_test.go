@@ -1,11 +1,15 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -64,7 +68,7 @@ func startControlPlane(t *testing.T, ln net.Listener) controlPlane {
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{PeerToken: "tok", HeartbeatInterval: 50 * time.Millisecond, LeaseTTL: time.Second},
+	srv, err := server.New(server.Config{AdminToken: "admin", JoinTokens: []string{"tok"}, HeartbeatInterval: 50 * time.Millisecond, LeaseTTL: time.Second},
 		server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}, log)
 	if err != nil {
 		t.Fatal(err)
@@ -83,17 +87,26 @@ func runAgent(t *testing.T, url string, eng agent.Engine) (*agent.Agent, chan er
 	t.Helper()
 	// The fake engine has no HTTP side to probe; the probes are tested
 	// against the simulator in engine_probe_test.go.
-	a, err := agent.New(agent.Config{ControlPlane: url, Token: "tok", MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-		Probe: agent.ProbeConfig{Disabled: true}},
-		eng, zerolog.New(zerolog.NewTestWriter(t)))
+	a, done, _ := runAgentWith(t, agent.Config{ControlPlane: url, Probe: agent.ProbeConfig{Disabled: true}}, eng)
+	return a, done
+}
+
+// runAgentWith runs an agent with the join token "tok"; stop ends it early
+// (an agent process that exits) and waits for it.
+func runAgentWith(t *testing.T, cfg agent.Config, eng agent.Engine) (a *agent.Agent, done chan error, stop func()) {
+	t.Helper()
+	cfg.JoinToken, cfg.MinBackoff, cfg.MaxBackoff = "tok", 20*time.Millisecond, 100*time.Millisecond
+	a, err := agent.New(cfg, eng, zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done = make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return a, done
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return a, done, stop
 }
 
 func waitPeer(t *testing.T, s registry.Store, name string, ok func(p registry.Peer) bool) registry.Peer {
@@ -205,5 +218,109 @@ func TestReportFor(t *testing.T) {
 		if got := agent.ReportFor(tc.err, tc.decode, "id-p0", "self-agent"); got != tc.want {
 			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestAgentKeepsCredential pins that the credential a registration issues
+// goes to --credential-file (owner-only), and that a restarted agent using
+// the file re-registers its live name at once, keeping the credential.
+func TestAgentKeepsCredential(t *testing.T) {
+	t.Parallel()
+	cp := startControlPlane(t, nil)
+	file := filepath.Join(t.TempDir(), "credential")
+	eng := &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}
+	_, _, stop := runAgentWith(t, agent.Config{ControlPlane: cp.url, CredentialFile: file}, eng)
+	first := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !registry.CredentialMatches(first.CredentialHash, strings.TrimSpace(string(data))) {
+		t.Fatalf("the credential file does not hold the peer's credential")
+	}
+	if st, err := os.Stat(file); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("credential file mode %v (%v), want 0600", st.Mode().Perm(), err)
+	}
+	stop()
+
+	// A restarted engine: a new instance, registered while the old lease is
+	// still running.
+	eng.mu.Lock()
+	eng.spec.InstanceID = "restarted"
+	eng.mu.Unlock()
+	runAgentWith(t, agent.Config{ControlPlane: cp.url, CredentialFile: file}, eng)
+	again := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.InstanceID == "restarted" })
+	if !again.LeaseExpiry.After(first.LeaseExpiry) || !bytes.Equal(again.CredentialHash, first.CredentialHash) {
+		t.Fatalf("restart with the credential file: lease %v (was %v), credential kept %v",
+			again.LeaseExpiry, first.LeaseExpiry, bytes.Equal(again.CredentialHash, first.CredentialHash))
+	}
+}
+
+// TestAgentWithoutCredentialReclaimsAfterLease pins the other way back: an
+// agent that lost its credential is refused while the old lease runs, and
+// claims the name with the join token once it has run out.
+func TestAgentWithoutCredentialReclaimsAfterLease(t *testing.T) {
+	t.Parallel()
+	cp := startControlPlane(t, nil)
+	eng := &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}
+	_, _, stop := runAgentWith(t, agent.Config{ControlPlane: cp.url}, eng)
+	ready := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+	stop()
+	first, err := cp.store.Get(context.Background(), ready.ID) // its last lease
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	eng.mu.Lock()
+	eng.spec.InstanceID = "restarted"
+	eng.mu.Unlock()
+	runAgentWith(t, agent.Config{ControlPlane: cp.url}, eng)
+	again := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool {
+		return p.InstanceID == "restarted" && p.State == registry.StateReady
+	})
+	if again.ID != first.ID || bytes.Equal(again.CredentialHash, first.CredentialHash) {
+		t.Fatalf("reclaimed peer: id %s (was %s), credential reissued %v", again.ID, first.ID, !bytes.Equal(again.CredentialHash, first.CredentialHash))
+	}
+	evs, err := cp.store.Events(context.Background(), registry.EventQuery{PeerID: first.ID, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if e.Kind == registry.EventReregistered && e.At.Before(first.LeaseExpiry) {
+			t.Fatalf("the name was re-registered at %v, before the old lease ran out at %v", e.At, first.LeaseExpiry)
+		}
+	}
+}
+
+// TestAgentFetchesTransferSecrets pins the transfer plane's path to a
+// remote's secret: a registered agent reads another peer's rank secret with
+// its credential; a name the peer no longer has, or an agent holding only
+// the join token, gets none.
+func TestAgentFetchesTransferSecrets(t *testing.T) {
+	t.Parallel()
+	cp := startControlPlane(t, nil)
+	dspec := registrytest.Spec("d0", registry.RoleDecode)
+	dspec.Ranks[0].TransferSecret = bytes.Repeat([]byte{0x5a}, 32)
+	runAgent(t, cp.url, &fakeEngine{spec: dspec})
+	p, _ := runAgent(t, cp.url, &fakeEngine{spec: registrytest.Spec("p0", registry.RolePrefill)})
+	d := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+	waitPeer(t, cp.store, "p0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+
+	ctx := context.Background()
+	got, err := p.TransferSecret(ctx, d.ID, d.Ranks[0].AgentName)
+	if err != nil || !bytes.Equal(got, dspec.Ranks[0].TransferSecret) {
+		t.Fatalf("secret of %s: %x, %v", d.Ranks[0].AgentName, got, err)
+	}
+	if _, err := p.TransferSecret(ctx, d.ID, "d0-agent-0-old"); err == nil {
+		t.Fatal("a secret for an agent name the peer does not have")
+	}
+	stranger, err := agent.New(agent.Config{ControlPlane: cp.url, JoinToken: "tok"}, &fakeEngine{spec: registrytest.Spec("x", registry.RolePrefill)},
+		zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused *agent.RefusedError
+	if _, err := stranger.TransferSecret(ctx, d.ID, d.Ranks[0].AgentName); !errors.As(err, &refused) || refused.Status != 403 {
+		t.Fatalf("an unregistered agent with the join token: %v, want a 403 refusal", err)
 	}
 }

@@ -51,7 +51,7 @@ func startReplicaWith(t *testing.T, store registry.Store, ln net.Listener, wrap 
 		t.Fatal(err)
 	}
 	go sw.Run(ctx)
-	srv, err := server.New(server.Config{PeerToken: "tok", HeartbeatInterval: failoverHeartbeat, LeaseTTL: failoverTTL},
+	srv, err := server.New(server.Config{JoinTokens: []string{"tok"}, HeartbeatInterval: failoverHeartbeat, LeaseTTL: failoverTTL},
 		server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}, log)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +76,7 @@ func startReplicaWith(t *testing.T, store registry.Store, ln net.Listener, wrap 
 
 func runFailoverAgent(t *testing.T, urls []string, eng agent.Engine) *agent.Agent {
 	t.Helper()
-	a, err := agent.New(agent.Config{ControlPlane: strings.Join(urls, ","), Token: "tok",
+	a, err := agent.New(agent.Config{ControlPlane: strings.Join(urls, ","), JoinToken: "tok",
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		FailbackMin: 100 * time.Millisecond, FailbackMax: 200 * time.Millisecond},
 		eng, zerolog.New(zerolog.NewTestWriter(t)))
@@ -229,7 +229,7 @@ func TestAgentRetriesWithinLease(t *testing.T) {
 	t.Parallel()
 	store, outage, _ := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: failoverTTL})
 	cp := startReplica(t, store, nil)
-	a, err := agent.New(agent.Config{ControlPlane: cp.URL, Token: "tok", MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second},
+	a, err := agent.New(agent.Config{ControlPlane: cp.URL, JoinToken: "tok", MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second},
 		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
@@ -301,7 +301,7 @@ func testFailoverAcrossAddresses(t *testing.T, scheme string) {
 	tls := scheme == "https"
 	tsA := startReplicaWith(t, cut, lnA, recordHost, tls)
 	startReplicaWith(t, whole, lnB, recordHost, tls)
-	a, err := agent.New(agent.Config{ControlPlane: scheme + "://" + name, Token: "tok", HTTPClient: tsA.Client(),
+	a, err := agent.New(agent.Config{ControlPlane: scheme + "://" + name, JoinToken: "tok", HTTPClient: tsA.Client(),
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		FailbackMin: 100 * time.Millisecond, FailbackMax: 200 * time.Millisecond,
 		LookupHost: func(_ context.Context, host string) ([]string, error) {
@@ -355,7 +355,7 @@ func TestAgentFailsBackAfterSharedOutage(t *testing.T) {
 	cfgB.URL = viaB
 	cutB := registrytest.OpenPGStore(t, cfgB)
 	a, b := startReplica(t, cutA, nil), startReplica(t, cutB, nil)
-	ag, err := agent.New(agent.Config{ControlPlane: a.URL + "," + b.URL, Token: "tok",
+	ag, err := agent.New(agent.Config{ControlPlane: a.URL + "," + b.URL, JoinToken: "tok",
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		FailbackMin: 100 * time.Millisecond, FailbackMax: 10 * time.Second},
 		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))

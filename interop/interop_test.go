@@ -85,14 +85,24 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
+// simTransferSecret is the TCP transfer secret the sims of one test share:
+// without a control plane, nothing else tells them each other's secret.
+const simTransferSecret = "interop shared transfer secret"
+
 // start runs a process until the test ends; its output is logged if the
 // test fails.
 func start(t *testing.T, name string, args ...string) {
 	t.Helper()
+	startEnv(t, name, nil, args...)
+}
+
+// startEnv is start with extra environment variables.
+func startEnv(t *testing.T, name string, env []string, args ...string) {
+	t.Helper()
 	var out logBuffer
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.Env = append(os.Environ(), "NO_COLOR=1", "RUST_LOG_STYLE=never")
+	cmd.Env = append(append(os.Environ(), "NO_COLOR=1", "RUST_LOG_STYLE=never"), env...)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
@@ -128,7 +138,7 @@ func startSim(t *testing.T, engine, role string) sim {
 		s.bootstrapPort = freePort(t)
 		args = append(args, "--bootstrap-port", strconv.Itoa(s.bootstrapPort))
 	}
-	start(t, engine+" "+role+" sim", args...)
+	startEnv(t, engine+" "+role+" sim", []string{"PDPLANE_TRANSFER_SECRET=" + simTransferSecret}, args...)
 	waitHTTP(t, s.url+"/health", 30*time.Second)
 	return s
 }

@@ -118,6 +118,18 @@ func ApplyStale(prev Peer, reason, errText string, now time.Time) (Peer, []Event
 	}
 }
 
+// ReportedBy is the stale reason as the event log keeps it: the reason and
+// who reported it (a peer's name, "admin", "router:<replica>").
+func ReportedBy(reason, reporter string) string {
+	if reporter == "" {
+		return reason
+	}
+	if reason == "" {
+		reason = "marked stale"
+	}
+	return reason + " (reported by " + reporter + ")"
+}
+
 // ApplyDrain stops new work from going to a peer.
 func ApplyDrain(prev Peer, now time.Time) (Peer, []Event) {
 	next := prev
@@ -159,7 +171,7 @@ func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now
 	if f.PrefillID != "" && last != nil && last.DecodeGeneration < decode.Generation && now.Sub(last.At) <= window {
 		return decode, nil, &Quarantine{PrefillID: f.PrefillID, DecodeID: decode.ID, At: now}, nil, OutcomeQuarantined
 	}
-	next, events = ApplyStale(decode, f.Reason, f.Error, now)
+	next, events = ApplyStale(decode, ReportedBy(f.Reason, f.Reporter), f.Error, now)
 	if f.PrefillID != "" {
 		rec = &PairFailure{PrefillID: f.PrefillID, DecodeID: decode.ID, DecodeGeneration: decode.Generation, At: now}
 	}

@@ -24,7 +24,7 @@ func TestMirrorRefreshesLoads(t *testing.T) {
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	res, err := store.Register(ctx, registrytest.Spec("d0", registry.RoleDecode))
+	res, err := store.Register(ctx, registrytest.Spec("d0", registry.RoleDecode), registry.Claim{Admin: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,6 +110,11 @@ type Rank struct {
 	KVMemKinds    []MemKind `json:"kv_mem_kinds"`
 	AuxDataPtrs   []uint64  `json:"aux_data_ptrs,omitempty"`
 	AuxDataLens   []uint64  `json:"aux_data_lens,omitempty"`
+	// TransferSecret authenticates connections to the rank's transfer agent
+	// (the TCP backend's HMAC handshake). The agent draws it for each agent
+	// name, so each generation has its own; the control plane hands it only
+	// to authenticated peers, never to anonymous readers.
+	TransferSecret []byte `json:"transfer_secret,omitempty"`
 }
 
 // Load is what a peer reports about its own work on each heartbeat.
@@ -150,6 +155,10 @@ type Peer struct {
 	Load          Load       `json:"load"`
 	CreatedAt     time.Time  `json:"created_at"`
 	UpdatedAt     time.Time  `json:"updated_at"`
+	// CredentialHash is the hash of the credential the peer's agent holds
+	// (see NewCredential); empty for a peer registered while the control
+	// plane ran open. It never leaves the control plane.
+	CredentialHash []byte `json:"-"`
 }
 
 // Routable reports whether the router may send work to the peer.

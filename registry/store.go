@@ -98,6 +98,9 @@ type EventQuery struct {
 type RegisterResult struct {
 	Peer    Peer
 	Created bool // a new peer, not an update of one with the same name
+	// Credential is the credential issued by this registration, to be
+	// handed to the agent once; empty when the agent kept its own.
+	Credential string
 }
 
 // Change tells a watcher that peers changed. An empty PeerIDs means anything
@@ -129,6 +132,9 @@ type TransferFailure struct {
 	PrefillID string
 	Reason    string
 	Error     string
+	// Reporter names who reported (a peer's name, "admin",
+	// "router:<replica>"); it goes into the stale event.
+	Reporter string
 }
 
 // TransferOutcome says what a TransferFailure did.
@@ -168,10 +174,11 @@ type PairFailure struct {
 // anything, so that all stores accept and refuse exactly the same input.
 // An ID that is not a peer ID (IsPeerID) names no peer: ErrNotFound.
 type Store interface {
-	// Register inserts or updates the peer with spec.Name. The spec must
-	// have its defaults applied (PeerSpec.WithDefaults). A changed instance
-	// ID or agent name starts a new generation.
-	Register(ctx context.Context, spec PeerSpec) (RegisterResult, error)
+	// Register inserts or updates the peer with spec.Name if claim may
+	// (AuthorizeRegistration, decided under the store's lock; ErrForbidden
+	// otherwise). The spec must already be validated. A changed instance ID
+	// or agent name starts a new generation.
+	Register(ctx context.Context, spec PeerSpec, claim Claim) (RegisterResult, error)
 	Get(ctx context.Context, id string) (Peer, error)
 	List(ctx context.Context, f Filter) ([]Peer, error)
 	Delete(ctx context.Context, id string) error

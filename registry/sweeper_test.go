@@ -29,7 +29,7 @@ func newSweepFleet(t *testing.T, n int) *sweepFleet {
 	f.store = memstore.New(memstore.Config{Now: f.clock.Now})
 	for i := 0; i < n; i++ {
 		spec := registrytest.Spec(fmt.Sprintf("p%d", i), registry.RolePrefill)
-		res, err := f.store.Register(context.Background(), spec)
+		res, err := f.store.Register(context.Background(), spec, registry.Claim{Admin: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -172,6 +172,13 @@ func (g KVGeometry) validate() error {
 	return checkText("kv.dtype", g.DType, required, MaxDTypeLen, lineText)
 }
 
+// Bounds of a rank's transfer secret: at least 128 bits, and short enough
+// that nobody stores a payload in it.
+const (
+	MinTransferSecret = 16
+	MaxTransferSecret = 64
+)
+
 func validateRanks(ranks []Rank) error {
 	if len(ranks) == 0 {
 		return fieldErr("ranks", "at least one rank is required")
@@ -245,6 +252,9 @@ func validateRanks(ranks []Rank) error {
 		}
 		if len(r.AuxDataLens) != len(r.AuxDataPtrs) {
 			return fieldErr(at("aux_data_lens"), "need one length per aux region: %d regions, %d lengths", len(r.AuxDataPtrs), len(r.AuxDataLens))
+		}
+		if n := len(r.TransferSecret); n != 0 && (n < MinTransferSecret || n > MaxTransferSecret) {
+			return fieldErr(at("transfer_secret"), "must be %d to %d bytes (at least 128 random bits), got %d", MinTransferSecret, MaxTransferSecret, n)
 		}
 	}
 	return nil

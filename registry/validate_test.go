@@ -68,6 +68,8 @@ func TestValidate(t *testing.T) {
 			s.Ranks[0].KVMemKinds[1] = registry.DRAM
 		}, ""},
 		{"wraps", func(s *registry.PeerSpec) { s.Ranks[0].KVDataPtrs[0] = ^uint64(0) - 10 }, "ranks[0].kv_data_lens[0]"},
+		{"transfer secret too short", func(s *registry.PeerSpec) { s.Ranks[0].TransferSecret = []byte("short") }, "ranks[0].transfer_secret"},
+		{"transfer secret of 128 bits", func(s *registry.PeerSpec) { s.Ranks[0].TransferSecret = make([]byte, 16) }, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := registrytest.Spec("p", registry.RolePrefill)

@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"time"
 )
 
@@ -46,6 +47,10 @@ const DefaultDecodeFirstByteTimeout = 30 * time.Second
 // Config configures a Router. The zero value is usable: WithDefaults fills
 // in every unset field.
 type Config struct {
+	// Replica names this router in the stale reports it makes
+	// ("router:<replica>" in the event log); the host name by default.
+	Replica string
+
 	// PrefillPolicy picks the prefill of a pair; cache_aware by default.
 	PrefillPolicy Policy
 	// DecodePolicy picks the decode among those compatible with the chosen
@@ -130,6 +135,12 @@ type Config struct {
 
 // WithDefaults returns a copy of c with every unset field filled in.
 func (c Config) WithDefaults() Config {
+	if c.Replica == "" {
+		c.Replica, _ = os.Hostname()
+		if c.Replica == "" {
+			c.Replica = "unnamed"
+		}
+	}
 	if c.PrefillPolicy == "" {
 		c.PrefillPolicy = PolicyCacheAware
 	}

@@ -703,14 +703,14 @@ func TestMemKindErrorMarksDecodeStaleAndRetries(t *testing.T) {
 	d2 := routertest.StartSGLang(t, "d2", registry.RoleDecode)
 	p.Queue(routertest.Behavior{Status: 500, Body: `{"error":{"message":"RuntimeError: Missing NIXL destination KV memory kind"}}`})
 	d1.SetBehavior(routertest.Behavior{HangAfterHeaders: true})
-	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin}, p.Peer(model), d1.Peer(model), d2.Peer(model))
+	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin, Replica: "r7"}, p.Peer(model), d1.Peer(model), d2.Peer(model))
 
 	resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "d2-tok0") {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	m := b.rep.WaitStale(t, 5*time.Second)
-	if m.ID != "id-d1" || !strings.Contains(m.ErrText, "Missing NIXL destination KV memory kind") || !strings.Contains(m.Reason, "p1") {
+	if m.ID != "id-d1" || !strings.Contains(m.ErrText, "Missing NIXL destination KV memory kind") || !strings.Contains(m.Reason, "p1") || m.Reporter != "router:r7" {
 		t.Fatalf("stale mark %+v", m)
 	}
 	// The decode leg goes out concurrently with the prefill's; when it got

@@ -101,7 +101,8 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string) {
 		Int64(logGeneration, d.peer.Generation).Logger()
 	report := registry.TransferFailure{
 		DecodeID: d.peer.ID, PrefillID: p.peer.ID, Error: errText,
-		Reason: "prefill " + p.peer.Name + " could not send KV to this decode: " + pdproto.MissingMemKindMessage,
+		Reason:   "prefill " + p.peer.Name + " could not send KV to this decode: " + pdproto.MissingMemKindMessage,
+		Reporter: "router:" + rt.cfg.Replica,
 	}
 	if len(d.peer.Ranks) > 0 {
 		// Names the generation that failed, so that a late report cannot

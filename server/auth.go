@@ -1,65 +1,182 @@
 package server
 
 import (
+	"context"
 	"crypto/subtle"
+	"fmt"
 	"net/http"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/server/api"
 )
+
+// Who may call what. This file is the one place that decides it; handlers
+// only read the principal the middleware put in the request's context.
+//
+//   - The admin token may do anything.
+//   - A join token admits new peers: it registers a new name (and claims a
+//     name whose lease ran out; registry.AuthorizeRegistration decides).
+//   - A peer credential (issued by a registration) acts as its own peer:
+//     re-register, heartbeat, report itself. It may also report failed
+//     transfers to other peers (rate-limited per reporter, checkReport) and
+//     read the full registrations of its counterparts (the other half of
+//     its PD split, same model; checkRegistrationRead), which its transfer
+//     agent needs to connect to them.
+//   - A bearer token that is none of these is refused (401), even on reads,
+//     so that a revoked credential shows at once.
+//   - Reads of the summary API are open.
+//
+// A control plane with neither an admin nor a join token is open: every
+// caller may do everything (`pdplane dev` on loopback, or `serve
+// --insecure`).
 
 // access is who may call an operation.
 type access int
 
 const (
-	accessOpen  access = iota // reads: the status page needs them
-	accessPeer                // what agents call
-	accessAdmin               // operator actions
+	accessOpen     access = iota // reads: the status page needs them
+	accessRegister               // a join token, the admin token, or a peer credential (the store decides)
+	accessSelf                   // the peer's own credential or the admin token
+	accessReport                 // any peer credential or the admin token (stale reports)
+	accessPeer                   // a peer credential (checkRegistrationRead narrows it) or the admin token
+	accessAdmin                  // operator actions
 )
 
 // routeAccess maps "METHOD route-pattern" to who may call it; anything not
 // listed is open.
 var routeAccess = map[string]access{
-	"POST /api/v1/peers":                accessPeer,
-	"POST /api/v1/peers/{id}/heartbeat": accessPeer,
-	"POST /api/v1/peers/{id}/stale":     accessPeer, // agents report stale peers; operators mark them
-	"DELETE /api/v1/peers/{id}":         accessAdmin,
-	"POST /api/v1/peers/{id}/drain":     accessAdmin,
+	"POST /api/v1/peers":                  accessRegister,
+	"POST /api/v1/peers/{id}/heartbeat":   accessSelf,
+	"POST /api/v1/peers/{id}/stale":       accessReport,
+	"GET /api/v1/peers/{id}/registration": accessPeer,
+	"DELETE /api/v1/peers/{id}":           accessAdmin,
+	"POST /api/v1/peers/{id}/drain":       accessAdmin,
 }
 
-// authorize checks the bearer token for an operation. The admin token is
-// accepted wherever a peer token is. With no admin token configured, the
-// peer token guards admin operations too, so one token never leaves
-// deletion open while guarding registration.
-func (s *Server) authorize(need access, r *http.Request) *Problem {
-	if need == accessOpen {
-		return nil
+// principalKind is what a bearer token proved.
+type principalKind int
+
+const (
+	anonymous principalKind = iota
+	admin
+	joiner
+	peerCred
+)
+
+// principal is the authenticated caller of a request.
+type principal struct {
+	kind principalKind
+	// peerID, peerName, role and model are the credential's peer (kind
+	// peerCred).
+	peerID, peerName string
+	role             registry.Role
+	model            string
+	// credential is the bearer a peerCred presented.
+	credential string
+}
+
+// Name is how events and logs name the caller.
+func (p principal) Name() string {
+	switch p.kind {
+	case admin:
+		return "admin"
+	case joiner:
+		return "join-token"
+	case peerCred:
+		return p.peerName
 	}
-	var accepted []string
-	if s.cfg.AdminToken != "" {
-		accepted = append(accepted, s.cfg.AdminToken)
-	}
-	if s.cfg.PeerToken != "" && (need == accessPeer || s.cfg.AdminToken == "") {
-		accepted = append(accepted, s.cfg.PeerToken)
-	}
-	if s.cfg.AdminToken == "" && s.cfg.PeerToken == "" {
-		return nil
-	}
+	return "anonymous"
+}
+
+type principalKey struct{}
+
+func principalFrom(ctx context.Context) principal {
+	p, _ := ctx.Value(principalKey{}).(principal)
+	return p
+}
+
+// open reports whether the control plane runs without tokens.
+func (s *Server) open() bool { return s.cfg.AdminToken == "" && len(s.cfg.JoinTokens) == 0 }
+
+func unauthorized(detail string) *Problem {
+	return &Problem{Type: ProblemUnauthorized, Title: "Unauthorized", Status: http.StatusUnauthorized, Detail: detail, Field: "Authorization"}
+}
+
+func forbidden(detail string) *Problem {
+	return &Problem{Type: ProblemForbidden, Title: "Forbidden", Status: http.StatusForbidden, Detail: detail, Field: "Authorization"}
+}
+
+// authenticate finds out who presented the bearer token. A token that is
+// none of the configured ones and no valid credential is refused, except
+// on an open control plane, where it counts as no token.
+func (s *Server) authenticate(r *http.Request) (principal, *Problem) {
 	got, ok := bearer(r)
 	if !ok {
-		return &Problem{Type: ProblemUnauthorized, Title: "Unauthorized", Status: http.StatusUnauthorized,
-			Detail: "a bearer token is required (Authorization: Bearer <token>)", Field: "Authorization"}
+		return principal{}, nil
 	}
-	for _, t := range accepted {
+	if s.cfg.AdminToken != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.AdminToken)) == 1 {
+		return principal{kind: admin}, nil
+	}
+	for _, t := range s.cfg.JoinTokens {
 		if subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
-			return nil
+			return principal{kind: joiner}, nil
 		}
 	}
-	detail := "the bearer token is not accepted for this operation"
-	if need == accessAdmin {
-		detail = "this operation needs the admin token"
+	if p, ok := s.peerFor(r.Context(), got); ok {
+		return principal{kind: peerCred, peerID: p.ID, peerName: p.Name, role: p.Role, model: p.Model, credential: got}, nil
 	}
-	return &Problem{Type: ProblemUnauthorized, Title: "Unauthorized", Status: http.StatusUnauthorized, Detail: detail, Field: "Authorization"}
+	if s.open() {
+		return principal{}, nil
+	}
+	return principal{}, unauthorized("the bearer token is not accepted: it is no configured token and no current peer credential")
+}
+
+// peerFor returns the peer whose current credential is cred. It asks the
+// routing snapshot first (no I/O on the heartbeat path) and the store when
+// the snapshot has not caught up yet (a peer registered a moment ago on
+// another replica, or a credential that was just reissued).
+func (s *Server) peerFor(ctx context.Context, cred string) (*registry.Peer, bool) {
+	id, ok := registry.CredentialPeerID(cred)
+	if !ok {
+		return nil, false
+	}
+	if p, ok := s.snaps.Snapshot().Peer(id); ok && registry.CredentialMatches(p.CredentialHash, cred) {
+		return p, true
+	}
+	p, err := s.store.Get(ctx, id)
+	if err != nil || !registry.CredentialMatches(p.CredentialHash, cred) {
+		return nil, false
+	}
+	return &p, true
+}
+
+// authorize checks the principal against what the route needs. id is the
+// route's peer ID, if any.
+func (s *Server) authorize(need access, who principal, id string) *Problem {
+	if need == accessOpen || s.open() || who.kind == admin {
+		return nil
+	}
+	if who.kind == anonymous {
+		return unauthorized("a bearer token is required (Authorization: Bearer <token>)")
+	}
+	switch need {
+	case accessRegister:
+		return nil // the store decides which names the token may take
+	case accessSelf:
+		if who.kind == peerCred && who.peerID == id {
+			return nil
+		}
+		return forbidden("this operation needs the credential of peer " + id + " (or the admin token)")
+	case accessReport, accessPeer:
+		if who.kind == peerCred {
+			return nil
+		}
+		return forbidden("this operation needs a peer credential (or the admin token); a join token only admits new peers")
+	}
+	return forbidden("this operation needs the admin token")
 }
 
 func bearer(r *http.Request) (string, bool) {
@@ -71,17 +188,66 @@ func bearer(r *http.Request) (string, bool) {
 	return strings.TrimSpace(h[len(prefix):]), true
 }
 
-// authMiddleware enforces tokens. It runs inside chi's routing (so the route
-// pattern is known) and before the generated wrapper reads the body, so an
-// unauthenticated caller gets 401 without its body being parsed.
+// authMiddleware authenticates the caller and enforces routeAccess. It
+// runs inside chi's routing (so the route pattern is known) and before the
+// generated wrapper reads the body, so an unauthenticated caller gets 401
+// without its body being parsed.
 func (s *Server) authMiddleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Method + " " + chi.RouteContext(r.Context()).RoutePattern()
-		if p := s.authorize(routeAccess[key], r); p != nil {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="pdplane"`)
+		rc := chi.RouteContext(r.Context())
+		who, p := s.authenticate(r)
+		if p == nil {
+			p = s.authorize(routeAccess[r.Method+" "+rc.RoutePattern()], who, chi.URLParam(r, "id"))
+		}
+		if p != nil {
+			if p.Status == http.StatusUnauthorized {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="pdplane"`)
+			}
 			writeProblem(w, p)
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, who)))
 	})
+}
+
+// checkRegistrationRead decides whether who may read target's full
+// registration. A peer reads its own, and those of the peers its transfer
+// agent may have to connect to: the other half of a PD split serving the
+// same model (a prefill WRITEs to decodes, a vLLM decode READs from
+// prefills). Nobody else's: a credential leaked from one engine opens only
+// what that engine could reach anyway.
+func (s *Server) checkRegistrationRead(who principal, target *registry.Peer) *Problem {
+	if s.open() || who.kind == admin || (who.kind == peerCred && who.peerID == target.ID) {
+		return nil
+	}
+	counterpart := (who.role.Prefills() && target.Role.Decodes()) || (who.role.Decodes() && target.Role.Prefills())
+	if who.kind == peerCred && counterpart && who.model == target.Model {
+		return nil
+	}
+	return forbidden("peer " + who.Name() + " does not transfer KV with peer " + target.Name +
+		" (a peer reads the registrations of the other half of its PD split, for the same model)")
+}
+
+// checkReport applies what a stale report may say to who sends it. A peer
+// may mark itself stale; about another peer it may only report a failed
+// transfer (naming the agent it targeted), as itself, at a bounded rate.
+func (s *Server) checkReport(who principal, id string, body *api.StaleReport) *Problem {
+	if s.open() || who.kind == admin || (who.kind == peerCred && who.peerID == id) {
+		return nil
+	}
+	if body.PrefillId == nil && body.AgentName == nil {
+		return forbidden("marking another peer stale outright needs the admin token; a peer reports a failed transfer to it (agent_name, prefill_id)")
+	}
+	if body.PrefillId != nil && *body.PrefillId != who.peerID {
+		p := forbidden("prefill_id must be the reporting peer's own ID (" + who.peerID + "): a peer reports only its own transfers")
+		p.Field = "prefill_id"
+		return p
+	}
+	if ok, wait := s.reports.allow(who.peerID); !ok {
+		return &Problem{Type: ProblemRateLimited, Title: "Too many reports", Status: http.StatusTooManyRequests,
+			Detail: fmt.Sprintf("peer %s reports other peers stale too often (at most %g a second, %d at once)",
+				who.peerName, s.cfg.StaleReportRate, s.cfg.StaleReportBurst),
+			RetryAfter: wait}
+	}
+	return nil
 }

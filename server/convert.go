@@ -43,6 +43,7 @@ func specFromAPI(b *api.PeerRegistration) (registry.PeerSpec, error) {
 			Rank: r.Rank, GPUID: gpu, AgentName: r.AgentName, AgentMetadata: deref(r.AgentMetadata),
 			KVDataPtrs: r.KvDataPtrs, KVDataLens: r.KvDataLens, KVItemLens: r.KvItemLens, KVMemKinds: kinds,
 			AuxDataPtrs: deref(r.AuxDataPtrs), AuxDataLens: deref(r.AuxDataLens),
+			TransferSecret: deref(r.TransferSecret),
 		}
 	}
 	return s.WithDefaults(), nil
@@ -89,6 +90,58 @@ func (s *Server) peerToAPI(p *registry.Peer) api.Peer {
 		if len(r.AuxDataPtrs) > 0 {
 			ptrs, lens := r.AuxDataPtrs, r.AuxDataLens
 			out.Ranks[i].AuxDataPtrs, out.Ranks[i].AuxDataLens = &ptrs, &lens
+		}
+		if len(r.TransferSecret) > 0 {
+			sec := r.TransferSecret
+			out.Ranks[i].TransferSecret = &sec
+		}
+	}
+	return out
+}
+
+// peerSummaryToAPI is what anyone may read about a peer: identity, life,
+// geometry, and per rank the sizes and kinds of its regions — never a KV
+// pointer, the agent metadata or a transfer secret, which together let a
+// caller reach into the peer's memory. It is also a few hundred bytes where
+// the metadata runs to megabytes, so the status page can poll it.
+func (s *Server) peerSummaryToAPI(p *registry.Peer) api.PeerSummary {
+	out := api.PeerSummary{
+		Id: p.ID, Name: p.Name, Role: api.Role(p.Role), Engine: api.Engine(p.Engine), Url: p.URL,
+		BootstrapHost: opt(p.BootstrapHost), BootstrapPort: opt(p.BootstrapPort), Model: p.Model,
+		InstanceId: p.InstanceID, TransferGroup: opt(p.TransferGroup),
+		Parallelism: api.Parallelism{
+			TpSize: p.Parallelism.TPSize, AttnTpSize: &p.Parallelism.AttnTPSize, DpSize: &p.Parallelism.DPSize,
+			PpSize: &p.Parallelism.PPSize, PpRank: &p.Parallelism.PPRank, DcpSize: &p.Parallelism.DCPSize, DcpRank: &p.Parallelism.DCPRank,
+		},
+		Kv: api.KVGeometry{PageSize: p.KV.PageSize, Dtype: p.KV.DType, NumLayers: p.KV.NumLayers,
+			NumKvHeads: p.KV.NumKVHeads, HeadDim: p.KV.HeadDim, IsMla: p.KV.IsMLA},
+		State: api.State(p.State), StateReason: opt(p.StateReason), Generation: p.Generation,
+		LeaseExpiry: p.LeaseExpiry, LastHeartbeat: p.LastHeartbeat,
+		Load:      api.Load{Running: p.Load.Running, Queued: p.Load.Queued, KvUsage: p.Load.KVUsage},
+		CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt,
+		HeartbeatIntervalSeconds: s.cfg.HeartbeatInterval.Seconds(),
+		LeaseTtlSeconds:          s.cfg.LeaseTTL.Seconds(),
+	}
+	if len(p.Labels) > 0 {
+		labels := p.Labels
+		out.Labels = &labels
+	}
+	out.Ranks = make([]api.RankSummary, len(p.Ranks))
+	for i := range p.Ranks {
+		r := &p.Ranks[i]
+		kinds := make([]api.MemKind, len(r.KVMemKinds))
+		for j, k := range r.KVMemKinds {
+			kinds[j] = api.MemKind(k.String())
+		}
+		var total uint64
+		for _, l := range r.KVDataLens {
+			total += l
+		}
+		gpu := r.GPUID
+		out.Ranks[i] = api.RankSummary{
+			Rank: r.Rank, GpuId: &gpu, AgentName: r.AgentName, Regions: len(r.KVDataLens), KvBytes: total,
+			KvDataLens: r.KVDataLens, KvMemKinds: kinds, AuxRegions: len(r.AuxDataPtrs),
+			AgentMetadataBytes: len(r.AgentMetadata),
 		}
 	}
 	return out

@@ -22,7 +22,7 @@ func FuzzRegister(f *testing.F) {
 	b := setup(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, _ := http.NewRequest("POST", b.url+"/api/v1/peers", bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+peerToken)
+		req.Header.Set("Authorization", "Bearer "+joinToken)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatalf("request failed: %v", err)

@@ -57,9 +57,11 @@ func TestGoldenAnswers(t *testing.T) {
 		{"peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", ""},
 		{"pairs", "GET", "/api/v1/pairs", "", ""},
 		{"events", "GET", "/api/v1/events?limit=3", "", ""},
-		{"heartbeat", "POST", "/api/v1/peers/" + dv["id"].(string) + "/heartbeat", peerToken, `{"instance_id":"inst-d0","load":{"running":1,"queued":0,"kv_usage":0.5}}`},
-		{"problem-unknown-kind", "POST", "/api/v1/peers", peerToken, bad},
-		{"problem-unauthorized", "DELETE", "/api/v1/peers/" + dv["id"].(string), peerToken, ""},
+		{"registration", "GET", "/api/v1/peers/" + dv["id"].(string) + "/registration", adminToken, ""},
+		{"heartbeat", "POST", "/api/v1/peers/" + dv["id"].(string) + "/heartbeat", b.cred(dv["id"].(string)), `{"instance_id":"inst-d0","load":{"running":1,"queued":0,"kv_usage":0.5}}`},
+		{"problem-unknown-kind", "POST", "/api/v1/peers", joinToken, bad},
+		{"problem-unauthorized", "DELETE", "/api/v1/peers/" + dv["id"].(string), "", ""},
+		{"problem-forbidden", "DELETE", "/api/v1/peers/" + dv["id"].(string), joinToken, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest(tc.method, b.url+tc.path, strings.NewReader(tc.body))

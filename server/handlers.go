@@ -24,16 +24,20 @@ func (h handlers) RegisterPeer(ctx context.Context, req api.RegisterPeerRequestO
 	if err != nil {
 		return nil, err
 	}
+	who := principalFrom(ctx)
+	claim := registry.Claim{Open: h.open(), Admin: who.kind == admin, Join: who.kind == joiner, Credential: who.credential}
 	// The store validates the spec (a *registry.FieldError is a 422).
-	res, err := h.store.Register(ctx, spec)
+	res, err := h.store.Register(ctx, spec, claim)
 	if err != nil {
 		return nil, fmt.Errorf("register peer %s: %w", spec.Name, err)
 	}
 	h.metrics.registrations.WithLabelValues(string(spec.Role), created(res.Created)).Inc()
+	out := h.peerToAPI(&res.Peer)
+	out.Credential = opt(res.Credential)
 	if res.Created {
-		return api.RegisterPeer201JSONResponse(h.peerToAPI(&res.Peer)), nil
+		return api.RegisterPeer201JSONResponse(out), nil
 	}
-	return api.RegisterPeer200JSONResponse(h.peerToAPI(&res.Peer)), nil
+	return api.RegisterPeer200JSONResponse(out), nil
 }
 
 func created(c bool) string {
@@ -63,9 +67,9 @@ func (h handlers) ListPeers(ctx context.Context, req api.ListPeersRequestObject)
 	if err != nil {
 		return nil, fmt.Errorf("list peers: %w", err)
 	}
-	out := api.ListPeers200JSONResponse{Peers: make([]api.Peer, len(peers))}
+	out := api.ListPeers200JSONResponse{Peers: make([]api.PeerSummary, len(peers))}
 	for i := range peers {
-		out.Peers[i] = h.peerToAPI(&peers[i])
+		out.Peers[i] = h.peerSummaryToAPI(&peers[i])
 	}
 	return out, nil
 }
@@ -75,7 +79,20 @@ func (h handlers) GetPeer(ctx context.Context, req api.GetPeerRequestObject) (ap
 	if err != nil {
 		return nil, err
 	}
-	return api.GetPeer200JSONResponse(h.peerToAPI(&p)), nil
+	return api.GetPeer200JSONResponse(h.peerSummaryToAPI(&p)), nil
+}
+
+// GetPeerRegistration returns the full registration; auth.go admits only
+// peer credentials (of the peer or its counterparts) and the admin token.
+func (h handlers) GetPeerRegistration(ctx context.Context, req api.GetPeerRegistrationRequestObject) (api.GetPeerRegistrationResponseObject, error) {
+	p, err := h.store.Get(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	if prob := h.checkRegistrationRead(principalFrom(ctx), &p); prob != nil {
+		return nil, prob
+	}
+	return api.GetPeerRegistration200JSONResponse(h.peerToAPI(&p)), nil
 }
 
 func (h handlers) DeletePeer(ctx context.Context, req api.DeletePeerRequestObject) (api.DeletePeerResponseObject, error) {
@@ -90,7 +107,7 @@ func (h handlers) DrainPeer(ctx context.Context, req api.DrainPeerRequestObject)
 	if err != nil {
 		return nil, err
 	}
-	return api.DrainPeer200JSONResponse(h.peerToAPI(&p)), nil
+	return api.DrainPeer200JSONResponse(h.peerSummaryToAPI(&p)), nil
 }
 
 func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerRequestObject) (api.HeartbeatPeerResponseObject, error) {
@@ -118,23 +135,27 @@ func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleReques
 		return nil, malformed("body", "a JSON body is required")
 	}
 	// The store validates the report (a *registry.FieldError is a 422).
+	who := principalFrom(ctx)
+	if p := h.checkReport(who, req.Id, req.Body); p != nil {
+		return nil, p
+	}
 	if req.Body.PrefillId == nil && req.Body.AgentName == nil {
-		p, err := h.store.MarkStale(ctx, req.Id, req.Body.Reason, deref(req.Body.Error))
+		p, err := h.store.MarkStale(ctx, req.Id, registry.ReportedBy(req.Body.Reason, who.Name()), deref(req.Body.Error))
 		if err != nil {
 			return nil, err
 		}
 		h.metrics.staleMarks.WithLabelValues("api", string(registry.OutcomeStale)).Inc()
-		return api.MarkPeerStale200JSONResponse(h.peerToAPI(&p)), nil
+		return api.MarkPeerStale200JSONResponse(h.peerSummaryToAPI(&p)), nil
 	}
 	p, out, err := h.store.ReportTransferFailure(ctx, registry.TransferFailure{
 		DecodeID: req.Id, DecodeAgent: deref(req.Body.AgentName), PrefillID: deref(req.Body.PrefillId),
-		Reason: req.Body.Reason, Error: deref(req.Body.Error),
+		Reason: req.Body.Reason, Error: deref(req.Body.Error), Reporter: who.Name(),
 	})
 	if err != nil {
 		return nil, err
 	}
 	h.metrics.staleMarks.WithLabelValues("transfer_report", string(out)).Inc()
-	return api.MarkPeerStale200JSONResponse(h.peerToAPI(&p)), nil
+	return api.MarkPeerStale200JSONResponse(h.peerSummaryToAPI(&p)), nil
 }
 
 func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (api.ListPairsResponseObject, error) {

@@ -32,7 +32,7 @@ func TestStoreOutageAnswers503(t *testing.T) {
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{AdminToken: adminToken, PeerToken: peerToken},
+	srv, err := server.New(server.Config{AdminToken: adminToken, JoinTokens: []string{joinToken}},
 		server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}, log)
 	if err != nil {
 		t.Fatal(err)
@@ -54,12 +54,12 @@ func TestStoreOutageAnswers503(t *testing.T) {
 		method, path, token string
 		body                any
 	}{
-		{"POST", "/api/v1/peers", peerToken, registrytest.Spec("d1", registry.RoleDecode)},
-		{"POST", "/api/v1/peers/" + ids[1] + "/heartbeat", peerToken, map[string]any{"instance_id": dc.InstanceID}},
+		{"POST", "/api/v1/peers", joinToken, registrytest.Spec("d1", registry.RoleDecode)},
+		{"POST", "/api/v1/peers/" + ids[1] + "/heartbeat", adminToken, map[string]any{"instance_id": dc.InstanceID}},
 		{"GET", "/api/v1/peers", "", nil},
 		{"GET", "/api/v1/peers/" + ids[1], "", nil},
-		{"POST", "/api/v1/peers/" + ids[1] + "/stale", peerToken, map[string]any{"reason": "test"}},
-		{"POST", "/api/v1/peers/" + ids[1] + "/stale", peerToken, map[string]any{"reason": "test", "prefill_id": ids[0], "agent_name": "d0-agent-0"}},
+		{"POST", "/api/v1/peers/" + ids[1] + "/stale", adminToken, map[string]any{"reason": "test"}},
+		{"POST", "/api/v1/peers/" + ids[1] + "/stale", adminToken, map[string]any{"reason": "test", "prefill_id": ids[0], "agent_name": "d0-agent-0"}},
 		{"POST", "/api/v1/peers/" + ids[1] + "/drain", adminToken, nil},
 		{"DELETE", "/api/v1/peers/" + ids[1], adminToken, nil},
 		{"GET", "/api/v1/events", "", nil},

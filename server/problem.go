@@ -20,6 +20,8 @@ const (
 	ProblemMalformed    = problemBase + "malformed-request"
 	ProblemTooLarge     = problemBase + "body-too-large"
 	ProblemUnauthorized = problemBase + "unauthorized"
+	ProblemForbidden    = problemBase + "forbidden"
+	ProblemRateLimited  = problemBase + "rate-limited"
 	ProblemNotFound     = problemBase + "not-found"
 	ProblemConflict     = problemBase + "conflict"
 	ProblemInternal     = problemBase + "internal"
@@ -84,6 +86,8 @@ func toProblem(r *http.Request, err error) *Problem {
 	case errors.As(err, &tooLarge):
 		return &Problem{Type: ProblemTooLarge, Title: "Body too large", Status: http.StatusRequestEntityTooLarge,
 			Detail: fmt.Sprintf("request body exceeds %d bytes", tooLarge.Limit), Field: "body"}
+	case errors.Is(err, registry.ErrForbidden):
+		return forbidden(err.Error())
 	case errors.Is(err, registry.ErrNotFound):
 		return &Problem{Type: ProblemNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no such peer"}
 	case errors.Is(err, registry.ErrUnavailable):

@@ -26,10 +26,18 @@ import (
 
 // Config configures a Server.
 type Config struct {
-	// AdminToken guards operator actions; PeerToken guards what agents
-	// call. Empty means unguarded.
+	// AdminToken guards operator actions and is accepted everywhere.
 	AdminToken string
-	PeerToken  string
+	// JoinTokens admit new peers; several are accepted at once so that a
+	// rotation never locks agents out. With no admin token and no join
+	// token the control plane is open (see auth.go).
+	JoinTokens []string
+	// StaleReportRate and StaleReportBurst bound the stale reports each
+	// peer may make about other peers (per second, and at once).
+	StaleReportRate  float64
+	StaleReportBurst int
+	// Now is the clock of the report limiter; time.Now when nil.
+	Now func() time.Time
 	// MaxBodyBytes bounds request bodies on /api/v1. It leaves room for NIXL
 	// agent metadata of several MiB per rank.
 	MaxBodyBytes int64
@@ -50,6 +58,15 @@ func (c Config) WithDefaults() Config {
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = registry.DefaultLeaseTTL
 	}
+	if c.StaleReportRate == 0 {
+		c.StaleReportRate = 2
+	}
+	if c.StaleReportBurst == 0 {
+		c.StaleReportBurst = 20
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return c
 }
 
@@ -61,8 +78,16 @@ func (c Config) validate() error {
 		return errors.New("heartbeat interval must be positive")
 	case c.LeaseTTL <= c.HeartbeatInterval:
 		return fmt.Errorf("lease ttl %s must be longer than the heartbeat interval %s", c.LeaseTTL, c.HeartbeatInterval)
-	case c.AdminToken != "" && c.AdminToken == c.PeerToken:
-		return errors.New("admin token and peer token must differ")
+	case c.StaleReportRate < 0 || c.StaleReportBurst < 1:
+		return fmt.Errorf("stale report rate must be positive and burst at least 1, got %g/s burst %d", c.StaleReportRate, c.StaleReportBurst)
+	}
+	for i, t := range c.JoinTokens {
+		switch {
+		case strings.TrimSpace(t) == "":
+			return fmt.Errorf("join token %d is empty", i+1)
+		case t == c.AdminToken:
+			return fmt.Errorf("join token %d equals the admin token; they must differ", i+1)
+		}
 	}
 	return nil
 }
@@ -97,6 +122,7 @@ type Server struct {
 	log     zerolog.Logger
 	metrics *serverMetrics
 	handler http.Handler
+	reports *reportLimiter
 }
 
 // New builds the server and its routes.
@@ -108,7 +134,8 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	if deps.Store == nil || deps.Snaps == nil || deps.Registry == nil {
 		return nil, errors.New("server needs a store, a snapshot source and a metrics registry")
 	}
-	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log}
+	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log,
+		reports: newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now)}
 	s.metrics = newServerMetrics(deps.Registry, deps.Snaps)
 
 	r := chi.NewRouter()

@@ -4,13 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,13 +28,24 @@ import (
 
 const (
 	adminToken = "admin-secret"
-	peerToken  = "peer-secret"
+	joinToken  = "join-secret"
+	oldJoin    = "join-secret-before-rotation"
 )
 
 type bundle struct {
 	url    string
 	store  registry.Store
 	mirror *registry.Mirror
+
+	mu    sync.Mutex
+	creds map[string]string // peer ID -> the credential its registration issued
+	ids   map[string]string // peer name -> ID
+}
+
+func (b *bundle) cred(id string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.creds[id]
 }
 
 func setup(t testing.TB) *bundle {
@@ -47,14 +61,14 @@ func setup(t testing.TB) *bundle {
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{AdminToken: adminToken, PeerToken: peerToken, MaxBodyBytes: 8 << 20},
+	srv, err := server.New(server.Config{AdminToken: adminToken, JoinTokens: []string{joinToken, oldJoin}, MaxBodyBytes: 8 << 20},
 		server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return &bundle{url: ts.URL, store: store, mirror: mirror}
+	return &bundle{url: ts.URL, store: store, mirror: mirror, creds: map[string]string{}, ids: map[string]string{}}
 }
 
 // do sends a request with a JSON body (a string is sent as is) and returns
@@ -98,18 +112,32 @@ func (b *bundle) do(t *testing.T, method, path, token string, body any) (int, ma
 	return resp.StatusCode, out, resp.Header
 }
 
+// register registers spec with the join token, or with the credential of
+// the peer when the bundle holds one, and keeps any credential issued.
 func (b *bundle) register(t *testing.T, spec registry.PeerSpec) map[string]any {
 	t.Helper()
-	code, out, _ := b.do(t, "POST", "/api/v1/peers", peerToken, spec)
+	token := joinToken
+	b.mu.Lock()
+	if c, ok := b.creds[b.ids[spec.Name]]; ok {
+		token = c
+	}
+	b.mu.Unlock()
+	code, out, _ := b.do(t, "POST", "/api/v1/peers", token, spec)
 	if code != http.StatusCreated && code != http.StatusOK {
 		t.Fatalf("register %s: %d %v", spec.Name, code, out)
+	}
+	if c, ok := out["credential"].(string); ok {
+		b.mu.Lock()
+		b.creds[out["id"].(string)] = c
+		b.ids[spec.Name] = out["id"].(string)
+		b.mu.Unlock()
 	}
 	return out
 }
 
 func (b *bundle) heartbeat(t *testing.T, id, instance string) map[string]any {
 	t.Helper()
-	code, out, _ := b.do(t, "POST", "/api/v1/peers/"+id+"/heartbeat", peerToken, map[string]any{"instance_id": instance})
+	code, out, _ := b.do(t, "POST", "/api/v1/peers/"+id+"/heartbeat", b.cred(id), map[string]any{"instance_id": instance})
 	if code != http.StatusOK {
 		t.Fatalf("heartbeat: %d %v", code, out)
 	}
@@ -120,7 +148,7 @@ func TestRegisterCreatesThenUpdates(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	spec := registrytest.Spec("p0", registry.RolePrefill)
-	code, first, _ := b.do(t, "POST", "/api/v1/peers", peerToken, spec)
+	code, first, _ := b.do(t, "POST", "/api/v1/peers", joinToken, spec)
 	if code != http.StatusCreated {
 		t.Fatalf("first registration: %d %v", code, first)
 	}
@@ -134,12 +162,16 @@ func TestRegisterCreatesThenUpdates(t *testing.T) {
 	if !reflect.DeepEqual(r0["kv_mem_kinds"], []any{"VRAM", "VRAM"}) || r0["agent_metadata"] != "bWV0YS1wMA==" {
 		t.Errorf("rank 0 = %v", r0)
 	}
-	code, again, _ := b.do(t, "POST", "/api/v1/peers", peerToken, spec)
-	if code != http.StatusOK || again["id"] != first["id"] || again["generation"] != 1.0 {
-		t.Fatalf("same registration again: %d id=%v gen=%v", code, again["id"], again["generation"])
+	cred, _ := first["credential"].(string)
+	if !strings.HasPrefix(cred, "pdpc.") {
+		t.Fatalf("a new peer's answer carries no credential: %v", first["credential"])
+	}
+	code, again, _ := b.do(t, "POST", "/api/v1/peers", cred, spec)
+	if code != http.StatusOK || again["id"] != first["id"] || again["generation"] != 1.0 || again["credential"] != nil {
+		t.Fatalf("same registration again: %d id=%v gen=%v credential=%v", code, again["id"], again["generation"], again["credential"])
 	}
 	spec.InstanceID = "restarted"
-	_, bumped, _ := b.do(t, "POST", "/api/v1/peers", peerToken, spec)
+	_, bumped, _ := b.do(t, "POST", "/api/v1/peers", cred, spec)
 	if bumped["id"] != first["id"] || bumped["generation"] != 2.0 {
 		t.Fatalf("new instance: id=%v gen=%v, want same id and generation 2", bumped["id"], bumped["generation"])
 	}
@@ -178,24 +210,25 @@ func TestBadRegistrations(t *testing.T) {
 		status int
 		field  string
 	}{
-		{"unknown memory kind", mutate(func(m map[string]any) { twoRanks(m); rank(m, 1)["kv_mem_kinds"] = []any{"VRAM", "HBM"} }), peerToken, 422, "ranks[1].kv_mem_kinds[1]"},
-		{"memory kinds missing", mutate(func(m map[string]any) { twoRanks(m); delete(rank(m, 1), "kv_mem_kinds") }), peerToken, 422, "ranks[1].kv_mem_kinds"},
-		{"memory kinds too few", mutate(func(m map[string]any) { rank(m, 0)["kv_mem_kinds"] = []any{"VRAM"} }), peerToken, 422, "ranks[0].kv_mem_kinds"},
-		{"memory kind not a string", mutate(func(m map[string]any) { rank(m, 0)["kv_mem_kinds"] = []any{1, 1} }), peerToken, 400, "ranks.kv_mem_kinds"},
-		{"zero region length", mutate(func(m map[string]any) { rank(m, 0)["kv_data_lens"] = []any{0, 4096} }), peerToken, 422, "ranks[0].kv_data_lens[0]"},
-		{"negative page size", mutate(func(m map[string]any) { m["kv"].(map[string]any)["page_size"] = -16 }), peerToken, 422, "kv.page_size"},
-		{"zero tp", mutate(func(m map[string]any) { m["parallelism"].(map[string]any)["tp_size"] = 0 }), peerToken, 422, "parallelism.tp_size"},
-		{"ftp url", mutate(func(m map[string]any) { m["url"] = "ftp://127.0.0.1/x" }), peerToken, 422, "url"},
-		{"unknown role", mutate(func(m map[string]any) { m["role"] = "router" }), peerToken, 422, "role"},
+		{"unknown memory kind", mutate(func(m map[string]any) { twoRanks(m); rank(m, 1)["kv_mem_kinds"] = []any{"VRAM", "HBM"} }), joinToken, 422, "ranks[1].kv_mem_kinds[1]"},
+		{"memory kinds missing", mutate(func(m map[string]any) { twoRanks(m); delete(rank(m, 1), "kv_mem_kinds") }), joinToken, 422, "ranks[1].kv_mem_kinds"},
+		{"memory kinds too few", mutate(func(m map[string]any) { rank(m, 0)["kv_mem_kinds"] = []any{"VRAM"} }), joinToken, 422, "ranks[0].kv_mem_kinds"},
+		{"memory kind not a string", mutate(func(m map[string]any) { rank(m, 0)["kv_mem_kinds"] = []any{1, 1} }), joinToken, 400, "ranks.kv_mem_kinds"},
+		{"zero region length", mutate(func(m map[string]any) { rank(m, 0)["kv_data_lens"] = []any{0, 4096} }), joinToken, 422, "ranks[0].kv_data_lens[0]"},
+		{"negative page size", mutate(func(m map[string]any) { m["kv"].(map[string]any)["page_size"] = -16 }), joinToken, 422, "kv.page_size"},
+		{"zero tp", mutate(func(m map[string]any) { m["parallelism"].(map[string]any)["tp_size"] = 0 }), joinToken, 422, "parallelism.tp_size"},
+		{"ftp url", mutate(func(m map[string]any) { m["url"] = "ftp://127.0.0.1/x" }), joinToken, 422, "url"},
+		{"unknown role", mutate(func(m map[string]any) { m["role"] = "router" }), joinToken, 422, "role"},
 		{"overlapping regions", mutate(func(m map[string]any) {
 			rank(m, 0)["kv_data_ptrs"] = []any{0x10000, 0x10010}
-		}), peerToken, 422, "ranks[0].kv_data_ptrs[1]"},
-		{"malformed JSON", `{"name": "victim", "role":`, peerToken, 400, "body"},
-		{"not JSON at all", `name=victim`, peerToken, 400, "body"},
-		{"empty body", ``, peerToken, 400, "body"},
-		{"body over the limit", `{"name": "` + strings.Repeat("x", 9<<20) + `"}`, peerToken, 413, "body"},
+		}), joinToken, 422, "ranks[0].kv_data_ptrs[1]"},
+		{"malformed JSON", `{"name": "victim", "role":`, joinToken, 400, "body"},
+		{"not JSON at all", `name=victim`, joinToken, 400, "body"},
+		{"empty body", ``, joinToken, 400, "body"},
+		{"body over the limit", `{"name": "` + strings.Repeat("x", 9<<20) + `"}`, joinToken, 413, "body"},
 		{"no token", good, "", 401, "Authorization"},
 		{"wrong token", good, "nope", 401, "Authorization"},
+		{"join token on a held name", good, joinToken, 403, "Authorization"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, hdr := b.do(t, "POST", "/api/v1/peers", tc.token, tc.body)
@@ -220,26 +253,138 @@ func TestTokens(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p := b.register(t, registrytest.Spec("p0", registry.RolePrefill))
-	id := p["id"].(string)
+	d := b.register(t, registrytest.Spec("d0", registry.RoleDecode))
+	p1 := b.register(t, registrytest.Spec("p1", registry.RolePrefill))
+	elsewhere := registrytest.Spec("d-other-model", registry.RoleDecode)
+	elsewhere.Model = "another-model"
+	dx := b.register(t, elsewhere)
+	id, did := p["id"].(string), d["id"].(string)
+	own, other := b.cred(id), b.cred(did)
+	hb := map[string]any{"instance_id": "inst-p0"}
+	report := map[string]any{"reason": "r", "agent_name": "p0-agent-0"}
 	for _, tc := range []struct {
-		method, path, token string
-		body                any
-		want                int
+		name, method, path, token string
+		body                      any
+		want                      int
 	}{
-		{"GET", "/api/v1/peers", "", nil, 200}, // reads are open
-		{"GET", "/api/v1/pairs", "", nil, 200},
-		{"POST", "/api/v1/peers/" + id + "/heartbeat", "", map[string]any{"instance_id": "inst-p0"}, 401},
-		{"POST", "/api/v1/peers/" + id + "/heartbeat", adminToken, map[string]any{"instance_id": "inst-p0"}, 200}, // admin works where peer does
-		{"POST", "/api/v1/peers/" + id + "/drain", peerToken, nil, 401},                                           // peer token is not admin
-		{"POST", "/api/v1/peers/" + id + "/drain", adminToken, nil, 200},
-		{"POST", "/api/v1/peers/" + id + "/stale", peerToken, map[string]any{"reason": "r"}, 200},
-		{"DELETE", "/api/v1/peers/" + id, peerToken, nil, 401},
-		{"DELETE", "/api/v1/peers/" + id, adminToken, nil, 204},
-		{"DELETE", "/api/v1/peers/" + id, adminToken, nil, 404},
+		{"reads are open", "GET", "/api/v1/peers", "", nil, 200},
+		{"pairs are open", "GET", "/api/v1/pairs", "", nil, 200},
+		{"anonymous heartbeat", "POST", "/api/v1/peers/" + id + "/heartbeat", "", hb, 401},
+		{"join token heartbeat", "POST", "/api/v1/peers/" + id + "/heartbeat", joinToken, hb, 403},
+		{"another peer's heartbeat", "POST", "/api/v1/peers/" + id + "/heartbeat", other, hb, 403},
+		{"forged credential", "POST", "/api/v1/peers/" + id + "/heartbeat", "pdpc." + id + ".AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", hb, 401},
+		{"own heartbeat", "POST", "/api/v1/peers/" + id + "/heartbeat", own, hb, 200},
+		{"admin heartbeat", "POST", "/api/v1/peers/" + id + "/heartbeat", adminToken, hb, 200},
+		{"anonymous full registration", "GET", "/api/v1/peers/" + id + "/registration", "", nil, 401},
+		{"join token full registration", "GET", "/api/v1/peers/" + id + "/registration", joinToken, nil, 403},
+		{"a decode reads a prefill's registration", "GET", "/api/v1/peers/" + id + "/registration", other, nil, 200},
+		{"a prefill reads its own registration", "GET", "/api/v1/peers/" + id + "/registration", own, nil, 200},
+		{"a prefill reads another prefill's registration", "GET", "/api/v1/peers/" + id + "/registration", b.cred(p1["id"].(string)), nil, 403},
+		{"a decode of another model reads a prefill's registration", "GET", "/api/v1/peers/" + id + "/registration", b.cred(dx["id"].(string)), nil, 403},
+		{"plain stale mark of another peer", "POST", "/api/v1/peers/" + id + "/stale", other, map[string]any{"reason": "r"}, 403},
+		{"report in another prefill's name", "POST", "/api/v1/peers/" + id + "/stale", other, map[string]any{"reason": "r", "agent_name": "p0-agent-0", "prefill_id": id}, 403},
+		{"join token stale report", "POST", "/api/v1/peers/" + id + "/stale", joinToken, report, 403},
+		{"anonymous stale report", "POST", "/api/v1/peers/" + id + "/stale", "", report, 401},
+		{"a peer reports a failed transfer to another", "POST", "/api/v1/peers/" + id + "/stale", other, report, 200},
+		{"peer credential drain", "POST", "/api/v1/peers/" + id + "/drain", own, nil, 403},
+		{"join token drain", "POST", "/api/v1/peers/" + id + "/drain", joinToken, nil, 403},
+		{"admin drain", "POST", "/api/v1/peers/" + id + "/drain", adminToken, nil, 200},
+		{"peer credential delete", "DELETE", "/api/v1/peers/" + id, own, nil, 403},
+		{"admin delete", "DELETE", "/api/v1/peers/" + id, adminToken, nil, 204},
+		{"admin delete again", "DELETE", "/api/v1/peers/" + id, adminToken, nil, 404},
 	} {
-		if code, out, _ := b.do(t, tc.method, tc.path, tc.token, tc.body); code != tc.want {
-			t.Errorf("%s %s with %q: %d, want %d (%v)", tc.method, tc.path, tc.token, code, tc.want, out)
+		code, out, hdr := b.do(t, tc.method, tc.path, tc.token, tc.body)
+		if code != tc.want {
+			t.Errorf("%s: %s %s: %d, want %d (%v)", tc.name, tc.method, tc.path, code, tc.want, out)
+			continue
 		}
+		if code == 401 || code == 403 {
+			if out["field"] != "Authorization" && out["field"] != "prefill_id" {
+				t.Errorf("%s: problem names field %v", tc.name, out["field"])
+			}
+			if (code == 401) != (hdr.Get("WWW-Authenticate") != "") {
+				t.Errorf("%s: %d with WWW-Authenticate %q", tc.name, code, hdr.Get("WWW-Authenticate"))
+			}
+		}
+	}
+}
+
+// TestRegistrationCredentials pins who may register what: anonymous callers
+// nothing, join tokens (old and new during a rotation) new names, and no
+// credential another peer's name.
+func TestRegistrationCredentials(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d0 := registrytest.Spec("d0", registry.RoleDecode)
+	if code, out, _ := b.do(t, "POST", "/api/v1/peers", "", d0); code != 401 || out["field"] != "Authorization" {
+		t.Fatalf("anonymous registration: %d %v", code, out)
+	}
+	if code, out, _ := b.do(t, "POST", "/api/v1/peers", oldJoin, registrytest.Spec("p0", registry.RolePrefill)); code != 201 || out["credential"] == nil {
+		t.Fatalf("registration with the join token being rotated out: %d %v", code, out)
+	}
+	d := b.register(t, d0)
+	p := b.register(t, registrytest.Spec("p1", registry.RolePrefill))
+	dCred, pCred := b.cred(d["id"].(string)), b.cred(p["id"].(string))
+
+	hijack := d0
+	hijack.URL = "http://10.6.6.6:30000"
+	hijack.Ranks = slices.Clone(d0.Ranks)
+	hijack.Ranks[0].AgentName = "evil-agent"
+	for name, token := range map[string]string{"another peer's credential": pCred, "a join token": joinToken} {
+		code, out, _ := b.do(t, "POST", "/api/v1/peers", token, hijack)
+		if code != 403 || out["field"] != "Authorization" || !strings.Contains(out["detail"].(string), "held by another agent") {
+			t.Errorf("re-registering d0 with %s: %d %v", name, code, out)
+		}
+	}
+	got, err := b.store.Get(context.Background(), d["id"].(string))
+	if err != nil || got.URL != d0.URL || got.Ranks[0].AgentName != d0.Ranks[0].AgentName {
+		t.Fatalf("a refused re-registration changed d0: %+v %v", got.PeerSpec, err)
+	}
+	if code, out, _ := b.do(t, "POST", "/api/v1/peers", dCred, d0); code != 200 || out["credential"] != nil {
+		t.Fatalf("re-registration with its own credential: %d %v", code, out)
+	}
+}
+
+// TestStaleReportsAreRateLimited pins that one peer reporting others stale
+// is held to its burst, that the limit is per reporter, and that the
+// event names the reporter.
+func TestStaleReportsAreRateLimited(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reporter := b.register(t, registrytest.Spec("p0", registry.RolePrefill))
+	second := b.register(t, registrytest.Spec("p1", registry.RolePrefill))
+	d := b.register(t, registrytest.Spec("d0", registry.RoleDecode))
+	did := d["id"].(string)
+	report := map[string]any{"reason": "KV transfer failed", "agent_name": "d0-agent-0", "prefill_id": reporter["id"]}
+	const burst = 20 // server.Config's default
+	for i := 0; i < burst; i++ {
+		if code, out, _ := b.do(t, "POST", "/api/v1/peers/"+did+"/stale", b.cred(reporter["id"].(string)), report); code != 200 {
+			t.Fatalf("report %d: %d %v", i, code, out)
+		}
+	}
+	code, out, hdr := b.do(t, "POST", "/api/v1/peers/"+did+"/stale", b.cred(reporter["id"].(string)), report)
+	if code != 429 || out["type"] != server.ProblemRateLimited || hdr.Get("Retry-After") == "" {
+		t.Fatalf("report past the burst: %d %v (Retry-After %q)", code, out, hdr.Get("Retry-After"))
+	}
+	other := map[string]any{"reason": "KV transfer failed", "agent_name": "d0-agent-0", "prefill_id": second["id"]}
+	if code, out, _ := b.do(t, "POST", "/api/v1/peers/"+did+"/stale", b.cred(second["id"].(string)), other); code != 200 {
+		t.Fatalf("another reporter is limited by the first one's reports: %d %v", code, out)
+	}
+	if code, out, _ := b.do(t, "POST", "/api/v1/peers/"+did+"/stale", adminToken, report); code != 200 {
+		t.Fatalf("the admin is limited: %d %v", code, out)
+	}
+	evs, err := b.store.Events(context.Background(), registry.EventQuery{PeerID: did, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs {
+		if e.Kind == registry.EventStale && strings.Contains(e.Message, "reported by p0") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no stale event names the reporter p0: %+v", evs)
 	}
 }
 
@@ -252,9 +397,9 @@ func TestHeartbeatStaleAndReregister(t *testing.T) {
 	if hb := b.heartbeat(t, id, spec.InstanceID); hb["action"] != "none" || hb["state"] != "ready" {
 		t.Fatalf("first heartbeat: %v", hb)
 	}
-	code, st, _ := b.do(t, "POST", "/api/v1/peers/"+id+"/stale", peerToken,
+	code, st, _ := b.do(t, "POST", "/api/v1/peers/"+id+"/stale", b.cred(id),
 		map[string]any{"reason": "transfer failed", "error": "RuntimeError: Missing NIXL destination KV memory kind"})
-	if code != 200 || st["state"] != "stale" {
+	if code != 200 || st["state"] != "stale" || st["state_reason"] != "transfer failed (reported by d0)" {
 		t.Fatalf("stale: %d %v", code, st)
 	}
 	if hb := b.heartbeat(t, id, spec.InstanceID); hb["action"] != "reregister" {
@@ -273,9 +418,21 @@ func TestHeartbeatStaleAndReregister(t *testing.T) {
 		{"/api/v1/peers/" + id + "/heartbeat", map[string]any{}, 422, "instance_id"},
 		{"/api/v1/peers/" + id + "/heartbeat", map[string]any{"instance_id": "x", "load": map[string]any{"running": -1, "queued": 0, "kv_usage": 0}}, 422, "load.running"},
 		{"/api/v1/peers/" + id + "/stale", map[string]any{"reason": ""}, 422, "reason"},
+	} {
+		code, out, _ := b.do(t, "POST", tc.path, b.cred(id), tc.body)
+		if code != tc.want || (tc.fld != "" && out["field"] != tc.fld) {
+			t.Errorf("POST %s %v: %d %v, want %d field %q", tc.path, tc.body, code, out, tc.want, tc.fld)
+		}
+	}
+	for _, tc := range []struct {
+		path string
+		body any
+		want int
+		fld  string
+	}{
 		{"/api/v1/peers/00000000-0000-4000-8000-000000000000/heartbeat", map[string]any{"instance_id": "x"}, 404, ""},
 	} {
-		code, out, _ := b.do(t, "POST", tc.path, peerToken, tc.body)
+		code, out, _ := b.do(t, "POST", tc.path, adminToken, tc.body)
 		if code != tc.want || (tc.fld != "" && out["field"] != tc.fld) {
 			t.Errorf("POST %s %v: %d %v, want %d field %q", tc.path, tc.body, code, out, tc.want, tc.fld)
 		}
@@ -318,7 +475,7 @@ func TestUnhealthyDecode(t *testing.T) {
 	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
 
 	hbPath := "/api/v1/peers/" + d["id"].(string) + "/heartbeat"
-	code, out, _ := b.do(t, "POST", hbPath, peerToken, map[string]any{
+	code, out, _ := b.do(t, "POST", hbPath, b.cred(d["id"].(string)), map[string]any{
 		"instance_id": dv.InstanceID, "engine_healthy": false, "engine_error": "GET /health: connection refused"})
 	if code != 200 || out["state"] != "unhealthy" || out["action"] != "none" {
 		t.Fatalf("heartbeat with the engine down: %d %v", code, out)
@@ -350,7 +507,7 @@ func TestUnhealthyDecode(t *testing.T) {
 		{map[string]any{"instance_id": dv.InstanceID, "engine_healthy": false, "engine_error": strings.Repeat("x", registry.MaxEngineErrorLen+1)}, "engine_error"},
 		{map[string]any{"instance_id": dv.InstanceID, "load": map[string]any{"running": 0, "queued": 0, "kv_usage": 1.5}}, "load.kv_usage"},
 	} {
-		code, out, _ := b.do(t, "POST", hbPath, peerToken, tc.body)
+		code, out, _ := b.do(t, "POST", hbPath, b.cred(d["id"].(string)), tc.body)
 		if code != 422 || out["field"] != tc.fld {
 			t.Errorf("heartbeat %v: %d %v, want 422 naming %s", tc.body, code, out, tc.fld)
 		}
@@ -477,6 +634,75 @@ func TestEventsPageAndStream(t *testing.T) {
 			}
 		case <-ctx.Done():
 			t.Fatal("no event streamed")
+		}
+	}
+}
+
+// TestSummaryHidesTheKeysToKVMemory pins that anonymous reads carry no KV
+// pointer, agent metadata or transfer secret (only sizes, counts and
+// kinds), and that the full registration goes to peer credentials and the
+// admin only.
+func TestSummaryHidesTheKeysToKVMemory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	spec := registrytest.Spec("d0", registry.RoleDecode)
+	spec.Ranks[0].TransferSecret = []byte("0123456789abcdef0123456789abcdef")
+	spec.Ranks[0].AgentMetadata = bytes.Repeat([]byte{0xab}, 4096)
+	spec.Ranks[0].AuxDataPtrs, spec.Ranks[0].AuxDataLens = []uint64{0x7f0002000000}, []uint64{64}
+	d := b.register(t, spec)
+	p := b.register(t, registrytest.Spec("p0", registry.RolePrefill))
+	id := d["id"].(string)
+
+	secret := base64.StdEncoding.EncodeToString(spec.Ranks[0].TransferSecret)
+	forbidden := []string{"kv_data_ptrs", "aux_data_ptrs", "agent_metadata\"", "transfer_secret", "credential", secret}
+	for _, path := range []string{"/api/v1/peers", "/api/v1/peers/" + id} {
+		resp, err := http.Get(b.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, f := range forbidden {
+			if strings.Contains(string(body), f) {
+				t.Errorf("GET %s carries %q:\n%s", path, f, body)
+			}
+		}
+	}
+	// However large the NIXL metadata, the list stays small: the status
+	// page polls it.
+	big := registrytest.Spec("d1", registry.RoleDecode)
+	big.Ranks[0].AgentMetadata = bytes.Repeat([]byte{0xcd}, 4<<20)
+	b.register(t, big)
+	resp, err := http.Get(b.url + "/api/v1/peers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if len(list) > 16<<10 {
+		t.Fatalf("GET /api/v1/peers of 3 peers, one with 4 MiB of agent metadata, is %d bytes", len(list))
+	}
+	t.Logf("GET /api/v1/peers: %d bytes for 3 peers carrying %d bytes of agent metadata", len(list), 4<<20+4096+len("meta-p0"))
+
+	_, one, _ := b.do(t, "GET", "/api/v1/peers/"+id, "", nil)
+	r0 := one["ranks"].([]any)[0].(map[string]any)
+	for k, want := range map[string]any{"regions": 2.0, "kv_bytes": float64(2 << 20), "agent_metadata_bytes": 4096.0, "aux_regions": 1.0} {
+		if r0[k] != want {
+			t.Errorf("summary %s = %v, want %v", k, r0[k], want)
+		}
+	}
+	if !reflect.DeepEqual(r0["kv_mem_kinds"], []any{"VRAM", "VRAM"}) {
+		t.Errorf("summary kinds = %v", r0["kv_mem_kinds"])
+	}
+
+	for name, token := range map[string]string{"another peer": b.cred(p["id"].(string)), "the admin": adminToken, "the peer itself": b.cred(id)} {
+		code, full, _ := b.do(t, "GET", "/api/v1/peers/"+id+"/registration", token, nil)
+		if code != 200 {
+			t.Fatalf("registration for %s: %d %v", name, code, full)
+		}
+		fr := full["ranks"].([]any)[0].(map[string]any)
+		if fr["transfer_secret"] != secret || fr["kv_data_ptrs"] == nil || fr["agent_metadata"] == nil || full["credential"] != nil {
+			t.Errorf("registration for %s: rank %v, credential %v", name, fr, full["credential"])
 		}
 	}
 }

@@ -43,7 +43,7 @@ func serveStore(t testing.TB, store registry.Store) (string, *registry.Mirror) {
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{AdminToken: adminToken, PeerToken: peerToken, MaxBodyBytes: 8 << 20},
+	srv, err := server.New(server.Config{AdminToken: adminToken, JoinTokens: []string{joinToken}, MaxBodyBytes: 8 << 20},
 		server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}, log)
 	if err != nil {
 		t.Fatal(err)

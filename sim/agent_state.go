@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -25,6 +26,9 @@ type agentState struct {
 	name     string
 	backend  transfer.Backend
 	metadata []byte
+	// secret is the TCP agent's transfer secret (nil for NIXL), registered
+	// with the peer so that the control plane can hand it to other peers.
+	secret   []byte
 	geometry transfer.RankGeometry
 	source   transfer.Source
 
@@ -62,6 +66,9 @@ func (s *Sim) newAgentState(gen int64) (*agentState, error) {
 		return nil, fmt.Errorf("transfer backend %s: %w", s.cfg.Transfer, err)
 	}
 	st := &agentState{gen: gen, name: name, backend: b, registered: map[string]bool{}, readKeys: map[string]bool{}}
+	if tb, ok := b.(*tcp.Backend); ok {
+		st.secret = tb.Secret()
+	}
 	fail := func(err error) (*agentState, error) {
 		st.close(log)
 		return nil, err
@@ -96,7 +103,36 @@ func (s *Sim) newBackend(name string, log zerolog.Logger) (transfer.Backend, err
 	if s.cfg.Transfer == TransferNIXL {
 		return nixl.New(nixl.Config{AgentName: name, UCXTLS: s.cfg.UCXTLS}, log)
 	}
-	return tcp.New(tcp.Config{AgentName: name, ListenAddr: s.cfg.TransferAddr, IOTimeout: s.cfg.TransferTimeout}, log)
+	// A fresh secret for every generation when the control plane hands
+	// them out; the shared one otherwise (nil draws a random one).
+	var secret []byte
+	if s.cfg.TransferSecrets == nil {
+		secret = s.cfg.SharedTransferSecret
+	}
+	return tcp.New(tcp.Config{AgentName: name, ListenAddr: s.cfg.TransferAddr, IOTimeout: s.cfg.TransferTimeout,
+		Secret: secret, RemoteSecret: s.remoteSecret}, log)
+}
+
+// remoteSecret resolves the transfer secret of a remote TCP agent: from the
+// control plane for the peer that announced the agent (a decode's KV args,
+// a prefill's side channel), or the shared secret.
+func (s *Sim) remoteSecret(ctx context.Context, agent string) ([]byte, error) {
+	if s.cfg.TransferSecrets == nil {
+		if s.cfg.SharedTransferSecret == nil {
+			return nil, fmt.Errorf("no control plane and no shared transfer secret: agent %s cannot be authenticated", agent)
+		}
+		return s.cfg.SharedTransferSecret, nil
+	}
+	var peerID string
+	if a, ok := s.decodes.get(agent); ok {
+		peerID = a.PeerID
+	} else if a, ok := s.sides.get(agent); ok {
+		peerID = a.PeerID
+	}
+	if peerID == "" {
+		return nil, fmt.Errorf("agent %s: no registered peer announced it", agent)
+	}
+	return s.cfg.TransferSecrets(ctx, peerID, agent)
 }
 
 // close stops the worker (waiting for its transfers), drops the loaded

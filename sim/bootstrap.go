@@ -160,6 +160,7 @@ func (s *Sim) handleRoom(w http.ResponseWriter, r *http.Request) {
 // that decodes can READ from it.
 type agentInfo struct {
 	EngineID string `json:"engine_id"`
+	PeerID   string `json:"peer_id,omitempty"` // the prefill's peer ID in the registry
 	agentRecord
 }
 
@@ -175,7 +176,7 @@ func (s *Sim) handleAgentInfo(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "engine "+id+" is gone; this engine is "+st.name, "NotFound")
 		return
 	}
-	writeJSON(w, agentInfo{EngineID: st.name, agentRecord: agentRecord{
+	writeJSON(w, agentInfo{EngineID: st.name, PeerID: s.PeerID(), agentRecord: agentRecord{
 		Name: s.cfg.Name, InstanceID: s.instanceID, AgentName: st.name,
 		AgentMetadata: st.metadata, Generation: st.gen, Geometry: st.geometry, AttnTPSize: 1,
 	}})

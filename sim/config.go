@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"time"
@@ -106,6 +107,17 @@ type Config struct {
 	// The wiring sends it to agent.ReportStale. It runs on the request's
 	// goroutine, so it must not block for long.
 	OnTransferError func(peerID string, err error)
+	// TransferSecrets returns the transfer secret of agent, a rank of the
+	// peer peerID, from the control plane (the wiring asks the agent, which
+	// holds a credential). With it, each generation of the TCP transfer
+	// agent draws a random secret, registered with the peer (Spec).
+	TransferSecrets func(ctx context.Context, peerID, agent string) ([]byte, error)
+	// SharedTransferSecret, when TransferSecrets is nil, is the secret of
+	// this engine's TCP agents and of every remote one: sims started
+	// together without a control plane (tests). With neither, the TCP
+	// agent's secret is random and known to nobody, so no other engine can
+	// transfer with this one.
+	SharedTransferSecret []byte
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
@@ -203,6 +215,9 @@ const maxPoolBytes = 16 << 30
 func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return fmt.Errorf("sim config: %s: %s", field, fmt.Sprintf(format, args...))
+	}
+	if n := len(c.SharedTransferSecret); n != 0 && (n < registry.MinTransferSecret || n > registry.MaxTransferSecret) {
+		return bad("shared_transfer_secret", "must be %d to %d bytes, got %d", registry.MinTransferSecret, registry.MaxTransferSecret, n)
 	}
 	switch {
 	case c.Name == "":

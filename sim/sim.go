@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -297,12 +298,13 @@ func (s *Sim) Spec(ctx context.Context) (registry.PeerSpec, error) {
 		},
 		Ranks: []registry.Rank{{
 			Rank: 0, GPUID: 0,
-			AgentName:     st.name,
-			AgentMetadata: append([]byte(nil), st.metadata...),
-			KVDataPtrs:    append([]uint64(nil), g.KVDataPtrs...),
-			KVDataLens:    append([]uint64(nil), g.KVDataLens...),
-			KVItemLens:    append([]uint64(nil), g.KVItemLens...),
-			KVMemKinds:    append([]registry.MemKind(nil), g.KVMemKinds...),
+			AgentName:      st.name,
+			AgentMetadata:  append([]byte(nil), st.metadata...),
+			TransferSecret: bytes.Clone(st.secret),
+			KVDataPtrs:     append([]uint64(nil), g.KVDataPtrs...),
+			KVDataLens:     append([]uint64(nil), g.KVDataLens...),
+			KVItemLens:     append([]uint64(nil), g.KVItemLens...),
+			KVMemKinds:     append([]registry.MemKind(nil), g.KVMemKinds...),
 		}},
 	}
 	if s.cfg.Role == registry.RolePrefill && s.cfg.Engine == registry.EngineSGLang {

@@ -26,6 +26,9 @@ var (
 	// ErrStranger: metadata (or a connection) from an agent other than the
 	// one expected, or from an agent instance that is no longer current.
 	ErrStranger = errors.New("metadata from an unexpected agent")
+	// ErrUnauthenticated: a connection that did not prove it holds the
+	// agent's transfer secret (or a remote that did not prove it does).
+	ErrUnauthenticated = errors.New("transfer connection not authenticated")
 	// ErrPeerGone: the remote agent went away before or during a transfer.
 	ErrPeerGone = errors.New("remote agent gone")
 	// ErrUnsupportedKind: the backend cannot move this kind of memory.

@@ -13,7 +13,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/transfer"
 	"github.com/pdplane/pdplane/transfer/nixl"
-	"github.com/pdplane/pdplane/transfer/tcp"
+	"github.com/pdplane/pdplane/transfer/tcp/tcptest"
 	"github.com/pdplane/pdplane/transfer/transfertest"
 )
 
@@ -40,14 +40,7 @@ const (
 	slots   = 16  // pages per region
 )
 
-func tcpBackend(t testing.TB, name string) transfer.Backend {
-	t.Helper()
-	b, err := tcp.New(tcp.Config{AgentName: name}, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
+func tcpBackend(t testing.TB, name string) transfer.Backend { return tcptest.New(t, name) }
 
 func nixlBackend(t testing.TB, name string) transfer.Backend {
 	t.Helper()

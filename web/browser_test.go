@@ -487,6 +487,14 @@ func TestStatusPageLive(t *testing.T) {
 		if got := eval[string](t, b, `document.getElementById('pd-title').firstChild.textContent`); got != hostile {
 			t.Errorf("detail title = %q, want %q", got, hostile)
 		}
+		// The detail view draws ranks from the open summary: sizes and kinds,
+		// no KV pointers.
+		if got := eval[string](t, b, `document.querySelector('#pd-body .rank-sum').textContent`); !strings.Contains(got, "2 KV regions, 2 MiB") || !strings.Contains(got, "agent metadata") {
+			t.Errorf("rank summary = %q", got)
+		}
+		if eval[bool](t, b, `document.getElementById('pd-body').textContent.includes('0x7f')`) {
+			t.Error("the detail view shows a KV pointer")
+		}
 		if got := eval[bool](t, b, `[...document.querySelectorAll('#pd-body .label')].some((e) => e.textContent === 'note=<script>window.__pwned = true</script>')`); !got {
 			t.Error("the hostile label is not shown as text")
 		}
@@ -534,7 +542,7 @@ func TestStatusPageLive(t *testing.T) {
 		}
 		open()
 		b.do(t, chromedp.Click(chromedp.CSS(`#pd-body [data-action=drain]`)))
-		b.waitFor(t, "the 401 problem detail", `(document.querySelector('#pd-body .notice.problem') || {}).textContent?.includes('this operation needs the admin token')`, 5*time.Second)
+		b.waitFor(t, "the 401 problem detail", `(document.querySelector('#pd-body .notice.problem') || {}).textContent?.includes('the bearer token is not accepted')`, 5*time.Second)
 		b.do(t, chromedp.Click(chromedp.CSS(`#peer-dialog .close`)))
 
 		b.do(t, chromedp.Click(chromedp.ID("token-clear")))

@@ -10,12 +10,15 @@ import (
 // runAgent registers a real engine from its spec file (completed from the
 // engine's /server_info) and keeps it registered.
 func runAgent(ctx context.Context, args []string) error {
-	var controlPlane, token, logLevel string
+	var controlPlane, token, legacyToken, credentialFile, logLevel string
 	var eng agent.SpecFileEngine
 	fs := newFlagSet("agent")
 	fs.str(&controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve, or several replicas' URLs "+
 		"separated by commas: the agent uses the first that answers and fails over on connection errors and 5xx")
-	fs.str(&token, "token", "", "peer token of the control plane")
+	fs.str(&token, "join-token", "", "join token of the control plane (or its admin token): admits the peer when it has no credential")
+	fs.str(&legacyToken, "token", "", "deprecated: the same as --join-token")
+	fs.str(&credentialFile, "credential-file", "", "file that keeps the peer's credential (mode 0600), so that a restarted agent re-registers at once; "+
+		"without it a restarted agent waits for its old lease to run out")
 	fs.str(&eng.Path, "spec", "", "JSON registration of the engine (the body of POST /api/v1/peers) written by its launcher: "+
 		"KV regions, memory kinds, NIXL agents")
 	fs.str(&eng.EngineURL, "engine-url", "", "the engine's HTTP URL; fields the spec leaves empty come from its /server_info")
@@ -28,11 +31,15 @@ func runAgent(ctx context.Context, args []string) error {
 	if eng.Path == "" {
 		return errors.New("--spec is required")
 	}
+	if token == "" {
+		token = legacyToken
+	}
+	token = firstToken(token)
 	log, err := newLogger(logLevel, false)
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(agent.Config{ControlPlane: controlPlane, Token: token}, &eng, log)
+	a, err := agent.New(agent.Config{ControlPlane: controlPlane, JoinToken: token, CredentialFile: credentialFile}, &eng, log)
 	if err != nil {
 		return err
 	}

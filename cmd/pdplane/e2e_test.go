@@ -47,7 +47,7 @@ func startFleet(t *testing.T, fc fleetConfig) *fleet {
 	f := &fleet{engines: map[string]*engineWithAgent{}, failedAt: make(chan time.Time, 1000)}
 	for i := 0; i < fc.replicas; i++ {
 		cp, err := startControlPlane(ctx, serveConfig{
-			addr: "127.0.0.1:0", databaseURL: fc.databaseURL, peerToken: "peer-tok", adminToken: "admin-tok",
+			addr: "127.0.0.1:0", databaseURL: fc.databaseURL, joinTokens: "peer-tok", adminToken: "admin-tok",
 			heartbeat: registry.DefaultHeartbeatInterval, leaseTTL: registry.DefaultLeaseTTL,
 			prefillPolicy: "round_robin", decodePolicy: "round_robin",
 		}, log.With().Int("replica", i).Logger())

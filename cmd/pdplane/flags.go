@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -42,6 +43,18 @@ func (f *flagSet) dur(p *time.Duration, name string, def time.Duration, help str
 	f.DurationVar(p, name, def, help+" ($"+envName(name)+")")
 }
 
+func (f *flagSet) boolean(p *bool, name string, def bool, help string) {
+	if v, ok := os.LookupEnv(envName(name)); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			f.errs = append(f.errs, fmt.Errorf("$%s: %w", envName(name), err))
+		} else {
+			def = b
+		}
+	}
+	f.BoolVar(p, name, def, help+" ($"+envName(name)+")")
+}
+
 func (f *flagSet) parse(args []string) error {
 	if err := f.Parse(args); err != nil {
 		return err
@@ -53,4 +66,11 @@ func (f *flagSet) parse(args []string) error {
 		return fmt.Errorf("unexpected arguments: %v", f.Args())
 	}
 	return nil
+}
+
+// firstToken is the token an agent presents from a comma-separated list
+// (the form --join-token takes for `serve` during a rotation): the first.
+func firstToken(list string) string {
+	first, _, _ := strings.Cut(list, ",")
+	return strings.TrimSpace(first)
 }

@@ -15,7 +15,7 @@ import (
 
 const peersUsage = `Usage:
   pdplane peers list  [--role R] [--state S] [--model M]
-  pdplane peers show  ID
+  pdplane peers show  ID [--full]
   pdplane peers drain ID
   pdplane peers stale ID --reason TEXT [--error TEXT]
   pdplane peers rm    ID
@@ -31,6 +31,7 @@ func runPeers(ctx context.Context, args []string) error {
 	}
 	sub, args := args[0], args[1:]
 	var serverURL, token, role, state, model, reason, errText string
+	var full bool
 	fs := newFlagSet("peers " + sub)
 	fs.str(&serverURL, "server", "http://127.0.0.1:8080", "control plane base URL")
 	fs.str(&token, "token", "", "bearer token (admin for drain and rm)")
@@ -39,6 +40,8 @@ func runPeers(ctx context.Context, args []string) error {
 		fs.StringVar(&role, "role", "", "filter by role")
 		fs.StringVar(&state, "state", "", "filter by state")
 		fs.StringVar(&model, "model", "", "filter by model")
+	case "show":
+		fs.BoolVar(&full, "full", false, "the full registration (KV pointers, agent metadata, transfer secrets); needs the admin token or a peer credential")
 	case "stale":
 		fs.StringVar(&reason, "reason", "", "why the peer is stale (required)")
 		fs.StringVar(&errText, "error", "", "the error text that revealed it")
@@ -96,6 +99,13 @@ func runPeers(ctx context.Context, args []string) error {
 		}
 		return w.Flush()
 	case "show":
+		if full {
+			resp, err := c.GetPeerRegistrationWithResponse(ctx, id)
+			if err != nil {
+				return err
+			}
+			return printJSON(resp.StatusCode(), resp.Body, resp.JSON200 != nil)
+		}
 		resp, err := c.GetPeerWithResponse(ctx, id)
 		if err != nil {
 			return err

@@ -26,7 +26,10 @@ type serveConfig struct {
 	addr        string
 	databaseURL string
 	adminToken  string
-	peerToken   string
+	joinTokens  string
+	peerToken   string // deprecated alias of joinTokens
+	insecure    bool
+	replica     string
 	logLevel    string
 	leaseTTL    time.Duration
 	heartbeat   time.Duration
@@ -53,8 +56,12 @@ type controlPlane struct {
 func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.addr, "addr", "127.0.0.1:8080", "listen address HOST:PORT")
 	fs.str(&c.databaseURL, "database-url", "", "PostgreSQL URL; empty uses the embedded in-memory store")
-	fs.str(&c.adminToken, "admin-token", "", "bearer token for operator actions (delete, drain)")
-	fs.str(&c.peerToken, "peer-token", "", "bearer token for agents (register, heartbeat, stale reports)")
+	fs.str(&c.adminToken, "admin-token", "", "bearer token for operator actions (delete, drain, stale marks)")
+	fs.str(&c.joinTokens, "join-token", "", "comma-separated bearer tokens that admit new peers (several during a rotation); "+
+		"each registration returns the peer's own credential")
+	fs.str(&c.peerToken, "peer-token", "", "deprecated: the same as --join-token")
+	fs.boolean(&c.insecure, "insecure", false, "serve without tokens on a non-loopback address: anyone who reaches it may register peers and read their KV metadata")
+	fs.str(&c.replica, "replica", "", "name of this replica in the stale reports its router makes (default: the host name)")
 	fs.str(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
 	fs.str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two, least_load or cache_aware")
 	fs.str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two, least_load or cache_aware")
@@ -83,8 +90,50 @@ func runServe(ctx context.Context, args []string) error {
 	return cp.wait(ctx)
 }
 
+// tokens returns the join tokens: --join-token's list plus the deprecated
+// --peer-token.
+func (c *serveConfig) tokens() []string {
+	var out []string
+	for _, t := range strings.Split(c.joinTokens+","+c.peerToken, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// agentToken is what the simulators `dev` starts register with.
+func (c *serveConfig) agentToken() string {
+	if ts := c.tokens(); len(ts) > 0 {
+		return ts[0]
+	}
+	return c.adminToken
+}
+
+// checkExposure refuses an open control plane on an address other hosts
+// can reach: anyone there could join the fleet and take traffic.
+func (c *serveConfig) checkExposure() error {
+	if c.adminToken != "" || len(c.tokens()) > 0 || c.insecure {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(c.addr)
+	if err != nil {
+		return fmt.Errorf("--addr %q: %w", c.addr, err)
+	}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return fmt.Errorf("refusing to serve on %s without tokens: set --join-token and --admin-token, or --insecure to run open", c.addr)
+}
+
 // startControlPlane opens the store and serves until wait returns.
 func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (*controlPlane, error) {
+	if err := c.checkExposure(); err != nil {
+		return nil, err
+	}
+	if c.peerToken != "" {
+		log.Warn().Msg("--peer-token is deprecated: use --join-token (a comma-separated list)")
+	}
 	store, err := openStore(ctx, c, log)
 	if err != nil {
 		return nil, err
@@ -109,7 +158,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rcfg := router.Config{PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy),
+	rcfg := router.Config{Replica: c.replica, PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy),
 		DecodeFirstByteTimeout: c.decodeFirstByteTimeout}
 	if c.apiKeys != "" {
 		rcfg.APIKeys = strings.Split(c.apiKeys, ",")
@@ -119,15 +168,15 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 		return nil, err
 	}
 	srv, err := server.New(server.Config{
-		AdminToken: c.adminToken, PeerToken: c.peerToken,
+		AdminToken: c.adminToken, JoinTokens: c.tokens(),
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
 	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Web: web.Handler()},
 		log.With().Str("component", "server").Logger())
 	if err != nil {
 		return nil, err
 	}
-	if c.adminToken == "" && c.peerToken == "" {
-		log.Warn().Msg("no --admin-token or --peer-token: the control-plane API accepts writes from anyone who can reach it")
+	if c.adminToken == "" && len(c.tokens()) == 0 {
+		log.Warn().Msg("no --admin-token or --join-token: the control-plane API accepts writes from anyone who can reach it")
 	}
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {

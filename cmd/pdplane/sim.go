@@ -46,6 +46,16 @@ func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token 
 			}
 		}()
 	}
+	if controlPlane != "" {
+		// The TCP transfer plane is closed: a remote agent's secret comes
+		// from the control plane, asked with this peer's credential.
+		cfg.TransferSecrets = func(ctx context.Context, peerID, agentName string) ([]byte, error) {
+			if e.agent == nil {
+				return nil, errors.New("no agent to ask the control plane")
+			}
+			return e.agent.TransferSecret(ctx, peerID, agentName)
+		}
+	}
 	s, err := sim.New(cfg, log.With().Str("sim", cfg.Name).Logger())
 	if err != nil {
 		return nil, err
@@ -54,7 +64,7 @@ func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token 
 	e.sim = s
 	if controlPlane != "" {
 		e.agent, err = agent.New(agent.Config{
-			ControlPlane: controlPlane, Token: token,
+			ControlPlane: controlPlane, JoinToken: token,
 			OnRegistered: func(p api.Peer) { s.SetPeerID(p.Id) },
 		}, s, log.With().Str("agent", cfg.Name).Logger())
 		if err != nil {
@@ -88,17 +98,30 @@ func simFlags(fs *flagSet, c *sim.Config, role, engine *string) {
 // runSim runs one simulated engine and, with --control-plane, its agent.
 func runSim(ctx context.Context, args []string) error {
 	var c sim.Config
-	var role, engine, controlPlane, token, logLevel string
+	var role, engine, controlPlane, token, legacyToken, logLevel, sharedSecret string
 	fs := newFlagSet("sim")
 	simFlags(fs, &c, &role, &engine)
 	fs.IntVar(&c.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill (0 picks a free one)")
 	fs.str(&controlPlane, "control-plane", "", "base URL of pdplane serve to register with, or several replicas' URLs "+
 		"separated by commas (failover in order); empty runs the engine alone")
-	fs.str(&token, "token", "", "peer token of the control plane")
+	fs.str(&token, "join-token", "", "join token of the control plane (or its admin token)")
+	fs.str(&legacyToken, "token", "", "deprecated: the same as --join-token")
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.str(&sharedSecret, "transfer-secret", "", "without --control-plane: the TCP transfer secret (16 to 64 bytes) shared by "+
+		"the sims that move KV between them, e.g. behind another router; prefer the environment variable, which ps does not show")
 	if err := fs.parse(args); err != nil {
 		return err
 	}
+	if token == "" {
+		token = legacyToken
+	}
+	if sharedSecret != "" {
+		if controlPlane != "" {
+			return errors.New("--transfer-secret is for sims without --control-plane; with one, secrets come from the control plane")
+		}
+		c.SharedTransferSecret = []byte(sharedSecret)
+	}
+	token = firstToken(token)
 	c.Role, c.Engine = registry.Role(role), registry.Engine(engine)
 	if c.Name == "" {
 		c.Name = fmt.Sprintf("%s-%d", role, os.Getpid())
@@ -170,7 +193,7 @@ func runDev(ctx context.Context, args []string) error {
 		}
 		cfg := sim.Config{Name: fmt.Sprintf("%s-%d", role, n), Role: role, Engine: registry.Engine(engine),
 			Model: model, Transfer: transferName}
-		e, err := startSimWithAgent(ctx, cfg, cp.BaseURL, c.peerToken, log)
+		e, err := startSimWithAgent(ctx, cfg, cp.BaseURL, c.agentToken(), log)
 		if err != nil {
 			return err
 		}

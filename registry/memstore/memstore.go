@@ -95,6 +95,7 @@ func clone(p *registry.Peer) registry.Peer {
 		r.KVMemKinds = slices.Clone(r.KVMemKinds)
 		r.AuxDataPtrs = slices.Clone(r.AuxDataPtrs)
 		r.AuxDataLens = slices.Clone(r.AuxDataLens)
+		r.TransferSecret = slices.Clone(r.TransferSecret)
 		c.Ranks[i] = r
 	}
 	if p.LastHeartbeat != nil {
@@ -140,27 +141,43 @@ func (s *Store) find(id string) (*registry.Peer, error) {
 }
 
 // Register implements registry.Store.
-func (s *Store) Register(_ context.Context, spec registry.PeerSpec) (registry.RegisterResult, error) {
+func (s *Store) Register(_ context.Context, spec registry.PeerSpec, claim registry.Claim) (registry.RegisterResult, error) {
 	if err := spec.Validate(); err != nil {
 		return registry.RegisterResult{}, err
 	}
 	s.mu.Lock()
 	now := s.now()
 	var res registry.RegisterResult
+	var prev *registry.Peer
 	if id, ok := s.byName[spec.Name]; ok {
-		next, events, clearQ := registry.Reregister(*s.byID[id], spec, now, s.cfg.LeaseTTL)
-		if clearQ {
-			s.clearQuarantines(id)
-		}
-		next = clone(&next) // never keep the caller's slices
-		s.put(next, events)
-		res.Peer = clone(&next)
-	} else {
-		p, events := registry.NewPeer(NewID(), spec, now, s.cfg.LeaseTTL)
-		p = clone(&p)
-		s.put(p, events)
-		res.Peer, res.Created = clone(&p), true
+		prev = s.byID[id]
 	}
+	issue, err := registry.AuthorizeRegistration(prev, claim, now)
+	if err != nil {
+		s.mu.Unlock()
+		return res, fmt.Errorf("register peer %s: %w", spec.Name, err)
+	}
+	var next registry.Peer
+	var events []registry.Event
+	if prev != nil {
+		var clearQ bool
+		next, events, clearQ = registry.Reregister(*prev, spec, now, s.cfg.LeaseTTL)
+		if clearQ {
+			s.clearQuarantines(prev.ID)
+		}
+	} else {
+		next, events = registry.NewPeer(NewID(), spec, now, s.cfg.LeaseTTL)
+		res.Created = true
+	}
+	if issue {
+		if res.Credential, next.CredentialHash, err = registry.NewCredential(next.ID); err != nil {
+			s.mu.Unlock()
+			return registry.RegisterResult{}, err
+		}
+	}
+	next = clone(&next) // never keep the caller's slices
+	s.put(next, events)
+	res.Peer = clone(&next)
 	s.mu.Unlock()
 	s.publish(res.Peer.ID)
 	return res, nil

@@ -16,7 +16,7 @@ func BenchmarkHeartbeat(b *testing.B) {
 	s := memstore.New(memstore.Config{})
 	spec := registrytest.Spec("d0", registry.RoleDecode)
 	spec.Ranks[0].AgentMetadata = make([]byte, 4<<20)
-	res, err := s.Register(context.Background(), spec)
+	res, err := s.Register(context.Background(), spec, registry.Claim{Admin: true})
 	if err != nil {
 		b.Fatal(err)
 	}

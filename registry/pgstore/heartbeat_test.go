@@ -26,7 +26,7 @@ func TestBadRowFailsOnlyItsHeartbeat(t *testing.T) {
 	bad := []string{"inst\x00", "\xff\xfe"}
 	// A linger far longer than the test: the batch is written when full.
 	s, _ := registrytest.NewPGStore(t, pgstore.Config{HeartbeatBatch: good + len(bad), HeartbeatLinger: time.Minute})
-	victim, err := s.Register(ctx, registrytest.Spec("victim", registry.RoleDecode))
+	victim, err := s.Register(ctx, registrytest.Spec("victim", registry.RoleDecode), registry.Claim{Admin: true})
 	if err != nil {
 		t.Fatal(err)
 	}

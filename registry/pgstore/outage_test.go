@@ -76,7 +76,7 @@ func TestLeasesSurviveStoreOutage(t *testing.T) {
 	if _, err := s.List(ctx, registry.Filter{}); !errors.Is(err, registry.ErrUnavailable) {
 		t.Fatalf("list during the outage: %v, want ErrUnavailable", err)
 	}
-	if _, err := s.Register(ctx, registrytest.Spec("late", registry.RoleDecode)); !errors.Is(err, registry.ErrUnavailable) {
+	if _, err := s.Register(ctx, registrytest.Spec("late", registry.RoleDecode), registry.Claim{Admin: true}); !errors.Is(err, registry.ErrUnavailable) {
 		t.Fatalf("register during the outage: %v, want ErrUnavailable", err)
 	}
 

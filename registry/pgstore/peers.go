@@ -47,12 +47,13 @@ type peerRow struct {
 	LoadKVUsage   float64    `db:"load_kv_usage"`
 	CreatedAt     time.Time  `db:"created_at"`
 	UpdatedAt     time.Time  `db:"updated_at"`
+	CredHash      []byte     `db:"credential_hash"`
 }
 
 const peerColumns = `id::text, name, role, engine, url, bootstrap_host, bootstrap_port, model, instance_id,
 	transfer_group, labels, tp_size, attn_tp_size, dp_size, pp_size, pp_rank, dcp_size, dcp_rank,
 	page_size, kv_dtype, num_layers, num_kv_heads, head_dim, is_mla, state, state_reason, generation,
-	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at`
+	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at, credential_hash`
 
 // rankRow is a row of peer_ranks.
 type rankRow struct {
@@ -67,10 +68,11 @@ type rankRow struct {
 	KVMemKinds    []int16 `db:"kv_mem_kinds"`
 	AuxDataPtrs   []int64 `db:"aux_data_ptrs"`
 	AuxDataLens   []int64 `db:"aux_data_lens"`
+	TransferSec   []byte  `db:"transfer_secret"`
 }
 
 const rankColumns = `peer_id::text, rank, gpu_id, agent_name, agent_metadata, kv_data_ptrs, kv_data_lens,
-	kv_item_lens, kv_mem_kinds, aux_data_ptrs, aux_data_lens`
+	kv_item_lens, kv_mem_kinds, aux_data_ptrs, aux_data_lens, transfer_secret`
 
 func (r *peerRow) peer() (registry.Peer, error) {
 	p := registry.Peer{
@@ -87,6 +89,7 @@ func (r *peerRow) peer() (registry.Peer, error) {
 		LeaseExpiry: r.LeaseExpiry.UTC(), LastHeartbeat: utcPtr(r.LastHeartbeat),
 		Load:      registry.Load{Running: r.LoadRunning, Queued: r.LoadQueued, KVUsage: r.LoadKVUsage},
 		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
+		CredentialHash: nilIfEmptyBytes(r.CredHash),
 	}
 	if len(r.Labels) > 0 && string(r.Labels) != "{}" {
 		if err := json.Unmarshal(r.Labels, &p.Labels); err != nil {
@@ -113,6 +116,7 @@ func (r *rankRow) rank() registry.Rank {
 		Rank: r.Rank, GPUID: r.GPUID, AgentName: r.AgentName, AgentMetadata: r.AgentMetadata,
 		KVDataPtrs: toU64(r.KVDataPtrs), KVDataLens: toU64(r.KVDataLens), KVItemLens: toU64(r.KVItemLens),
 		KVMemKinds: kinds, AuxDataPtrs: nilIfEmpty(toU64(r.AuxDataPtrs)), AuxDataLens: nilIfEmpty(toU64(r.AuxDataLens)),
+		TransferSecret: nilIfEmptyBytes(r.TransferSec),
 	}
 }
 
@@ -139,6 +143,13 @@ func nilIfEmpty(v []uint64) []uint64 {
 		return nil
 	}
 	return v
+}
+
+func nilIfEmptyBytes(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
 }
 
 // queryer is what both a pool and a transaction offer.

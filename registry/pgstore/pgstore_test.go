@@ -70,7 +70,7 @@ func TestStaleReachesOtherReplica(t *testing.T) {
 	dspec := registrytest.Spec("d0", registry.RoleDecode)
 	var d registry.Peer
 	for _, spec := range []registry.PeerSpec{pf, dspec} {
-		res, err := a.store.Register(ctx, spec)
+		res, err := a.store.Register(ctx, spec, registry.Claim{Admin: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +93,7 @@ func TestStaleReachesOtherReplica(t *testing.T) {
 			t.Fatalf("replica B still routes to the stale decode")
 		}
 		dspec.Ranks[0].AgentName = fmt.Sprintf("d0-agent-gen%d", i+2)
-		if _, err := a.store.Register(ctx, dspec); err != nil {
+		if _, err := a.store.Register(ctx, dspec, registry.Claim{Admin: true}); err != nil {
 			t.Fatal(err)
 		}
 		waitState(t, ctx, b.mirror, snapsB, d.ID, registry.StateReady)
@@ -114,7 +114,7 @@ func TestRestartKeepsPeers(t *testing.T) {
 	defer cancel()
 	s1, cfg := registrytest.NewPGStore(t, pgstore.Config{})
 	for _, spec := range registrytest.Fleet(3) {
-		if _, err := s1.Register(ctx, spec); err != nil {
+		if _, err := s1.Register(ctx, spec, registry.Claim{Admin: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -141,7 +141,7 @@ func registerFleet(tb testing.TB, ctx context.Context, s registry.Store, n int) 
 				if i >= n {
 					return
 				}
-				res, err := s.Register(ctx, registrytest.Spec(fmt.Sprintf("peer-%05d", i), registry.RoleDecode))
+				res, err := s.Register(ctx, registrytest.Spec(fmt.Sprintf("peer-%05d", i), registry.RoleDecode), registry.Claim{Admin: true})
 				if err != nil {
 					errs <- err
 					return

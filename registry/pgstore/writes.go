@@ -13,9 +13,10 @@ import (
 )
 
 // Register implements registry.Store: one transaction locks the row of the
-// name (if any), applies registry.Reregister or registry.NewPeer, writes the
-// peer, its ranks and events, and notifies.
-func (s *Store) Register(ctx context.Context, spec registry.PeerSpec) (registry.RegisterResult, error) {
+// name (if any), decides with registry.AuthorizeRegistration, applies
+// registry.Reregister or registry.NewPeer, writes the peer (with a fresh
+// credential hash when one is issued), its ranks and events, and notifies.
+func (s *Store) Register(ctx context.Context, spec registry.PeerSpec, claim registry.Claim) (registry.RegisterResult, error) {
 	if err := spec.Validate(); err != nil {
 		return registry.RegisterResult{}, err
 	}
@@ -28,6 +29,14 @@ func (s *Store) Register(ctx context.Context, spec registry.PeerSpec) (registry.
 			return err
 		}
 		prev, err := loadPeers(ctx, tx, "WHERE name = $1 FOR UPDATE", spec.Name)
+		if err != nil {
+			return err
+		}
+		var prevPeer *registry.Peer
+		if len(prev) > 0 {
+			prevPeer = &prev[0]
+		}
+		issue, err := registry.AuthorizeRegistration(prevPeer, claim, now)
 		if err != nil {
 			return err
 		}
@@ -49,6 +58,11 @@ func (s *Store) Register(ctx context.Context, spec registry.PeerSpec) (registry.
 						return err
 					}
 				}
+			}
+		}
+		if issue {
+			if res.Credential, next.CredentialHash, err = registry.NewCredential(next.ID); err != nil {
+				return err
 			}
 		}
 		if err := writePeer(ctx, tx, &next, true); err != nil {
@@ -85,9 +99,9 @@ func writePeer(ctx context.Context, tx pgx.Tx, p *registry.Peer, withRanks bool)
 INSERT INTO peers (id, name, role, engine, url, bootstrap_host, bootstrap_port, model, instance_id,
 	transfer_group, labels, tp_size, attn_tp_size, dp_size, pp_size, pp_rank, dcp_size, dcp_rank,
 	page_size, kv_dtype, num_layers, num_kv_heads, head_dim, is_mla, state, state_reason, generation,
-	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at)
+	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at, credential_hash)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-	$21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)
+	$21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35)
 ON CONFLICT (id) DO UPDATE SET
 	name = EXCLUDED.name, role = EXCLUDED.role, engine = EXCLUDED.engine, url = EXCLUDED.url,
 	bootstrap_host = EXCLUDED.bootstrap_host, bootstrap_port = EXCLUDED.bootstrap_port,
@@ -100,13 +114,14 @@ ON CONFLICT (id) DO UPDATE SET
 	state_reason = EXCLUDED.state_reason, generation = EXCLUDED.generation,
 	lease_expiry = EXCLUDED.lease_expiry, last_heartbeat = EXCLUDED.last_heartbeat,
 	load_running = EXCLUDED.load_running, load_queued = EXCLUDED.load_queued,
-	load_kv_usage = EXCLUDED.load_kv_usage, updated_at = EXCLUDED.updated_at`,
+	load_kv_usage = EXCLUDED.load_kv_usage, updated_at = EXCLUDED.updated_at,
+	credential_hash = EXCLUDED.credential_hash`,
 		p.ID, p.Name, p.Role, p.Engine, p.URL, p.BootstrapHost, p.BootstrapPort, p.Model, p.InstanceID,
 		p.TransferGroup, labels, p.Parallelism.TPSize, p.Parallelism.AttnTPSize, p.Parallelism.DPSize,
 		p.Parallelism.PPSize, p.Parallelism.PPRank, p.Parallelism.DCPSize, p.Parallelism.DCPRank,
 		p.KV.PageSize, p.KV.DType, p.KV.NumLayers, p.KV.NumKVHeads, p.KV.HeadDim, p.KV.IsMLA,
 		p.State, p.StateReason, p.Generation, p.LeaseExpiry, p.LastHeartbeat,
-		p.Load.Running, p.Load.Queued, p.Load.KVUsage, p.CreatedAt, p.UpdatedAt)
+		p.Load.Running, p.Load.Queued, p.Load.KVUsage, p.CreatedAt, p.UpdatedAt, nonNil(p.CredentialHash))
 	if err != nil || !withRanks {
 		return err
 	}
@@ -119,18 +134,23 @@ ON CONFLICT (id) DO UPDATE SET
 		for j, k := range r.KVMemKinds {
 			kinds[j] = int16(k)
 		}
-		meta := r.AgentMetadata
-		if meta == nil {
-			meta = []byte{}
-		}
-		rows[i] = []any{p.ID, r.Rank, r.GPUID, r.AgentName, meta, toI64(r.KVDataPtrs), toI64(r.KVDataLens),
-			toI64(r.KVItemLens), kinds, toI64(r.AuxDataPtrs), toI64(r.AuxDataLens)}
+		rows[i] = []any{p.ID, r.Rank, r.GPUID, r.AgentName, nonNil(r.AgentMetadata), toI64(r.KVDataPtrs), toI64(r.KVDataLens),
+			toI64(r.KVItemLens), kinds, toI64(r.AuxDataPtrs), toI64(r.AuxDataLens), nonNil(r.TransferSecret)}
 	}
 	_, err = tx.CopyFrom(ctx, pgx.Identifier{"peer_ranks"},
 		[]string{"peer_id", "rank", "gpu_id", "agent_name", "agent_metadata", "kv_data_ptrs", "kv_data_lens",
-			"kv_item_lens", "kv_mem_kinds", "aux_data_ptrs", "aux_data_lens"},
+			"kv_item_lens", "kv_mem_kinds", "aux_data_ptrs", "aux_data_lens", "transfer_secret"},
 		pgx.CopyFromRows(rows))
 	return err
+}
+
+// nonNil stores an absent byte string as an empty one (the columns are NOT
+// NULL).
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
 }
 
 func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, p *registry.Peer, events []registry.Event, now time.Time) error {

@@ -44,6 +44,8 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"ConcurrentHeartbeats", testConcurrentHeartbeats},
 		{"RefusesBadFields", testRefusesBadFields},
 		{"MalformedHeartbeatFlood", testMalformedHeartbeatFlood},
+		{"Credentials", testCredentials},
+		{"TransferSecretRoundTrip", testTransferSecret},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -60,7 +62,7 @@ func ctx(t *testing.T) context.Context {
 
 func mustRegister(t *testing.T, s registry.Store, spec registry.PeerSpec) registry.RegisterResult {
 	t.Helper()
-	res, err := s.Register(ctx(t), spec)
+	res, err := s.Register(ctx(t), spec, registry.Claim{Admin: true})
 	if err != nil {
 		t.Fatalf("register %s: %v", spec.Name, err)
 	}
@@ -686,7 +688,7 @@ func testRefusesBadFields(t *testing.T, s registry.Store) {
 	for _, tc := range specs {
 		spec := Spec("p0", registry.RolePrefill)
 		tc.edit(&spec)
-		_, err := s.Register(ctx(t), spec)
+		_, err := s.Register(ctx(t), spec, registry.Claim{Admin: true})
 		wantFieldError(t, "register with a bad "+tc.field, err, tc.field)
 	}
 	for _, tc := range []struct {
@@ -783,5 +785,91 @@ func testMalformedHeartbeatFlood(t *testing.T, s registry.Store) {
 	}
 	if v := mustGet(t, s, victim.ID); v.State != registry.StatePending || v.LastHeartbeat != nil {
 		t.Fatalf("the flooded peer: state %s, last heartbeat %v; its malformed heartbeats must change nothing", v.State, v.LastHeartbeat)
+	}
+}
+
+// testCredentials checks the registration rule both stores apply under
+// their lock: who may take a new name, who may re-register a held one, and
+// when a credential is issued, kept or revoked.
+func testCredentials(t *testing.T, s registry.Store) {
+	spec := Spec("d0", registry.RoleDecode)
+	if _, err := s.Register(ctx(t), spec, registry.Claim{}); !errors.Is(err, registry.ErrForbidden) {
+		t.Fatalf("anonymous registration of a new name: err = %v, want ErrForbidden", err)
+	}
+	res, err := s.Register(ctx(t), spec, registry.Claim{Join: true})
+	if err != nil {
+		t.Fatalf("join: %v", err)
+	}
+	cred := res.Credential
+	if id, ok := registry.CredentialPeerID(cred); !ok || id != res.Peer.ID {
+		t.Fatalf("credential %q does not name peer %s", cred, res.Peer.ID)
+	}
+	if got := mustGet(t, s, res.Peer.ID); !registry.CredentialMatches(got.CredentialHash, cred) {
+		t.Fatal("the stored hash does not match the issued credential")
+	}
+
+	// Its own credential re-registers and keeps the credential.
+	again, err := s.Register(ctx(t), spec, registry.Claim{Credential: cred})
+	if err != nil || again.Credential != "" {
+		t.Fatalf("re-register with own credential: credential %q, err %v", again.Credential, err)
+	}
+
+	// Another peer's credential, or a join token while the name is held,
+	// cannot.
+	other, err := s.Register(ctx(t), Spec("d1", registry.RoleDecode), registry.Claim{Join: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hijack := spec
+	hijack.URL = "http://10.9.9.9:1"
+	for name, c := range map[string]registry.Claim{
+		"another peer's credential":           {Credential: other.Credential},
+		"a join token":                        {Join: true},
+		"a join token and a wrong credential": {Join: true, Credential: other.Credential},
+	} {
+		if _, err := s.Register(ctx(t), hijack, c); !errors.Is(err, registry.ErrForbidden) {
+			t.Fatalf("%s re-registered a held name: err = %v", name, err)
+		}
+	}
+	if got := mustGet(t, s, res.Peer.ID); got.URL != spec.URL || !registry.CredentialMatches(got.CredentialHash, cred) {
+		t.Fatalf("a refused registration changed the peer: url %s", got.URL)
+	}
+
+	// Once the lease ran out, a join token claims the name with a fresh
+	// credential, and the old one stops matching.
+	if _, err := s.ExpireLeases(ctx(t), time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := s.Register(ctx(t), spec, registry.Claim{Join: true})
+	if err != nil || claimed.Credential == "" || claimed.Credential == cred || claimed.Peer.ID != res.Peer.ID {
+		t.Fatalf("claim after expiry: credential %q, id %s, err %v", claimed.Credential, claimed.Peer.ID, err)
+	}
+	got := mustGet(t, s, res.Peer.ID)
+	if registry.CredentialMatches(got.CredentialHash, cred) || !registry.CredentialMatches(got.CredentialHash, claimed.Credential) {
+		t.Fatal("after a claim, the old credential still matches or the new one does not")
+	}
+
+	// The admin token re-registers a held name and rotates the credential.
+	admin, err := s.Register(ctx(t), spec, registry.Claim{Admin: true})
+	if err != nil || admin.Credential == "" || admin.Credential == claimed.Credential {
+		t.Fatalf("admin re-registration: credential %q, err %v", admin.Credential, err)
+	}
+}
+
+func testTransferSecret(t *testing.T, s registry.Store) {
+	spec := Spec("d0", registry.RoleDecode)
+	spec.Ranks[0].TransferSecret = []byte("0123456789abcdef0123456789abcdef")
+	p := mustRegister(t, s, spec).Peer
+	got := mustGet(t, s, p.ID)
+	if string(got.Ranks[0].TransferSecret) != string(spec.Ranks[0].TransferSecret) {
+		t.Fatalf("transfer secret = %q, want %q", got.Ranks[0].TransferSecret, spec.Ranks[0].TransferSecret)
+	}
+	// Other writes (a heartbeat, a stale mark) keep it.
+	mustHeartbeat(t, s, p)
+	if _, err := s.MarkStale(ctx(t), p.ID, "r", "e"); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, s, p.ID); string(got.Ranks[0].TransferSecret) != string(spec.Ranks[0].TransferSecret) {
+		t.Fatal("the transfer secret did not survive a heartbeat and a stale mark")
 	}
 }

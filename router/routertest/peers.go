@@ -116,6 +116,7 @@ func (s *Snapshots) SetState(id string, state registry.State, generation int64) 
 // StaleMark is one report the Reporter turned into a stale mark.
 type StaleMark struct {
 	ID, Reason, ErrText string
+	Reporter            string
 }
 
 // Reporter records the router's stale marks and quarantines; it satisfies
@@ -163,7 +164,7 @@ func (r *Reporter) ReportTransferFailure(_ context.Context, f registry.TransferF
 	}
 	r.pairAgent[key] = f.DecodeAgent
 	r.markedAgent[f.DecodeID] = f.DecodeAgent
-	m := StaleMark{ID: f.DecodeID, Reason: f.Reason, ErrText: f.Error}
+	m := StaleMark{ID: f.DecodeID, Reason: f.Reason, ErrText: f.Error, Reporter: f.Reporter}
 	r.stale = append(r.stale, m)
 	r.mu.Unlock()
 	if r.OnMarkStale != nil {

@@ -320,18 +320,24 @@ type Parallelism struct {
 	TpSize int  `json:"tp_size"`
 }
 
-// Peer defines model for Peer.
+// Peer A peer's full registration, for its own agent, the admin and other peers' transfer agents.
 type Peer struct {
 	// BootstrapHost SGLang prefill: host the decode reaches the bootstrap server at (default: the host of url)
 	BootstrapHost *string `json:"bootstrap_host,omitempty"`
 
 	// BootstrapPort SGLang prefill: bootstrap port (0 or absent: 8998)
-	BootstrapPort            *int      `json:"bootstrap_port,omitempty"`
-	CreatedAt                time.Time `json:"created_at"`
-	Engine                   Engine    `json:"engine"`
-	Generation               int64     `json:"generation"`
-	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
-	Id                       string    `json:"id"`
+	BootstrapPort *int      `json:"bootstrap_port,omitempty"`
+	CreatedAt     time.Time `json:"created_at"`
+
+	// Credential Only in the answer to a registration that issued one (a new
+	// peer, a claimed name, the admin re-registering): the peer's
+	// credential. Keep it (`pdplane agent --credential-file`); it is
+	// not stored and cannot be shown again.
+	Credential               *string `json:"credential,omitempty"`
+	Engine                   Engine  `json:"engine"`
+	Generation               int64   `json:"generation"`
+	HeartbeatIntervalSeconds float64 `json:"heartbeat_interval_seconds"`
+	Id                       string  `json:"id"`
 
 	// InstanceId changes when the engine process restarts
 	InstanceId string     `json:"instance_id"`
@@ -365,7 +371,7 @@ type PeerIDString = string
 
 // PeerList defines model for PeerList.
 type PeerList struct {
-	Peers []Peer `json:"peers"`
+	Peers []PeerSummary `json:"peers"`
 }
 
 // PeerRef defines model for PeerRef.
@@ -398,6 +404,55 @@ type PeerRegistration struct {
 
 	// Url http(s) base URL of the engine
 	Url string `json:"url"`
+}
+
+// PeerStatus defines model for PeerStatus.
+type PeerStatus struct {
+	CreatedAt                time.Time  `json:"created_at"`
+	Generation               int64      `json:"generation"`
+	HeartbeatIntervalSeconds float64    `json:"heartbeat_interval_seconds"`
+	Id                       string     `json:"id"`
+	LastHeartbeat            *time.Time `json:"last_heartbeat,omitempty"`
+	LeaseExpiry              time.Time  `json:"lease_expiry"`
+	LeaseTtlSeconds          float64    `json:"lease_ttl_seconds"`
+	Load                     Load       `json:"load"`
+
+	// State ready is the only routable state. unhealthy: the peer's agent heartbeats but its
+	// probes of the engine fail (the reason holds the last probe error).
+	State       State     `json:"state"`
+	StateReason *string   `json:"state_reason,omitempty"`
+	UpdatedAt   time.Time `json:"updated_at"`
+}
+
+// PeerSummary What anyone may read about a peer. No KV pointers, agent metadata or transfer secrets.
+type PeerSummary struct {
+	BootstrapHost            *string            `json:"bootstrap_host,omitempty"`
+	BootstrapPort            *int               `json:"bootstrap_port,omitempty"`
+	CreatedAt                time.Time          `json:"created_at"`
+	Engine                   Engine             `json:"engine"`
+	Generation               int64              `json:"generation"`
+	HeartbeatIntervalSeconds float64            `json:"heartbeat_interval_seconds"`
+	Id                       string             `json:"id"`
+	InstanceId               string             `json:"instance_id"`
+	Kv                       KVGeometry         `json:"kv"`
+	Labels                   *map[string]string `json:"labels,omitempty"`
+	LastHeartbeat            *time.Time         `json:"last_heartbeat,omitempty"`
+	LeaseExpiry              time.Time          `json:"lease_expiry"`
+	LeaseTtlSeconds          float64            `json:"lease_ttl_seconds"`
+	Load                     Load               `json:"load"`
+	Model                    string             `json:"model"`
+	Name                     string             `json:"name"`
+	Parallelism              Parallelism        `json:"parallelism"`
+	Ranks                    []RankSummary      `json:"ranks"`
+	Role                     Role               `json:"role"`
+
+	// State ready is the only routable state. unhealthy: the peer's agent heartbeats but its
+	// probes of the engine fail (the reason holds the last probe error).
+	State         State     `json:"state"`
+	StateReason   *string   `json:"state_reason,omitempty"`
+	TransferGroup *string   `json:"transfer_group,omitempty"`
+	UpdatedAt     time.Time `json:"updated_at"`
+	Url           string    `json:"url"`
 }
 
 // Problem defines model for Problem.
@@ -441,6 +496,33 @@ type Rank struct {
 	// KvMemKinds One memory kind per KV region; required, or the destination memory kind could not be resolved.
 	KvMemKinds []MemKind `json:"kv_mem_kinds"`
 	Rank       int       `json:"rank"`
+
+	// TransferSecret Secret (16 to 64 bytes, base64) of the rank's transfer agent,
+	// drawn by the agent for each agent name, so for each generation.
+	// The TCP transfer backend accepts a connection only after an HMAC
+	// challenge-response over it. Returned only by
+	// `GET /api/v1/peers/{id}/registration`.
+	TransferSecret *[]byte `json:"transfer_secret,omitempty"`
+}
+
+// RankSummary A rank without its KV pointers, agent metadata or transfer secret.
+type RankSummary struct {
+	// AgentMetadataBytes length of the NIXL agent metadata
+	AgentMetadataBytes int    `json:"agent_metadata_bytes"`
+	AgentName          string `json:"agent_name"`
+	AuxRegions         int    `json:"aux_regions"`
+
+	// GpuId -1 when the rank has no GPU
+	GpuId *int `json:"gpu_id,omitempty"`
+
+	// KvBytes bytes over all KV regions
+	KvBytes    uint64    `json:"kv_bytes"`
+	KvDataLens []uint64  `json:"kv_data_lens"`
+	KvMemKinds []MemKind `json:"kv_mem_kinds"`
+	Rank       int       `json:"rank"`
+
+	// Regions number of KV regions
+	Regions int `json:"regions"`
 }
 
 // Role defines model for Role.
@@ -605,12 +687,22 @@ type ClientInterface interface {
 
 	// RegisterPeerWithBody Register or re-register a peer (upsert by name)
 	//
+	// A new name needs a join token (or the admin token); the answer carries
+	// the peer's `credential`. A registered name needs its credential (or the
+	// admin token); a join token may claim it only once its lease has run
+	// out. Another peer's credential is refused (403).
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /api/v1/peers (the `RegisterPeer` operationId).
 	RegisterPeerWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RegisterPeer Register or re-register a peer (upsert by name)
+	//
+	// A new name needs a join token (or the admin token); the answer carries
+	// the peer's `credential`. A registered name needs its credential (or the
+	// admin token); a join token may claim it only once its lease has run
+	// out. Another peer's credential is refused (403).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -628,13 +720,33 @@ type ClientInterface interface {
 
 	// HeartbeatPeerWithBody performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request,
 	// with any type of body and a specified content type.
+	//
+	// Needs the peer's own credential (or the admin token).
 	HeartbeatPeerWithBody(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// HeartbeatPeer performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request.
 	// Takes a body of the `application/json` content type.
+	//
+	// Needs the peer's own credential (or the admin token).
 	HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
+	//
+	// For the peer's own agent, the admin, and the peers its transfer agent
+	// may connect with (the other half of a PD split, serving the same
+	// model): a transfer agent needs a remote's metadata and transfer
+	// secret to connect to it. Any other credential gets 403.
+	//
+	// Corresponds with GET /api/v1/peers/{id}/registration (the `GetPeerRegistration` operationId).
+	GetPeerRegistration(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// MarkPeerStaleWithBody Mark a peer stale; its next heartbeat answer is reregister
+	//
+	// The admin token may mark any peer stale. A peer credential may report
+	// itself, or report a failed transfer to another peer (with
+	// `agent_name`, and `prefill_id` only when it is the reporter's own
+	// ID); reports about other peers are rate-limited per reporter (429
+	// with Retry-After), and the stale event names the reporter.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -642,6 +754,12 @@ type ClientInterface interface {
 	MarkPeerStaleWithBody(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// MarkPeerStale Mark a peer stale; its next heartbeat answer is reregister
+	//
+	// The admin token may mark any peer stale. A peer credential may report
+	// itself, or report a failed transfer to another peer (with
+	// `agent_name`, and `prefill_id` only when it is the reporter's own
+	// ID); reports about other peers are rate-limited per reporter (429
+	// with Retry-After), and the stale event names the reporter.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -711,6 +829,11 @@ func (c *Client) ListPeers(ctx context.Context, params *ListPeersParams, reqEdit
 
 // RegisterPeerWithBody Register or re-register a peer (upsert by name)
 //
+// A new name needs a join token (or the admin token); the answer carries
+// the peer's `credential`. A registered name needs its credential (or the
+// admin token); a join token may claim it only once its lease has run
+// out. Another peer's credential is refused (403).
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /api/v1/peers (the `RegisterPeer` operationId).
@@ -727,6 +850,11 @@ func (c *Client) RegisterPeerWithBody(ctx context.Context, contentType string, b
 }
 
 // RegisterPeer Register or re-register a peer (upsert by name)
+//
+// A new name needs a join token (or the admin token); the answer carries
+// the peer's `credential`. A registered name needs its credential (or the
+// admin token); a join token may claim it only once its lease has run
+// out. Another peer's credential is refused (403).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -784,6 +912,8 @@ func (c *Client) DrainPeer(ctx context.Context, id PeerID, reqEditors ...Request
 
 // HeartbeatPeerWithBody performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request,
 // with any type of body and a specified content type.
+//
+// Needs the peer's own credential (or the admin token).
 func (c *Client) HeartbeatPeerWithBody(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewHeartbeatPeerRequestWithBody(c.Server, id, contentType, body)
 	if err != nil {
@@ -798,6 +928,8 @@ func (c *Client) HeartbeatPeerWithBody(ctx context.Context, id PeerID, contentTy
 
 // HeartbeatPeer performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request.
 // Takes a body of the `application/json` content type.
+//
+// Needs the peer's own credential (or the admin token).
 func (c *Client) HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewHeartbeatPeerRequest(c.Server, id, body)
 	if err != nil {
@@ -810,7 +942,33 @@ func (c *Client) HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPee
 	return c.Client.Do(req)
 }
 
+// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
+//
+// For the peer's own agent, the admin, and the peers its transfer agent
+// may connect with (the other half of a PD split, serving the same
+// model): a transfer agent needs a remote's metadata and transfer
+// secret to connect to it. Any other credential gets 403.
+//
+// Corresponds with GET /api/v1/peers/{id}/registration (the `GetPeerRegistration` operationId).
+func (c *Client) GetPeerRegistration(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetPeerRegistrationRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // MarkPeerStaleWithBody Mark a peer stale; its next heartbeat answer is reregister
+//
+// The admin token may mark any peer stale. A peer credential may report
+// itself, or report a failed transfer to another peer (with
+// `agent_name`, and `prefill_id` only when it is the reporter's own
+// ID); reports about other peers are rate-limited per reporter (429
+// with Retry-After), and the stale event names the reporter.
 //
 // Takes any type of body and a specified content type.
 //
@@ -828,6 +986,12 @@ func (c *Client) MarkPeerStaleWithBody(ctx context.Context, id PeerID, contentTy
 }
 
 // MarkPeerStale Mark a peer stale; its next heartbeat answer is reregister
+//
+// The admin token may mark any peer stale. A peer credential may report
+// itself, or report a failed transfer to another peer (with
+// `agent_name`, and `prefill_id` only when it is the reporter's own
+// ID); reports about other peers are rate-limited per reporter (429
+// with Retry-After), and the stale event names the reporter.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1312,6 +1476,40 @@ func NewHeartbeatPeerRequestWithBody(server string, id PeerID, contentType strin
 	return req, nil
 }
 
+// NewGetPeerRegistrationRequest constructs an http.Request for the GetPeerRegistration method
+func NewGetPeerRegistrationRequest(server string, id PeerID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/peers/%s/registration", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewMarkPeerStaleRequest calls the generic MarkPeerStale builder with application/json body
 func NewMarkPeerStaleRequest(server string, id PeerID, body MarkPeerStaleJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -1433,12 +1631,22 @@ type ClientWithResponsesInterface interface {
 
 	// RegisterPeerWithBodyWithResponse Register or re-register a peer (upsert by name)
 	//
+	// A new name needs a join token (or the admin token); the answer carries
+	// the peer's `credential`. A registered name needs its credential (or the
+	// admin token); a join token may claim it only once its lease has run
+	// out. Another peer's credential is refused (403).
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/peers (the `RegisterPeer` operationId).
 	RegisterPeerWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RegisterPeerResponse, error)
 
 	// RegisterPeerWithResponse Register or re-register a peer (upsert by name)
+	//
+	// A new name needs a join token (or the admin token); the answer carries
+	// the peer's `credential`. A registered name needs its credential (or the
+	// admin token); a join token may claim it only once its lease has run
+	// out. Another peer's credential is refused (403).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1463,14 +1671,36 @@ type ClientWithResponsesInterface interface {
 	// HeartbeatPeerWithBodyWithResponse performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request,
 	// with any type of body and a specified content type.
 	//
+	// Needs the peer's own credential (or the admin token).
+	//
 	// Returns a wrapper object for the known response body format(s).
 	HeartbeatPeerWithBodyWithResponse(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*HeartbeatPeerResponse, error)
 
 	// HeartbeatPeerWithResponse performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request.
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Needs the peer's own credential (or the admin token).
 	HeartbeatPeerWithResponse(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*HeartbeatPeerResponse, error)
 
+	// GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
+	//
+	// For the peer's own agent, the admin, and the peers its transfer agent
+	// may connect with (the other half of a PD split, serving the same
+	// model): a transfer agent needs a remote's metadata and transfer
+	// secret to connect to it. Any other credential gets 403.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/peers/{id}/registration (the `GetPeerRegistration` operationId).
+	GetPeerRegistrationWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetPeerRegistrationResponse, error)
+
 	// MarkPeerStaleWithBodyWithResponse Mark a peer stale; its next heartbeat answer is reregister
+	//
+	// The admin token may mark any peer stale. A peer credential may report
+	// itself, or report a failed transfer to another peer (with
+	// `agent_name`, and `prefill_id` only when it is the reporter's own
+	// ID); reports about other peers are rate-limited per reporter (429
+	// with Retry-After), and the stale event names the reporter.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1478,6 +1708,12 @@ type ClientWithResponsesInterface interface {
 	MarkPeerStaleWithBodyWithResponse(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*MarkPeerStaleResponse, error)
 
 	// MarkPeerStaleWithResponse Mark a peer stale; its next heartbeat answer is reregister
+	//
+	// The admin token may mark any peer stale. A peer credential may report
+	// itself, or report a failed transfer to another peer (with
+	// `agent_name`, and `prefill_id` only when it is the reporter's own
+	// ID); reports about other peers are rate-limited per reporter (429
+	// with Retry-After), and the stale event names the reporter.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1674,6 +1910,8 @@ type RegisterPeerResponse struct {
 	ApplicationproblemJSON400 *Problem
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationproblemJSON413 *Problem
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
@@ -1698,6 +1936,11 @@ func (r RegisterPeerResponse) GetApplicationproblemJSON400() *Problem {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r RegisterPeerResponse) GetApplicationproblemJSON401() *Problem {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RegisterPeerResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
@@ -1744,6 +1987,8 @@ type DeletePeerResponse struct {
 	HTTPResponse *http.Response
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
 }
@@ -1751,6 +1996,11 @@ type DeletePeerResponse struct {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r DeletePeerResponse) GetApplicationproblemJSON401() *Problem {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DeletePeerResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
@@ -1791,13 +2041,13 @@ type GetPeerResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *Peer
+	JSON200 *PeerSummary
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetPeerResponse) GetJSON200() *Peer {
+func (r GetPeerResponse) GetJSON200() *PeerSummary {
 	return r.JSON200
 }
 
@@ -1839,21 +2089,28 @@ type DrainPeerResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *Peer
+	JSON200 *PeerSummary
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r DrainPeerResponse) GetJSON200() *Peer {
+func (r DrainPeerResponse) GetJSON200() *PeerSummary {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r DrainPeerResponse) GetApplicationproblemJSON401() *Problem {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DrainPeerResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
@@ -1899,6 +2156,8 @@ type HeartbeatPeerResponse struct {
 	ApplicationproblemJSON400 *Problem
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
@@ -1918,6 +2177,11 @@ func (r HeartbeatPeerResponse) GetApplicationproblemJSON400() *Problem {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r HeartbeatPeerResponse) GetApplicationproblemJSON401() *Problem {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r HeartbeatPeerResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
@@ -1959,23 +2223,89 @@ func (r HeartbeatPeerResponse) ContentType() string {
 	return ""
 }
 
-type MarkPeerStaleResponse struct {
+type GetPeerRegistrationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Peer
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetPeerRegistrationResponse) GetJSON200() *Peer {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetPeerRegistrationResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetPeerRegistrationResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetPeerRegistrationResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetPeerRegistrationResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetPeerRegistrationResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetPeerRegistrationResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetPeerRegistrationResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type MarkPeerStaleResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PeerSummary
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *Problem
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *Problem
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *Problem
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r MarkPeerStaleResponse) GetJSON200() *Peer {
+func (r MarkPeerStaleResponse) GetJSON200() *PeerSummary {
 	return r.JSON200
 }
 
@@ -1989,6 +2319,11 @@ func (r MarkPeerStaleResponse) GetApplicationproblemJSON401() *Problem {
 	return r.ApplicationproblemJSON401
 }
 
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r MarkPeerStaleResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r MarkPeerStaleResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
@@ -1997,6 +2332,11 @@ func (r MarkPeerStaleResponse) GetApplicationproblemJSON404() *Problem {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r MarkPeerStaleResponse) GetApplicationproblemJSON422() *Problem {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r MarkPeerStaleResponse) GetApplicationproblemJSON429() *Problem {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -2082,6 +2422,11 @@ func (c *ClientWithResponses) ListPeersWithResponse(ctx context.Context, params 
 
 // RegisterPeerWithBodyWithResponse Register or re-register a peer (upsert by name)
 //
+// A new name needs a join token (or the admin token); the answer carries
+// the peer's `credential`. A registered name needs its credential (or the
+// admin token); a join token may claim it only once its lease has run
+// out. Another peer's credential is refused (403).
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/v1/peers (the `RegisterPeer` operationId).
@@ -2094,6 +2439,11 @@ func (c *ClientWithResponses) RegisterPeerWithBodyWithResponse(ctx context.Conte
 }
 
 // RegisterPeerWithResponse Register or re-register a peer (upsert by name)
+//
+// A new name needs a join token (or the admin token); the answer carries
+// the peer's `credential`. A registered name needs its credential (or the
+// admin token); a join token may claim it only once its lease has run
+// out. Another peer's credential is refused (403).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2142,6 +2492,8 @@ func (c *ClientWithResponses) DrainPeerWithResponse(ctx context.Context, id Peer
 // HeartbeatPeerWithBodyWithResponse performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request,
 // with any type of body and a specified content type.
 //
+// Needs the peer's own credential (or the admin token).
+//
 // Returns a wrapper object for the known response body format(s).
 func (c *ClientWithResponses) HeartbeatPeerWithBodyWithResponse(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*HeartbeatPeerResponse, error) {
 	rsp, err := c.HeartbeatPeerWithBody(ctx, id, contentType, body, reqEditors...)
@@ -2153,6 +2505,8 @@ func (c *ClientWithResponses) HeartbeatPeerWithBodyWithResponse(ctx context.Cont
 
 // HeartbeatPeerWithResponse performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request.
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Needs the peer's own credential (or the admin token).
 func (c *ClientWithResponses) HeartbeatPeerWithResponse(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*HeartbeatPeerResponse, error) {
 	rsp, err := c.HeartbeatPeer(ctx, id, body, reqEditors...)
 	if err != nil {
@@ -2161,7 +2515,31 @@ func (c *ClientWithResponses) HeartbeatPeerWithResponse(ctx context.Context, id 
 	return ParseHeartbeatPeerResponse(rsp)
 }
 
+// GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
+//
+// For the peer's own agent, the admin, and the peers its transfer agent
+// may connect with (the other half of a PD split, serving the same
+// model): a transfer agent needs a remote's metadata and transfer
+// secret to connect to it. Any other credential gets 403.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/peers/{id}/registration (the `GetPeerRegistration` operationId).
+func (c *ClientWithResponses) GetPeerRegistrationWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetPeerRegistrationResponse, error) {
+	rsp, err := c.GetPeerRegistration(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetPeerRegistrationResponse(rsp)
+}
+
 // MarkPeerStaleWithBodyWithResponse Mark a peer stale; its next heartbeat answer is reregister
+//
+// The admin token may mark any peer stale. A peer credential may report
+// itself, or report a failed transfer to another peer (with
+// `agent_name`, and `prefill_id` only when it is the reporter's own
+// ID); reports about other peers are rate-limited per reporter (429
+// with Retry-After), and the stale event names the reporter.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2175,6 +2553,12 @@ func (c *ClientWithResponses) MarkPeerStaleWithBodyWithResponse(ctx context.Cont
 }
 
 // MarkPeerStaleWithResponse Mark a peer stale; its next heartbeat answer is reregister
+//
+// The admin token may mark any peer stale. A peer credential may report
+// itself, or report a failed transfer to another peer (with
+// `agent_name`, and `prefill_id` only when it is the reporter's own
+// ID); reports about other peers are rate-limited per reporter (429
+// with Retry-After), and the stale event names the reporter.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2344,6 +2728,13 @@ func ParseRegisterPeerResponse(rsp *http.Response) (*RegisterPeerResponse, error
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -2387,6 +2778,13 @@ func ParseDeletePeerResponse(rsp *http.Response) (*DeletePeerResponse, error) {
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -2414,7 +2812,7 @@ func ParseGetPeerResponse(rsp *http.Response) (*GetPeerResponse, error) {
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest Peer
+		var dest PeerSummary
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2447,7 +2845,7 @@ func ParseDrainPeerResponse(rsp *http.Response) (*DrainPeerResponse, error) {
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest Peer
+		var dest PeerSummary
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2459,6 +2857,13 @@ func ParseDrainPeerResponse(rsp *http.Response) (*DrainPeerResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest Problem
@@ -2507,6 +2912,13 @@ func ParseHeartbeatPeerResponse(rsp *http.Response) (*HeartbeatPeerResponse, err
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -2520,6 +2932,53 @@ func ParseHeartbeatPeerResponse(rsp *http.Response) (*HeartbeatPeerResponse, err
 			return nil, err
 		}
 		response.ApplicationproblemJSON422 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetPeerRegistrationResponse parses an HTTP response from a GetPeerRegistrationWithResponse call
+func ParseGetPeerRegistrationResponse(rsp *http.Response) (*GetPeerRegistrationResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetPeerRegistrationResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Peer
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
 
 	}
 
@@ -2541,7 +3000,7 @@ func ParseMarkPeerStaleResponse(rsp *http.Response) (*MarkPeerStaleResponse, err
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest Peer
+		var dest PeerSummary
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2561,6 +3020,13 @@ func ParseMarkPeerStaleResponse(rsp *http.Response) (*MarkPeerStaleResponse, err
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -2574,6 +3040,13 @@ func ParseMarkPeerStaleResponse(rsp *http.Response) (*MarkPeerStaleResponse, err
 			return nil, err
 		}
 		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
 
 	}
 
@@ -2609,6 +3082,9 @@ type ServerInterface interface {
 
 	// (POST /api/v1/peers/{id}/heartbeat)
 	HeartbeatPeer(w http.ResponseWriter, r *http.Request, id PeerID)
+	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
+	// (GET /api/v1/peers/{id}/registration)
+	GetPeerRegistration(w http.ResponseWriter, r *http.Request, id PeerID)
 	// MarkPeerStale Mark a peer stale; its next heartbeat answer is reregister
 	// (POST /api/v1/peers/{id}/stale)
 	MarkPeerStale(w http.ResponseWriter, r *http.Request, id PeerID)
@@ -2665,6 +3141,12 @@ func (_ Unimplemented) DrainPeer(w http.ResponseWriter, r *http.Request, id Peer
 
 // (POST /api/v1/peers/{id}/heartbeat)
 func (_ Unimplemented) HeartbeatPeer(w http.ResponseWriter, r *http.Request, id PeerID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
+// (GET /api/v1/peers/{id}/registration)
+func (_ Unimplemented) GetPeerRegistration(w http.ResponseWriter, r *http.Request, id PeerID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3006,6 +3488,32 @@ func (siw *ServerInterfaceWrapper) HeartbeatPeer(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// GetPeerRegistration operation middleware
+func (siw *ServerInterfaceWrapper) GetPeerRegistration(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PeerID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetPeerRegistration(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // MarkPeerStale operation middleware
 func (siw *ServerInterfaceWrapper) MarkPeerStale(w http.ResponseWriter, r *http.Request) {
 
@@ -3156,6 +3664,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/peers/{id}", wrapper.GetPeer)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/peers/{id}/registration", wrapper.GetPeerRegistration)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/api/v1/peers/{id}/drain", wrapper.DrainPeer)
@@ -3412,6 +3923,20 @@ func (response RegisterPeer401ApplicationProblemPlusJSONResponse) VisitRegisterP
 	return err
 }
 
+type RegisterPeer403ApplicationProblemPlusJSONResponse Problem
+
+func (response RegisterPeer403ApplicationProblemPlusJSONResponse) VisitRegisterPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type RegisterPeer413ApplicationProblemPlusJSONResponse Problem
 
 func (response RegisterPeer413ApplicationProblemPlusJSONResponse) VisitRegisterPeerResponse(w http.ResponseWriter) error {
@@ -3472,6 +3997,20 @@ func (response DeletePeer401ApplicationProblemPlusJSONResponse) VisitDeletePeerR
 	return err
 }
 
+type DeletePeer403ApplicationProblemPlusJSONResponse Problem
+
+func (response DeletePeer403ApplicationProblemPlusJSONResponse) VisitDeletePeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type DeletePeer404ApplicationProblemPlusJSONResponse Problem
 
 func (response DeletePeer404ApplicationProblemPlusJSONResponse) VisitDeletePeerResponse(w http.ResponseWriter) error {
@@ -3494,7 +4033,7 @@ type GetPeerResponseObject interface {
 	VisitGetPeerResponse(w http.ResponseWriter) error
 }
 
-type GetPeer200JSONResponse Peer
+type GetPeer200JSONResponse PeerSummary
 
 func (response GetPeer200JSONResponse) VisitGetPeerResponse(w http.ResponseWriter) error {
 
@@ -3532,7 +4071,7 @@ type DrainPeerResponseObject interface {
 	VisitDrainPeerResponse(w http.ResponseWriter) error
 }
 
-type DrainPeer200JSONResponse Peer
+type DrainPeer200JSONResponse PeerSummary
 
 func (response DrainPeer200JSONResponse) VisitDrainPeerResponse(w http.ResponseWriter) error {
 
@@ -3558,6 +4097,20 @@ func (response DrainPeer401ApplicationProblemPlusJSONResponse) VisitDrainPeerRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DrainPeer403ApplicationProblemPlusJSONResponse Problem
+
+func (response DrainPeer403ApplicationProblemPlusJSONResponse) VisitDrainPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3629,6 +4182,20 @@ func (response HeartbeatPeer401ApplicationProblemPlusJSONResponse) VisitHeartbea
 	return err
 }
 
+type HeartbeatPeer403ApplicationProblemPlusJSONResponse Problem
+
+func (response HeartbeatPeer403ApplicationProblemPlusJSONResponse) VisitHeartbeatPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type HeartbeatPeer404ApplicationProblemPlusJSONResponse Problem
 
 func (response HeartbeatPeer404ApplicationProblemPlusJSONResponse) VisitHeartbeatPeerResponse(w http.ResponseWriter) error {
@@ -3657,6 +4224,72 @@ func (response HeartbeatPeer422ApplicationProblemPlusJSONResponse) VisitHeartbea
 	return err
 }
 
+type GetPeerRegistrationRequestObject struct {
+	Id PeerID `json:"id"`
+}
+
+type GetPeerRegistrationResponseObject interface {
+	VisitGetPeerRegistrationResponse(w http.ResponseWriter) error
+}
+
+type GetPeerRegistration200JSONResponse Peer
+
+func (response GetPeerRegistration200JSONResponse) VisitGetPeerRegistrationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPeerRegistration401ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response GetPeerRegistration401ApplicationProblemPlusJSONResponse) VisitGetPeerRegistrationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPeerRegistration403ApplicationProblemPlusJSONResponse Problem
+
+func (response GetPeerRegistration403ApplicationProblemPlusJSONResponse) VisitGetPeerRegistrationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPeerRegistration404ApplicationProblemPlusJSONResponse Problem
+
+func (response GetPeerRegistration404ApplicationProblemPlusJSONResponse) VisitGetPeerRegistrationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type MarkPeerStaleRequestObject struct {
 	Id   PeerID `json:"id"`
 	Body *MarkPeerStaleJSONRequestBody
@@ -3666,7 +4299,7 @@ type MarkPeerStaleResponseObject interface {
 	VisitMarkPeerStaleResponse(w http.ResponseWriter) error
 }
 
-type MarkPeerStale200JSONResponse Peer
+type MarkPeerStale200JSONResponse PeerSummary
 
 func (response MarkPeerStale200JSONResponse) VisitMarkPeerStaleResponse(w http.ResponseWriter) error {
 
@@ -3710,6 +4343,20 @@ func (response MarkPeerStale401ApplicationProblemPlusJSONResponse) VisitMarkPeer
 	return err
 }
 
+type MarkPeerStale403ApplicationProblemPlusJSONResponse Problem
+
+func (response MarkPeerStale403ApplicationProblemPlusJSONResponse) VisitMarkPeerStaleResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type MarkPeerStale404ApplicationProblemPlusJSONResponse Problem
 
 func (response MarkPeerStale404ApplicationProblemPlusJSONResponse) VisitMarkPeerStaleResponse(w http.ResponseWriter) error {
@@ -3734,6 +4381,20 @@ func (response MarkPeerStale422ApplicationProblemPlusJSONResponse) VisitMarkPeer
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MarkPeerStale429ApplicationProblemPlusJSONResponse Problem
+
+func (response MarkPeerStale429ApplicationProblemPlusJSONResponse) VisitMarkPeerStaleResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3767,6 +4428,9 @@ type StrictServerInterface interface {
 
 	// (POST /api/v1/peers/{id}/heartbeat)
 	HeartbeatPeer(ctx context.Context, request HeartbeatPeerRequestObject) (HeartbeatPeerResponseObject, error)
+	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
+	// (GET /api/v1/peers/{id}/registration)
+	GetPeerRegistration(ctx context.Context, request GetPeerRegistrationRequestObject) (GetPeerRegistrationResponseObject, error)
 	// MarkPeerStale Mark a peer stale; its next heartbeat answer is reregister
 	// (POST /api/v1/peers/{id}/stale)
 	MarkPeerStale(ctx context.Context, request MarkPeerStaleRequestObject) (MarkPeerStaleResponseObject, error)
@@ -4050,6 +4714,32 @@ func (sh *strictHandler) HeartbeatPeer(w http.ResponseWriter, r *http.Request, i
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(HeartbeatPeerResponseObject); ok {
 		if err := validResponse.VisitHeartbeatPeerResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetPeerRegistration operation middleware
+func (sh *strictHandler) GetPeerRegistration(w http.ResponseWriter, r *http.Request, id PeerID) {
+	var request GetPeerRegistrationRequestObject
+
+	request.Id = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetPeerRegistration(ctx, request.(GetPeerRegistrationRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetPeerRegistration")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetPeerRegistrationResponseObject); ok {
+		if err := validResponse.VisitGetPeerRegistrationResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -33,6 +33,7 @@ func Config(name string, role registry.Role, engine registry.Engine) sim.Config 
 		Name: name, Role: role, Engine: engine, Model: "sim-model",
 		PageSize: 4, NumLayers: 2, NumKVHeads: 2, HeadDim: 8, Pages: 64,
 		RoomTimeout: 5 * time.Second, TransferTimeout: 5 * time.Second,
+		SharedTransferSecret: []byte("simtest shared transfer secret"),
 	}
 }
 

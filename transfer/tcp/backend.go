@@ -2,7 +2,9 @@ package tcp
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -38,6 +40,16 @@ type Config struct {
 	// MaxIdleConns is the number of idle connections kept per remote agent;
 	// default 4.
 	MaxIdleConns int
+	// Secret is this agent's transfer secret (16 to 64 bytes): every
+	// incoming connection must prove it holds it (an HMAC challenge-response,
+	// see wire.go). Empty draws a random 32-byte one (Backend.Secret returns
+	// it), to be registered with the control plane for this agent name.
+	Secret []byte
+	// RemoteSecret returns a remote agent's transfer secret, from the
+	// control plane over an authenticated call. It is asked once per remote
+	// agent (so once per generation) before the first connection; an error
+	// is not remembered. Nil refuses every outgoing connection.
+	RemoteSecret func(ctx context.Context, agent string) ([]byte, error)
 }
 
 // WithDefaults returns the config with zero fields set to their defaults.
@@ -63,6 +75,9 @@ func (c Config) validate() error {
 	}
 	if len(c.AgentName) > maxName {
 		return fmt.Errorf("tcp backend config: agent_name is longer than %d bytes", maxName)
+	}
+	if n := len(c.Secret); n < registry.MinTransferSecret || n > registry.MaxTransferSecret {
+		return fmt.Errorf("tcp backend config: secret must be %d to %d bytes, got %d", registry.MinTransferSecret, registry.MaxTransferSecret, n)
 	}
 	return nil
 }
@@ -92,6 +107,7 @@ type remote struct {
 	md      metadata
 	regions transfer.RegionSet
 	idle    []*conn
+	secret  []byte // the remote's transfer secret, once RemoteSecret gave it
 }
 
 // conn is an outgoing connection that has passed the hello.
@@ -117,6 +133,12 @@ var _ transfer.Backend = (*Backend)(nil)
 // New starts a backend listening on cfg.ListenAddr.
 func New(cfg Config, log zerolog.Logger) (*Backend, error) {
 	cfg = cfg.WithDefaults()
+	if len(cfg.Secret) == 0 {
+		cfg.Secret = make([]byte, 32)
+		if _, err := rand.Read(cfg.Secret); err != nil {
+			return nil, fmt.Errorf("tcp backend secret: %w", err)
+		}
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -151,6 +173,10 @@ func (b *Backend) AgentName() string { return b.cfg.AgentName }
 
 // Addr returns the address remote agents dial.
 func (b *Backend) Addr() string { return b.addr }
+
+// Secret returns the agent's transfer secret, which initiators must prove
+// they hold; the agent registers it with the control plane.
+func (b *Backend) Secret() []byte { return bytes.Clone(b.cfg.Secret) }
 
 // RegisterMemory registers DRAM regions.
 func (b *Backend) RegisterMemory(l transfer.DescList) error {
@@ -302,6 +328,7 @@ func (b *Backend) begin(ctx context.Context, x transfer.Xfer) (*op, error) {
 	}
 	c := b.takeIdleLocked(r)
 	md := r.md
+	secret := r.secret
 	b.mu.Unlock()
 
 	acc, err := b.mem.Acquire(x.Local)
@@ -312,7 +339,13 @@ func (b *Backend) begin(ctx context.Context, x transfer.Xfer) (*op, error) {
 		return nil, fmt.Errorf("local: %w", err)
 	}
 	if c == nil {
-		if c, err = b.dial(ctx, md); err != nil {
+		if secret == nil {
+			if secret, err = b.remoteSecret(ctx, r); err != nil {
+				b.mem.Release(acc)
+				return nil, err
+			}
+		}
+		if c, err = b.dial(ctx, md, secret); err != nil {
 			b.mem.Release(acc)
 			return nil, err
 		}
@@ -399,7 +432,29 @@ func (b *Backend) dropConn(c *conn) {
 	b.mu.Unlock()
 }
 
-func (b *Backend) dial(ctx context.Context, md metadata) (*conn, error) {
+// remoteSecret asks RemoteSecret for r's secret and keeps it for the next
+// connections to the same agent.
+func (b *Backend) remoteSecret(ctx context.Context, r *remote) ([]byte, error) {
+	if b.cfg.RemoteSecret == nil {
+		return nil, fmt.Errorf("connect to %s: no way to learn remote transfer secrets: %w", r.md.Name, transfer.ErrUnauthenticated)
+	}
+	secret, err := b.cfg.RemoteSecret(ctx, r.md.Name)
+	if err != nil {
+		return nil, fmt.Errorf("transfer secret of %s: %w: %w", r.md.Name, transfer.ErrUnauthenticated, err)
+	}
+	if len(secret) == 0 {
+		return nil, fmt.Errorf("transfer secret of %s is empty: %w", r.md.Name, transfer.ErrUnauthenticated)
+	}
+	b.mu.Lock()
+	r.secret = bytes.Clone(secret)
+	b.mu.Unlock()
+	return secret, nil
+}
+
+// dial connects to the remote agent and runs the handshake: the remote
+// proves it holds secret before any byte of ours goes to it, then we prove
+// it too.
+func (b *Backend) dial(ctx context.Context, md metadata, secret []byte) (*conn, error) {
 	d := net.Dialer{Timeout: b.cfg.DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", md.Addr)
 	if err != nil {
@@ -409,19 +464,48 @@ func (b *Backend) dial(ctx context.Context, md metadata) (*conn, error) {
 		return nil, fmt.Errorf("tcp backend %s: %w", b.cfg.AgentName, transfer.ErrClosed)
 	}
 	c := &conn{c: nc, br: bufio.NewReaderSize(nc, 64<<10)}
-	nc.SetDeadline(time.Now().Add(b.cfg.DialTimeout))
-	if _, err := nc.Write(encodeHello(hello{Initiator: b.cfg.AgentName, Target: md.Name, Instance: md.Instance})); err != nil {
+	fail := func(what string, class, err error) (*conn, error) {
 		b.dropConn(c)
-		return nil, fmt.Errorf("hello to %s: %w: %w", md.Name, transfer.ErrPeerGone, err)
+		if err == nil {
+			return nil, fmt.Errorf("%s %s: %w", what, md.Name, class)
+		}
+		return nil, fmt.Errorf("%s %s: %w: %w", what, md.Name, class, err)
+	}
+	nc.SetDeadline(time.Now().Add(b.cfg.DialTimeout))
+	h := hello{Initiator: b.cfg.AgentName, Target: md.Name, Instance: md.Instance}
+	if _, err := rand.Read(h.Nonce[:]); err != nil {
+		return fail("hello to", transfer.ErrPeerGone, err)
+	}
+	if _, err := nc.Write(encodeHello(h)); err != nil {
+		return fail("hello to", transfer.ErrPeerGone, err)
 	}
 	st, msg, err := readReply(c.br)
 	if err != nil {
-		b.dropConn(c)
-		return nil, fmt.Errorf("hello to %s: %w: %w", md.Name, transfer.ErrPeerGone, err)
+		return fail("hello to", transfer.ErrPeerGone, err)
 	}
 	if err := statusErr(st, msg); err != nil {
 		b.dropConn(c)
 		return nil, fmt.Errorf("hello to %s: %w", md.Name, err)
+	}
+	var challenge [nonceBytes + proofBytes]byte
+	if _, err := io.ReadFull(c.br, challenge[:]); err != nil {
+		return fail("challenge from", transfer.ErrPeerGone, err)
+	}
+	targetNonce := [nonceBytes]byte(challenge[:nonceBytes])
+	want := proof(secret, roleTarget, h, targetNonce)
+	if !hmac.Equal(challenge[nonceBytes:], want[:]) {
+		return fail("the remote did not prove it holds the transfer secret of", transfer.ErrUnauthenticated, nil)
+	}
+	mine := proof(secret, roleInitiator, h, targetNonce)
+	if _, err := nc.Write(mine[:]); err != nil {
+		return fail("proof to", transfer.ErrPeerGone, err)
+	}
+	if st, msg, err = readReply(c.br); err != nil {
+		return fail("proof to", transfer.ErrPeerGone, err)
+	}
+	if err := statusErr(st, msg); err != nil {
+		b.dropConn(c)
+		return nil, fmt.Errorf("proof to %s: %w", md.Name, err)
 	}
 	c.deadline = time.Now().Add(b.cfg.DialTimeout)
 	return c, nil
@@ -611,6 +695,30 @@ func (b *Backend) serve(nc net.Conn) {
 	if h.Target != b.cfg.AgentName || h.Instance != b.instance {
 		b.log.Info().Str(transfer.LogInitiator, h.Initiator).Str(transfer.LogTarget, h.Target).Msg("hello for another agent or instance")
 		nc.Write(appendReply(nil, stStranger, fmt.Sprintf("this is agent %s, not %s at that instance", b.cfg.AgentName, h.Target)))
+		return
+	}
+	// The challenge: our nonce and our proof, then the initiator's proof.
+	// Nothing of the memory is reachable before it checks out.
+	var targetNonce [nonceBytes]byte
+	if _, err := rand.Read(targetNonce[:]); err != nil {
+		return
+	}
+	mine := proof(b.cfg.Secret, roleTarget, h, targetNonce)
+	challenge := appendReply(nil, stOK, "")
+	challenge = append(append(challenge, targetNonce[:]...), mine[:]...)
+	if _, err := nc.Write(challenge); err != nil {
+		return
+	}
+	var theirs [proofBytes]byte
+	if _, err := io.ReadFull(br, theirs[:]); err != nil {
+		b.log.Info().Err(err).Str(transfer.LogInitiator, h.Initiator).Str(transfer.LogRemoteAddr, nc.RemoteAddr().String()).
+			Msg("connection left during the handshake (an initiator without the transfer secret hangs up here)")
+		return
+	}
+	if want := proof(b.cfg.Secret, roleInitiator, h, targetNonce); !hmac.Equal(theirs[:], want[:]) {
+		b.log.Warn().Str(transfer.LogInitiator, h.Initiator).Str(transfer.LogRemoteAddr, nc.RemoteAddr().String()).
+			Msg("refused a connection that does not hold the transfer secret")
+		nc.Write(appendReply(nil, stUnauthenticated, "the connection did not prove it holds this agent's transfer secret"))
 		return
 	}
 	if _, err := nc.Write(appendReply(nil, stOK, "")); err != nil {

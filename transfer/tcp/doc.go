@@ -5,10 +5,15 @@
 //
 // Each agent listens on one TCP port. Its metadata (an opaque []byte the
 // control plane carries) holds the agent name, the listen address, a random
-// instance id and the registered regions. An initiator dials the remote's
+// instance id and the registered regions. Metadata is published, so it
+// opens nothing: each agent also has a transfer secret, which the control
+// plane hands only to authenticated peers. An initiator dials the remote's
 // address, says hello naming the agent and instance it loaded (a connection
 // for another agent, or for a previous instance of it, is refused as a
-// stranger), and then sends framed requests: a WRITE carries its payload,
+// stranger), and both sides prove they hold the target's secret with an
+// HMAC challenge-response over fresh nonces (the target first, so that no
+// byte of KV goes to an impostor; the secret never crosses the wire). Then
+// the initiator sends framed requests: a WRITE carries its payload,
 // which the target reads straight into its registered memory; a READ is
 // answered with the bytes. Both sides check every span against registered
 // regions before touching memory. The target queues the notification of a

@@ -1,6 +1,8 @@
 package tcp
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,9 +20,25 @@ import (
 //	magic "PDTCPMD1" | u16 len, agent name | u16 len, address | u64 instance |
 //	u32 count, count × (u8 kind, u64 addr, u64 len, u64 dev id) | u32 crc32 (IEEE) of all before
 //
-// Connection hello, initiator to target, then a one-status reply:
+// Connection hello, initiator to target:
 //
-//	magic "PDTH" | u8 version | u16 len, initiator name | u16 len, target name | u64 target instance
+//	magic "PDTH" | u8 version | u16 len, initiator name | u16 len, target name | u64 target instance |
+//	32 bytes initiator nonce
+//
+// The target answers with a reply (stStranger for another agent or
+// instance); an OK reply is followed by its challenge:
+//
+//	32 bytes target nonce | 32 bytes target proof
+//
+// and the initiator, having checked the target's proof, answers with
+//
+//	32 bytes initiator proof
+//
+// after which the target sends one more reply (stOK, or stUnauthenticated
+// and it hangs up). The proofs are HMAC-SHA256 under the target agent's
+// transfer secret (see proof), which only the two agents learn from the
+// control plane; the secret itself never crosses the wire, and the agent
+// name, address and instance in the published metadata open nothing.
 //
 // Request, then the payload of a WRITE:
 //
@@ -32,7 +50,10 @@ import (
 const (
 	mdMagic    = "PDTCPMD1"
 	helloMagic = "PDTH"
-	version    = 1
+	version    = 2
+
+	nonceBytes = 32
+	proofBytes = sha256.Size
 
 	maxName     = 1024
 	maxRegions  = 1 << 16
@@ -52,6 +73,7 @@ const (
 	stInvalid
 	stStranger
 	stClosing
+	stUnauthenticated
 )
 
 func statusErr(st byte, msg string) error {
@@ -67,6 +89,8 @@ func statusErr(st byte, msg string) error {
 		class = transfer.ErrStranger
 	case stClosing:
 		class = transfer.ErrPeerGone
+	case stUnauthenticated:
+		class = transfer.ErrUnauthenticated
 	default:
 		class = transfer.ErrPeerGone
 	}
@@ -153,13 +177,40 @@ type hello struct {
 	Initiator string
 	Target    string
 	Instance  uint64
+	Nonce     [nonceBytes]byte
 }
 
 func encodeHello(h hello) []byte {
 	b := append([]byte(helloMagic), version)
 	b = appendString(b, h.Initiator)
 	b = appendString(b, h.Target)
-	return binary.LittleEndian.AppendUint64(b, h.Instance)
+	b = binary.LittleEndian.AppendUint64(b, h.Instance)
+	return append(b, h.Nonce[:]...)
+}
+
+// Proof roles: the target and the initiator prove knowledge of the secret
+// over the same transcript under different labels, so that neither proof
+// can be replayed as the other.
+const (
+	roleTarget    = "pdplane tcp transfer v2 target"
+	roleInitiator = "pdplane tcp transfer v2 initiator"
+)
+
+// proof is HMAC-SHA256 under secret of the role and the whole handshake:
+// both names, the target's instance and both nonces. Fresh nonces on each
+// side make every proof single-use.
+func proof(secret []byte, role string, h hello, targetNonce [nonceBytes]byte) [proofBytes]byte {
+	m := hmac.New(sha256.New, secret)
+	msg := appendString(nil, role)
+	msg = appendString(msg, h.Initiator)
+	msg = appendString(msg, h.Target)
+	msg = binary.LittleEndian.AppendUint64(msg, h.Instance)
+	msg = append(msg, h.Nonce[:]...)
+	msg = append(msg, targetNonce[:]...)
+	m.Write(msg)
+	var out [proofBytes]byte
+	copy(out[:], m.Sum(nil))
+	return out
 }
 
 func readHello(r io.Reader) (hello, error) {
@@ -183,6 +234,9 @@ func readHello(r io.Reader) (hello, error) {
 		return hello{}, err
 	}
 	h.Instance = binary.LittleEndian.Uint64(inst[:])
+	if _, err := io.ReadFull(r, h.Nonce[:]); err != nil {
+		return hello{}, err
+	}
 	return h, nil
 }
 

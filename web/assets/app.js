@@ -158,12 +158,6 @@
     return (i === 0 || n >= 100 ? Math.round(n) : n.toFixed(1).replace(/\.0$/, '')) + ' ' + units[i];
   }
 
-  function hex(n) {
-    if (typeof n !== 'number') return '—';
-    // JSON numbers past 2^53 lost their low bits on the way in.
-    return (Number.isSafeInteger(n) ? '' : '≈') + '0x' + n.toString(16);
-  }
-
   function pct(x) {
     return typeof x === 'number' && Number.isFinite(x) ? Math.round(x * 100) + '%' : '—';
   }
@@ -871,27 +865,30 @@
     return [el('dt', null, k), el('dd', null, v)];
   }
 
+  // rankBlock draws a rank from the open summary: region sizes and memory
+  // kinds, never KV pointers or agent metadata (those are only in the
+  // authenticated full registration).
   function rankBlock(r) {
-    const n = (r.kv_data_ptrs || []).length;
     const kinds = r.kv_mem_kinds || [];
+    const lens = r.kv_data_lens || [];
+    const n = r.regions ?? lens.length;
     const kindCounts = {};
     for (const k of kinds) kindCounts[k] = (kindCounts[k] || 0) + 1;
-    const total = (r.kv_data_lens || []).reduce((a, b) => a + b, 0);
-    const meta = r.agent_metadata ? Math.floor((r.agent_metadata.length * 3) / 4) : 0;
+    const total = r.kv_bytes ?? lens.reduce((a, b) => a + b, 0);
+    const meta = r.agent_metadata_bytes || 0;
+    const aux = r.aux_regions || 0;
     const regions = el('table', { class: 'regions' },
-      el('thead', null, el('tr', null, ['#', 'Pointer', 'Length', 'Item length', 'Memory kind'].map((h) => el('th', { scope: 'col' }, h)))),
+      el('thead', null, el('tr', null, ['#', 'Length', 'Memory kind'].map((h) => el('th', { scope: 'col' }, h)))),
       el('tbody', null, Array.from({ length: Math.max(n, kinds.length) }, (_, i) => el('tr', null,
         el('td', { class: 'num' }, String(i)),
-        el('td', { class: 'mono' }, hex(r.kv_data_ptrs?.[i])),
-        el('td', { class: 'num' }, bytes(r.kv_data_lens?.[i])),
-        el('td', { class: 'num' }, bytes(r.kv_item_lens?.[i])),
+        el('td', { class: 'num' }, bytes(lens[i])),
         el('td', null, kinds[i] ? el('span', { class: 'memkind mk-' + kinds[i] }, kinds[i]) : el('span', { class: 'problem' }, 'missing'))))));
     return el('section', { class: 'rank' },
       el('h4', null, 'Rank ' + r.rank + ' · GPU ' + (r.gpu_id === -1 || r.gpu_id === undefined ? 'none' : r.gpu_id) + ' · agent ', el('code', null, r.agent_name)),
       el('p', { class: 'rank-sum' },
         n + ' KV region' + (n === 1 ? '' : 's') + ', ' + bytes(total) + ' · ',
         Object.entries(kindCounts).map(([k, c]) => el('span', { class: 'memkind mk-' + k }, c + '× ' + k)),
-        (r.aux_data_ptrs || []).length ? ' · ' + r.aux_data_ptrs.length + ' aux regions, ' + bytes((r.aux_data_lens || []).reduce((a, b) => a + b, 0)) : '',
+        aux ? ' · ' + aux + ' aux region' + (aux === 1 ? '' : 's') : '',
         meta ? ' · agent metadata ' + bytes(meta) : ''),
       n > 8 ? el('details', null, el('summary', null, 'Show all ' + n + ' regions'), regions) : regions);
   }
@@ -1074,8 +1071,8 @@
     openFromHash();
     pollMetrics();
     setInterval(tick, 1000);
-    // Polls stop while the tab is hidden: the peer list carries every
-    // rank's geometry and NIXL metadata, which is not free for a big fleet.
+    // Polls stop while the tab is hidden: even as a summary (no pointers or
+    // NIXL metadata), the peer list grows with the fleet.
     const visible = (fn) => () => { if (!document.hidden) fn(); };
     setInterval(visible(loadPeers), POLL_PEERS_MS);
     setInterval(visible(loadPairs), POLL_PAIRS_MS);
