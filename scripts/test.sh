@@ -5,7 +5,9 @@
 #  - NIXL: installs the nixl-cu12 wheel into .venv and points
 #    $PDPLANE_NIXL_LIB at its libnixl_capi.so.
 #  - Chromium: found on PATH (Debian's `chromium`) for the browser test.
-# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL or Chromium
+#  - schemathesis: installed into .venv by scripts/install-schemathesis.sh
+#    for the spec fuzz run (scripts/fuzz-api.sh).
+# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL, Chromium or schemathesis
 # fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,3 +58,6 @@ go test -race -count=1 -v -run 'TestContract' ./registry/registrytest |
 
 step "go test -race ./..."
 go test -race -count=1 -timeout 12m ./...
+
+step "property-based fuzzing of the API against openapi.yaml (schemathesis)"
+scripts/fuzz-api.sh
