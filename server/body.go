@@ -10,14 +10,15 @@ import (
 )
 
 // BodyDeadline bounds how long a client may take to send its request body.
-// A deadline for the whole connection (http.Server.ReadTimeout) would also
-// fire under a long response stream, and when net/http's background read
-// hits it the request's context is cancelled; so the deadline is set per
-// request, only when there is a body, and cleared once the body has been
-// read to its end. A client that trickles its body is cut off at the
-// deadline: the read fails, the handler answers 400 or 413 to nobody, and
-// net/http closes the connection. Exported so that every server the binary
-// runs (the control plane, the simulator) applies the same rule.
+// A client that trickles its body is cut off at the deadline: the read
+// fails, the handler answers 408 (to nobody, usually), and net/http closes
+// the connection since the body was not read to its end. The deadline is
+// set per request, only when there is a body, and cleared at the body's
+// end, so that nothing after it (a response stream, net/http's background
+// read that notices a client leaving, the keep-alive wait) runs under it.
+// There is no WriteTimeout to go with it: that would cut streams. Exported
+// so that every server the binary runs (the control plane, the simulator)
+// applies the same rule.
 func BodyDeadline(timeout time.Duration) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		if timeout <= 0 {

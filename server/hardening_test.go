@@ -20,6 +20,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/router"
+	"github.com/pdplane/pdplane/router/routertest"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/web"
 )
@@ -431,4 +432,72 @@ func TestTrickledBodiesHoldNoMemoryAndAreCut(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return err != nil && errors.As(err, &ne) && ne.Timeout()
+}
+
+// TestBodyDeadlineDoesNotCutStreams: the deadline covers the request body
+// only. A generation stream that outlives it several times over, and an
+// event stream (no body at all), must still deliver their next bytes. It
+// pins the whole stack (middleware, router, strict handler) against any
+// deadline or timeout that would end a stream.
+func TestBodyDeadlineDoesNotCutStreams(t *testing.T) {
+	t.Parallel()
+	const deadline = 100 * time.Millisecond
+	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)
+	d := routertest.StartSGLang(t, "d1", registry.RoleDecode)
+	// The decode holds its second chunk until the body deadline has long
+	// passed: the wait is the condition under test, not a pause.
+	d.SetBehavior(routertest.Behavior{Chunks: 2, BeforeChunk: func(i int) {
+		if i == 1 {
+			<-time.After(5 * deadline)
+		}
+	}})
+	var rt *router.Router
+	b := setupWith(t, func(c *server.Config, deps *server.Deps) {
+		c.BodyTimeout = deadline
+		var err error
+		rt, err = router.New(router.Config{}, routertest.NewSnapshots(p.Peer("m"), d.Peer("m")), nil,
+			zerolog.New(zerolog.NewTestWriter(t)), deps.Registry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deps.Routes = rt
+	})
+	t.Cleanup(rt.Close)
+
+	events := b.openStream(t, context.Background())
+	defer events.Body.Close()
+
+	req, _ := http.NewRequest("POST", b.url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	start := time.Now()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("stream cut after %s: %v (read %q)", time.Since(start), err, data)
+	}
+	if !strings.Contains(string(data), "d1-tok1") || !strings.Contains(string(data), "[DONE]") {
+		t.Fatalf("stream after the deadline: %s", data)
+	}
+	if time.Since(start) < 4*deadline {
+		t.Fatalf("the stream ended after %s, before outliving the body deadline", time.Since(start))
+	}
+
+	// The event stream opened before all this is still served: a
+	// registration now arrives on it.
+	b.register(t, registrytest.Spec("late", registry.RolePrefill))
+	sc := bufio.NewScanner(events.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			if !strings.Contains(sc.Text(), `"late"`) {
+				t.Fatalf("event %s", sc.Text())
+			}
+			return
+		}
+	}
+	t.Fatalf("event stream ended: %v", sc.Err())
 }

@@ -165,8 +165,8 @@ func (s *Sim) Start(ctx context.Context) error {
 }
 
 // bodyTimeout bounds how long a client may take to send a request body, as
-// on the control plane (server.BodyDeadline); there is no ReadTimeout or
-// WriteTimeout, which would cut generation streams.
+// on the control plane (server.BodyDeadline); there is no WriteTimeout,
+// which would cut generation streams.
 const bodyTimeout = 30 * time.Second
 
 func (s *Sim) newServer(h http.Handler) *http.Server {

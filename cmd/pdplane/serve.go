@@ -134,8 +134,8 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", c.addr, err)
 	}
-	// No ReadTimeout or WriteTimeout: they would cut event and generation
-	// streams. Bodies are bounded per request (--body-timeout) instead.
+	// No WriteTimeout: it would cut event and generation streams. Request
+	// bodies are bounded per request by the server (--body-timeout).
 	cp.hs = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	cp.BaseURL = "http://" + ln.Addr().String()
 	log.Info().Str("addr", ln.Addr().String()).Str("openai_base_url", cp.BaseURL+"/v1").
