@@ -180,7 +180,15 @@ func TestAllowedHostsRefusesOtherNames(t *testing.T) {
 // swallows them), and 405 for TRACE anywhere.
 func TestMethodsAndPathsFollowTheSpec(t *testing.T) {
 	t.Parallel()
-	b := setupWith(t, func(_ *server.Config, d *server.Deps) { d.Web = web.Handler() })
+	b := setupWith(t, func(_ *server.Config, d *server.Deps) {
+		d.Web = web.Handler()
+		rt, err := router.New(router.Config{}, d.Snaps, nil, zerolog.New(zerolog.NewTestWriter(t)), d.Registry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rt.Close)
+		d.Routes = rt
+	})
 	for _, tc := range []struct {
 		method, path string
 		status       int
@@ -200,6 +208,10 @@ func TestMethodsAndPathsFollowTheSpec(t *testing.T) {
 		{"POST", "/api/v1/nope", 404, "", true},
 		{"DELETE", "/api/v2/peers", 404, "", true},
 		{"GET", "/nope", 404, "", false},
+		{"GET", "/v1/chat/completions", 405, "POST", false},
+		{"DELETE", "/v1/models", 405, "GET", false},
+		{"TRACE", "/generate", 405, "POST", false},
+		{"PUT", "/healthz", 405, "GET", false},
 		{"GET", "/", 200, "", false},
 	} {
 		code, h, data := b.raw(t, tc.method, tc.path, "")
