@@ -18,6 +18,8 @@ const (
 	codeOverloaded      = "upstream_overloaded"
 	codeStreamBroken    = "upstream_stream_error"
 	codeUnsupported     = "unsupported_route"
+	codeRouterBusy      = "router_busy"
+	codeBodyTimeout     = "request_timeout"
 )
 
 func (e *apiError) Error() string { return e.Message }

@@ -67,6 +67,10 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; larger bodies get 413. 32 MiB by
 	// default.
 	MaxBodyBytes int64
+	// MaxInflight caps the generation requests this router serves at once;
+	// 4096 by default. Over it, a request is answered 503 with Retry-After
+	// before its body is read, and counted with outcome max_inflight.
+	MaxInflight int
 	// MaxResponseBytes bounds what the router buffers of an engine's answer
 	// when it has to rewrite it (the logprob merge). 64 MiB by default.
 	MaxResponseBytes int64
@@ -150,6 +154,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
 	}
+	if c.MaxInflight == 0 {
+		c.MaxInflight = 4096
+	}
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = 64 << 20
 	}
@@ -213,6 +220,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("DecodePolicy: unknown policy %q (want round_robin, random, power_of_two, least_load or cache_aware)", c.DecodePolicy)
 	case c.MaxBodyBytes < 0:
 		return fmt.Errorf("MaxBodyBytes: must be positive, got %d", c.MaxBodyBytes)
+	case c.MaxInflight < 1:
+		return fmt.Errorf("MaxInflight: must be at least 1, got %d", c.MaxInflight)
 	case c.MaxResponseBytes < 0:
 		return fmt.Errorf("MaxResponseBytes: must be positive, got %d", c.MaxResponseBytes)
 	case c.MaxAttempts < 1:

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -174,14 +175,21 @@ func (rt *Router) serveGeneration(rte route) http.HandlerFunc {
 
 func (d *dispatch) serve() {
 	rt := d.rt
-	rt.m.inflight.Inc()
-	defer rt.m.inflight.Dec()
 	d.rid = d.r.Header.Get("X-Request-Id")
 	if !validRequestID(d.rid) {
 		d.rid = newRequestID()
 	}
 	d.w.Header().Set("X-Request-Id", d.rid)
 	defer d.finish()
+	if !rt.admit.acquire() {
+		d.w.Header().Set("Retry-After", "1")
+		d.reject(serverError(http.StatusServiceUnavailable, "the router is at its limit of "+strconv.Itoa(rt.cfg.MaxInflight)+
+			" requests in flight (--max-inflight); retry shortly", codeRouterBusy), outcomeRouterBusy)
+		return
+	}
+	defer rt.admit.release()
+	rt.m.inflight.Inc()
+	defer rt.m.inflight.Dec()
 
 	body, aerr := rt.readBody(d.r)
 	if aerr != nil {
@@ -666,7 +674,7 @@ func (d *dispatch) finish() {
 	switch d.outcome {
 	case outcomeOK:
 		ev = rt.log.Debug()
-	case outcomeBadRequest, outcomeClientGone, outcomeUnauthorized, outcomeUpstream4xx:
+	case outcomeBadRequest, outcomeClientGone, outcomeUnauthorized, outcomeUpstream4xx, outcomeRouterBusy:
 		ev = rt.log.Info()
 	default:
 		ev = rt.log.Warn()
@@ -693,8 +701,11 @@ func (d *dispatch) finish() {
 }
 
 // readBody reads the client's body, refusing one over MaxBodyBytes. The
-// buffer is sized to the declared length: pooling it would pin a large
-// buffer to every open stream, since the body is kept for retries.
+// buffer grows with what actually arrives: the declared Content-Length only
+// caps the first allocation at readBodyInitial, so a client that declares a
+// large body and sends a trickle holds almost nothing. The buffer is not
+// pooled: it is kept for retries, so pooling would pin a large buffer to
+// every open stream.
 func (rt *Router) readBody(r *http.Request) ([]byte, *apiError) {
 	limit := rt.cfg.MaxBodyBytes
 	tooLarge := &apiError{Status: http.StatusRequestEntityTooLarge, Message: "request body exceeds " + strconv.FormatInt(limit, 10) + " bytes",
@@ -704,7 +715,7 @@ func (rt *Router) readBody(r *http.Request) ([]byte, *apiError) {
 	}
 	size := int64(512)
 	if r.ContentLength > 0 {
-		size = r.ContentLength + 1 // room to see EOF without growing
+		size = min(r.ContentLength+1, readBodyInitial) // +1: room to see EOF without growing
 	}
 	buf := make([]byte, 0, size)
 	for {
@@ -721,13 +732,20 @@ func (rt *Router) readBody(r *http.Request) ([]byte, *apiError) {
 		}
 		if err != nil {
 			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
+			switch {
+			case errors.As(err, &mbe):
 				return nil, tooLarge
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				return nil, &apiError{Status: http.StatusRequestTimeout, Message: "the request body did not arrive in time",
+					Type: "invalid_request_error", Code: codeBodyTimeout}
 			}
 			return nil, badRequest("reading the request body: "+err.Error(), "", "invalid_request_body")
 		}
 	}
 }
+
+// readBodyInitial is the most readBody allocates before bytes arrive.
+const readBodyInitial = 64 << 10
 
 func (rt *Router) getRelayBuf() *[]byte  { return rt.bufs.Get().(*[]byte) }
 func (rt *Router) putRelayBuf(b *[]byte) { rt.bufs.Put(b) }

@@ -18,6 +18,7 @@ const (
 	outcomeTimeout      = "timeout"        // the last failure was a timeout
 	outcomeStreamError  = "stream_error"   // the decode failed after the first byte
 	outcomeClientGone   = "client_gone"    // the client left (499 in logs)
+	outcomeRouterBusy   = "max_inflight"   // refused at Config.MaxInflight, before the body was read
 )
 
 // metrics are the router's Prometheus series, all prefixed pdplane_router_.

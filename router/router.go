@@ -54,7 +54,26 @@ type Router struct {
 	bufs    sync.Pool // *[]byte relay buffers
 
 	reports sync.WaitGroup // reporter calls in flight
+	admit   admission      // generation requests in flight, against MaxInflight
 }
+
+// admission counts requests against a cap without queueing: a request over
+// it is refused at once, since a queue would only hold the client's
+// connection and body while the engines are already saturated.
+type admission struct {
+	n   atomic.Int64
+	max int64
+}
+
+func (a *admission) acquire() bool {
+	if a.n.Add(1) > a.max {
+		a.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (a *admission) release() { a.n.Add(-1) }
 
 // New builds a Router. reporter may be nil (stale marks and quarantines are
 // then only logged); reg may be nil (metrics are then kept in a private
@@ -81,6 +100,7 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 		log:      log.With().Str("component", "router").Logger(),
 		m:        m,
 	}
+	rt.admit.max = int64(cfg.MaxInflight)
 	rt.transport = cfg.Transport
 	if rt.transport == nil {
 		rt.ownedTr = newUpstreamTransport(&cfg)

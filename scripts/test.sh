@@ -7,7 +7,9 @@
 #  - SMG and vllm-router: installed into .venv for the interop tests, which
 #    run the simulators behind them and pdplane behind SMG.
 #  - Chromium: found on PATH (Debian's `chromium`) for the browser test.
-# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL or Chromium
+#  - schemathesis: installed into .venv by scripts/install-schemathesis.sh
+#    for the spec fuzz run (scripts/fuzz-api.sh).
+# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL, Chromium or schemathesis
 # fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,3 +71,6 @@ go test -race -count=1 -v -run 'TestContract' ./registry/registrytest |
 
 step "go test -race ./..."
 go test -race -count=1 -timeout 12m ./...
+
+step "property-based fuzzing of the API against openapi.yaml (schemathesis)"
+scripts/fuzz-api.sh

@@ -140,6 +140,11 @@ func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleReques
 		return nil, p
 	}
 	if req.Body.PrefillId == nil && req.Body.AgentName == nil {
+		// The reporter is added to the reason below; the caller's own
+		// reason is what must meet the limits.
+		if err := registry.ValidateStaleMark(req.Body.Reason, deref(req.Body.Error)); err != nil {
+			return nil, err
+		}
 		p, err := h.store.MarkStale(ctx, req.Id, registry.ReportedBy(req.Body.Reason, who.Name()), deref(req.Body.Error))
 		if err != nil {
 			return nil, err

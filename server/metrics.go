@@ -13,6 +13,8 @@ type serverMetrics struct {
 	registrations *prometheus.CounterVec
 	heartbeats    *prometheus.CounterVec
 	staleMarks    *prometheus.CounterVec
+	eventStreams  prometheus.Gauge
+	rejected      *prometheus.CounterVec
 }
 
 func newServerMetrics(reg prometheus.Registerer, snaps Snapshots) *serverMetrics {
@@ -29,8 +31,15 @@ func newServerMetrics(reg prometheus.Registerer, snaps Snapshots) *serverMetrics
 		staleMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdplane_stale_reports_total", Help: "Stale marks and failed-transfer reports received through the control-plane API, by source and outcome.",
 		}, []string{"source", "outcome"}),
+		eventStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pdplane_api_event_streams", Help: "Event streams (GET /api/v1/events/stream) open now.",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdplane_api_rejected_total", Help: "Control-plane requests refused before their handler ran, by reason.",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.requests, m.registrations, m.heartbeats, m.staleMarks, &snapshotCollector{snaps: snaps})
+	reg.MustRegister(m.requests, m.registrations, m.heartbeats, m.staleMarks, m.eventStreams, m.rejected,
+		&snapshotCollector{snaps: snaps})
 	return m
 }
 

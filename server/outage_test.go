@@ -39,7 +39,7 @@ func TestStoreOutageAnswers503(t *testing.T) {
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	b := &bundle{url: ts.URL, store: store, mirror: mirror}
+	b := &bundle{url: ts.URL, store: store, mirror: mirror, creds: map[string]string{}, ids: map[string]string{}}
 	pf, dc := registrytest.Spec("p0", registry.RolePrefill), registrytest.Spec("d0", registry.RoleDecode)
 	var ids []string
 	for _, s := range []registry.PeerSpec{pf, dc} {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -45,6 +46,15 @@ type Config struct {
 	// registration; LeaseTTL must match the store's.
 	HeartbeatInterval time.Duration
 	LeaseTTL          time.Duration
+	// BodyTimeout bounds how long a client may take to send a request
+	// body (see BodyDeadline); 30 s by default.
+	BodyTimeout time.Duration
+	// MaxEventStreams caps concurrent GET /api/v1/events/stream; 256 by
+	// default. Over it, a stream is refused with 503 and Retry-After.
+	MaxEventStreams int
+	// AllowedHosts, when set, are the only Host headers served (host, any
+	// port; or host:port), against DNS rebinding. Others get 421.
+	AllowedHosts []string
 }
 
 // WithDefaults fills in unset fields.
@@ -67,6 +77,12 @@ func (c Config) WithDefaults() Config {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.BodyTimeout == 0 {
+		c.BodyTimeout = 30 * time.Second
+	}
+	if c.MaxEventStreams == 0 {
+		c.MaxEventStreams = 256
+	}
 	return c
 }
 
@@ -80,6 +96,15 @@ func (c Config) validate() error {
 		return fmt.Errorf("lease ttl %s must be longer than the heartbeat interval %s", c.LeaseTTL, c.HeartbeatInterval)
 	case c.StaleReportRate < 0 || c.StaleReportBurst < 1:
 		return fmt.Errorf("stale report rate must be positive and burst at least 1, got %g/s burst %d", c.StaleReportRate, c.StaleReportBurst)
+	case c.BodyTimeout < 0:
+		return fmt.Errorf("body timeout must not be negative, got %s", c.BodyTimeout)
+	case c.MaxEventStreams < 1:
+		return fmt.Errorf("max event streams must be at least 1, got %d", c.MaxEventStreams)
+	}
+	for _, h := range c.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, "/ ") {
+			return fmt.Errorf("allowed hosts: %q is not host or host:port", h)
+		}
 	}
 	for i, t := range c.JoinTokens {
 		switch {
@@ -121,6 +146,8 @@ type Server struct {
 	snaps   Snapshots
 	log     zerolog.Logger
 	metrics *serverMetrics
+	streams streamSlots
+	mux     *chi.Mux
 	handler http.Handler
 	reports *reportLimiter
 }
@@ -139,10 +166,12 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	s.metrics = newServerMetrics(deps.Registry, deps.Snaps)
 
 	r := chi.NewRouter()
-	r.Use(hlog.NewHandler(log), hlog.RequestIDHandler("request_id", "X-Request-Id"), s.accessLog)
+	s.mux = r
+	r.Use(hlog.NewHandler(log), hlog.RequestIDHandler("request_id", "X-Request-Id"), s.accessLog,
+		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardWrites)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", s.readyz)
-	r.Handle("/metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
 
 	strict := api.NewStrictHandlerWithOptions(handlers{s}, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  s.requestError,
@@ -151,23 +180,32 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	r.Group(func(r chi.Router) {
 		r.Use(s.limitBody)
 		api.HandlerWithOptions(strict, api.ChiServerOptions{
-			BaseRouter:       r,
-			Middlewares:      []api.MiddlewareFunc{s.authMiddleware},
+			BaseRouter: r,
+			// The last is outermost: the token is checked before anything
+			// else, and the body is read only for a caller that may send it.
+			Middlewares:      []api.MiddlewareFunc{s.oneJSONValue, s.limitEventStreams, s.authMiddleware},
 			ErrorHandlerFunc: s.requestError,
 		})
 	})
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/api/") {
+		if isAPI(r) {
 			writeProblem(w, &Problem{Type: ProblemNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no such endpoint: " + r.URL.Path})
 			return
 		}
 		http.NotFound(w, r)
 	})
+	r.MethodNotAllowed(s.methodNotAllowed)
 	if deps.Routes != nil {
 		deps.Routes.Mount(r)
 	}
 	if deps.Web != nil {
-		r.Handle("/*", deps.Web)
+		// Only the paths the status page serves, and only GET and HEAD, so
+		// that an unknown path or method reaches NotFound and
+		// MethodNotAllowed above instead of the page's own plain 404.
+		for _, m := range []string{http.MethodGet, http.MethodHead} {
+			r.Method(m, "/", deps.Web)
+			r.Method(m, "/assets/*", deps.Web)
+		}
 	}
 	s.handler = r
 	return s, nil
@@ -175,15 +213,6 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 
 // Handler returns the server's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.handler }
-
-// limitBody caps request bodies; the decoder then fails with
-// *http.MaxBytesError, which becomes a 413.
-func (s *Server) limitBody(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-		next.ServeHTTP(w, r)
-	})
-}
 
 // requestError turns decoding and parameter errors into problem+json that
 // names the field.
@@ -196,6 +225,9 @@ func (s *Server) requestError(w http.ResponseWriter, r *http.Request, err error)
 	switch {
 	case errors.As(err, &tooLarge):
 		writeProblem(w, toProblem(r, err))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		writeProblem(w, &Problem{Type: ProblemMalformed, Title: "Request timeout", Status: http.StatusRequestTimeout,
+			Detail: "the request body did not arrive in time", Field: "body"})
 	case errors.As(err, &syntax):
 		writeProblem(w, malformed("body", fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, syntax)))
 	case errors.As(err, &typ):

@@ -36,6 +36,7 @@ type bundle struct {
 	url    string
 	store  registry.Store
 	mirror *registry.Mirror
+	reg    *prometheus.Registry
 
 	mu    sync.Mutex
 	creds map[string]string // peer ID -> the credential its registration issued
@@ -50,6 +51,13 @@ func (b *bundle) cred(id string) string {
 
 func setup(t testing.TB) *bundle {
 	t.Helper()
+	return setupWith(t, nil)
+}
+
+// setupWith is setup with a chance to change the server's config and
+// collaborators before it is built.
+func setupWith(t testing.TB, change func(*server.Config, *server.Deps)) *bundle {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := zerolog.Nop() // a fuzz target may not log through its *testing.F
@@ -61,14 +69,18 @@ func setup(t testing.TB) *bundle {
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{AdminToken: adminToken, JoinTokens: []string{joinToken, oldJoin}, MaxBodyBytes: 8 << 20},
-		server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}, log)
+	cfg := server.Config{AdminToken: adminToken, JoinTokens: []string{joinToken, oldJoin}, MaxBodyBytes: 8 << 20}
+	deps := server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}
+	if change != nil {
+		change(&cfg, &deps)
+	}
+	srv, err := server.New(cfg, deps, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return &bundle{url: ts.URL, store: store, mirror: mirror, creds: map[string]string{}, ids: map[string]string{}}
+	return &bundle{url: ts.URL, store: store, mirror: mirror, reg: deps.Registry, creds: map[string]string{}, ids: map[string]string{}}
 }
 
 // do sends a request with a JSON body (a string is sent as is) and returns

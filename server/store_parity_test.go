@@ -107,14 +107,14 @@ func sendRaw(t testing.TB, base, method, path string, header http.Header, body [
 }
 
 // storeNeutral drops what legitimately differs between two stores holding the
-// same peers: ids and timestamps (kept only as present or not).
+// same peers: ids, credentials and timestamps (kept only as present or not).
 func storeNeutral(v any) any {
 	switch x := v.(type) {
 	case map[string]any:
 		out := map[string]any{}
 		for k, val := range x {
 			switch k {
-			case "id", "peer_id", "next_cursor":
+			case "id", "peer_id", "next_cursor", "credential":
 				out[k] = "<id>"
 			case "created_at", "updated_at", "lease_expiry", "last_heartbeat", "at":
 				out[k] = "<time>"

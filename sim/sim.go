@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/transfer"
 )
 
@@ -164,9 +165,14 @@ func (s *Sim) Start(ctx context.Context) error {
 	return nil
 }
 
+// bodyTimeout bounds how long a client may take to send a request body, as
+// on the control plane (server.BodyDeadline); there is no WriteTimeout,
+// which would cut generation streams.
+const bodyTimeout = 30 * time.Second
+
 func (s *Sim) newServer(h http.Handler) *http.Server {
 	return &http.Server{
-		Handler:           s.gate(h),
+		Handler:           s.gate(server.BodyDeadline(bodyTimeout)(h)),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return s.ctx },
 	}

@@ -55,6 +55,18 @@ func (f *flagSet) boolean(p *bool, name string, def bool, help string) {
 	f.BoolVar(p, name, def, help+" ($"+envName(name)+")")
 }
 
+func (f *flagSet) int(p *int, name string, def int, help string) {
+	if v, ok := os.LookupEnv(envName(name)); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			f.errs = append(f.errs, fmt.Errorf("$%s: %w", envName(name), err))
+		} else {
+			def = n
+		}
+	}
+	f.IntVar(p, name, def, help+" ($"+envName(name)+")")
+}
+
 func (f *flagSet) parse(args []string) error {
 	if err := f.Parse(args); err != nil {
 		return err

@@ -39,6 +39,10 @@ type serveConfig struct {
 	decodePolicy  string
 
 	decodeFirstByteTimeout time.Duration
+	allowedHosts           string
+	bodyTimeout            time.Duration
+	maxInflight            int
+	maxEventStreams        int
 }
 
 // controlPlane is a running `pdplane serve`: store, mirror, sweeper, API,
@@ -70,6 +74,10 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.dur(&c.heartbeat, "heartbeat-interval", registry.DefaultHeartbeatInterval, "how often agents heartbeat")
 	fs.dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
+	fs.str(&c.allowedHosts, "allowed-hosts", "", "comma-separated host or host:port names the server answers to (others get 421, against DNS rebinding); empty allows any")
+	fs.dur(&c.bodyTimeout, "body-timeout", 30*time.Second, "how long a client may take to send a request body")
+	fs.int(&c.maxInflight, "max-inflight", 4096, "generation requests served at once; more get 503 with Retry-After")
+	fs.int(&c.maxEventStreams, "max-event-streams", 256, "event streams (/api/v1/events/stream) open at once; more get 503 with Retry-After")
 }
 
 func runServe(ctx context.Context, args []string) error {
@@ -159,7 +167,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rcfg := router.Config{Replica: c.replica, PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy),
-		DecodeFirstByteTimeout: c.decodeFirstByteTimeout}
+		DecodeFirstByteTimeout: c.decodeFirstByteTimeout, MaxInflight: c.maxInflight}
 	if c.apiKeys != "" {
 		rcfg.APIKeys = strings.Split(c.apiKeys, ",")
 	}
@@ -170,6 +178,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	srv, err := server.New(server.Config{
 		AdminToken: c.adminToken, JoinTokens: c.tokens(),
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
+		BodyTimeout: c.bodyTimeout, MaxEventStreams: c.maxEventStreams, AllowedHosts: splitList(c.allowedHosts),
 	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Web: web.Handler()},
 		log.With().Str("component", "server").Logger())
 	if err != nil {
@@ -182,6 +191,8 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", c.addr, err)
 	}
+	// No WriteTimeout: it would cut event and generation streams. Request
+	// bodies are bounded per request by the server (--body-timeout).
 	cp.hs = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	cp.BaseURL = "http://" + ln.Addr().String()
 	log.Info().Str("addr", ln.Addr().String()).Str("openai_base_url", cp.BaseURL+"/v1").
@@ -213,6 +224,17 @@ func (cp *controlPlane) close() {
 		cp.router.Close()
 	}
 	cp.store.Close()
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func openStore(ctx context.Context, c serveConfig, log zerolog.Logger) (registry.Store, error) {

@@ -553,6 +553,9 @@ type State string
 // PeerID A peer id, a UUID in lowercase canonical form.
 type PeerID = PeerIDString
 
+// Unavailable defines model for Unavailable.
+type Unavailable = Problem
+
 // ListEventsParams defines parameters for ListEvents.
 type ListEventsParams struct {
 	// Before cursor from next_cursor; 0 or absent: the newest
@@ -690,7 +693,8 @@ type ClientInterface interface {
 	// A new name needs a join token (or the admin token); the answer carries
 	// the peer's `credential`. A registered name needs its credential (or the
 	// admin token); a join token may claim it only once its lease has run
-	// out. Another peer's credential is refused (403).
+	// out. Another peer's credential is refused (403). A control plane
+	// started without tokens (loopback, or --insecure) needs none.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -702,7 +706,8 @@ type ClientInterface interface {
 	// A new name needs a join token (or the admin token); the answer carries
 	// the peer's `credential`. A registered name needs its credential (or the
 	// admin token); a join token may claim it only once its lease has run
-	// out. Another peer's credential is refused (403).
+	// out. Another peer's credential is refused (403). A control plane
+	// started without tokens (loopback, or --insecure) needs none.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -832,7 +837,8 @@ func (c *Client) ListPeers(ctx context.Context, params *ListPeersParams, reqEdit
 // A new name needs a join token (or the admin token); the answer carries
 // the peer's `credential`. A registered name needs its credential (or the
 // admin token); a join token may claim it only once its lease has run
-// out. Another peer's credential is refused (403).
+// out. Another peer's credential is refused (403). A control plane
+// started without tokens (loopback, or --insecure) needs none.
 //
 // Takes any type of body and a specified content type.
 //
@@ -854,7 +860,8 @@ func (c *Client) RegisterPeerWithBody(ctx context.Context, contentType string, b
 // A new name needs a join token (or the admin token); the answer carries
 // the peer's `credential`. A registered name needs its credential (or the
 // admin token); a join token may claim it only once its lease has run
-// out. Another peer's credential is refused (403).
+// out. Another peer's credential is refused (403). A control plane
+// started without tokens (loopback, or --insecure) needs none.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1634,7 +1641,8 @@ type ClientWithResponsesInterface interface {
 	// A new name needs a join token (or the admin token); the answer carries
 	// the peer's `credential`. A registered name needs its credential (or the
 	// admin token); a join token may claim it only once its lease has run
-	// out. Another peer's credential is refused (403).
+	// out. Another peer's credential is refused (403). A control plane
+	// started without tokens (loopback, or --insecure) needs none.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1646,7 +1654,8 @@ type ClientWithResponsesInterface interface {
 	// A new name needs a join token (or the admin token); the answer carries
 	// the peer's `credential`. A registered name needs its credential (or the
 	// admin token); a join token may claim it only once its lease has run
-	// out. Another peer's credential is refused (403).
+	// out. Another peer's credential is refused (403). A control plane
+	// started without tokens (loopback, or --insecure) needs none.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1769,9 +1778,30 @@ func (r ListEventsResponse) ContentType() string {
 	return ""
 }
 
+// StreamEventsResponse503Headers the declared response headers of an HTTP 503 response for StreamEvents
+type StreamEventsResponse503Headers struct {
+	RetryAfter *int
+}
+
 type StreamEventsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *StreamEventsResponse503Headers
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r StreamEventsResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r StreamEventsResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -1912,8 +1942,14 @@ type RegisterPeerResponse struct {
 	ApplicationproblemJSON401 *Problem
 	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
 	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *Problem
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Problem
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *Problem
 }
@@ -1943,9 +1979,24 @@ func (r RegisterPeerResponse) GetApplicationproblemJSON403() *Problem {
 	return r.ApplicationproblemJSON403
 }
 
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r RegisterPeerResponse) GetApplicationproblemJSON408() *Problem {
+	return r.ApplicationproblemJSON408
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r RegisterPeerResponse) GetApplicationproblemJSON409() *Problem {
+	return r.ApplicationproblemJSON409
+}
+
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
 func (r RegisterPeerResponse) GetApplicationproblemJSON413() *Problem {
 	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r RegisterPeerResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
@@ -1991,6 +2042,8 @@ type DeletePeerResponse struct {
 	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -2006,6 +2059,11 @@ func (r DeletePeerResponse) GetApplicationproblemJSON403() *Problem {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r DeletePeerResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r DeletePeerResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
 }
 
 // GetBody returns the raw response body bytes
@@ -2096,6 +2154,8 @@ type DrainPeerResponse struct {
 	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -2116,6 +2176,11 @@ func (r DrainPeerResponse) GetApplicationproblemJSON403() *Problem {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r DrainPeerResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r DrainPeerResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
 }
 
 // GetBody returns the raw response body bytes
@@ -2160,6 +2225,12 @@ type HeartbeatPeerResponse struct {
 	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *Problem
 }
@@ -2187,6 +2258,21 @@ func (r HeartbeatPeerResponse) GetApplicationproblemJSON403() *Problem {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r HeartbeatPeerResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r HeartbeatPeerResponse) GetApplicationproblemJSON408() *Problem {
+	return r.ApplicationproblemJSON408
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r HeartbeatPeerResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r HeartbeatPeerResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
@@ -2234,6 +2320,8 @@ type GetPeerRegistrationResponse struct {
 	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -2254,6 +2342,11 @@ func (r GetPeerRegistrationResponse) GetApplicationproblemJSON403() *Problem {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetPeerRegistrationResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r GetPeerRegistrationResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
 }
 
 // GetBody returns the raw response body bytes
@@ -2298,6 +2391,12 @@ type MarkPeerStaleResponse struct {
 	ApplicationproblemJSON403 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *Problem
 	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
@@ -2327,6 +2426,21 @@ func (r MarkPeerStaleResponse) GetApplicationproblemJSON403() *Problem {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r MarkPeerStaleResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r MarkPeerStaleResponse) GetApplicationproblemJSON408() *Problem {
+	return r.ApplicationproblemJSON408
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r MarkPeerStaleResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r MarkPeerStaleResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
@@ -2425,7 +2539,8 @@ func (c *ClientWithResponses) ListPeersWithResponse(ctx context.Context, params 
 // A new name needs a join token (or the admin token); the answer carries
 // the peer's `credential`. A registered name needs its credential (or the
 // admin token); a join token may claim it only once its lease has run
-// out. Another peer's credential is refused (403).
+// out. Another peer's credential is refused (403). A control plane
+// started without tokens (loopback, or --insecure) needs none.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2443,7 +2558,8 @@ func (c *ClientWithResponses) RegisterPeerWithBodyWithResponse(ctx context.Conte
 // A new name needs a join token (or the admin token); the answer carries
 // the peer's `credential`. A registered name needs its credential (or the
 // admin token); a join token may claim it only once its lease has run
-// out. Another peer's credential is refused (403).
+// out. Another peer's credential is refused (403). A control plane
+// started without tokens (loopback, or --insecure) needs none.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2617,6 +2733,36 @@ func ParseStreamEventsResponse(rsp *http.Response) (*StreamEventsResponse, error
 		HTTPResponse: rsp,
 	}
 
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers StreamEventsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
 	return response, nil
 }
 
@@ -2735,12 +2881,33 @@ func ParseRegisterPeerResponse(rsp *http.Response) (*RegisterPeerResponse, error
 		}
 		response.ApplicationproblemJSON403 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Problem
@@ -2791,6 +2958,13 @@ func ParseDeletePeerResponse(rsp *http.Response) (*DeletePeerResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
 
 	}
 
@@ -2872,6 +3046,13 @@ func ParseDrainPeerResponse(rsp *http.Response) (*DrainPeerResponse, error) {
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
 	}
 
 	return response, nil
@@ -2925,6 +3106,27 @@ func ParseHeartbeatPeerResponse(rsp *http.Response) (*HeartbeatPeerResponse, err
 			return nil, err
 		}
 		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Problem
@@ -2980,6 +3182,13 @@ func ParseGetPeerRegistrationResponse(rsp *http.Response) (*GetPeerRegistrationR
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
 	}
 
 	return response, nil
@@ -3033,6 +3242,27 @@ func ParseMarkPeerStaleResponse(rsp *http.Response) (*MarkPeerStaleResponse, err
 			return nil, err
 		}
 		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Problem
@@ -3692,6 +3922,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 
 type ProblemApplicationProblemPlusJSONResponse Problem
 
+type UnavailableResponseHeaders struct {
+	RetryAfter *int
+}
+type UnavailableApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers UnavailableResponseHeaders
+}
+
 type ListEventsRequestObject struct {
 	Params ListEventsParams
 }
@@ -3779,6 +4018,41 @@ func (response StreamEvents200TexteventStreamResponse) VisitStreamEventsResponse
 			return err
 		}
 	}
+}
+
+type StreamEvents400ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response StreamEvents400ApplicationProblemPlusJSONResponse) VisitStreamEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StreamEvents503ApplicationProblemPlusJSONResponse struct {
+	UnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response StreamEvents503ApplicationProblemPlusJSONResponse) VisitStreamEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
 }
 
 type ListPairsRequestObject struct {
@@ -3937,6 +4211,34 @@ func (response RegisterPeer403ApplicationProblemPlusJSONResponse) VisitRegisterP
 	return err
 }
 
+type RegisterPeer408ApplicationProblemPlusJSONResponse Problem
+
+func (response RegisterPeer408ApplicationProblemPlusJSONResponse) VisitRegisterPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RegisterPeer409ApplicationProblemPlusJSONResponse Problem
+
+func (response RegisterPeer409ApplicationProblemPlusJSONResponse) VisitRegisterPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type RegisterPeer413ApplicationProblemPlusJSONResponse Problem
 
 func (response RegisterPeer413ApplicationProblemPlusJSONResponse) VisitRegisterPeerResponse(w http.ResponseWriter) error {
@@ -3947,6 +4249,20 @@ func (response RegisterPeer413ApplicationProblemPlusJSONResponse) VisitRegisterP
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RegisterPeer415ApplicationProblemPlusJSONResponse Problem
+
+func (response RegisterPeer415ApplicationProblemPlusJSONResponse) VisitRegisterPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -4021,6 +4337,20 @@ func (response DeletePeer404ApplicationProblemPlusJSONResponse) VisitDeletePeerR
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePeer415ApplicationProblemPlusJSONResponse Problem
+
+func (response DeletePeer415ApplicationProblemPlusJSONResponse) VisitDeletePeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -4129,6 +4459,20 @@ func (response DrainPeer404ApplicationProblemPlusJSONResponse) VisitDrainPeerRes
 	return err
 }
 
+type DrainPeer415ApplicationProblemPlusJSONResponse Problem
+
+func (response DrainPeer415ApplicationProblemPlusJSONResponse) VisitDrainPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type HeartbeatPeerRequestObject struct {
 	Id   PeerID `json:"id"`
 	Body *HeartbeatPeerJSONRequestBody
@@ -4206,6 +4550,48 @@ func (response HeartbeatPeer404ApplicationProblemPlusJSONResponse) VisitHeartbea
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type HeartbeatPeer408ApplicationProblemPlusJSONResponse Problem
+
+func (response HeartbeatPeer408ApplicationProblemPlusJSONResponse) VisitHeartbeatPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type HeartbeatPeer413ApplicationProblemPlusJSONResponse Problem
+
+func (response HeartbeatPeer413ApplicationProblemPlusJSONResponse) VisitHeartbeatPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type HeartbeatPeer415ApplicationProblemPlusJSONResponse Problem
+
+func (response HeartbeatPeer415ApplicationProblemPlusJSONResponse) VisitHeartbeatPeerResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -4290,6 +4676,20 @@ func (response GetPeerRegistration404ApplicationProblemPlusJSONResponse) VisitGe
 	return err
 }
 
+type GetPeerRegistration415ApplicationProblemPlusJSONResponse Problem
+
+func (response GetPeerRegistration415ApplicationProblemPlusJSONResponse) VisitGetPeerRegistrationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type MarkPeerStaleRequestObject struct {
 	Id   PeerID `json:"id"`
 	Body *MarkPeerStaleJSONRequestBody
@@ -4367,6 +4767,48 @@ func (response MarkPeerStale404ApplicationProblemPlusJSONResponse) VisitMarkPeer
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MarkPeerStale408ApplicationProblemPlusJSONResponse Problem
+
+func (response MarkPeerStale408ApplicationProblemPlusJSONResponse) VisitMarkPeerStaleResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MarkPeerStale413ApplicationProblemPlusJSONResponse Problem
+
+func (response MarkPeerStale413ApplicationProblemPlusJSONResponse) VisitMarkPeerStaleResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type MarkPeerStale415ApplicationProblemPlusJSONResponse Problem
+
+func (response MarkPeerStale415ApplicationProblemPlusJSONResponse) VisitMarkPeerStaleResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
 	_, err := buf.WriteTo(w)
 	return err
 }

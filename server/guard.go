@@ -1,0 +1,166 @@
+package server
+
+import (
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+)
+
+// Problem types of the request guards.
+const (
+	ProblemForbiddenOrigin  = problemBase + "cross-origin"
+	ProblemUnsupportedMedia = problemBase + "unsupported-media-type"
+	ProblemMisdirected      = problemBase + "misdirected-request"
+	ProblemMethodNotAllowed = problemBase + "method-not-allowed"
+)
+
+// probeMethods are the methods tried when an Allow header is built.
+var probeMethods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+	http.MethodPatch, http.MethodDelete, http.MethodOptions,
+}
+
+// isWrite reports whether a method changes state.
+func isWrite(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return false
+	}
+	return true
+}
+
+func isAPI(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/api/") }
+
+// hasBody reports whether the client declared a body: a positive
+// Content-Length or a chunked one of unknown length.
+func hasBody(r *http.Request) bool {
+	return r.ContentLength > 0 || (r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody)
+}
+
+// checkHost refuses a Host header that is not in Config.AllowedHosts, so
+// that a browser page whose own name was rebound to this server's address
+// (DNS rebinding) reaches nothing. It answers 421 Misdirected Request: this
+// server is not the one for that authority, which is the truth from the
+// client's side, and 403 would suggest a credential could help.
+func (s *Server) checkHost(next http.Handler) http.Handler {
+	if len(s.cfg.AllowedHosts) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !hostAllowed(s.cfg.AllowedHosts, r.Host) {
+			s.metrics.rejected.WithLabelValues(rejectHost).Inc()
+			writeProblem(w, &Problem{Type: ProblemMisdirected, Title: "Misdirected request", Status: http.StatusMisdirectedRequest,
+				Detail: "host " + quoteHost(r.Host) + " is not served here (see --allowed-hosts)", Field: "Host"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// hostAllowed matches a Host header against entries that are either a bare
+// host (any port) or host:port (that port only), case-insensitively.
+func hostAllowed(allowed []string, hostport string) bool {
+	hostport = strings.ToLower(strings.TrimSuffix(hostport, "."))
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	for _, a := range allowed {
+		a = strings.ToLower(a)
+		if _, _, err := net.SplitHostPort(a); err == nil {
+			if a == hostport {
+				return true
+			}
+			continue
+		}
+		if strings.Trim(a, "[]") == host {
+			return true
+		}
+	}
+	return false
+}
+
+// quoteHost keeps a hostile Host header from spilling into the detail.
+func quoteHost(h string) string {
+	if len(h) > 256 {
+		h = h[:256] + "…"
+	}
+	return `"` + strings.ToValidUTF8(h, "�") + `"`
+}
+
+// guardWrites protects the control plane's writes from browsers on other
+// origins. A page elsewhere can make the browser send a "simple" POST (a
+// text/plain or form body, no preflight) with no token configured or with
+// ambient credentials, so writes on /api/* are refused when the browser says
+// they are cross-origin (Sec-Fetch-Site, or an Origin whose host is not the
+// Host header: http.CrossOriginProtection's rules), and a write with a body
+// must declare it as JSON, which no cross-origin page can do without a
+// preflight that this server never grants. Clients that are not browsers
+// send neither header and are unaffected.
+func (s *Server) guardWrites(next http.Handler) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !isAPI(r) || !isWrite(r.Method) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if err := cop.Check(r); err != nil {
+			s.metrics.rejected.WithLabelValues(rejectCrossOrigin).Inc()
+			writeProblem(w, &Problem{Type: ProblemForbiddenOrigin, Title: "Cross-origin write refused", Status: http.StatusForbidden,
+				Detail: "writes must come from this server's own origin or from a client that is not a browser", Field: "Origin"})
+			return
+		}
+		if hasBody(r) {
+			mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+			if err != nil || mt != "application/json" {
+				s.metrics.rejected.WithLabelValues(rejectMediaType).Inc()
+				w.Header().Set("Accept-Post", "application/json")
+				writeProblem(w, &Problem{Type: ProblemUnsupportedMedia, Title: "Unsupported media type", Status: http.StatusUnsupportedMediaType,
+					Detail: "the request body must be sent as Content-Type: application/json", Field: "Content-Type"})
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// refuseTrace answers TRACE (and CONNECT, which this server never proxies)
+// with 405 before routing: echoing a request back serves only attacks on
+// the headers it carries.
+func (s *Server) refuseTrace(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodTrace || r.Method == http.MethodConnect {
+			s.methodNotAllowed(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// methodNotAllowed answers 405 with the Allow header listing the methods
+// the path does serve; problem+json on /api/*. chi's own 405 lists them, but
+// a custom handler does not receive the list, so it is found by asking the
+// router about each method.
+func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range probeMethods {
+		if s.mux.Match(chi.NewRouteContext(), m, r.URL.Path) {
+			allow = append(allow, m)
+		}
+	}
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	detail := r.Method + " is not served on " + r.URL.Path
+	if len(allow) > 0 {
+		detail += "; allowed: " + strings.Join(allow, ", ")
+	}
+	if isAPI(r) {
+		writeProblem(w, &Problem{Type: ProblemMethodNotAllowed, Title: "Method not allowed", Status: http.StatusMethodNotAllowed, Detail: detail})
+		return
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	http.Error(w, detail, http.StatusMethodNotAllowed)
+}
