@@ -181,7 +181,7 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 		return api.Peer{}, fmt.Errorf("encode registration: %w", err)
 	}
 	var resp *api.RegisterPeerResponse
-	err = a.cps.call(ctx, "register "+spec.Name, func(c *api.ClientWithResponses) (*http.Response, error) {
+	err = a.cps.call(ctx, "register "+spec.Name, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
 		resp, err = c.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body))
 		if err != nil {
@@ -322,7 +322,12 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	p := a.Peer()
 	load := a.eng.Load()
 	var resp *api.HeartbeatPeerResponse
-	err := a.cps.call(ctx, "heartbeat", func(c *api.ClientWithResponses) (*http.Response, error) {
+	a.mu.Lock()
+	// A heartbeat that takes longer than two intervals is late anyway; the
+	// next replica may still get it in time.
+	attempt := max(2*a.interval, time.Second)
+	a.mu.Unlock()
+	err := a.cps.call(ctx, "heartbeat", attempt, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
 		resp, err = c.HeartbeatPeerWithResponse(ctx, p.Id, api.Heartbeat{
 			InstanceId: p.InstanceId,
@@ -387,7 +392,7 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 		body.AgentName = &r.DecodeAgent
 	}
 	var resp *api.MarkPeerStaleResponse
-	err := a.cps.call(ctx, "report peer "+r.DecodeID+" stale", func(c *api.ClientWithResponses) (*http.Response, error) {
+	err := a.cps.call(ctx, "report peer "+r.DecodeID+" stale", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
 		resp, err = c.MarkPeerStaleWithResponse(ctx, r.DecodeID, body)
 		if err != nil {
