@@ -227,7 +227,7 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 		token = cred
 	}
 	var resp *api.RegisterPeerResponse
-	err = a.cps.call(ctx, "register "+spec.Name, func(c *api.ClientWithResponses) (*http.Response, error) {
+	err = a.cps.call(ctx, "register "+spec.Name, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
 		resp, err = c.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body), bearer(token))
 		if err != nil {
@@ -247,7 +247,7 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 			a.credential = ""
 		}
 		a.mu.Unlock()
-		err = a.cps.call(ctx, "register "+spec.Name, func(c *api.ClientWithResponses) (*http.Response, error) {
+		err = a.cps.call(ctx, "register "+spec.Name, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 			var err error
 			resp, err = c.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body), bearer(a.cfg.JoinToken))
 			if err != nil {
@@ -425,7 +425,12 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	}
 	auth := a.asPeer()
 	var resp *api.HeartbeatPeerResponse
-	err := a.cps.call(ctx, "heartbeat", func(c *api.ClientWithResponses) (*http.Response, error) {
+	a.mu.Lock()
+	// A heartbeat that takes longer than two intervals is late anyway; the
+	// next replica may still get it in time.
+	attempt := max(2*a.interval, time.Second)
+	a.mu.Unlock()
+	err := a.cps.call(ctx, "heartbeat", attempt, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
 		resp, err = c.HeartbeatPeerWithResponse(ctx, p.Id, body, auth)
 		if err != nil {
@@ -502,7 +507,7 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 	}
 	auth := a.asPeer()
 	var resp *api.MarkPeerStaleResponse
-	err := a.cps.call(ctx, "report peer "+r.DecodeID+" stale", func(c *api.ClientWithResponses) (*http.Response, error) {
+	err := a.cps.call(ctx, "report peer "+r.DecodeID+" stale", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
 		resp, err = c.MarkPeerStaleWithResponse(ctx, r.DecodeID, body, auth)
 		if err != nil {
@@ -525,7 +530,7 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 func (a *Agent) Registration(ctx context.Context, peerID string) (api.Peer, error) {
 	auth := a.asPeer()
 	var resp *api.GetPeerRegistrationResponse
-	err := a.cps.call(ctx, "registration of peer "+peerID, func(c *api.ClientWithResponses) (*http.Response, error) {
+	err := a.cps.call(ctx, "registration of peer "+peerID, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
 		resp, err = c.GetPeerRegistrationWithResponse(ctx, peerID, auth)
 		if err != nil {

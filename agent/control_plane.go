@@ -233,11 +233,19 @@ func (c *controlPlanes) order(ctx context.Context) []*endpoint {
 // call runs fn against one replica after another until one answers with
 // something other than a connection error or a 5xx, and returns that
 // answer's error (nil when fn's answer is to be used). When every replica
-// fails, it returns the last failure.
-func (c *controlPlanes) call(ctx context.Context, what string, fn func(*api.ClientWithResponses) (*http.Response, error)) error {
+// fails, it returns the last failure. A positive attempt bounds each try,
+// so that a replica that accepts connections but never answers costs that
+// long, not the HTTP client's whole timeout.
+func (c *controlPlanes) call(ctx context.Context, what string, attempt time.Duration,
+	fn func(context.Context, *api.ClientWithResponses) (*http.Response, error)) error {
 	var lastErr error
 	for _, e := range c.order(ctx) {
-		resp, err := fn(e.client)
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if attempt > 0 {
+			actx, cancel = context.WithTimeout(ctx, attempt)
+		}
+		resp, err := fn(actx, e.client)
+		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

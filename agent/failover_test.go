@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,12 +33,12 @@ const (
 // nil). It runs the replica's lease sweeper too.
 func startReplica(t *testing.T, store registry.Store, ln net.Listener) *httptest.Server {
 	t.Helper()
-	return startReplicaWith(t, store, ln, nil, false)
+	return startReplicaWith(t, store, ln, nil, false, failoverTTL)
 }
 
 // startReplicaWith is startReplica with wrap, when set, around the
 // replica's handler, serving HTTPS when tls is set.
-func startReplicaWith(t *testing.T, store registry.Store, ln net.Listener, wrap func(http.Handler) http.Handler, tls bool) *httptest.Server {
+func startReplicaWith(t *testing.T, store registry.Store, ln net.Listener, wrap func(http.Handler) http.Handler, tls bool, ttl time.Duration) *httptest.Server {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -51,7 +52,7 @@ func startReplicaWith(t *testing.T, store registry.Store, ln net.Listener, wrap 
 		t.Fatal(err)
 	}
 	go sw.Run(ctx)
-	srv, err := server.New(server.Config{JoinTokens: []string{"tok"}, HeartbeatInterval: failoverHeartbeat, LeaseTTL: failoverTTL},
+	srv, err := server.New(server.Config{JoinTokens: []string{"tok"}, HeartbeatInterval: failoverHeartbeat, LeaseTTL: ttl},
 		server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}, log)
 	if err != nil {
 		t.Fatal(err)
@@ -299,8 +300,8 @@ func testFailoverAcrossAddresses(t *testing.T, scheme string) {
 		})
 	}
 	tls := scheme == "https"
-	tsA := startReplicaWith(t, cut, lnA, recordHost, tls)
-	startReplicaWith(t, whole, lnB, recordHost, tls)
+	tsA := startReplicaWith(t, cut, lnA, recordHost, tls, failoverTTL)
+	startReplicaWith(t, whole, lnB, recordHost, tls, failoverTTL)
 	a, err := agent.New(agent.Config{ControlPlane: scheme + "://" + name, JoinToken: "tok", HTTPClient: tsA.Client(),
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		FailbackMin: 100 * time.Millisecond, FailbackMax: 200 * time.Millisecond,
@@ -384,4 +385,53 @@ func TestAgentFailsBackAfterSharedOutage(t *testing.T) {
 	if took > time.Second {
 		t.Errorf("failback took %s; want within a second", took)
 	}
+}
+
+// TestAgentFailsOverFromHungReplica: the first replica accepts heartbeats
+// and never answers them (a wedged process). Each try there is cut off
+// after two heartbeat intervals or a second, and the heartbeat goes on to
+// the second replica, so heartbeats land at most about a second apart,
+// inside the 2 s lease, though the HTTP client would wait 5 s.
+func TestAgentFailsOverFromHungReplica(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	store := memstore.New(memstore.Config{LeaseTTL: ttl})
+	var tries atomic.Int64
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/heartbeat") {
+			http.Error(w, "not here", http.StatusServiceUnavailable) // registration goes on
+			return
+		}
+		tries.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release); hung.Close() })
+	good := startReplicaWith(t, store, nil, nil, false, ttl)
+	ag, err := agent.New(agent.Config{ControlPlane: hung.URL + "," + good.URL, JoinToken: "tok",
+		HTTPClient: &http.Client{Timeout: 5 * time.Second},
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		FailbackMin: 200 * time.Millisecond, FailbackMax: 200 * time.Millisecond},
+		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitPeer(t, store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
+
+	watchUntil := time.Now().Add(2 * ttl)
+	waitUntil(t, "two leases of heartbeats", func() bool { return heartbeatAfter(store, "d0", watchUntil) })
+	if n := tries.Load(); n < 2 {
+		t.Fatalf("the hung replica was tried %d times; the test needs it tried again and again", n)
+	}
+	if n := expiredEvents(t, store); n != 0 {
+		t.Fatalf("%d lease expiries behind a hung replica", n)
+	}
+	t.Logf("the hung replica held %d heartbeat tries; no lease lapsed", tries.Load())
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
@@ -199,4 +200,93 @@ func TestMirrorResyncsAfterOutage(t *testing.T) {
 	}
 	outage.Restore()
 	waitState(t, ctx, mirrorA, snaps, peers[0].ID, registry.StateStale)
+}
+
+// TestTerminatedConnectionsAreUnavailable: PostgreSQL ends the store's
+// connections (pg_terminate_backend: SQLSTATE 57P01 admin_shutdown, what
+// `pg_ctl stop -m fast` sends every backend). A call that meets one is
+// ErrUnavailable (a 503 at the edge), never an internal error, and the
+// store works again on fresh connections.
+func TestTerminatedConnectionsAreUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dbURL, schema := registrytest.NewSchema(t)
+	app := "pdplane_" + schema
+	s := registrytest.OpenPGStore(t, pgstore.Config{URL: dbURL + "&application_name=" + app, Channel: app, Migrate: true})
+	readyFleet(t, ctx, s, 2)
+	admin, err := pgxpool.New(ctx, registrytest.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var killed int
+	if err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1`, app).Scan(&killed); err != nil || killed == 0 {
+		t.Fatalf("terminate the store's connections: %d, %v", killed, err)
+	}
+	sawUnavailable := false
+	for i := 0; i < 20; i++ { // each failing call costs the pool one dead connection
+		_, err := s.List(ctx, registry.Filter{})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, registry.ErrUnavailable) {
+			t.Fatalf("list on a terminated connection: %v, want ErrUnavailable", err)
+		}
+		sawUnavailable = true
+	}
+	t.Logf("terminated %d connections; a call met one: %v", killed, sawUnavailable)
+	if !sawUnavailable {
+		t.Fatal("no call met a terminated connection; the test did not test anything")
+	}
+	if _, err := s.List(ctx, registry.Filter{}); err != nil {
+		t.Fatalf("the store did not recover: %v", err)
+	}
+}
+
+// TestUnreachableDatabaseHostIsUnavailable: the database's host stops
+// answering (new connections are accepted by nothing and never answered)
+// and PostgreSQL ends the connections the store had. A call then fails as
+// ErrUnavailable after the connect timeout instead of hanging on the dial.
+func TestUnreachableDatabaseHostIsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dbURL, schema := registrytest.NewSchema(t)
+	app := "pdplane_" + schema
+	outage, viaURL := registrytest.NewOutage(t, dbURL+"&application_name="+app)
+	const connectTimeout = 300 * time.Millisecond
+	s := registrytest.OpenPGStore(t, pgstore.Config{URL: viaURL, Channel: app, Migrate: true, ConnectTimeout: connectTimeout})
+	readyFleet(t, ctx, s, 1)
+	outage.Stall()
+	admin, err := pgxpool.New(ctx, registrytest.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ { // calls that meet a terminated connection fail at once; then the dial
+		start := time.Now()
+		_, err := s.List(ctx, registry.Filter{})
+		if !errors.Is(err, registry.ErrUnavailable) {
+			t.Fatalf("list with the database host unreachable: %v, want ErrUnavailable", err)
+		}
+		if took := time.Since(start); took >= connectTimeout {
+			t.Logf("a call on a new connection failed as unavailable after %s", took)
+			if took > 10*connectTimeout {
+				t.Fatalf("the call took %s; the connect timeout is %s", took, connectTimeout)
+			}
+			break
+		}
+		if i == 20 {
+			t.Fatal("no call tried a new connection")
+		}
+	}
+	outage.Restore()
+	if _, err := s.List(ctx, registry.Filter{}); err != nil {
+		t.Fatalf("the store did not recover: %v", err)
+	}
 }

@@ -37,6 +37,11 @@ type Config struct {
 	// HeartbeatLinger is how long the batcher waits for more heartbeats
 	// after the first one of a batch arrives.
 	HeartbeatLinger time.Duration
+	// ConnectTimeout bounds each new connection when the URL sets no
+	// connect_timeout: with the database's host unreachable (packets
+	// dropped, not refused) a call then fails as ErrUnavailable, a 503,
+	// instead of waiting for the operating system to give up on the dial.
+	ConnectTimeout time.Duration
 	// Migrate applies migrations when the store opens.
 	Migrate bool
 	Now     func() time.Time
@@ -55,6 +60,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.HeartbeatLinger == 0 {
 		c.HeartbeatLinger = 2 * time.Millisecond
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 5 * time.Second
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -96,6 +104,9 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Store, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
 	}
 	if cfg.Migrate {
 		if err := migrateURL(ctx, pcfg.ConnConfig); err != nil {

@@ -27,6 +27,7 @@ type Outage struct {
 
 	mu    sync.Mutex
 	cut   bool
+	stall bool // new connections are accepted and never answered
 	conns map[net.Conn]struct{}
 }
 
@@ -71,11 +72,20 @@ func (o *Outage) Cut() {
 	clear(o.conns)
 }
 
+// Stall accepts new connections and never answers them, as a database
+// host that drops packets looks to a client (connections already relayed
+// keep working) until Restore.
+func (o *Outage) Stall() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.stall = true
+}
+
 // Restore relays new connections again.
 func (o *Outage) Restore() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.cut = false
+	o.cut, o.stall = false, false
 }
 
 func (o *Outage) serve() {
@@ -93,6 +103,11 @@ func (o *Outage) relay(c net.Conn) {
 	if o.cut {
 		o.mu.Unlock()
 		_ = c.Close()
+		return
+	}
+	if o.stall {
+		o.conns[c] = struct{}{} // closed by Cut or at the end of the test
+		o.mu.Unlock()
 		return
 	}
 	o.mu.Unlock()
