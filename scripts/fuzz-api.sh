@@ -42,7 +42,7 @@ port=$("$root/.venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("1
 base="http://127.0.0.1:$port"
 # The environment must not change what is fuzzed.
 env -u PDPLANE_DATABASE_URL -u PDPLANE_API_KEYS -u PDPLANE_ALLOWED_HOSTS \
-	"$work/pdplane" serve --addr "127.0.0.1:$port" --admin-token fuzz-admin --peer-token fuzz-peer \
+	"$work/pdplane" serve --addr "127.0.0.1:$port" --admin-token fuzz-admin --join-token fuzz-join \
 	--log-level error >"$work/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do

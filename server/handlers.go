@@ -199,6 +199,11 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 
 func (h handlers) ListEvents(ctx context.Context, req api.ListEventsRequestObject) (api.ListEventsResponseObject, error) {
 	q := registry.EventQuery{Limit: 100, Before: deref(req.Params.Before), PeerID: deref(req.Params.PeerId)}
+	if req.Params.PeerId != nil && q.PeerID == "" {
+		// The store reads an empty ID as "every peer"; a caller who sent
+		// the parameter meant one peer.
+		return nil, malformed("peer_id", "peer_id must be a peer id; leave it out for every peer's events")
+	}
 	if l := req.Params.Limit; l != nil {
 		if *l < 1 || *l > 1000 {
 			return nil, malformed("limit", "limit must be between 1 and 1000")

@@ -718,3 +718,18 @@ func TestSummaryHidesTheKeysToKVMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsEmptyPeerIDIsRefused pins a disagreement the spec fuzzer found:
+// openapi.yaml says peer_id is a UUID, while an empty one listed every
+// peer's events.
+func TestEventsEmptyPeerIDIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	code, out, _ := b.do(t, "GET", "/api/v1/events?peer_id=", "", nil)
+	if code != http.StatusBadRequest || out["field"] != "peer_id" {
+		t.Fatalf("GET /api/v1/events?peer_id=: %d %v, want 400 naming peer_id", code, out)
+	}
+	if code, _, _ := b.do(t, "GET", "/api/v1/events", "", nil); code != http.StatusOK {
+		t.Fatalf("GET /api/v1/events without peer_id: %d, want 200", code)
+	}
+}
