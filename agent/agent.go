@@ -1,6 +1,7 @@
 // Package agent is pdplane's host agent: it registers the local engine's
-// ranks with the control plane, heartbeats, reports transfer errors, and
-// carries out re-registration when the control plane asks for it. It talks to
+// ranks with the control plane, probes the engine's health and load and
+// heartbeats with them, reports transfer errors, and carries out
+// re-registration when the control plane asks for it. It talks to
 // the control plane only through the generated client (server/api) and keeps
 // the engine serving while the control plane is unreachable.
 package agent
