@@ -315,3 +315,26 @@ func FuzzParseVLLMMetrics(f *testing.F) {
 		}
 	})
 }
+
+// TestProbeKilledEngine: an engine process that is gone (kill -9: nothing
+// listens on its port any more) fails the probes like a crashed one, and the
+// error says the connection was refused.
+func TestProbeKilledEngine(t *testing.T) {
+	t.Parallel()
+	s := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
+	p := newProbe(t)
+	if st := p.Probe(context.Background(), s.URL(), registry.EngineSGLang); !st.Healthy {
+		t.Fatalf("probe of a serving engine: %+v", st)
+	}
+	s.Close() // the listener is gone, as with a killed process
+	var st agent.EngineStatus
+	for i := 1; i <= 3; i++ {
+		st = p.Probe(context.Background(), s.URL(), registry.EngineSGLang)
+		if st.Healthy != (i < 3) {
+			t.Fatalf("after %d probes of a killed engine: %+v", i, st)
+		}
+	}
+	if !strings.Contains(st.Error, "connection refused") {
+		t.Fatalf("probe error %q does not say the connection was refused", st.Error)
+	}
+}
