@@ -284,6 +284,12 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	body := api.Heartbeat{InstanceId: p.InstanceId}
 	if a.probe != nil {
 		st := a.probe.Status()
+		if st.Probes == 0 && p.Url != "" {
+			// The first heartbeat of a registration waits for a verdict
+			// rather than report a starting engine as down, or a dead one
+			// as up.
+			st = a.probe.Probe(ctx, p.Url, registry.Engine(p.Engine))
+		}
 		body.Load = &api.Load{Running: st.Load.Running, Queued: st.Load.Queued, KvUsage: st.Load.KVUsage}
 		body.EngineHealthy = &st.Healthy
 		if !st.Healthy {
@@ -300,8 +306,8 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	return *resp.JSON200, nil
 }
 
-// EngineStatus is what the agent's probes know about its engine (the zero
-// value, healthy, when probing is disabled).
+// EngineStatus is what the agent's probes know about its engine (healthy
+// when probing is disabled).
 func (a *Agent) EngineStatus() EngineStatus {
 	if a.probe == nil {
 		return EngineStatus{Healthy: true}

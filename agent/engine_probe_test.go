@@ -7,6 +7,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -336,5 +337,36 @@ func TestProbeKilledEngine(t *testing.T) {
 	}
 	if !strings.Contains(st.Error, "connection refused") {
 		t.Fatalf("probe error %q does not say the connection was refused", st.Error)
+	}
+}
+
+// TestProbeStartingEngine: an engine is not healthy before it first answers
+// (SGLang answers /health 503 while ServerStatus is Starting, http_server.py
+// health_generate), and healthy from its first passing probe: there is no
+// earlier failure to recover from.
+func TestProbeStartingEngine(t *testing.T) {
+	t.Parallel()
+	var up atomic.Bool
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case !up.Load():
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case r.URL.Path == "/health":
+			w.WriteHeader(http.StatusOK)
+		default:
+			http.NotFound(w, r) // no load endpoints: the health verdict alone counts here
+		}
+	}))
+	defer eng.Close()
+	p := newProbe(t)
+	if st := p.Status(); st.Healthy || st.Probes != 0 {
+		t.Fatalf("status before any probe: %+v, want not healthy", st)
+	}
+	if st := p.Probe(context.Background(), eng.URL, registry.EngineSGLang); st.Healthy || st.Error != "GET /health: 503 Service Unavailable" {
+		t.Fatalf("probe of a starting engine: %+v", st)
+	}
+	up.Store(true)
+	if st := p.Probe(context.Background(), eng.URL, registry.EngineSGLang); !st.Healthy || st.Error != "" {
+		t.Fatalf("first passing probe: %+v, want healthy at once", st)
 	}
 }
