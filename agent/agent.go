@@ -1,6 +1,7 @@
 // Package agent is pdplane's host agent: it registers the local engine's
-// ranks with the control plane, heartbeats, reports transfer errors, and
-// carries out re-registration when the control plane asks for it. It talks to
+// ranks with the control plane, probes the engine's health and load and
+// heartbeats with them, reports transfer errors, and carries out
+// re-registration when the control plane asks for it. It talks to
 // the control plane only through the generated client (server/api) and keeps
 // the engine serving while the control plane is unreachable.
 package agent
@@ -417,6 +418,12 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	body := api.Heartbeat{InstanceId: p.InstanceId}
 	if a.probe != nil {
 		st := a.probe.Status()
+		if st.Probes == 0 && p.Url != "" {
+			// The first heartbeat of a registration waits for a verdict
+			// rather than report a starting engine as down, or a dead one
+			// as up.
+			st = a.probe.Probe(ctx, p.Url, registry.Engine(p.Engine))
+		}
 		body.Load = &api.Load{Running: st.Load.Running, Queued: st.Load.Queued, KvUsage: st.Load.KVUsage}
 		body.EngineHealthy = &st.Healthy
 		if !st.Healthy {
@@ -450,8 +457,8 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	return *resp.JSON200, nil
 }
 
-// EngineStatus is what the agent's probes know about its engine (the zero
-// value, healthy, when probing is disabled).
+// EngineStatus is what the agent's probes know about its engine (healthy
+// when probing is disabled).
 func (a *Agent) EngineStatus() EngineStatus {
 	if a.probe == nil {
 		return EngineStatus{Healthy: true}

@@ -85,17 +85,21 @@ func startControlPlane(t *testing.T, ln net.Listener) controlPlane {
 
 func runAgent(t *testing.T, url string, eng agent.Engine) (*agent.Agent, chan error) {
 	t.Helper()
-	// The fake engine has no HTTP side to probe; the probes are tested
-	// against the simulator in engine_probe_test.go.
-	a, done, _ := runAgentWith(t, agent.Config{ControlPlane: url, Probe: agent.ProbeConfig{Disabled: true}}, eng)
+	a, done, _ := runAgentWith(t, agent.Config{ControlPlane: url}, eng)
 	return a, done
 }
+
+// noProbe turns the engine probes off: the fake engines here have no HTTP
+// side (the probes are tested against the simulator in
+// engine_probe_test.go), and an engine that never answered a probe is
+// unhealthy.
+var noProbe = agent.ProbeConfig{Disabled: true}
 
 // runAgentWith runs an agent with the join token "tok"; stop ends it early
 // (an agent process that exits) and waits for it.
 func runAgentWith(t *testing.T, cfg agent.Config, eng agent.Engine) (a *agent.Agent, done chan error, stop func()) {
 	t.Helper()
-	cfg.JoinToken, cfg.MinBackoff, cfg.MaxBackoff = "tok", 20*time.Millisecond, 100*time.Millisecond
+	cfg.JoinToken, cfg.MinBackoff, cfg.MaxBackoff, cfg.Probe = "tok", 20*time.Millisecond, 100*time.Millisecond, noProbe
 	a, err := agent.New(cfg, eng, zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
@@ -314,7 +318,7 @@ func TestAgentFetchesTransferSecrets(t *testing.T) {
 	if _, err := p.TransferSecret(ctx, d.ID, "d0-agent-0-old"); err == nil {
 		t.Fatal("a secret for an agent name the peer does not have")
 	}
-	stranger, err := agent.New(agent.Config{ControlPlane: cp.url, JoinToken: "tok"}, &fakeEngine{spec: registrytest.Spec("x", registry.RolePrefill)},
+	stranger, err := agent.New(agent.Config{ControlPlane: cp.url, JoinToken: "tok", Probe: noProbe}, &fakeEngine{spec: registrytest.Spec("x", registry.RolePrefill)},
 		zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)

@@ -86,9 +86,10 @@ func (c ProbeConfig) validate() error {
 
 // EngineStatus is what the probes know about the engine.
 type EngineStatus struct {
-	// Healthy is the verdict with the thresholds applied: it turns false
-	// after FailureThreshold failed probes in a row, true again after
-	// SuccessThreshold passing ones. An engine not yet probed is healthy.
+	// Healthy is the verdict. An engine is healthy from its first passing
+	// probe (before it, it is starting or gone: not healthy); after that it
+	// turns unhealthy after FailureThreshold failed probes in a row and
+	// healthy again after SuccessThreshold passing ones.
 	Healthy bool
 	// Error is the last failed probe's error while unhealthy.
 	Error string
@@ -107,8 +108,9 @@ type EngineProbe struct {
 
 	mu        sync.Mutex
 	st        EngineStatus
-	fails     int // failed probes in a row
-	oks       int // passing probes in a row
+	fails     int  // failed probes in a row
+	oks       int  // passing probes in a row
+	seenUp    bool // a probe of target has passed
 	target    string
 	legacyGet bool // the SGLang engine at target has no /v1/loads
 }
@@ -119,7 +121,12 @@ func NewEngineProbe(cfg ProbeConfig, log zerolog.Logger) (*EngineProbe, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &EngineProbe{cfg: cfg, log: log, st: EngineStatus{Healthy: true}}, nil
+	return &EngineProbe{cfg: cfg, log: log, st: notProbed(0)}, nil
+}
+
+// notProbed is the status before a probe of the engine passed.
+func notProbed(probes int64) EngineStatus {
+	return EngineStatus{Error: "the engine has not answered a health probe yet", Probes: probes}
 }
 
 // Status returns what the probes know now.
@@ -161,8 +168,8 @@ func (p *EngineProbe) Probe(ctx context.Context, url string, engine registry.Eng
 	url = strings.TrimRight(url, "/")
 	p.mu.Lock()
 	if url != p.target { // a new engine: nothing learnt about the old one holds
-		p.target, p.legacyGet, p.fails, p.oks = url, false, 0, 0
-		p.st = EngineStatus{Healthy: true, Probes: p.st.Probes}
+		p.target, p.legacyGet, p.fails, p.oks, p.seenUp = url, false, 0, 0, false
+		p.st = notProbed(p.st.Probes)
 	}
 	legacy := p.legacyGet
 	p.mu.Unlock()
@@ -198,7 +205,11 @@ func (p *EngineProbe) Probe(ctx context.Context, url string, engine registry.Eng
 		return p.st
 	}
 	p.fails, p.oks = 0, p.oks+1
-	if !p.st.Healthy && p.oks >= p.cfg.SuccessThreshold {
+	switch {
+	case !p.seenUp:
+		p.seenUp, p.st.Healthy, p.st.Error = true, true, ""
+		p.log.Info().Msg("engine answers its health probe")
+	case !p.st.Healthy && p.oks >= p.cfg.SuccessThreshold:
 		p.st.Healthy, p.st.Error = true, ""
 		p.log.Info().Int("successes", p.oks).Msg("engine healthy again")
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -303,4 +304,58 @@ func FuzzParseVLLMMetrics(f *testing.F) {
 			t.Fatalf("parsed load %+v fails heartbeat validation: %v", l, verr)
 		}
 	})
+}
+
+// TestProbeKilledEngine: an engine process that is gone (kill -9: nothing
+// listens on its port any more) fails the probes like a crashed one, and the
+// error says the connection was refused.
+func TestProbeKilledEngine(t *testing.T) {
+	t.Parallel()
+	s := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
+	p := newProbe(t)
+	if st := p.Probe(context.Background(), s.URL(), registry.EngineSGLang); !st.Healthy {
+		t.Fatalf("probe of a serving engine: %+v", st)
+	}
+	s.Close() // the listener is gone, as with a killed process
+	var st agent.EngineStatus
+	for i := 1; i <= 3; i++ {
+		st = p.Probe(context.Background(), s.URL(), registry.EngineSGLang)
+		if st.Healthy != (i < 3) {
+			t.Fatalf("after %d probes of a killed engine: %+v", i, st)
+		}
+	}
+	if !strings.Contains(st.Error, "connection refused") {
+		t.Fatalf("probe error %q does not say the connection was refused", st.Error)
+	}
+}
+
+// TestProbeStartingEngine: an engine is not healthy before it first answers
+// (SGLang answers /health 503 while ServerStatus is Starting, http_server.py
+// health_generate), and healthy from its first passing probe: there is no
+// earlier failure to recover from.
+func TestProbeStartingEngine(t *testing.T) {
+	t.Parallel()
+	var up atomic.Bool
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case !up.Load():
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case r.URL.Path == "/health":
+			w.WriteHeader(http.StatusOK)
+		default:
+			http.NotFound(w, r) // no load endpoints: the health verdict alone counts here
+		}
+	}))
+	defer eng.Close()
+	p := newProbe(t)
+	if st := p.Status(); st.Healthy || st.Probes != 0 {
+		t.Fatalf("status before any probe: %+v, want not healthy", st)
+	}
+	if st := p.Probe(context.Background(), eng.URL, registry.EngineSGLang); st.Healthy || st.Error != "GET /health: 503 Service Unavailable" {
+		t.Fatalf("probe of a starting engine: %+v", st)
+	}
+	up.Store(true)
+	if st := p.Probe(context.Background(), eng.URL, registry.EngineSGLang); !st.Healthy || st.Error != "" {
+		t.Fatalf("first passing probe: %+v, want healthy at once", st)
+	}
 }

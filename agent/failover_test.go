@@ -77,7 +77,7 @@ func startReplicaWith(t *testing.T, store registry.Store, ln net.Listener, wrap 
 
 func runFailoverAgent(t *testing.T, urls []string, eng agent.Engine) *agent.Agent {
 	t.Helper()
-	a, err := agent.New(agent.Config{ControlPlane: strings.Join(urls, ","), JoinToken: "tok",
+	a, err := agent.New(agent.Config{ControlPlane: strings.Join(urls, ","), JoinToken: "tok", Probe: noProbe,
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		FailbackMin: 100 * time.Millisecond, FailbackMax: 200 * time.Millisecond},
 		eng, zerolog.New(zerolog.NewTestWriter(t)))
@@ -230,7 +230,7 @@ func TestAgentRetriesWithinLease(t *testing.T) {
 	t.Parallel()
 	store, outage, _ := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: failoverTTL})
 	cp := startReplica(t, store, nil)
-	a, err := agent.New(agent.Config{ControlPlane: cp.URL, JoinToken: "tok", MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second},
+	a, err := agent.New(agent.Config{ControlPlane: cp.URL, JoinToken: "tok", Probe: noProbe, MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second},
 		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
@@ -302,7 +302,7 @@ func testFailoverAcrossAddresses(t *testing.T, scheme string) {
 	tls := scheme == "https"
 	tsA := startReplicaWith(t, cut, lnA, recordHost, tls, failoverTTL)
 	startReplicaWith(t, whole, lnB, recordHost, tls, failoverTTL)
-	a, err := agent.New(agent.Config{ControlPlane: scheme + "://" + name, JoinToken: "tok", HTTPClient: tsA.Client(),
+	a, err := agent.New(agent.Config{ControlPlane: scheme + "://" + name, JoinToken: "tok", Probe: noProbe, HTTPClient: tsA.Client(),
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		FailbackMin: 100 * time.Millisecond, FailbackMax: 200 * time.Millisecond,
 		LookupHost: func(_ context.Context, host string) ([]string, error) {
@@ -356,7 +356,7 @@ func TestAgentFailsBackAfterSharedOutage(t *testing.T) {
 	cfgB.URL = viaB
 	cutB := registrytest.OpenPGStore(t, cfgB)
 	a, b := startReplica(t, cutA, nil), startReplica(t, cutB, nil)
-	ag, err := agent.New(agent.Config{ControlPlane: a.URL + "," + b.URL, JoinToken: "tok",
+	ag, err := agent.New(agent.Config{ControlPlane: a.URL + "," + b.URL, JoinToken: "tok", Probe: noProbe,
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		FailbackMin: 100 * time.Millisecond, FailbackMax: 10 * time.Second},
 		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
@@ -411,7 +411,7 @@ func TestAgentFailsOverFromHungReplica(t *testing.T) {
 	}))
 	t.Cleanup(func() { close(release); hung.Close() })
 	good := startReplicaWith(t, store, nil, nil, false, ttl)
-	ag, err := agent.New(agent.Config{ControlPlane: hung.URL + "," + good.URL, JoinToken: "tok",
+	ag, err := agent.New(agent.Config{ControlPlane: hung.URL + "," + good.URL, JoinToken: "tok", Probe: noProbe,
 		HTTPClient: &http.Client{Timeout: 5 * time.Second},
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		FailbackMin: 200 * time.Millisecond, FailbackMax: 200 * time.Millisecond},

@@ -10,8 +10,9 @@
 //   - the generation endpoints POST /v1/chat/completions and
 //     /v1/completions (and, for SGLang, POST /generate), streamed (SSE, one
 //     event flushed per token) or not;
-//   - GET /health, /health_generate, /v1/models and, for SGLang,
-//     /get_model_info and /server_info;
+//   - GET /health and /v1/models; for SGLang /health_generate,
+//     /get_model_info, /server_info and the load endpoints /v1/loads and
+//     /get_load; for vLLM the load gauges of GET /metrics (load_api.go);
 //   - POST/GET /_sim/fault and GET /_sim/stats, the simulator's own
 //     controls.
 //
@@ -28,7 +29,8 @@
 //
 // *Sim implements agent.Engine: Spec describes it for registration,
 // Reregister gives it a fresh transfer agent (new name, memory registered
-// again, new metadata) and Load reports its work. Faults (see Fault) make it
+// again, new metadata); Load is the work its load endpoints publish, which
+// the agent's probes read over HTTP as they read a real engine's. Faults (see Fault) make it
 // misbehave on purpose, including SGLang's "Missing NIXL destination KV
 // memory kind", reproduced by the mechanism that causes it in a real fleet.
 //

@@ -24,6 +24,9 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.str(&eng.EngineURL, "engine-url", "", "the engine's HTTP URL; fields the spec leaves empty come from its /server_info")
 	fs.str(&eng.ReregisterCmd, "reregister-cmd", "", "shell command that gives the engine fresh NIXL agents and rewrites --spec; "+
 		"it gets $PDPLANE_REREGISTER_REASON and $PDPLANE_SPEC_FILE")
+	var probe agent.ProbeConfig
+	fs.dur(&probe.Interval, "probe-interval", 0, "time between probes of the engine's /health and load; 0 follows the heartbeat interval")
+	fs.dur(&probe.Timeout, "probe-timeout", agent.DefaultProbeTimeout, "time limit of each probe request to the engine")
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.parse(args); err != nil {
 		return err
@@ -39,7 +42,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(agent.Config{ControlPlane: controlPlane, JoinToken: token, CredentialFile: credentialFile}, &eng, log)
+	a, err := agent.New(agent.Config{ControlPlane: controlPlane, JoinToken: token, CredentialFile: credentialFile, Probe: probe}, &eng, log)
 	if err != nil {
 		return err
 	}

@@ -161,11 +161,21 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[st
 	sort.Strings(ids)
 	n := len(ids)
 	instances, running, queued, usage := make([]string, n), make([]int32, n), make([]int32, n), make([]float64, n)
-	trans, tables := make([]string, n), map[[2]string]string{}
+	// Heartbeats share a few transition tables (one per engine verdict);
+	// each row names its table by index, so PostgreSQL parses each once.
+	var tables []string
+	tableIdx, trans := map[[2]string]int32{}, make([]int32, n)
 	for i, id := range ids {
 		hb := last[id].hb
 		instances[i], running[i], queued[i], usage[i] = hb.InstanceID, int32(hb.Load.Running), int32(hb.Load.Queued), hb.Load.KVUsage
-		trans[i] = transitions(hb, tables)
+		key := [2]string{fmt.Sprint(hb.EngineDown), hb.EngineError}
+		ti, ok := tableIdx[key]
+		if !ok {
+			ti = int32(len(tables)) + 1 // PostgreSQL arrays count from 1
+			tableIdx[key] = ti
+			tables = append(tables, transitions(hb))
+		}
+		trans[i] = ti
 	}
 	now := s.now()
 	replies := make(map[string]registry.HeartbeatReply, n)
@@ -175,31 +185,29 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[st
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 WITH hb AS (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[], $4::int[], $5::float8[], $8::jsonb[])
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[], $4::int[], $5::float8[], $8::int[])
 		AS t(id, instance_id, running, queued, kv_usage, trans)
 ), prev AS (
-	SELECT p.id, p.name, p.state, p.state_reason, p.instance_id, p.generation
+	SELECT p.id, p.name, p.state, p.state_reason, p.instance_id, p.generation,
+		CASE WHEN hb.instance_id = p.instance_id THEN ($9::jsonb[])[hb.trans] -> p.state END AS t
 	FROM peers p JOIN hb USING (id) ORDER BY p.id FOR NO KEY UPDATE OF p
-), step AS (
-	SELECT id, CASE WHEN hb.instance_id = prev.instance_id THEN hb.trans -> prev.state END AS t
-	FROM hb JOIN prev USING (id)
 ), upd AS (
 	UPDATE peers p SET
 		load_running = hb.running, load_queued = hb.queued, load_kv_usage = hb.kv_usage,
 		last_heartbeat = $6, lease_expiry = $7,
-		state = COALESCE(step.t ->> 'state', p.state),
-		state_reason = COALESCE(step.t ->> 'reason', p.state_reason),
-		updated_at = CASE WHEN step.t IS NULL THEN p.updated_at ELSE $6 END
-	FROM hb JOIN step USING (id)
+		state = COALESCE(prev.t ->> 'state', p.state),
+		state_reason = COALESCE(prev.t ->> 'reason', p.state_reason),
+		updated_at = CASE WHEN prev.t IS NULL THEN p.updated_at ELSE $6 END
+	FROM hb JOIN prev USING (id)
 	WHERE p.id = hb.id
 	RETURNING p.id
 ), ev AS (
 	INSERT INTO peer_events (peer_id, peer_name, kind, generation, message, error, at)
-	SELECT prev.id, prev.name, step.t ->> 'kind', prev.generation, step.t ->> 'message', step.t ->> 'error', $6
-	FROM prev JOIN step USING (id) JOIN upd USING (id) WHERE step.t IS NOT NULL
+	SELECT prev.id, prev.name, prev.t ->> 'kind', prev.generation, prev.t ->> 'message', prev.t ->> 'error', $6
+	FROM prev JOIN upd USING (id) WHERE prev.t IS NOT NULL
 )
 SELECT prev.id::text, prev.state, prev.state_reason, prev.instance_id FROM prev`,
-			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans)
+			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans, tables)
 		if err != nil {
 			return err
 		}
@@ -239,13 +247,8 @@ type transition struct {
 // transitions is hb's transition table as JSON: for every prior state the
 // heartbeat changes, what registry.ApplyHeartbeat makes of it. The batch
 // statement looks a peer's state up in it, so the rule stays in one place
-// while a whole batch is still one statement. Heartbeats with the same
-// engine verdict share a table, kept in cache.
-func transitions(hb registry.Heartbeat, cache map[[2]string]string) string {
-	key := [2]string{fmt.Sprint(hb.EngineDown), hb.EngineError}
-	if t, ok := cache[key]; ok {
-		return t
-	}
+// while a whole batch is still one statement.
+func transitions(hb registry.Heartbeat) string {
 	table := map[registry.State]transition{}
 	for _, st := range registry.States() {
 		prev := registry.Peer{State: st}
@@ -264,6 +267,5 @@ func transitions(hb registry.Heartbeat, cache map[[2]string]string) string {
 	if err != nil {
 		panic(fmt.Sprintf("encode heartbeat transitions: %v", err)) // plain strings always encode
 	}
-	cache[key] = string(b)
-	return cache[key]
+	return string(b)
 }
