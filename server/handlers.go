@@ -24,6 +24,9 @@ func (h handlers) RegisterPeer(ctx context.Context, req api.RegisterPeerRequestO
 	if err != nil {
 		return nil, err
 	}
+	if err := h.cfg.PeerNetworks.Check(&spec); err != nil {
+		return nil, err
+	}
 	who := principalFrom(ctx)
 	claim := registry.Claim{Open: h.open(), Admin: who.kind == admin, Join: who.kind == joiner, Credential: who.credential}
 	// The store validates the spec (a *registry.FieldError is a 422).

@@ -55,6 +55,10 @@ type Config struct {
 	// AllowedHosts, when set, are the only Host headers served (host, any
 	// port; or host:port), against DNS rebinding. Others get 421.
 	AllowedHosts []string
+	// PeerNetworks decides which addresses a registration's url and
+	// bootstrap_host may name; the zero value refuses link-local,
+	// metadata-service and unspecified addresses.
+	PeerNetworks registry.PeerNetworkPolicy
 }
 
 // WithDefaults fills in unset fields.

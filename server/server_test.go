@@ -733,3 +733,29 @@ func TestEventsEmptyPeerIDIsRefused(t *testing.T) {
 		t.Fatalf("GET /api/v1/events without peer_id: %d, want 200", code)
 	}
 }
+
+// TestRegistrationRefusesMetadataAndLinkLocal: a registration is an
+// instruction to every router and prefill to dial its url and
+// bootstrap_host, so addresses no engine listens on are refused, naming
+// the field, and nothing is stored.
+func TestRegistrationRefusesMetadataAndLinkLocal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct{ url, boot, field string }{
+		{"http://169.254.169.254/latest/meta-data/", "", "url"},
+		{"http://[fe80::1]:30000", "", "url"},
+		{"http://0.0.0.0:30000", "", "url"},
+		{"http://metadata.google.internal/", "", "url"},
+		{"http://127.0.0.1:30000", "169.254.169.254", "bootstrap_host"},
+	} {
+		spec := registrytest.Spec("d0", registry.RoleDecode)
+		spec.URL, spec.BootstrapHost = tc.url, tc.boot
+		code, out, _ := b.do(t, "POST", "/api/v1/peers", joinToken, spec)
+		if code != http.StatusUnprocessableEntity || out["field"] != tc.field {
+			t.Errorf("register with url %s, bootstrap_host %q: %d %v, want 422 naming %s", tc.url, tc.boot, code, out, tc.field)
+		}
+	}
+	if peers, err := b.store.List(context.Background(), registry.Filter{}); err != nil || len(peers) != 0 {
+		t.Fatalf("refused registrations stored %d peers (%v)", len(peers), err)
+	}
+}

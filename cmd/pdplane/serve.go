@@ -40,6 +40,7 @@ type serveConfig struct {
 
 	decodeFirstByteTimeout time.Duration
 	allowedHosts           string
+	allowPeerNetworks      string
 	bodyTimeout            time.Duration
 	maxInflight            int
 	maxEventStreams        int
@@ -74,6 +75,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.dur(&c.heartbeat, "heartbeat-interval", registry.DefaultHeartbeatInterval, "how often agents heartbeat")
 	fs.dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
+	fs.str(&c.allowPeerNetworks, "allow-peer-networks", "", "comma-separated CIDR prefixes a peer's url or bootstrap_host may name although "+
+		"they are link-local, a metadata service or unspecified (refused by default)")
 	fs.str(&c.allowedHosts, "allowed-hosts", "", "comma-separated host or host:port names the server answers to (others get 421, against DNS rebinding); empty allows any")
 	fs.dur(&c.bodyTimeout, "body-timeout", 30*time.Second, "how long a client may take to send a request body")
 	fs.int(&c.maxInflight, "max-inflight", 4096, "generation requests served at once; more get 503 with Retry-After")
@@ -175,10 +178,15 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if err != nil {
 		return nil, err
 	}
+	peerNets, err := registry.ParsePeerNetworks(c.allowPeerNetworks)
+	if err != nil {
+		return nil, fmt.Errorf("--allow-peer-networks: %w", err)
+	}
 	srv, err := server.New(server.Config{
 		AdminToken: c.adminToken, JoinTokens: c.tokens(),
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
 		BodyTimeout: c.bodyTimeout, MaxEventStreams: c.maxEventStreams, AllowedHosts: splitList(c.allowedHosts),
+		PeerNetworks: registry.PeerNetworkPolicy{Allow: peerNets},
 	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Web: web.Handler()},
 		log.With().Str("component", "server").Logger())
 	if err != nil {
