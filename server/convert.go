@@ -19,14 +19,22 @@ func specFromAPI(b *api.PeerRegistration) (registry.PeerSpec, error) {
 			PPSize: deref(b.Parallelism.PpSize), PPRank: deref(b.Parallelism.PpRank),
 			DCPSize: deref(b.Parallelism.DcpSize), DCPRank: deref(b.Parallelism.DcpRank),
 		},
-		KV: registry.KVGeometry{PageSize: b.Kv.PageSize, DType: b.Kv.Dtype, NumLayers: b.Kv.NumLayers,
-			NumKVHeads: b.Kv.NumKvHeads, HeadDim: b.Kv.HeadDim, IsMLA: b.Kv.IsMla},
+		KV: registry.KVGeometry{PageSize: b.Kv.PageSize, DType: b.Kv.Dtype, NumLayers: deref(b.Kv.NumLayers),
+			NumKVHeads: deref(b.Kv.NumKvHeads), HeadDim: deref(b.Kv.HeadDim), IsMLA: deref(b.Kv.IsMla)},
 	}
 	if b.Labels != nil {
 		s.Labels = *b.Labels
 	}
-	s.Ranks = make([]registry.Rank, len(b.Ranks))
-	for i, r := range b.Ranks {
+	for _, f := range deref(b.Observed) {
+		s.Observed = append(s.Observed, string(f))
+	}
+	for _, f := range deref(b.Unknown) {
+		s.Unknown = append(s.Unknown, string(f))
+	}
+	if b.Ranks != nil {
+		s.Ranks = make([]registry.Rank, len(*b.Ranks))
+	}
+	for i, r := range deref(b.Ranks) {
 		kinds := make([]registry.MemKind, len(r.KvMemKinds))
 		for j, k := range r.KvMemKinds {
 			v, err := registry.ParseMemKind(string(k))
@@ -57,8 +65,7 @@ func (s *Server) peerToAPI(p *registry.Peer) api.Peer {
 			TpSize: p.Parallelism.TPSize, AttnTpSize: &p.Parallelism.AttnTPSize, DpSize: &p.Parallelism.DPSize,
 			PpSize: &p.Parallelism.PPSize, PpRank: &p.Parallelism.PPRank, DcpSize: &p.Parallelism.DCPSize, DcpRank: &p.Parallelism.DCPRank,
 		},
-		Kv: api.KVGeometry{PageSize: p.KV.PageSize, Dtype: p.KV.DType, NumLayers: p.KV.NumLayers,
-			NumKvHeads: p.KV.NumKVHeads, HeadDim: p.KV.HeadDim, IsMla: p.KV.IsMLA},
+		Kv:    api.KVGeometry{PageSize: p.KV.PageSize, Dtype: p.KV.DType},
 		State: api.State(p.State), StateReason: opt(p.StateReason), Generation: p.Generation,
 		LeaseExpiry: p.LeaseExpiry, LastHeartbeat: p.LastHeartbeat,
 		Load:      api.Load{Running: p.Load.Running, Queued: p.Load.Queued, KvUsage: p.Load.KVUsage},
@@ -70,7 +77,38 @@ func (s *Server) peerToAPI(p *registry.Peer) api.Peer {
 		labels := p.Labels
 		out.Labels = &labels
 	}
-	out.Ranks = make([]api.Rank, len(p.Ranks))
+	// An unknown field is absent, never a zero that reads as a value.
+	if p.Knows(registry.FieldNumLayers) {
+		out.Kv.NumLayers = &p.KV.NumLayers
+	}
+	if p.Knows(registry.FieldNumKVHeads) {
+		out.Kv.NumKvHeads = &p.KV.NumKVHeads
+	}
+	if p.Knows(registry.FieldHeadDim) {
+		out.Kv.HeadDim = &p.KV.HeadDim
+	}
+	if p.Knows(registry.FieldIsMLA) {
+		out.Kv.IsMla = &p.KV.IsMLA
+	}
+	if len(p.Observed) > 0 {
+		obs := make([]api.ProvenanceField, len(p.Observed))
+		for i, f := range p.Observed {
+			obs[i] = api.ProvenanceField(f)
+		}
+		out.Observed = &obs
+	}
+	if len(p.Unknown) > 0 {
+		unk := make([]api.UnknownField, len(p.Unknown))
+		for i, f := range p.Unknown {
+			unk[i] = api.UnknownField(f)
+		}
+		out.Unknown = &unk
+	}
+	if !p.Knows(registry.FieldRanks) {
+		return out
+	}
+	ranks := make([]api.Rank, len(p.Ranks))
+	out.Ranks = &ranks
 	for i := range p.Ranks {
 		r := &p.Ranks[i]
 		kinds := make([]api.MemKind, len(r.KVMemKinds))
@@ -78,17 +116,17 @@ func (s *Server) peerToAPI(p *registry.Peer) api.Peer {
 			kinds[j] = api.MemKind(k.String())
 		}
 		gpu := r.GPUID
-		out.Ranks[i] = api.Rank{
+		ranks[i] = api.Rank{
 			Rank: r.Rank, GpuId: &gpu, AgentName: r.AgentName, KvDataPtrs: r.KVDataPtrs, KvDataLens: r.KVDataLens,
 			KvItemLens: r.KVItemLens, KvMemKinds: kinds,
 		}
 		if len(r.AgentMetadata) > 0 {
 			meta := r.AgentMetadata
-			out.Ranks[i].AgentMetadata = &meta
+			ranks[i].AgentMetadata = &meta
 		}
 		if len(r.AuxDataPtrs) > 0 {
 			ptrs, lens := r.AuxDataPtrs, r.AuxDataLens
-			out.Ranks[i].AuxDataPtrs, out.Ranks[i].AuxDataLens = &ptrs, &lens
+			ranks[i].AuxDataPtrs, ranks[i].AuxDataLens = &ptrs, &lens
 		}
 	}
 	return out

@@ -47,12 +47,15 @@ type peerRow struct {
 	LoadKVUsage   float64    `db:"load_kv_usage"`
 	CreatedAt     time.Time  `db:"created_at"`
 	UpdatedAt     time.Time  `db:"updated_at"`
+	Observed      []string   `db:"observed"`
+	Unknown       []string   `db:"unknown"`
 }
 
 const peerColumns = `id::text, name, role, engine, url, bootstrap_host, bootstrap_port, model, instance_id,
 	transfer_group, labels, tp_size, attn_tp_size, dp_size, pp_size, pp_rank, dcp_size, dcp_rank,
 	page_size, kv_dtype, num_layers, num_kv_heads, head_dim, is_mla, state, state_reason, generation,
-	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at`
+	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at,
+	observed, unknown`
 
 // rankRow is a row of peer_ranks.
 type rankRow struct {
@@ -87,6 +90,13 @@ func (r *peerRow) peer() (registry.Peer, error) {
 		LeaseExpiry: r.LeaseExpiry.UTC(), LastHeartbeat: utcPtr(r.LastHeartbeat),
 		Load:      registry.Load{Running: r.LoadRunning, Queued: r.LoadQueued, KVUsage: r.LoadKVUsage},
 		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
+	}
+	// Empty lists are nil, as the embedded store returns them.
+	if len(r.Observed) > 0 {
+		p.Observed = r.Observed
+	}
+	if len(r.Unknown) > 0 {
+		p.Unknown = r.Unknown
 	}
 	if len(r.Labels) > 0 && string(r.Labels) != "{}" {
 		if err := json.Unmarshal(r.Labels, &p.Labels); err != nil {

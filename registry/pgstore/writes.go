@@ -85,9 +85,10 @@ func writePeer(ctx context.Context, tx pgx.Tx, p *registry.Peer, withRanks bool)
 INSERT INTO peers (id, name, role, engine, url, bootstrap_host, bootstrap_port, model, instance_id,
 	transfer_group, labels, tp_size, attn_tp_size, dp_size, pp_size, pp_rank, dcp_size, dcp_rank,
 	page_size, kv_dtype, num_layers, num_kv_heads, head_dim, is_mla, state, state_reason, generation,
-	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at)
+	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at,
+	observed, unknown)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-	$21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)
+	$21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36)
 ON CONFLICT (id) DO UPDATE SET
 	name = EXCLUDED.name, role = EXCLUDED.role, engine = EXCLUDED.engine, url = EXCLUDED.url,
 	bootstrap_host = EXCLUDED.bootstrap_host, bootstrap_port = EXCLUDED.bootstrap_port,
@@ -100,13 +101,15 @@ ON CONFLICT (id) DO UPDATE SET
 	state_reason = EXCLUDED.state_reason, generation = EXCLUDED.generation,
 	lease_expiry = EXCLUDED.lease_expiry, last_heartbeat = EXCLUDED.last_heartbeat,
 	load_running = EXCLUDED.load_running, load_queued = EXCLUDED.load_queued,
-	load_kv_usage = EXCLUDED.load_kv_usage, updated_at = EXCLUDED.updated_at`,
+	load_kv_usage = EXCLUDED.load_kv_usage, updated_at = EXCLUDED.updated_at,
+	observed = EXCLUDED.observed, unknown = EXCLUDED.unknown`,
 		p.ID, p.Name, p.Role, p.Engine, p.URL, p.BootstrapHost, p.BootstrapPort, p.Model, p.InstanceID,
 		p.TransferGroup, labels, p.Parallelism.TPSize, p.Parallelism.AttnTPSize, p.Parallelism.DPSize,
 		p.Parallelism.PPSize, p.Parallelism.PPRank, p.Parallelism.DCPSize, p.Parallelism.DCPRank,
 		p.KV.PageSize, p.KV.DType, p.KV.NumLayers, p.KV.NumKVHeads, p.KV.HeadDim, p.KV.IsMLA,
 		p.State, p.StateReason, p.Generation, p.LeaseExpiry, p.LastHeartbeat,
-		p.Load.Running, p.Load.Queued, p.Load.KVUsage, p.CreatedAt, p.UpdatedAt)
+		p.Load.Running, p.Load.Queued, p.Load.KVUsage, p.CreatedAt, p.UpdatedAt,
+		nonNil(p.Observed), nonNil(p.Unknown))
 	if err != nil || !withRanks {
 		return err
 	}
@@ -449,4 +452,12 @@ func checkID(id, what string) error {
 		return fmt.Errorf("%s %q: %w", what, id, registry.ErrNotFound)
 	}
 	return nil
+}
+
+// nonNil makes a nil list an empty one for a NOT NULL array column.
+func nonNil(l []string) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
 }

@@ -829,12 +829,13 @@
         fact('Load', (p.load?.running ?? 0) + ' running · ' + (p.load?.queued ?? 0) + ' queued · KV ' + pct(p.load?.kv_usage)),
         fact('Parallelism', 'TP ' + par.tp_size + ' · attn TP ' + (par.attn_tp_size ?? par.tp_size) + ' · DP ' + (par.dp_size ?? 1) +
           ' · PP ' + (par.pp_size ?? 1) + ' (rank ' + (par.pp_rank ?? 0) + ') · DCP ' + (par.dcp_size ?? 1) + ' (rank ' + (par.dcp_rank ?? 0) + ')'),
-        fact('KV geometry', 'page ' + kv.page_size + ' · ' + kv.dtype + ' · ' + kv.num_layers + ' layers · ' + kv.num_kv_heads +
-          ' KV heads · head dim ' + kv.head_dim + (kv.is_mla ? ' · MLA' : '')),
+        fact('KV geometry', 'page ' + kv.page_size + ' · ' + kv.dtype + ' · ' + (kv.num_layers ?? '?') + ' layers · ' + (kv.num_kv_heads ?? '?') +
+          ' KV heads · head dim ' + (kv.head_dim ?? '?') + (kv.is_mla ? ' · MLA' : '')),
+        fact('Unknown', (p.unknown || []).join(', ') || '—'),
         fact('Labels', labels.length ? el('span', { class: 'labels' }, labels.map(([k, v]) => el('span', { class: 'label' }, k + '=' + v))) : '—'),
         fact('Registered', stamp(p.created_at)),
         fact('Updated', stamp(p.updated_at))),
-      el('h3', null, 'Ranks ', el('span', { class: 'count' }, String((p.ranks || []).length))),
+      el('h3', null, 'Ranks ', el('span', { class: 'count' }, p.ranks ? String(p.ranks.length) : 'unknown')),
       (p.ranks || []).map(rankBlock),
       el('h3', null, 'Generation history'),
       historyTable());
