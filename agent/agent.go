@@ -35,6 +35,14 @@ type Engine interface {
 	Reregister(ctx context.Context, reason string) error
 }
 
+// restartWatcher is an Engine that can tell that its process restarted
+// since the instance the agent registered (PublishedEngine: a stock engine
+// does not re-register itself); the agent then registers the new instance,
+// which starts a new generation.
+type restartWatcher interface {
+	Restarted(ctx context.Context, registeredInstance string) bool
+}
+
 // Config configures an Agent.
 type Config struct {
 	// ControlPlane is the base URL of `pdplane serve`, or the URLs of
@@ -263,6 +271,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.mu.Unlock()
 		if !sleep(ctx, wait) {
 			return ctx.Err()
+		}
+		if w, ok := a.eng.(restartWatcher); ok && w.Restarted(ctx, a.Peer().InstanceId) {
+			a.log.Info().Msg("engine restarted; registering the new instance")
+			if err := a.registerRetrying(ctx); err != nil {
+				return err
+			}
+			continue
 		}
 		reply, err := a.heartbeat(ctx)
 		var refused *RefusedError

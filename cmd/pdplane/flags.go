@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -40,6 +41,18 @@ func (f *flagSet) dur(p *time.Duration, name string, def time.Duration, help str
 		}
 	}
 	f.DurationVar(p, name, def, help+" ($"+envName(name)+")")
+}
+
+func (f *flagSet) int(p *int, name string, def int, help string) {
+	if v, ok := os.LookupEnv(envName(name)); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			f.errs = append(f.errs, fmt.Errorf("$%s: %w", envName(name), err))
+		} else {
+			def = n
+		}
+	}
+	f.IntVar(p, name, def, help+" ($"+envName(name)+")")
 }
 
 func (f *flagSet) parse(args []string) error {
