@@ -337,9 +337,13 @@ func (e *PublishedEngine) sglang(ctx context.Context, s *registry.PeerSpec) (str
 	s.Parallelism.TPSize = *info.TPSize
 	s.Parallelism.DPSize, s.Parallelism.PPSize = info.DPSize, info.PPSize
 	s.Observed = append(s.Observed, "role", "model", "parallelism.tp_size", "parallelism.dp_size", "parallelism.pp_size")
-	if info.EnableDPAttention && info.DPSize > 0 {
+	if info.EnableDPAttention {
 		// SGLang's DP attention splits the TP group into dp_size attention
 		// groups (server_args.py: attention TP = tp_size // dp_size).
+		if info.DPSize < 1 || *info.TPSize%info.DPSize != 0 {
+			return "", &EndpointError{URL: e.cfg.URL, Endpoint: ep, Status: http.StatusOK,
+				Err: fmt.Errorf("enable_dp_attention with tp_size %d and dp_size %d: tp_size must be a multiple of dp_size", *info.TPSize, info.DPSize)}
+		}
 		s.Parallelism.AttnTPSize = *info.TPSize / info.DPSize
 		s.Observed = append(s.Observed, "parallelism.attn_tp_size")
 	}

@@ -38,7 +38,7 @@ type answer struct {
 
 func jsonAnswer(body string) answer { return answer{200, "application/json", body} }
 
-func newEngineDouble(t *testing.T, routes map[string]answer) *engineDouble {
+func newEngineDouble(t testing.TB, routes map[string]answer) *engineDouble {
 	d := &engineDouble{routes: routes, served: map[string]int{}}
 	d.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
@@ -215,6 +215,10 @@ func TestPublishedBadEngine(t *testing.T) {
 		{name: "not in PD mode", edit: func(r map[string]answer) {
 			r["/server_info"] = jsonAnswer(strings.Replace(sglangServerInfo, `"disaggregation_mode":"prefill"`, `"disaggregation_mode":"null"`, 1))
 		}, want: []string{"/server_info", "disaggregation_mode"}, status: 200},
+		{name: "DP attention over more groups than TP ranks", edit: func(r map[string]answer) {
+			r["/server_info"] = jsonAnswer(strings.NewReplacer(`"tp_size":2,"dp_size":1`, `"tp_size":2,"dp_size":4`,
+				`"enable_dp_attention":false`, `"enable_dp_attention":true`).Replace(sglangServerInfo))
+		}, want: []string{"/server_info", "tp_size 2", "dp_size 4"}, status: 200},
 		{name: "model info missing", edit: func(r map[string]answer) { delete(r, "/get_model_info") },
 			want: []string{"/model_info", "404"}, status: 404},
 		{name: "served model not listed", edit: func(r map[string]answer) {
@@ -504,4 +508,32 @@ func TestReadModelConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzPublishedServerInfo feeds /server_info bodies to the reader: it must
+// never panic, and what it returns is a registration the registry accepts,
+// with the ranks unknown and the model the engine named.
+func FuzzPublishedServerInfo(f *testing.F) {
+	f.Add(sglangServerInfo)
+	f.Add(`{}`)
+	f.Add(`null`)
+	f.Add(`{"disaggregation_mode":"decode","page_size":0,"tp_size":1,"kv_cache_dtype":"auto","served_model_name":"meta-llama/Llama-3.1-8B-Instruct"}`)
+	f.Add(`{"disaggregation_mode":"prefill","page_size":16,"tp_size":1,"dp_size":4,"enable_dp_attention":true,"kv_cache_dtype":"fp8_e5m2","served_model_name":"meta-llama/Llama-3.1-8B-Instruct"}`)
+	f.Add(`{"disaggregation_mode":"decode","page_size":-1,"tp_size":-3,"kv_cache_dtype":"\u0000","served_model_name":"meta-llama/Llama-3.1-8B-Instruct"}`)
+	routes := sglangRoutes()
+	d := newEngineDouble(f, routes)
+	e, err := agent.NewPublishedEngine(agent.PublishedConfig{Engine: registry.EngineSGLang, URL: d.srv.URL})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		d.set("/server_info", jsonAnswer(body))
+		s, err := e.Spec(context.Background())
+		if err != nil {
+			return
+		}
+		if verr := s.Validate(); verr != nil || s.Knows(registry.FieldRanks) || s.Model != "meta-llama/Llama-3.1-8B-Instruct" {
+			t.Fatalf("accepted %q as %+v (validate: %v)", body, s, verr)
+		}
+	})
 }
