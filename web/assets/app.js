@@ -596,7 +596,8 @@
   function pairText(pr) {
     const v = verdict(pr);
     return pr.prefill.name + ' → ' + pr.decode.name + ': ' + v.word +
-      (pr.path ? '; path ' + pr.path : '') + (pr.reason ? '; ' + pr.reason : '');
+      (pr.path ? '; path ' + pr.path : '') + (pr.reason ? '; ' + pr.reason : '') +
+      (pr.unverified && pr.unverified.length ? '; not verified: ' + pr.unverified.join(', ') : '');
   }
 
   function pairByKey(key) {
@@ -617,7 +618,8 @@
       el('strong', null, pr.prefill.name), ' → ', el('strong', null, pr.decode.name), ': ',
       el('span', { class: 'verdict' }, v.sym + ' ' + v.word),
       pr.path ? [' · path ', el('code', null, pr.path)] : null,
-      pr.reason ? [' · ', el('span', { class: 'why' }, pr.reason)] : null);
+      pr.reason ? [' · ', el('span', { class: 'why' }, pr.reason)] : null,
+      pr.unverified && pr.unverified.length ? [' · not verified: ', pr.unverified.map((f, i) => [i ? ', ' : '', el('code', null, f)])] : null);
   }
 
   // ------------------------------------------------------------- events
