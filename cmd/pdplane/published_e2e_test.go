@@ -24,22 +24,31 @@ import (
 // SGLang serves) from what they publish; the peers show model, role, TP,
 // page size and dtype observed and the NIXL fields unknown; the pair is
 // routable, a chat completion through the router moves KV, and GET
-// /api/v1/pairs names what was not verified. On both stores.
+// /api/v1/pairs names what was not verified. On both stores, and for vLLM,
+// whose role and TP size the operator declares.
 func TestRegisterFromPublished(t *testing.T) {
 	t.Parallel()
-	for _, store := range []string{"memstore", "pgstore"} {
-		t.Run(store, func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		engine registry.Engine
+		store  string
+	}{
+		{"sglang-memstore", registry.EngineSGLang, "memstore"},
+		{"sglang-pgstore", registry.EngineSGLang, "pgstore"},
+		{"vllm-memstore", registry.EngineVLLM, "memstore"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			dbURL := ""
-			if store == "pgstore" {
+			if tc.store == "pgstore" {
 				dbURL, _ = registrytest.NewSchema(t)
 			}
-			testRegisterFromPublished(t, dbURL)
+			testRegisterFromPublished(t, tc.engine, dbURL)
 		})
 	}
 }
 
-func testRegisterFromPublished(t *testing.T, dbURL string) {
+func testRegisterFromPublished(t *testing.T, engine registry.Engine, dbURL string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
@@ -57,9 +66,13 @@ func testRegisterFromPublished(t *testing.T, dbURL string) {
 
 	// The sims have no control plane of their own: like stock SGLang, the
 	// decode hands its KV args to the prefill's bootstrap server itself.
-	prefill, decode := simtest.Pair(t, registry.EngineSGLang, nil)
-	for _, s := range []*sim.Sim{prefill, decode} {
-		eng, err := agent.NewPublishedEngine(agent.PublishedConfig{Engine: registry.EngineSGLang, URL: s.URL()})
+	prefill, decode := simtest.Pair(t, engine, nil)
+	for i, s := range []*sim.Sim{prefill, decode} {
+		cfg := agent.PublishedConfig{Engine: engine, URL: s.URL()}
+		if engine == registry.EngineVLLM { // vLLM publishes neither
+			cfg.Role, cfg.TPSize = []registry.Role{registry.RolePrefill, registry.RoleDecode}[i], 1
+		}
+		eng, err := agent.NewPublishedEngine(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +95,11 @@ func testRegisterFromPublished(t *testing.T, dbURL string) {
 	}
 	for _, p := range peers.Peers {
 		observed, unknown := stringList(p["observed"]), stringList(p["unknown"])
-		for _, f := range []string{"role", "model", "parallelism.tp_size", "kv.page_size", "kv.dtype"} {
+		want := []string{"role", "model", "parallelism.tp_size", "kv.page_size", "kv.dtype"}
+		if engine == registry.EngineVLLM {
+			want = []string{"model", "kv.page_size", "kv.dtype", "instance_id"}
+		}
+		for _, f := range want {
 			if !slices.Contains(observed, f) {
 				t.Errorf("%s: %s not observed (observed %q)", p["name"], f, observed)
 			}
@@ -91,7 +108,7 @@ func testRegisterFromPublished(t *testing.T, dbURL string) {
 			t.Errorf("%s: ranks should be unknown and absent: unknown %q, ranks %v", p["name"], unknown, p["ranks"])
 		}
 		kv := p["kv"].(map[string]any)
-		if p["model"] != "sim-model" || kv["page_size"] != 4.0 || p["engine"] != "sglang" {
+		if p["model"] != "sim-model" || kv["page_size"] != 4.0 || p["engine"] != string(engine) {
 			t.Errorf("%s: model %v, page size %v, engine %v", p["name"], p["model"], kv["page_size"], p["engine"])
 		}
 	}
@@ -113,7 +130,9 @@ func testRegisterFromPublished(t *testing.T, dbURL string) {
 		t.Fatalf("pair: compatible %v routable %v verified %v unverified %q", pr.Compatible, pr.Routable, pr.Verified, pr.Unverified)
 	}
 
-	before := prefill.Stats().BytesMoved
+	// SGLang's prefill writes the KV; vLLM's decode reads it.
+	moved := func() int64 { return prefill.Stats().BytesMoved + decode.Stats().BytesMoved }
+	before := moved()
 	client := openai.NewClient(option.WithBaseURL(cp.BaseURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 	defer ccancel()
@@ -124,8 +143,8 @@ func testRegisterFromPublished(t *testing.T, dbURL string) {
 	if err != nil {
 		t.Fatalf("chat completion through the router: %v", err)
 	}
-	if len(resp.Choices) == 0 || prefill.Stats().BytesMoved <= before {
-		t.Fatalf("answer %+v; KV bytes moved %d -> %d", resp.Choices, before, prefill.Stats().BytesMoved)
+	if len(resp.Choices) == 0 || moved() <= before {
+		t.Fatalf("answer %+v; KV bytes moved %d -> %d", resp.Choices, before, moved())
 	}
 }
 
