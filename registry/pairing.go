@@ -234,14 +234,33 @@ func GeometryDiff(prefill, decode *PeerSpec) string {
 			diffs = append(diffs, fmt.Sprintf("%s: prefill %v, decode %v", name, a, b))
 		}
 	}
+	// A field one side does not know is shown as unknown, not as its zero.
+	known := func(field string, a, b any) {
+		switch {
+		case !prefill.Knows(field) && !decode.Knows(field):
+		case !prefill.Knows(field):
+			add(strings.TrimPrefix(field, "kv."), "unknown", b)
+		case !decode.Knows(field):
+			add(strings.TrimPrefix(field, "kv."), a, "unknown")
+		default:
+			add(strings.TrimPrefix(field, "kv."), a, b)
+		}
+	}
 	add("page_size", prefill.KV.PageSize, decode.KV.PageSize)
 	add("dtype", prefill.KV.DType, decode.KV.DType)
-	add("is_mla", prefill.KV.IsMLA, decode.KV.IsMLA)
-	add("num_layers", prefill.KV.NumLayers, decode.KV.NumLayers)
-	add("num_kv_heads", prefill.KV.NumKVHeads, decode.KV.NumKVHeads)
-	add("head_dim", prefill.KV.HeadDim, decode.KV.HeadDim)
+	known(FieldIsMLA, prefill.KV.IsMLA, decode.KV.IsMLA)
+	known(FieldNumLayers, prefill.KV.NumLayers, decode.KV.NumLayers)
+	known(FieldNumKVHeads, prefill.KV.NumKVHeads, decode.KV.NumKVHeads)
+	known(FieldHeadDim, prefill.KV.HeadDim, decode.KV.HeadDim)
 	add("attn_tp_size", prefill.Parallelism.AttnTPSize, decode.Parallelism.AttnTPSize)
 	add("pp_size", prefill.Parallelism.PPSize, decode.Parallelism.PPSize)
+	if !prefill.Knows(FieldRanks) || !decode.Knows(FieldRanks) {
+		known(FieldRanks, len(prefill.Ranks), len(decode.Ranks))
+		if len(diffs) == 0 {
+			return "no known geometry difference: ranks unknown on one side or both"
+		}
+		return strings.Join(diffs, "; ")
+	}
 	add("ranks", len(prefill.Ranks), len(decode.Ranks))
 	for i := 0; i < min(len(prefill.Ranks), len(decode.Ranks)); i++ {
 		add(fmt.Sprintf("ranks[%d].regions", i), len(prefill.Ranks[i].KVDataPtrs), len(decode.Ranks[i].KVDataPtrs))

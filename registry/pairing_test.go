@@ -185,3 +185,23 @@ func TestMemKindNames(t *testing.T) {
 		t.Error("HBM parsed")
 	}
 }
+
+// TestGeometryDiffWithUnknowns pins that a quarantine record shows a field
+// one side does not know as unknown, never as a zero that reads as a value.
+func TestGeometryDiffWithUnknowns(t *testing.T) {
+	t.Parallel()
+	p, d := registrytest.PublishedSpec("p", registry.RolePrefill), registrytest.Spec("d", registry.RoleDecode)
+	got := registry.GeometryDiff(&p, &d)
+	for _, want := range []string{"num_layers: prefill unknown, decode 2", "head_dim: prefill unknown, decode 128", "ranks: prefill unknown, decode 1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("diff %q lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "prefill 0") {
+		t.Errorf("diff %q shows an unknown as 0", got)
+	}
+	d = registrytest.PublishedSpec("d", registry.RoleDecode)
+	if got := registry.GeometryDiff(&p, &d); !strings.Contains(got, "no known geometry difference") {
+		t.Errorf("two published peers: %q", got)
+	}
+}
