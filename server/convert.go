@@ -31,7 +31,7 @@ func specFromAPI(b *api.PeerRegistration) (registry.PeerSpec, error) {
 	for _, f := range deref(b.Unknown) {
 		s.Unknown = append(s.Unknown, string(f))
 	}
-	if b.Ranks != nil {
+	if b.Ranks != nil && len(*b.Ranks) > 0 {
 		s.Ranks = make([]registry.Rank, len(*b.Ranks))
 	}
 	for i, r := range deref(b.Ranks) {
