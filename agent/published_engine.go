@@ -397,11 +397,17 @@ func (e *PublishedEngine) vllm(ctx context.Context, s *registry.PeerSpec) (strin
 	if len(models.Data) == 0 || models.Data[0].ID == "" {
 		return "", e.missing("/v1/models", "model")
 	}
+	// /version (entrypoints/openai/api_server.py show_version) carries
+	// nothing the registry stores; reading it confirms that the URL is a
+	// vLLM server and not some other OpenAI-compatible one.
 	var version struct {
-		Version string `json:"version"`
+		Version *string `json:"version"`
 	}
 	if err := e.getJSON(ctx, &version, "/version"); err != nil {
 		return "", err
+	}
+	if version.Version == nil {
+		return "", e.missing("/version", "version")
 	}
 	fams, err := e.metrics(ctx)
 	if err != nil {
