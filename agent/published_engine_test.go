@@ -355,6 +355,11 @@ func TestPublishedVLLMRestart(t *testing.T) {
 	if !e.Restarted(context.Background(), s.InstanceID) {
 		t.Fatal("a new process start time is a restart")
 	}
+	d.set("/version", jsonAnswer(`{"object":"list"}`))
+	if _, err := e.Spec(context.Background()); err == nil || !strings.Contains(err.Error(), d.srv.URL+": GET /version") {
+		t.Fatalf("a /version without a version: %v", err)
+	}
+	d.set("/version", jsonAnswer(`{"version":"0.11.0"}`))
 	d.set("/metrics", answer{200, "text/plain", "# no cache config\n"})
 	if _, err := e.Spec(context.Background()); err == nil || !strings.Contains(err.Error(), "vllm:cache_config_info") {
 		t.Fatalf("metrics without the cache config: %v", err)
