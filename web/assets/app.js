@@ -833,6 +833,7 @@
           ' · PP ' + (par.pp_size ?? 1) + ' (rank ' + (par.pp_rank ?? 0) + ') · DCP ' + (par.dcp_size ?? 1) + ' (rank ' + (par.dcp_rank ?? 0) + ')'),
         fact('KV geometry', 'page ' + kv.page_size + ' · ' + kv.dtype + ' · ' + (kv.num_layers ?? '?') + ' layers · ' + (kv.num_kv_heads ?? '?') +
           ' KV heads · head dim ' + (kv.head_dim ?? '?') + (kv.is_mla ? ' · MLA' : '')),
+        fact('Observed', (p.observed || []).join(', ') || '—'),
         fact('Unknown', (p.unknown || []).join(', ') || '—'),
         fact('Labels', labels.length ? el('span', { class: 'labels' }, labels.map(([k, v]) => el('span', { class: 'label' }, k + '=' + v))) : '—'),
         fact('Registered', stamp(p.created_at)),
