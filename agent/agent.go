@@ -36,6 +36,14 @@ type Engine interface {
 	Reregister(ctx context.Context, reason string) error
 }
 
+// restartWatcher is an Engine that can tell that its process restarted
+// since the instance the agent registered (PublishedEngine: a stock engine
+// does not re-register itself); the agent then registers the new instance,
+// which starts a new generation.
+type restartWatcher interface {
+	Restarted(ctx context.Context, registeredInstance string) bool
+}
+
 // Config configures an Agent.
 type Config struct {
 	// ControlPlane is the base URL of `pdplane serve`, or the URLs of
@@ -339,6 +347,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		if !sleep(ctx, wait) {
 			return ctx.Err()
 		}
+		if w, ok := a.eng.(restartWatcher); ok && w.Restarted(ctx, a.Peer().InstanceId) {
+			a.log.Info().Msg("engine restarted; registering the new instance")
+			if err := a.registerRetrying(ctx); err != nil {
+				return err
+			}
+			continue
+		}
 		reply, err := a.heartbeat(ctx)
 		var refused *RefusedError
 		switch {
@@ -562,7 +577,7 @@ func (a *Agent) TransferSecret(ctx context.Context, peerID, agentName string) ([
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range p.Ranks {
+	for _, r := range deref(p.Ranks) {
 		if r.AgentName != agentName {
 			continue
 		}

@@ -62,9 +62,17 @@ func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 	if err != nil {
 		return registry.PeerSpec{}, err
 	}
-	fill := func(dst *int, v int) {
-		if *dst == 0 {
+	// What the file leaves empty and /server_info tells is observed; the
+	// rest of the file is declared.
+	observed := func(field string) {
+		if s.Provenance(field) == registry.Declared {
+			s.Observed = append(s.Observed, field)
+		}
+	}
+	fill := func(field string, dst *int, v int) {
+		if *dst == 0 && v != 0 {
 			*dst = v
+			observed(field)
 		}
 	}
 	if s.URL == "" {
@@ -78,6 +86,9 @@ func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 		if s.Model == "" {
 			s.Model = info.ModelPath
 		}
+		if s.Model != "" {
+			observed("model")
+		}
 	}
 	if s.Role == "" {
 		switch info.DisaggregationMode {
@@ -86,16 +97,20 @@ func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 		case "decode":
 			s.Role = registry.RoleDecode
 		}
+		if s.Role != "" {
+			observed("role")
+		}
 	}
 	if s.Role.Prefills() {
-		fill(&s.BootstrapPort, info.DisaggregationBootstrapPort)
+		fill("bootstrap_port", &s.BootstrapPort, info.DisaggregationBootstrapPort)
 	}
-	fill(&s.Parallelism.TPSize, info.TPSize)
-	fill(&s.Parallelism.DPSize, info.DPSize)
-	fill(&s.Parallelism.PPSize, info.PPSize)
-	fill(&s.KV.PageSize, info.PageSize)
-	if s.KV.DType == "" && info.KVCacheDType != "auto" {
+	fill("parallelism.tp_size", &s.Parallelism.TPSize, info.TPSize)
+	fill("parallelism.dp_size", &s.Parallelism.DPSize, info.DPSize)
+	fill("parallelism.pp_size", &s.Parallelism.PPSize, info.PPSize)
+	fill("kv.page_size", &s.KV.PageSize, info.PageSize)
+	if s.KV.DType == "" && info.KVCacheDType != "" && info.KVCacheDType != "auto" {
 		s.KV.DType = info.KVCacheDType
+		observed("kv.dtype")
 	}
 	return s.WithDefaults(), nil
 }

@@ -57,6 +57,15 @@ func TestSpecFileEngineFillsFromServerInfo(t *testing.T) {
 		got.KV.PageSize != full.KV.PageSize || got.URL != s.URL() || got.Parallelism.TPSize != 1 {
 		t.Fatalf("spec from file + server_info = %+v\nwant the engine's %+v", got, full)
 	}
+	// What came from /server_info is observed; what the file said is declared.
+	for _, f := range []string{"model", "role", "bootstrap_port", "parallelism.tp_size", "kv.page_size"} {
+		if got.Provenance(f) != registry.Observed {
+			t.Errorf("%s is %s, want observed (observed %q)", f, got.Provenance(f), got.Observed)
+		}
+	}
+	if got.Provenance("kv.dtype") != registry.Declared || got.Provenance("ranks") != registry.Declared {
+		t.Errorf("the file's fields: dtype %s, ranks %s, want declared", got.Provenance("kv.dtype"), got.Provenance("ranks"))
+	}
 
 	cp := startControlPlane(t, nil)
 	runAgent(t, cp.url, eng)

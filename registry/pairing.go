@@ -35,19 +35,38 @@ func (p Path) NeedsMemKind() bool {
 
 // Verdict says whether a prefill may send KV to a decode, by which path, and
 // why not when it may not.
+//
+// A compatible verdict lists in Unverified the rules it could not check
+// because a field was unknown on one side (a stock engine publishes no KV
+// regions or memory kinds); Path is empty when the path itself is unknown.
 type Verdict struct {
-	Compatible bool   `json:"compatible"`
-	Path       Path   `json:"path,omitempty"`
-	Reason     string `json:"reason,omitempty"`
+	Compatible bool     `json:"compatible"`
+	Path       Path     `json:"path,omitempty"`
+	Reason     string   `json:"reason,omitempty"`
+	Unverified []string `json:"unverified,omitempty"`
 }
+
+// Verified reports whether every pairing rule was checked on known values.
+func (v Verdict) Verified() bool { return len(v.Unverified) == 0 }
+
+// What a compatible verdict may name as unverified.
+const (
+	UnverifiedIsMLA    = "kv.is_mla"
+	UnverifiedPath     = "path"
+	UnverifiedRegions  = "ranks[*].kv_data_ptrs"
+	UnverifiedMemKinds = "ranks[*].kv_mem_kinds"
+)
 
 func refuse(format string, args ...any) Verdict {
 	return Verdict{Reason: fmt.Sprintf(format, args...)}
 }
 
 // CheckPair applies the pairing rules to a (prefill, decode) pair of specs.
-// It looks only at what the engines declared, not at life-cycle state, so
-// its answer stays valid for as long as neither peer re-registers.
+// It looks only at what the engines declared or published, not at
+// life-cycle state, so its answer stays valid for as long as neither peer
+// re-registers. A rule whose inputs are unknown on either side is not
+// guessed: it is skipped and named in the verdict's Unverified, while a
+// mismatch between known values still refuses the pair.
 func CheckPair(prefill, decode *PeerSpec) Verdict {
 	switch {
 	case !prefill.Role.Prefills():
@@ -76,10 +95,13 @@ func checkShape(p, d *PeerSpec) (Verdict, bool) {
 		return refuse("page sizes differ: prefill %d, decode %d", p.KV.PageSize, d.KV.PageSize), false
 	case p.KV.DType != d.KV.DType:
 		return refuse("kv dtypes differ: prefill %s, decode %s", p.KV.DType, d.KV.DType), false
-	case p.KV.IsMLA != d.KV.IsMLA:
+	case p.Knows(FieldIsMLA) && d.Knows(FieldIsMLA) && p.KV.IsMLA != d.KV.IsMLA:
 		return refuse("one side uses MLA and the other does not (prefill is_mla=%t, decode is_mla=%t)", p.KV.IsMLA, d.KV.IsMLA), false
 	case p.Parallelism.PPSize != d.Parallelism.PPSize && d.Parallelism.PPSize != 1:
 		return refuse("pipeline parallel sizes differ: prefill pp %d, decode pp %d (decode pp must equal it or be 1)", p.Parallelism.PPSize, d.Parallelism.PPSize), false
+	}
+	if !p.Knows(FieldRanks) || !d.Knows(FieldRanks) {
+		return Verdict{}, true
 	}
 	src, dst := maxRegions(p.Ranks), minRegions(d.Ranks)
 	if dst < src {
@@ -88,11 +110,14 @@ func checkShape(p, d *PeerSpec) (Verdict, bool) {
 	return Verdict{}, true
 }
 
-// TransferPath is the path SGLang takes between the two geometries.
+// TransferPath is the path SGLang takes between the two geometries, or ""
+// when it depends on an unknown MLA flag.
 func TransferPath(prefill, decode *PeerSpec) Path {
 	switch {
 	case prefill.KV.IsMLA || decode.KV.IsMLA:
 		return PathMLA
+	case !prefill.Knows(FieldIsMLA) || !decode.Knows(FieldIsMLA):
+		return ""
 	case prefill.Parallelism.AttnTPSize == decode.Parallelism.AttnTPSize:
 		return PathEqualTP
 	default:
@@ -100,10 +125,31 @@ func TransferPath(prefill, decode *PeerSpec) Path {
 	}
 }
 
+// unverifiedShape names the shape rules checkShape skipped for unknowns.
+func unverifiedShape(p, d *PeerSpec) []string {
+	var out []string
+	if !p.Knows(FieldIsMLA) || !d.Knows(FieldIsMLA) {
+		out = append(out, UnverifiedIsMLA)
+	}
+	if !p.Knows(FieldRanks) || !d.Knows(FieldRanks) {
+		out = append(out, UnverifiedRegions)
+	}
+	return out
+}
+
 // checkMemKinds resolves the destination memory kind of every decode rank for
 // the path the pair would take.
 func checkMemKinds(p, d *PeerSpec) Verdict {
 	path := TransferPath(p, d)
+	unverified := unverifiedShape(p, d)
+	if path == "" {
+		unverified = append(unverified, UnverifiedPath)
+	}
+	if !d.Knows(FieldRanks) || path == "" {
+		// Without the destination's kinds, or without knowing whether the
+		// path needs them, nothing about memory kinds can be resolved.
+		return Verdict{Compatible: true, Path: path, Unverified: append(unverified, UnverifiedMemKinds)}
+	}
 	mixed := false
 	for i := range d.Ranks {
 		dr := &d.Ranks[i]
@@ -123,6 +169,10 @@ func checkMemKinds(p, d *PeerSpec) Verdict {
 		if _, ok := HomogeneousKind(dr.KVMemKinds); ok {
 			continue
 		}
+		if !p.Knows(FieldRanks) {
+			// Mixed destination kinds resolve only against the source's.
+			return Verdict{Compatible: true, Path: PathMixedSegments, Unverified: append(unverified, UnverifiedMemKinds)}
+		}
 		sr := &p.Ranks[i%len(p.Ranks)]
 		if _, err := Segments(sr.KVMemKinds, dr.KVMemKinds); err != nil {
 			return refuse("%s: %v", field, err)
@@ -132,7 +182,7 @@ func checkMemKinds(p, d *PeerSpec) Verdict {
 	if mixed {
 		path = PathMixedSegments
 	}
-	return Verdict{Compatible: true, Path: path}
+	return Verdict{Compatible: true, Path: path, Unverified: unverified}
 }
 
 func maxRegions(ranks []Rank) int {
@@ -169,6 +219,9 @@ func compatKey(s *PeerSpec) string {
 		b.WriteString("/")
 		b.WriteString(strconv.Itoa(len(s.Ranks[i].KVDataPtrs)))
 	}
+	// Unknown fields change verdicts (what is unverified), so peers that
+	// know different things are different classes.
+	fmt.Fprintf(&b, "|unknown=%q", s.Unknown)
 	return b.String()
 }
 
@@ -181,14 +234,33 @@ func GeometryDiff(prefill, decode *PeerSpec) string {
 			diffs = append(diffs, fmt.Sprintf("%s: prefill %v, decode %v", name, a, b))
 		}
 	}
+	// A field one side does not know is shown as unknown, not as its zero.
+	known := func(field string, a, b any) {
+		switch {
+		case !prefill.Knows(field) && !decode.Knows(field):
+		case !prefill.Knows(field):
+			add(strings.TrimPrefix(field, "kv."), "unknown", b)
+		case !decode.Knows(field):
+			add(strings.TrimPrefix(field, "kv."), a, "unknown")
+		default:
+			add(strings.TrimPrefix(field, "kv."), a, b)
+		}
+	}
 	add("page_size", prefill.KV.PageSize, decode.KV.PageSize)
 	add("dtype", prefill.KV.DType, decode.KV.DType)
-	add("is_mla", prefill.KV.IsMLA, decode.KV.IsMLA)
-	add("num_layers", prefill.KV.NumLayers, decode.KV.NumLayers)
-	add("num_kv_heads", prefill.KV.NumKVHeads, decode.KV.NumKVHeads)
-	add("head_dim", prefill.KV.HeadDim, decode.KV.HeadDim)
+	known(FieldIsMLA, prefill.KV.IsMLA, decode.KV.IsMLA)
+	known(FieldNumLayers, prefill.KV.NumLayers, decode.KV.NumLayers)
+	known(FieldNumKVHeads, prefill.KV.NumKVHeads, decode.KV.NumKVHeads)
+	known(FieldHeadDim, prefill.KV.HeadDim, decode.KV.HeadDim)
 	add("attn_tp_size", prefill.Parallelism.AttnTPSize, decode.Parallelism.AttnTPSize)
 	add("pp_size", prefill.Parallelism.PPSize, decode.Parallelism.PPSize)
+	if !prefill.Knows(FieldRanks) || !decode.Knows(FieldRanks) {
+		known(FieldRanks, len(prefill.Ranks), len(decode.Ranks))
+		if len(diffs) == 0 {
+			return "no known geometry difference: ranks unknown on one side or both"
+		}
+		return strings.Join(diffs, "; ")
+	}
 	add("ranks", len(prefill.Ranks), len(decode.Ranks))
 	for i := 0; i < min(len(prefill.Ranks), len(decode.Ranks)); i++ {
 		add(fmt.Sprintf("ranks[%d].regions", i), len(prefill.Ranks[i].KVDataPtrs), len(decode.Ranks[i].KVDataPtrs))

@@ -78,6 +78,82 @@ func TestCheckPair(t *testing.T) {
 	}
 }
 
+// TestCheckPairWithUnknowns pins that pairing checks what both sides know,
+// refuses on a known mismatch, and names every rule it could not check.
+func TestCheckPairWithUnknowns(t *testing.T) {
+	t.Parallel()
+	pub := registrytest.PublishedSpec
+	full := registrytest.Spec
+	// mlaKnown is what a published peer leaves unknown once its MLA flag is
+	// declared: the KV shape and its ranks.
+	mlaKnown := []string{"kv.num_layers", "kv.num_kv_heads", "kv.head_dim", "ranks"}
+	for _, tc := range []struct {
+		name       string
+		prefill    registry.PeerSpec
+		decode     registry.PeerSpec
+		edit       func(p, d *registry.PeerSpec)
+		compatible bool
+		path       registry.Path
+		unverified []string
+		reason     string
+	}{
+		{name: "both published", prefill: pub("p", registry.RolePrefill), decode: pub("d", registry.RoleDecode), compatible: true,
+			unverified: []string{"kv.is_mla", "ranks[*].kv_data_ptrs", "path", "ranks[*].kv_mem_kinds"}},
+		{name: "both declared is verified", prefill: full("p", registry.RolePrefill), decode: full("d", registry.RoleDecode),
+			compatible: true, path: registry.PathEqualTP},
+		{name: "published model mismatch refused", prefill: pub("p", registry.RolePrefill), decode: pub("d", registry.RoleDecode),
+			edit: func(_, d *registry.PeerSpec) { d.Model = "other" }, reason: "models differ"},
+		{name: "published page size mismatch refused", prefill: pub("p", registry.RolePrefill), decode: pub("d", registry.RoleDecode),
+			edit: func(_, d *registry.PeerSpec) { d.KV.PageSize = 64 }, reason: "page sizes differ"},
+		{name: "published dtype mismatch refused", prefill: pub("p", registry.RolePrefill), decode: pub("d", registry.RoleDecode),
+			edit: func(_, d *registry.PeerSpec) { d.KV.DType = "fp8_e5m2" }, reason: "kv dtypes differ"},
+		{name: "known MLA on one side fixes the path", prefill: pub("p", registry.RolePrefill), decode: pub("d", registry.RoleDecode),
+			edit:       func(p, _ *registry.PeerSpec) { p.Unknown = mlaKnown; p.KV.IsMLA = true },
+			compatible: true, path: registry.PathMLA, unverified: []string{"kv.is_mla", "ranks[*].kv_data_ptrs", "ranks[*].kv_mem_kinds"}},
+		{name: "MLA known on both sides and different refused", prefill: pub("p", registry.RolePrefill), decode: pub("d", registry.RoleDecode),
+			edit: func(p, d *registry.PeerSpec) {
+				p.Unknown, d.Unknown = mlaKnown, mlaKnown
+				p.KV.IsMLA = true
+			}, reason: "one side uses MLA"},
+		{name: "declared decode kinds checked against a published prefill", prefill: pub("p", registry.RolePrefill), decode: full("d", registry.RoleDecode),
+			edit:       func(p, _ *registry.PeerSpec) { p.Unknown = mlaKnown },
+			compatible: true, path: registry.PathEqualTP, unverified: []string{"ranks[*].kv_data_ptrs"}},
+		{name: "declared DRAM decode refused on the hetero TP path even beside a published prefill",
+			prefill: pub("p", registry.RolePrefill), decode: full("d", registry.RoleDecode),
+			edit: func(p, d *registry.PeerSpec) {
+				p.Unknown = mlaKnown
+				d.Parallelism.TPSize, d.Parallelism.AttnTPSize = 2, 2
+				d.Ranks[0].KVMemKinds = []registry.MemKind{registry.DRAM, registry.DRAM}
+			}, reason: "supports only VRAM destinations"},
+		{name: "mixed decode kinds need the prefill's", prefill: pub("p", registry.RolePrefill), decode: full("d", registry.RoleDecode),
+			edit: func(p, d *registry.PeerSpec) {
+				p.Unknown = mlaKnown
+				d.Ranks[0].KVMemKinds = []registry.MemKind{registry.VRAM, registry.DRAM}
+			}, compatible: true, path: registry.PathMixedSegments, unverified: []string{"ranks[*].kv_data_ptrs", "ranks[*].kv_mem_kinds"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, d := tc.prefill, tc.decode
+			if tc.edit != nil {
+				tc.edit(&p, &d)
+			}
+			for _, s := range []*registry.PeerSpec{&p, &d} {
+				if err := s.Validate(); err != nil {
+					t.Fatalf("test spec %s invalid: %v", s.Name, err)
+				}
+			}
+			v := registry.CheckPair(&p, &d)
+			if v.Compatible != tc.compatible || v.Path != tc.path || !strings.Contains(v.Reason, tc.reason) ||
+				strings.Join(v.Unverified, ",") != strings.Join(tc.unverified, ",") {
+				t.Fatalf("verdict %+v, want compatible=%v path=%q unverified=%q reason containing %q",
+					v, tc.compatible, tc.path, tc.unverified, tc.reason)
+			}
+			if v.Compatible && v.Verified() != (len(tc.unverified) == 0) {
+				t.Fatalf("verified = %v with unverified %q", v.Verified(), v.Unverified)
+			}
+		})
+	}
+}
+
 func TestSegments(t *testing.T) {
 	t.Parallel()
 	V, D := registry.VRAM, registry.DRAM
@@ -107,5 +183,25 @@ func TestMemKindNames(t *testing.T) {
 	}
 	if _, err := registry.ParseMemKind("HBM"); err == nil {
 		t.Error("HBM parsed")
+	}
+}
+
+// TestGeometryDiffWithUnknowns pins that a quarantine record shows a field
+// one side does not know as unknown, never as a zero that reads as a value.
+func TestGeometryDiffWithUnknowns(t *testing.T) {
+	t.Parallel()
+	p, d := registrytest.PublishedSpec("p", registry.RolePrefill), registrytest.Spec("d", registry.RoleDecode)
+	got := registry.GeometryDiff(&p, &d)
+	for _, want := range []string{"num_layers: prefill unknown, decode 2", "head_dim: prefill unknown, decode 128", "ranks: prefill unknown, decode 1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("diff %q lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "prefill 0") {
+		t.Errorf("diff %q shows an unknown as 0", got)
+	}
+	d = registrytest.PublishedSpec("d", registry.RoleDecode)
+	if got := registry.GeometryDiff(&p, &d); !strings.Contains(got, "no known geometry difference") {
+		t.Errorf("two published peers: %q", got)
 	}
 }

@@ -90,10 +90,10 @@ type Parallelism struct {
 type KVGeometry struct {
 	PageSize   int    `json:"page_size"`
 	DType      string `json:"dtype"`
-	NumLayers  int    `json:"num_layers"`
-	NumKVHeads int    `json:"num_kv_heads"`
-	HeadDim    int    `json:"head_dim"`
-	IsMLA      bool   `json:"is_mla"`
+	NumLayers  int    `json:"num_layers,omitempty"`
+	NumKVHeads int    `json:"num_kv_heads,omitempty"`
+	HeadDim    int    `json:"head_dim,omitempty"`
+	IsMLA      bool   `json:"is_mla,omitempty"`
 }
 
 // Rank is one device's share of a peer's KV cache, with the NIXL agent that
@@ -139,7 +139,73 @@ type PeerSpec struct {
 	Labels        map[string]string `json:"labels,omitempty"`
 	Parallelism   Parallelism       `json:"parallelism"`
 	KV            KVGeometry        `json:"kv"`
-	Ranks         []Rank            `json:"ranks"`
+	// Ranks is empty when "ranks" is Unknown: a stock engine publishes no
+	// NIXL agent names, pointers or regions, and moves its KV itself.
+	Ranks []Rank `json:"ranks,omitempty"`
+	// Observed lists the fields read from the engine itself; Unknown the
+	// fields nobody could tell (see UnknownableFields). Every other field
+	// was declared (a spec file, flags).
+	Observed []string `json:"observed,omitempty"`
+	Unknown  []string `json:"unknown,omitempty"`
+}
+
+// Provenance says where a field's value came from.
+type Provenance string
+
+// Provenances.
+const (
+	Observed Provenance = "observed" // read from the engine
+	Declared Provenance = "declared" // a spec file or flags
+	Unknown  Provenance = "unknown"  // nobody could tell; the field holds its zero value
+)
+
+// Registration field paths that a provenance list may name.
+const (
+	FieldRanks      = "ranks"
+	FieldNumLayers  = "kv.num_layers"
+	FieldNumKVHeads = "kv.num_kv_heads"
+	FieldHeadDim    = "kv.head_dim"
+	FieldIsMLA      = "kv.is_mla"
+)
+
+// UnknownableFields are the fields a registration may leave unknown: what
+// a stock engine does not publish (its NIXL agents and KV regions) and what
+// only the model's config.json tells. Everything pairing cannot do without
+// (model, role, page size, dtype, parallelism) must be known.
+func UnknownableFields() []string {
+	return []string{FieldNumLayers, FieldNumKVHeads, FieldHeadDim, FieldIsMLA, FieldRanks}
+}
+
+// ProvenanceFields are the field paths Observed may name.
+func ProvenanceFields() []string {
+	return append([]string{"role", "engine", "url", "bootstrap_host", "bootstrap_port", "model", "instance_id",
+		"parallelism.tp_size", "parallelism.attn_tp_size", "parallelism.dp_size", "parallelism.pp_size",
+		"parallelism.pp_rank", "parallelism.dcp_size", "parallelism.dcp_rank", "kv.page_size", "kv.dtype"},
+		UnknownableFields()...)
+}
+
+// Provenance says where the spec's field (a path of ProvenanceFields) came
+// from.
+func (s *PeerSpec) Provenance(field string) Provenance {
+	switch {
+	case contains(s.Unknown, field):
+		return Unknown
+	case contains(s.Observed, field):
+		return Observed
+	}
+	return Declared
+}
+
+// Knows reports whether the field's value is known (observed or declared).
+func (s *PeerSpec) Knows(field string) bool { return !contains(s.Unknown, field) }
+
+func contains(list []string, v string) bool {
+	for _, x := range list {
+		if x == v {
+			return true
+		}
+	}
+	return false
 }
 
 // Peer is a registered engine instance: its spec plus the control plane's view

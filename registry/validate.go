@@ -117,10 +117,43 @@ func (s *PeerSpec) Validate() error {
 	if err := s.Parallelism.validate(); err != nil {
 		return err
 	}
-	if err := s.KV.validate(); err != nil {
+	if err := s.validateProvenance(); err != nil {
 		return err
 	}
+	if err := s.KV.validate(s); err != nil {
+		return err
+	}
+	if !s.Knows(FieldRanks) {
+		if len(s.Ranks) > 0 {
+			return fieldErr("ranks", "listed in unknown, so it must be empty; got %d ranks", len(s.Ranks))
+		}
+		return nil
+	}
 	return validateRanks(s.Ranks)
+}
+
+// validateProvenance checks the observed and unknown lists: known field
+// paths, each once, none both observed and unknown, and only fields that
+// may be unknown listed as unknown.
+func (s *PeerSpec) validateProvenance() error {
+	seen := map[string]string{}
+	for _, l := range []struct {
+		name    string
+		list    []string
+		allowed []string
+	}{{"observed", s.Observed, ProvenanceFields()}, {"unknown", s.Unknown, UnknownableFields()}} {
+		for i, f := range l.list {
+			at := fmt.Sprintf("%s[%d]", l.name, i)
+			if !contains(l.allowed, f) {
+				return fieldErr(at, "%q is not a field that may be %s (want one of %s)", f, l.name, strings.Join(l.allowed, ", "))
+			}
+			if prev, ok := seen[f]; ok {
+				return fieldErr(at, "%q is already listed in %s", f, prev)
+			}
+			seen[f] = l.name
+		}
+	}
+	return nil
 }
 
 func validateLabels(labels map[string]string) error {
@@ -160,14 +193,31 @@ func (p Parallelism) validate() error {
 	return nil
 }
 
-func (g KVGeometry) validate() error {
+// validate checks the geometry; a field the spec lists as unknown must hold
+// its zero value, so that nothing unknown is ever stored as if it were known.
+func (g KVGeometry) validate(s *PeerSpec) error {
+	if err := checkInt("kv.page_size", g.PageSize, 1, MaxInt32); err != nil {
+		return err
+	}
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"page_size", g.PageSize}, {"num_layers", g.NumLayers}, {"num_kv_heads", g.NumKVHeads}, {"head_dim", g.HeadDim}} {
-		if err := checkInt("kv."+f.name, f.v, 1, MaxInt32); err != nil {
+	}{{FieldNumLayers, g.NumLayers}, {FieldNumKVHeads, g.NumKVHeads}, {FieldHeadDim, g.HeadDim}} {
+		if !s.Knows(f.name) {
+			if f.v != 0 {
+				return fieldErr(f.name, "listed in unknown, so it must be absent; got %d", f.v)
+			}
+			continue
+		}
+		if f.v == 0 {
+			return fieldErr(f.name, "is required, or list it in unknown")
+		}
+		if err := checkInt(f.name, f.v, 1, MaxInt32); err != nil {
 			return err
 		}
+	}
+	if !s.Knows(FieldIsMLA) && g.IsMLA {
+		return fieldErr(FieldIsMLA, "listed in unknown, so it must be absent; got true")
 	}
 	return checkText("kv.dtype", g.DType, required, MaxDTypeLen, lineText)
 }
@@ -181,7 +231,7 @@ const (
 
 func validateRanks(ranks []Rank) error {
 	if len(ranks) == 0 {
-		return fieldErr("ranks", "at least one rank is required")
+		return fieldErr("ranks", "at least one rank is required, or list ranks in unknown")
 	}
 	if len(ranks) > MaxRanks {
 		return fieldErr("ranks", "at most %d ranks, got %d", MaxRanks, len(ranks))

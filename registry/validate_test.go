@@ -70,6 +70,25 @@ func TestValidate(t *testing.T) {
 		{"wraps", func(s *registry.PeerSpec) { s.Ranks[0].KVDataPtrs[0] = ^uint64(0) - 10 }, "ranks[0].kv_data_lens[0]"},
 		{"transfer secret too short", func(s *registry.PeerSpec) { s.Ranks[0].TransferSecret = []byte("short") }, "ranks[0].transfer_secret"},
 		{"transfer secret of 128 bits", func(s *registry.PeerSpec) { s.Ranks[0].TransferSecret = make([]byte, 16) }, ""},
+
+		// Provenance: what may be unknown, and that unknown means absent.
+		{"ranks unknown", func(s *registry.PeerSpec) { s.Ranks, s.Unknown = nil, []string{"ranks"} }, ""},
+		{"ranks unknown but given", func(s *registry.PeerSpec) { s.Unknown = []string{"ranks"} }, "ranks"},
+		{"declared rank without kinds is still refused beside unknowns", func(s *registry.PeerSpec) {
+			s.KV.NumLayers, s.Unknown = 0, []string{"kv.num_layers"}
+			s.Ranks[0].KVMemKinds = nil
+		}, "ranks[0].kv_mem_kinds"},
+		{"layers unknown", func(s *registry.PeerSpec) { s.KV.NumLayers, s.Unknown = 0, []string{"kv.num_layers"} }, ""},
+		{"layers unknown but given", func(s *registry.PeerSpec) { s.Unknown = []string{"kv.num_layers"} }, "kv.num_layers"},
+		{"mla unknown but true", func(s *registry.PeerSpec) { s.KV.IsMLA, s.Unknown = true, []string{"kv.is_mla"} }, "kv.is_mla"},
+		{"model cannot be unknown", func(s *registry.PeerSpec) { s.Unknown = []string{"model"} }, "unknown[0]"},
+		{"page size cannot be unknown", func(s *registry.PeerSpec) { s.Unknown = []string{"kv.page_size"} }, "unknown[0]"},
+		{"unknown listed twice", func(s *registry.PeerSpec) { s.Ranks, s.Unknown = nil, []string{"ranks", "ranks"} }, "unknown[1]"},
+		{"observed and unknown", func(s *registry.PeerSpec) {
+			s.Ranks, s.Observed, s.Unknown = nil, []string{"ranks"}, []string{"ranks"}
+		}, "unknown[0]"},
+		{"observed names no field", func(s *registry.PeerSpec) { s.Observed = []string{"kv.colour"} }, "observed[0]"},
+		{"observed model", func(s *registry.PeerSpec) { s.Observed = []string{"model", "kv.dtype"} }, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := registrytest.Spec("p", registry.RolePrefill)

@@ -19,14 +19,22 @@ func specFromAPI(b *api.PeerRegistration) (registry.PeerSpec, error) {
 			PPSize: deref(b.Parallelism.PpSize), PPRank: deref(b.Parallelism.PpRank),
 			DCPSize: deref(b.Parallelism.DcpSize), DCPRank: deref(b.Parallelism.DcpRank),
 		},
-		KV: registry.KVGeometry{PageSize: b.Kv.PageSize, DType: b.Kv.Dtype, NumLayers: b.Kv.NumLayers,
-			NumKVHeads: b.Kv.NumKvHeads, HeadDim: b.Kv.HeadDim, IsMLA: b.Kv.IsMla},
+		KV: registry.KVGeometry{PageSize: b.Kv.PageSize, DType: b.Kv.Dtype, NumLayers: deref(b.Kv.NumLayers),
+			NumKVHeads: deref(b.Kv.NumKvHeads), HeadDim: deref(b.Kv.HeadDim), IsMLA: deref(b.Kv.IsMla)},
 	}
 	if b.Labels != nil {
 		s.Labels = *b.Labels
 	}
-	s.Ranks = make([]registry.Rank, len(b.Ranks))
-	for i, r := range b.Ranks {
+	for _, f := range deref(b.Observed) {
+		s.Observed = append(s.Observed, string(f))
+	}
+	for _, f := range deref(b.Unknown) {
+		s.Unknown = append(s.Unknown, string(f))
+	}
+	if b.Ranks != nil && len(*b.Ranks) > 0 {
+		s.Ranks = make([]registry.Rank, len(*b.Ranks))
+	}
+	for i, r := range deref(b.Ranks) {
 		kinds := make([]registry.MemKind, len(r.KvMemKinds))
 		for j, k := range r.KvMemKinds {
 			v, err := registry.ParseMemKind(string(k))
@@ -58,8 +66,7 @@ func (s *Server) peerToAPI(p *registry.Peer) api.Peer {
 			TpSize: p.Parallelism.TPSize, AttnTpSize: &p.Parallelism.AttnTPSize, DpSize: &p.Parallelism.DPSize,
 			PpSize: &p.Parallelism.PPSize, PpRank: &p.Parallelism.PPRank, DcpSize: &p.Parallelism.DCPSize, DcpRank: &p.Parallelism.DCPRank,
 		},
-		Kv: api.KVGeometry{PageSize: p.KV.PageSize, Dtype: p.KV.DType, NumLayers: p.KV.NumLayers,
-			NumKvHeads: p.KV.NumKVHeads, HeadDim: p.KV.HeadDim, IsMla: p.KV.IsMLA},
+		Kv:    kvToAPI(p),
 		State: api.State(p.State), StateReason: opt(p.StateReason), Generation: p.Generation,
 		LeaseExpiry: p.LeaseExpiry, LastHeartbeat: p.LastHeartbeat,
 		Load:      api.Load{Running: p.Load.Running, Queued: p.Load.Queued, KvUsage: p.Load.KVUsage},
@@ -71,7 +78,12 @@ func (s *Server) peerToAPI(p *registry.Peer) api.Peer {
 		labels := p.Labels
 		out.Labels = &labels
 	}
-	out.Ranks = make([]api.Rank, len(p.Ranks))
+	out.Observed, out.Unknown = provenanceToAPI(p)
+	if !p.Knows(registry.FieldRanks) {
+		return out
+	}
+	ranks := make([]api.Rank, len(p.Ranks))
+	out.Ranks = &ranks
 	for i := range p.Ranks {
 		r := &p.Ranks[i]
 		kinds := make([]api.MemKind, len(r.KVMemKinds))
@@ -79,21 +91,21 @@ func (s *Server) peerToAPI(p *registry.Peer) api.Peer {
 			kinds[j] = api.MemKind(k.String())
 		}
 		gpu := r.GPUID
-		out.Ranks[i] = api.Rank{
+		ranks[i] = api.Rank{
 			Rank: r.Rank, GpuId: &gpu, AgentName: r.AgentName, KvDataPtrs: r.KVDataPtrs, KvDataLens: r.KVDataLens,
 			KvItemLens: r.KVItemLens, KvMemKinds: kinds,
 		}
 		if len(r.AgentMetadata) > 0 {
 			meta := r.AgentMetadata
-			out.Ranks[i].AgentMetadata = &meta
+			ranks[i].AgentMetadata = &meta
 		}
 		if len(r.AuxDataPtrs) > 0 {
 			ptrs, lens := r.AuxDataPtrs, r.AuxDataLens
-			out.Ranks[i].AuxDataPtrs, out.Ranks[i].AuxDataLens = &ptrs, &lens
+			ranks[i].AuxDataPtrs, ranks[i].AuxDataLens = &ptrs, &lens
 		}
 		if len(r.TransferSecret) > 0 {
 			sec := r.TransferSecret
-			out.Ranks[i].TransferSecret = &sec
+			ranks[i].TransferSecret = &sec
 		}
 	}
 	return out
@@ -113,8 +125,7 @@ func (s *Server) peerSummaryToAPI(p *registry.Peer) api.PeerSummary {
 			TpSize: p.Parallelism.TPSize, AttnTpSize: &p.Parallelism.AttnTPSize, DpSize: &p.Parallelism.DPSize,
 			PpSize: &p.Parallelism.PPSize, PpRank: &p.Parallelism.PPRank, DcpSize: &p.Parallelism.DCPSize, DcpRank: &p.Parallelism.DCPRank,
 		},
-		Kv: api.KVGeometry{PageSize: p.KV.PageSize, Dtype: p.KV.DType, NumLayers: p.KV.NumLayers,
-			NumKvHeads: p.KV.NumKVHeads, HeadDim: p.KV.HeadDim, IsMla: p.KV.IsMLA},
+		Kv:    kvToAPI(p),
 		State: api.State(p.State), StateReason: opt(p.StateReason), Generation: p.Generation,
 		LeaseExpiry: p.LeaseExpiry, LastHeartbeat: p.LastHeartbeat,
 		Load:      api.Load{Running: p.Load.Running, Queued: p.Load.Queued, KvUsage: p.Load.KVUsage},
@@ -126,7 +137,12 @@ func (s *Server) peerSummaryToAPI(p *registry.Peer) api.PeerSummary {
 		labels := p.Labels
 		out.Labels = &labels
 	}
-	out.Ranks = make([]api.RankSummary, len(p.Ranks))
+	out.Observed, out.Unknown = provenanceToAPI(p)
+	if !p.Knows(registry.FieldRanks) {
+		return out
+	}
+	ranks := make([]api.RankSummary, len(p.Ranks))
+	out.Ranks = &ranks
 	for i := range p.Ranks {
 		r := &p.Ranks[i]
 		kinds := make([]api.MemKind, len(r.KVMemKinds))
@@ -138,13 +154,54 @@ func (s *Server) peerSummaryToAPI(p *registry.Peer) api.PeerSummary {
 			total += l
 		}
 		gpu := r.GPUID
-		out.Ranks[i] = api.RankSummary{
+		ranks[i] = api.RankSummary{
 			Rank: r.Rank, GpuId: &gpu, AgentName: r.AgentName, Regions: len(r.KVDataLens), KvBytes: total,
 			KvDataLens: r.KVDataLens, KvMemKinds: kinds, AuxRegions: len(r.AuxDataPtrs),
 			AgentMetadataBytes: len(r.AgentMetadata),
 		}
 	}
 	return out
+}
+
+// kvToAPI converts the KV geometry. An unknown field is absent, never a
+// zero that reads as a value.
+func kvToAPI(p *registry.Peer) api.KVGeometry {
+	kv := api.KVGeometry{PageSize: p.KV.PageSize, Dtype: p.KV.DType}
+	if p.Knows(registry.FieldNumLayers) {
+		kv.NumLayers = &p.KV.NumLayers
+	}
+	if p.Knows(registry.FieldNumKVHeads) {
+		kv.NumKvHeads = &p.KV.NumKVHeads
+	}
+	if p.Knows(registry.FieldHeadDim) {
+		kv.HeadDim = &p.KV.HeadDim
+	}
+	if p.Knows(registry.FieldIsMLA) {
+		kv.IsMla = &p.KV.IsMLA
+	}
+	return kv
+}
+
+// provenanceToAPI lists the fields read from the engine and those nobody
+// could tell; nil for none.
+func provenanceToAPI(p *registry.Peer) (*[]api.ProvenanceField, *[]api.UnknownField) {
+	var obs *[]api.ProvenanceField
+	var unk *[]api.UnknownField
+	if len(p.Observed) > 0 {
+		l := make([]api.ProvenanceField, len(p.Observed))
+		for i, f := range p.Observed {
+			l[i] = api.ProvenanceField(f)
+		}
+		obs = &l
+	}
+	if len(p.Unknown) > 0 {
+		l := make([]api.UnknownField, len(p.Unknown))
+		for i, f := range p.Unknown {
+			l[i] = api.UnknownField(f)
+		}
+		unk = &l
+	}
+	return obs, unk
 }
 
 func eventToAPI(e *registry.Event) api.Event {

@@ -44,6 +44,31 @@ func normalize(t *testing.T, body []byte) []byte {
 func TestGoldenAnswers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	b.checkGolden(t, b.goldenCases(t))
+}
+
+// TestGoldenPublished pins how peers registered from what stock engines
+// publish look: unknown fields absent and listed, and their pair routable
+// but unverified, naming what could not be checked.
+func TestGoldenPublished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pf := b.register(t, registrytest.PublishedSpec("p0", registry.RolePrefill))
+	dv := b.register(t, registrytest.PublishedSpec("d0", registry.RoleDecode))
+	b.heartbeat(t, pf["id"].(string), "inst-p0")
+	b.heartbeat(t, dv["id"].(string), "inst-d0")
+	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
+	b.checkGolden(t, []goldenCase{
+		{"published-peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", ""},
+		{"published-pairs", "GET", "/api/v1/pairs", "", ""},
+	})
+}
+
+type goldenCase struct {
+	name, method, path, token, body string
+}
+
+func (b *bundle) goldenCases(t *testing.T) []goldenCase {
 	pf := b.register(t, registrytest.Spec("p0", registry.RolePrefill))
 	dv := b.register(t, registrytest.Spec("d0", registry.RoleDecode))
 	b.heartbeat(t, pf["id"].(string), "inst-p0")
@@ -51,9 +76,7 @@ func TestGoldenAnswers(t *testing.T) {
 	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
 	bad := strings.Replace(mustJSON(t, registrytest.Spec("x", registry.RoleDecode)), `"VRAM","VRAM"`, `"VRAM","HBM"`, 1)
 
-	for _, tc := range []struct {
-		name, method, path, token, body string
-	}{
+	return []goldenCase{
 		{"peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", ""},
 		{"pairs", "GET", "/api/v1/pairs", "", ""},
 		{"events", "GET", "/api/v1/events?limit=3", "", ""},
@@ -62,7 +85,14 @@ func TestGoldenAnswers(t *testing.T) {
 		{"problem-unknown-kind", "POST", "/api/v1/peers", joinToken, bad},
 		{"problem-unauthorized", "DELETE", "/api/v1/peers/" + dv["id"].(string), "", ""},
 		{"problem-forbidden", "DELETE", "/api/v1/peers/" + dv["id"].(string), joinToken, ""},
-	} {
+	}
+}
+
+// checkGolden sends each case and compares the normalized answer with its
+// golden file, or rewrites the file under -update.
+func (b *bundle) checkGolden(t *testing.T, cases []goldenCase) {
+	t.Helper()
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest(tc.method, b.url+tc.path, strings.NewReader(tc.body))
 			if tc.body != "" {

@@ -186,6 +186,14 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 			path := api.PairPath(p.Verdict.Path)
 			ap.Path = &path
 		}
+		if p.Verdict.Compatible {
+			verified := p.Verdict.Verified()
+			ap.Verified = &verified
+			if !p.Verdict.Verified() {
+				unverified := p.Verdict.Unverified
+				ap.Unverified = &unverified
+			}
+		}
 		reason := p.Verdict.Reason
 		switch {
 		case p.Quarantined != nil:

@@ -234,6 +234,16 @@ func TestBadRegistrations(t *testing.T) {
 		{"overlapping regions", mutate(func(m map[string]any) {
 			rank(m, 0)["kv_data_ptrs"] = []any{0x10000, 0x10010}
 		}), joinToken, 422, "ranks[0].kv_data_ptrs[1]"},
+		{"no ranks, not listed unknown", mutate(func(m map[string]any) { delete(m, "ranks") }), joinToken, 422, "ranks"},
+		{"empty ranks, not listed unknown", mutate(func(m map[string]any) { m["ranks"] = []any{} }), joinToken, 422, "ranks"},
+		{"ranks unknown but given", mutate(func(m map[string]any) { m["unknown"] = []any{"ranks"} }), joinToken, 422, "ranks"},
+		{"layers absent, not listed unknown", mutate(func(m map[string]any) { delete(m["kv"].(map[string]any), "num_layers") }), joinToken, 422, "kv.num_layers"},
+		{"model may not be unknown", mutate(func(m map[string]any) { m["unknown"] = []any{"model"} }), joinToken, 422, "unknown[0]"},
+		{"a declared rank beside unknowns still needs its kinds", mutate(func(m map[string]any) {
+			m["unknown"] = []any{"kv.num_layers"}
+			delete(m["kv"].(map[string]any), "num_layers")
+			delete(rank(m, 0), "kv_mem_kinds")
+		}), joinToken, 422, "ranks[0].kv_mem_kinds"},
 		{"malformed JSON", `{"name": "victim", "role":`, joinToken, 400, "body"},
 		{"not JSON at all", `name=victim`, joinToken, 400, "body"},
 		{"empty body", ``, joinToken, 400, "body"},

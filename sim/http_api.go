@@ -23,6 +23,7 @@ func (s *Sim) routes() http.Handler {
 	mux.HandleFunc("GET /health", s.handleHealth)
 	if s.cfg.Engine == registry.EngineVLLM {
 		mux.HandleFunc("GET /metrics", s.handleVLLMMetrics)
+		mux.HandleFunc("GET /version", s.handleVersion)
 	}
 	if s.cfg.Engine == registry.EngineSGLang {
 		mux.HandleFunc("GET /health_generate", s.handleHealth)
@@ -30,6 +31,7 @@ func (s *Sim) routes() http.Handler {
 		mux.HandleFunc("GET /get_load", s.handleGetLoad)
 		mux.HandleFunc("POST /generate", s.handleGen(routeGenerate))
 		mux.HandleFunc("GET /get_model_info", s.handleModelInfo)
+		mux.HandleFunc("GET /model_info", s.handleModelInfo) // newer SGLang's name
 		mux.HandleFunc("GET /server_info", s.handleServerInfo)
 		mux.HandleFunc("GET /get_server_info", s.handleServerInfo)
 	}
@@ -268,6 +270,12 @@ func (s *Sim) handleModelInfo(w http.ResponseWriter, r *http.Request) {
 		"model_path": s.cfg.Model, "tokenizer_path": s.cfg.Model, "is_generation": true,
 		"preferred_sampling_params": nil, "weight_version": "default",
 	})
+}
+
+// handleVersion is vLLM's GET /version (entrypoints/openai/api_server.py
+// show_version): {"version": ...}.
+func (s *Sim) handleVersion(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, map[string]any{"version": "pdplane-sim"})
 }
 
 func (s *Sim) handleServerInfo(w http.ResponseWriter, r *http.Request) {

@@ -94,6 +94,16 @@ func (s *Sim) handleVLLMMetrics(w http.ResponseWriter, r *http.Request) {
 	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", strconv.Itoa(l.Running)+".0")
 	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", strconv.Itoa(l.Queued)+".0")
 	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", strconv.FormatFloat(l.KVUsage, 'g', -1, 64))
+	// The cache configuration as an info gauge whose labels are
+	// CacheConfig's fields (v1/metrics/loggers.py log_metrics_info,
+	// config/cache.py CacheConfig.metrics_info), and prometheus_client's
+	// process collector's start time.
+	fmt.Fprintf(&b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n"+
+		"vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"%s\",engine=\"0\",num_gpu_blocks=\"%d\"} 1.0\n",
+		s.cfg.PageSize, labelEscaper.Replace(s.cfg.DType), s.cfg.Pages)
+	fmt.Fprintf(&b, "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"+
+		"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %s\n",
+		strconv.FormatFloat(float64(s.startedAt.UnixNano())/1e9, 'f', -1, 64))
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	_, _ = w.Write([]byte(b.String()))
 }

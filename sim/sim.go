@@ -65,7 +65,10 @@ type Sim struct {
 	counters        counters
 	reqSeq          atomic.Uint64
 	started         atomic.Bool
-	closeOnce       sync.Once
+	// startedAt is the process start time the engine publishes as
+	// process_start_time_seconds; set before serving starts.
+	startedAt time.Time
+	closeOnce sync.Once
 }
 
 // New checks cfg and allocates the KV pool; Start serves.
@@ -152,6 +155,7 @@ func (s *Sim) Start(ctx context.Context) error {
 		s.bootSrv = s.newServer(s.bootstrapRoutes())
 		s.bg.Go(func() { s.serve(s.bootSrv, bl) })
 	}
+	s.startedAt = s.cfg.Now()
 	s.bg.Go(func() { s.serve(s.srv, ln) })
 	s.bg.Go(s.pollNotifs)
 	s.started.Store(true)

@@ -86,7 +86,11 @@ func clone(p *registry.Peer) registry.Peer {
 			c.Labels[k] = v
 		}
 	}
-	c.Ranks = make([]registry.Rank, len(p.Ranks))
+	c.Observed, c.Unknown = slices.Clone(p.Observed), slices.Clone(p.Unknown)
+	c.Ranks = nil // a peer whose ranks are unknown has none, as pgstore returns it
+	if p.Ranks != nil {
+		c.Ranks = make([]registry.Rank, len(p.Ranks))
+	}
 	for i, r := range p.Ranks {
 		r.AgentMetadata = slices.Clone(r.AgentMetadata)
 		r.KVDataPtrs = slices.Clone(r.KVDataPtrs)

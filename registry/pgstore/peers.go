@@ -48,12 +48,15 @@ type peerRow struct {
 	CreatedAt     time.Time  `db:"created_at"`
 	UpdatedAt     time.Time  `db:"updated_at"`
 	CredHash      []byte     `db:"credential_hash"`
+	Observed      []string   `db:"observed"`
+	Unknown       []string   `db:"unknown"`
 }
 
 const peerColumns = `id::text, name, role, engine, url, bootstrap_host, bootstrap_port, model, instance_id,
 	transfer_group, labels, tp_size, attn_tp_size, dp_size, pp_size, pp_rank, dcp_size, dcp_rank,
 	page_size, kv_dtype, num_layers, num_kv_heads, head_dim, is_mla, state, state_reason, generation,
-	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at, credential_hash`
+	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at, credential_hash,
+	observed, unknown`
 
 // rankRow is a row of peer_ranks.
 type rankRow struct {
@@ -90,6 +93,13 @@ func (r *peerRow) peer() (registry.Peer, error) {
 		Load:      registry.Load{Running: r.LoadRunning, Queued: r.LoadQueued, KVUsage: r.LoadKVUsage},
 		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
 		CredentialHash: nilIfEmptyBytes(r.CredHash),
+	}
+	// Empty lists are nil, as the embedded store returns them.
+	if len(r.Observed) > 0 {
+		p.Observed = r.Observed
+	}
+	if len(r.Unknown) > 0 {
+		p.Unknown = r.Unknown
 	}
 	if len(r.Labels) > 0 && string(r.Labels) != "{}" {
 		if err := json.Unmarshal(r.Labels, &p.Labels); err != nil {

@@ -99,9 +99,10 @@ func writePeer(ctx context.Context, tx pgx.Tx, p *registry.Peer, withRanks bool)
 INSERT INTO peers (id, name, role, engine, url, bootstrap_host, bootstrap_port, model, instance_id,
 	transfer_group, labels, tp_size, attn_tp_size, dp_size, pp_size, pp_rank, dcp_size, dcp_rank,
 	page_size, kv_dtype, num_layers, num_kv_heads, head_dim, is_mla, state, state_reason, generation,
-	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at, credential_hash)
+	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at, credential_hash,
+	observed, unknown)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-	$21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35)
+	$21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37)
 ON CONFLICT (id) DO UPDATE SET
 	name = EXCLUDED.name, role = EXCLUDED.role, engine = EXCLUDED.engine, url = EXCLUDED.url,
 	bootstrap_host = EXCLUDED.bootstrap_host, bootstrap_port = EXCLUDED.bootstrap_port,
@@ -115,13 +116,15 @@ ON CONFLICT (id) DO UPDATE SET
 	lease_expiry = EXCLUDED.lease_expiry, last_heartbeat = EXCLUDED.last_heartbeat,
 	load_running = EXCLUDED.load_running, load_queued = EXCLUDED.load_queued,
 	load_kv_usage = EXCLUDED.load_kv_usage, updated_at = EXCLUDED.updated_at,
-	credential_hash = EXCLUDED.credential_hash`,
+	credential_hash = EXCLUDED.credential_hash,
+	observed = EXCLUDED.observed, unknown = EXCLUDED.unknown`,
 		p.ID, p.Name, p.Role, p.Engine, p.URL, p.BootstrapHost, p.BootstrapPort, p.Model, p.InstanceID,
 		p.TransferGroup, labels, p.Parallelism.TPSize, p.Parallelism.AttnTPSize, p.Parallelism.DPSize,
 		p.Parallelism.PPSize, p.Parallelism.PPRank, p.Parallelism.DCPSize, p.Parallelism.DCPRank,
 		p.KV.PageSize, p.KV.DType, p.KV.NumLayers, p.KV.NumKVHeads, p.KV.HeadDim, p.KV.IsMLA,
 		p.State, p.StateReason, p.Generation, p.LeaseExpiry, p.LastHeartbeat,
-		p.Load.Running, p.Load.Queued, p.Load.KVUsage, p.CreatedAt, p.UpdatedAt, nonNil(p.CredentialHash))
+		p.Load.Running, p.Load.Queued, p.Load.KVUsage, p.CreatedAt, p.UpdatedAt, nonNil(p.CredentialHash),
+		nonNil(p.Observed), nonNil(p.Unknown))
 	if err != nil || !withRanks {
 		return err
 	}
@@ -144,13 +147,13 @@ ON CONFLICT (id) DO UPDATE SET
 	return err
 }
 
-// nonNil stores an absent byte string as an empty one (the columns are NOT
-// NULL).
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
+// nonNil stores an absent byte string or list as an empty one (the columns
+// are NOT NULL).
+func nonNil[T any](l []T) []T {
+	if l == nil {
+		return []T{}
 	}
-	return b
+	return l
 }
 
 func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, p *registry.Peer, events []registry.Event, now time.Time) error {

@@ -27,6 +27,7 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 	}{
 		{"RegisterNew", testRegisterNew},
 		{"RoundTripGeometry", testRoundTrip},
+		{"RoundTripProvenance", testRoundTripProvenance},
 		{"ReregisterKeepsID", testReregister},
 		{"HeartbeatTurnsReady", testHeartbeat},
 		{"HeartbeatUnknownPeer", testHeartbeatUnknown},
@@ -139,6 +140,28 @@ func testRoundTrip(t *testing.T, s registry.Store) {
 	}
 	if !reflect.DeepEqual(got, p) {
 		t.Fatalf("Get differs from Register's answer:\n got %+v\nwant %+v", got, p)
+	}
+}
+
+// testRoundTripProvenance pins that a peer registered from what a stock
+// engine publishes keeps its observed and unknown lists and no ranks, and
+// that a later declared registration replaces them.
+func testRoundTripProvenance(t *testing.T, s registry.Store) {
+	spec := PublishedSpec("d0", registry.RoleDecode)
+	p := mustRegister(t, s, spec).Peer
+	got := mustGet(t, s, p.ID)
+	if !reflect.DeepEqual(got.PeerSpec, spec) {
+		t.Fatalf("published spec did not round-trip:\n got %+v\nwant %+v", got.PeerSpec, spec)
+	}
+	if got.Ranks != nil || got.Provenance("ranks") != registry.Unknown || got.Provenance("model") != registry.Observed ||
+		got.Provenance("name") != registry.Declared {
+		t.Fatalf("provenance: ranks %v (%s), model %s, name %s", got.Ranks, got.Provenance("ranks"),
+			got.Provenance("model"), got.Provenance("name"))
+	}
+	declared := Spec("d0", registry.RoleDecode)
+	again := mustRegister(t, s, declared).Peer
+	if got := mustGet(t, s, p.ID); !reflect.DeepEqual(got.PeerSpec, declared) || again.Generation != p.Generation+1 {
+		t.Fatalf("declared re-registration: gen %d (was %d), spec %+v", again.Generation, p.Generation, got.PeerSpec)
 	}
 }
 

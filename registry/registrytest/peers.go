@@ -32,3 +32,16 @@ func Fleet(n int) []registry.PeerSpec {
 	}
 	return specs
 }
+
+// PublishedSpec returns a valid registration of an SGLang peer as an agent
+// makes it from what a stock engine publishes: model, role, parallelism,
+// page size and dtype observed; KV shape, MLA and ranks unknown.
+func PublishedSpec(name string, role registry.Role) registry.PeerSpec {
+	s := Spec(name, role)
+	s.KV = registry.KVGeometry{PageSize: s.KV.PageSize, DType: s.KV.DType}
+	s.Ranks = nil
+	s.Observed = []string{"role", "model", "parallelism.tp_size", "parallelism.dp_size", "parallelism.pp_size",
+		"kv.page_size", "kv.dtype"}
+	s.Unknown = registry.UnknownableFields()
+	return s
+}

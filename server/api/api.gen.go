@@ -148,6 +148,81 @@ func (e PairPath) Valid() bool {
 	}
 }
 
+// Defines values for ProvenanceField.
+const (
+	ProvenanceFieldBootstrapHost         ProvenanceField = "bootstrap_host"
+	ProvenanceFieldBootstrapPort         ProvenanceField = "bootstrap_port"
+	ProvenanceFieldEngine                ProvenanceField = "engine"
+	ProvenanceFieldInstanceId            ProvenanceField = "instance_id"
+	ProvenanceFieldKvDtype               ProvenanceField = "kv.dtype"
+	ProvenanceFieldKvHeadDim             ProvenanceField = "kv.head_dim"
+	ProvenanceFieldKvIsMla               ProvenanceField = "kv.is_mla"
+	ProvenanceFieldKvNumKvHeads          ProvenanceField = "kv.num_kv_heads"
+	ProvenanceFieldKvNumLayers           ProvenanceField = "kv.num_layers"
+	ProvenanceFieldKvPageSize            ProvenanceField = "kv.page_size"
+	ProvenanceFieldModel                 ProvenanceField = "model"
+	ProvenanceFieldParallelismAttnTpSize ProvenanceField = "parallelism.attn_tp_size"
+	ProvenanceFieldParallelismDcpRank    ProvenanceField = "parallelism.dcp_rank"
+	ProvenanceFieldParallelismDcpSize    ProvenanceField = "parallelism.dcp_size"
+	ProvenanceFieldParallelismDpSize     ProvenanceField = "parallelism.dp_size"
+	ProvenanceFieldParallelismPpRank     ProvenanceField = "parallelism.pp_rank"
+	ProvenanceFieldParallelismPpSize     ProvenanceField = "parallelism.pp_size"
+	ProvenanceFieldParallelismTpSize     ProvenanceField = "parallelism.tp_size"
+	ProvenanceFieldRanks                 ProvenanceField = "ranks"
+	ProvenanceFieldRole                  ProvenanceField = "role"
+	ProvenanceFieldUrl                   ProvenanceField = "url"
+)
+
+// Valid indicates whether the value is a known member of the ProvenanceField enum.
+func (e ProvenanceField) Valid() bool {
+	switch e {
+	case ProvenanceFieldBootstrapHost:
+		return true
+	case ProvenanceFieldBootstrapPort:
+		return true
+	case ProvenanceFieldEngine:
+		return true
+	case ProvenanceFieldInstanceId:
+		return true
+	case ProvenanceFieldKvDtype:
+		return true
+	case ProvenanceFieldKvHeadDim:
+		return true
+	case ProvenanceFieldKvIsMla:
+		return true
+	case ProvenanceFieldKvNumKvHeads:
+		return true
+	case ProvenanceFieldKvNumLayers:
+		return true
+	case ProvenanceFieldKvPageSize:
+		return true
+	case ProvenanceFieldModel:
+		return true
+	case ProvenanceFieldParallelismAttnTpSize:
+		return true
+	case ProvenanceFieldParallelismDcpRank:
+		return true
+	case ProvenanceFieldParallelismDcpSize:
+		return true
+	case ProvenanceFieldParallelismDpSize:
+		return true
+	case ProvenanceFieldParallelismPpRank:
+		return true
+	case ProvenanceFieldParallelismPpSize:
+		return true
+	case ProvenanceFieldParallelismTpSize:
+		return true
+	case ProvenanceFieldRanks:
+		return true
+	case ProvenanceFieldRole:
+		return true
+	case ProvenanceFieldUrl:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Role.
 const (
 	Both    Role = "both"
@@ -193,6 +268,33 @@ func (e State) Valid() bool {
 	case StateStale:
 		return true
 	case StateUnhealthy:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for UnknownField.
+const (
+	UnknownFieldKvHeadDim    UnknownField = "kv.head_dim"
+	UnknownFieldKvIsMla      UnknownField = "kv.is_mla"
+	UnknownFieldKvNumKvHeads UnknownField = "kv.num_kv_heads"
+	UnknownFieldKvNumLayers  UnknownField = "kv.num_layers"
+	UnknownFieldRanks        UnknownField = "ranks"
+)
+
+// Valid indicates whether the value is a known member of the UnknownField enum.
+func (e UnknownField) Valid() bool {
+	switch e {
+	case UnknownFieldKvHeadDim:
+		return true
+	case UnknownFieldKvIsMla:
+		return true
+	case UnknownFieldKvNumKvHeads:
+		return true
+	case UnknownFieldKvNumLayers:
+		return true
+	case UnknownFieldRanks:
 		return true
 	default:
 		return false
@@ -251,13 +353,15 @@ type HeartbeatReply struct {
 // HeartbeatReplyAction defines model for HeartbeatReply.Action.
 type HeartbeatReplyAction string
 
-// KVGeometry defines model for KVGeometry.
+// KVGeometry num_layers, num_kv_heads, head_dim and is_mla are required unless the
+// registration lists them in unknown (then they are absent); is_mla
+// absent and not unknown means false.
 type KVGeometry struct {
 	Dtype      string `json:"dtype"`
-	HeadDim    int    `json:"head_dim"`
-	IsMla      bool   `json:"is_mla"`
-	NumKvHeads int    `json:"num_kv_heads"`
-	NumLayers  int    `json:"num_layers"`
+	HeadDim    *int   `json:"head_dim,omitempty"`
+	IsMla      *bool  `json:"is_mla,omitempty"`
+	NumKvHeads *int   `json:"num_kv_heads,omitempty"`
+	NumLayers  *int   `json:"num_layers,omitempty"`
 	PageSize   int    `json:"page_size"`
 }
 
@@ -274,8 +378,10 @@ type MemKind string
 // Pair defines model for Pair.
 type Pair struct {
 	// Compatible the geometries allow the transfer
-	Compatible  bool      `json:"compatible"`
-	Decode      PeerRef   `json:"decode"`
+	Compatible bool    `json:"compatible"`
+	Decode     PeerRef `json:"decode"`
+
+	// Path absent when refused or when it depends on an unknown field
 	Path        *PairPath `json:"path,omitempty"`
 	Prefill     PeerRef   `json:"prefill"`
 	Quarantined *bool     `json:"quarantined,omitempty"`
@@ -285,9 +391,15 @@ type Pair struct {
 
 	// Routable compatible, both peers ready, and not quarantined
 	Routable bool `json:"routable"`
+
+	// Unverified compatible pairs only: the fields a rule needed that one side did not know, e.g. ranks[*].kv_mem_kinds
+	Unverified *[]string `json:"unverified,omitempty"`
+
+	// Verified compatible pairs only: every pairing rule was checked on known values on both sides
+	Verified *bool `json:"verified,omitempty"`
 }
 
-// PairPath defines model for Pair.Path.
+// PairPath absent when refused or when it depends on an unknown field
 type PairPath string
 
 // PairList defines model for PairList.
@@ -340,8 +452,12 @@ type Peer struct {
 	Id                       string  `json:"id"`
 
 	// InstanceId changes when the engine process restarts
-	InstanceId string     `json:"instance_id"`
-	Kv         KVGeometry `json:"kv"`
+	InstanceId string `json:"instance_id"`
+
+	// Kv num_layers, num_kv_heads, head_dim and is_mla are required unless the
+	// registration lists them in unknown (then they are absent); is_mla
+	// absent and not unknown means false.
+	Kv KVGeometry `json:"kv"`
 
 	// Labels Keys are 1 to 256 characters without control characters.
 	Labels          *map[string]string `json:"labels,omitempty"`
@@ -351,16 +467,22 @@ type Peer struct {
 	Load            Load               `json:"load"`
 	Model           string             `json:"model"`
 	Name            string             `json:"name"`
-	Parallelism     Parallelism        `json:"parallelism"`
-	Ranks           []Rank             `json:"ranks"`
-	Role            Role               `json:"role"`
+
+	// Observed fields read from the engine itself
+	Observed    *[]ProvenanceField `json:"observed,omitempty"`
+	Parallelism Parallelism        `json:"parallelism"`
+	Ranks       *[]Rank            `json:"ranks,omitempty"`
+	Role        Role               `json:"role"`
 
 	// State ready is the only routable state. unhealthy: the peer's agent heartbeats but its
 	// probes of the engine fail (the reason holds the last probe error).
-	State         State     `json:"state"`
-	StateReason   *string   `json:"state_reason,omitempty"`
-	TransferGroup *string   `json:"transfer_group,omitempty"`
-	UpdatedAt     time.Time `json:"updated_at"`
+	State         State   `json:"state"`
+	StateReason   *string `json:"state_reason,omitempty"`
+	TransferGroup *string `json:"transfer_group,omitempty"`
+
+	// Unknown fields nobody could tell; each is absent from the registration
+	Unknown   *[]UnknownField `json:"unknown,omitempty"`
+	UpdatedAt time.Time       `json:"updated_at"`
 
 	// Url http(s) base URL of the engine
 	Url string `json:"url"`
@@ -380,7 +502,10 @@ type PeerRef struct {
 	Name string `json:"name"`
 }
 
-// PeerRegistration defines model for PeerRegistration.
+// PeerRegistration Every field is observed (read from the engine; listed in observed),
+// unknown (listed in unknown, and then absent) or, otherwise, declared.
+// ranks is required unless listed in unknown: a stock engine publishes
+// no NIXL agent names, KV pointers or memory kinds.
 type PeerRegistration struct {
 	// BootstrapHost SGLang prefill: host the decode reaches the bootstrap server at (default: the host of url)
 	BootstrapHost *string `json:"bootstrap_host,omitempty"`
@@ -390,17 +515,27 @@ type PeerRegistration struct {
 	Engine        Engine `json:"engine"`
 
 	// InstanceId changes when the engine process restarts
-	InstanceId string     `json:"instance_id"`
-	Kv         KVGeometry `json:"kv"`
+	InstanceId string `json:"instance_id"`
+
+	// Kv num_layers, num_kv_heads, head_dim and is_mla are required unless the
+	// registration lists them in unknown (then they are absent); is_mla
+	// absent and not unknown means false.
+	Kv KVGeometry `json:"kv"`
 
 	// Labels Keys are 1 to 256 characters without control characters.
-	Labels        *map[string]string `json:"labels,omitempty"`
-	Model         string             `json:"model"`
-	Name          string             `json:"name"`
+	Labels *map[string]string `json:"labels,omitempty"`
+	Model  string             `json:"model"`
+	Name   string             `json:"name"`
+
+	// Observed fields read from the engine itself
+	Observed      *[]ProvenanceField `json:"observed,omitempty"`
 	Parallelism   Parallelism        `json:"parallelism"`
-	Ranks         []Rank             `json:"ranks"`
+	Ranks         *[]Rank            `json:"ranks,omitempty"`
 	Role          Role               `json:"role"`
 	TransferGroup *string            `json:"transfer_group,omitempty"`
+
+	// Unknown fields nobody could tell; each is absent from the registration
+	Unknown *[]UnknownField `json:"unknown,omitempty"`
 
 	// Url http(s) base URL of the engine
 	Url string `json:"url"`
@@ -426,33 +561,45 @@ type PeerStatus struct {
 
 // PeerSummary What anyone may read about a peer. No KV pointers, agent metadata or transfer secrets.
 type PeerSummary struct {
-	BootstrapHost            *string            `json:"bootstrap_host,omitempty"`
-	BootstrapPort            *int               `json:"bootstrap_port,omitempty"`
-	CreatedAt                time.Time          `json:"created_at"`
-	Engine                   Engine             `json:"engine"`
-	Generation               int64              `json:"generation"`
-	HeartbeatIntervalSeconds float64            `json:"heartbeat_interval_seconds"`
-	Id                       string             `json:"id"`
-	InstanceId               string             `json:"instance_id"`
-	Kv                       KVGeometry         `json:"kv"`
-	Labels                   *map[string]string `json:"labels,omitempty"`
-	LastHeartbeat            *time.Time         `json:"last_heartbeat,omitempty"`
-	LeaseExpiry              time.Time          `json:"lease_expiry"`
-	LeaseTtlSeconds          float64            `json:"lease_ttl_seconds"`
-	Load                     Load               `json:"load"`
-	Model                    string             `json:"model"`
-	Name                     string             `json:"name"`
-	Parallelism              Parallelism        `json:"parallelism"`
-	Ranks                    []RankSummary      `json:"ranks"`
-	Role                     Role               `json:"role"`
+	BootstrapHost            *string   `json:"bootstrap_host,omitempty"`
+	BootstrapPort            *int      `json:"bootstrap_port,omitempty"`
+	CreatedAt                time.Time `json:"created_at"`
+	Engine                   Engine    `json:"engine"`
+	Generation               int64     `json:"generation"`
+	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
+	Id                       string    `json:"id"`
+	InstanceId               string    `json:"instance_id"`
+
+	// Kv num_layers, num_kv_heads, head_dim and is_mla are required unless the
+	// registration lists them in unknown (then they are absent); is_mla
+	// absent and not unknown means false.
+	Kv              KVGeometry         `json:"kv"`
+	Labels          *map[string]string `json:"labels,omitempty"`
+	LastHeartbeat   *time.Time         `json:"last_heartbeat,omitempty"`
+	LeaseExpiry     time.Time          `json:"lease_expiry"`
+	LeaseTtlSeconds float64            `json:"lease_ttl_seconds"`
+	Load            Load               `json:"load"`
+	Model           string             `json:"model"`
+	Name            string             `json:"name"`
+
+	// Observed fields read from the engine itself
+	Observed    *[]ProvenanceField `json:"observed,omitempty"`
+	Parallelism Parallelism        `json:"parallelism"`
+
+	// Ranks absent when the ranks are unknown
+	Ranks *[]RankSummary `json:"ranks,omitempty"`
+	Role  Role           `json:"role"`
 
 	// State ready is the only routable state. unhealthy: the peer's agent heartbeats but its
 	// probes of the engine fail (the reason holds the last probe error).
-	State         State     `json:"state"`
-	StateReason   *string   `json:"state_reason,omitempty"`
-	TransferGroup *string   `json:"transfer_group,omitempty"`
-	UpdatedAt     time.Time `json:"updated_at"`
-	Url           string    `json:"url"`
+	State         State   `json:"state"`
+	StateReason   *string `json:"state_reason,omitempty"`
+	TransferGroup *string `json:"transfer_group,omitempty"`
+
+	// Unknown fields nobody could tell; they are absent
+	Unknown   *[]UnknownField `json:"unknown,omitempty"`
+	UpdatedAt time.Time       `json:"updated_at"`
+	Url       string          `json:"url"`
 }
 
 // Problem defines model for Problem.
@@ -468,6 +615,9 @@ type Problem struct {
 	// Type Stable URI naming the class of error, e.g. https://pdplane.dev/problems/invalid-field
 	Type string `json:"type"`
 }
+
+// ProvenanceField A registration field whose provenance is recorded.
+type ProvenanceField string
 
 // Rank defines model for Rank.
 type Rank struct {
@@ -549,6 +699,9 @@ type StaleReport struct {
 // State ready is the only routable state. unhealthy: the peer's agent heartbeats but its
 // probes of the engine fail (the reason holds the last probe error).
 type State string
+
+// UnknownField A registration field that may be unknown (what stock engines do not publish).
+type UnknownField string
 
 // PeerID A peer id, a UUID in lowercase canonical form.
 type PeerID = PeerIDString

@@ -590,7 +590,8 @@
   function pairText(pr) {
     const v = verdict(pr);
     return pr.prefill.name + ' → ' + pr.decode.name + ': ' + v.word +
-      (pr.path ? '; path ' + pr.path : '') + (pr.reason ? '; ' + pr.reason : '');
+      (pr.path ? '; path ' + pr.path : '') + (pr.reason ? '; ' + pr.reason : '') +
+      (pr.unverified && pr.unverified.length ? '; not verified: ' + pr.unverified.join(', ') : '');
   }
 
   function pairByKey(key) {
@@ -611,7 +612,8 @@
       el('strong', null, pr.prefill.name), ' → ', el('strong', null, pr.decode.name), ': ',
       el('span', { class: 'verdict' }, v.sym + ' ' + v.word),
       pr.path ? [' · path ', el('code', null, pr.path)] : null,
-      pr.reason ? [' · ', el('span', { class: 'why' }, pr.reason)] : null);
+      pr.reason ? [' · ', el('span', { class: 'why' }, pr.reason)] : null,
+      pr.unverified && pr.unverified.length ? [' · not verified: ', pr.unverified.map((f, i) => [i ? ', ' : '', el('code', null, f)])] : null);
   }
 
   // ------------------------------------------------------------- events
@@ -823,12 +825,14 @@
         fact('Load', (p.load?.running ?? 0) + ' running · ' + (p.load?.queued ?? 0) + ' queued · KV ' + pct(p.load?.kv_usage)),
         fact('Parallelism', 'TP ' + par.tp_size + ' · attn TP ' + (par.attn_tp_size ?? par.tp_size) + ' · DP ' + (par.dp_size ?? 1) +
           ' · PP ' + (par.pp_size ?? 1) + ' (rank ' + (par.pp_rank ?? 0) + ') · DCP ' + (par.dcp_size ?? 1) + ' (rank ' + (par.dcp_rank ?? 0) + ')'),
-        fact('KV geometry', 'page ' + kv.page_size + ' · ' + kv.dtype + ' · ' + kv.num_layers + ' layers · ' + kv.num_kv_heads +
-          ' KV heads · head dim ' + kv.head_dim + (kv.is_mla ? ' · MLA' : '')),
+        fact('KV geometry', 'page ' + kv.page_size + ' · ' + kv.dtype + ' · ' + (kv.num_layers ?? '?') + ' layers · ' + (kv.num_kv_heads ?? '?') +
+          ' KV heads · head dim ' + (kv.head_dim ?? '?') + (kv.is_mla ? ' · MLA' : '')),
+        fact('Observed', (p.observed || []).join(', ') || '—'),
+        fact('Unknown', (p.unknown || []).join(', ') || '—'),
         fact('Labels', labels.length ? el('span', { class: 'labels' }, labels.map(([k, v]) => el('span', { class: 'label' }, k + '=' + v))) : '—'),
         fact('Registered', stamp(p.created_at)),
         fact('Updated', stamp(p.updated_at))),
-      el('h3', null, 'Ranks ', el('span', { class: 'count' }, String((p.ranks || []).length))),
+      el('h3', null, 'Ranks ', el('span', { class: 'count' }, p.ranks ? String(p.ranks.length) : 'unknown')),
       (p.ranks || []).map(rankBlock),
       el('h3', null, 'Generation history'),
       historyTable());
