@@ -299,6 +299,34 @@ func streamText(t *testing.T, b []byte) (string, bool) {
 	return text.String(), done
 }
 
+// request is one POST through the router under test.
+type request struct{ path, body string }
+
+// serveAll sends each request and requires a 200 with generated text; a
+// streamed one must end with [DONE] and carry no error event.
+func serveAll(t *testing.T, base string, reqs []request) {
+	t.Helper()
+	for _, c := range reqs {
+		status, b := post(t, base+c.path, c.body)
+		if status != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", c.path, c.body, status, b)
+		}
+		var text string
+		if strings.Contains(c.body, `"stream":true`) {
+			var done bool
+			text, done = streamText(t, b)
+			if !done {
+				t.Fatalf("%s: stream did not end with [DONE]: %s", c.path, b)
+			}
+		} else {
+			text = completionText(t, b)
+		}
+		if text == "" {
+			t.Fatalf("%s: no text in %s", c.path, b)
+		}
+	}
+}
+
 // transfers returns how many KV transfers the decode received (each P/D
 // request moves its KV once), and fails on any KV byte that did not verify
 // or any transfer error on either side.
@@ -343,31 +371,13 @@ func TestSMGDrivesSGLangSims(t *testing.T) {
 	if got := completionText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second)); got == "" {
 		t.Fatal("empty chat completion")
 	}
-	cases := []struct{ path, body string }{
+	cases := []request{
 		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
 		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
 		{"/generate", `{"text":"native generate","sampling_params":{"max_new_tokens":8}}`},
 		{"/generate", `{"text":"native generate streamed","sampling_params":{"max_new_tokens":8},"stream":true}`},
 	}
-	for _, c := range cases {
-		status, b := post(t, base+c.path, c.body)
-		if status != http.StatusOK {
-			t.Fatalf("%s %s: %d %s", c.path, c.body, status, b)
-		}
-		var text string
-		if strings.Contains(c.body, `"stream":true`) {
-			var done bool
-			text, done = streamText(t, b)
-			if !done {
-				t.Fatalf("%s: stream did not end with [DONE]: %s", c.path, b)
-			}
-		} else {
-			text = completionText(t, b)
-		}
-		if text == "" {
-			t.Fatalf("%s: no text in %s", c.path, b)
-		}
-	}
+	serveAll(t, base, cases)
 	if got, want := transfers(t, p, d)-before, 1+len(cases); got != want {
 		t.Fatalf("sims counted %d KV transfers for %d requests through SMG", got, want)
 	}
@@ -394,30 +404,12 @@ func TestVLLMRouterDrivesVLLMSims(t *testing.T) {
 	if got := completionText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second)); got == "" {
 		t.Fatal("empty chat completion")
 	}
-	cases := []struct{ path, body string }{
+	cases := []request{
 		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
 		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8}`},
 		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
 	}
-	for _, c := range cases {
-		status, b := post(t, base+c.path, c.body)
-		if status != http.StatusOK {
-			t.Fatalf("%s %s: %d %s", c.path, c.body, status, b)
-		}
-		var text string
-		if strings.Contains(c.body, `"stream":true`) {
-			var done bool
-			text, done = streamText(t, b)
-			if !done {
-				t.Fatalf("%s: stream did not end with [DONE]: %s", c.path, b)
-			}
-		} else {
-			text = completionText(t, b)
-		}
-		if text == "" {
-			t.Fatalf("%s: no text in %s", c.path, b)
-		}
-	}
+	serveAll(t, base, cases)
 	if got, want := transfers(t, p, d)-before, 1+len(cases); got != want {
 		t.Fatalf("sims counted %d KV transfers for %d requests through vllm-router", got, want)
 	}
