@@ -55,6 +55,11 @@ func TestLoadPoliciesPreferIdleDecode(t *testing.T) {
 				if c.Name == "decode-busy" {
 					c.DecodeTimePerToken = 20 * time.Millisecond
 				}
+				// A vLLM prefill holds each request's pages until the decode's
+				// read notification arrives; on a loaded machine those lag, and
+				// simtest's 64 pages ran out mid-test (503). The split is what
+				// is measured here, not the pool.
+				c.Pages = 512
 				e, err := startSimWithAgent(ctx, c, cp.BaseURL, "", log)
 				if err != nil {
 					t.Fatalf("start %s: %v", c.Name, err)
