@@ -3,6 +3,7 @@ package agent_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -99,8 +100,13 @@ var noProbe = agent.ProbeConfig{Disabled: true}
 // (an agent process that exits) and waits for it.
 func runAgentWith(t *testing.T, cfg agent.Config, eng agent.Engine) (a *agent.Agent, done chan error, stop func()) {
 	t.Helper()
+	return runAgentLogging(t, cfg, eng, zerolog.New(zerolog.NewTestWriter(t)))
+}
+
+func runAgentLogging(t *testing.T, cfg agent.Config, eng agent.Engine, log zerolog.Logger) (a *agent.Agent, done chan error, stop func()) {
+	t.Helper()
 	cfg.JoinToken, cfg.MinBackoff, cfg.MaxBackoff, cfg.Probe = "tok", 20*time.Millisecond, 100*time.Millisecond, noProbe
-	a, err := agent.New(cfg, eng, zerolog.New(zerolog.NewTestWriter(t)))
+	a, err := agent.New(cfg, eng, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,8 +184,18 @@ func TestAgentWaitsForControlPlane(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	runAgent(t, "http://"+addr, &fakeEngine{spec: registrytest.Spec("p0", registry.RolePrefill)})
-	time.Sleep(200 * time.Millisecond) // a few failed attempts
+	failures := &messageCounter{msg: "registration failed; retrying", seen: make(chan struct{}, 100)}
+	log := zerolog.New(zerolog.MultiLevelWriter(zerolog.NewTestWriter(t), failures))
+	runAgentLogging(t, agent.Config{ControlPlane: "http://" + addr}, &fakeEngine{spec: registrytest.Spec("p0", registry.RolePrefill)}, log)
+	// The control plane starts only after the agent has failed to reach
+	// it a few times and kept trying.
+	for i := range 3 {
+		select {
+		case <-failures.seen:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the agent logged %d failed registrations in 5s, want 3 while the control plane is down", i)
+		}
+	}
 
 	relisten := func() net.Listener {
 		l, err := net.Listen("tcp", addr)
@@ -197,6 +213,26 @@ func TestAgentWaitsForControlPlane(t *testing.T) {
 	if again.ID == first.ID {
 		t.Fatalf("a new, empty control plane kept the old id")
 	}
+}
+
+// messageCounter is a log writer that signals on seen for each JSON log line
+// whose message is msg.
+type messageCounter struct {
+	msg  string
+	seen chan struct{}
+}
+
+func (m *messageCounter) Write(p []byte) (int, error) {
+	var line struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(p, &line) == nil && line.Message == m.msg {
+		select {
+		case m.seen <- struct{}{}:
+		default:
+		}
+	}
+	return len(p), nil
 }
 
 func TestReportFor(t *testing.T) {

@@ -59,13 +59,14 @@ func TestGoldenPublished(t *testing.T) {
 	b.heartbeat(t, dv["id"].(string), "inst-d0")
 	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
 	b.checkGolden(t, []goldenCase{
-		{"published-peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", ""},
-		{"published-pairs", "GET", "/api/v1/pairs", "", ""},
+		{"published-peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", "", http.StatusOK},
+		{"published-pairs", "GET", "/api/v1/pairs", "", "", http.StatusOK},
 	})
 }
 
 type goldenCase struct {
 	name, method, path, token, body string
+	status                          int // the status the answer must carry
 }
 
 func (b *bundle) goldenCases(t *testing.T) []goldenCase {
@@ -77,19 +78,20 @@ func (b *bundle) goldenCases(t *testing.T) []goldenCase {
 	bad := strings.Replace(mustJSON(t, registrytest.Spec("x", registry.RoleDecode)), `"VRAM","VRAM"`, `"VRAM","HBM"`, 1)
 
 	return []goldenCase{
-		{"peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", ""},
-		{"pairs", "GET", "/api/v1/pairs", "", ""},
-		{"events", "GET", "/api/v1/events?limit=3", "", ""},
-		{"registration", "GET", "/api/v1/peers/" + dv["id"].(string) + "/registration", adminToken, ""},
-		{"heartbeat", "POST", "/api/v1/peers/" + dv["id"].(string) + "/heartbeat", b.cred(dv["id"].(string)), `{"instance_id":"inst-d0","load":{"running":1,"queued":0,"kv_usage":0.5}}`},
-		{"problem-unknown-kind", "POST", "/api/v1/peers", joinToken, bad},
-		{"problem-unauthorized", "DELETE", "/api/v1/peers/" + dv["id"].(string), "", ""},
-		{"problem-forbidden", "DELETE", "/api/v1/peers/" + dv["id"].(string), joinToken, ""},
+		{"peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", "", http.StatusOK},
+		{"pairs", "GET", "/api/v1/pairs", "", "", http.StatusOK},
+		{"events", "GET", "/api/v1/events?limit=3", "", "", http.StatusOK},
+		{"registration", "GET", "/api/v1/peers/" + dv["id"].(string) + "/registration", adminToken, "", http.StatusOK},
+		{"heartbeat", "POST", "/api/v1/peers/" + dv["id"].(string) + "/heartbeat", b.cred(dv["id"].(string)), `{"instance_id":"inst-d0","load":{"running":1,"queued":0,"kv_usage":0.5}}`, http.StatusOK},
+		{"problem-unknown-kind", "POST", "/api/v1/peers", joinToken, bad, http.StatusUnprocessableEntity},
+		{"problem-unauthorized", "DELETE", "/api/v1/peers/" + dv["id"].(string), "", "", http.StatusUnauthorized},
+		{"problem-forbidden", "DELETE", "/api/v1/peers/" + dv["id"].(string), joinToken, "", http.StatusForbidden},
 	}
 }
 
-// checkGolden sends each case and compares the normalized answer with its
-// golden file, or rewrites the file under -update.
+// checkGolden sends each case, checks its status and content type, and
+// compares the normalized answer with its golden file, or rewrites the file
+// under -update.
 func (b *bundle) checkGolden(t *testing.T, cases []goldenCase) {
 	t.Helper()
 	for _, tc := range cases {
@@ -107,6 +109,16 @@ func (b *bundle) checkGolden(t *testing.T, cases []goldenCase) {
 			}
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Errorf("%s %s: HTTP %d, want %d", tc.method, tc.path, resp.StatusCode, tc.status)
+			}
+			wantType := "application/json"
+			if tc.status >= 400 {
+				wantType = "application/problem+json"
+			}
+			if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, wantType) {
+				t.Errorf("%s %s: Content-Type %q, want %s", tc.method, tc.path, ct, wantType)
+			}
 			got := normalize(t, body)
 			path := filepath.Join("testdata", tc.name+".golden.json")
 			if *update {

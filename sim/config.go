@@ -104,7 +104,8 @@ type Config struct {
 	// preparation raises *transfer.MissingMemKindError. It is not called
 	// when the peer ID is unknown, for cancellations, or for a decode's
 	// agent that a newer one has replaced. Classify err with errors.As.
-	// The wiring sends it to agent.ReportStale. It runs on the request's
+	// The wiring turns it into agent.ReportFor and sends that to
+	// agent.ReportTransferFailure. It runs on the request's
 	// goroutine, so it must not block for long.
 	OnTransferError func(peerID string, err error)
 	// TransferSecrets returns the transfer secret of agent, a rank of the

@@ -36,5 +36,6 @@
 //
 // The package owns only the simulator. It must not reach into the control
 // plane or the router; the wiring in cmd/pdplane connects a Sim to an agent
-// (SetPeerID from OnRegistered, OnTransferError to ReportStale).
+// (SetPeerID from OnRegistered; OnTransferError through agent.ReportFor to
+// agent.ReportTransferFailure).
 package sim

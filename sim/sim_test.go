@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -308,19 +307,41 @@ func TestCrashCutsStream(t *testing.T) {
 		c.DecodeTimePerToken = 20 * time.Millisecond
 		return c
 	}())
-	var wg sync.WaitGroup
-	var evs []timedEvent
-	var err error
-	wg.Go(func() {
-		_, evs, err = stream(context.Background(), s.URL(), "/v1/chat/completions", chatBody("a long answer", 100, true), nil)
-	})
-	time.Sleep(100 * time.Millisecond)
-	if err := s.SetFault(sim.FaultCrash); err != nil {
+	b, _ := json.Marshal(chatBody("a long answer", 100, true))
+	resp, err := http.Post(s.URL()+"/v1/chat/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
-	if err == nil && len(evs) > 0 && string(evs[len(evs)-1].data) == "[DONE]" {
-		t.Fatalf("the stream completed through a crash (%d events)", len(evs))
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: HTTP %d", resp.StatusCode)
+	}
+	// The crash is set only once the stream has produced its first event,
+	// so what follows is a crash cutting a stream in progress.
+	sc := bufio.NewScanner(resp.Body)
+	var before, after []string
+	for sc.Scan() {
+		d, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if len(before) == 0 {
+			before = append(before, d)
+			if err := s.SetFault(sim.FaultCrash); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		after = append(after, d)
+	}
+	if len(before) == 0 {
+		t.Fatalf("the stream ended before its first event (%v)", sc.Err())
+	}
+	if before[0] == "[DONE]" {
+		t.Fatal("the first event was [DONE]: the stream had nothing to cut")
+	}
+	if n := len(after); n > 0 && after[n-1] == "[DONE]" {
+		t.Fatalf("the stream completed through a crash (%d events after it)", n)
 	}
 	var fe *sim.InvalidFaultError
 	if err := s.SetFault("bogus"); !errors.As(err, &fe) {

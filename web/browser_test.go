@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +31,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/web"
 )
@@ -239,7 +242,12 @@ type browser struct {
 	mu      sync.Mutex
 	console []chromedp.ConsoleMessage
 	dialogs []string
+	flushes int         // markers written by flushConsole so far
+	marks   chan string // flushConsole's markers, as they come back
 }
+
+// flushMarker prefixes the console lines flushConsole writes.
+const flushMarker = "pdplane-test-flush-"
 
 func newBrowser(t *testing.T, chromium string) *browser {
 	t.Helper()
@@ -268,13 +276,17 @@ func newBrowser(t *testing.T, chromium string) *browser {
 	if err := chromedp.Do(ctx); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
-	b := &browser{ctx: ctx}
+	b := &browser{ctx: ctx, marks: make(chan string, 16)}
 
 	messages := chromedp.Console(ctx)
 	go func() {
 		for m, err := range messages {
 			if err != nil {
 				return
+			}
+			if strings.HasPrefix(m.Text, flushMarker) {
+				b.marks <- m.Text
+				continue
 			}
 			b.mu.Lock()
 			b.console = append(b.console, m)
@@ -371,13 +383,33 @@ func (b *browser) problems(t *testing.T) []string {
 // violation so far.
 func (b *browser) checkClean(t *testing.T, when string) {
 	t.Helper()
-	// Console events arrive asynchronously; give the last ones a moment.
-	time.Sleep(200 * time.Millisecond)
+	b.flushConsole(t)
 	for _, p := range b.problems(t) {
 		t.Errorf("%s: %s", when, p)
 	}
 	for _, v := range eval[[]string](t, b, `window.__csp || ['the CSP probe did not run']`) {
 		t.Errorf("%s: CSP violation: %s", when, v)
+	}
+}
+
+// flushConsole writes a marker to the page's console and waits for it to
+// come back: the browser sends console events in order, so every message
+// the page wrote before it has been recorded by then.
+func (b *browser) flushConsole(t *testing.T) {
+	t.Helper()
+	b.flushes++
+	marker := fmt.Sprintf("%s%d", flushMarker, b.flushes)
+	eval[bool](t, b, "console.debug("+jsString(marker)+"), true")
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case got := <-b.marks:
+			if got == marker {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the console marker %s never came back", marker)
+		}
 	}
 }
 
@@ -584,6 +616,7 @@ func TestStatusPageLive(t *testing.T) {
 
 	// The failed admin call and the cut stream log network errors by
 	// design; exceptions and policy violations are never expected.
+	b.flushConsole(t)
 	for _, p := range b.problems(t) {
 		if strings.Contains(p, "exception") || strings.Contains(p, "dialog") {
 			t.Error(p)
@@ -609,8 +642,19 @@ func TestStatusPageScreenshot(t *testing.T) {
 	b.do(t, chromedp.Navigate(f.url+"/?interval=1"))
 	b.waitFor(t, "the fleet", stateOf(ids["decode-1"], "stale")+" && "+stateOf(ids["prefill-2"], "draining"), 10*time.Second)
 	b.waitFor(t, "the quarantined pair", `!!document.querySelector('#pair-matrix td.v-quarantined button')`, 10*time.Second)
-	b.waitFor(t, "charts with a few minutes' worth of shape", `document.querySelectorAll('#charts svg path.line').length >= 5`, 20*time.Second)
-	time.Sleep(14 * time.Second) // more points on the charts
+	// What the picture is for: each of these must be on the page.
+	b.waitFor(t, "decode-2 re-registered (generation 2)",
+		fmt.Sprintf(`(document.querySelector('#peer-groups tr[data-peer-id=%s] .gen') || {}).textContent === '2'`, jsString(ids["decode-2"])), 10*time.Second)
+	b.waitFor(t, "decode-3 refused by the three prefills", `document.querySelectorAll('#pair-matrix td.v-refused button').length === 3`, 10*time.Second)
+	b.waitFor(t, "every chart drawn", `document.querySelectorAll('#charts svg path.line').length >= 5`, 20*time.Second)
+	// Enough points for the lines to have a shape: one a scrape, so the
+	// page scrapes about 15 s.
+	const points = 15
+	b.waitFor(t, fmt.Sprintf("%d points on the request chart", points),
+		fmt.Sprintf(`((document.querySelector('#charts [data-chart=rps] path.line') || {getAttribute: () => ''}).getAttribute('d').match(/[ML]/g) || []).length >= %d`, points), 40*time.Second)
+	if rps := eval[string](t, b, `document.querySelector('#charts [data-chart=rps] .fig').textContent`); rps == "" || rps == "–" || rps == "—" || rps == "0" {
+		t.Errorf("the request chart shows %q, want the router's traffic", rps)
+	}
 	b.do(t, chromedp.Click(chromedp.CSS(`#pair-matrix td.v-quarantined button`)))
 	b.waitFor(t, "the pinned pair's reason", `document.getElementById('pair-detail').textContent.includes('quarantined')`, 5*time.Second)
 	b.do(t, chromedp.Evaluate[chromedp.Void](`document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0)`))
@@ -622,12 +666,24 @@ func TestStatusPageScreenshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := png.DecodeConfig(bytes.NewReader(shot))
+	img, err := png.Decode(bytes.NewReader(shot))
 	if err != nil {
 		t.Fatalf("screenshot is not a PNG: %v", err)
 	}
-	if cfg.Width != 1280 || cfg.Height != 800 {
-		t.Errorf("screenshot is %d×%d, want 1280×800", cfg.Width, cfg.Height)
+	if size := img.Bounds().Size(); size.X != 1280 || size.Y != 800 {
+		t.Errorf("screenshot is %d×%d, want 1280×800", size.X, size.Y)
+	}
+	// A rendered page has text, state colours and chart lines; a blank or
+	// half-painted one has a handful of colours.
+	colours := map[[4]uint32]bool{}
+	for y := img.Bounds().Min.Y; y < img.Bounds().Max.Y; y += 2 {
+		for x := img.Bounds().Min.X; x < img.Bounds().Max.X; x += 2 {
+			r, g, b, a := img.At(x, y).RGBA()
+			colours[[4]uint32{r, g, b, a}] = true
+		}
+	}
+	if len(colours) < 500 {
+		t.Errorf("the screenshot has %d colours: the page was not rendered", len(colours))
 	}
 	path := filepath.Join(t.TempDir(), "status.png")
 	if *update {
@@ -636,7 +692,7 @@ func TestStatusPageScreenshot(t *testing.T) {
 	if err := os.WriteFile(path, shot, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("screenshot written to %s", path)
+	t.Logf("screenshot written to %s (%d colours)", path, len(colours))
 }
 
 // buildFleet registers a fleet the way a morning on call finds it and
@@ -756,17 +812,23 @@ func buildFleet(f *fixture) map[string]string {
 	return ids
 }
 
-// fakeRouterTraffic registers the router's series (same names and labels as
-// package router) and feeds them a plausible load until stopped, so the
-// page's charts have something to draw.
+// fakeRouterTraffic builds a real router on reg, so that /metrics carries
+// the router's own series (names, labels, buckets) and not a copy of them,
+// and feeds a plausible load into them until stopped, so the page's charts
+// have something to draw. If the router renames a series the page reads,
+// this fails naming it.
 func fakeRouterTraffic(t *testing.T, reg *prometheus.Registry) (stop func()) {
 	t.Helper()
-	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pdplane_router_requests_total", Help: "Generation requests."}, []string{"route", "outcome"})
-	ttft := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pdplane_router_ttft_seconds", Help: "TTFT.",
-		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}}, []string{"route"})
-	retries := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pdplane_router_retries_total", Help: "Retries."}, []string{"reason"})
-	inflight := prometheus.NewGauge(prometheus.GaugeOpts{Name: "pdplane_router_inflight_requests", Help: "In flight."})
-	reg.MustRegister(requests, ttft, retries, inflight)
+	rr := &recordingRegisterer{Registerer: reg, byName: map[string]prometheus.Collector{}}
+	rt, err := router.New(router.Config{}, emptySnapshots{}, nil, zerolog.Nop(), rr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	requests := routerSeries[*prometheus.CounterVec](t, rr, "pdplane_router_requests_total")
+	ttft := routerSeries[*prometheus.HistogramVec](t, rr, "pdplane_router_ttft_seconds")
+	retries := routerSeries[*prometheus.CounterVec](t, rr, "pdplane_router_retries_total")
+	inflight := routerSeries[prometheus.Gauge](t, rr, "pdplane_router_inflight_requests")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -807,4 +869,57 @@ func fakeRouterTraffic(t *testing.T, reg *prometheus.Registry) (stop func()) {
 		cancel()
 		<-done
 	}
+}
+
+// emptySnapshots serves the router an empty fleet: it only has to exist
+// for its metrics.
+type emptySnapshots struct{}
+
+func (emptySnapshots) Snapshot() *registry.Snapshot {
+	return registry.NewSnapshot(0, nil, nil, time.Now())
+}
+
+// recordingRegisterer registers collectors on the wrapped registerer and
+// remembers each by the names of the series it describes.
+type recordingRegisterer struct {
+	prometheus.Registerer
+	byName map[string]prometheus.Collector
+}
+
+var fqNameRE = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func (r *recordingRegisterer) Register(c prometheus.Collector) error {
+	if err := r.Registerer.Register(c); err != nil {
+		return err
+	}
+	descs := make(chan *prometheus.Desc)
+	go func() { c.Describe(descs); close(descs) }()
+	for d := range descs {
+		if m := fqNameRE.FindStringSubmatch(d.String()); m != nil {
+			r.byName[m[1]] = c
+		}
+	}
+	return nil
+}
+
+func (r *recordingRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// routerSeries returns the collector the router registered for name.
+func routerSeries[C prometheus.Collector](t *testing.T, r *recordingRegisterer, name string) C {
+	t.Helper()
+	c, ok := r.byName[name].(C)
+	if !ok {
+		names := make([]string, 0, len(r.byName))
+		for n := range r.byName {
+			names = append(names, n)
+		}
+		t.Fatalf("the router registers no %s of type %v (the page reads it); it registers %v", name, reflect.TypeFor[C](), names)
+	}
+	return c
 }

@@ -118,6 +118,60 @@ func (f *fleet) waitAll(t *testing.T, what string, cond func(*registry.Snapshot)
 	}
 }
 
+// watchAll follows every snapshot each replica publishes, from now on, and
+// records when one first satisfied cond; wait returns those times, failing
+// the test if a replica never got there. Unlike polling, it does not miss a
+// state that lasts only between two polls.
+func (f *fleet) watchAll(t *testing.T, what string, cond func(*registry.Snapshot) bool) (wait func() []time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	seen := make([]chan time.Time, len(f.replicas))
+	for i, cp := range f.replicas {
+		seen[i] = make(chan time.Time, 1)
+		ch := cp.mirror.Watch(ctx)
+		go func() {
+			for s := cp.mirror.Snapshot(); ; {
+				if cond(s) {
+					seen[i] <- time.Now()
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case s = <-ch:
+				}
+			}
+		}()
+	}
+	return func() []time.Time {
+		t.Helper()
+		at := make([]time.Time, len(seen))
+		deadline := time.After(15 * time.Second)
+		for i := range seen {
+			select {
+			case at[i] = <-seen[i]:
+			case <-deadline:
+				t.Fatalf("replica %d never showed %s", i, what)
+			}
+		}
+		return at
+	}
+}
+
+// waitServed waits until the traffic has served n more streams.
+func waitServed(t *testing.T, tr *traffic, n int64, what string) {
+	t.Helper()
+	want := tr.ok.Load() + n
+	deadline := time.Now().Add(15 * time.Second)
+	for tr.ok.Load() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: %d streams served, want %d (%d failed)", what, tr.ok.Load(), want, tr.failed.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (f *fleet) setFault(t *testing.T, engine string, fault sim.Fault) {
 	t.Helper()
 	body := fmt.Sprintf(`{"fault": %q}`, fault)
@@ -222,7 +276,14 @@ func TestSelfHealing(t *testing.T) {
 
 			stop := make(chan struct{})
 			tr := startTraffic(t, f, 4, stop)
-			time.Sleep(300 * time.Millisecond) // steady traffic first
+			waitServed(t, tr, 8, "steady traffic before the fault")
+			// Only the victim's stale state counts as the mark seen: a
+			// replica that shows it already re-registered has not shown
+			// the mark, however fast the heal was.
+			waitStale := f.watchAll(t, victim+" stale", func(s *registry.Snapshot) bool {
+				p := peerByName(s, victim)
+				return p != nil && p.State == registry.StateStale && p.Generation == before.Generation
+			})
 			f.setFault(t, victim, sim.FaultMissingMemKind)
 
 			var failed time.Time
@@ -231,10 +292,7 @@ func TestSelfHealing(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("no transfer failed after the fault was injected")
 			}
-			staleAt := f.waitAll(t, victim+" stale", func(s *registry.Snapshot) bool {
-				p := peerByName(s, victim)
-				return p != nil && (p.State == registry.StateStale || p.Generation > before.Generation)
-			})
+			staleAt := waitStale()
 			readyAt := f.waitAll(t, victim+" re-registered and routable", func(s *registry.Snapshot) bool {
 				p := peerByName(s, victim)
 				if p == nil || p.Generation != before.Generation+1 || p.State != registry.StateReady {
@@ -250,7 +308,16 @@ func TestSelfHealing(t *testing.T) {
 				}
 				return false
 			})
-			time.Sleep(300 * time.Millisecond) // traffic over the healed pair
+			// Traffic over the healed pair: the re-registered decode takes
+			// transfers again.
+			healed := f.engines[victim].sim.Stats().Transfers
+			deadline := time.Now().Add(15 * time.Second)
+			for f.engines[victim].sim.Stats().Transfers < healed+2 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the re-registered %s took no traffic", victim)
+				}
+				time.Sleep(time.Millisecond)
+			}
 			close(stop)
 			tr.wg.Wait()
 
