@@ -78,8 +78,8 @@ func TestSGLangMemKindFailureFormats(t *testing.T) {
 			if n := p.Stats().MissingMemKind; n != 1 {
 				t.Fatalf("the prefill raised the memory-kind error %d times, want 1", n)
 			}
-			m := b.rep.WaitStale(t, 5*time.Second)
-			if m.ID != "id-decode-0" || !strings.Contains(m.ErrText, "Missing NIXL destination KV memory kind") {
+			m := b.reg.waitStale(t, "decode-0")
+			if !strings.Contains(m.Error, "Missing NIXL destination KV memory kind") {
 				t.Fatalf("stale mark %+v", m)
 			}
 			if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "missing_mem_kind"}); got != 1 {
@@ -154,7 +154,7 @@ func TestDecodeFirstByteTimeoutConfig(t *testing.T) {
 	if got := (router.Config{}).WithDefaults().DecodeFirstByteTimeout; got != router.DefaultDecodeFirstByteTimeout {
 		t.Fatalf("default %s", got)
 	}
-	_, err := router.New(router.Config{DecodeFirstByteTimeout: -time.Second}, routertest.NewSnapshots(), routertest.NewReporter(),
+	_, err := router.New(router.Config{DecodeFirstByteTimeout: -time.Second}, newTestRegistry(t).mirror, nil,
 		zerolog.New(zerolog.NewTestWriter(t)), prometheus.NewRegistry())
 	if err == nil || !strings.Contains(err.Error(), "DecodeFirstByteTimeout") {
 		t.Fatalf("negative timeout: %v", err)

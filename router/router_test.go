@@ -24,14 +24,14 @@ import (
 
 const model = "test-model"
 
-// bundle is one router under test, served over real HTTP, with the fakes'
-// snapshot source, a recording reporter and its metrics registry.
+// bundle is one router under test, served over real HTTP, over the real
+// registry (the store holds the peers, the router reports to it) and with
+// its metrics registry.
 type bundle struct {
 	rt    *router.Router
 	srv   *httptest.Server
-	snaps *routertest.Snapshots
-	rep   *routertest.Reporter
-	reg   *prometheus.Registry
+	reg   *testRegistry
+	prom  *prometheus.Registry
 	clock *fakeClock
 }
 
@@ -41,16 +41,21 @@ type fakeClock struct{ off atomic.Int64 }
 func (c *fakeClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
 func (c *fakeClock) advance(d time.Duration) { c.off.Add(int64(d)) }
 
+// setup registers the peers' specs in a fresh registry (the store assigns
+// their IDs; the test's IDs are not kept) and starts a router over it.
 func setup(t *testing.T, cfg router.Config, peers ...registry.Peer) *bundle {
 	t.Helper()
-	b := &bundle{snaps: routertest.NewSnapshots(peers...), rep: routertest.NewReporter(), reg: prometheus.NewRegistry(), clock: &fakeClock{}}
+	b := &bundle{reg: newTestRegistry(t), prom: prometheus.NewRegistry(), clock: &fakeClock{}}
+	for _, p := range peers {
+		b.reg.register(t, p.PeerSpec)
+	}
 	if cfg.Now == nil {
 		cfg.Now = b.clock.now
 	}
 	if cfg.RetryBackoff == 0 {
 		cfg.RetryBackoff = time.Millisecond
 	}
-	rt, err := router.New(cfg, b.snaps, b.rep, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel), b.reg)
+	rt, err := router.New(cfg, b.reg.mirror, b.reg.store, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel), b.prom)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +116,7 @@ func (b *bundle) waitMetric(t *testing.T, name string, labels map[string]string,
 
 func (b *bundle) metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := b.reg.Gather()
+	mfs, err := b.prom.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -709,8 +714,9 @@ func TestMemKindErrorMarksDecodeStaleAndRetries(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "d2-tok0") {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	m := b.rep.WaitStale(t, 5*time.Second)
-	if m.ID != "id-d1" || !strings.Contains(m.ErrText, "Missing NIXL destination KV memory kind") || !strings.Contains(m.Reason, "p1") || m.Reporter != "router:r7" {
+	m := b.reg.waitStale(t, "d1")
+	if !strings.Contains(m.Error, "Missing NIXL destination KV memory kind") || !strings.Contains(m.Message, "p1") ||
+		!strings.Contains(m.Message, "(reported by router:r7)") {
 		t.Fatalf("stale mark %+v", m)
 	}
 	// The decode leg goes out concurrently with the prefill's; when it got
@@ -718,9 +724,7 @@ func TestMemKindErrorMarksDecodeStaleAndRetries(t *testing.T) {
 	if d1.Started() > 0 {
 		d1.WaitCancelled(t, 5*time.Second)
 	}
-	if got := b.metric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}); got != 1 {
-		t.Fatalf("stale marks %v", got)
-	}
+	b.waitMetric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}, 1)
 	// Until the snapshot catches up, this router skips the decode itself.
 	for range 4 {
 		if resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`); resp.StatusCode != 200 || !strings.Contains(string(body), "d2-") {
@@ -730,7 +734,7 @@ func TestMemKindErrorMarksDecodeStaleAndRetries(t *testing.T) {
 	if d1.Started() > 1 {
 		t.Fatalf("stale decode got %d requests", d1.Started())
 	}
-	if n := len(b.rep.StaleMarks()); n != 1 {
+	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
 		t.Fatalf("%d stale marks", n)
 	}
 }
@@ -751,10 +755,10 @@ func TestMemKindTextInASuccessfulAnswerIsNotAnError(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	if m := b.rep.WaitStale(t, 5*time.Second); m.ID != "id-d1" {
+	if m := b.reg.waitStale(t, "d1"); !strings.Contains(m.Error, "Missing NIXL destination KV memory kind") {
 		t.Fatalf("stale mark %+v", m)
 	}
-	if n := len(b.rep.StaleMarks()); n != 1 {
+	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
 		t.Fatalf("%d stale marks", n)
 	}
 }
@@ -770,7 +774,16 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	d := routertest.StartSGLang(t, "d1", registry.RoleDecode)
 	p1.SetBehavior(routertest.Behavior{Status: 500, Body: "RuntimeError: Missing NIXL destination KV memory kind"})
 	b := setup(t, router.Config{PrefillPolicy: router.PolicyRoundRobin}, p1.Peer(model), p2.Peer(model), d.Peer(model))
-	b.rep.SeedFailure("id-p1", "id-d1", "an-earlier-agent")
+	// Another replica reported the pair's first failure: the registry marked
+	// the decode stale and it re-registered with fresh agents.
+	first := b.reg.peer(t, "d1")
+	if _, out, err := b.reg.store.ReportTransferFailure(context.Background(), registry.TransferFailure{
+		PrefillID: b.reg.id(t, "p1"), DecodeID: first.ID, DecodeAgent: first.Ranks[0].AgentName,
+		Reason: "prefill p1 could not send KV", Error: "Missing NIXL destination KV memory kind", Reporter: "router:elsewhere",
+	}); err != nil || out != registry.OutcomeStale {
+		t.Fatalf("first failure: %v %v", out, err)
+	}
+	b.reg.reregister(t, "d1")
 
 	// Round robin reaches p1 within two requests; their answers do not
 	// matter here (the retry may run before the registry has answered).
@@ -780,7 +793,7 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	if p1.Started() == 0 {
 		t.Fatal("p1 never got a request")
 	}
-	if q := b.rep.WaitQuarantine(t, 5*time.Second); q.PrefillID != "id-p1" || q.DecodeID != "id-d1" {
+	if q := b.reg.waitQuarantine(t); q.PrefillID != b.reg.id(t, "p1") || q.DecodeID != b.reg.id(t, "d1") {
 		t.Fatalf("quarantine %+v", q)
 	}
 	// The decode stays routable from p2 on this router.
@@ -795,8 +808,11 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := len(b.rep.StaleMarks()); n != 0 {
-		t.Fatalf("%d stale marks; the registry decided on a quarantine", n)
+	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
+		t.Fatalf("%d stale marks, want only the other replica's; the registry decided on a quarantine", n)
+	}
+	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
+		t.Fatalf("decode %s after the quarantine of one pair", got)
 	}
 }
 
@@ -807,14 +823,16 @@ func TestMemKindAgainAfterReregistrationQuarantines(t *testing.T) {
 	memKind := routertest.Behavior{Status: 500, Body: "RuntimeError: Missing NIXL destination KV memory kind"}
 	p.SetBehavior(memKind)
 	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	// The store re-registers the decode (generation 2) once it is marked.
-	b.rep.OnMarkStale = func(m routertest.StaleMark) { b.snaps.SetState(m.ID, registry.StateReady, 2) }
 
 	resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	b.rep.WaitStale(t, 5*time.Second)
+	b.reg.waitStale(t, "d1")
+	// The decode's agent re-registers it (generation 2), as a stale mark asks.
+	if g := b.reg.reregister(t, "d1").Generation; g != 2 {
+		t.Fatalf("generation %d after re-registering", g)
+	}
 
 	resp, _ = b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
 	if resp.StatusCode != http.StatusBadGateway {
@@ -822,16 +840,14 @@ func TestMemKindAgainAfterReregistrationQuarantines(t *testing.T) {
 	}
 	// The registry composes the quarantine's detail; the report carries the
 	// engine's error text.
-	q := b.rep.WaitQuarantine(t, 5*time.Second)
-	if q.PrefillID != "id-p1" || q.DecodeID != "id-d1" || !strings.Contains(q.Detail, "Missing NIXL destination KV memory kind") {
+	q := b.reg.waitQuarantine(t)
+	if q.PrefillID != b.reg.id(t, "p1") || q.DecodeID != b.reg.id(t, "d1") || !strings.Contains(q.Detail, "Missing NIXL destination KV memory kind") {
 		t.Fatalf("quarantine %+v", q)
 	}
-	if n := len(b.rep.StaleMarks()); n != 1 {
+	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
 		t.Fatalf("%d stale marks; a repeat must quarantine, not loop", n)
 	}
-	if got := b.metric(t, "pdplane_router_quarantines_total", nil); got != 1 {
-		t.Fatalf("quarantines %v", got)
-	}
+	b.waitMetric(t, "pdplane_router_quarantines_total", nil, 1)
 }
 
 func TestBadInputMakesNoUpstreamCall(t *testing.T) {
@@ -880,7 +896,7 @@ func TestModelResolutionAndMissingRoles(t *testing.T) {
 	}
 
 	// Two models: the model is required; the second has no prefill.
-	b.snaps.Set(p.Peer(model), d.Peer(model), other.Peer("other-model"))
+	b.reg.register(t, other.Peer("other-model").PeerSpec)
 	resp, body = b.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
 	if e := decodeError(t, body); resp.StatusCode != 400 || *e.Error.Code != "model_required" {
 		t.Fatalf("%d %s", resp.StatusCode, body)
@@ -890,15 +906,19 @@ func TestModelResolutionAndMissingRoles(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	// The decode goes stale: no ready decode.
-	b.snaps.SetState("id-d1", registry.StateStale, 0)
+	b.reg.markStale(t, "d1")
 	resp, body = b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
 	if e := decodeError(t, body); resp.StatusCode != 503 || !strings.Contains(e.Error.Message, "no ready decode") {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	// Incompatible geometry: no compatible pair.
-	bad := d.Peer(model)
+	// (The decode's agent re-registers it with fresh agents and another page
+	// size.)
+	bad := d.Peer(model).PeerSpec
 	bad.KV.PageSize = 64
-	b.snaps.Set(p.Peer(model), bad)
+	bad.Ranks = []registry.Rank{bad.Ranks[0]}
+	bad.Ranks[0].AgentName += "-restarted"
+	b.reg.register(t, bad)
 	resp, body = b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
 	if e := decodeError(t, body); resp.StatusCode != 503 || !strings.Contains(e.Error.Message, "compatible") {
 		t.Fatalf("%d %s", resp.StatusCode, body)
@@ -959,7 +979,7 @@ func TestModelsAndHealth(t *testing.T) {
 	}
 	r.Body.Close()
 
-	b.snaps.SetState("id-d1", registry.StateStale, 0)
+	b.reg.markStale(t, "d1")
 	r, err = http.Get(b.srv.URL + "/health")
 	if err != nil {
 		t.Fatal(err)
@@ -987,7 +1007,7 @@ func TestUpstreamClientErrorIsPassedOn(t *testing.T) {
 
 func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
-	snaps := routertest.NewSnapshots()
+	snaps := newTestRegistry(t).mirror
 	if _, err := router.New(router.Config{PrefillPolicy: "fastest"}, snaps, nil, zerolog.Nop(), nil); err == nil || !strings.Contains(err.Error(), "PrefillPolicy") {
 		t.Fatalf("err %v", err)
 	}
