@@ -13,7 +13,6 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
-	"github.com/pdplane/pdplane/router/routertest"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -29,16 +28,8 @@ func simFleet(t *testing.T, engine registry.Engine, cfg router.Config, adjust fu
 		adjust(&dc)
 	}
 	ds := []*sim.Sim{simtest.Start(t, dc), simtest.Start(t, simtest.Config("decode-1", registry.RoleDecode, engine))}
-	var peers []registry.Peer
-	for _, s := range append([]*sim.Sim{p}, ds...) {
-		spec, err := s.Spec(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		peers = append(peers, routertest.ReadyPeer(spec, 1))
-	}
 	cfg.DecodePolicy = router.PolicyRoundRobin
-	return setup(t, cfg, peers...), p, ds
+	return setupSims(t, cfg, append([]*sim.Sim{p}, ds...)...), p, ds
 }
 
 // TestSGLangMemKindFailureFormats is the memory-kind failure injected on a

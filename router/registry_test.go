@@ -8,6 +8,8 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
+	"github.com/pdplane/pdplane/router"
+	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
 
@@ -138,4 +140,19 @@ func (r *testRegistry) waitQuarantine(t *testing.T) registry.Quarantine {
 		return err == nil && len(qs) > 0
 	})
 	return qs[0]
+}
+
+// setupSims registers the simulated engines as their agents would (each
+// sim's own registration) and starts a router over them.
+func setupSims(t *testing.T, cfg router.Config, sims ...*sim.Sim) *bundle {
+	t.Helper()
+	peers := make([]registry.Peer, 0, len(sims))
+	for _, s := range sims {
+		spec, err := s.Spec(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		peers = append(peers, registry.Peer{PeerSpec: spec})
+	}
+	return setup(t, cfg, peers...)
 }
