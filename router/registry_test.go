@@ -24,7 +24,7 @@ type testRegistry struct {
 	mirror *registry.Mirror
 }
 
-func newTestRegistry(t *testing.T) *testRegistry {
+func newTestRegistry(t testing.TB) *testRegistry {
 	t.Helper()
 	r := &testRegistry{store: memstore.New(memstore.Config{})}
 	r.mirror = registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1}, r.store, zerolog.New(zerolog.NewTestWriter(t)))
@@ -39,7 +39,7 @@ func newTestRegistry(t *testing.T) *testRegistry {
 // register registers spec (or re-registers a peer of its name), makes it
 // ready with a heartbeat when the store left it pending, and waits until
 // the mirror routes that generation.
-func (r *testRegistry) register(t *testing.T, spec registry.PeerSpec) registry.Peer {
+func (r *testRegistry) register(t testing.TB, spec registry.PeerSpec) registry.Peer {
 	t.Helper()
 	ctx := context.Background()
 	res, err := r.store.Register(ctx, spec, registry.Claim{Admin: true})
