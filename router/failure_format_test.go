@@ -113,8 +113,11 @@ func TestDecodeFirstByteDeadline(t *testing.T) {
 }
 
 // TestVLLMDecodeFailureFromTheSimulator: a vLLM decode whose KV load fails
-// answers vLLM's error; the router moves the request to the other decode
-// and marks nothing stale (vLLM never raises SGLang's memory-kind error).
+// answers vLLM's error ("Internal server error" under
+// kv_load_failure_policy=fail: vllm entrypoints/openai/engine/serving.py
+// _raise_if_error); the router moves the request to the other decode, the
+// pair (not the decode) takes the failure, and nothing is marked stale
+// (vLLM never raises SGLang's memory-kind error).
 func TestVLLMDecodeFailureFromTheSimulator(t *testing.T) {
 	t.Parallel()
 	b, _, ds := simFleet(t, registry.EngineVLLM, router.Config{}, nil)
@@ -137,6 +140,9 @@ func TestVLLMDecodeFailureFromTheSimulator(t *testing.T) {
 	}
 	if got := b.metric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}); got != 0 {
 		t.Fatalf("stale marks %v", got)
+	}
+	if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "decode-0"}); got != 0 {
+		t.Fatalf("decode-0's own breaker moved (%v); the failure is the pair's", got)
 	}
 }
 

@@ -418,42 +418,6 @@ func TestVLLMProtocol(t *testing.T) {
 	}
 }
 
-func TestRetryOnAnotherPairBeforeFirstByte(t *testing.T) {
-	t.Parallel()
-	p1 := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	p2 := routertest.StartSGLang(t, "p2", registry.RolePrefill)
-	d1 := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	d2 := routertest.StartSGLang(t, "d2", registry.RoleDecode)
-	p1.SetBehavior(routertest.Behavior{Status: 500, Body: `{"error":{"message":"boom"}}`})
-	b := setup(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, DecodePolicy: router.PolicyRoundRobin},
-		p1.Peer(model), p2.Peer(model), d1.Peer(model), d2.Peer(model))
-
-	resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "[DONE]") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	if p1.Started() != 1 || p2.Started() != 1 {
-		t.Fatalf("p1 saw %d, p2 %d requests", p1.Started(), p2.Started())
-	}
-	if strings.Contains(string(body), "error") {
-		t.Fatalf("client saw the failed attempt: %s", body)
-	}
-	if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "status"}); got != 1 {
-		t.Fatalf("retries = %v", got)
-	}
-
-	// A decode failing before its first byte moves too.
-	p1.SetBehavior(routertest.Behavior{})
-	d1.SetBehavior(routertest.Behavior{Status: 502})
-	d2.SetBehavior(routertest.Behavior{})
-	for range 4 {
-		resp, body = b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "d2-tok0") {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-	}
-}
-
 func TestFailedLegCancelsTheOther(t *testing.T) {
 	t.Parallel()
 	t.Run("prefill error cancels decode", func(t *testing.T) {
@@ -665,80 +629,6 @@ func TestOverloadMovesOnWithoutOpeningBreaker(t *testing.T) {
 	}
 }
 
-// TestVLLMDecodeFailureIsAPairFailure: vLLM's NIXL failures reach the
-// router as the decode's 500 (a KV load refused under
-// kv_load_failure_policy=fail is "Internal server error": vllm
-// entrypoints/openai/engine/serving.py _raise_if_error). The request moves
-// to another decode and the pair takes the failure; vLLM never raises
-// SGLang's memory-kind error, so even that text on a vLLM decode marks
-// nothing stale.
-func TestVLLMDecodeFailureIsAPairFailure(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartVLLM(t, "p1", registry.RolePrefill)
-	d1 := routertest.StartVLLM(t, "d1", registry.RoleDecode)
-	d2 := routertest.StartVLLM(t, "d2", registry.RoleDecode)
-	d1.SetBehavior(routertest.Behavior{Status: 500, Body: `{"error":{"message":"RuntimeError: Missing NIXL destination KV memory kind","type":"InternalServerError","param":null,"code":500}}`})
-	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin}, p.Peer(model), d1.Peer(model), d2.Peer(model))
-
-	// Round robin sends one of the first two requests to d1; both succeed.
-	for range 2 {
-		resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "d2-") {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-	}
-	if d1.Started() == 0 {
-		t.Fatal("d1 never got a request")
-	}
-	if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "pair"}); got != float64(d1.Started()) {
-		t.Fatalf("%v pair retries for %d requests to d1", got, d1.Started())
-	}
-	if got := b.metric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}); got != 0 {
-		t.Fatalf("stale marks %v", got)
-	}
-	if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "d1"}); got != 0 {
-		t.Fatalf("d1's own breaker moved (%v); the failure is the pair's", got)
-	}
-}
-
-func TestMemKindErrorMarksDecodeStaleAndRetries(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	d1 := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	d2 := routertest.StartSGLang(t, "d2", registry.RoleDecode)
-	p.Queue(routertest.Behavior{Status: 500, Body: `{"error":{"message":"RuntimeError: Missing NIXL destination KV memory kind"}}`})
-	d1.SetBehavior(routertest.Behavior{HangAfterHeaders: true})
-	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin, Replica: "r7"}, p.Peer(model), d1.Peer(model), d2.Peer(model))
-
-	resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "d2-tok0") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	m := b.reg.waitStale(t, "d1")
-	if !strings.Contains(m.Error, "Missing NIXL destination KV memory kind") || !strings.Contains(m.Message, "p1") ||
-		!strings.Contains(m.Message, "(reported by router:r7)") {
-		t.Fatalf("stale mark %+v", m)
-	}
-	// The decode leg goes out concurrently with the prefill's; when it got
-	// to d1 before the prefill failed, it must have been cancelled.
-	if d1.Started() > 0 {
-		d1.WaitCancelled(t, 5*time.Second)
-	}
-	b.waitMetric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}, 1)
-	// Until the snapshot catches up, this router skips the decode itself.
-	for range 4 {
-		if resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`); resp.StatusCode != 200 || !strings.Contains(string(body), "d2-") {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-	}
-	if d1.Started() > 1 {
-		t.Fatalf("stale decode got %d requests", d1.Started())
-	}
-	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
-		t.Fatalf("%d stale marks", n)
-	}
-}
-
 func TestMemKindTextInASuccessfulAnswerIsNotAnError(t *testing.T) {
 	t.Parallel()
 	p, d := sglangPair(t)
@@ -813,70 +703,6 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	}
 	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
 		t.Fatalf("decode %s after the quarantine of one pair", got)
-	}
-}
-
-func TestMemKindAgainAfterReregistrationQuarantines(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	d := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	memKind := routertest.Behavior{Status: 500, Body: "RuntimeError: Missing NIXL destination KV memory kind"}
-	p.SetBehavior(memKind)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-
-	resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	b.reg.waitStale(t, "d1")
-	// The decode's agent re-registers it (generation 2), as a stale mark asks.
-	if g := b.reg.reregister(t, "d1").Generation; g != 2 {
-		t.Fatalf("generation %d after re-registering", g)
-	}
-
-	resp, _ = b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	// The registry composes the quarantine's detail; the report carries the
-	// engine's error text.
-	q := b.reg.waitQuarantine(t)
-	if q.PrefillID != b.reg.id(t, "p1") || q.DecodeID != b.reg.id(t, "d1") || !strings.Contains(q.Detail, "Missing NIXL destination KV memory kind") {
-		t.Fatalf("quarantine %+v", q)
-	}
-	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
-		t.Fatalf("%d stale marks; a repeat must quarantine, not loop", n)
-	}
-	b.waitMetric(t, "pdplane_router_quarantines_total", nil, 1)
-}
-
-func TestBadInputMakesNoUpstreamCall(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{MaxBodyBytes: 1024}, p.Peer(model), d.Peer(model))
-	for _, tc := range []struct {
-		name, path, body string
-		status           int
-		code             string
-	}{
-		{"malformed", "/v1/chat/completions", `{"model":"test-model","messages":[`, 400, "invalid_json"},
-		{"too large", "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`, 413, "request_too_large"},
-		{"no messages", "/v1/chat/completions", `{"model":"test-model"}`, 400, "missing_required_parameter"},
-		{"no prompt", "/v1/completions", `{"model":"test-model"}`, 400, "missing_required_parameter"},
-		{"no text", "/generate", `{"sampling_params":{}}`, 400, "missing_required_parameter"},
-		{"unknown model", "/v1/chat/completions", `{"model":"gpt-17","messages":[{"role":"user","content":"hi"}]}`, 404, "model_not_found"},
-	} {
-		resp, body := b.post(t, tc.path, tc.body)
-		e := decodeError(t, body)
-		if resp.StatusCode != tc.status || e.Error.Code == nil || *e.Error.Code != tc.code || e.Error.Type != "invalid_request_error" {
-			t.Fatalf("%s: %d %s", tc.name, resp.StatusCode, body)
-		}
-	}
-	if p.Started()+d.Started() != 0 {
-		t.Fatalf("bad input reached the engines: %d calls", p.Started()+d.Started())
-	}
-	if got := b.metric(t, "pdplane_router_requests_total", map[string]string{"route": "chat_completions", "outcome": "bad_request"}); got != 4 {
-		t.Fatalf("bad_request count %v", got)
 	}
 }
 
@@ -957,38 +783,6 @@ func TestAPIKeys(t *testing.T) {
 		t.Fatalf("/health: %v %v", r.StatusCode, err)
 	}
 	r.Body.Close()
-}
-
-func TestModelsAndHealth(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	r, err := http.Get(b.srv.URL + "/v1/models")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var list struct {
-		Object string `json:"object"`
-		Data   []struct {
-			ID, Object, OwnedBy string
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&list); err != nil || list.Object != "list" || len(list.Data) != 1 ||
-		list.Data[0].ID != model || list.Data[0].Object != "model" {
-		t.Fatalf("models %+v %v", list, err)
-	}
-	r.Body.Close()
-
-	b.reg.markStale(t, "d1")
-	r, err = http.Get(b.srv.URL + "/health")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := io.ReadAll(r.Body)
-	r.Body.Close()
-	if r.StatusCode != 503 || !strings.Contains(string(out), "no ready decode") {
-		t.Fatalf("/health %d %s", r.StatusCode, out)
-	}
 }
 
 func TestUpstreamClientErrorIsPassedOn(t *testing.T) {

@@ -1,0 +1,236 @@
+package router_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/router"
+	"github.com/pdplane/pdplane/sim"
+	"github.com/pdplane/pdplane/sim/simtest"
+)
+
+// startSimsOf starts simulated engines of one protocol from simtest.Config,
+// one per name and role.
+func startSimsOf(t *testing.T, engine registry.Engine, roles map[string]registry.Role) map[string]*sim.Sim {
+	t.Helper()
+	out := make(map[string]*sim.Sim, len(roles))
+	for name, role := range roles {
+		out[name] = simtest.Start(t, simtest.Config(name, role, engine))
+	}
+	return out
+}
+
+func setFault(t *testing.T, s *sim.Sim, f sim.Fault) {
+	t.Helper()
+	if err := s.SetFault(f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRetryOnAnotherPairBeforeFirstByte: a prefill, then a decode, that
+// answers 500 before any byte (the simulator's plain engine error) costs the
+// client nothing: the request moves to another pair.
+func TestRetryOnAnotherPairBeforeFirstByte(t *testing.T) {
+	t.Parallel()
+	s := startSimsOf(t, registry.EngineSGLang, map[string]registry.Role{
+		"p1": registry.RolePrefill, "p2": registry.RolePrefill, "d1": registry.RoleDecode, "d2": registry.RoleDecode,
+	})
+	setFault(t, s["p1"], sim.FaultPrefillError)
+	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, DecodePolicy: router.PolicyRoundRobin},
+		s["p1"], s["p2"], s["d1"], s["d2"])
+
+	// Round robin reaches p1 within two requests.
+	for i := range 2 {
+		resp, body := b.post(t, "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`)
+		if resp.StatusCode != http.StatusOK || !strings.HasSuffix(string(body), "data: [DONE]\n\n") || strings.Contains(string(body), "error") {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	// Every request p1 failed was retried, and p2 served them all.
+	p1 := s["p1"].Stats().Requests
+	if p1 == 0 || s["p2"].Stats().Requests != 2 {
+		t.Fatalf("p1 saw %d, p2 %d requests", p1, s["p2"].Stats().Requests)
+	}
+	if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "status"}); got != float64(p1) {
+		t.Fatalf("retries = %v for %d failed prefills", got, p1)
+	}
+
+	// A decode failing before its first byte moves too: d2 serves all.
+	setFault(t, s["p1"], sim.FaultNone)
+	setFault(t, s["d1"], sim.FaultPrefillError)
+	d1Before, d2Before := s["d1"].Stats().Requests, s["d2"].Stats().Transfers
+	for range 4 {
+		if resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	if n := s["d2"].Stats().Transfers - d2Before; n != 4 {
+		t.Fatalf("d2 received KV %d times for 4 requests", n)
+	}
+	d1 := s["d1"].Stats().Requests - d1Before
+	if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "status"}); d1 == 0 || got != float64(p1+d1) {
+		t.Fatalf("retries = %v; p1 failed %d, d1 %d", got, p1, d1)
+	}
+}
+
+// TestMemKindErrorMarksDecodeStaleAndRetries: the prefill's "Missing NIXL
+// destination KV memory kind" moves the request to another decode, cancels
+// the failed decode's leg (which SGLang would otherwise hold until its room
+// times out), and reports the decode, which the registry marks stale, named
+// by the prefill and this replica. Until the snapshot catches up the router
+// skips the decode itself.
+func TestMemKindErrorMarksDecodeStaleAndRetries(t *testing.T) {
+	t.Parallel()
+	b, p, ds := simFleet(t, registry.EngineSGLang, router.Config{Replica: "r7"},
+		func(c *sim.Config) { c.RoomTimeout = time.Minute })
+	setFault(t, ds[0], sim.FaultMissingMemKind)
+	for i := 0; p.Stats().MissingMemKind == 0; i++ {
+		if i == 2 {
+			t.Fatal("round robin never reached decode-0")
+		}
+		resp, body := b.post(t, "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`)
+		if resp.StatusCode != http.StatusOK || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	m := b.reg.waitStale(t, "decode-0")
+	if !strings.Contains(m.Error, "Missing NIXL destination KV memory kind") || !strings.Contains(m.Message, "prefill-0") ||
+		!strings.Contains(m.Message, "(reported by router:r7)") {
+		t.Fatalf("stale mark %+v", m)
+	}
+	// Its room would wait a minute; only the router's cancel frees it.
+	simtest.WaitFor(t, "decode-0's leg cancelled", func() bool { return ds[0].Load().Running == 0 })
+	b.waitMetric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}, 1)
+	before := ds[0].Stats().Requests
+	for range 4 {
+		if resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`); resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	if n := ds[0].Stats().Requests - before; n != 0 {
+		t.Fatalf("stale decode got %d more requests", n)
+	}
+	if n := len(b.reg.staleEvents(t, "decode-0")); n != 1 {
+		t.Fatalf("%d stale marks", n)
+	}
+}
+
+// TestMemKindAgainAfterReregistrationQuarantines: a decode marked stale
+// for the memory-kind error re-registers with a fresh agent and fails the
+// same way again with the same prefill (a deterministic mismatch): the
+// registry quarantines the pair instead of marking the decode stale again,
+// which would loop.
+func TestMemKindAgainAfterReregistrationQuarantines(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	setFault(t, d, sim.FaultMissingMemKind)
+	b := setupSims(t, router.Config{}, p, d)
+	const body = `{"model":"sim-model","prompt":"x","max_tokens":2}`
+
+	if resp, out := b.post(t, "/v1/completions", body); resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("%d %s", resp.StatusCode, out)
+	}
+	b.reg.waitStale(t, "d0")
+	// The decode's agent re-registers it, as a stale mark asks; the defect
+	// comes back with the fresh agent.
+	ctx := context.Background()
+	if err := d.Reregister(ctx, "marked stale"); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := d.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := b.reg.register(t, spec).Generation; g != 2 {
+		t.Fatalf("generation %d after re-registering", g)
+	}
+	setFault(t, d, sim.FaultMissingMemKind)
+
+	if resp, out := b.post(t, "/v1/completions", body); resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("%d %s", resp.StatusCode, out)
+	}
+	// The registry composes the quarantine's detail; the report carries the
+	// engine's error text.
+	q := b.reg.waitQuarantine(t)
+	if q.PrefillID != b.reg.id(t, "p0") || q.DecodeID != b.reg.id(t, "d0") || !strings.Contains(q.Detail, "Missing NIXL destination KV memory kind") {
+		t.Fatalf("quarantine %+v", q)
+	}
+	if n := len(b.reg.staleEvents(t, "d0")); n != 1 {
+		t.Fatalf("%d stale marks; a repeat must quarantine, not loop", n)
+	}
+	if got := b.reg.peer(t, "d0").State; got != registry.StateReady {
+		t.Fatalf("decode %s; only the pair is quarantined", got)
+	}
+	b.waitMetric(t, "pdplane_router_quarantines_total", nil, 1)
+	if n := p.Stats().MissingMemKind; n != 2 {
+		t.Fatalf("the prefill raised the memory-kind error %d times, want 2", n)
+	}
+}
+
+func TestBadInputMakesNoUpstreamCall(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	b := setupSims(t, router.Config{MaxBodyBytes: 1024}, p, d)
+	for _, tc := range []struct {
+		name, path, body string
+		status           int
+		code             string
+	}{
+		{"malformed", "/v1/chat/completions", `{"model":"sim-model","messages":[`, 400, "invalid_json"},
+		{"too large", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`, 413, "request_too_large"},
+		{"no messages", "/v1/chat/completions", `{"model":"sim-model"}`, 400, "missing_required_parameter"},
+		{"no prompt", "/v1/completions", `{"model":"sim-model"}`, 400, "missing_required_parameter"},
+		{"no text", "/generate", `{"sampling_params":{}}`, 400, "missing_required_parameter"},
+		{"unknown model", "/v1/chat/completions", `{"model":"gpt-17","messages":[{"role":"user","content":"hi"}]}`, 404, "model_not_found"},
+	} {
+		resp, body := b.post(t, tc.path, tc.body)
+		e := decodeError(t, body)
+		if resp.StatusCode != tc.status || e.Error.Code == nil || *e.Error.Code != tc.code || e.Error.Type != "invalid_request_error" {
+			t.Fatalf("%s: %d %s", tc.name, resp.StatusCode, body)
+		}
+	}
+	if n := p.Stats().Requests + d.Stats().Requests; n != 0 {
+		t.Fatalf("bad input reached the engines: %d calls", n)
+	}
+	if got := b.metric(t, "pdplane_router_requests_total", map[string]string{"route": "chat_completions", "outcome": "bad_request"}); got != 4 {
+		t.Fatalf("bad_request count %v", got)
+	}
+}
+
+func TestModelsAndHealth(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	b := setupSims(t, router.Config{}, p, d)
+	r, err := http.Get(b.srv.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID, Object, OwnedBy string
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&list); err != nil || list.Object != "list" || len(list.Data) != 1 ||
+		list.Data[0].ID != sim.DefaultModel || list.Data[0].Object != "model" {
+		t.Fatalf("models %+v %v", list, err)
+	}
+	r.Body.Close()
+
+	b.reg.markStale(t, "d0")
+	r, err = http.Get(b.srv.URL + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if r.StatusCode != 503 || !strings.Contains(string(out), "no ready decode") {
+		t.Fatalf("/health %d %s", r.StatusCode, out)
+	}
+}
