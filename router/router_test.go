@@ -259,32 +259,6 @@ func TestSGLangStreamsChunksAsTheyArrive(t *testing.T) {
 	b.waitMetric(t, "pdplane_router_ttft_seconds", nil, 1)
 }
 
-func TestSGLangNonStreamingRoutes(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	for _, tc := range []struct{ path, body, want string }{
-		{"/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`, `"object":"chat.completion"`},
-		{"/v1/completions", `{"model":"test-model","prompt":"once upon"}`, `"object":"text_completion"`},
-		{"/generate", `{"text":"once upon","sampling_params":{"max_new_tokens":4}}`, `"text":"d1-tok0 d1-tok1 d1-tok2 "`},
-	} {
-		resp, body := b.post(t, tc.path, tc.body)
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), tc.want) {
-			t.Fatalf("%s: %d %s", tc.path, resp.StatusCode, body)
-		}
-		if resp.Header.Get("X-Request-Id") == "" {
-			t.Fatalf("%s: no X-Request-Id", tc.path)
-		}
-	}
-	// The generated request ID is on both legs.
-	pr, dr := p.Requests(), d.Requests()
-	for i := range pr {
-		if id := pr[i].Header.Get("X-Request-Id"); id == "" || id != dr[i].Header.Get("X-Request-Id") {
-			t.Fatalf("request %d: prefill id %q, decode id %q", i, id, dr[i].Header.Get("X-Request-Id"))
-		}
-	}
-}
-
 func TestSGLangBatchBootstrapLists(t *testing.T) {
 	t.Parallel()
 	p, d := sglangPair(t)
@@ -363,58 +337,6 @@ func TestSGLangLogprobMerge(t *testing.T) {
 	sr := &sseReader{bufio.NewReader(sresp.Body)}
 	if err := json.Unmarshal([]byte(sr.next(t)), &ans); err != nil || string(ans.MetaInfo.In) != want {
 		t.Fatalf("first event input_token_logprobs %s (%v)", ans.MetaInfo.In, err)
-	}
-}
-
-func TestVLLMProtocol(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartVLLM(t, "vp1", registry.RolePrefill)
-	d := routertest.StartVLLM(t, "vd1", registry.RoleDecode)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-
-	sresp := b.send(t, context.Background(), "/v1/chat/completions",
-		`{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":20,"min_tokens":2}`)
-	defer sresp.Body.Close()
-	sr := &sseReader{bufio.NewReader(sresp.Body)}
-	for i := range 3 {
-		if c := sr.next(t); !strings.Contains(c, "vd1-tok") {
-			t.Fatalf("chunk %d: %s", i, c)
-		}
-	}
-	if c := sr.next(t); c != "[DONE]" {
-		t.Fatalf("end %s", c)
-	}
-
-	resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"once","max_tokens":5}`, "X-Request-Id", "rid-v")
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "vd1-tok0") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	pr, dr := p.Requests(), d.Requests()
-	if len(pr) != 2 || len(dr) != 2 {
-		t.Fatalf("prefill %d, decode %d requests", len(pr), len(dr))
-	}
-	// The decode got the client's stream settings and the prefill's
-	// kv_transfer_params; both legs shared an ID.
-	if dr[0].JSON["stream"] != true || dr[0].JSON["stream_options"] == nil || dr[0].JSON["min_tokens"] == nil {
-		t.Fatalf("decode body %s", dr[0].Body)
-	}
-	kv, _ := dr[0].JSON["kv_transfer_params"].(map[string]any)
-	if kv["remote_engine_id"] != p.EngineID() || kv["do_remote_prefill"] != true {
-		t.Fatalf("decode kv_transfer_params %v", kv)
-	}
-	for i := range pr {
-		if id := pr[i].Header.Get("X-Request-Id"); id == "" || id != dr[i].Header.Get("X-Request-Id") {
-			t.Fatalf("request %d: ids %q and %q", i, id, dr[i].Header.Get("X-Request-Id"))
-		}
-	}
-	if pr[1].Header.Get("X-Request-Id") != "rid-v" {
-		t.Fatalf("client id not kept: %q", pr[1].Header.Get("X-Request-Id"))
-	}
-
-	// vLLM has no native /generate.
-	resp, body = b.post(t, "/generate", `{"text":"x"}`)
-	if resp.StatusCode != http.StatusBadRequest || decodeError(t, body).Error.Code == nil {
-		t.Fatalf("/generate on vLLM: %d %s", resp.StatusCode, body)
 	}
 }
 
@@ -703,99 +625,6 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	}
 	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
 		t.Fatalf("decode %s after the quarantine of one pair", got)
-	}
-}
-
-func TestModelResolutionAndMissingRoles(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	other := routertest.StartSGLang(t, "o1", registry.RoleDecode)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-
-	// One model served: a request without one uses it.
-	resp, body := b.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	if got := d.Requests()[0].JSON["model"]; got != model {
-		t.Fatalf("upstream model %v", got)
-	}
-
-	// Two models: the model is required; the second has no prefill.
-	b.reg.register(t, other.Peer("other-model").PeerSpec)
-	resp, body = b.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
-	if e := decodeError(t, body); resp.StatusCode != 400 || *e.Error.Code != "model_required" {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	resp, body = b.post(t, "/v1/chat/completions", `{"model":"other-model","messages":[{"role":"user","content":"hi"}]}`)
-	if e := decodeError(t, body); resp.StatusCode != 503 || !strings.Contains(e.Error.Message, "no ready prefill") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	// The decode goes stale: no ready decode.
-	b.reg.markStale(t, "d1")
-	resp, body = b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
-	if e := decodeError(t, body); resp.StatusCode != 503 || !strings.Contains(e.Error.Message, "no ready decode") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	// Incompatible geometry: no compatible pair.
-	// (The decode's agent re-registers it with fresh agents and another page
-	// size.)
-	bad := d.Peer(model).PeerSpec
-	bad.KV.PageSize = 64
-	bad.Ranks = []registry.Rank{bad.Ranks[0]}
-	bad.Ranks[0].AgentName += "-restarted"
-	b.reg.register(t, bad)
-	resp, body = b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
-	if e := decodeError(t, body); resp.StatusCode != 503 || !strings.Contains(e.Error.Message, "compatible") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	if n := d.Started(); n != 1 {
-		t.Fatalf("decode got %d requests", n)
-	}
-}
-
-func TestAPIKeys(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{APIKeys: []string{"k1", "k2"}, UpstreamAPIKey: "engine-key"}, p.Peer(model), d.Peer(model))
-	body := `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`
-	for _, h := range [][]string{nil, {"Authorization", "Bearer nope"}, {"Authorization", "k1"}} {
-		resp, out := b.post(t, "/v1/chat/completions", body, h...)
-		if e := decodeError(t, out); resp.StatusCode != 401 || *e.Error.Code != "invalid_api_key" {
-			t.Fatalf("%v: %d %s", h, resp.StatusCode, out)
-		}
-	}
-	resp, out := b.post(t, "/v1/chat/completions", body, "Authorization", "Bearer k2")
-	if resp.StatusCode != 200 {
-		t.Fatalf("%d %s", resp.StatusCode, out)
-	}
-	if got := d.Requests()[0].Header.Get("Authorization"); got != "Bearer engine-key" {
-		t.Fatalf("engine got Authorization %q", got)
-	}
-	// /v1/models is behind the keys; /health is not.
-	r, err := http.Get(b.srv.URL + "/v1/models")
-	if err != nil || r.StatusCode != 401 {
-		t.Fatalf("/v1/models without key: %v %v", r.StatusCode, err)
-	}
-	r.Body.Close()
-	r, err = http.Get(b.srv.URL + "/health")
-	if err != nil || r.StatusCode != 200 {
-		t.Fatalf("/health: %v %v", r.StatusCode, err)
-	}
-	r.Body.Close()
-}
-
-func TestUpstreamClientErrorIsPassedOn(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	d.SetBehavior(routertest.Behavior{Status: 400, Body: `{"error":{"message":"max_tokens too large","type":"invalid_request_error"}}`})
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x","max_tokens":999999}`)
-	if resp.StatusCode != 400 || !strings.Contains(string(body), "max_tokens too large") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	if d.Started() != 1 {
-		t.Fatalf("a client error was retried: %d attempts", d.Started())
 	}
 }
 
