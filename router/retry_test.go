@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -232,5 +233,115 @@ func TestModelsAndHealth(t *testing.T) {
 	r.Body.Close()
 	if r.StatusCode != 503 || !strings.Contains(string(out), "no ready decode") {
 		t.Fatalf("/health %d %s", r.StatusCode, out)
+	}
+}
+
+// TestBreakerOpensHalfOpensAndCloses: a prefill that keeps answering 500
+// opens its breaker after BreakerFailures, gets no traffic while open, is
+// probed after the cool-down (a failed probe opens it again), and a good
+// probe once the engine recovers closes it.
+func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
+	t.Parallel()
+	s := startSimsOf(t, registry.EngineSGLang, map[string]registry.Role{
+		"p1": registry.RolePrefill, "p2": registry.RolePrefill, "d1": registry.RoleDecode,
+	})
+	p1 := s["p1"]
+	setFault(t, p1, sim.FaultPrefillError)
+	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, MaxAttempts: 1, BreakerFailures: 2, BreakerCooldown: time.Minute},
+		p1, s["p2"], s["d1"])
+	req := func() int {
+		resp, _ := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`)
+		return resp.StatusCode
+	}
+	state := func() float64 { return b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "p1"}) }
+	started := func() int64 { return p1.Stats().Requests }
+
+	for i := 0; started() < 2; i++ {
+		req()
+		if i > 10 {
+			t.Fatal("p1 never reached twice")
+		}
+	}
+	if state() != 1 {
+		t.Fatalf("breaker state %v after 2 failures, want open (1)", state())
+	}
+	for range 6 {
+		if s := req(); s != http.StatusOK {
+			t.Fatalf("status %d while p1's breaker is open", s)
+		}
+	}
+	if started() != 2 {
+		t.Fatalf("open breaker let %d requests through", started()-2)
+	}
+
+	// After the cool-down one probe goes through; it fails: open again.
+	b.clock.advance(time.Minute)
+	for started() < 3 {
+		req()
+	}
+	if state() != 1 {
+		t.Fatalf("state %v after a failed probe", state())
+	}
+	// The engine recovers; the next probe closes the breaker.
+	setFault(t, p1, sim.FaultNone)
+	b.clock.advance(time.Minute)
+	for started() < 4 {
+		req()
+	}
+	if state() != 0 {
+		t.Fatalf("state %v after a good probe", state())
+	}
+	for range 4 {
+		req()
+	}
+	if started() < 5 {
+		t.Fatal("p1 got no traffic after its breaker closed")
+	}
+	if got := b.metric(t, "pdplane_router_breaker_transitions_total", map[string]string{"kind": "peer", "state": "half_open"}); got != 2 {
+		t.Fatalf("half-open transitions %v", got)
+	}
+}
+
+// TestMidStreamFailureEndsWithErrorEvent: a decode that dies after it
+// streamed some tokens cannot be retried (the client has them); the stream
+// ends with an OpenAI error event and no [DONE], so that no client takes it
+// as whole; a /generate stream ends with an error too.
+func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = 20 * time.Millisecond })
+	b := setupSims(t, router.Config{}, p, d)
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":1000,"stream":true}`},
+		{"/generate", `{"text":"x","sampling_params":{"max_new_tokens":1000},"stream":true}`},
+	} {
+		setFault(t, d, sim.FaultNone)
+		before := d.Stats().Requests
+		resp := b.send(t, context.Background(), tc.path, tc.body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d", tc.path, resp.StatusCode)
+		}
+		sr := &sseReader{bufio.NewReader(resp.Body)}
+		for range 2 {
+			if c := sr.next(t); !strings.HasPrefix(c, "{") {
+				t.Fatalf("%s: chunk %s", tc.path, c)
+			}
+		}
+		// The decode's process dies: its connections drop.
+		setFault(t, d, sim.FaultCrash)
+		rest, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		events := strings.Split(strings.TrimSpace(string(rest)), "\n\n")
+		last := strings.TrimPrefix(events[len(events)-1], "data: ")
+		if strings.Contains(string(rest), "[DONE]") || !strings.Contains(last, `"error"`) {
+			t.Fatalf("%s: stream ended with %q", tc.path, rest)
+		}
+		if tc.path != "/generate" {
+			if e := decodeError(t, []byte(last)); e.Error.Code == nil || *e.Error.Code != "upstream_stream_error" {
+				t.Fatalf("last event %s", last)
+			}
+		}
+		if n := d.Stats().Requests - before; n != 1 {
+			t.Fatalf("%s: retried after the first byte: decode saw %d requests", tc.path, n)
+		}
 	}
 }
