@@ -6,8 +6,10 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
@@ -220,4 +222,158 @@ func TestUpstreamClientErrorIsPassedOn(t *testing.T) {
 	if n := d.Stats().Requests; n != 1 {
 		t.Fatalf("a client error was retried: %d attempts", n)
 	}
+}
+
+// TestSGLangStreamsChunksAsTheyArrive: the client reads the first chunk
+// while the decode is still generating (the router relays, it does not
+// buffer), and both legs got the same body with the prefill's bootstrap
+// address, one room, and the client's request ID.
+func TestSGLangStreamsChunksAsTheyArrive(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) {
+		c.LogRequests = true
+		c.DecodeTimePerToken = 10 * time.Millisecond
+	})
+	b := setupSims(t, router.Config{}, p, d)
+
+	resp := b.send(t, context.Background(), "/v1/chat/completions",
+		`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"stream":true}`, "X-Request-Id", "client-rid-1")
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("status %d, content-type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	sr := &sseReader{bufio.NewReader(resp.Body)}
+	if first := sr.next(t); !strings.Contains(first, "chat.completion.chunk") {
+		t.Fatalf("first chunk %s", first)
+	}
+	// 200 tokens at 10 ms: the decode has about two seconds of work left.
+	if n := d.Load().Running; n != 1 {
+		t.Fatalf("the client saw its first chunk only after the decode finished (running %d)", n)
+	}
+	n := 1
+	for c := sr.next(t); c != "[DONE]"; c = sr.next(t) {
+		n++
+	}
+	resp.Body.Close()
+	if n != 200 {
+		t.Fatalf("%d chunks for 200 tokens", n)
+	}
+
+	pr, dr := p.Received(), d.Received()
+	if len(pr) != 1 || len(dr) != 1 {
+		t.Fatalf("prefill got %d requests, decode %d", len(pr), len(dr))
+	}
+	if !bytes.Equal(pr[0].Body, dr[0].Body) {
+		t.Fatalf("legs got different bodies:\n%s\n%s", pr[0].Body, dr[0].Body)
+	}
+	bs := bodyOf(t, pr[0])
+	if bs["bootstrap_host"] != "127.0.0.1" || bs["bootstrap_port"] != json.Number(strconv.Itoa(p.BootstrapPort())) || bs["bootstrap_room"] == nil {
+		t.Fatalf("bootstrap %v %v %v", bs["bootstrap_host"], bs["bootstrap_port"], bs["bootstrap_room"])
+	}
+	for _, r := range append(pr, dr...) {
+		if r.Header.Get("X-Request-Id") != "client-rid-1" {
+			t.Fatalf("leg %s has X-Request-Id %q", r.Path, r.Header.Get("X-Request-Id"))
+		}
+	}
+	if resp.Header.Get("X-Request-Id") != "client-rid-1" {
+		t.Fatalf("answer X-Request-Id %q", resp.Header.Get("X-Request-Id"))
+	}
+	// The handler records its metrics as it returns, which may be just after
+	// the client has read the last byte.
+	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"route": "chat_completions", "outcome": "ok"}, 1)
+	b.waitMetric(t, "pdplane_router_ttft_seconds", nil, 1)
+}
+
+// TestSGLangBatchBootstrapLists: a batch carries the bootstrap triple as
+// lists, one entry per prompt, all naming the prefill, with distinct rooms;
+// a single prompt carries scalars. (The simulator samples one sequence per
+// prompt and refuses n > 1; TestParseRequest covers the batch × n sizes.)
+func TestSGLangBatchBootstrapLists(t *testing.T) {
+	t.Parallel()
+	p, d := loggedPair(t, registry.EngineSGLang)
+	b := setupSims(t, router.Config{}, p, d)
+	port := json.Number(strconv.Itoa(p.BootstrapPort()))
+	for _, tc := range []struct {
+		path, body string
+		want       int
+	}{
+		{"/generate", `{"text":["a","b","c"],"sampling_params":{"max_new_tokens":2}}`, 3},
+		{"/generate", `{"input_ids":[[1,2],[3]],"sampling_params":{"max_new_tokens":2}}`, 2},
+		{"/v1/completions", `{"model":"sim-model","prompt":["a","b"],"max_tokens":2}`, 2},
+		{"/v1/completions", `{"model":"sim-model","prompt":[1,2,3],"max_tokens":2}`, 0},
+	} {
+		resp, body := b.post(t, tc.path, tc.body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", tc.path, tc.body, resp.StatusCode, body)
+		}
+		reqs := d.Received()
+		m := bodyOf(t, reqs[len(reqs)-1])
+		hosts, isList := m["bootstrap_host"].([]any)
+		if tc.want == 0 {
+			if isList || m["bootstrap_host"] != "127.0.0.1" || m["bootstrap_port"] != port {
+				t.Fatalf("%s: bootstrap %v:%v for a single prompt", tc.body, m["bootstrap_host"], m["bootstrap_port"])
+			}
+			continue
+		}
+		ports, _ := m["bootstrap_port"].([]any)
+		rooms, _ := m["bootstrap_room"].([]any)
+		if !isList || len(hosts) != tc.want || len(ports) != tc.want || len(rooms) != tc.want {
+			t.Fatalf("%s: bootstrap %v %v %v, want %d entries", tc.body, hosts, ports, rooms, tc.want)
+		}
+		seen := map[any]bool{}
+		for i := range hosts {
+			if hosts[i] != "127.0.0.1" || ports[i] != port || seen[rooms[i]] {
+				t.Fatalf("%s: entry %d is %v:%v room %v", tc.body, i, hosts[i], ports[i], rooms[i])
+			}
+			seen[rooms[i]] = true
+		}
+	}
+}
+
+// TestSGLangLogprobMerge: a decode reports no logprobs for the prompt (the
+// prefill computed it), so the router puts the prefill's
+// input_token_logprobs in front of the decode's answer: one per prompt
+// token, in a single answer, per batch element, and in a stream's first
+// event.
+func TestSGLangLogprobMerge(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	b := setupSims(t, router.Config{}, p, d)
+	type meta struct {
+		MetaInfo struct {
+			In           []json.RawMessage `json:"input_token_logprobs"`
+			PromptTokens int               `json:"prompt_tokens"`
+		} `json:"meta_info"`
+	}
+	check := func(what string, m meta) {
+		t.Helper()
+		if m.MetaInfo.PromptTokens == 0 || len(m.MetaInfo.In) != m.MetaInfo.PromptTokens {
+			t.Fatalf("%s: %d input logprobs for %d prompt tokens", what, len(m.MetaInfo.In), m.MetaInfo.PromptTokens)
+		}
+	}
+
+	resp, body := b.post(t, "/generate", `{"text":"hello there","return_logprob":true,"sampling_params":{"max_new_tokens":2}}`)
+	var one meta
+	if err := json.Unmarshal(body, &one); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	check("single", one)
+
+	// Batches merge element-wise.
+	resp, body = b.post(t, "/generate", `{"text":["a","b c d"],"return_logprob":true,"sampling_params":{"max_new_tokens":2}}`)
+	var batch []meta
+	if err := json.Unmarshal(body, &batch); err != nil || resp.StatusCode != http.StatusOK || len(batch) != 2 {
+		t.Fatalf("batch: %d %s", resp.StatusCode, body)
+	}
+	check("batch[0]", batch[0])
+	check("batch[1]", batch[1])
+
+	// Streaming: the first event carries the prompt's logprobs.
+	sresp := b.send(t, context.Background(), "/generate", `{"text":"hello there","return_logprob":true,"stream":true,"sampling_params":{"max_new_tokens":2}}`)
+	defer sresp.Body.Close()
+	sr := &sseReader{bufio.NewReader(sresp.Body)}
+	var first meta
+	if err := json.Unmarshal([]byte(sr.next(t)), &first); err != nil {
+		t.Fatal(err)
+	}
+	check("stream", first)
 }
