@@ -134,7 +134,8 @@ func TestMemKindAgainAfterReregistrationQuarantines(t *testing.T) {
 	b := setupSims(t, router.Config{}, p, d)
 	const body = `{"model":"sim-model","prompt":"x","max_tokens":2}`
 
-	if resp, out := b.post(t, "/v1/completions", body); resp.StatusCode != http.StatusBadGateway {
+	// The 502 does not echo the engine's internals to the client.
+	if resp, out := b.post(t, "/v1/completions", body); resp.StatusCode != http.StatusBadGateway || strings.Contains(string(out), "NIXL") {
 		t.Fatalf("%d %s", resp.StatusCode, out)
 	}
 	b.reg.waitStale(t, "d0")
@@ -344,4 +345,93 @@ func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
 			t.Fatalf("%s: retried after the first byte: decode saw %d requests", tc.path, n)
 		}
 	}
+}
+
+// heldPair starts an SGLang pair whose prefill computes for a minute a
+// token and whose decode would wait a minute for its KV: a request holds
+// both until something ends it.
+func heldPair(t *testing.T, engine registry.Engine) (p, d *sim.Sim) {
+	t.Helper()
+	return simtest.Pair(t, engine, func(c *sim.Config) {
+		c.PrefillTimePerToken = time.Minute
+		c.DecodeTimePerToken = time.Minute
+		c.RoomTimeout = time.Minute
+	})
+}
+
+// sendInBackground sends body to path until ctx ends, and closes the
+// returned channel with the answer's status (0 when none came).
+func sendInBackground(ctx context.Context, b *bundle, path, body string) <-chan int {
+	done := make(chan int, 1)
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL+path, strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	return done
+}
+
+// TestFailedLegCancelsTheOther: when one leg of a pair fails (its engine
+// dies) or the client leaves, the router cancels what is left, so that no
+// engine keeps working, or holding KV, for a request that is over.
+func TestFailedLegCancelsTheOther(t *testing.T) {
+	t.Parallel()
+	const body = `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}`
+	both := func(p, d *sim.Sim) func() bool {
+		return func() bool { return p.Stats().Requests == 1 && d.Stats().Requests == 1 }
+	}
+	t.Run("prefill failure cancels decode", func(t *testing.T) {
+		t.Parallel()
+		p, d := heldPair(t, registry.EngineSGLang)
+		b := setupSims(t, router.Config{MaxAttempts: 1}, p, d)
+		done := sendInBackground(context.Background(), b, "/v1/chat/completions", body)
+		simtest.WaitFor(t, "both legs to arrive", both(p, d))
+		setFault(t, p, sim.FaultCrash)
+		if st := <-done; st != http.StatusBadGateway {
+			t.Fatalf("status %d", st)
+		}
+		simtest.WaitFor(t, "the decode's leg cancelled", func() bool { return d.Load().Running == 0 })
+	})
+	t.Run("decode failure cancels prefill", func(t *testing.T) {
+		t.Parallel()
+		p, d := heldPair(t, registry.EngineSGLang)
+		b := setupSims(t, router.Config{MaxAttempts: 1}, p, d)
+		done := sendInBackground(context.Background(), b, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`)
+		simtest.WaitFor(t, "both legs to arrive", both(p, d))
+		setFault(t, d, sim.FaultCrash)
+		if st := <-done; st != http.StatusBadGateway {
+			t.Fatalf("status %d", st)
+		}
+		simtest.WaitFor(t, "the prefill's leg cancelled", func() bool { return p.Load().Running == 0 })
+	})
+	t.Run("client leaving cancels both", func(t *testing.T) {
+		t.Parallel()
+		p, d := heldPair(t, registry.EngineSGLang)
+		b := setupSims(t, router.Config{}, p, d)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := sendInBackground(ctx, b, "/v1/chat/completions", body)
+		simtest.WaitFor(t, "both legs to arrive", both(p, d))
+		cancel()
+		<-done
+		simtest.WaitFor(t, "both legs cancelled", func() bool { return p.Load().Running == 0 && d.Load().Running == 0 })
+		b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "client_gone"}, 1)
+	})
+	t.Run("vllm client leaving cancels decode", func(t *testing.T) {
+		t.Parallel()
+		p, d := simtest.Pair(t, registry.EngineVLLM, func(c *sim.Config) { c.DecodeTimePerToken = time.Minute })
+		b := setupSims(t, router.Config{}, p, d)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := sendInBackground(ctx, b, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`)
+		simtest.WaitFor(t, "the decode leg to arrive", func() bool { return d.Stats().Requests == 1 })
+		cancel()
+		<-done
+		simtest.WaitFor(t, "the decode's leg cancelled", func() bool { return d.Load().Running == 0 })
+	})
 }
