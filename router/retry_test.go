@@ -435,3 +435,39 @@ func TestFailedLegCancelsTheOther(t *testing.T) {
 		simtest.WaitFor(t, "the decode's leg cancelled", func() bool { return d.Load().Running == 0 })
 	})
 }
+
+// TestOverloadMovesOnWithoutOpeningBreaker: a decode refusing work it has
+// no KV room for (the simulator's 503 "KV cache pool exhausted" with
+// Retry-After) sends the request to another pair without counting against
+// the decode's breaker; when every pair is full, the client gets the
+// overload with a Retry-After.
+func TestOverloadMovesOnWithoutOpeningBreaker(t *testing.T) {
+	t.Parallel()
+	p := simtest.Start(t, simtest.Config("p1", registry.RolePrefill, registry.EngineSGLang))
+	pool := func(name string, pages int) *sim.Sim {
+		c := simtest.Config(name, registry.RoleDecode, registry.EngineSGLang)
+		c.Pages = pages
+		return simtest.Start(t, c)
+	}
+	d1, d2 := pool("d1", 2), pool("d2", 16) // 8 and 64 tokens of KV
+	b := setupSims(t, router.Config{DecodePolicy: router.PolicyRoundRobin, BreakerFailures: 1, MaxAttempts: 2}, p, d1, d2)
+	const fitsD2 = `{"model":"sim-model","prompt":"a b c d e f g h i j","max_tokens":2}` // 11 tokens
+	for range 6 {
+		resp, body := b.post(t, "/v1/completions", fitsD2)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	if n := d1.Stats().Requests; n < 3 {
+		t.Fatalf("an overloaded decode was taken out of rotation (%d requests)", n)
+	}
+	if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "d1"}); got != 0 {
+		t.Fatalf("d1 breaker state %v", got)
+	}
+	// Every pair overloaded: the client gets 429 or 503 with Retry-After.
+	long := `{"model":"sim-model","prompt":"` + strings.TrimSpace(strings.Repeat("w ", 100)) + `","max_tokens":2}`
+	resp, body := b.post(t, "/v1/completions", long)
+	if (resp.StatusCode != 429 && resp.StatusCode != 503) || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
+	}
+}

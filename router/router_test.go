@@ -206,34 +206,6 @@ func TestPrefillErrorAfterDecodeHeaders(t *testing.T) {
 	}
 }
 
-func TestOverloadMovesOnWithoutOpeningBreaker(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	d1 := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	d2 := routertest.StartSGLang(t, "d2", registry.RoleDecode)
-	d1.SetBehavior(routertest.Behavior{Status: 429, RetryAfter: "2"})
-	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin, BreakerFailures: 1, MaxAttempts: 2},
-		p.Peer(model), d1.Peer(model), d2.Peer(model))
-	for range 6 {
-		resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-	}
-	if d1.Started() < 3 {
-		t.Fatalf("an overloaded decode was taken out of rotation (%d requests)", d1.Started())
-	}
-	if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "d1"}); got != 0 {
-		t.Fatalf("d1 breaker state %v", got)
-	}
-	// Every pair overloaded: the client gets 429 with Retry-After.
-	d2.SetBehavior(routertest.Behavior{Status: 503, RetryAfter: "3"})
-	resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-	if (resp.StatusCode != 429 && resp.StatusCode != 503) || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
-	}
-}
-
 func TestMemKindTextInASuccessfulAnswerIsNotAnError(t *testing.T) {
 	t.Parallel()
 	p, d := sglangPair(t)
