@@ -8,4 +8,10 @@
 // The fakes check what a real engine would refuse (a missing or
 // mis-sized bootstrap triple, a vLLM prefill without kv_transfer_params) and
 // answer 400, so a router that breaks the protocol fails its tests.
+//
+// The simulator (sim, sim/simtest) is the engine double router tests use;
+// these fakes remain only for the few tests that need an answer the
+// simulator does not give (headers sent before the decode's KV arrives, a
+// successful answer quoting an error, a memory-kind failure with one
+// prefill only). Do not add new users.
 package routertest
