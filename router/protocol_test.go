@@ -238,6 +238,9 @@ func TestSGLangStreamsChunksAsTheyArrive(t *testing.T) {
 
 	resp := b.send(t, context.Background(), "/v1/chat/completions",
 		`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"stream":true}`, "X-Request-Id", "client-rid-1")
+	// Closed at the end: the router records its outcome just after the
+	// last byte, and a client that leaves first is a client gone.
+	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("status %d, content-type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
@@ -253,7 +256,6 @@ func TestSGLangStreamsChunksAsTheyArrive(t *testing.T) {
 	for c := sr.next(t); c != "[DONE]"; c = sr.next(t) {
 		n++
 	}
-	resp.Body.Close()
 	if n != 200 {
 		t.Fatalf("%d chunks for 200 tokens", n)
 	}
