@@ -1,9 +1,9 @@
 // Package routertest holds what tests of the router need: fake engines that
 // speak SGLang's and vLLM's PD protocols over real HTTP (FakeSGLang,
 // FakeVLLM) and can be told to fail, stall, or stream chunks with pauses;
-// a snapshot source whose peers a test sets (Snapshots); and specs of peers
-// that pair with each other (Spec, ReadyPeer). Stale marks and quarantines
-// are the registry's to decide: router tests report to a real store.
+// and specs of peers that pair with each other (Spec, ReadyPeer). Stale
+// marks and quarantines are the registry's to decide: router tests report
+// to a real store.
 //
 // The fakes check what a real engine would refuse (a missing or
 // mis-sized bootstrap triple, a vLLM prefill without kv_transfer_params) and

@@ -1,9 +1,6 @@
 package routertest
 
 import (
-	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
@@ -47,66 +44,4 @@ func ReadyPeer(spec registry.PeerSpec, generation int64) registry.Peer {
 		CreatedAt:  t,
 		UpdatedAt:  t,
 	}
-}
-
-// Snapshots is a snapshot source whose peers a test sets; it satisfies the
-// router's Snapshots interface.
-type Snapshots struct {
-	mu          sync.Mutex
-	peers       []registry.Peer
-	quarantines []registry.Quarantine
-	version     uint64
-	cur         atomic.Pointer[registry.Snapshot]
-}
-
-// NewSnapshots returns a source serving a snapshot of peers.
-func NewSnapshots(peers ...registry.Peer) *Snapshots {
-	s := &Snapshots{}
-	s.Set(peers...)
-	return s
-}
-
-// Snapshot returns the current snapshot.
-func (s *Snapshots) Snapshot() *registry.Snapshot { return s.cur.Load() }
-
-// Set replaces every peer (quarantines stay).
-func (s *Snapshots) Set(peers ...registry.Peer) {
-	s.Update(func(_ []registry.Peer, qs []registry.Quarantine) ([]registry.Peer, []registry.Quarantine) {
-		return peers, qs
-	})
-}
-
-// Update rebuilds the snapshot from what fn makes of the current peers and
-// quarantines (copies, which fn may change).
-func (s *Snapshots) Update(fn func(peers []registry.Peer, qs []registry.Quarantine) ([]registry.Peer, []registry.Quarantine)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	peers := append([]registry.Peer(nil), s.peers...)
-	qs := append([]registry.Quarantine(nil), s.quarantines...)
-	s.peers, s.quarantines = fn(peers, qs)
-	s.version++
-	s.cur.Store(registry.NewSnapshot(s.version, append([]registry.Peer(nil), s.peers...), s.quarantines, time.Now()))
-}
-
-// SetState changes one peer's state and, when generation is not zero, its
-// generation.
-func (s *Snapshots) SetState(id string, state registry.State, generation int64) {
-	s.Update(func(peers []registry.Peer, qs []registry.Quarantine) ([]registry.Peer, []registry.Quarantine) {
-		for i := range peers {
-			if peers[i].ID == id {
-				peers[i].State = state
-				if generation != 0 && generation != peers[i].Generation {
-					// A new generation means fresh NIXL agents, as a
-					// real re-registration brings.
-					peers[i].Generation = generation
-					ranks := append([]registry.Rank(nil), peers[i].Ranks...)
-					for r := range ranks {
-						ranks[r].AgentName = fmt.Sprintf("%s-g%d", ranks[r].AgentName, generation)
-					}
-					peers[i].Ranks = ranks
-				}
-			}
-		}
-		return peers, qs
-	})
 }
