@@ -471,3 +471,71 @@ func TestOverloadMovesOnWithoutOpeningBreaker(t *testing.T) {
 		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
 	}
 }
+
+// TestQuarantineDecidedElsewhereKeepsTheDecode: the first failure of a pair
+// went through another replica, so this router sees only the repeat after
+// the decode re-registered. The registry quarantines the pair; this router
+// must then stop skipping the decode for its other prefills (it is not
+// stale and will not re-register).
+func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
+	t.Parallel()
+	p1 := simtest.Start(t, simtest.Config("p1", registry.RolePrefill, registry.EngineSGLang))
+	p2 := simtest.Start(t, simtest.Config("p2", registry.RolePrefill, registry.EngineSGLang))
+	dc := simtest.Config("d1", registry.RoleDecode, registry.EngineSGLang)
+	dc.RoomTimeout = 500 * time.Millisecond // the by-hand request below waits it out
+	d := simtest.Start(t, dc)
+	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyRoundRobin}, p1, p2, d)
+	ctx := context.Background()
+
+	// Another replica reported the pair's first failure: the registry
+	// marked the decode stale and it re-registered with a fresh agent.
+	first := b.reg.peer(t, "d1")
+	if _, out, err := b.reg.store.ReportTransferFailure(ctx, registry.TransferFailure{
+		PrefillID: b.reg.id(t, "p1"), DecodeID: first.ID, DecodeAgent: first.Ranks[0].AgentName,
+		Reason: "prefill p1 could not send KV", Error: "Missing NIXL destination KV memory kind", Reporter: "router:elsewhere",
+	}); err != nil || out != registry.OutcomeStale {
+		t.Fatalf("first failure: %v %v", out, err)
+	}
+	if err := d.Reregister(ctx, "marked stale"); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := d.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.reg.register(t, spec)
+	// The fresh agent's registration with p1 (only) goes wrong again: one
+	// request by hand through p1 while the fault holds.
+	setFault(t, d, sim.FaultMissingMemKind)
+	if _, _, err := simtest.NewClient().SGLang(ctx, p1, d, "/v1/completions",
+		map[string]any{"model": "sim-model", "prompt": "x", "max_tokens": 2}, simtest.Room()); err != nil {
+		t.Fatal(err)
+	}
+	setFault(t, d, sim.FaultNone)
+	if n := p1.Stats().MissingMemKind; n != 1 {
+		t.Fatalf("p1 raised the memory-kind error %d times", n)
+	}
+
+	// Round robin reaches p1 within two requests; their answers do not
+	// matter here (the retry may run before the registry has answered).
+	for range 2 {
+		b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`)
+	}
+	if n := p1.Stats().MissingMemKind; n != 2 {
+		t.Fatalf("p1 raised the memory-kind error %d times, want 2", n)
+	}
+	if q := b.reg.waitQuarantine(t); q.PrefillID != b.reg.id(t, "p1") || q.DecodeID != b.reg.id(t, "d1") {
+		t.Fatalf("quarantine %+v", q)
+	}
+	// The decode stays routable from p2 on this router.
+	simtest.WaitFor(t, "the decode routed again from p2", func() bool {
+		resp, _ := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`)
+		return resp.StatusCode == http.StatusOK
+	})
+	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
+		t.Fatalf("%d stale marks, want only the other replica's; the registry decided on a quarantine", n)
+	}
+	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
+		t.Fatalf("decode %s after the quarantine of one pair", got)
+	}
+}

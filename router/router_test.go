@@ -230,59 +230,6 @@ func TestMemKindTextInASuccessfulAnswerIsNotAnError(t *testing.T) {
 	}
 }
 
-// TestQuarantineDecidedElsewhereKeepsTheDecode: the first failure of a pair
-// went through another replica, so this router sees only the repeat. The
-// registry quarantines the pair; this router must then stop skipping the
-// decode for its other prefills (it is not stale and will not re-register).
-func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
-	t.Parallel()
-	p1 := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	p2 := routertest.StartSGLang(t, "p2", registry.RolePrefill)
-	d := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	p1.SetBehavior(routertest.Behavior{Status: 500, Body: "RuntimeError: Missing NIXL destination KV memory kind"})
-	b := setup(t, router.Config{PrefillPolicy: router.PolicyRoundRobin}, p1.Peer(model), p2.Peer(model), d.Peer(model))
-	// Another replica reported the pair's first failure: the registry marked
-	// the decode stale and it re-registered with fresh agents.
-	first := b.reg.peer(t, "d1")
-	if _, out, err := b.reg.store.ReportTransferFailure(context.Background(), registry.TransferFailure{
-		PrefillID: b.reg.id(t, "p1"), DecodeID: first.ID, DecodeAgent: first.Ranks[0].AgentName,
-		Reason: "prefill p1 could not send KV", Error: "Missing NIXL destination KV memory kind", Reporter: "router:elsewhere",
-	}); err != nil || out != registry.OutcomeStale {
-		t.Fatalf("first failure: %v %v", out, err)
-	}
-	b.reg.reregister(t, "d1")
-
-	// Round robin reaches p1 within two requests; their answers do not
-	// matter here (the retry may run before the registry has answered).
-	for range 2 {
-		b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-	}
-	if p1.Started() == 0 {
-		t.Fatal("p1 never got a request")
-	}
-	if q := b.reg.waitQuarantine(t); q.PrefillID != b.reg.id(t, "p1") || q.DecodeID != b.reg.id(t, "d1") {
-		t.Fatalf("quarantine %+v", q)
-	}
-	// The decode stays routable from p2 on this router.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-		if resp.StatusCode == 200 && strings.Contains(string(body), "d1-") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("decode no longer routed after the registry quarantined only the pair: %d %s", resp.StatusCode, body)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
-		t.Fatalf("%d stale marks, want only the other replica's; the registry decided on a quarantine", n)
-	}
-	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
-		t.Fatalf("decode %s after the quarantine of one pair", got)
-	}
-}
-
 func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	snaps := newTestRegistry(t).mirror
