@@ -10,8 +10,8 @@
 // answer 400, so a router that breaks the protocol fails its tests.
 //
 // The simulator (sim, sim/simtest) is the engine double router tests use;
-// these fakes remain only for the few tests that need an answer the
-// simulator does not give (headers sent before the decode's KV arrives, a
-// successful answer quoting an error, a memory-kind failure with one
-// prefill only). Do not add new users.
+// these fakes remain only for two router tests that need an answer the
+// simulator does not give: a streamed decode's headers sent before its KV
+// arrives, and a successful answer quoting an engine error. Do not add new
+// users.
 package routertest
