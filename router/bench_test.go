@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/gob"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,7 +13,6 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -21,51 +21,76 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
-	"github.com/pdplane/pdplane/router/routertest"
+	"github.com/pdplane/pdplane/sim"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
-// The P/D benchmarks run the fake engines in a child process (this test
-// binary, re-executed with envFakes set), so that the benchmark process
+// The P/D benchmarks run simulated engines in a child process (this test
+// binary, re-executed with envSims set), so that the benchmark process
 // holds only the load generator and the router: comparing its CPU and memory
 // with and without the router in the path isolates the router's share.
 const (
-	envFakes     = "PDPLANE_ROUTERTEST_FAKES"      // "sglang" or "vllm"
-	envFakePause = "PDPLANE_ROUTERTEST_FAKE_PAUSE" // pause before each chunk after the first
+	envSims        = "PDPLANE_ROUTER_BENCH_SIMS"          // "sglang" or "vllm"
+	envSimTokenGap = "PDPLANE_ROUTER_BENCH_SIM_TOKEN_GAP" // the decode's time per token
 )
 
 func TestMain(m *testing.M) {
-	if proto := os.Getenv(envFakes); proto != "" {
-		serveFakes(proto)
+	if proto := os.Getenv(envSims); proto != "" {
+		if err := serveSims(registry.Engine(proto)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 		return
 	}
 	os.Exit(m.Run())
 }
 
-// serveFakes runs a prefill and a decode fake, prints their URLs, and
-// serves until stdin closes.
-func serveFakes(proto string) {
-	b := routertest.Behavior{Chunks: 8}
-	if p, err := time.ParseDuration(os.Getenv(envFakePause)); err == nil {
-		b.ChunkPause = p
-	}
-	var p, d *routertest.Fake
-	if proto == "vllm" {
-		p, d = routertest.NewFakeVLLM("p1", registry.RolePrefill).Fake, routertest.NewFakeVLLM("d1", registry.RoleDecode).Fake
-	} else {
-		p, d = routertest.NewFakeSGLang("p1", registry.RolePrefill).Fake, routertest.NewFakeSGLang("d1", registry.RoleDecode).Fake
-	}
-	d.SetBehavior(b)
-	fmt.Printf("%s %s\n", p.URL, d.URL)
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	p.Close()
-	d.Close()
+// simConfig is a benchmark engine: simtest's small geometry with a pool
+// large enough for hundreds of open streams.
+func simConfig(name string, role registry.Role, engine registry.Engine) sim.Config {
+	c := simtest.Config(name, role, engine)
+	c.Pages = 4096
+	c.MaxTokensLimit = 1 << 16
+	return c
 }
 
-// startFakes starts the fake engines' process and returns ready peers.
-func startFakes(tb testing.TB, proto string, pause time.Duration) (prefill, decode registry.Peer) {
+// serveSims runs a prefill and a decode sim, writes their registrations to
+// stdout (gob), and serves until stdin closes.
+func serveSims(engine registry.Engine) error {
+	gap, _ := time.ParseDuration(os.Getenv(envSimTokenGap))
+	pc := simConfig("p1", registry.RolePrefill, engine)
+	dc := simConfig("d1", registry.RoleDecode, engine)
+	dc.DecodeTimePerToken = gap
+	ctx := context.Background()
+	var specs []registry.PeerSpec
+	for _, c := range []sim.Config{pc, dc} {
+		s, err := sim.New(c, zerolog.Nop())
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if err := s.Start(ctx); err != nil {
+			return err
+		}
+		spec, err := s.Spec(ctx)
+		if err != nil {
+			return err
+		}
+		specs = append(specs, spec)
+	}
+	if err := gob.NewEncoder(os.Stdout).Encode(specs); err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+// startSims starts the simulated engines' process and returns a router
+// over them (served over HTTP) and the two registrations.
+func startSims(tb testing.TB, engine registry.Engine, tokenGap time.Duration, cfg router.Config) (srv *httptest.Server, prefill, decode registry.PeerSpec) {
 	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envFakes+"="+proto, envFakePause+"="+pause.String())
+	cmd.Env = append(os.Environ(), envSims+"="+string(engine), envSimTokenGap+"="+tokenGap.String())
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		tb.Fatal(err)
@@ -82,18 +107,24 @@ func startFakes(tb testing.TB, proto string, pause time.Duration) (prefill, deco
 		stdin.Close()
 		_ = cmd.Wait()
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	var specs []registry.PeerSpec
+	if err := gob.NewDecoder(stdout).Decode(&specs); err != nil {
+		tb.Fatalf("sims: %v", err)
+	}
+	reg := newTestRegistry(tb)
+	for _, s := range specs {
+		reg.register(tb, s)
+	}
+	rt, err := router.New(cfg, reg.mirror, reg.store, zerolog.Nop(), nil)
 	if err != nil {
-		tb.Fatalf("fakes: %v", err)
+		tb.Fatal(err)
 	}
-	urls := strings.Fields(line)
-	engine := registry.EngineSGLang
-	if proto == "vllm" {
-		engine = registry.EngineVLLM
-	}
-	prefill = routertest.ReadyPeer(routertest.Spec("p1", registry.RolePrefill, engine, urls[0], model), 1)
-	decode = routertest.ReadyPeer(routertest.Spec("d1", registry.RoleDecode, engine, urls[1], model), 1)
-	return prefill, decode
+	srv = httptest.NewServer(rt.Routes())
+	tb.Cleanup(func() {
+		srv.Close()
+		rt.Close()
+	})
+	return srv, specs[0], specs[1]
 }
 
 func cpuTime() time.Duration {
@@ -141,31 +172,26 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 }
 
 // BenchmarkPDRequest compares, in one run, a streamed chat completion sent
-// straight to the fake decode with the same request split by the router
-// into prefill and decode legs. It reports the p50/p99 time to the first
-// SSE event both ways, the latency the router adds, and the router's CPU per
+// straight to the decode with the same request split by the router into
+// prefill and decode legs. It reports the p50/p99 time to the first SSE
+// event both ways, the latency the PD split adds (the router, and the
+// simulated prefill and KV transfer), and the router's CPU per
 // request (the process's CPU with the router minus without, per request).
 //
 //	go test -run '^$' -bench PDRequest -benchtime 3000x ./router/
 func BenchmarkPDRequest(b *testing.B) {
 	for _, proto := range []string{"sglang", "vllm"} {
 		b.Run(proto, func(b *testing.B) {
-			pp, dp := startFakes(b, proto, 0)
-			snaps := routertest.NewSnapshots(pp, dp)
-			rt, err := router.New(router.Config{}, snaps, nil, zerolog.Nop(), nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			srv := httptest.NewServer(rt.Routes())
-			defer srv.Close()
-			defer rt.Close()
+			srv, _, dp := startSims(b, registry.Engine(proto), 0, router.Config{})
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
 
-			routed := []byte(`{"model":"test-model","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello to the benchmark."}],"stream":true,"max_tokens":8}`)
-			// The decode alone needs what the router would add.
+			routed := []byte(`{"model":"sim-model","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello to the benchmark."}],"stream":true,"max_tokens":8}`)
+			// The decode alone: SGLang's fake bootstrap host makes it
+			// generate without a prefill (as for its health probes); a vLLM
+			// decode without kv_transfer_params computes the prompt itself.
 			direct := routed
 			if proto == "sglang" {
-				direct = append(routed[:len(routed)-1:len(routed)-1], []byte(`,"bootstrap_host":"2.2.2.2","bootstrap_port":8998,"bootstrap_room":12345}`)...)
+				direct = append(routed[:len(routed)-1:len(routed)-1], []byte(`,"bootstrap_host":"`+sim.FakeBootstrapHost+`","bootstrap_port":8998,"bootstrap_room":12345}`)...)
 			}
 			directURL, routerURL := dp.URL+"/v1/chat/completions", srv.URL+"/v1/chat/completions"
 
@@ -201,24 +227,18 @@ func BenchmarkPDRequest(b *testing.B) {
 }
 
 // BenchmarkOpenStreamMemory holds many streams open through the router (the
-// decode pauses after its first chunk) and reports the router's memory per
+// decode generates slowly) and reports the router's memory per
 // open stream: the process's heap and stacks with the streams routed, minus
 // the same number of streams opened straight to the decode, per stream.
 //
 //	go test -run '^$' -bench OpenStreamMemory -benchtime 1x ./router/
 func BenchmarkOpenStreamMemory(b *testing.B) {
 	const streams = 500
-	pp, dp := startFakes(b, "sglang", time.Minute)
-	snaps := routertest.NewSnapshots(pp, dp)
-	rt, err := router.New(router.Config{}, snaps, nil, zerolog.Nop(), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := httptest.NewServer(rt.Routes())
-	defer srv.Close()
-	defer rt.Close()
-	routed := []byte(`{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-	direct := append(routed[:len(routed)-1:len(routed)-1], []byte(`,"bootstrap_host":"2.2.2.2","bootstrap_port":8998,"bootstrap_room":1}`)...)
+	// 20 ms a token for 60000 tokens: every stream stays open for the
+	// whole measurement.
+	srv, _, dp := startSims(b, registry.EngineSGLang, 20*time.Millisecond, router.Config{})
+	routed := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":60000}`)
+	direct := append(routed[:len(routed)-1:len(routed)-1], []byte(`,"bootstrap_host":"`+sim.FakeBootstrapHost+`","bootstrap_port":8998,"bootstrap_room":1}`)...)
 
 	inUse := func() (heap, stack uint64) {
 		runtime.GC()

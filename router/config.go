@@ -126,10 +126,6 @@ type Config struct {
 	// ring; 32 by default.
 	CacheAwareVirtualNodes int
 
-	// QuarantineWindow is how recent a pair's first memory-kind failure must
-	// be for a second one, after the decode re-registered, to quarantine the
-	// pair; 10 min by default.
-	QuarantineWindow time.Duration
 	// ReportTimeout bounds each call to the PeerReporter; 5 s by default.
 	ReportTimeout time.Duration
 
@@ -198,9 +194,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CacheAwareVirtualNodes == 0 {
 		c.CacheAwareVirtualNodes = 32
-	}
-	if c.QuarantineWindow == 0 {
-		c.QuarantineWindow = 10 * time.Minute
 	}
 	if c.ReportTimeout == 0 {
 		c.ReportTimeout = 5 * time.Second

@@ -16,7 +16,8 @@
 //     about each upstream failure. Recognising the failure (a status body,
 //     an OpenAI error event, a /generate abort event, on either leg) is
 //     pdproto's; the router acts on its class: SGLang's "Missing NIXL
-//     destination KV memory kind" marks the decode stale (and quarantines a
+//     destination KV memory kind" skips the decode here and is reported to
+//     the registry, whose rule marks the decode stale (or quarantines a
 //     pair that fails that way again after the decode re-registered), other
 //     transfer failures and vLLM's NIXL failures count against the pair.
 //

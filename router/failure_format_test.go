@@ -13,7 +13,6 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
-	"github.com/pdplane/pdplane/router/routertest"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -29,16 +28,8 @@ func simFleet(t *testing.T, engine registry.Engine, cfg router.Config, adjust fu
 		adjust(&dc)
 	}
 	ds := []*sim.Sim{simtest.Start(t, dc), simtest.Start(t, simtest.Config("decode-1", registry.RoleDecode, engine))}
-	var peers []registry.Peer
-	for _, s := range append([]*sim.Sim{p}, ds...) {
-		spec, err := s.Spec(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		peers = append(peers, routertest.ReadyPeer(spec, 1))
-	}
 	cfg.DecodePolicy = router.PolicyRoundRobin
-	return setup(t, cfg, peers...), p, ds
+	return setupSims(t, cfg, append([]*sim.Sim{p}, ds...)...), p, ds
 }
 
 // TestSGLangMemKindFailureFormats is the memory-kind failure injected on a
@@ -78,8 +69,8 @@ func TestSGLangMemKindFailureFormats(t *testing.T) {
 			if n := p.Stats().MissingMemKind; n != 1 {
 				t.Fatalf("the prefill raised the memory-kind error %d times, want 1", n)
 			}
-			m := b.rep.WaitStale(t, 5*time.Second)
-			if m.ID != "id-decode-0" || !strings.Contains(m.ErrText, "Missing NIXL destination KV memory kind") {
+			m := b.reg.waitStale(t, "decode-0")
+			if !strings.Contains(m.Error, "Missing NIXL destination KV memory kind") {
 				t.Fatalf("stale mark %+v", m)
 			}
 			if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "missing_mem_kind"}); got != 1 {
@@ -122,8 +113,11 @@ func TestDecodeFirstByteDeadline(t *testing.T) {
 }
 
 // TestVLLMDecodeFailureFromTheSimulator: a vLLM decode whose KV load fails
-// answers vLLM's error; the router moves the request to the other decode
-// and marks nothing stale (vLLM never raises SGLang's memory-kind error).
+// answers vLLM's error ("Internal server error" under
+// kv_load_failure_policy=fail: vllm entrypoints/openai/engine/serving.py
+// _raise_if_error); the router moves the request to the other decode, the
+// pair (not the decode) takes the failure, and nothing is marked stale
+// (vLLM never raises SGLang's memory-kind error).
 func TestVLLMDecodeFailureFromTheSimulator(t *testing.T) {
 	t.Parallel()
 	b, _, ds := simFleet(t, registry.EngineVLLM, router.Config{}, nil)
@@ -147,6 +141,9 @@ func TestVLLMDecodeFailureFromTheSimulator(t *testing.T) {
 	if got := b.metric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}); got != 0 {
 		t.Fatalf("stale marks %v", got)
 	}
+	if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "decode-0"}); got != 0 {
+		t.Fatalf("decode-0's own breaker moved (%v); the failure is the pair's", got)
+	}
 }
 
 func TestDecodeFirstByteTimeoutConfig(t *testing.T) {
@@ -154,7 +151,7 @@ func TestDecodeFirstByteTimeoutConfig(t *testing.T) {
 	if got := (router.Config{}).WithDefaults().DecodeFirstByteTimeout; got != router.DefaultDecodeFirstByteTimeout {
 		t.Fatalf("default %s", got)
 	}
-	_, err := router.New(router.Config{DecodeFirstByteTimeout: -time.Second}, routertest.NewSnapshots(), routertest.NewReporter(),
+	_, err := router.New(router.Config{DecodeFirstByteTimeout: -time.Second}, newTestRegistry(t).mirror, nil,
 		zerolog.New(zerolog.NewTestWriter(t)), prometheus.NewRegistry())
 	if err == nil || !strings.Contains(err.Error(), "DecodeFirstByteTimeout") {
 		t.Fatalf("negative timeout: %v", err)

@@ -86,11 +86,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"role", "peer"}),
 		staleMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "stale_marks_total",
-			Help: "Peers the router reported stale, by cause.",
+			Help: "Stale marks the registry applied on the router's reports, by cause.",
 		}, []string{"cause"}),
 		quarantines: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "quarantines_total",
-			Help: "Pairs the router reported for quarantine.",
+			Help: "Quarantines the registry decided on the router's reports.",
 		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "inflight_requests",

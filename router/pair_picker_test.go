@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,11 +11,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
-	"github.com/pdplane/pdplane/router/routertest"
+	"github.com/pdplane/pdplane/registry/registrytest"
 )
 
-// fleet returns n ready peers of model m, half prefills and half decodes,
-// all compatible.
+// fleet returns n ready peers of model m with IDs "id-" + name, half
+// prefills and half decodes, all compatible (registrytest's geometry).
 func fleet(n int) []registry.Peer {
 	peers := make([]registry.Peer, n)
 	for i := range peers {
@@ -22,14 +23,30 @@ func fleet(n int) []registry.Peer {
 		if i%2 == 1 {
 			role = registry.RoleDecode
 		}
-		peers[i] = routertest.ReadyPeer(routertest.Spec(fmt.Sprintf("peer-%05d", i), role, registry.EngineSGLang, "http://127.0.0.1:1", "m"), 1)
+		spec := registrytest.Spec(fmt.Sprintf("peer-%05d", i), role)
+		peers[i] = registry.Peer{PeerSpec: spec, ID: "id-" + spec.Name, State: registry.StateReady, Generation: 1}
 	}
 	return peers
 }
 
-func newPickRouter(tb testing.TB, cfg Config, peers []registry.Peer) (*Router, *routertest.Snapshots) {
+// snapshots is a snapshot source whose peers a test sets: these tests are
+// selection logic, with no engine or store behind the peers.
+type snapshots struct {
+	version atomic.Uint64
+	cur     atomic.Pointer[registry.Snapshot]
+}
+
+func (s *snapshots) Snapshot() *registry.Snapshot { return s.cur.Load() }
+
+// Set replaces every peer.
+func (s *snapshots) Set(peers ...registry.Peer) {
+	s.cur.Store(registry.NewSnapshot(s.version.Add(1), append([]registry.Peer(nil), peers...), nil, time.Now()))
+}
+
+func newPickRouter(tb testing.TB, cfg Config, peers []registry.Peer) (*Router, *snapshots) {
 	tb.Helper()
-	snaps := routertest.NewSnapshots(peers...)
+	snaps := &snapshots{}
+	snaps.Set(peers...)
 	log := zerolog.Nop()
 	if t, ok := tb.(*testing.T); ok {
 		log = zerolog.New(zerolog.NewTestWriter(t))

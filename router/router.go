@@ -50,7 +50,6 @@ type Router struct {
 	view    atomic.Pointer[view]
 	builder viewBuilder
 	pairs   pairBreakers
-	stale   staleTracker
 	bufs    sync.Pool // *[]byte relay buffers
 
 	reports sync.WaitGroup // reporter calls in flight
@@ -113,7 +112,6 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 		b := make([]byte, relayBufSize)
 		return &b
 	}
-	rt.stale.init()
 	count := m.transitionCounter("pair")
 	rt.pairs.onChange = func(from, to breakerState) {
 		switch {

@@ -2,7 +2,6 @@ package router_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -24,14 +23,14 @@ import (
 
 const model = "test-model"
 
-// bundle is one router under test, served over real HTTP, with the fakes'
-// snapshot source, a recording reporter and its metrics registry.
+// bundle is one router under test, served over real HTTP, over the real
+// registry (the store holds the peers, the router reports to it) and with
+// its metrics registry.
 type bundle struct {
 	rt    *router.Router
 	srv   *httptest.Server
-	snaps *routertest.Snapshots
-	rep   *routertest.Reporter
-	reg   *prometheus.Registry
+	reg   *testRegistry
+	prom  *prometheus.Registry
 	clock *fakeClock
 }
 
@@ -41,16 +40,21 @@ type fakeClock struct{ off atomic.Int64 }
 func (c *fakeClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
 func (c *fakeClock) advance(d time.Duration) { c.off.Add(int64(d)) }
 
+// setup registers the peers' specs in a fresh registry (the store assigns
+// their IDs; the test's IDs are not kept) and starts a router over it.
 func setup(t *testing.T, cfg router.Config, peers ...registry.Peer) *bundle {
 	t.Helper()
-	b := &bundle{snaps: routertest.NewSnapshots(peers...), rep: routertest.NewReporter(), reg: prometheus.NewRegistry(), clock: &fakeClock{}}
+	b := &bundle{reg: newTestRegistry(t), prom: prometheus.NewRegistry(), clock: &fakeClock{}}
+	for _, p := range peers {
+		b.reg.register(t, p.PeerSpec)
+	}
 	if cfg.Now == nil {
 		cfg.Now = b.clock.now
 	}
 	if cfg.RetryBackoff == 0 {
 		cfg.RetryBackoff = time.Millisecond
 	}
-	rt, err := router.New(cfg, b.snaps, b.rep, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel), b.reg)
+	rt, err := router.New(cfg, b.reg.mirror, b.reg.store, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel), b.prom)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +115,7 @@ func (b *bundle) waitMetric(t *testing.T, name string, labels map[string]string,
 
 func (b *bundle) metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := b.reg.Gather()
+	mfs, err := b.prom.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,552 +190,19 @@ func (s *sseReader) next(t *testing.T) string {
 	}
 }
 
-func TestSGLangStreamsChunksAsTheyArrive(t *testing.T) {
+// TestPrefillErrorAfterDecodeHeaders: a decode that already sent 200 and
+// its headers must not hide a failed prefill: the client gets 502 and the
+// decode's leg is cancelled.
+func TestPrefillErrorAfterDecodeHeaders(t *testing.T) {
 	t.Parallel()
 	p, d := sglangPair(t)
-	sawFirst := make(chan struct{})
-	sentSecond := atomic.Bool{}
-	d.SetBehavior(routertest.Behavior{Chunks: 3, BeforeChunk: func(i int) {
-		if i == 1 {
-			select {
-			case <-sawFirst:
-			case <-time.After(5 * time.Second):
-			}
-			sentSecond.Store(true)
-		}
-	}})
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-
-	resp := b.send(t, context.Background(), "/v1/chat/completions",
-		`{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`, "X-Request-Id", "client-rid-1")
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		t.Fatalf("status %d, content-type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
-	sr := &sseReader{bufio.NewReader(resp.Body)}
-	first := sr.next(t)
-	if sentSecond.Load() {
-		t.Fatal("the decode sent chunk 2 before the client saw chunk 1")
-	}
-	if !strings.Contains(first, "d1-tok0") {
-		t.Fatalf("first chunk %s", first)
-	}
-	close(sawFirst)
-	if c := sr.next(t); !strings.Contains(c, "d1-tok1") {
-		t.Fatalf("second chunk %s", c)
-	}
-	if c := sr.next(t); !strings.Contains(c, "d1-tok2") {
-		t.Fatalf("third chunk %s", c)
-	}
-	if c := sr.next(t); c != "[DONE]" {
-		t.Fatalf("end %s", c)
-	}
-
-	// Both legs got the same body, with the prefill's bootstrap address and
-	// one room, and the client's request ID.
-	pr, dr := p.Requests(), d.Requests()
-	if len(pr) != 1 || len(dr) != 1 {
-		t.Fatalf("prefill got %d requests, decode %d", len(pr), len(dr))
-	}
-	if !bytes.Equal(pr[0].Body, dr[0].Body) {
-		t.Fatalf("legs got different bodies:\n%s\n%s", pr[0].Body, dr[0].Body)
-	}
-	bs, err := routertest.BootstrapOf(pr[0])
-	if err != nil || bs.List || bs.Hosts[0] != "127.0.0.1" || bs.Ports[0] != registry.DefaultBootstrapPort {
-		t.Fatalf("bootstrap %+v, %v", bs, err)
-	}
-	for _, r := range append(pr, dr...) {
-		if r.Header.Get("X-Request-Id") != "client-rid-1" {
-			t.Fatalf("leg %s has X-Request-Id %q", r.Path, r.Header.Get("X-Request-Id"))
-		}
-	}
-	if resp.Header.Get("X-Request-Id") != "client-rid-1" {
-		t.Fatalf("answer X-Request-Id %q", resp.Header.Get("X-Request-Id"))
-	}
-	// The handler records its metrics as it returns, which may be just after
-	// the client has read the last byte.
-	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"route": "chat_completions", "outcome": "ok"}, 1)
-	b.waitMetric(t, "pdplane_router_ttft_seconds", nil, 1)
-}
-
-func TestSGLangNonStreamingRoutes(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	for _, tc := range []struct{ path, body, want string }{
-		{"/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`, `"object":"chat.completion"`},
-		{"/v1/completions", `{"model":"test-model","prompt":"once upon"}`, `"object":"text_completion"`},
-		{"/generate", `{"text":"once upon","sampling_params":{"max_new_tokens":4}}`, `"text":"d1-tok0 d1-tok1 d1-tok2 "`},
-	} {
-		resp, body := b.post(t, tc.path, tc.body)
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), tc.want) {
-			t.Fatalf("%s: %d %s", tc.path, resp.StatusCode, body)
-		}
-		if resp.Header.Get("X-Request-Id") == "" {
-			t.Fatalf("%s: no X-Request-Id", tc.path)
-		}
-	}
-	// The generated request ID is on both legs.
-	pr, dr := p.Requests(), d.Requests()
-	for i := range pr {
-		if id := pr[i].Header.Get("X-Request-Id"); id == "" || id != dr[i].Header.Get("X-Request-Id") {
-			t.Fatalf("request %d: prefill id %q, decode id %q", i, id, dr[i].Header.Get("X-Request-Id"))
-		}
-	}
-}
-
-func TestSGLangBatchBootstrapLists(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	for _, tc := range []struct {
-		path, body string
-		want       int
-	}{
-		{"/generate", `{"text":["a","b","c"]}`, 3},
-		{"/generate", `{"input_ids":[[1,2],[3]],"sampling_params":{"n":2}}`, 4},
-		{"/generate", `{"text":"a","sampling_params":{"n":3}}`, 3},
-		{"/v1/completions", `{"model":"test-model","prompt":["a","b"]}`, 2},
-		{"/v1/completions", `{"model":"test-model","prompt":[1,2,3]}`, 0},
-		{"/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"n":2}`, 2},
-	} {
-		resp, body := b.post(t, tc.path, tc.body)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s %s: %d %s", tc.path, tc.body, resp.StatusCode, body)
-		}
-		reqs := d.Requests()
-		bs, err := routertest.BootstrapOf(reqs[len(reqs)-1])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if tc.want == 0 {
-			if bs.List {
-				t.Fatalf("%s: lists for a single prompt", tc.body)
-			}
-			continue
-		}
-		if !bs.List || len(bs.Rooms) != tc.want {
-			t.Fatalf("%s: %d rooms (list %t), want %d", tc.body, len(bs.Rooms), bs.List, tc.want)
-		}
-		for i := range bs.Hosts {
-			if bs.Hosts[i] != "127.0.0.1" || bs.Ports[i] != registry.DefaultBootstrapPort {
-				t.Fatalf("%s: entry %d is %s:%d", tc.body, i, bs.Hosts[i], bs.Ports[i])
-			}
-		}
-	}
-}
-
-func TestSGLangLogprobMerge(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	const want = `[[-0.5,1,null],[-0.25,2,null],[-0.125,3,null]]`
-
-	resp, body := b.post(t, "/generate", `{"text":"hi","return_logprob":true}`)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	var ans struct {
-		MetaInfo struct {
-			In json.RawMessage `json:"input_token_logprobs"`
-		} `json:"meta_info"`
-	}
-	if err := json.Unmarshal(body, &ans); err != nil || string(ans.MetaInfo.In) != want {
-		t.Fatalf("merged input_token_logprobs %s (%v), want %s", ans.MetaInfo.In, err, want)
-	}
-
-	// Batches merge element-wise.
-	resp, body = b.post(t, "/generate", `{"text":["a","b"],"return_logprob":true}`)
-	var batch []struct {
-		MetaInfo struct {
-			In json.RawMessage `json:"input_token_logprobs"`
-		} `json:"meta_info"`
-	}
-	if err := json.Unmarshal(body, &batch); err != nil || resp.StatusCode != http.StatusOK || len(batch) != 2 ||
-		string(batch[1].MetaInfo.In) != want {
-		t.Fatalf("batch: %d %s", resp.StatusCode, body)
-	}
-
-	// Streaming: the first event carries the prompt's logprobs.
-	sresp := b.send(t, context.Background(), "/generate", `{"text":"hi","return_logprob":true,"stream":true}`)
-	defer sresp.Body.Close()
-	sr := &sseReader{bufio.NewReader(sresp.Body)}
-	if err := json.Unmarshal([]byte(sr.next(t)), &ans); err != nil || string(ans.MetaInfo.In) != want {
-		t.Fatalf("first event input_token_logprobs %s (%v)", ans.MetaInfo.In, err)
-	}
-}
-
-func TestVLLMProtocol(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartVLLM(t, "vp1", registry.RolePrefill)
-	d := routertest.StartVLLM(t, "vd1", registry.RoleDecode)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-
-	sresp := b.send(t, context.Background(), "/v1/chat/completions",
-		`{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":20,"min_tokens":2}`)
-	defer sresp.Body.Close()
-	sr := &sseReader{bufio.NewReader(sresp.Body)}
-	for i := range 3 {
-		if c := sr.next(t); !strings.Contains(c, "vd1-tok") {
-			t.Fatalf("chunk %d: %s", i, c)
-		}
-	}
-	if c := sr.next(t); c != "[DONE]" {
-		t.Fatalf("end %s", c)
-	}
-
-	resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"once","max_tokens":5}`, "X-Request-Id", "rid-v")
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "vd1-tok0") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	pr, dr := p.Requests(), d.Requests()
-	if len(pr) != 2 || len(dr) != 2 {
-		t.Fatalf("prefill %d, decode %d requests", len(pr), len(dr))
-	}
-	// The decode got the client's stream settings and the prefill's
-	// kv_transfer_params; both legs shared an ID.
-	if dr[0].JSON["stream"] != true || dr[0].JSON["stream_options"] == nil || dr[0].JSON["min_tokens"] == nil {
-		t.Fatalf("decode body %s", dr[0].Body)
-	}
-	kv, _ := dr[0].JSON["kv_transfer_params"].(map[string]any)
-	if kv["remote_engine_id"] != p.EngineID() || kv["do_remote_prefill"] != true {
-		t.Fatalf("decode kv_transfer_params %v", kv)
-	}
-	for i := range pr {
-		if id := pr[i].Header.Get("X-Request-Id"); id == "" || id != dr[i].Header.Get("X-Request-Id") {
-			t.Fatalf("request %d: ids %q and %q", i, id, dr[i].Header.Get("X-Request-Id"))
-		}
-	}
-	if pr[1].Header.Get("X-Request-Id") != "rid-v" {
-		t.Fatalf("client id not kept: %q", pr[1].Header.Get("X-Request-Id"))
-	}
-
-	// vLLM has no native /generate.
-	resp, body = b.post(t, "/generate", `{"text":"x"}`)
-	if resp.StatusCode != http.StatusBadRequest || decodeError(t, body).Error.Code == nil {
-		t.Fatalf("/generate on vLLM: %d %s", resp.StatusCode, body)
-	}
-}
-
-func TestRetryOnAnotherPairBeforeFirstByte(t *testing.T) {
-	t.Parallel()
-	p1 := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	p2 := routertest.StartSGLang(t, "p2", registry.RolePrefill)
-	d1 := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	d2 := routertest.StartSGLang(t, "d2", registry.RoleDecode)
-	p1.SetBehavior(routertest.Behavior{Status: 500, Body: `{"error":{"message":"boom"}}`})
-	b := setup(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, DecodePolicy: router.PolicyRoundRobin},
-		p1.Peer(model), p2.Peer(model), d1.Peer(model), d2.Peer(model))
-
+	p.SetBehavior(routertest.Behavior{Delay: 50 * time.Millisecond, Status: 500})
+	d.SetBehavior(routertest.Behavior{HangAfterHeaders: true})
+	b := setup(t, router.Config{MaxAttempts: 1}, p.Peer(model), d.Peer(model))
 	resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "[DONE]") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	if p1.Started() != 1 || p2.Started() != 1 {
-		t.Fatalf("p1 saw %d, p2 %d requests", p1.Started(), p2.Started())
-	}
-	if strings.Contains(string(body), "error") {
-		t.Fatalf("client saw the failed attempt: %s", body)
-	}
-	if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "status"}); got != 1 {
-		t.Fatalf("retries = %v", got)
-	}
-
-	// A decode failing before its first byte moves too.
-	p1.SetBehavior(routertest.Behavior{})
-	d1.SetBehavior(routertest.Behavior{Status: 502})
-	d2.SetBehavior(routertest.Behavior{})
-	for range 4 {
-		resp, body = b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "d2-tok0") {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-	}
-}
-
-func TestFailedLegCancelsTheOther(t *testing.T) {
-	t.Parallel()
-	t.Run("prefill error cancels decode", func(t *testing.T) {
-		t.Parallel()
-		p, d := sglangPair(t)
-		p.SetBehavior(routertest.Behavior{Delay: 50 * time.Millisecond, Status: 500, Body: "engine crashed"})
-		d.SetBehavior(routertest.Behavior{Hang: true})
-		b := setup(t, router.Config{MaxAttempts: 1}, p.Peer(model), d.Peer(model))
-		start := time.Now()
-		resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-		d.WaitCancelled(t, 5*time.Second)
-		if resp.StatusCode != http.StatusBadGateway || time.Since(start) > 3*time.Second {
-			t.Fatalf("%d after %v: %s", resp.StatusCode, time.Since(start), body)
-		}
-		if e := decodeError(t, body); strings.Contains(e.Error.Message, "engine crashed") {
-			t.Fatalf("5xx echoed the engine's internals: %s", body)
-		}
-	})
-	t.Run("prefill error after decode headers", func(t *testing.T) {
-		t.Parallel()
-		p, d := sglangPair(t)
-		p.SetBehavior(routertest.Behavior{Delay: 50 * time.Millisecond, Status: 500})
-		d.SetBehavior(routertest.Behavior{HangAfterHeaders: true})
-		b := setup(t, router.Config{MaxAttempts: 1}, p.Peer(model), d.Peer(model))
-		resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-		d.WaitCancelled(t, 5*time.Second)
-		if resp.StatusCode != http.StatusBadGateway {
-			t.Fatalf("a 200 hid the failed prefill: %d %s", resp.StatusCode, body)
-		}
-	})
-	t.Run("decode error cancels prefill", func(t *testing.T) {
-		t.Parallel()
-		p, d := sglangPair(t)
-		p.SetBehavior(routertest.Behavior{Hang: true})
-		d.SetBehavior(routertest.Behavior{Delay: 50 * time.Millisecond, Status: 500})
-		b := setup(t, router.Config{MaxAttempts: 1}, p.Peer(model), d.Peer(model))
-		resp, _ := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-		p.WaitCancelled(t, 5*time.Second)
-		if resp.StatusCode != http.StatusBadGateway {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
-	})
-	t.Run("client leaving cancels both", func(t *testing.T) {
-		t.Parallel()
-		p, d := sglangPair(t)
-		p.SetBehavior(routertest.Behavior{Hang: true})
-		d.SetBehavior(routertest.Behavior{Hang: true})
-		b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL+"/v1/chat/completions",
-				strings.NewReader(`{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`))
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		}()
-		p.WaitStarted(t, 5*time.Second)
-		d.WaitStarted(t, 5*time.Second)
-		cancel()
-		p.WaitCancelled(t, 5*time.Second)
-		d.WaitCancelled(t, 5*time.Second)
-		<-done
-		deadline := time.Now().Add(5 * time.Second)
-		for b.metric(t, "pdplane_router_requests_total", map[string]string{"outcome": "client_gone"}) != 1 {
-			if time.Now().After(deadline) {
-				t.Fatal("client_gone not counted")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
-	t.Run("vllm client leaving cancels decode", func(t *testing.T) {
-		t.Parallel()
-		p := routertest.StartVLLM(t, "vp1", registry.RolePrefill)
-		d := routertest.StartVLLM(t, "vd1", registry.RoleDecode)
-		d.SetBehavior(routertest.Behavior{Hang: true})
-		b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL+"/v1/completions", strings.NewReader(`{"model":"test-model","prompt":"x"}`))
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		}()
-		d.WaitStarted(t, 5*time.Second)
-		cancel()
-		d.WaitCancelled(t, 5*time.Second)
-	})
-}
-
-func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	d.SetBehavior(routertest.Behavior{Chunks: 5, BreakAfter: 2})
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	s := string(body)
-	if !strings.Contains(s, "d1-tok1") || strings.Contains(s, "d1-tok2") || strings.Contains(s, "[DONE]") {
-		t.Fatalf("stream %s", s)
-	}
-	events := strings.Split(strings.TrimSpace(s), "\n\n")
-	last := strings.TrimPrefix(events[len(events)-1], "data: ")
-	if e := decodeError(t, []byte(last)); e.Error.Code == nil || *e.Error.Code != "upstream_stream_error" {
-		t.Fatalf("last event %s", last)
-	}
-	if d.Started() != 1 {
-		t.Fatalf("retried after the first byte: decode saw %d requests", d.Started())
-	}
-
-	// Without SSE the answer is cut, so the client cannot take it as whole.
-	d.SetBehavior(routertest.Behavior{HangAfterHeaders: false, Chunks: 5, BreakAfter: 2})
-	sresp := b.send(t, context.Background(), "/generate", `{"text":"x","stream":true}`)
-	got, _ := io.ReadAll(sresp.Body)
-	sresp.Body.Close()
-	if !strings.Contains(string(got), `"error"`) {
-		t.Fatalf("generate stream %s", got)
-	}
-}
-
-func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
-	t.Parallel()
-	p1 := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	p2 := routertest.StartSGLang(t, "p2", registry.RolePrefill)
-	d := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	p1.SetBehavior(routertest.Behavior{Status: 500})
-	b := setup(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, MaxAttempts: 1, BreakerFailures: 2, BreakerCooldown: time.Minute},
-		p1.Peer(model), p2.Peer(model), d.Peer(model))
-	req := func() int {
-		resp, _ := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-		return resp.StatusCode
-	}
-	state := func() float64 { return b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "p1"}) }
-
-	for i := 0; p1.Started() < 2; i++ {
-		req()
-		if i > 10 {
-			t.Fatal("p1 never reached twice")
-		}
-	}
-	if state() != 1 {
-		t.Fatalf("breaker state %v after 2 failures, want open (1)", state())
-	}
-	for range 6 {
-		if s := req(); s != http.StatusOK {
-			t.Fatalf("status %d while p1's breaker is open", s)
-		}
-	}
-	if p1.Started() != 2 {
-		t.Fatalf("open breaker let %d requests through", p1.Started()-2)
-	}
-
-	// After the cool-down one probe goes through; it fails: open again.
-	b.clock.advance(time.Minute)
-	for p1.Started() < 3 {
-		req()
-	}
-	if state() != 1 {
-		t.Fatalf("state %v after a failed probe", state())
-	}
-	// The engine recovers; the next probe closes the breaker.
-	p1.SetBehavior(routertest.Behavior{})
-	b.clock.advance(time.Minute)
-	for p1.Started() < 4 {
-		req()
-	}
-	if state() != 0 {
-		t.Fatalf("state %v after a good probe", state())
-	}
-	for range 4 {
-		req()
-	}
-	if p1.Started() < 5 {
-		t.Fatal("p1 got no traffic after its breaker closed")
-	}
-	if got := b.metric(t, "pdplane_router_breaker_transitions_total", map[string]string{"kind": "peer", "state": "half_open"}); got != 2 {
-		t.Fatalf("half-open transitions %v", got)
-	}
-}
-
-func TestOverloadMovesOnWithoutOpeningBreaker(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	d1 := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	d2 := routertest.StartSGLang(t, "d2", registry.RoleDecode)
-	d1.SetBehavior(routertest.Behavior{Status: 429, RetryAfter: "2"})
-	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin, BreakerFailures: 1, MaxAttempts: 2},
-		p.Peer(model), d1.Peer(model), d2.Peer(model))
-	for range 6 {
-		resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-	}
-	if d1.Started() < 3 {
-		t.Fatalf("an overloaded decode was taken out of rotation (%d requests)", d1.Started())
-	}
-	if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "d1"}); got != 0 {
-		t.Fatalf("d1 breaker state %v", got)
-	}
-	// Every pair overloaded: the client gets 429 with Retry-After.
-	d2.SetBehavior(routertest.Behavior{Status: 503, RetryAfter: "3"})
-	resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-	if (resp.StatusCode != 429 && resp.StatusCode != 503) || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
-	}
-}
-
-// TestVLLMDecodeFailureIsAPairFailure: vLLM's NIXL failures reach the
-// router as the decode's 500 (a KV load refused under
-// kv_load_failure_policy=fail is "Internal server error": vllm
-// entrypoints/openai/engine/serving.py _raise_if_error). The request moves
-// to another decode and the pair takes the failure; vLLM never raises
-// SGLang's memory-kind error, so even that text on a vLLM decode marks
-// nothing stale.
-func TestVLLMDecodeFailureIsAPairFailure(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartVLLM(t, "p1", registry.RolePrefill)
-	d1 := routertest.StartVLLM(t, "d1", registry.RoleDecode)
-	d2 := routertest.StartVLLM(t, "d2", registry.RoleDecode)
-	d1.SetBehavior(routertest.Behavior{Status: 500, Body: `{"error":{"message":"RuntimeError: Missing NIXL destination KV memory kind","type":"InternalServerError","param":null,"code":500}}`})
-	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin}, p.Peer(model), d1.Peer(model), d2.Peer(model))
-
-	// Round robin sends one of the first two requests to d1; both succeed.
-	for range 2 {
-		resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "d2-") {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-	}
-	if d1.Started() == 0 {
-		t.Fatal("d1 never got a request")
-	}
-	if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "pair"}); got != float64(d1.Started()) {
-		t.Fatalf("%v pair retries for %d requests to d1", got, d1.Started())
-	}
-	if got := b.metric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}); got != 0 {
-		t.Fatalf("stale marks %v", got)
-	}
-	if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "d1"}); got != 0 {
-		t.Fatalf("d1's own breaker moved (%v); the failure is the pair's", got)
-	}
-}
-
-func TestMemKindErrorMarksDecodeStaleAndRetries(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	d1 := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	d2 := routertest.StartSGLang(t, "d2", registry.RoleDecode)
-	p.Queue(routertest.Behavior{Status: 500, Body: `{"error":{"message":"RuntimeError: Missing NIXL destination KV memory kind"}}`})
-	d1.SetBehavior(routertest.Behavior{HangAfterHeaders: true})
-	b := setup(t, router.Config{DecodePolicy: router.PolicyRoundRobin, Replica: "r7"}, p.Peer(model), d1.Peer(model), d2.Peer(model))
-
-	resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "d2-tok0") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	m := b.rep.WaitStale(t, 5*time.Second)
-	if m.ID != "id-d1" || !strings.Contains(m.ErrText, "Missing NIXL destination KV memory kind") || !strings.Contains(m.Reason, "p1") || m.Reporter != "router:r7" {
-		t.Fatalf("stale mark %+v", m)
-	}
-	// The decode leg goes out concurrently with the prefill's; when it got
-	// to d1 before the prefill failed, it must have been cancelled.
-	if d1.Started() > 0 {
-		d1.WaitCancelled(t, 5*time.Second)
-	}
-	if got := b.metric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "missing_mem_kind"}); got != 1 {
-		t.Fatalf("stale marks %v", got)
-	}
-	// Until the snapshot catches up, this router skips the decode itself.
-	for range 4 {
-		if resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`); resp.StatusCode != 200 || !strings.Contains(string(body), "d2-") {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-	}
-	if d1.Started() > 1 {
-		t.Fatalf("stale decode got %d requests", d1.Started())
-	}
-	if n := len(b.rep.StaleMarks()); n != 1 {
-		t.Fatalf("%d stale marks", n)
+	d.WaitCancelled(t, 5*time.Second)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("a 200 hid the failed prefill: %d %s", resp.StatusCode, body)
 	}
 }
 
@@ -751,243 +222,17 @@ func TestMemKindTextInASuccessfulAnswerIsNotAnError(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	if m := b.rep.WaitStale(t, 5*time.Second); m.ID != "id-d1" {
+	if m := b.reg.waitStale(t, "d1"); !strings.Contains(m.Error, "Missing NIXL destination KV memory kind") {
 		t.Fatalf("stale mark %+v", m)
 	}
-	if n := len(b.rep.StaleMarks()); n != 1 {
+	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
 		t.Fatalf("%d stale marks", n)
-	}
-}
-
-// TestQuarantineDecidedElsewhereKeepsTheDecode: the first failure of a pair
-// went through another replica, so this router sees only the repeat. The
-// registry quarantines the pair; this router must then stop skipping the
-// decode for its other prefills (it is not stale and will not re-register).
-func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
-	t.Parallel()
-	p1 := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	p2 := routertest.StartSGLang(t, "p2", registry.RolePrefill)
-	d := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	p1.SetBehavior(routertest.Behavior{Status: 500, Body: "RuntimeError: Missing NIXL destination KV memory kind"})
-	b := setup(t, router.Config{PrefillPolicy: router.PolicyRoundRobin}, p1.Peer(model), p2.Peer(model), d.Peer(model))
-	b.rep.SeedFailure("id-p1", "id-d1", "an-earlier-agent")
-
-	// Round robin reaches p1 within two requests; their answers do not
-	// matter here (the retry may run before the registry has answered).
-	for range 2 {
-		b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-	}
-	if p1.Started() == 0 {
-		t.Fatal("p1 never got a request")
-	}
-	if q := b.rep.WaitQuarantine(t, 5*time.Second); q.PrefillID != "id-p1" || q.DecodeID != "id-d1" {
-		t.Fatalf("quarantine %+v", q)
-	}
-	// The decode stays routable from p2 on this router.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-		if resp.StatusCode == 200 && strings.Contains(string(body), "d1-") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("decode no longer routed after the registry quarantined only the pair: %d %s", resp.StatusCode, body)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := len(b.rep.StaleMarks()); n != 0 {
-		t.Fatalf("%d stale marks; the registry decided on a quarantine", n)
-	}
-}
-
-func TestMemKindAgainAfterReregistrationQuarantines(t *testing.T) {
-	t.Parallel()
-	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	d := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	memKind := routertest.Behavior{Status: 500, Body: "RuntimeError: Missing NIXL destination KV memory kind"}
-	p.SetBehavior(memKind)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	// The store re-registers the decode (generation 2) once it is marked.
-	b.rep.OnMarkStale = func(m routertest.StaleMark) { b.snaps.SetState(m.ID, registry.StateReady, 2) }
-
-	resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	b.rep.WaitStale(t, 5*time.Second)
-
-	resp, _ = b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x"}`)
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	// The registry composes the quarantine's detail; the report carries the
-	// engine's error text.
-	q := b.rep.WaitQuarantine(t, 5*time.Second)
-	if q.PrefillID != "id-p1" || q.DecodeID != "id-d1" || !strings.Contains(q.Detail, "Missing NIXL destination KV memory kind") {
-		t.Fatalf("quarantine %+v", q)
-	}
-	if n := len(b.rep.StaleMarks()); n != 1 {
-		t.Fatalf("%d stale marks; a repeat must quarantine, not loop", n)
-	}
-	if got := b.metric(t, "pdplane_router_quarantines_total", nil); got != 1 {
-		t.Fatalf("quarantines %v", got)
-	}
-}
-
-func TestBadInputMakesNoUpstreamCall(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{MaxBodyBytes: 1024}, p.Peer(model), d.Peer(model))
-	for _, tc := range []struct {
-		name, path, body string
-		status           int
-		code             string
-	}{
-		{"malformed", "/v1/chat/completions", `{"model":"test-model","messages":[`, 400, "invalid_json"},
-		{"too large", "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`, 413, "request_too_large"},
-		{"no messages", "/v1/chat/completions", `{"model":"test-model"}`, 400, "missing_required_parameter"},
-		{"no prompt", "/v1/completions", `{"model":"test-model"}`, 400, "missing_required_parameter"},
-		{"no text", "/generate", `{"sampling_params":{}}`, 400, "missing_required_parameter"},
-		{"unknown model", "/v1/chat/completions", `{"model":"gpt-17","messages":[{"role":"user","content":"hi"}]}`, 404, "model_not_found"},
-	} {
-		resp, body := b.post(t, tc.path, tc.body)
-		e := decodeError(t, body)
-		if resp.StatusCode != tc.status || e.Error.Code == nil || *e.Error.Code != tc.code || e.Error.Type != "invalid_request_error" {
-			t.Fatalf("%s: %d %s", tc.name, resp.StatusCode, body)
-		}
-	}
-	if p.Started()+d.Started() != 0 {
-		t.Fatalf("bad input reached the engines: %d calls", p.Started()+d.Started())
-	}
-	if got := b.metric(t, "pdplane_router_requests_total", map[string]string{"route": "chat_completions", "outcome": "bad_request"}); got != 4 {
-		t.Fatalf("bad_request count %v", got)
-	}
-}
-
-func TestModelResolutionAndMissingRoles(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	other := routertest.StartSGLang(t, "o1", registry.RoleDecode)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-
-	// One model served: a request without one uses it.
-	resp, body := b.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	if got := d.Requests()[0].JSON["model"]; got != model {
-		t.Fatalf("upstream model %v", got)
-	}
-
-	// Two models: the model is required; the second has no prefill.
-	b.snaps.Set(p.Peer(model), d.Peer(model), other.Peer("other-model"))
-	resp, body = b.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
-	if e := decodeError(t, body); resp.StatusCode != 400 || *e.Error.Code != "model_required" {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	resp, body = b.post(t, "/v1/chat/completions", `{"model":"other-model","messages":[{"role":"user","content":"hi"}]}`)
-	if e := decodeError(t, body); resp.StatusCode != 503 || !strings.Contains(e.Error.Message, "no ready prefill") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	// The decode goes stale: no ready decode.
-	b.snaps.SetState("id-d1", registry.StateStale, 0)
-	resp, body = b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
-	if e := decodeError(t, body); resp.StatusCode != 503 || !strings.Contains(e.Error.Message, "no ready decode") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	// Incompatible geometry: no compatible pair.
-	bad := d.Peer(model)
-	bad.KV.PageSize = 64
-	b.snaps.Set(p.Peer(model), bad)
-	resp, body = b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`)
-	if e := decodeError(t, body); resp.StatusCode != 503 || !strings.Contains(e.Error.Message, "compatible") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	if n := d.Started(); n != 1 {
-		t.Fatalf("decode got %d requests", n)
-	}
-}
-
-func TestAPIKeys(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{APIKeys: []string{"k1", "k2"}, UpstreamAPIKey: "engine-key"}, p.Peer(model), d.Peer(model))
-	body := `{"model":"test-model","messages":[{"role":"user","content":"hi"}]}`
-	for _, h := range [][]string{nil, {"Authorization", "Bearer nope"}, {"Authorization", "k1"}} {
-		resp, out := b.post(t, "/v1/chat/completions", body, h...)
-		if e := decodeError(t, out); resp.StatusCode != 401 || *e.Error.Code != "invalid_api_key" {
-			t.Fatalf("%v: %d %s", h, resp.StatusCode, out)
-		}
-	}
-	resp, out := b.post(t, "/v1/chat/completions", body, "Authorization", "Bearer k2")
-	if resp.StatusCode != 200 {
-		t.Fatalf("%d %s", resp.StatusCode, out)
-	}
-	if got := d.Requests()[0].Header.Get("Authorization"); got != "Bearer engine-key" {
-		t.Fatalf("engine got Authorization %q", got)
-	}
-	// /v1/models is behind the keys; /health is not.
-	r, err := http.Get(b.srv.URL + "/v1/models")
-	if err != nil || r.StatusCode != 401 {
-		t.Fatalf("/v1/models without key: %v %v", r.StatusCode, err)
-	}
-	r.Body.Close()
-	r, err = http.Get(b.srv.URL + "/health")
-	if err != nil || r.StatusCode != 200 {
-		t.Fatalf("/health: %v %v", r.StatusCode, err)
-	}
-	r.Body.Close()
-}
-
-func TestModelsAndHealth(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	r, err := http.Get(b.srv.URL + "/v1/models")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var list struct {
-		Object string `json:"object"`
-		Data   []struct {
-			ID, Object, OwnedBy string
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&list); err != nil || list.Object != "list" || len(list.Data) != 1 ||
-		list.Data[0].ID != model || list.Data[0].Object != "model" {
-		t.Fatalf("models %+v %v", list, err)
-	}
-	r.Body.Close()
-
-	b.snaps.SetState("id-d1", registry.StateStale, 0)
-	r, err = http.Get(b.srv.URL + "/health")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := io.ReadAll(r.Body)
-	r.Body.Close()
-	if r.StatusCode != 503 || !strings.Contains(string(out), "no ready decode") {
-		t.Fatalf("/health %d %s", r.StatusCode, out)
-	}
-}
-
-func TestUpstreamClientErrorIsPassedOn(t *testing.T) {
-	t.Parallel()
-	p, d := sglangPair(t)
-	d.SetBehavior(routertest.Behavior{Status: 400, Body: `{"error":{"message":"max_tokens too large","type":"invalid_request_error"}}`})
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	resp, body := b.post(t, "/v1/completions", `{"model":"test-model","prompt":"x","max_tokens":999999}`)
-	if resp.StatusCode != 400 || !strings.Contains(string(body), "max_tokens too large") {
-		t.Fatalf("%d %s", resp.StatusCode, body)
-	}
-	if d.Started() != 1 {
-		t.Fatalf("a client error was retried: %d attempts", d.Started())
 	}
 }
 
 func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
-	snaps := routertest.NewSnapshots()
+	snaps := newTestRegistry(t).mirror
 	if _, err := router.New(router.Config{PrefillPolicy: "fastest"}, snaps, nil, zerolog.Nop(), nil); err == nil || !strings.Contains(err.Error(), "PrefillPolicy") {
 		t.Fatalf("err %v", err)
 	}

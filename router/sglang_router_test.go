@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strconv"
@@ -15,11 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
-	"github.com/pdplane/pdplane/router/routertest"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // envSGLangRouterPython names a Python with sglang-router installed; the
@@ -38,8 +35,8 @@ func TestSGLangRouterUpstream(t *testing.T) {
 	if py == "" {
 		t.Skip("set " + envSGLangRouterPython + " to a Python with sglang-router installed")
 	}
-	p, d := sglangPair(t)
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	b := setupSims(t, router.Config{}, p, d)
 
 	port := freePort(t)
 	cmd := exec.Command(py, "-m", "sglang_router.launch_router",
@@ -57,7 +54,7 @@ func TestSGLangRouterUpstream(t *testing.T) {
 	})
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 
-	body := `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`
+	body := `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"stream":true}`
 	var out string
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -80,11 +77,11 @@ func TestSGLangRouterUpstream(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if !strings.Contains(out, "d1-tok0") || !strings.Contains(out, "[DONE]") {
+	if !strings.Contains(out, "chat.completion.chunk") || !strings.Contains(out, "[DONE]") {
 		t.Fatalf("stream through sglang-router: %s", out)
 	}
-	if len(d.Requests()) == 0 || len(p.Requests()) == 0 {
-		t.Fatal("the pair saw no request")
+	if d.Stats().Transfers == 0 || p.Stats().Requests == 0 {
+		t.Fatal("the pair moved no KV")
 	}
 }
 
@@ -100,7 +97,7 @@ func freePort(t *testing.T) int {
 
 // BenchmarkThroughputVsSGLangRouter measures chat completions per second
 // through SGLang's Rust router in PD mode and through pdplane, on the same
-// fake engines (in a child process), at the same concurrency, taking turns;
+// simulated engines (in a child process), at the same concurrency, taking turns;
 // non-streamed (the comparison) and streamed. Skipped without
 // envSGLangRouterPython.
 //
@@ -114,20 +111,12 @@ func BenchmarkThroughputVsSGLangRouter(b *testing.B) {
 		concurrency = 16
 		window      = 3 * time.Second
 	)
-	pp, dp := startFakes(b, "sglang", 0)
-	snaps := routertest.NewSnapshots(pp, dp)
-	rt, err := router.New(router.Config{PrefillPolicy: router.PolicyRoundRobin, DecodePolicy: router.PolicyRoundRobin}, snaps, nil, zerolog.Nop(), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := httptest.NewServer(rt.Routes())
-	defer srv.Close()
-	defer rt.Close()
+	srv, pp, dp := startSims(b, registry.EngineSGLang, 0, router.Config{PrefillPolicy: router.PolicyRoundRobin, DecodePolicy: router.PolicyRoundRobin})
 
 	port := freePortB(b)
 	cmd := exec.Command(py, "-m", "sglang_router.launch_router",
 		"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--pd-disaggregation",
-		"--prefill", pp.URL, strconv.Itoa(registry.DefaultBootstrapPort), "--decode", dp.URL,
+		"--prefill", pp.URL, strconv.Itoa(pp.BootstrapPort), "--decode", dp.URL,
 		"--prefill-policy", "round_robin", "--decode-policy", "round_robin", "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -139,8 +128,8 @@ func BenchmarkThroughputVsSGLangRouter(b *testing.B) {
 	}()
 	sgl := "http://127.0.0.1:" + strconv.Itoa(port) + "/v1/chat/completions"
 	ours := srv.URL + "/v1/chat/completions"
-	body := []byte(`{"model":"test-model","messages":[{"role":"user","content":"Say hello."}],"stream":false,"max_tokens":8}`)
-	streamBody := []byte(`{"model":"test-model","messages":[{"role":"user","content":"Say hello."}],"stream":true,"max_tokens":8}`)
+	body := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"Say hello."}],"stream":false,"max_tokens":8}`)
+	streamBody := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"Say hello."}],"stream":true,"max_tokens":8}`)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: concurrency * 2, DisableCompression: true}}
 	deadline := time.Now().Add(60 * time.Second)
 	for {

@@ -20,8 +20,9 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/router"
-	"github.com/pdplane/pdplane/router/routertest"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/sim"
+	"github.com/pdplane/pdplane/sim/simtest"
 	"github.com/pdplane/pdplane/web"
 )
 
@@ -454,33 +455,41 @@ func isTimeout(err error) bool {
 func TestBodyDeadlineDoesNotCutStreams(t *testing.T) {
 	t.Parallel()
 	const deadline = 100 * time.Millisecond
-	p := routertest.StartSGLang(t, "p1", registry.RolePrefill)
-	d := routertest.StartSGLang(t, "d1", registry.RoleDecode)
-	// The decode holds its second chunk until the body deadline has long
-	// passed: the wait is the condition under test, not a pause.
-	d.SetBehavior(routertest.Behavior{Chunks: 2, BeforeChunk: func(i int) {
-		if i == 1 {
-			<-time.After(5 * deadline)
-		}
-	}})
+	// The decode takes five body deadlines a token: the wait is the
+	// condition under test, not a pause.
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = 5 * deadline })
 	var rt *router.Router
 	b := setupWith(t, func(c *server.Config, deps *server.Deps) {
 		c.BodyTimeout = deadline
+		ctx := context.Background()
+		for _, s := range []*sim.Sim{p, d} {
+			spec, err := s.Spec(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := deps.Store.Register(ctx, spec, registry.Claim{Admin: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := deps.Store.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: spec.InstanceID}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		var err error
-		rt, err = router.New(router.Config{}, routertest.NewSnapshots(p.Peer("m"), d.Peer("m")), nil,
-			zerolog.New(zerolog.NewTestWriter(t)), deps.Registry)
+		rt, err = router.New(router.Config{}, deps.Snaps, deps.Store, zerolog.New(zerolog.NewTestWriter(t)), deps.Registry)
 		if err != nil {
 			t.Fatal(err)
 		}
 		deps.Routes = rt
 	})
 	t.Cleanup(rt.Close)
+	simtest.WaitFor(t, "the pair to be routable", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
 
 	events := b.openStream(t, context.Background())
 	defer events.Body.Close()
 
 	req, _ := http.NewRequest("POST", b.url+"/v1/chat/completions",
-		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+		strings.NewReader(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}`))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -492,7 +501,7 @@ func TestBodyDeadlineDoesNotCutStreams(t *testing.T) {
 	if err != nil {
 		t.Fatalf("stream cut after %s: %v (read %q)", time.Since(start), err, data)
 	}
-	if !strings.Contains(string(data), "d1-tok1") || !strings.Contains(string(data), "[DONE]") {
+	if events, done := simtest.Events(data); len(events) != 2 || !done {
 		t.Fatalf("stream after the deadline: %s", data)
 	}
 	if time.Since(start) < 4*deadline {

@@ -119,6 +119,9 @@ type Config struct {
 	// agent's secret is random and known to nobody, so no other engine can
 	// transfer with this one.
 	SharedTransferSecret []byte
+	// LogRequests keeps every generation request received (path, headers,
+	// body) for Received, as an engine's request log would show them.
+	LogRequests bool
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }

@@ -90,6 +90,9 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 			s.fail(ctx, w, nil, errCancelled)
 			return
 		}
+		if s.cfg.LogRequests {
+			s.received.add(r, body)
+		}
 		q, err := parseRequest(rt, body, &s.cfg)
 		if err != nil {
 			s.fail(ctx, w, nil, badRequestErr(err))

@@ -63,6 +63,7 @@ type Sim struct {
 
 	running, queued atomic.Int64
 	counters        counters
+	received        receivedLog // when cfg.LogRequests
 	reqSeq          atomic.Uint64
 	started         atomic.Bool
 	// startedAt is the process start time the engine publishes as

@@ -1,0 +1,99 @@
+package router
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/pdproto"
+	"github.com/pdplane/pdplane/registry"
+)
+
+// Stale-mark causes, the values of the cause label.
+const causeMissingMemKind = "missing_mem_kind"
+
+// onMemKindFailure handles a prefill answer that says the decode's memory
+// kind is missing. This router skips the decode's generation at once, so
+// that the retry does not wait for the registry, and reports the failure in
+// the background. What it means is the registry's to decide
+// (registry.ApplyTransferFailure): a stale mark of the decode, nothing (a
+// duplicate, or a report about an agent that is gone), or, on a repeat right
+// after the decode re-registered, a quarantine of the pair, after which
+// this router stops skipping the decode and keeps only the pair out.
+func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string) {
+	d, p := pr.d, pr.p
+	log := rt.log.With().Str(logRequestID, rid).Str(logPrefill, p.peer.Name).Str(logDecode, d.peer.Name).
+		Int64(logGeneration, d.peer.Generation).Logger()
+	report := registry.TransferFailure{
+		DecodeID: d.peer.ID, PrefillID: p.peer.ID, Error: errText,
+		Reason:   "prefill " + p.peer.Name + " could not send KV to this decode: " + pdproto.MissingMemKindMessage,
+		Reporter: "router:" + rt.cfg.Replica,
+	}
+	if len(d.peer.Ranks) > 0 {
+		// Names the generation that failed, so that a late report cannot
+		// mark a freshly re-registered decode stale.
+		report.DecodeAgent = d.peer.Ranks[0].AgentName
+	}
+	prevSkip := d.state.staleGen.Load()
+	setMax(&d.state.staleGen, d.peer.Generation+1)
+	log.Warn().Msg("decode's KV memory kind is missing on the prefill side; skipping it and reporting it to the registry")
+	rt.reportFailure(report, log, func(out registry.TransferOutcome) {
+		switch out {
+		case registry.OutcomeStale:
+			rt.m.staleMarks.WithLabelValues(causeMissingMemKind).Inc()
+		case registry.OutcomeQuarantined:
+			// The decode is not stale and will not re-register: stop
+			// skipping it, and keep this pair out of this router's picks
+			// until the snapshot carries the quarantine.
+			d.state.staleGen.CompareAndSwap(d.peer.Generation+1, prevSkip)
+			rt.pairs.getOrCreate(p.peer.ID, d.peer.ID).forceOpen(rt.cfg.Now())
+			rt.m.quarantines.Inc()
+			log.Warn().Str(logDetail, registry.GeometryDiff(&p.peer.PeerSpec, &d.peer.PeerSpec)).
+				Msg("registry quarantined the pair: it failed with missing KV memory kind again after the decode re-registered")
+		}
+	})
+}
+
+// reportFailure sends f to the registry in the background; then, when set,
+// runs with the registry's outcome, which overrides this router's guess.
+func (rt *Router) reportFailure(f registry.TransferFailure, log zerolog.Logger, then func(registry.TransferOutcome)) {
+	rt.report(func(ctx context.Context) error {
+		_, out, err := rt.reporter.ReportTransferFailure(ctx, f)
+		if err != nil {
+			return err
+		}
+		log.Info().Str("outcome", string(out)).Msg("registry applied the transfer failure")
+		if then != nil {
+			then(out)
+		}
+		return nil
+	}, log, "report transfer failure")
+}
+
+// report runs one reporter call in the background, bounded by
+// ReportTimeout, detached from the request that triggered it.
+func (rt *Router) report(call func(ctx context.Context) error, log zerolog.Logger, what string) {
+	if rt.reporter == nil {
+		return
+	}
+	rt.reports.Add(1)
+	go func() {
+		defer rt.reports.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.ReportTimeout)
+		defer cancel()
+		if err := call(ctx); err != nil {
+			log.Error().Err(err).Msg(what)
+		}
+	}()
+}
+
+// setMax raises a to v unless it is already at least v.
+func setMax(a *atomic.Int64, v int64) {
+	for {
+		cur := a.Load()
+		if cur >= v || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
