@@ -106,14 +106,41 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 		s.running.Add(1)
 		defer s.running.Add(-1)
 
+		check := needBootstrap
+		if s.cfg.Engine == registry.EngineVLLM {
+			check = s.vllmCheck
+		}
+		if e := check(q); e != nil {
+			s.fail(ctx, w, nil, e)
+			return
+		}
+		if s.Fault() == FaultPrefillError {
+			// The ordinary HTTP 500 of the fault comes before anything
+			// is accepted, streamed or not.
+			s.fail(ctx, w, q, internalErr("simulated engine failure", errors.New("prefill-error fault")))
+			return
+		}
+		if q.stream && (s.cfg.Engine == registry.EngineVLLM || rt == routeGenerate) {
+			// A StreamingResponse sends its status and headers before
+			// the generator yields anything: SGLang's http_server.py
+			// generate_request (stream_results) and vLLM's api_server
+			// create_chat_completion / create_completion return one as
+			// soon as the request is accepted, so a failure after this
+			// point (a transfer, a room timeout, a full pool) is an
+			// event. SGLang's OpenAI routes do not: serving_chat's and
+			// serving_completions' _handle_streaming_request
+			// "kick-start" the generator and send the 200 only with its
+			// first chunk, which answer.stream or writeFailure writes.
+			startStream(w)
+			q.streaming = true
+		}
+
 		var (
 			ans     *answer
 			release func()
 			herr    *httpError
 		)
 		switch {
-		case s.Fault() == FaultPrefillError:
-			herr = internalErr("simulated engine failure", errors.New("prefill-error fault"))
 		case s.cfg.Engine == registry.EngineVLLM && s.cfg.Role == registry.RolePrefill:
 			ans, release, herr = s.vllmPrefill(ctx, q)
 		case s.cfg.Engine == registry.EngineVLLM:

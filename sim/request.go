@@ -67,13 +67,16 @@ type bootstrap struct {
 
 // genRequest is a parsed generation request.
 type genRequest struct {
-	route        route
-	model        string
-	prompts      [][]int
-	batch        bool // the prompt was a list: answer a list
-	maxTokens    int
-	explicitMax  bool // the client set the limit: finish_reason "length"
-	stream       bool
+	route       route
+	model       string
+	prompts     [][]int
+	batch       bool // the prompt was a list: answer a list
+	maxTokens   int
+	explicitMax bool // the client set the limit: finish_reason "length"
+	stream      bool
+	// streaming: the 200 and the SSE headers are out, so anything that
+	// goes wrong from here on is an event in the stream.
+	streaming    bool
 	includeUsage bool
 	logprob      bool
 	bootstrap    []bootstrap // one per prompt, or none

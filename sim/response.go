@@ -215,11 +215,10 @@ func (a *answer) write(w http.ResponseWriter, q *genRequest) {
 // (sequences of a batch step together), pausing before each token; it
 // stops early, returning false, when ctx ends or the client goes away.
 func (a *answer) stream(ctx context.Context, w http.ResponseWriter, q *genRequest, pause func() time.Duration) bool {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
+	if !q.streaming {
+		startStream(w)
+		q.streaming = true
+	}
 	rc := http.NewResponseController(w)
 	buf := make([]byte, 0, 512)
 	event := func(v any) bool {
@@ -298,15 +297,27 @@ func (a *answer) chunk(q *genRequest, i, k int, last bool) any {
 	}
 }
 
+// startStream sends a streamed answer's 200 and SSE headers and flushes
+// them, before any event.
+func startStream(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	_ = http.NewResponseController(w).Flush()
+}
+
 // writeFailure answers a failed generation request in the form the engine
 // uses for its route and stream mode (the formats are pdproto's):
 //
-//   - a request the engine aborted once it was running (e.abort), streamed:
-//     200, then SGLang's error event (OpenAI routes) or abort event
-//     (/generate), or vLLM's error event, then [DONE] — the status is in
-//     the event;
-//   - anything else, or not streamed: the status with SGLang's flat
-//     ErrorResponse or vLLM's nested one.
+//   - a streamed request whose 200 and headers are out (q.streaming), or
+//     one the engine aborted once it was running (e.abort; SGLang's OpenAI
+//     routes send the 200 with the first chunk, here the error): SGLang's
+//     error event (OpenAI routes) or abort event (/generate), or vLLM's
+//     error event, then [DONE] — the status is in the event;
+//   - anything else: the status with SGLang's flat ErrorResponse or
+//     vLLM's nested one.
 func (s *Sim) writeFailure(w http.ResponseWriter, q *genRequest, e *httpError) {
 	vllm := s.cfg.Engine == registry.EngineVLLM
 	typ := e.typ
@@ -315,7 +326,7 @@ func (s *Sim) writeFailure(w http.ResponseWriter, q *genRequest, e *httpError) {
 		// type str(status).
 		typ = strconv.Itoa(e.status)
 	}
-	if q == nil || !q.stream || !e.abort {
+	if q == nil || !q.streaming && !(q.stream && e.abort) {
 		b := pdproto.SGLangErrorBody(e.status, typ, e.msg)
 		if vllm {
 			b = pdproto.VLLMErrorBody(e.status, typ, e.msg)
@@ -340,10 +351,9 @@ func (s *Sim) writeFailure(w http.ResponseWriter, q *genRequest, e *httpError) {
 	default:
 		data = pdproto.SGLangStreamError(e.status, e.msg)
 	}
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
+	if !q.streaming {
+		startStream(w)
+	}
 	_, _ = w.Write(append(pdproto.AppendEvent(nil, data), pdproto.Done...))
 	_ = http.NewResponseController(w).Flush()
 }

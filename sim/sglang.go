@@ -23,9 +23,6 @@ import (
 // sent to the decode of its room; the answer is one token per prompt, with
 // the prompt's logprobs when asked.
 func (s *Sim) sglangPrefill(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
-	if e := needBootstrap(q); e != nil {
-		return nil, nil, e
-	}
 	st := s.state.Load()
 	ans := &answer{seqs: make([]seq, len(q.prompts))}
 	e := runAll(len(q.prompts), func(i int) *httpError {
@@ -128,9 +125,6 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, rid string, promp
 // posted to the room's prefill, the KV awaited and verified; then the
 // generation. The pages stay held until the answer is written.
 func (s *Sim) sglangDecode(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
-	if e := needBootstrap(q); e != nil {
-		return nil, nil, e
-	}
 	st := s.state.Load()
 	releases := make([]func(), len(q.prompts))
 	release := func() {

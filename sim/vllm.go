@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/pdplane/pdplane/pdproto"
+	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/transfer"
 )
 
@@ -24,14 +25,6 @@ func (s *Sim) vllmPrefill(ctx context.Context, q *genRequest) (*answer, func(), 
 	kv := q.kv
 	if kv == nil || !kv.DoRemoteDecode {
 		return s.local(ctx, q)
-	}
-	switch {
-	case kv.DoRemotePrefill:
-		return nil, nil, badRequestErr(badf("kv_transfer_params.do_remote_prefill", "a prefill cannot take a remote prefill's KV"))
-	case q.stream:
-		return nil, nil, badRequestErr(badf("stream", "a prefill with do_remote_decode answers non-streamed"))
-	case q.batch || len(q.prompts) != 1:
-		return nil, nil, badRequestErr(badf("prompt", "a PD request carries one prompt"))
 	}
 	st := s.state.Load()
 	prompt := q.prompts[0]
@@ -62,33 +55,57 @@ func (s *Sim) vllmPrefill(ctx context.Context, q *genRequest) (*answer, func(), 
 	return ans, nil, nil
 }
 
+// vllmCheck refuses a request whose kv_transfer_params this engine cannot
+// serve, before anything is accepted.
+func (s *Sim) vllmCheck(q *genRequest) *httpError {
+	kv := q.kv
+	if s.cfg.Role == registry.RolePrefill {
+		if kv == nil || !kv.DoRemoteDecode {
+			return nil
+		}
+		switch {
+		case kv.DoRemotePrefill:
+			return badRequestErr(badf("kv_transfer_params.do_remote_prefill", "a prefill cannot take a remote prefill's KV"))
+		case q.stream:
+			return badRequestErr(badf("stream", "a prefill with do_remote_decode answers non-streamed"))
+		case q.batch || len(q.prompts) != 1:
+			return badRequestErr(badf("prompt", "a PD request carries one prompt"))
+		}
+		return nil
+	}
+	if kv == nil || !kv.DoRemotePrefill {
+		if kv != nil && kv.DoRemoteDecode {
+			return badRequestErr(badf("kv_transfer_params.do_remote_decode", "this engine is a decode"))
+		}
+		return nil
+	}
+	switch {
+	case kv.RemoteEngineID == nil || *kv.RemoteEngineID == "":
+		return badRequestErr(badf("kv_transfer_params.remote_engine_id", "is required"))
+	case kv.RemoteHost == nil || *kv.RemoteHost == "":
+		return badRequestErr(badf("kv_transfer_params.remote_host", "is required"))
+	case kv.RemotePort == nil || *kv.RemotePort < 1 || *kv.RemotePort > 65535:
+		return badRequestErr(badf("kv_transfer_params.remote_port", "is required"))
+	case kv.RemoteRequestID == "":
+		return badRequestErr(badf("kv_transfer_params.remote_request_id", "is required"))
+	case q.batch || len(q.prompts) != 1:
+		return badRequestErr(badf("prompt", "a PD request carries one prompt"))
+	}
+	if n := s.pool.pagesFor(len(q.prompts[0])); len(kv.RemoteBlockIDs) != n {
+		return badRequestErr(badf("kv_transfer_params.remote_block_ids", "%d blocks for a prompt of %d tokens (%d pages)", len(kv.RemoteBlockIDs), len(q.prompts[0]), n))
+	}
+	return nil
+}
+
 // vllmDecode serves a decode.
 func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
 	kv := q.kv
 	if kv == nil || !kv.DoRemotePrefill {
-		if kv != nil && kv.DoRemoteDecode {
-			return nil, nil, badRequestErr(badf("kv_transfer_params.do_remote_decode", "this engine is a decode"))
-		}
 		return s.local(ctx, q)
-	}
-	switch {
-	case kv.RemoteEngineID == nil || *kv.RemoteEngineID == "":
-		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_engine_id", "is required"))
-	case kv.RemoteHost == nil || *kv.RemoteHost == "":
-		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_host", "is required"))
-	case kv.RemotePort == nil || *kv.RemotePort < 1 || *kv.RemotePort > 65535:
-		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_port", "is required"))
-	case kv.RemoteRequestID == "":
-		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_request_id", "is required"))
-	case q.batch || len(q.prompts) != 1:
-		return nil, nil, badRequestErr(badf("prompt", "a PD request carries one prompt"))
 	}
 	prompt := q.prompts[0]
 	seeds := promptSeeds(prompt)
 	n := s.pool.pagesFor(len(prompt))
-	if len(kv.RemoteBlockIDs) != n {
-		return nil, nil, badRequestErr(badf("kv_transfer_params.remote_block_ids", "%d blocks for a prompt of %d tokens (%d pages)", len(kv.RemoteBlockIDs), len(prompt), n))
-	}
 	s.queued.Add(1)
 	defer s.queued.Add(-1)
 	info, err := s.fetchAgent(ctx, *kv.RemoteHost, *kv.RemotePort, *kv.RemoteEngineID)
