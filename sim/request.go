@@ -42,6 +42,7 @@ type rawRequest struct {
 	BootstrapRoom       json.RawMessage           `json:"bootstrap_room"`
 	KVTransferParams    *pdproto.KVTransferParams `json:"kv_transfer_params"`
 	RID                 json.RawMessage           `json:"rid"`
+	Echo                bool                      `json:"echo"`
 }
 
 type rawMessage struct {
@@ -76,7 +77,10 @@ type genRequest struct {
 	stream      bool
 	// streaming: the 200 and the SSE headers are out, so anything that
 	// goes wrong from here on is an event in the stream.
-	streaming    bool
+	streaming bool
+	// echo holds each prompt's text when /v1/completions asked for echo:
+	// the answer's text starts with it.
+	echo         []string
 	includeUsage bool
 	logprob      bool
 	bootstrap    []bootstrap // one per prompt, or none
@@ -147,6 +151,11 @@ func parseRequest(rt route, body []byte, cfg *Config) (*genRequest, error) {
 	case routeCompletions:
 		if q.prompts, q.batch, err = parsePrompts("prompt", raw.Prompt); err != nil {
 			return nil, err
+		}
+		if raw.Echo {
+			if q.echo, err = echoTexts(raw.Prompt, q.batch); err != nil {
+				return nil, err
+			}
 		}
 		maxTok, n = raw.MaxTokens, raw.N
 	case routeGenerate:
@@ -230,6 +239,26 @@ func messageText(raw json.RawMessage) (string, error) {
 		}
 	}
 	return sb.String(), nil
+}
+
+// echoTexts returns the text prompts of /v1/completions that asked for
+// echo. SGLang's serving_completions (_get_echo_text) and vLLM's
+// serving_completion put the prompt in front of the completion; a token-id
+// prompt would be detokenized, which the simulator's tokenizer cannot do,
+// so it is refused.
+func echoTexts(raw json.RawMessage, batch bool) ([]string, error) {
+	if !batch {
+		var s string
+		if err := json.Unmarshal(raw, &s); err == nil {
+			return []string{s}, nil
+		}
+	} else {
+		var l []string
+		if err := json.Unmarshal(raw, &l); err == nil {
+			return l, nil
+		}
+	}
+	return nil, badf("echo", "the simulator echoes text prompts only")
 }
 
 // parsePrompts reads a prompt field: a string, a list of token ids, or a

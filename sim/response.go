@@ -197,7 +197,7 @@ func (a *answer) write(w http.ResponseWriter, q *genRequest) {
 	default:
 		o := openAIAnswer{ID: a.id, Object: "text_completion", Created: a.created, Model: a.model, Usage: a.usage(), KVTransferParams: a.kv}
 		for i, s := range a.seqs {
-			o.Choices = append(o.Choices, choice{Index: i, Text: strp(s.text(s.n)), FinishReason: strp(s.finish)})
+			o.Choices = append(o.Choices, choice{Index: i, Text: strp(q.echoText(i) + s.text(s.n)), FinishReason: strp(s.finish)})
 		}
 		v = o
 	}
@@ -292,9 +292,23 @@ func (a *answer) chunk(q *genRequest, i, k int, last bool) any {
 		return openAIAnswer{ID: a.id, Object: "chat.completion.chunk", Created: a.created, Model: a.model,
 			Choices: []choice{{Index: i, Delta: d, FinishReason: finish}}, KVTransferParams: a.kv}
 	default:
+		if k == 0 {
+			// The echo goes with the first chunk (SGLang's
+			// _generate_completion_stream, is_first_chunk).
+			tok = q.echoText(i) + tok
+		}
 		return openAIAnswer{ID: a.id, Object: "text_completion", Created: a.created, Model: a.model,
 			Choices: []choice{{Index: i, Text: strp(tok), FinishReason: finish}}, KVTransferParams: a.kv}
 	}
+}
+
+// echoText is the prompt text that starts answer i's text: empty unless
+// the request asked for echo.
+func (q *genRequest) echoText(i int) string {
+	if i < len(q.echo) {
+		return q.echo[i]
+	}
+	return ""
 }
 
 // startStream sends a streamed answer's 200 and SSE headers and flushes
