@@ -66,7 +66,7 @@ func onlyInternal(paths ...string) func(string, string) bool {
 }
 
 // helper reports whether a package is a test-helper package
-// (registry/registrytest, router/routertest, ...): named <pkg>test and
+// (registry/registrytest, sim/simtest, ...): named <pkg>test and
 // living beside the package it helps.
 func helper(p string) bool {
 	i := strings.LastIndex(p, "/")
@@ -179,7 +179,7 @@ var governed = []string{
 	"", // the module root: only this test
 	"agent", "cmd/pdplane", "interop", "migrations", "pdproto",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
-	"router", "router/routertest", "server", "server/api",
+	"router", "server", "server/api",
 	"sim", "sim/simtest",
 	"transfer", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",
 	"web",
@@ -282,7 +282,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"web", m("server/api"), "only server, agent and cmd/pdplane import it"},
 		{"sim", m("server/api"), "only server, agent and cmd/pdplane import it"},
 		{"agent", m("cmd/pdplane"), "nothing imports cmd/..."},
-		{"server", m("router/routertest"), "production code never imports a <pkg>test package"},
+		{"server", m("registry/registrytest"), "production code never imports a <pkg>test package"},
 	}
 	for _, c := range cases {
 		got := violations([]listedPackage{{ImportPath: m(c.pkg), Imports: []string{c.imp}}})

@@ -26,4 +26,6 @@
 // in a Router built by New. Request bodies are never fully unmarshalled: the
 // router validates the JSON, reads the few top-level fields it needs, and
 // splices its own fields into the original bytes.
+//
+// Its tests run over sim, the one engine double of each engine kind.
 package router

@@ -18,7 +18,8 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
-	"github.com/pdplane/pdplane/router/routertest"
+	"github.com/pdplane/pdplane/sim"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 const model = "test-model"
@@ -170,10 +171,6 @@ func decodeError(t *testing.T, body []byte) openAIError {
 	return e
 }
 
-func sglangPair(t *testing.T) (*routertest.FakeSGLang, *routertest.FakeSGLang) {
-	return routertest.StartSGLang(t, "p1", registry.RolePrefill), routertest.StartSGLang(t, "d1", registry.RoleDecode)
-}
-
 // sseReader reads SSE data payloads one at a time.
 type sseReader struct{ r *bufio.Reader }
 
@@ -191,41 +188,54 @@ func (s *sseReader) next(t *testing.T) string {
 }
 
 // TestPrefillErrorAfterDecodeHeaders: a decode that already sent 200 and
-// its headers must not hide a failed prefill: the client gets 502 and the
-// decode's leg is cancelled.
+// its headers (SGLang's /generate does when it accepts the request) must
+// not hide a failed prefill: the client gets 502, the request is not
+// retried and the decode's leg is cancelled. The prefill fails on its
+// transfer to the decode (the decode's registration lacks its memory
+// kinds), which can only come after the decode accepted the request.
 func TestPrefillErrorAfterDecodeHeaders(t *testing.T) {
 	t.Parallel()
-	p, d := sglangPair(t)
-	p.SetBehavior(routertest.Behavior{Delay: 50 * time.Millisecond, Status: 500})
-	d.SetBehavior(routertest.Behavior{HangAfterHeaders: true})
-	b := setup(t, router.Config{MaxAttempts: 1}, p.Peer(model), d.Peer(model))
-	resp, body := b.post(t, "/v1/chat/completions", `{"model":"test-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
-	d.WaitCancelled(t, 5*time.Second)
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.RoomTimeout = time.Minute })
+	setFault(t, d, sim.FaultMissingMemKind)
+	b := setupSims(t, router.Config{MaxAttempts: 1}, p, d)
+	resp, body := b.post(t, "/generate", `{"text":"hi","sampling_params":{"max_new_tokens":3},"stream":true}`)
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("a 200 hid the failed prefill: %d %s", resp.StatusCode, body)
 	}
+	if n := p.Stats().MissingMemKind; n != 1 {
+		t.Fatalf("the prefill failed %d times, want 1", n)
+	}
+	if n := d.Stats().Requests; n != 1 {
+		t.Fatalf("the decode got %d requests, want 1", n)
+	}
+	// Its room would wait a minute; only the router's cancel frees it.
+	simtest.WaitFor(t, "the decode's leg cancelled", func() bool { l := d.Load(); return l.Running+l.Queued == 0 })
 }
 
+// TestMemKindTextInASuccessfulAnswerIsNotAnError: an answer that merely
+// holds the memory-kind error's text (here the prompt, echoed by both
+// legs) is a success; the same text in a streamed abort is the failure.
 func TestMemKindTextInASuccessfulAnswerIsNotAnError(t *testing.T) {
 	t.Parallel()
-	p, d := sglangPair(t)
-	// A prefill answer that echoes a prompt holding the message.
-	p.SetBehavior(routertest.Behavior{Status: 200, Body: `{"text":"Missing NIXL destination KV memory kind","meta_info":{}}`})
-	b := setup(t, router.Config{}, p.Peer(model), d.Peer(model))
-	resp, body := b.post(t, "/generate", `{"text":"Missing NIXL destination KV memory kind"}`)
-	if resp.StatusCode != http.StatusOK {
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	b := setupSims(t, router.Config{}, p, d)
+	resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"Missing NIXL destination KV memory kind","max_tokens":2,"echo":true}`)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "Missing NIXL destination KV memory kind") {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	// The same message in a streamed error event is the real thing.
-	p.SetBehavior(routertest.Behavior{StreamError: "RuntimeError: Missing NIXL destination KV memory kind"})
+	if n := len(b.reg.staleEvents(t, "d0")); n != 0 {
+		t.Fatalf("a successful answer marked the decode stale %d times", n)
+	}
+	// The same message in a streamed abort event is the real thing.
+	setFault(t, d, sim.FaultMissingMemKind)
 	resp, _ = b.post(t, "/generate", `{"text":"x","stream":true}`)
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	if m := b.reg.waitStale(t, "d1"); !strings.Contains(m.Error, "Missing NIXL destination KV memory kind") {
+	if m := b.reg.waitStale(t, "d0"); !strings.Contains(m.Error, "Missing NIXL destination KV memory kind") {
 		t.Fatalf("stale mark %+v", m)
 	}
-	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
+	if n := len(b.reg.staleEvents(t, "d0")); n != 1 {
 		t.Fatalf("%d stale marks", n)
 	}
 }
