@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -125,7 +126,13 @@ func (s *Server) authenticate(r *http.Request) (principal, *Problem) {
 			return principal{kind: joiner}, nil
 		}
 	}
-	if p, ok := s.peerFor(r.Context(), got); ok {
+	p, err := s.peerFor(r.Context(), got)
+	if errors.Is(err, registry.ErrUnavailable) {
+		// Whether the credential is current cannot be told now; a 401
+		// would send the agent back to its join token for nothing.
+		return principal{}, unavailable()
+	}
+	if p != nil {
 		return principal{kind: peerCred, peerID: p.ID, peerName: p.Name, role: p.Role, model: p.Model, credential: got}, nil
 	}
 	if s.open() {
@@ -138,19 +145,24 @@ func (s *Server) authenticate(r *http.Request) (principal, *Problem) {
 // routing snapshot first (no I/O on the heartbeat path) and the store when
 // the snapshot has not caught up yet (a peer registered a moment ago on
 // another replica, or a credential that was just reissued).
-func (s *Server) peerFor(ctx context.Context, cred string) (*registry.Peer, bool) {
+// It returns nil when cred is no current credential, and
+// registry.ErrUnavailable when the store had to be asked and could not be.
+func (s *Server) peerFor(ctx context.Context, cred string) (*registry.Peer, error) {
 	id, ok := registry.CredentialPeerID(cred)
 	if !ok {
-		return nil, false
+		return nil, nil
 	}
 	if p, ok := s.snaps.Snapshot().Peer(id); ok && registry.CredentialMatches(p.CredentialHash, cred) {
-		return p, true
+		return p, nil
 	}
 	p, err := s.store.Get(ctx, id)
-	if err != nil || !registry.CredentialMatches(p.CredentialHash, cred) {
-		return nil, false
+	switch {
+	case errors.Is(err, registry.ErrUnavailable):
+		return nil, err
+	case err != nil || !registry.CredentialMatches(p.CredentialHash, cred):
+		return nil, nil
 	}
-	return &p, true
+	return &p, nil
 }
 
 // authorize checks the principal against what the route needs. id is the

@@ -64,6 +64,10 @@ func TestStoreOutageAnswers503(t *testing.T) {
 		{"DELETE", "/api/v1/peers/" + ids[1], adminToken, nil},
 		{"GET", "/api/v1/events", "", nil},
 		{"GET", "/api/v1/events/stream", "", nil},
+		// A credential the snapshot does not know can be checked only in
+		// the store: unknown now, not refused.
+		{"POST", "/api/v1/peers/00000000-0000-4000-8000-000000000000/heartbeat",
+			"pdpc.00000000-0000-4000-8000-000000000000." + strings.Repeat("A", 43), map[string]any{"instance_id": "i"}},
 	} {
 		code, out, h := b.do(t, tc.method, tc.path, tc.token, tc.body)
 		if code != http.StatusServiceUnavailable || out["type"] != server.ProblemUnavailable ||
