@@ -109,7 +109,6 @@ func TestChoosePathInvariant(t *testing.T) {
 
 func TestResolve(t *testing.T) {
 	t.Parallel()
-	var ge *transfer.GeometryError
 	cases := []struct {
 		name      string
 		src       transfer.Source
@@ -145,6 +144,7 @@ func TestResolve(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			d, err := transfer.Resolve(tc.src, tc.dst, tc.dstTP, 0)
+			var ge *transfer.GeometryError // per subtest: they run in parallel
 			switch {
 			case tc.wantField != "":
 				if !errors.As(err, &ge) || ge.Field != tc.wantField {
