@@ -38,9 +38,10 @@ type agentState struct {
 	reads *transfer.RemoteCache
 
 	mu sync.Mutex
-	// registered holds the bootstrap addresses this agent's KV args have
-	// been sent to (SGLang decode): they go once per prefill and agent.
-	registered map[string]bool
+	// prefills holds, by bootstrap address, the prefill ranks this agent's
+	// KV args went to (SGLang decode: once per prefill and agent, as
+	// CommonKVReceiver's connection pool does).
+	prefills map[string]rankEndpoint
 	// readKeys holds the keys loaded into reads, so that a fault can evict
 	// them.
 	readKeys map[string]bool
@@ -65,7 +66,7 @@ func (s *Sim) newAgentState(gen int64) (*agentState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transfer backend %s: %w", s.cfg.Transfer, err)
 	}
-	st := &agentState{gen: gen, name: name, backend: b, registered: map[string]bool{}, readKeys: map[string]bool{}}
+	st := &agentState{gen: gen, name: name, backend: b, prefills: map[string]rankEndpoint{}, readKeys: map[string]bool{}}
 	if tb, ok := b.(*tcp.Backend); ok {
 		st.secret = tb.Secret()
 	}
@@ -123,14 +124,11 @@ func (s *Sim) remoteSecret(ctx context.Context, agent string) ([]byte, error) {
 		}
 		return s.cfg.SharedTransferSecret, nil
 	}
+	// A vLLM prefill's side channel names its peer; SGLang's bootstrap
+	// plane does not, and the control plane finds the agent's peer.
 	var peerID string
-	if a, ok := s.decodes.get(agent); ok {
+	if a, ok := s.sides.get(agent); ok {
 		peerID = a.PeerID
-	} else if a, ok := s.sides.get(agent); ok {
-		peerID = a.PeerID
-	}
-	if peerID == "" {
-		return nil, fmt.Errorf("agent %s: no registered peer announced it", agent)
 	}
 	return s.cfg.TransferSecrets(ctx, peerID, agent)
 }
@@ -151,29 +149,25 @@ func (st *agentState) close(log zerolog.Logger) {
 	}
 }
 
-// isRegistered reports whether this agent's KV args went to addr.
-func (st *agentState) isRegistered(addr string) bool {
+// prefill returns the rank of the prefill at addr this agent registered
+// with.
+func (st *agentState) prefill(addr string) (rankEndpoint, bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return st.registered[addr]
+	ep, ok := st.prefills[addr]
+	return ep, ok
 }
 
-func (st *agentState) setRegistered(addr string, ok bool) {
+func (st *agentState) setPrefill(addr string, ep rankEndpoint) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if ok {
-		st.registered[addr] = true
-	} else {
-		delete(st.registered, addr)
-	}
+	st.prefills[addr] = ep
 }
 
-// forgetRegistrations makes the next request to every prefill send the KV
-// args again.
-func (st *agentState) forgetRegistrations() {
+func (st *agentState) forgetPrefill(addr string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	clear(st.registered)
+	delete(st.prefills, addr)
 }
 
 func (st *agentState) noteReadKey(key string) {

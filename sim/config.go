@@ -98,20 +98,23 @@ type Config struct {
 	Labels        map[string]string
 
 	// OnTransferError, if set, is called when a KV transfer fails: by an
-	// SGLang prefill with the decode's peer ID (as the decode sent it, see
-	// SetPeerID) for every failed transfer to the decode's current agent,
-	// and by a vLLM decode with its own peer ID when its read-side
-	// preparation raises *transfer.MissingMemKindError. It is not called
-	// when the peer ID is unknown, for cancellations, or for a decode's
-	// agent that a newer one has replaced. Classify err with errors.As.
-	// The wiring turns it into agent.ReportFor and sends that to
-	// agent.ReportTransferFailure. It runs on the request's
-	// goroutine, so it must not block for long.
-	OnTransferError func(peerID string, err error)
-	// TransferSecrets returns the transfer secret of agent, a rank of the
-	// peer peerID, from the control plane (the wiring asks the agent, which
-	// holds a credential). With it, each generation of the TCP transfer
-	// agent draws a random secret, registered with the peer (Spec).
+	// SGLang prefill for every failed transfer to a decode agent that is
+	// still its endpoint's latest (peerID is "": SGLang's bootstrap plane
+	// names the decode's NIXL agent, not its peer, so the wiring finds the
+	// peer by agentName), and by a vLLM decode with its own peer ID (see
+	// SetPeerID) and agent when its read-side preparation raises
+	// *transfer.MissingMemKindError. It is not called for cancellations.
+	// Classify err with errors.As. The wiring turns it into
+	// agent.ReportFor and sends that to agent.ReportTransferFailure. It runs
+	// on the request's goroutine, so it must not block for long.
+	OnTransferError func(peerID, agentName string, err error)
+	// TransferSecrets returns the transfer secret of agent from the control
+	// plane (the wiring asks the agent, which holds a credential). peerID
+	// is the agent's peer when the engine protocol names it (a vLLM side
+	// channel) and "" when it does not (SGLang): the wiring then finds the
+	// peer by the agent's name. With it, each generation of the TCP
+	// transfer agent draws a random secret, registered with the peer
+	// (Spec).
 	TransferSecrets func(ctx context.Context, peerID, agent string) ([]byte, error)
 	// SharedTransferSecret, when TransferSecrets is nil, is the secret of
 	// this engine's TCP agents and of every remote one: sims started

@@ -16,11 +16,15 @@
 //   - POST/GET /_sim/fault and GET /_sim/stats, the simulator's own
 //     controls.
 //
-// A prefill also serves a bootstrap server on its bootstrap port, which is
-// sim-internal: SGLang decodes register their KV args there once per agent
-// and post each room's destination pages (modelled on SGLang's NIXL
-// connector and its decode_kv_args_table); vLLM decodes fetch the prefill's
-// agent metadata there (vLLM's NIXL side channel).
+// An SGLang prefill serves SGLang's bootstrap server on its bootstrap port
+// (PUT/GET /route, POST /register_dp_rank and /query_dp_ranks, GET
+// /health) and, like every SGLang engine, binds a ZeroMQ rank socket: SGLang
+// decodes fetch the prefill's rank from the bootstrap server and send it
+// their KV args and each request's destination pages in SGLang's multipart
+// frames; the KV comes back with SGLang's notification tags
+// (sglang_wire.go). A vLLM prefill serves a side channel there instead,
+// sim-internal, modelled on vLLM's NIXL side channel (decodes fetch the
+// prefill's agent metadata).
 //
 // The KV a prefill computes is a pure function of the prompt's tokens, the
 // region and the position; a decode verifies every byte it received before
@@ -35,7 +39,7 @@
 // memory kind", reproduced by the mechanism that causes it in a real fleet.
 //
 // The package owns only the simulator. It must not reach into the control
-// plane or the router; the wiring in cmd/pdplane connects a Sim to an agent
-// (SetPeerID from OnRegistered; OnTransferError through agent.ReportFor to
-// agent.ReportTransferFailure).
+// plane or the router; the wiring connects a Sim to an agent (SetPeerID
+// from OnRegistered; OnTransferError through agent.PeerOfAgent and
+// agent.ReportFor to agent.ReportTransferFailure).
 package sim

@@ -20,21 +20,26 @@ type Fault string
 const (
 	// FaultNone: behave.
 	FaultNone Fault = "none"
-	// FaultMissingMemKind (decodes): SGLang — the decode's next bootstrap
-	// registration with each prefill is one whose preparation "failed": its
-	// KV args go without memory kinds, the prefill's table entry for the
-	// agent ends with neither a homogeneous kind nor segments, and the
-	// prefill's next transfer raises *transfer.MissingMemKindError, calls
+	// FaultMissingMemKind (decodes): SGLang — the decode takes a fresh NIXL
+	// agent (as a restart of its KV manager would; the control plane is not
+	// told) and sends its KV args to each prefill without the memory-kinds
+	// frame, as a decode predating per-region kinds does. The prefill reads
+	// them as VRAM (KVArgsRegisterInfo.from_zmq), enters them in its table,
+	// and fails to prepare a VRAM destination over the decode's DRAM: the
+	// entry stays with neither a homogeneous kind nor segments, and every
+	// transfer to the agent raises *transfer.MissingMemKindError, calls
 	// OnTransferError and aborts the request the way SGLang does ("Prefill
 	// transfer failed ... with exception Missing NIXL destination KV memory
 	// kind"): 500 when not streamed, 200 then an error event (OpenAI
 	// routes) or an abort event (/generate) when streamed. The decode is
-	// not told and waits out its room timeout. vLLM — the decode's own
-	// read-side preparation of each prefill fails the same way, is
-	// reported, and the decode answers as vLLM does under
+	// not told and waits out its room timeout. Its later registrations
+	// under the same agent name are ignored ("Peer … was already
+	// registered, ignoring."), so clearing the fault changes nothing: only
+	// Reregister (a fresh agent, registered with its kinds) heals it. vLLM —
+	// the decode's own read-side preparation of each prefill fails the same
+	// way, is reported, and the decode answers as vLLM does under
 	// kv_load_failure_policy=fail ("Internal server error"), never with
-	// SGLang's text. It lasts until Reregister (a fresh agent is prepared
-	// correctly).
+	// SGLang's text; it lasts until Reregister.
 	FaultMissingMemKind Fault = "missing-mem-kind"
 	// FaultPrefillError: every generation request is answered with an
 	// ordinary HTTP 500.
@@ -102,13 +107,8 @@ func (s *Sim) SetFault(f Fault) error {
 	}
 	s.faultMu.Unlock()
 	if f == FaultMissingMemKind {
-		if st := s.state.Load(); st != nil {
-			// SGLang: the next registration with every prefill is the
-			// broken one. vLLM: the next preparation of every prefill.
-			st.forgetRegistrations()
-			if err := st.evictReads(); err != nil {
-				s.log.Warn().Err(err).Msg("evict loaded prefills")
-			}
+		if err := s.breakRegistrations(); err != nil {
+			return err
 		}
 	}
 	s.log.Warn().Str("fault", string(f)).Str("previous", string(prev)).Msg("fault set")
@@ -193,25 +193,34 @@ type counters struct {
 	missingMemKind  atomic.Int64
 	bytesMoved      atomic.Int64
 	reregistrations atomic.Int64
+	ignoredKVArgs   atomic.Int64
+	foreignMessages atomic.Int64
 	roomTimeouts    atomic.Int64
 }
 
 // Stats is what a simulator has done, for tests and GET /_sim/stats.
 type Stats struct {
-	Name            string  `json:"name"`
-	Role            string  `json:"role"`
-	Engine          string  `json:"engine"`
-	Agent           string  `json:"agent"`
-	Generation      int64   `json:"generation"`
-	Fault           Fault   `json:"fault"`
-	Requests        int64   `json:"requests"`
-	Errors          int64   `json:"errors"`
-	VerifyFailures  int64   `json:"verify_failures"`
-	Transfers       int64   `json:"transfers"`
-	TransferErrors  int64   `json:"transfer_errors"`
-	MissingMemKind  int64   `json:"missing_mem_kind"`
-	BytesMoved      int64   `json:"bytes_moved"`
-	Reregistrations int64   `json:"reregistrations"`
+	Name            string `json:"name"`
+	Role            string `json:"role"`
+	Engine          string `json:"engine"`
+	Agent           string `json:"agent"`
+	Generation      int64  `json:"generation"`
+	Fault           Fault  `json:"fault"`
+	Requests        int64  `json:"requests"`
+	Errors          int64  `json:"errors"`
+	VerifyFailures  int64  `json:"verify_failures"`
+	Transfers       int64  `json:"transfers"`
+	TransferErrors  int64  `json:"transfer_errors"`
+	MissingMemKind  int64  `json:"missing_mem_kind"`
+	BytesMoved      int64  `json:"bytes_moved"`
+	Reregistrations int64  `json:"reregistrations"`
+	// IgnoredKVArgs counts KV-args registrations an SGLang prefill ignored
+	// because it knew the agent name ("Peer … was already registered,
+	// ignoring.").
+	IgnoredKVArgs int64 `json:"ignored_kv_args"`
+	// ForeignMessages counts messages on the rank socket that did not
+	// start with SGLang's guard frame, or could not be read.
+	ForeignMessages int64   `json:"foreign_messages"`
 	RoomTimeouts    int64   `json:"room_timeouts"`
 	Running         int     `json:"running"`
 	Queued          int     `json:"queued"`
@@ -238,7 +247,8 @@ func (s *Sim) Stats() Stats {
 		Agent: s.AgentName(), Generation: s.Generation(), Fault: s.Fault(),
 		Requests: c.requests.Load(), Errors: c.errors.Load(), VerifyFailures: c.verifyFailures.Load(),
 		Transfers: c.transfers.Load(), TransferErrors: c.transferErrors.Load(), MissingMemKind: c.missingMemKind.Load(),
-		BytesMoved: c.bytesMoved.Load(), Reregistrations: c.reregistrations.Load(), RoomTimeouts: c.roomTimeouts.Load(),
+		BytesMoved: c.bytesMoved.Load(), Reregistrations: c.reregistrations.Load(),
+		IgnoredKVArgs: c.ignoredKVArgs.Load(), ForeignMessages: c.foreignMessages.Load(), RoomTimeouts: c.roomTimeouts.Load(),
 		Running: l.Running, Queued: l.Queued, KVUsage: l.KVUsage,
 		Remotes: []RemoteAgent{},
 	}

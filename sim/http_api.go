@@ -159,7 +159,7 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 				// told why (the NIXL decode polls only for its KV): it
 				// waits out its own timeout, as a real one does.
 				for _, bs := range q.bootstrap {
-					s.preRooms.fail(bs.room, herr)
+					s.preRooms.fail(bs.room)
 				}
 			}
 			s.fail(ctx, w, q, herr)
@@ -218,15 +218,15 @@ func (s *Sim) fail(ctx context.Context, w http.ResponseWriter, q *genRequest, e 
 	s.writeFailure(w, q, e)
 }
 
-// transferFailed counts a failed transfer, reports it (unless peerID is
-// empty) and returns the engine's failure, its message the exception's
+// transferFailed counts a failed transfer, reports it (when report) and
+// returns the engine's failure, its message the exception's
 // text: SGLang's exact "Missing NIXL destination KV memory kind" when the
 // destination's memory kind is missing. The caller puts it in the engine's
 // words (pdproto's SGLang messages; vLLM's generation error).
-func (s *Sim) transferFailed(peerID string, err error) *httpError {
+func (s *Sim) transferFailed(report bool, peerID, agentName string, err error) *httpError {
 	s.counters.transferErrors.Add(1)
-	if peerID != "" && !errors.Is(err, context.Canceled) && !errors.Is(err, transfer.ErrStaleGeneration) {
-		s.onTransferError(peerID, err)
+	if report && !errors.Is(err, context.Canceled) && !errors.Is(err, transfer.ErrStaleGeneration) {
+		s.onTransferError(peerID, agentName, err)
 	}
 	var mk *transfer.MissingMemKindError
 	if errors.As(err, &mk) {

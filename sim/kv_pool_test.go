@@ -109,11 +109,19 @@ func TestParseNotif(t *testing.T) {
 		total         int
 		ok            bool
 	}{
-		{"room:42", notifRoom, "42", 1, true},
-		{"room:42_part_1_3", notifRoom, "42", 3, true},
+		// SGLang's KV tag, f"{room}_kv_{chunk_id}_{is_last}_{pp_rank}"
+		// (nixl/conn.py, NixlKVManager), and its mixed-kinds parts
+		// (send_kvcache_mixed: f"{notif}_part_{part_idx}_{num_parts}").
+		{"42_kv_0_1_0", notifRoom, "42", 1, true},
+		{"42_kv_0_1_0_part_1_3", notifRoom, "42", 3, true},
+		{"9223372036854775807_kv_0_1_0", notifRoom, "9223372036854775807", 1, true},
+		{"42_kv_0_0_0", "", "", 0, false}, // not the last chunk
+		{"42_aux", "", "", 0, false},      // the simulator sends no aux
+		{"42_kv_0_1_0_part_3_3", "", "", 0, false},
+		{"x_kv_0_1_0", "", "", 0, false},
 		{"done:req-1-p0-7", notifDone, "req-1-p0-7", 1, true},
 		{"done:a_part_x", notifDone, "a_part_x", 1, true},
-		{"room:", "", "", 0, false},
+		{"done:", "", "", 0, false},
 		{"hello", "", "", 0, false},
 	} {
 		kind, id, total, ok := parseNotif(tt.msg)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,53 +21,37 @@ import (
 var (
 	errRoomTimeout      = errors.New("room timed out waiting for its counterpart")
 	errPrefillCancelled = errors.New("the prefill request was cancelled")
-	errDecodeLeft       = errors.New("the decode left the room")
 	errRoomInUse        = errors.New("room already has a decode")
+	errRoomDropped      = errors.New("the prefill gave up on the room")
 )
 
-// roomMsg is what a decode posts to a prefill's bootstrap server for one
-// request: where the room's KV must go.
+// roomMsg is a decode's destination for one request (SGLang's
+// TransferInfo): where the room's KV must go.
 type roomMsg struct {
-	Room      uint64 `json:"room"`
-	AgentName string `json:"agent_name"`
-	PeerID    string `json:"peer_id,omitempty"`
-	Pages     []int  `json:"pages"`
-}
-
-// roomResult is the prefill's answer to a roomMsg, sent once the room's
-// transfer is over.
-type roomResult struct {
-	OK    bool   `json:"ok"`
-	Error string `json:"error,omitempty"`
-	// MissingMemKind: the transfer raised SGLang's "Missing NIXL
-	// destination KV memory kind".
-	MissingMemKind bool `json:"missing_mem_kind,omitempty"`
+	Room      uint64
+	AgentName string
+	Pages     []int
 }
 
 // prefillRoom is one room on a prefill.
 type prefillRoom struct {
-	id      uint64
-	dst     *roomMsg      // set by the decode
-	dstSet  chan struct{} // closed when dst is set
-	claimed chan struct{} // closed when the prefill takes dst
-	result  chan error    // the transfer's outcome, for the decode; cap 1
-	gone    bool          // out of the table
-	claimOK bool
+	id     uint64
+	dst    *roomMsg      // set by the decode's message
+	dstSet chan struct{} // closed when dst is set
+	gone   bool          // out of the table
+	expiry *time.Timer   // drops a destination no prefill request takes
 }
 
-// prefillRooms is a prefill's table of rooms. Rooms the prefill gave up on
-// leave a tombstone for a while, so that a decode arriving late hears why
-// at once instead of waiting for the room timeout.
+// prefillRooms is a prefill's table of rooms. A room is created by
+// whichever comes first, the request or the decode's destination; a
+// destination no request takes within the room timeout is dropped, and a
+// room the request gave up on leaves a tombstone for a while so that a
+// destination arriving late is dropped at once.
 type prefillRooms struct {
 	mu   sync.Mutex
 	m    map[uint64]*prefillRoom
-	dead map[uint64]deadRoom
+	dead map[uint64]time.Time
 	ttl  time.Duration
-}
-
-type deadRoom struct {
-	why   error
-	until time.Time
 }
 
 // maxDeadRooms bounds the tombstones; expired ones are pruned beyond it.
@@ -76,142 +59,115 @@ const maxDeadRooms = 4096
 
 func (t *prefillRooms) init(ttl time.Duration) {
 	t.m = map[uint64]*prefillRoom{}
-	t.dead = map[uint64]deadRoom{}
+	t.dead = map[uint64]time.Time{}
 	t.ttl = ttl
 }
 
 func (t *prefillRooms) getLocked(id uint64) *prefillRoom {
 	r, ok := t.m[id]
 	if !ok {
-		r = &prefillRoom{id: id, dstSet: make(chan struct{}), claimed: make(chan struct{}), result: make(chan error, 1)}
+		r = &prefillRoom{id: id, dstSet: make(chan struct{})}
 		t.m[id] = r
 	}
 	return r
 }
 
-// get returns the room, creating it (and forgetting an old tombstone: the
-// prefill takes the room up again).
-func (t *prefillRooms) get(id uint64) *prefillRoom {
+// fail gives up on room id before the prefill ever waited in it.
+func (t *prefillRooms) fail(id uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.dead, id)
-	return t.getLocked(id)
+	t.dropLocked(t.getLocked(id))
 }
 
-// fail gives up on room id before the prefill ever waited in it.
-func (t *prefillRooms) fail(id uint64, why error) { t.drop(t.get(id), why) }
-
-// attach records a decode's destination in its room; a room the prefill
-// gave up on answers why.
-func (t *prefillRooms) attach(m *roomMsg) (*prefillRoom, error) {
+// attach records a decode's destination in its room.
+func (t *prefillRooms) attach(m *roomMsg) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if d, ok := t.dead[m.Room]; ok {
+	if until, ok := t.dead[m.Room]; ok {
 		delete(t.dead, m.Room)
-		if time.Now().Before(d.until) {
-			return nil, &roomDroppedError{why: d.why}
+		if time.Now().Before(until) {
+			return errRoomDropped
 		}
 	}
 	r := t.getLocked(m.Room)
 	if r.dst != nil {
-		return nil, errRoomInUse
+		return errRoomInUse
 	}
 	r.dst = m
 	close(r.dstSet)
-	return r, nil
+	r.expiry = time.AfterFunc(t.ttl, func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if !r.gone && t.m[r.id] == r {
+			delete(t.m, r.id)
+			r.gone = true
+		}
+	})
+	return nil
 }
 
-// claim takes the destination for the prefill; false when the decode gave
-// up meanwhile.
-func (t *prefillRooms) claim(r *prefillRoom) (*roomMsg, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if r.gone || r.claimOK {
-		return nil, false
-	}
-	r.claimOK = true
-	close(r.claimed)
-	r.gone = true
+// dropLocked removes a room the prefill gives up on, leaving a tombstone
+// when no destination came yet.
+func (t *prefillRooms) dropLocked(r *prefillRoom) {
 	if t.m[r.id] == r {
 		delete(t.m, r.id)
 	}
-	return r.dst, true
-}
-
-// drop removes a room the prefill gives up on before claiming it, telling
-// an attached decode why, or leaving a tombstone for one yet to come.
-func (t *prefillRooms) drop(r *prefillRoom, why error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if r.claimOK {
+	if r.gone {
 		return
 	}
-	if t.m[r.id] == r {
-		delete(t.m, r.id)
-	}
 	r.gone = true
+	if r.expiry != nil {
+		r.expiry.Stop()
+	}
 	if r.dst != nil {
-		select {
-		case r.result <- why:
-		default:
-		}
 		return
 	}
 	now := time.Now()
 	if len(t.dead) >= maxDeadRooms {
-		for id, d := range t.dead {
-			if now.After(d.until) {
+		for id, until := range t.dead {
+			if now.After(until) {
 				delete(t.dead, id)
 			}
 		}
 	}
 	if len(t.dead) < maxDeadRooms {
-		t.dead[r.id] = deadRoom{why: why, until: now.Add(t.ttl)}
+		t.dead[r.id] = now.Add(t.ttl)
 	}
 }
 
-// roomDroppedError answers a decode that attaches to a room the prefill
-// gave up on.
-type roomDroppedError struct{ why error }
-
-func (e *roomDroppedError) Error() string { return "the prefill gave up on the room: " + e.why.Error() }
-func (e *roomDroppedError) Unwrap() error { return e.why }
-
-// abandon removes a room whose decode gives up; false when the prefill
-// already claimed it (the transfer's result will come).
-func (t *prefillRooms) abandon(r *prefillRoom) bool {
+// waitDecode waits until a decode's destination is in room id and takes
+// it.
+func (t *prefillRooms) waitDecode(ctx context.Context, id uint64, timeout time.Duration) (*roomMsg, error) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if r.claimOK {
-		return false
-	}
-	if t.m[r.id] == r {
-		delete(t.m, r.id)
-	}
-	r.gone = true
-	return true
-}
-
-// waitDecode waits until a decode attaches to room id and claims its
-// destination.
-func (t *prefillRooms) waitDecode(ctx context.Context, id uint64, timeout time.Duration) (*roomMsg, *prefillRoom, error) {
-	r := t.get(id)
+	delete(t.dead, id)
+	r := t.getLocked(id)
+	t.mu.Unlock()
 	tm := time.NewTimer(timeout)
 	defer tm.Stop()
+	var why error
 	select {
 	case <-r.dstSet:
-		dst, ok := t.claim(r)
-		if !ok {
-			return nil, nil, errDecodeLeft
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if r.gone {
+			return nil, errRoomTimeout // the destination expired before the request came
 		}
-		return dst, r, nil
+		r.gone = true
+		r.expiry.Stop()
+		if t.m[r.id] == r {
+			delete(t.m, r.id)
+		}
+		return r.dst, nil
 	case <-ctx.Done():
-		t.drop(r, errPrefillCancelled)
-		return nil, nil, ctx.Err()
+		why = ctx.Err()
 	case <-tm.C:
-		t.drop(r, errRoomTimeout)
-		return nil, nil, errRoomTimeout
+		why = errRoomTimeout
 	}
+	t.mu.Lock()
+	t.dropLocked(r)
+	t.mu.Unlock()
+	return nil, why
 }
 
 // decodeRoom is one room on a decode: its pages, waiting for the prefill's
@@ -223,8 +179,8 @@ type decodeRoom struct {
 	pages []int
 
 	notified chan struct{} // closed when every part's notification is in
-	settled  chan struct{} // closed when the prefill answered the room
-	err      error         // the prefill's failure; read after settled
+	settled  chan struct{} // closed when sending the destination failed
+	err      error         // why; read after settled
 
 	mu    sync.Mutex
 	parts int
@@ -277,7 +233,8 @@ func (t *decodeRooms) notify(id uint64, total int) {
 	}
 }
 
-// settle records the prefill's answer.
+// settle records that the destination could not be sent: the room fails
+// now (SGLang's KVPoll.Failed on a bootstrap or ZMQ error).
 func (r *decodeRoom) settle(err error) {
 	r.err = err
 	close(r.settled)
@@ -297,46 +254,22 @@ func (t *decodeRooms) release(r *decodeRoom, pool *kvPool) {
 	pool.release(r.pages)
 }
 
-// notifGrace is how long a decode waits for the notification after the
-// prefill said the transfer is done.
-const notifGrace = 2 * time.Second
-
 // wait waits for the room's KV: the notification, or the timeout, or ctx.
-// A failure the prefill reports does not end the wait (SGLang's decode is
-// never told; its KV just never comes), but one of the decode's own
-// exchange with the bootstrap server does.
-func (r *decodeRoom) wait(ctx context.Context, timeout time.Duration, kick func()) error {
+// A prefill that failed does not end the wait (SGLang's NIXL decode is
+// never told; its KV just never comes), but a failure to send the room's
+// destination does.
+func (r *decodeRoom) wait(ctx context.Context, timeout time.Duration) error {
 	tm := time.NewTimer(timeout)
 	defer tm.Stop()
-	settled := r.settled
-	graced := false
-	for {
-		select {
-		case <-r.notified:
-			return nil
-		case <-settled:
-			settled = nil
-			var pe *prefillError
-			if errors.As(r.err, &pe) {
-				continue
-			}
-			if r.err != nil {
-				return r.err
-			}
-			// The transfer is done; the notification is in the backend
-			// already or about to be. Drain now rather than at the next
-			// poll.
-			graced = true
-			kick()
-			tm.Reset(notifGrace)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tm.C:
-			if graced {
-				return fmt.Errorf("the prefill reported the transfer done but no notification came within %s", notifGrace)
-			}
-			return errRoomTimeout
-		}
+	select {
+	case <-r.notified:
+		return nil
+	case <-r.settled:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tm.C:
+		return errRoomTimeout
 	}
 }
 
@@ -368,69 +301,80 @@ func (a *agentRecord) peer() transfer.Peer {
 	}
 }
 
-// kvArgs is a decode's registration with a prefill, once per agent.
+// kvArgs is a decode rank's registration as a prefill holds it: what its
+// message said, the generation the prefill counts for the rank's endpoint
+// (a new agent name there is a new generation), and whether preparing it
+// failed.
 type kvArgs struct {
-	agentRecord
-	PeerID string `json:"peer_id,omitempty"` // the decode's peer ID in the registry
+	sglangKVArgs
+	gen    int64
+	broken bool
+}
+
+// peer is the transfer worker's view of the decode rank. A broken entry
+// has no memory kinds: neither a homogeneous kind nor segments.
+func (a *kvArgs) peer() transfer.Peer {
+	g := a.geometry()
+	if a.broken {
+		g.KVMemKinds = nil
+	}
+	return transfer.Peer{
+		Key: a.endpointKey(), AgentName: a.AgentName, Generation: a.gen, Metadata: a.Metadata,
+		Geometry: g, AttnTPSize: a.TPSize, AttnTPRank: a.TPRank,
+	}
 }
 
 // decodeTable is a prefill's table of decode KV args by agent name (SGLang's
-// decode_kv_args_table).
+// decode_kv_args_table), and the latest agent of each decode endpoint.
 type decodeTable struct {
 	mu         sync.Mutex
 	byAgent    map[string]*kvArgs
-	agentByKey map[string]string
-	keyByName  map[string]string // the current instance of each decode
+	agentByKey map[string]string // endpoint -> its latest agent
+	gens       map[string]int64  // endpoint -> generations seen
 }
 
 func (t *decodeTable) init() {
 	t.byAgent = map[string]*kvArgs{}
 	t.agentByKey = map[string]string{}
-	t.keyByName = map[string]string{}
+	t.gens = map[string]int64{}
 }
 
-// put records a registration. Like SGLang's bootstrap thread it overwrites
-// the entry of a known agent; changed reports that the entry's memory kinds
-// changed, so that a loaded destination must be prepared again. A new agent
-// of a known decode replaces the old agent's entry; a new instance of a
-// known decode (it restarted) replaces the old instance, whose key comes
-// back in gone so that its loaded destination can be dropped.
-func (t *decodeTable) put(a *kvArgs) (changed bool, gone string) {
+// maxDecodeEndpoints bounds the table: beyond it, the oldest-looking
+// entries are not worth keeping (a fleet has far fewer decode ranks).
+const maxDecodeEndpoints = 4096
+
+// add records a registration and reports whether it is new. A known agent
+// name is not touched: SGLang ignores a re-registration. A new agent at a
+// known endpoint replaces the endpoint's older agent (the simulator drops
+// what SGLang would keep until the prefill restarts).
+func (t *decodeTable) add(a *sglangKVArgs) (*kvArgs, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := a.key()
-	if old, ok := t.keyByName[a.Name]; ok && old != k {
-		delete(t.byAgent, t.agentByKey[old])
-		delete(t.agentByKey, old)
-		gone = old
+	if e, ok := t.byAgent[a.AgentName]; ok {
+		return e, false
 	}
-	t.keyByName[a.Name] = k
-	if old, ok := t.agentByKey[k]; ok && old != a.AgentName {
+	k := a.endpointKey()
+	if old, ok := t.agentByKey[k]; ok {
 		delete(t.byAgent, old)
+	} else if len(t.agentByKey) >= maxDecodeEndpoints {
+		clear(t.byAgent)
+		clear(t.agentByKey)
 	}
-	if prev, ok := t.byAgent[a.AgentName]; ok {
-		changed = !slices.Equal(prev.Geometry.KVMemKinds, a.Geometry.KVMemKinds)
+	t.gens[k]++
+	if len(t.gens) > 2*maxDecodeEndpoints {
+		for ep := range t.gens {
+			if _, live := t.agentByKey[ep]; !live && ep != k {
+				delete(t.gens, ep)
+			}
+		}
 	}
-	t.byAgent[a.AgentName] = a
+	e := &kvArgs{sglangKVArgs: *a, gen: t.gens[k]}
+	t.byAgent[a.AgentName] = e
 	t.agentByKey[k] = a.AgentName
-	return changed, gone
+	return e, true
 }
 
-// current reports whether agent is its decode's latest agent: a transfer
-// to an older one failing says nothing about the decode as it is now.
-func (t *decodeTable) current(key, agent string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.agentByKey[key] == agent
-}
-
-func (t *decodeTable) get(agent string) (*kvArgs, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	a, ok := t.byAgent[agent]
-	return a, ok
-}
-
+// keys returns the endpoints with a current agent.
 func (t *decodeTable) keys() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -439,6 +383,33 @@ func (t *decodeTable) keys() []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// markBroken records that preparing agent's entry failed.
+func (t *decodeTable) markBroken(agent string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.byAgent[agent]; ok {
+		e.broken = true
+	}
+}
+
+// current reports whether agent is its endpoint's latest agent: a transfer
+// to an older one failing says nothing about the decode as it is now.
+func (t *decodeTable) current(endpoint, agent string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.agentByKey[endpoint] == agent
+}
+
+func (t *decodeTable) get(agent string) (kvArgs, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.byAgent[agent]
+	if !ok {
+		return kvArgs{}, false
+	}
+	return *e, true
 }
 
 // heldBlock is a vLLM prefill's KV kept for a decode to READ.
@@ -517,19 +488,22 @@ func (t *heldBlocks) releaseAll(pool *kvPool) {
 	}
 }
 
-// Notification messages. A room's KV arrives with "room:<room>"; a vLLM
-// decode's READ tells the prefill "done:<request id>". On the mixed-segments
-// path each part carries "_part_<i>_<n>".
-const (
-	notifRoom = "room:"
-	notifDone = "done:"
-)
+// notifDone is the prefix of a vLLM decode's "read done" notification to
+// its prefill: "done:<request id>"; a room's KV comes with SGLang's tag
+// (sglangKVNotif). On the mixed-segments path each part carries
+// "_part_<i>_<n>".
+const notifDone = "done:"
 
-func roomNotif(room uint64) string { return notifRoom + strconv.FormatUint(room, 10) }
+// notifRoom is parseNotif's kind for a room's KV.
+const notifRoom = "room"
 
-// parseNotif splits a notification into its kind prefix, id and the number
-// of parts it is one of.
+// parseNotif splits a notification into its kind (notifRoom: an SGLang KV
+// tag, whose id is the room; notifDone: a vLLM read done, whose id is the
+// request), and the number of parts it is one of.
 func parseNotif(msg string) (kind, id string, total int, ok bool) {
+	if room, last, parts, ok := parseSGLangNotif(msg); ok && last {
+		return notifRoom, strconv.FormatUint(room, 10), parts, true
+	}
 	total = 1
 	if i := strings.LastIndex(msg, "_part_"); i >= 0 {
 		var part, n int
@@ -537,10 +511,8 @@ func parseNotif(msg string) (kind, id string, total int, ok bool) {
 			msg, total = msg[:i], n
 		}
 	}
-	for _, k := range []string{notifRoom, notifDone} {
-		if rest, found := strings.CutPrefix(msg, k); found && rest != "" {
-			return k, rest, total, true
-		}
+	if rest, found := strings.CutPrefix(msg, notifDone); found && rest != "" {
+		return notifDone, rest, total, true
 	}
 	return "", "", 0, false
 }

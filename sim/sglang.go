@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/transfer"
@@ -13,11 +14,11 @@ import (
 
 // SGLang's PD protocol. The router POSTs the same body, carrying the
 // prefill's bootstrap address and a room, to the prefill and the decode at
-// once. The decode allocates pages for the prompt and posts them to the
-// prefill's bootstrap server; the prefill computes the prompt's KV, WRITEs
-// it into those pages with the notification "room:<room>" and answers the
-// router; the decode waits for the notification, verifies the bytes and
-// generates.
+// once. The decode allocates pages for the prompt and sends them to the
+// prefill's rank over SGLang's bootstrap plane (sglang_wire.go); the
+// prefill computes the prompt's KV, WRITEs it into those pages with SGLang's
+// KV notification tag and answers the router; the decode waits for the
+// notification, verifies the bytes and generates.
 
 // sglangPrefill serves a prefill: every prompt of the request computed and
 // sent to the decode of its room; the answer is one token per prompt, with
@@ -54,16 +55,16 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, rid string, promp
 	}
 	pages, ok := s.pool.alloc(s.pool.pagesFor(len(prompt)))
 	if !ok {
-		s.preRooms.fail(bs.room, errors.New("the prefill's KV pool is exhausted"))
+		s.preRooms.fail(bs.room)
 		return errPoolFull
 	}
 	defer s.pool.release(pages)
 	if e := s.compute(ctx, prompt, seeds, pages); e != nil {
-		s.preRooms.fail(bs.room, errPrefillCancelled)
+		s.preRooms.fail(bs.room)
 		return e
 	}
 	s.queued.Add(1)
-	dst, room, err := s.preRooms.waitDecode(ctx, bs.room, s.cfg.RoomTimeout)
+	dst, err := s.preRooms.waitDecode(ctx, bs.room, s.cfg.RoomTimeout)
 	s.queued.Add(-1)
 	switch {
 	case err == nil:
@@ -76,43 +77,32 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, rid string, promp
 	default:
 		return transferFailed("the decode left the room", err)
 	}
-	finish := func(err error) { room.result <- err }
 	a, ok := s.decodes.get(dst.AgentName)
 	if !ok {
-		err := errors.New("unknown decode agent " + dst.AgentName)
-		finish(err)
+		// SGLang: a KeyError in the transfer worker; the decode is not told.
+		err := errors.New("unknown decode agent " + dst.AgentName + ": its KV args never came")
 		return transferFailed(err.Error(), err)
 	}
 	done := make(chan error, 1)
 	err = st.worker.Submit(transfer.Job{
 		Peer:  a.peer(),
 		Pages: transfer.Pages{SrcPages: pages, DstPages: dst.Pages},
-		Notif: roomNotif(bs.room),
+		Notif: sglangKVNotif(bs.room),
 		Room:  bs.room,
 		Done:  func(err error) { done <- err },
 	})
 	if err != nil {
 		// The worker refused the job (full, or closed by a
 		// re-registration): nothing about the decode is known to be wrong.
-		finish(err)
 		if errors.Is(err, transfer.ErrQueueFull) {
 			return &httpError{status: http.StatusServiceUnavailable, msg: "KV transfer queue full", typ: "ServiceUnavailable", cause: err}
 		}
 		return transferFailed("the KV transfer worker is unavailable", err)
 	}
-	err = <-done
-	finish(err)
-	if err != nil {
-		peerID := dst.PeerID
-		if peerID == "" {
-			peerID = a.PeerID
-		}
-		if !s.decodes.current(a.key(), a.AgentName) {
-			// The decode re-registered meanwhile: its old agent is gone,
-			// and reporting it would only undo the healing.
-			peerID = ""
-		}
-		e := s.transferFailed(peerID, err)
+	if err = <-done; err != nil {
+		// A decode whose agent was replaced meanwhile is not reported: its
+		// old agent is gone, and reporting it would only undo the healing.
+		e := s.transferFailed(s.decodes.current(a.endpointKey(), a.AgentName), "", a.AgentName, err)
 		e.msg = pdproto.SGLangPrefillTransferFailed(0, rid, bs.room, e.msg)
 		return e
 	}
@@ -175,12 +165,24 @@ func (s *Sim) decodeRoom(ctx context.Context, st *agentState, rid string, seeds 
 	release := func() { s.decRooms.release(room, s.pool) }
 	s.kickPoller()
 	s.bg.Go(func() {
-		err := s.exchangeRoom(st, bs, room)
-		room.settle(err)
-		s.decRooms.release(room, s.pool)
+		defer s.decRooms.release(room, s.pool)
+		if err := s.exchangeRoom(st, bs, room); err != nil {
+			room.settle(err)
+			return
+		}
+		// The prefill may WRITE into the pages until its own room timeout
+		// and transfer timeout have passed: they are not handed to another
+		// request before the KV came or that time is over.
+		tm := time.NewTimer(s.cfg.RoomTimeout + s.cfg.TransferTimeout + time.Second)
+		defer tm.Stop()
+		select {
+		case <-room.notified:
+		case <-tm.C:
+		case <-s.ctx.Done():
+		}
 	})
 	s.queued.Add(1)
-	err := room.wait(ctx, s.cfg.RoomTimeout, s.kickPoller)
+	err := room.wait(ctx, s.cfg.RoomTimeout)
 	s.queued.Add(-1)
 	if err != nil {
 		switch {

@@ -266,26 +266,29 @@ func TestSGLangMissingMemKind(t *testing.T) {
 	var reportedErr error
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) {
 		c.RoomTimeout = 300 * time.Millisecond // how long the decode of a failed prefill waits
-		c.OnTransferError = func(peerID string, err error) {
+		c.OnTransferError = func(peerID, agentName string, err error) {
 			mu.Lock()
 			defer mu.Unlock()
-			reported = append(reported, peerID)
+			reported = append(reported, peerID+"/"+agentName)
 			reportedErr = err
 		}
 	})
-	d.SetPeerID("peer-d0")
 	missingMemKind(t, p, d, func(ctx context.Context, c *simtest.Client) (simtest.Response, simtest.Response, error) {
 		return c.SGLang(ctx, p, d, "/v1/chat/completions", chatBody("transfer me", 3, false), simtest.Room())
 	})
 	mu.Lock()
 	defer mu.Unlock()
 	var mk *transfer.MissingMemKindError
-	if len(reported) == 0 || reported[0] != "peer-d0" || !errors.As(reportedErr, &mk) {
-		t.Fatalf("OnTransferError got %v, %v", reported, reportedErr)
+	// SGLang's bootstrap plane names the decode by its agent only: the
+	// report carries the broken agent and no peer ID.
+	if len(reported) == 0 || !errors.As(reportedErr, &mk) || reported[0] != "/"+mk.Agent || mk.Agent == d.AgentName() {
+		t.Fatalf("OnTransferError got %v, %v; decode agent now %s", reported, reportedErr, d.AgentName())
 	}
-	// The prefill reloaded the decode's new agent at generation 2.
+	// The prefill counted three agents at the decode's endpoint (the first,
+	// the broken one the fault started, the re-registered one) and holds
+	// only the last.
 	rs := p.Stats().Remotes
-	if len(rs) != 1 || rs[0].Agent != d.AgentName() || rs[0].Generation != 2 {
+	if len(rs) != 1 || rs[0].Agent != d.AgentName() || rs[0].Generation != 3 {
 		t.Fatalf("prefill remotes %+v, decode agent %s", rs, d.AgentName())
 	}
 }
@@ -424,8 +427,10 @@ func TestSGLangCancelAndTimeout(t *testing.T) {
 }
 
 // TestSGLangRestarts: a prefill that restarts on the same bootstrap port has
-// forgotten the decode's KV args (the decode registers them again), and a
-// decode that restarts replaces its old instance on the prefill.
+// forgotten the decode's KV args: the decode's next send finds its rank
+// socket closed, fetches the new rank from the bootstrap server and
+// registers again. A decode that restarts comes with a new agent on a new
+// rank socket; the prefill keeps the old entry as SGLang does (bounded).
 func TestSGLangRestarts(t *testing.T) {
 	t.Parallel()
 	pc := simtest.Config("p0", registry.RolePrefill, registry.EngineSGLang)
@@ -441,7 +446,11 @@ func TestSGLangRestarts(t *testing.T) {
 	d1.Close()
 	d2 := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
 	sglangPD(t, p2, d2, "/v1/completions", map[string]any{"prompt": "after the decode restarted", "max_tokens": 2})
-	if rs := p2.Stats().Remotes; len(rs) != 1 || rs[0].Agent != d2.AgentName() || !strings.HasSuffix(rs[0].Key, d2.InstanceID()) {
-		t.Fatalf("prefill remotes %+v, want only %s", rs, d2.AgentName())
+	found := false
+	for _, r := range p2.Stats().Remotes {
+		found = found || r.Agent == d2.AgentName()
+	}
+	if !found {
+		t.Fatalf("prefill remotes %+v lack %s", p2.Stats().Remotes, d2.AgentName())
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
@@ -38,6 +39,10 @@ type Sim struct {
 	client        *http.Client
 	host, url     string
 	bootstrapPort int
+	// rankSock is the engine's rank socket (SGLang's ZeroMQ PULL on
+	// rank_port); a prefill reads decodes' KV args and destinations there.
+	rankSock zmq4.Socket
+	rankPort int
 
 	regMu sync.Mutex // serialises Start, Reregister and Close
 	state atomic.Pointer[agentState]
@@ -57,6 +62,8 @@ type Sim struct {
 	decRooms decodeRooms  // SGLang decode: rooms waiting for KV
 	preRooms prefillRooms // SGLang prefill: rooms waiting for a decode
 	decodes  decodeTable  // SGLang prefill: decode KV args by agent name
+	boot     sglangBoot   // SGLang prefill: the bootstrap server's tables
+	pushers  pushers      // SGLang decode: connections to prefill ranks
 	held     heldBlocks   // vLLM prefill: blocks held for decodes
 	sides    sideChannels // vLLM decode: prefill agents by engine id
 	kick     chan struct{}
@@ -103,6 +110,8 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 	s.decRooms.init()
 	s.preRooms.init(cfg.RoomTimeout)
 	s.decodes.init()
+	s.boot.init()
+	s.pushers.init()
 	s.held.init()
 	s.sides.init()
 	return s, nil
@@ -145,8 +154,13 @@ func (s *Sim) Start(ctx context.Context) error {
 	s.host = host
 	s.url = "http://" + net.JoinHostPort(host, port)
 	s.srv = s.newServer(s.routes())
+	bh, _, _ := net.SplitHostPort(s.cfg.Addr)
+	if s.cfg.Engine == registry.EngineSGLang {
+		if err := s.listenRank(bh); err != nil {
+			return err
+		}
+	}
 	if s.cfg.Role == registry.RolePrefill {
-		bh, _, _ := net.SplitHostPort(s.cfg.Addr)
 		bl, err := net.Listen("tcp", net.JoinHostPort(bh, strconv.Itoa(s.cfg.BootstrapPort)))
 		if err != nil {
 			return fmt.Errorf("listen on bootstrap port %d: %w", s.cfg.BootstrapPort, err)
@@ -155,6 +169,11 @@ func (s *Sim) Start(ctx context.Context) error {
 		s.bootstrapPort = bl.Addr().(*net.TCPAddr).Port
 		s.bootSrv = s.newServer(s.bootstrapRoutes())
 		s.bg.Go(func() { s.serve(s.bootSrv, bl) })
+		if s.cfg.Engine == registry.EngineSGLang {
+			if err := s.registerRank(ctx); err != nil {
+				return err
+			}
+		}
 	}
 	s.startedAt = s.cfg.Now()
 	s.bg.Go(func() { s.serve(s.srv, ln) })
@@ -225,6 +244,10 @@ func (s *Sim) Close() {
 				srv.Close()
 			}
 		}
+		if s.rankSock != nil {
+			s.rankSock.Close()
+		}
+		s.pushers.closeAll()
 		s.inflight.Wait()
 		s.held.releaseAll(s.pool)
 		s.bg.Wait()
@@ -361,6 +384,34 @@ func (s *Sim) Reregister(ctx context.Context, reason string) error {
 	return nil
 }
 
+// breakRegistrations starts the missing-mem-kind fault. An SGLang decode
+// takes a fresh agent of the same generation, so that its next
+// registration with every prefill is a first one (and, under the fault,
+// a broken one); a vLLM decode drops the prefills it loaded, so that it
+// prepares them again (and, under the fault, fails to).
+func (s *Sim) breakRegistrations() error {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	old := s.state.Load()
+	if old == nil || s.ctx.Err() != nil {
+		return nil
+	}
+	if s.cfg.Engine == registry.EngineVLLM {
+		if err := old.evictReads(); err != nil {
+			s.log.Warn().Err(err).Msg("evict loaded prefills")
+		}
+		return nil
+	}
+	next, err := s.newAgentState(old.gen)
+	if err != nil {
+		return fmt.Errorf("missing-mem-kind fault: a fresh agent: %w", err)
+	}
+	s.state.Store(next)
+	old.close(s.log)
+	s.log.Warn().Str("old_agent", old.name).Str("agent", next.name).Msg("missing-mem-kind fault: the decode's KV manager restarted with a fresh agent")
+	return nil
+}
+
 // Load reports the engine's work, as its load endpoints publish it:
 // requests generating or prefilling, requests waiting (for KV, or for a
 // decode to take it), and the fraction of the pool in use.
@@ -371,9 +422,9 @@ func (s *Sim) Load() registry.Load {
 }
 
 // onTransferError calls the hook, if any.
-func (s *Sim) onTransferError(peerID string, err error) {
+func (s *Sim) onTransferError(peerID, agentName string, err error) {
 	if s.cfg.OnTransferError != nil {
-		s.cfg.OnTransferError(peerID, err)
+		s.cfg.OnTransferError(peerID, agentName, err)
 	}
 }
 

@@ -133,7 +133,7 @@ func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *
 		if errors.As(err, &mk) {
 			// Reported to the agent as what it is; answered in vLLM's
 			// words, which never carry SGLang's message.
-			return nil, nil, kvLoadFailed(s.transferFailed(s.PeerID(), err).cause)
+			return nil, nil, kvLoadFailed(s.transferFailed(s.PeerID() != "", s.PeerID(), st.name, err).cause)
 		}
 		if errors.Is(err, transfer.ErrUnknownAgent) || errors.Is(err, transfer.ErrStranger) || errors.Is(err, transfer.ErrPeerGone) {
 			s.sides.forget(info.EngineID)

@@ -131,7 +131,7 @@ func TestVLLMMissingMemKind(t *testing.T) {
 	var reported []string
 	var lastErr error
 	p, d := simtest.Pair(t, registry.EngineVLLM, func(c *sim.Config) {
-		c.OnTransferError = func(peerID string, err error) {
+		c.OnTransferError = func(peerID, _ string, err error) {
 			mu.Lock()
 			defer mu.Unlock()
 			reported = append(reported, peerID)

@@ -69,7 +69,7 @@ func startFleet(t *testing.T, fc fleetConfig) *fleet {
 		if fc.transfer == sim.TransferNIXL {
 			cfg = simtest.UseNIXL(t, cfg)
 		}
-		cfg.OnTransferError = func(string, error) { f.failedAt <- time.Now() }
+		cfg.OnTransferError = func(string, string, error) { f.failedAt <- time.Now() }
 		// Agents spread over the replicas, as hosts would be.
 		cp := f.replicas[i%len(f.replicas)]
 		e, err := startSimWithAgent(ctx, cfg, cp.BaseURL, "peer-tok", log)

@@ -30,9 +30,9 @@ type engineWithAgent struct {
 func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token string, log zerolog.Logger) (*engineWithAgent, error) {
 	e := &engineWithAgent{done: make(chan error, 1)}
 	also := cfg.OnTransferError
-	cfg.OnTransferError = func(peerID string, err error) {
+	cfg.OnTransferError = func(peerID, agentName string, err error) {
 		if also != nil {
-			also(peerID, err)
+			also(peerID, agentName, err)
 		}
 		if e.agent == nil {
 			return
@@ -40,9 +40,18 @@ func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token 
 		go func() {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			r := agent.ReportFor(err, peerID, e.agent.Peer().Id, e.sim.AgentName())
+			decodeID := peerID
+			if decodeID == "" {
+				// SGLang names the decode by its NIXL agent only.
+				var lerr error
+				if decodeID, lerr = e.agent.PeerOfAgent(rctx, agentName); lerr != nil {
+					log.Warn().Err(lerr).Str("decode_agent", agentName).Msg("report stale peer: the decode is not known")
+					return
+				}
+			}
+			r := agent.ReportFor(err, decodeID, e.agent.Peer().Id, e.sim.AgentName())
 			if rerr := e.agent.ReportTransferFailure(rctx, r); rerr != nil {
-				log.Warn().Err(rerr).Str("peer_id", peerID).Msg("report stale peer")
+				log.Warn().Err(rerr).Str("peer_id", decodeID).Msg("report stale peer")
 			}
 		}()
 	}
@@ -52,6 +61,12 @@ func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token 
 		cfg.TransferSecrets = func(ctx context.Context, peerID, agentName string) ([]byte, error) {
 			if e.agent == nil {
 				return nil, errors.New("no agent to ask the control plane")
+			}
+			if peerID == "" {
+				var err error
+				if peerID, err = e.agent.PeerOfAgent(ctx, agentName); err != nil {
+					return nil, err
+				}
 			}
 			return e.agent.TransferSecret(ctx, peerID, agentName)
 		}

@@ -1,0 +1,46 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/pdplane/pdplane/server/api"
+)
+
+// PeerOfAgent returns the ID of the registered peer one of whose ranks is
+// the NIXL agent agentName. SGLang's bootstrap plane names a decode by its
+// agent only, so a prefill that must report a failed transfer, or fetch
+// the decode's transfer secret, finds the peer this way. Peers of the
+// opposite role are searched (a prefill asks about decodes and the other
+// way round); an agent no registered peer has is an error.
+func (a *Agent) PeerOfAgent(ctx context.Context, agentName string) (string, error) {
+	role := api.Decode
+	if p := a.Peer(); p.Role == api.Decode {
+		role = api.Prefill
+	}
+	auth := a.asPeer()
+	var resp *api.ListPeersResponse
+	err := a.cps.call(ctx, "peer of agent "+agentName, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		var err error
+		resp, err = c.ListPeersWithResponse(ctx, &api.ListPeersParams{Role: &role}, auth)
+		if err != nil {
+			return nil, err
+		}
+		return resp.HTTPResponse, nil
+	})
+	if err != nil {
+		return "", err
+	}
+	if resp.JSON200 == nil {
+		return "", fmt.Errorf("peer of agent %s: %w", agentName, refusal(resp.HTTPResponse, resp.Body))
+	}
+	for _, p := range resp.JSON200.Peers {
+		for _, r := range deref(p.Ranks) {
+			if r.AgentName == agentName {
+				return p.Id, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no registered %s peer has the agent %s", role, agentName)
+}

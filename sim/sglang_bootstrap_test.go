@@ -1,0 +1,134 @@
+package sim_test
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/sim/simtest"
+)
+
+// TestSGLangBootstrapServer pins the prefill's bootstrap server to SGLang's
+// (python/sglang/srt/disaggregation/common/conn.py,
+// CommonKVBootstrapServer: _handle_route_put, _handle_route_get,
+// _handle_register_dp_rank, _handle_query_dp_ranks, _handle_health_check):
+// routes, answers, texts and status codes.
+func TestSGLangBootstrapServer(t *testing.T) {
+	t.Parallel()
+	cfg := simtest.Config("p0", registry.RolePrefill, registry.EngineSGLang)
+	p := simtest.Start(t, cfg)
+	base := fmt.Sprintf("http://127.0.0.1:%d", p.BootstrapPort())
+	do := func(method, path, body string) (int, string, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	if st, _, body := do("GET", "/health", ""); st != 200 || body != "OK" {
+		t.Fatalf("health %d %q", st, body)
+	}
+	if st, _, body := do("GET", "/route?prefill_dp_rank=0", ""); st != 400 || body != "Missing inputs for bootstrap server." {
+		t.Fatalf("missing inputs %d %q", st, body)
+	}
+	// The prefill PUT its one rank at start: the layout is complete.
+	st, _, body := do("GET", "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1", "")
+	var info map[string]any
+	if st != 200 || json.Unmarshal([]byte(body), &info) != nil || info["attn_tp_size"] != 1.0 || info["dp_size"] != 1.0 ||
+		info["pp_size"] != 1.0 || info["attn_cp_size"] != 1.0 || info["page_size"] != float64(cfg.PageSize) ||
+		info["kv_cache_dtype"] != "bfloat16" || info["follow_bootstrap_room"] != true {
+		t.Fatalf("server info %d %s", st, body)
+	}
+	st, _, body = do("GET", "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0", "")
+	var rank struct {
+		RankIP   string `json:"rank_ip"`
+		RankPort int    `json:"rank_port"`
+	}
+	if st != 200 || json.Unmarshal([]byte(body), &rank) != nil || rank.RankIP != "127.0.0.1" || rank.RankPort == 0 {
+		t.Fatalf("rank %d %s", st, body)
+	}
+	if st, _, body := do("GET", "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=3&target_pp_rank=0", ""); st != 404 ||
+		body != "Bootstrap info not found for dp_rank=0 cp_rank=0 tp_rank=3 pp_rank=0" {
+		t.Fatalf("unknown rank %d %q", st, body)
+	}
+	if st, ct, body := do("DELETE", "/route", ""); st != 405 || body != "Method not allowed" || ct != "application/json" {
+		t.Fatalf("delete %d %q %q", st, ct, body)
+	}
+	if st, _, body := do("PUT", "/route", `{"attn_tp_size": 1}`); st != 500 || !strings.Contains(body, "attn_tp_rank") {
+		t.Fatalf("incomplete put %d %q", st, body)
+	}
+	if st, _, body := do("POST", "/register_dp_rank", `{"bootstrap_room": 12345, "dp_rank": 0}`); st != 200 || body != "OK" {
+		t.Fatalf("register_dp_rank %d %q", st, body)
+	}
+	if st, _, body := do("POST", "/query_dp_ranks", `{"bootstrap_rooms": [12345, 999]}`); st != 200 || strings.TrimSpace(body) != `{"12345":0}` {
+		t.Fatalf("query_dp_ranks %d %q", st, body)
+	}
+}
+
+// TestSGLangRankSocket drives a prefill's rank socket the way an SGLang
+// decode does, from a ZeroMQ PUSH socket of its own: a registration, the
+// same agent registered again (ignored: NixlKVManager._add_remote_peer logs
+// "Peer … was already registered, ignoring."), and a message without the
+// guard (dropped as foreign traffic).
+func TestSGLangRankSocket(t *testing.T) {
+	t.Parallel()
+	p := simtest.Start(t, simtest.Config("p0", registry.RolePrefill, registry.EngineSGLang))
+	d := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
+	// One real request registers d's agent with p.
+	sglangPD(t, p, d, "/v1/completions", map[string]any{"prompt": "register", "max_tokens": 1})
+	if s := p.Stats(); len(s.Remotes) != 1 || s.Remotes[0].Agent != d.AgentName() || s.IgnoredKVArgs != 0 {
+		t.Fatalf("after one request: %+v", s)
+	}
+
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0", p.BootstrapPort()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rank struct {
+		RankIP   string `json:"rank_ip"`
+		RankPort int    `json:"rank_port"`
+	}
+	json.NewDecoder(resp.Body).Decode(&rank)
+	resp.Body.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	push := zmq4.NewPush(ctx, zmq4.WithDialerMaxRetries(0))
+	defer push.Close()
+	if err := push.Dial(fmt.Sprintf("tcp://%s:%d", rank.RankIP, rank.RankPort)); err != nil {
+		t.Fatal(err)
+	}
+	// d's agent again, now claiming other pointers: SGLang keeps the first.
+	ptrs := binary.LittleEndian.AppendUint64(nil, 0xdead000)
+	frames := [][]byte{
+		[]byte("NixlMsgGuard"), []byte("None"), []byte("127.0.0.1"), []byte("1"), []byte(d.AgentName()), []byte("md"),
+		ptrs, nil, nil, []byte("0"), []byte("1"), []byte("0"), []byte("4096"),
+		nil, nil, nil, nil, []byte("8"), []byte("DRAM"), nil, nil, nil, []byte("1"), []byte("0"),
+	}
+	if err := push.Send(zmq4.NewMsgFrom(frames...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := push.Send(zmq4.NewMsgFrom([]byte("GET / HTTP/1.1"), []byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the re-registration ignored and the foreign message dropped", func() bool {
+		s := p.Stats()
+		return s.IgnoredKVArgs == 1 && s.ForeignMessages == 1
+	})
+	// The first registration still serves.
+	sglangPD(t, p, d, "/v1/completions", map[string]any{"prompt": "still works", "max_tokens": 1})
+}
