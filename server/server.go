@@ -171,7 +171,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 
 	r := chi.NewRouter()
 	s.mux = r
-	r.Use(hlog.NewHandler(log), hlog.RequestIDHandler("request_id", "X-Request-Id"), s.accessLog,
+	r.Use(hlog.NewHandler(log), requestID, s.accessLog,
 		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardWrites)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", s.readyz)
@@ -284,6 +284,22 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))
+}
+
+// requestID gives each request its one ID: the client's X-Request-Id when
+// it is valid (registry.ValidRequestID: short, printable ASCII), else a new
+// one. The ID goes into the request's context, where the router takes it
+// for both upstream legs and its own logs, into the request's logger (so
+// the access log shows it), and once into the answer's X-Request-Id.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := registry.AcceptRequestID(r.Header.Get(registry.RequestIDHeader))
+		ctx := registry.ContextWithRequestID(r.Context(), id)
+		// hlog.NewHandler gave this request its own copy of the logger.
+		zerolog.Ctx(ctx).UpdateContext(func(c zerolog.Context) zerolog.Context { return c.Str("request_id", id) })
+		w.Header().Set(registry.RequestIDHeader, id)
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // accessLog logs each request once it is done and counts it by route.
