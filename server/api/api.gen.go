@@ -5,16 +5,20 @@ package api
 
 import (
 	"bytes"
+	"compress/flate"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/go-chi/chi/v5"
 	"github.com/oapi-codegen/runtime"
 )
@@ -5373,4 +5377,220 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 	} else if response != nil {
 		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
 	}
+}
+
+// Base64 encoded, compressed with deflate, json marshaled OpenAPI spec.
+// Stored as a slice of fixed-width chunks rather than one concatenated
+// const string: with thousands of chunks the chained `+` fold is several
+// times slower for the Go compiler than parsing a slice literal.
+var swaggerSpec = []string{
+	"7H3rcts40uiroHi2KtIeSpYdORf7VzaXmexkJjl2MnOqRlkRIlsi1yTAAUA52pTf/atugFdRtpTEmamv",
+	"9k8iUSDQaPT9An/2QpnlUoAw2jv77OVc8QwMKPr2DkC9foGfItChSnKTSOGdec9YDqBYEp0zLjZMmhgU",
+	"00YlYsUEz0AzIe2QwXQyHY4930vwvZyb2PM9HOKdeUnk+Z6CP4pEQeSdGVWA7+kwhozjkn9TsPTOvP9z",
+	"VEN4ZH/VRxawS1rRu7m5wXl0LoUGC7eSixQy/BhKYUAY/MjzPE1Cjns4yu2I//tvjRv6vO+ybl5asYMS",
+	"wUApqXzGNbt49Zw9nZ4+Zm4ZFoHhSarH3o3vfRB8zZOUL1L4ngC+XYNinIVSLJNVoSBiaZIlhg1Go4x/",
+	"GsEahBlpo4BnenjOjNowvuKJYHxpQLELMGozekafNYRSRBqPNQYeOWJpjGgDbDY5HbcwsAKFsCF0DmQc",
+	"8FKsEkHIAFFk3tnvnl6lXKw831unaeb5nk4y76NfzqTdufvey7VDXa5kDsok9vw5PVtKleEnL+IGRibJ",
+	"wOuZgk6tAWb9ywoEKG7R15gtEebRtJ6p2paPBL3fwKtERM3tKlgl2gCyAVIyjza4Z8NToO/lz3NkFtDG",
+	"DWu9BZ/yxH6KFE+EG5LJNX36o+CKC0PP+/CYgdZ8Bb1oQD6e2631/2bZeevXmyZz/265vZyr+aZDRwvf",
+	"Ph5hDahc/BtCUx34m0T3HDpRMH1KDGT6LlaxpHNTrcGV4hv8LuCTmYeF0pYs2lyUc62Rw4MFLKWCgC2l",
+	"YiYGhm+xgUwjUEOWIy79uymhgyK3g759/whcmQXwvn0T98wrOm4D/D4GlnJt2JInKUQkkeCBtsLqnEmR",
+	"bth1YmLmpomBpybesCVPNSCHZ/zTGxArE3tnx5OTaR8Htd7sB4GvQJgHmq1BRUlo2FLJjGBBlZEY7ZZ/",
+	"oNmRnYcNEOBCAeMiYroIQ9B6JkysQMcyjTQjaQnRcMyeLTQIwzLgQrNyAwMu7KrMxNywSJJWMhYBw/FM",
+	"0A4ZcohmnBHXWZ1lJCuEmwYFYVGNEvUPTApgCx5ejWeiPtmFlClwQcJAaMNFCI51Gmg8OX3ke1kiKrT6",
+	"qBgNKETWv37/12xWTCaTyYj+P35F/z1+Zb8+ffXx73/rE2Op5NFdJP8Gx2zxZQPOWynvAvJ00yNrw1JC",
+	"ltJMSNGWW70iRwF3qm3rJ224gbs2c0mDurtx0JRz9G3op19/AJmhstomVVFk85RvQGmf4eerNZJ1pH0k",
+	"q2geJRmRY6LnWcoZV8DKxVkhUtAaZcFM2I1bWcbSRBt6nrEECehKyGvBBiYGgU83NA0nEh6eu6lnwj6g",
+	"1ZBqy9csjVvmJMJrH0Zkd9sit0fTb09tJTa6+u7hiZUYSYakcHI8fTx98vDR9DFBYB8eb4lB3/s0WslR",
+	"/ZTYh/DQII8GazVP5v4gqGnh/tZARTHXyX/gvpbosEe9nu9opY9D3jhZ0qatq/W8KI2E2rSSxYKslArW",
+	"4waIk2pyUWQLa/v8UUAB0Rfsd7IfSlUhBFLpPS3QQWi5WrUvv8ZTH2p/huwnZ/y1Jc8vr///G5ZBJtWG",
+	"oT3E5JJx9tOvDGWJFKiJS/n64uLZz57v/Wr/+8ebt89/8nzv7T/++fL5e8/3Xr1+87JX4r7jido+VhSt",
+	"3CTOG2kDhYbNygrLBPVfmsprsnaM4kIvCUPb7BlBKCPYx4W7gKXlAhRM3cWdBLxGOalgWWiImFT2e2JY",
+	"BDmISDMprF628nGZQBo1cIUyxPfgj4Knc5OTw2JASfs5Sz5BNNewyjp2V8PAVbBM0vSAzTRN7V7pVSu+",
+	"9n6v4w3hNueJYolu7hk1gJKF4ZbXtnVp+dvWpPXp+mwhTUwWjrbWjl9plybMfSdaiDWoZJlAdNsKBLkm",
+	"k/KMdkKHQcZVkaKFDBFE1hpD40knEbAosRDg6fkMxqsxU1xc6d///nF8tZ5nkM2RG7Tn11b91va7FvzB",
+	"wMIa1IaeoDlK0F5zzcIYwis8AcEsda15WgCRHOESd6B7ENYVuo6GKs7wm0zXOL0+gYFM2+/v0Ab2dneI",
+	"+XtwZaThaa8htACFQsjiybo7dKoUNrjbmbHglQv0b03xNIU00VmfC2/E3OSVcmyDF8GSFymaVZK5QeeM",
+	"G5ZJbcoHHQfs2yntKMznSKTbYC0ABST+/mUATPYH4G68HN8fAv7c5fPb0Z/fM/bzP3f3DZ74DgZjuVov",
+	"/4KN9PE0fbv0zn7fR0XWfpF349/9Ajp5haahHatFQQTCJH2y661IN+hqobDiQl9bl56zlldGaijRuiD5",
+	"DmzAmYDrmUD96DPOwpQnGUQUzvbtVFGWoCUyKt3aRKyGVtHhSw/0TNRQjdlPADnaKYMgj/KUCxcDYaNR",
+	"PWq0TFII0OtDWGYCNaE2Et1JVM0hpycLYDpG9UPx2Fa8oRFr6xzPR783Zv9As2WRpi1c+BTESoxmdhEQ",
+	"prljhMRG+Ml2eFAZf3aoDWq3AvK78wWI2Q8fXr/A40nlNaiQa8B9SpGEPEVAMjR1mx7qZPSUj5YfPz+5",
+	"GVWfp3t8Pj656fVdEdQdGhXgEI2K9FlkGVebbcXaVYY08y4mQstxC5gdEdcDgq00dPeaDVbcOrCXZBCR",
+	"/YamqFxoUGuI2AANRxu8QwKxQbtzCnFAhIdajhz6M1GFOuqf3SNreVIExAU+mFS+pbLrRIPPIghTriAa",
+	"zwTZg9YgbodatqY9YxzZJ7xygLG8WKSJjoFYi5GLZZmQklQ+ule5RGGIlqBqul+6L7qykNIgzvJ5LC39",
+	"tLF2+cMbLlbM2XtnLCZrJAZm7T60usMYKBbEqrkYIUyh9TJwGsQKFXpbLlmh0mE7Dnty+vBbBHHq7eRS",
+	"7bGdGmQczwYTxJk9vzP25OnTJ8Nbld6j09OHp4erW6iSQ7dG8+2o7bhrx/6PuViBtk5kTcEsVzJEklKg",
+	"DVdGd/F9DwHbq/Vde2oEKm98L+ULSK1pHEUJ7oen71rk2YX462FsI+8n2GgKVh6jPj05fcTCmCseEvtc",
+	"JyaWhWGhFEbJtPGTSyI0YX007ZFKmYwg7ezj9Pjk22O+FKFdjvrW65SycJsMnWPcJ0xRD0O6bPq7dyR8",
+	"1yCQ3l9R5OOGcP3avnpy3FFL6MknfxTgfjeqAAq/tPyw273IeiiqHBTNeyvMCzTaWwDahFKWiPL7tn+q",
+	"ZHon81/gGFTBzjCZr5Qs8vthCadqdp6pkAsZbVgoizRiBtL0nKHUR/3lAlrVgTdtsH3P+4NdvuewT/c6",
+	"60L1GMyxMflAD9kCjbEPF29Q69QU2ZGFk+mTb80qHePFZYXp5Cv5b0EvpURbzLdJmETrLrPHORRnPf4E",
+	"NxDND6kcOLg+IC5TaXOyOdY8nbtSiv6Y+lbsfIdNmHJt5nEzQ7zfBlLgGuZUObA59C1jDgV+/wzlYRlA",
+	"N3p+S0KxyKMDT7fPnrZAdeoUWjh0m/Sb5NRa/VYa6EPtTjp2jsdB7vdOb3rbsN3DWNym76801b6DibQr",
+	"dNxjhezref1per6rKb+BGt+dgCF9RY4YGoClEvT3V/w7PeWvVfHfQkN30vBfqoy7G3PK9s/Qdlvhn99i",
+	"bhgXGymAZXxjaZIv0GTnFJ0Zs19k0yH2naucgeERNxydvSryoyFUUIZ+6mLLTjECFT32npFN022d0D8v",
+	"3/7Ccm7i0gKRyyWIiJIytvTNxiRamaLjrUzR1nIl+nZWmxS6X6KZxKRwi+DYcpkpkcM+XLxmgmcIN+4i",
+	"TLnWuCVXIUrAo9Glz46OXHRwHMG6LPrUR4lY8zSJRmU683YSol9LYKsN+eUB9OqQjjzpCdm1wqU2FHQd",
+	"S03OsnvXRmVCqSKImhnqfmLuaJktnbIHuY/r3E7zaStZ1P4p6n2a73pKiYXODGH/xGE1+mo9bhZWXK3H",
+	"kTuSq/W4UUZSfa+KV+hJVUxD31zhSymV+5LSFy770cmYIbvOS3bdUWHQ5mmfTH6yViujaLExvWafnb5U",
+	"gjunxgHnjILpNstL8RT3oGU53bf7zYtPc9zkPAXRo90QuBwU48UnV2PRFPsVOorSnK8LXJ5Mp48eT6eT",
+	"xw8fT56enp5MJpNbw1otN206efpoW1NUsOamE4H+zoCs8qI3cDY6btsBLOZU5P/Duw+HZ7pGe6a6rtb7",
+	"HOC3PLzjfXB2a7yihLk8yDbMFlbLFIxHkQKtQZ+7PZCOIAXdqAPKCm2oREKuQaU8/wttFOHY63D8Ojfv",
+	"4h5SsNQy+19nO7UJ0ZNSbB8Kbq2qzTqvMhM+c9XgEWiTCKs6m+9Zo9Ml9RRoma6t5tzL3iyLxw7dW5kt",
+	"v598eGWSW6Owxyii52xw/IgZyR5NGaoYXeqeYWnrIZQPdCe76M9EpPi1YAtbHGWVzFIqG1WrdY7PtKyf",
+	"14pmPBPvY2Dvn7+rZ17w8ApExHgYQk7KKZRCAJUO24p42/PCBfvx52fPZyKMUe2LFYzKNiPiRpaYMbsA",
+	"UyhBWeR0wxabmQh+ePmeHfE8OVofH1Hm7+hzEt0cNQ2qwOaXulq3oROftMNsPZX33VJEa4w09HRHGnUE",
+	"aoeFOyzQZzQ2/bg+gxH1QpkHSIw+0JsYb+Xb2hbNnMhme2ErR0oq6rFyemNxbXOm13hwQrnfM/gyRdnT",
+	"CrTetS96bOmMp2ktbnSTbopbmow62vMWMdvj+NwhHg+VV7tE0vbKDazvKklroeKOMrQ+rqhfrrDfxxtN",
+	"l7JJD34/YfZyjAttlI5RTyngQpq418q/NDyFC+jPzf7m2MxNOE+oTrTeJTNxQklzLhiyFDdSPdCMespY",
+	"xtXVmOEUM2H7EgwNdT1Co4oxFa3ul602KIRRsVOBpBS2bHImFFDb4hnjLCpsByMQNO79MsxQ9+PYihlk",
+	"i1SKFShkEpKylJwV0sSJWNkiAZoEuO1fKhSUfK5xk1Qqq5JVbJzEpu6LKts+qjvkGiWuulFlK7QBTrXW",
+	"iBPnr1czWGw1qm76xFO/R9QRRXQkBHmiXZNRzC0mXF9WhXPD1Qpsi9+3T/nvaBKjsCT+xAx8cg1TCtbA",
+	"CbIYyj7WNkyPTk8f7sip7Vi+ptZ+GNzvLs5Qo0Q2EGfxdc81QnUuYav97W43dZ8cl1ugT2ZclrmPruvA",
+	"ow2yKcXF0NYo64YZJSbGdW9asyjNEWCVdtBsYbXzTFAnnG4n+wi91JzELIjMNtuZso2QXrLEMrRMUck2",
+	"G6lrdLBWADW6Wak71Q5zJ9kn+1qR1f1iU0S0Gd+gZV1VHl3jw2ZJkGaRtG2AtjRo2Axb3Ue05sb3NISF",
+	"SszmEtWiEx1Rloj38gp6wtTBaEQ/jwz+HpxV8pvZ5jbNBhGkYMBnhEy/IdX18NxZtRDNxHUMyMWq0aRP",
+	"c6JwrosQWeKKnUhtUyE7cNXs7YiNySkHZJ/3nEeYJkhlz969ZlewYQPcQ56MrmCjgyGT1hx6m4N49nrU",
+	"qMFHCgZ9PhOl1dh8z0blDb8CJqSA8UzMBOosJiChvXQQxYSkZ/+W9SOKvrqKFFuEmeiZkDmIsvchpgbU",
+	"uta/LteMYB2QQxdQeoeNRomgo4Rg6LwKbY1hCqZrNtg2/APf1s/7zPb2Dm2WIb3mmyYcIVdqg+rw0Pj7",
+	"fueGGNlNbE18DdAVyjI+0pBzxQ3dEqANOVe2cSO1pakCrtm1VFczYeQK6DiigronOFPSEGMOz6iC1Gga",
+	"TfgYs9eGlVrZRQVnwvpvhIiUJxk9R4Vp1QAlRcmMVoVgSCWDWF6zVnvvTKRSW6ejQdihzECTtzccs1/c",
+	"WUPVOnkn3hDk57cUGiMJBPV6QbfGWJFriJ6uLERk1VgllylQOhMkyRHumGuqErH1vw5RowauRNSU4lzb",
+	"A6F6ZbLBpDK6a01oNrDGV6OAlxkpfYaHO6JWDqBwRjkFqKE9CkvTZKF0C4YrnWHnS0y93kz89KvtJx/Y",
+	"JZVM0TfH46To/tBn13ESxrTntq9PHUII3kw4f9yhLNvrvG4o0bOU2+f0vCUBaHMoeBTFC5zNceRsvijR",
+	"fLVSsCLif/PmZ6rPTMSK5E/guDsoFXFLuNR6t0TXpsP/dKwoglyAgspXjXQiRuHsARsYvmKBmzkYjtn7",
+	"W4TnTAwCFDd/D3wWHJXTBj6jSVDC8CQYlvW2TpdQZpyBiEjYaFpxJgKZo7RGCeXKfRcbFnMRja5VYgwI",
+	"+pKWxBjJsMhA4B5Qz5BNQkh6icYBdUnV6MJJg133mwRsUN6YMrTEw1GnLVKYiQDPOPAZZ3GRccECm9QK",
+	"LJEGpPuDZrJtR8rQaUMcoihvhSqF1aDWCsohlhUamk+t10wbvChS0K5prEIoW8o0ldfayUqXUKbOPXJg",
+	"bB8Z8DA+mwmOYj2W6N5QurO6nQClrXXb9DX5LdPJqUOJYMEzXCFg9tKVmRg0kcgKEaFSJJQHjonfXzx7",
+	"/hLnw2kIYMLCebkuvVOSdVA2RVSQQGT9wtY608l0zH5TCeGouSY6k9w4ZcYZZdkpeq0Bj+q5vehm9H6T",
+	"wxlr0oKjgenx6UxUNeBoyTAkPLClE5wtlLzWoGzHp5UuUiWrRNBdD8Fb+hw4feB2QX6DZa4H2mrzSwhH",
+	"r8CE8egyMXDGQiW1HunEQDC0qHpYOsdoYSDKIRrFUhsdMA3oDlekZTVU8KPUJthG3PTkeCZ+TnSUKAjx",
+	"2YV7rXVweFToYmrDXvxyyRQsEqLfMXtWrjMThMz2RRZcqWQNRByJQMMHx1A5kywsNNPJk5LxK5GKlIrm",
+	"Tio1ahkULVacWtPQ1nfI3IqIszp8gO/RbmeitGfdzQbB55vAiW600+h4OkYX5TsgKoODaDTQWoO2+eF3",
+	"TbrzXs707cFU9qUVOh1uJJ9II8jkFIQ8TSnMIVjwaeRMvBGnW0UCv4WlBtwgllKFoBuCjGgRPvHQpO5A",
+	"yFnSOYSIV8gWEEVofONKDal+zjQ4uaqOeGHi8UoOz6yERruLKjOGPgtKjU/GGCLHYct3dRpNA8dlG2yf",
+	"Do06b1aWblgEYRIRGpIwtoaWthFyRAra1rikhnQZ2H044wSdp3odCxZaBwFiaiYCHGah7sLkM8GVQpYp",
+	"Q/bVmeA0BKpdayYacJP2GJ53t1OfHcWpeJqO2dsmScyEk9aBo4fAXZFBaCAt/0C33ApL80FJxIGl4pnQ",
+	"fFMHluhWHylTjUxohdDg3dvL9z579wH/efb++Y8+e/Hyzcv3L4c1WW+TFppzeY+pYOmI+KIOdbUMDALe",
+	"in5iq0ZH+GA6eTj0mSDfDgmIOOCZ2DTo1CGNV1ZVkyzIxnQ6RrPgdPIwoJVKdcuCW6tTivoGs8AF6YLG",
+	"7V/BTFgNhWSXWiVqV6wb2mwrTMQG76Q2KwWX/+8NoSqHiKzZEjNI4oWg0RTqcFV0FJ8iBdKw7AnJPE2R",
+	"HhGXCtINChDbys3FCqJztMnRKrMWS0uXuAldf50t/PHc/j1qKtfWnJyMj8cTKvxD6ypPvDPv4Xgyfmhj",
+	"UjE5+KUXWF9KtbKpsYobXkfemfcm0ealHeK37t77fatzhS6ksvtv3FB1zlpdOPYmqmug8hq6cu+PAqgw",
+	"1d25Z/u4veY9e1uFy7dVENz4n3vnLZvC62ldL5N3dkyZ2iqRe2fidtcS9d1hX3RH4MfOHYEnk8kt1+8d",
+	"du1efStZ382AdB0YlX+tq37JqV29b9IKysZtfr6ny7wbeZ00E0vlynfHzZaJokM3fIXk4zlp4330va5Q",
+	"8s6IcmnaNp0e2fv/dpLrJf28H8EiO/GN23MVnk80S6IK2L5jppFfR6DbgWUKXVqkJRFqYsEGtI1LWagQ",
+	"yEIlR5a8dmcqDc/ZdSLKFJwDi0C24q2G+Q3XZkTzjV6/+ArY76ZRA5/MUfOuxt6rFnXjYsztayrRh9Oa",
+	"XV6+ZHaOc2bDPkRTiQDn2hyfMs2uAHKLGdQzh5Ou751OHt49vnkpZpvcf4HriohKU35Ehcnu6cCeK4oH",
+	"e4ulzyhexgWjIxl+OVdUV2zsFN7v3C0XHVY4XERuCck7xeR9CrTq1pEeEnrvsmdfLcisyT5wARjfdckO",
+	"bWqODJ/EVDcGfsUhll3duw8RYN9DdJWt+2HRFq3v0mdlO8l+c1XX3fVPVlbO1pN1uyi/uknrXumt7Mnf",
+	"RW8UPP5KesMF7Ew+05Ic0sWGuZqAQ4jL9/Le/u9nFOim0LU1uq0D51yZwba3Vjo89pKKED16oEsuK0es",
+	"GV62AYEqo91YpxP3diu1HCwKpzSgIccq5UlmtR5ZyiF1pbQD7jMhCzNmz0QdQX6g29mjtl+CULZcnZno",
+	"uP9lpGGQSpkveHhFcZk6vTJsRBOsNd5m2QuHA7p/xKZVQZt/yGjzTemxfVlJO4HruinvlR92qe9PiSbP",
+	"iBxv9G1cfxkbkOuaROeN8je2KLIcUV/WJJWl9eQ1iGZ5gnORhsRmJ5Pj+99MlRf6IrtiakE8YPzDA8c/",
+	"OXD808PGHx8Iz/HpYeNPTg6UlC4kQsqvkTP8/SN1DHaSYfZpM5FNT1BN1CK3ZFWktkY2qwxlDYpcgzKl",
+	"GN7fUqtult1S9FRqaUVzCraOoi09XtDzSna0GHi6LdMv7B3a4+9DcdN7pIjuCfce3X7op1dtC3SPSfUD",
+	"mH70flv5WHUU7jYZHugyRT8+HL83BxsFbfOxb5l6iAtPeDcfeyn4iEo7un+R4YBZaxulQ/4471/keHwm",
+	"5DUrK4L+y2I9LNZPHK1e/68mkE4vVxUu7s0F9Jqx4y0brbo1/B6NtPpO/O9snXWuRO+h8N/K6k5rX+mY",
+	"+j4iSaHbv6i1M71f6+gvbe0cYNzsx77U27+De1Xn6rVVX9PMK8dmDSbs3sxXpS2rOpxuRc1MkJvnimls",
+	"WQ6l5MiXi3m6tNdMv3vBdJ4mxi+LXapM2EzYqp0zxvurdThTkEkDD3RdqUZgucGULlZApTyNqp6EfMqy",
+	"KrEhXlZgbAq+x/FzhsVF+96c7+6Elerrf6HC+iIjv2FtbZWKscEtJY3+VkHj/h5ADrZd5JsaXbZI+dvr",
+	"1Pc9We2MqytWJdBp5TF7tpXit3c15FKZmbBXhvjWmbKdFdvtA7JKaFoXy+V162aFsnSqLsYP3J+BcTer",
+	"J2W22NYDWukzE69fDM9ZWWe4XVVIfwyjU1RYzcEG05Ontsy3+ZekhrUIszXMNpRvyxSaMPRJg5+5unK3",
+	"2ri/k/TtTYxmD86fEALaw4auG19KmhgQKn2bOXdBnUZPmh10zXWzXcdnsjAURaL3GvfBV80yw/+aLX+6",
+	"2YLjn35v8f4zCaqGmDpntqb7U6OtpIxhUzS4is7sH85xHOZ7VQmrd/bZfjVzMkHmrra3fGgzgc2nttmk",
+	"9eU/7hv9BYtQl9+681HDSjl2e+L18VEYc0PITsG49sTyl76HtAJ97xwBoZYWsJqFrgiiAuazo6Pjk8fj",
+	"yXgyPj57Mnky8RrW5ucyz1PiEc/NPbI1vu0nGlXc/wQAAP//",
+}
+
+// decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
+// after base64-decoding and flate-decompressing the embedded blob.
+func decodeSpec() ([]byte, error) {
+	encoded := strings.Join(swaggerSpec, "")
+	compressed, err := base64.StdEncoding.DecodeString(encoded)
+	if err != nil {
+		return nil, fmt.Errorf("error base64 decoding spec: %w", err)
+	}
+	zr := flate.NewReader(bytes.NewReader(compressed))
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(zr); err != nil {
+		return nil, fmt.Errorf("read flate: %w", err)
+	}
+	if err := zr.Close(); err != nil {
+		return nil, fmt.Errorf("close flate reader: %w", err)
+	}
+
+	return buf.Bytes(), nil
+}
+
+var rawSpec = decodeSpecCached()
+
+// a naive cache of the decoded OpenAPI spec
+func decodeSpecCached() func() ([]byte, error) {
+	data, err := decodeSpec()
+	return func() ([]byte, error) {
+		return data, err
+	}
+}
+
+// Constructs a synthetic filesystem for resolving external references when loading openapi specifications.
+func PathToRawSpec(pathToFile string) map[string]func() ([]byte, error) {
+	res := make(map[string]func() ([]byte, error))
+	if len(pathToFile) > 0 {
+		res[pathToFile] = rawSpec
+	}
+
+	return res
+}
+
+// GetSpec returns the OpenAPI specification corresponding to the generated
+// code in this file. External references in the spec are resolved through
+// PathToRawSpec; externally-referenced files must be embedded in their
+// corresponding Go packages (via the import-mapping feature). URL-based
+// external refs are not supported.
+func GetSpec() (swagger *openapi3.T, err error) {
+	resolvePath := PathToRawSpec("")
+
+	loader := openapi3.NewLoader()
+	loader.IsExternalRefsAllowed = true
+	loader.ReadFromURIFunc = func(loader *openapi3.Loader, url *url.URL) ([]byte, error) {
+		pathToFile := url.String()
+		pathToFile = path.Clean(pathToFile)
+		getSpec, ok := resolvePath[pathToFile]
+		if !ok {
+			err1 := fmt.Errorf("path not found: %s", pathToFile)
+			return nil, err1
+		}
+		return getSpec()
+	}
+	var specData []byte
+	specData, err = rawSpec()
+	if err != nil {
+		return
+	}
+	swagger, err = loader.LoadFromData(specData)
+	if err != nil {
+		return
+	}
+	return
+}
+
+// GetSpecJSON returns the raw JSON bytes of the embedded OpenAPI
+// specification: decompressed but not unmarshaled. External references
+// are not resolved here; the bytes are the spec exactly as embedded by
+// codegen. The result is cached at package init time, so repeated calls
+// are cheap.
+func GetSpecJSON() ([]byte, error) {
+	return rawSpec()
+}
+
+// GetSwagger returns the OpenAPI specification corresponding to the
+// generated code in this file.
+//
+// Deprecated: GetSwagger predates kin-openapi renaming openapi3.Swagger
+// to openapi3.T. Use [GetSpec] instead. This wrapper is retained for
+// backwards compatibility.
+func GetSwagger() (*openapi3.T, error) {
+	return GetSpec()
 }
