@@ -154,6 +154,9 @@ type Server struct {
 	mux     *chi.Mux
 	handler http.Handler
 	reports *reportLimiter
+	// access is who may call each /api/v1 operation, read from the
+	// x-pdplane-access declarations of the embedded openapi.yaml.
+	access map[string]access
 }
 
 // New builds the server and its routes.
@@ -165,7 +168,11 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	if deps.Store == nil || deps.Snaps == nil || deps.Registry == nil {
 		return nil, errors.New("server needs a store, a snapshot source and a metrics registry")
 	}
-	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log,
+	access, err := loadRouteAccess()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log, access: access,
 		reports: newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now)}
 	s.metrics = newServerMetrics(deps.Registry, deps.Snaps)
 
