@@ -3,7 +3,6 @@ package router
 import (
 	"bytes"
 	"context"
-	"encoding/hex"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -175,11 +174,7 @@ func (rt *Router) serveGeneration(rte route) http.HandlerFunc {
 
 func (d *dispatch) serve() {
 	rt := d.rt
-	d.rid = d.r.Header.Get("X-Request-Id")
-	if !validRequestID(d.rid) {
-		d.rid = newRequestID()
-	}
-	d.w.Header().Set("X-Request-Id", d.rid)
+	d.rid = requestID(d.w, d.r)
 	defer d.finish()
 	if !rt.admit.acquire() {
 		d.w.Header().Set("Retry-After", "1")
@@ -398,7 +393,7 @@ func (d *dispatch) newUpstream(ctx context.Context, url string, body []byte) (*h
 	req.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
 	h := req.Header
 	h.Set("Content-Type", "application/json")
-	h.Set("X-Request-Id", d.rid)
+	h.Set(registry.RequestIDHeader, d.rid)
 	if k := d.rt.cfg.UpstreamAPIKey; k != "" {
 		h.Set("Authorization", "Bearer "+k)
 	}
@@ -750,29 +745,17 @@ const readBodyInitial = 64 << 10
 func (rt *Router) getRelayBuf() *[]byte  { return rt.bufs.Get().(*[]byte) }
 func (rt *Router) putRelayBuf(b *[]byte) { rt.bufs.Put(b) }
 
-// validRequestID accepts a client's X-Request-Id when it is short and
-// printable ASCII.
-func validRequestID(s string) bool {
-	if s == "" || len(s) > 128 {
-		return false
+// requestID returns the request's one ID. Behind the control plane its
+// middleware has chosen it (the client's valid X-Request-Id or a new one),
+// put it in the context and answered it; the router used on its own (Routes)
+// applies the same rule here and answers it itself.
+func requestID(w http.ResponseWriter, r *http.Request) string {
+	if id, ok := registry.RequestIDFromContext(r.Context()); ok {
+		return id
 	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
-}
-
-func newRequestID() string {
-	var b [16]byte
-	for i := 0; i < 16; i += 8 {
-		u := rand.Uint64()
-		for k := range 8 {
-			b[i+k] = byte(u >> (8 * k))
-		}
-	}
-	return hex.EncodeToString(b[:])
+	id := registry.AcceptRequestID(r.Header.Get(registry.RequestIDHeader))
+	w.Header().Set(registry.RequestIDHeader, id)
+	return id
 }
 
 // errText is what of an engine's error answer is worth recording, cleaned

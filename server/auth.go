@@ -6,16 +6,23 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/go-chi/chi/v5"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
 )
 
-// Who may call what. This file is the one place that decides it; handlers
-// only read the principal the middleware put in the request's context.
+// Who may call what. openapi.yaml states it: each operation's
+// x-pdplane-access names one of the levels below (and its security list
+// says the same for tools). This file reads those declarations from the
+// spec embedded in server/api when the server starts and enforces them;
+// handlers only read the principal the middleware put in the request's
+// context. What each caller may do:
 //
 //   - The admin token may do anything.
 //   - A join token admits new peers: it registers a new name (and claims a
@@ -33,29 +40,93 @@ import (
 // A control plane with neither an admin nor a join token is open: every
 // caller may do everything (`pdplane dev` on loopback, or `serve
 // --insecure`).
+//
+// An operation that declares no access is never open: one without a
+// declaration in the embedded spec (above all a write: POST, PUT, PATCH,
+// DELETE) stops the server from starting (routeAccessFrom), and a route
+// missing from the table is refused with 403 on every control plane, open
+// or not. TestSpecDeclaresAccess walks openapi.yaml itself.
 
-// access is who may call an operation.
+// access is who may call an operation; accessNames gives each its
+// x-pdplane-access value.
 type access int
 
 const (
-	accessOpen     access = iota // reads: the status page needs them
-	accessRegister               // a join token, the admin token, or a peer credential (the store decides)
-	accessSelf                   // the peer's own credential or the admin token
-	accessReport                 // any peer credential or the admin token (stale reports)
-	accessPeer                   // a peer credential (checkRegistrationRead narrows it) or the admin token
-	accessAdmin                  // operator actions
+	accessOpen     access = iota // open: reads; the status page needs them
+	accessRegister               // register: a join token, the admin token, or a peer credential (the store decides)
+	accessSelf                   // self: the peer's own credential or the admin token
+	accessReport                 // report: any peer credential or the admin token (stale reports)
+	accessPeer                   // peer: a peer credential (checkRegistrationRead narrows it) or the admin token
+	accessAdmin                  // admin: operator actions
 )
 
-// routeAccess maps "METHOD route-pattern" to who may call it; anything not
-// listed is open.
-var routeAccess = map[string]access{
-	"POST /api/v1/peers":                  accessRegister,
-	"POST /api/v1/peers/{id}/heartbeat":   accessSelf,
-	"POST /api/v1/peers/{id}/stale":       accessReport,
-	"GET /api/v1/peers/{id}/registration": accessPeer,
-	"DELETE /api/v1/peers/{id}":           accessAdmin,
-	"POST /api/v1/peers/{id}/drain":       accessAdmin,
+// accessExtension is the operation field of openapi.yaml that declares who
+// may call it.
+const accessExtension = "x-pdplane-access"
+
+// accessNames are the values accessExtension takes on /api/v1.
+var accessNames = map[string]access{
+	"open":     accessOpen,
+	"register": accessRegister,
+	"self":     accessSelf,
+	"report":   accessReport,
+	"peer":     accessPeer,
+	"admin":    accessAdmin,
 }
+
+// routeAccessFrom reads who may call each operation of spec, as
+// "METHOD route-pattern" (chi's pattern: the spec's path). Every operation
+// must declare a known level; a write that declares none is an error, so
+// that a new write route cannot be served open by omission.
+func routeAccessFrom(spec *openapi3.T) (map[string]access, error) {
+	table := map[string]access{}
+	var errs []error
+	for path, item := range spec.Paths.Map() {
+		for method, op := range item.Operations() {
+			key := method + " " + path
+			v, declared := op.Extensions[accessExtension]
+			if !declared {
+				what := "operation"
+				if writeMethod(method) {
+					what = "write"
+				}
+				errs = append(errs, fmt.Errorf("openapi.yaml: %s %s declares no %s; an unscoped %s is refused", what, key, accessExtension, what))
+				continue
+			}
+			name, _ := v.(string)
+			a, ok := accessNames[name]
+			if !ok {
+				errs = append(errs, fmt.Errorf("openapi.yaml: %s has %s %v, want one of open, register, self, report, peer, admin", key, accessExtension, v))
+				continue
+			}
+			table[key] = a
+		}
+	}
+	if len(errs) > 0 {
+		slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+		return nil, errors.Join(errs...)
+	}
+	return table, nil
+}
+
+// writeMethod reports whether method changes state.
+func writeMethod(method string) bool {
+	switch method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		return true
+	}
+	return false
+}
+
+// loadRouteAccess is the access table of the spec embedded in server/api,
+// read once.
+var loadRouteAccess = sync.OnceValues(func() (map[string]access, error) {
+	spec, err := api.GetSwagger()
+	if err != nil {
+		return nil, fmt.Errorf("the embedded openapi.yaml: %w", err)
+	}
+	return routeAccessFrom(spec)
+})
 
 // principalKind is what a bearer token proved.
 type principalKind int
@@ -200,16 +271,33 @@ func bearer(r *http.Request) (string, bool) {
 	return strings.TrimSpace(h[len(prefix):]), true
 }
 
-// authMiddleware authenticates the caller and enforces routeAccess. It
-// runs inside chi's routing (so the route pattern is known) and before the
-// generated wrapper reads the body, so an unauthenticated caller gets 401
-// without its body being parsed.
+// routeNeeds returns what r's route needs, and false when openapi.yaml
+// declares nothing for it.
+func (s *Server) routeNeeds(r *http.Request) (access, bool) {
+	pattern := chi.RouteContext(r.Context()).RoutePattern()
+	need, ok := s.access[r.Method+" "+pattern]
+	if !ok && r.Method == http.MethodHead {
+		need, ok = s.access[http.MethodGet+" "+pattern]
+	}
+	return need, ok
+}
+
+// authMiddleware authenticates the caller and enforces the access openapi.yaml
+// declares (s.access). It runs inside chi's routing (so the route pattern is
+// known) and before the generated wrapper reads the body, so an
+// unauthenticated caller gets 401 without its body being parsed. A route
+// that declares no access is refused, on an open control plane too.
 func (s *Server) authMiddleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rc := chi.RouteContext(r.Context())
+		need, declared := s.routeNeeds(r)
+		if !declared {
+			writeProblem(w, forbidden("openapi.yaml declares no x-pdplane-access for "+r.Method+" "+
+				chi.RouteContext(r.Context()).RoutePattern()+"; an unscoped route is refused"))
+			return
+		}
 		who, p := s.authenticate(r)
 		if p == nil {
-			p = s.authorize(routeAccess[r.Method+" "+rc.RoutePattern()], who, chi.URLParam(r, "id"))
+			p = s.authorize(need, who, chi.URLParam(r, "id"))
 		}
 		if p != nil {
 			if p.Status == http.StatusUnauthorized {

@@ -154,6 +154,9 @@ type Server struct {
 	mux     *chi.Mux
 	handler http.Handler
 	reports *reportLimiter
+	// access is who may call each /api/v1 operation, read from the
+	// x-pdplane-access declarations of the embedded openapi.yaml.
+	access map[string]access
 }
 
 // New builds the server and its routes.
@@ -165,13 +168,17 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	if deps.Store == nil || deps.Snaps == nil || deps.Registry == nil {
 		return nil, errors.New("server needs a store, a snapshot source and a metrics registry")
 	}
-	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log,
+	access, err := loadRouteAccess()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log, access: access,
 		reports: newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now)}
 	s.metrics = newServerMetrics(deps.Registry, deps.Snaps)
 
 	r := chi.NewRouter()
 	s.mux = r
-	r.Use(hlog.NewHandler(log), hlog.RequestIDHandler("request_id", "X-Request-Id"), s.accessLog,
+	r.Use(hlog.NewHandler(log), requestID, s.accessLog,
 		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardWrites)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", s.readyz)
@@ -284,6 +291,22 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))
+}
+
+// requestID gives each request its one ID: the client's X-Request-Id when
+// it is valid (registry.ValidRequestID: short, printable ASCII), else a new
+// one. The ID goes into the request's context, where the router takes it
+// for both upstream legs and its own logs, into the request's logger (so
+// the access log shows it), and once into the answer's X-Request-Id.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := registry.AcceptRequestID(r.Header.Get(registry.RequestIDHeader))
+		ctx := registry.ContextWithRequestID(r.Context(), id)
+		// hlog.NewHandler gave this request its own copy of the logger.
+		zerolog.Ctx(ctx).UpdateContext(func(c zerolog.Context) zerolog.Context { return c.Str("request_id", id) })
+		w.Header().Set(registry.RequestIDHeader, id)
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // accessLog logs each request once it is done and counts it by route.

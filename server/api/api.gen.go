@@ -5,16 +5,20 @@ package api
 
 import (
 	"bytes"
+	"compress/flate"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/go-chi/chi/v5"
 	"github.com/oapi-codegen/runtime"
 )
@@ -5373,4 +5377,222 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 	} else if response != nil {
 		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
 	}
+}
+
+// Base64 encoded, compressed with deflate, json marshaled OpenAPI spec.
+// Stored as a slice of fixed-width chunks rather than one concatenated
+// const string: with thousands of chunks the chained `+` fold is several
+// times slower for the Go compiler than parsing a slice literal.
+var swaggerSpec = []string{
+	"7H1rc9u4kuhfQfFuVaRzKVl27Exif/JJMnO8k5nk2smZrRplTUhsSTymAA4AytGm/N9vdTf4FGVLSZyZ",
+	"2jpfEokCgUaj3w/4czDVy0wrUM4Gp5+DTBq5BAeGvr0DMBev8FMMdmqSzCVaBafBucgAjEjiMyHVWmi3",
+	"ACOsM4maCyWXYIXSPKR3PDruD4MwSPC9TLpFEAY4JDgNkjgIAwN/5ImBODh1JocwsNMFLCUu+R8GZsFp",
+	"8H8OKggP+Fd7wIBd0YrB3d0dzmMzrSww3EZPUljix6lWDpTDjzLL0mQqcQ8HGY/4v/+yuKHPuy7r56UV",
+	"WyhRAozRJhTSissfX4oXxyc/CL+MiMHJJLXD4C4MPii5kkkqJyl8TwDfrsAIKaZazZJ5biAWabJMnOgN",
+	"Bkv5aQArUG5gnQG5tP0z4cxayLlMlJAzB0ZcgjPrwTl9tjDVKrZ4rAuQsSeW2ogmwG6d0XErB3MwCBtC",
+	"50HGAa/VPFGEDFD5Mjj9PbDzVKp5EAarNF0GYWCTZfAxLGay/tzD4PXKoy4zOgPjEj5/Sc9m2izxUxBL",
+	"BwOXLCHomIJOrQZm9cscFBjJ6KvNlij37LiaqdxWiAS928CbRMX17RqYJ9YBsgFSsozXuGcnU6Dvxc/X",
+	"yCxgnR/WeAs+ZQl/io1MlB+y1Cv69EcujVSOnnfhcQnWyjl0ogH5+Jq31v0bs/PGr3d15v6dub2Yq/6m",
+	"R0cD3yEeYQWonvwLpq488DeJ7Th0omD6lDhY2odYhUnnrlxDGiPX+F3BJ3c9zY1lsmhyUSatRQ6PJjDT",
+	"BiIx00a4BQh8S/R0GoPpiwxxGT5MCS0U+R107fsfII2bgOzaN3HPdUnHTYDfL0Ck0joxk0kKMUkkeGJZ",
+	"WJ0JrdK1uE3cQvhpFiBTt1iLmUwtIIcv5ac3oOZuEZwejo6Ouzio8WY3CHIOyj2xYgUmTqZOzIxeEiyo",
+	"MhJn/fJPrDjgeUQPAc4NCKliYfPpFKwdK7cwYBc6ja0gaQlxfyjOJxaUE0uQyopiAz2peFXhFtKJWJNW",
+	"coyA/nCsaIcCOcQKKYjrWGc5LXLlp0FBmJejVPWD0ArERE5vhmNVnexE6xSkImGgrJNqCp51amg8OnkW",
+	"BstElWgNUTE6MIis//79v8fjfDQajQb0/+GP9N8PP/LXFz9+/Nt/dImxVMv4IZJ/g2M2+LIG572UdwlZ",
+	"uu6QtdNCQhbSTGnVlFudIseA9Kpt4yfrpIOHNnNFg9q78dAUc3Rt6Od//gR6icpqk1RVvrxO5RqMDQV+",
+	"vlkhWcc2RLKKr+NkSeSY2OtlKoU0IIrFRa5SsBZlwVjxxlmWiTSxjp4vRYIEdKP0rRI9twCFT9c0jSQS",
+	"7p/5qceKH9BqSLXFa0zjzJxEeM3DiHm3DXJ7dvztqa3ARlvfPT1iiZEskRSODo9/OH7+9NnxDwQBPzzc",
+	"EINh8Gkw14PqKbEP4aFGHjXWqp/M40FQ0cLjrYGK4tom/wOPtUSLPar1Qk8rXRzyxsuSJm3drK7zwkio",
+	"TCudT8hKKWE9rIE4KidX+XLCts8fOeQQf8F+R7uh1ORKIZU+0gIthBarlfsKKzx1ofYXWP7sjb+m5Pn1",
+	"4r/eiCUstVkLtIeEngkpfv6nQFmiFWriQr6+ujz/JQiDf/J/f3/z9uXPQRi8/ft/vn75PgiDHy/evO6U",
+	"uO9kYjaPFUWrdIn3RppAoWEzZ2GZoP5LU31L1o4zUtkZYWiTPWOY6hh2ceEuYcZcgIKpvbiXgLcoJw3M",
+	"cgux0Ia/J07EkIGKrdCK9TLLx1kCaVzDFcqQMIA/cpleu4wcFgdG8+dl8gniawvzZcvuqhm4BmZJmu6x",
+	"mbqp3Sm9KsXX3O/tYk24zWRiRGLre0YNYHTuJPPapi4tftuYtDrdUEy0W5CFY9naCUvtUoe560RztQKT",
+	"zBKI71uBILdkUp7STugwyLjKU7SQIYaYrTE0nmwSg4gThgBPLxQwnA+FkerG/v63j8Ob1fUSltfIDTYI",
+	"K6t+Y/ttC35vYGEFZk1P0BwlaG+lFdMFTG/wBJRg6lrJNAciOcIl7sB2IKwtdD0NlZwR1pmudnpdAgOZ",
+	"ttvfoQ3s7O4Q83fgymkn005DaAIGhRDjid0dOlUKGzzszDB4xQLdWzMyTSFN7LLLhXfq2mWlcmyCF8NM",
+	"5imaVVr4QWdCOrHU1hUPWg7Yt1Pa8TS7RiLdBGsCKCDx9y8DYLQ7AA/j5fDxEPDnLp/dj/7skbGf/bm7",
+	"r/HEdzAYi9U6+Rc40ifT9O0sOP19FxVZ+UXBXfjwC+jk5ZaGtqwWAzEol3TJrrcqXaOrhcJKKnvLLr0U",
+	"Da+M1FBibU7yHURPCgW3Y4X6MRRSTFOZLCGmcHbIU8XLBC2RQeHWJmreZ0WHLz2xY1VBNRQ/A2Rop/Si",
+	"LM5SqXwMRAwG1ajBLEkhQq8PYRkr1ITWaXQnUTVPJT2ZgLALVD8Uj23EG2qxttbxfAw7Y/ZPrJjladrA",
+	"RUhBrMRZwYuAcvUdIyQc4Sfb4Ulp/PFQDmo3AvLb8wWI2Q8fLl7h8aT6FsxUWsB9apVMZYqALNHUrXuo",
+	"o8ELOZh9/Pz8blB+Pt7h8+HRXafviqBu0agA+2hUpM98uZRmvalY28qQZt7GRGg5bgCzJeK6R7CVhm5f",
+	"s8aKGwf2mgwist/QFNUTC2YFseih4cjBOyQQDtqdUYgDYjzUYmQ/HKsy1FH97B+x5UkREB/4ENqETGW3",
+	"iYVQxDBNpYF4OFZkD7JB3Ay1bEx7KiSyz/TGAyayfJImdgHEWoJcLGZCSlKF6F5lGoUhWoKm7n7ZrujK",
+	"RGuHOMuuF5rpp4m1q5/eSDUX3t47FQuyRhYg2O5Dq3u6AIoFiXIuQQgzaL30vAZhoUJv65nITdpvxmGP",
+	"Tp5+iyBOtZ1Mmx22U4GM40VvhDjj8zsVz1+8eN6/V+k9Ozl5erK/uoUyOXRvNJ9HbcZdW/b/Qqo5WHYi",
+	"KwoWmdFTJCkD1knjbBvfjxCwvVk9tKdaoPIuDFI5gZRN4zhOcD8yfdcgzzbEXw9jE3k/w9pSsPIQ9enR",
+	"yTMxXUgjp8Q+t4lb6NyJqVbO6LT2k08i1GF9dtwhlZY6hrS1j5PDo2+P+UKEtjnqW69TyMJNMvSOcZcw",
+	"RT0M6azu7z6Q8F2BQnr/kSIfd4TrC3716LClltCTT/7Iwf/uTA4Ufmn4Yfd7kdVQVDkomndWmJdotDcA",
+	"5ITSMlHF903/1Oj0Qea/xDGogr1hcj03Os8ehyW8qtl6pkpPdLwWU52nsXCQpmcCpT7qLx/QKg+8boPt",
+	"et4fePmOwz7Z6axz02EwL5zLerYvJmiMfbh8g1qnosiWLBwdP//WrNIyXnxWmE6+lP8MeiElmmK+ScIk",
+	"WreZPd6hOO3wJ6SD+HqfyoG96wMWRSrtmmyOlUyvfSlFd0x9I3a+xSZMpXXXi3qGeLcNpCAtXFPlwHrf",
+	"t5zbF/jdM5T7ZQD96Ot7Eop5Fu95ul32NAPVqlNo4NBvMqyTU2P1e2mgC7Vb6dg7Hnu531u96U3Ddgdj",
+	"cZO+v9JU+w4m0rbQcYcVsqvn9afp+bam/AZqfHsChvQVOWJoABZKMNxd8W/1lL9WxX8LDd1Kw3+pMm5v",
+	"zCvbP0PbbYR/fltIJ6RaawViKddMk3KCJruk6MxQ/KrrDnHoXeUlOBlLJ9HZKyM/FqYGitBPVWzZKkag",
+	"osfOM+I03cYJ/efV219FJt2isED0bAYqpqQMl75xTKKRKTrcyBRtLFegb2u1SW67JZpLXAr3CI4Nl5kS",
+	"OeLD5YVQcolw4y6mqbQWt+QrRAl4NLrs6cGBjw4OY1gVRZ/2IFErmSbxoEhn3k9C9GsBbLmhsDiATh3S",
+	"kicdIbtGuJRDQbcLbclZ9u9yVGaqTQxxPUPdTcwtLbOhU3Yg92GV26k/bSSLmj/FnU+zbU8psdCaYdo9",
+	"8bQcfbMa1gsrblbD2B/JzWpYKyMpv5fFK/SkLKahb77wpZDKXUnpS5/9aGXMkF2vC3bdUmHQ5OmQTH6y",
+	"VkujaLJ2nWYfT18owa1T44AzQcF0zvJSPMU/aFhOj+1+y/zTNW7yOgXVod0QuAyMkPknX2NRF/slOvLC",
+	"nK8KXJ4fHz/74fh49MPTH0YvTk6ORqPRvWGthpt2PHrxbFNTlLBmrhWB/s6AzLO8M3A2OGzaAWIhqcj/",
+	"p3cf9s90DXZMdd2sdjnAb3l4h7vg7N54RQFzcZBNmBlWZgoh49iAtWDP/B5IR5CCrtUBLXPrqERCr8Ck",
+	"MvsLbRTh2Olwwio37+MeWomUmf2vs53KhOhIKTYPBbdW1madlZmJUPhq8BisSxSrzvp7bHT6pJ4Bq9MV",
+	"a86d7M2ieGzfvRXZ8sfJh5cmORuFHUYRPRe9w2fCafHsWKCKsYXu6Re2HkL5xLayi+FYxUbeKjHh4ihW",
+	"MjNtOKpW6ZxQWF09rxTNcKzeL0C8f/mumnkipzegYiGnU8hIOU21UkClw1wRzz0vUol//HL+cqymC1T7",
+	"ag6Dos2IuFEkbiguweVGURY5XYvJeqyin16/FwcySw5WhweU+Tv4nMR3B3WDKuL8Ulvr1nTi82aYraPy",
+	"vl2KyMZITU+3pFFLoLZYuMUCXUZj3Y/rMhhRLxR5gMTZPb2J4Ua+rWnRXBPZbC7McqSgog4rpzMW1zRn",
+	"Oo0HL5S7PYMvU5QdrUCrbfuix0xnMk0rcWPrdJPf02TU0p73iNkOx+cB8bivvNomkjZXrmF9W0laAxUP",
+	"lKF1cUX1con9Lt6ou5R1egi7CbOTY3xoo3CMOkoBJ9otOq38KydTuITu3Oxvns38hNcJ1YlWuxRukVDS",
+	"XCqBLCWdNk+soJ4ysZTmZihwirHivgRHQ32P0KBkTEOrh0WrDQphVOxUIKkVl02OlQFqWzwVUsQ5dzAC",
+	"QePfL8IMVT8OV8wgW6RazcEgk5CUpeSs0m6RqDkXCdAkILl/KTdQ8LnFTVKprEnmC+clNnVflNn2QdUh",
+	"VytxtbUqW2UdSKq1Rpx4f72cgbFVq7rpEk/dHlFLFNGREOSJ9U1GC8mY8H1ZJc6dNHPgFr9vn/Lf0iRG",
+	"YUn8STj45BumDKxAEmQLKPpYmzA9Ozl5uiWntmX5ilq7YfC/+zhDhRJdQxzj65FrhKpcwkb728Nu6i45",
+	"Lr9Al8y4KnIfbddBxmtkU4qLoa1R1A0LSkwMq960elGaJ8Ay7WDFhLXzWFEnnG0m+wi91JwkGETBzXau",
+	"aCOkl5hY+swUpWzjSF2tg7UEqNbNSt2pPMyfZJfsa0RWd4tNEdEu5Rot67Ly6BYf1kuCrIg1twFyaVC/",
+	"HrZ6jGjNXRhYmOYmcesrVItedMTLRL3XN9ARpo4GA/p54PD36LSU34Kb26zoxZCCg1AQMsOaVLf9M2/V",
+	"QjxWtwtALja1Jn2aE4VzVYQoEl/sRGqbCtlBmnpvx8K5jHJA/LzjPKZpglR2/u5C3MBa9HAPWTK4gbWN",
+	"+kKzOfQ2A3V+MajV4CMFgz0bq8JqrL/HUXknb0AorWA4VmOFOksoSGgvLUQJpenZv3T1iKKvviKFizAT",
+	"O1Y6A1X0PiyoAbWq9a/KNWNYReTQRZTeEYNBougoIep7r8KyMUzBdCt6m4Z/FHL9fCi4t7fPWYb0Vq7r",
+	"cEylMWtUh/vG33c7N8TIdmKr46uHrtByKQcWMmmko1sCrCPnihs3Ui5NVXArbrW5GSun50DHEefUPSGF",
+	"0Y4Ys39KFaTO0mjCx1BcOFFoZR8VHCv23wgRqUyW9BwVJqsBSoqSGW1yJZBKegt9KxrtvWOVastOR42w",
+	"p3oJlry9/lD86s8aytbJB/GGIL+8p9AYSSCq1ovaNcaGXEP0dHWuYlZjpVymQOlYkSRHuBfSUpUI1/96",
+	"RA1quFJxXYpLywdC9cpkg2njbNuasKLHxletgFc4rUOBhzugVg6gcEYxBZg+HwXTNFko7YLhUmfwfImr",
+	"1hurn//J/eQ9XtLoFH1zPE6K7vdDcbtIpgvac9PXpw4hBG+svD/uUbbc6bzuKNEz05vn9LIhAWhzKHgM",
+	"xQu8zXHgbb44sXI+NzAn4n/z5heqz0zUnORP5Lk7KhRxQ7hUerdA17rF/3SsKIJ8gILKV532Isbg7JHo",
+	"OTkXkZ856g/F+3uE51j1IhQ3f4tCER0U00ahoElQwsgk6hf1tl6XUGZcgIpJ2FhacawinaG0Rgnly30n",
+	"a7GQKh7cmsQ5UPQlLYgx1tN8CQr3gHqGbBJC0ms0DqhLqkIXThptu98kEr3ixpQ+E49EnTZJYawiPOMo",
+	"FFIs8qVUIuKkVsREGpHuj+rJti0pQ68NcYihvBWqFFGBWikoj1iRW6g/Za+ZNniZp2B901iJUDHTaapv",
+	"rZeVPqFMnXvkwHAfGcjp4nSsJIr1hUb3htKd5e0EKG3ZbbO35Lccj048SpSIznGFSPClK2PVqyNR5CpG",
+	"pUgojzwTv788f/ka58NpCGDCwlmxLr1TkHVUNEWUkEDMfmFjnePR8VD8ZhLCUX1NdCal88pMCsqyU/Ta",
+	"Ah7VS77oZvB+ncGpqNOCp4Hjw5OxKmvA0ZIRSHjApRNSTIy+tWC445OlizbJPFF010P0lj5HXh/4XZDf",
+	"wMz1xLI2v4Lp4Edw08XgKnFwKqZGWzuwiYOoz6h6WjjHaGEgyiEeLLR1NhIW0B0uSYs1VPQPbV20ibjj",
+	"o8Ox+iWxcWJgis8u/WuNg8OjQhfTOvHq1ythYJIQ/Q7FebHOWBEymxdZSGOSFRBxJAoNHxxD5Uw6Z2iO",
+	"R88Lxi9FKlIqmjuptqhluNDfd8ngySXU3wgi+q+Bh3ZwEUenfg4y855wo0jRiEtFIviKnnFl8OHRc5GZ",
+	"RLFzcn718uKiVg5cGXs2k1NAO6dMFpaHf8bBXrr0Q6R6zv0oLLWf0JOxwp1RG2ae8bVFIoW55b7pKv6L",
+	"uGankmQWCfm+p1HaE6mmi1csZVmzsJXMpS46Y2l5WkVScFY6+LEqTHt/yUP0+S7yWkzRfhTHlmvah1I/",
+	"EBdxUrSfaK1e0xIL29btWaeQCplGS1Ob5W9LMJF7aBFk8o+mMk0p4qNE9Gngrd0B4zoKGwRTgxvUTJsp",
+	"2JpMJ7aET3LqUk+b5DfaDKZIYrCcQByjH4Ir1RTcmbDgVYw5kLlbDOe6f8rKCk1QKlLphyIqjB+ySxE5",
+	"HluhL1mp23o+8cItSzTqrF5ku8ajT2JCQzJdsM1pOVmASEE3A5e0kM4i3oe305DUq3UYLDSUIsTUWEU4",
+	"jKFuwxQKJY1B6VFkL8ozwWkIVF5rrGpwkyLtn7W3U50dhexkmg7F2zpJjJVXXJGnh8jfFtJgnTq5MM1H",
+	"BRFHTMXIEusqxkYXHGmdWpRHLI97795evQ/Fuw/4z/n7l/8IxavXb16/f92vyHqTtNCyzTqsJqYj4osq",
+	"6tewtQh41oLEVrXm+N7x6Gk/FIrcXCQg4oBzta7RqUeaLA3MOlmQue0FoBXRyehpRCsVloeI7i3UyavL",
+	"3CIfr4xqF6FFY8XKGskuZXuCV6x6+7grKBa9d9q6uYGr//eGUJVBTIZ9gRkk8VzRaBKsvqCQQnWkS2tO",
+	"DiFZpikJdYWzpGsUINzVLtUc4jN0T9BAZeOtoVb9hL7VkGugAr//gPrrLVvWo+HhcEQ1kGhoZklwGjwd",
+	"joZPOTy3oFhH4RBX93PNOUtYcsNFHJwGbxLrXvOQsHEN4e8bTTx0Nxfvv3ZZ15loNCTxpVy3QJVGdPvg",
+	"HzlQja6/fpBb2oP6lYMbNdz3FVPchZ875y3646tpfVtXcHpISesyp/1gDnvbEtU1al90XeLH1nWJR6PR",
+	"PTcR7ncDYXVBW9cliXQzGlXCrcrW0WNevWvSEsraxYZhYIsUJDngNBPbCHzcYpYYOnQn50g+gZc2wccw",
+	"aAul4JQol6Zt0ukB2xRbyfWKft6NYJGd5NrvucxUJFYkcQls1zHTyK8j0M0YO0VxGWlJjJpYiR5t40rn",
+	"ZgpkrJNPTwEMbzX2z8RtoopspAeLQGbxVsH8Rlo3oPkGF6++AvaHadTBJ3dQv7ay89ZJW7sjdPPGTnRn",
+	"rRVXV68Fz3EmOAJGNJUo8F7e4Ymw4gYgY8ygntmfdMPgZPT04fH1+0Gb5P4r3JZEVHg1AzK//dMenyuK",
+	"B77QMxQUOpRK0JH0v5wryttGtgrvd/7CjxYr7C8iN4Tkg2LyMQVaeQFLBwm994nErxZkbLIXrkpY+imU",
+	"pSTDJ3Hl5YlfcYhFg/v2QwTY9RB9ke9uWOT6/W36rOis2W2u8ua/7smKIuJqsnZD6Vf3qz0qvRXXE2yj",
+	"N4qjfyW94QI8UyisJod0sha+PGIf4gqDrLMV/px8eoris9HNDpx3ZXqb3lrh8DQiEVSeUDhi9Ug7x0bK",
+	"5H5tnVYKwK/UcLAoslSDhhyrVCZL1npkKU+pQaeZexgrnbuhOFdVMP2JbSbSmn4JQtlwdcaq5f4XkYZe",
+	"qnU2kdMbClFVmaZ+LZrA1niTZS89DugqFs4wg3V/1/H6m9Jj896WZi7bN5Y+Kj9sU9+fEkueETne6Nv4",
+	"VjvRI9c1ic/qkaBJvswQ9UV5VtFlQF6DqldqeBepT2x2NDp8/M2UKbIvsiuOGcQ9xj/dc/zzPce/2G/8",
+	"4Z7wHJ7sN/7oaE9J6UMipPxq6dPfP1LzZCsvyE/rOX16gmqiErkFqyK11RJ7RSirl2cWjCvE8O6WWnnJ",
+	"7oaip6pTFs0pcElJU3q8ouel7Ggw8PGmTL/k68SH34fijh+RIton3Hl0u6GfXuVu8A6T6idw3ej9tvKx",
+	"bK7cbjI8sUW1wnB//N7tbRQ0zceuZaohPjwR3H3spOADqnJp/3GKPWatbJQW+eO8f5HjCYXSt6Iojvo3",
+	"i3WwWDdxNK49+GoCabW1leHizlxApxk73LDRygvUH9FIq/48wHe2zlq3w3dQ+G9FoSvbV3ZBLTCxptDt",
+	"X9TaOX5c6+gvbe3sYdzsxr50zcEW7jWtW+jmXf1DP3o2qzFh+5LCMm1ZliS1i4vGitw8X1fEFUqUkiNf",
+	"biHTGWeO370SNksTFxZ1P2UmbKy4gOlUyO7CJSkMLLWDJ7Yq2iOw/GBKFxugqqZagVNCPmVRoFkTL3Nw",
+	"XI3Q4fh5w+KyeYXQd3fCCvX1v1BhfZGRX7O2NqrmRO+e6s5wo7Zzdw8gA+6c+aZGF9drf3ud+r4jq72U",
+	"5kaUCXRaeSjON1L8fG1Fpo0bK749JWRniptMNjspdJnQZBfL53Wrvo2iiqzqS4j8X8TxtS1JkS3m0kiW",
+	"PmN18ap/JoqSy80CS/q7IK36ynIO0Ts+esFFMPU/qtWvRBiXc3Mon8sU6jB0SYNfpLnxF/z4Pxn17U2M",
+	"ejvSnxAC2sGGrnqACproESpDzpz7oE6tPY8H3Upb71wKhc4dRZHovdrV+GXfUP/fZsufbrbg+BffW7z/",
+	"QoKqJqbOBJe3f6p12BQxbIoGl9GZ3cM5nsPCoKzmDU4/81d3TSbItS9zLh5yJrD+lPtuGl/+x3+jP+Yx",
+	"tcW39nzUu1OM3Zx4dXgwXUhHyE7B+U7N4peuh7QCfW8dAaGWFmDNQrclUS336cHB4dEPw9FwNDw8fT56",
+	"Pgpq1ubnIs9T4BHPzT/icufmE4sq7v8HAAD//w==",
+}
+
+// decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
+// after base64-decoding and flate-decompressing the embedded blob.
+func decodeSpec() ([]byte, error) {
+	encoded := strings.Join(swaggerSpec, "")
+	compressed, err := base64.StdEncoding.DecodeString(encoded)
+	if err != nil {
+		return nil, fmt.Errorf("error base64 decoding spec: %w", err)
+	}
+	zr := flate.NewReader(bytes.NewReader(compressed))
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(zr); err != nil {
+		return nil, fmt.Errorf("read flate: %w", err)
+	}
+	if err := zr.Close(); err != nil {
+		return nil, fmt.Errorf("close flate reader: %w", err)
+	}
+
+	return buf.Bytes(), nil
+}
+
+var rawSpec = decodeSpecCached()
+
+// a naive cache of the decoded OpenAPI spec
+func decodeSpecCached() func() ([]byte, error) {
+	data, err := decodeSpec()
+	return func() ([]byte, error) {
+		return data, err
+	}
+}
+
+// Constructs a synthetic filesystem for resolving external references when loading openapi specifications.
+func PathToRawSpec(pathToFile string) map[string]func() ([]byte, error) {
+	res := make(map[string]func() ([]byte, error))
+	if len(pathToFile) > 0 {
+		res[pathToFile] = rawSpec
+	}
+
+	return res
+}
+
+// GetSpec returns the OpenAPI specification corresponding to the generated
+// code in this file. External references in the spec are resolved through
+// PathToRawSpec; externally-referenced files must be embedded in their
+// corresponding Go packages (via the import-mapping feature). URL-based
+// external refs are not supported.
+func GetSpec() (swagger *openapi3.T, err error) {
+	resolvePath := PathToRawSpec("")
+
+	loader := openapi3.NewLoader()
+	loader.IsExternalRefsAllowed = true
+	loader.ReadFromURIFunc = func(loader *openapi3.Loader, url *url.URL) ([]byte, error) {
+		pathToFile := url.String()
+		pathToFile = path.Clean(pathToFile)
+		getSpec, ok := resolvePath[pathToFile]
+		if !ok {
+			err1 := fmt.Errorf("path not found: %s", pathToFile)
+			return nil, err1
+		}
+		return getSpec()
+	}
+	var specData []byte
+	specData, err = rawSpec()
+	if err != nil {
+		return
+	}
+	swagger, err = loader.LoadFromData(specData)
+	if err != nil {
+		return
+	}
+	return
+}
+
+// GetSpecJSON returns the raw JSON bytes of the embedded OpenAPI
+// specification: decompressed but not unmarshaled. External references
+// are not resolved here; the bytes are the spec exactly as embedded by
+// codegen. The result is cached at package init time, so repeated calls
+// are cheap.
+func GetSpecJSON() ([]byte, error) {
+	return rawSpec()
+}
+
+// GetSwagger returns the OpenAPI specification corresponding to the
+// generated code in this file.
+//
+// Deprecated: GetSwagger predates kin-openapi renaming openapi3.Swagger
+// to openapi3.T. Use [GetSpec] instead. This wrapper is retained for
+// backwards compatibility.
+func GetSwagger() (*openapi3.T, error) {
+	return GetSpec()
 }
