@@ -147,8 +147,15 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry", "pdproto", "transfer", "transfer/nixl", "transfer/tcp", "server"),
 	},
 	{
-		name:    "server/api is the wire between control plane and its clients: only server, agent and cmd/pdplane import it",
-		applies: func(p string) bool { return !is("server", "agent", "cmd/pdplane")(p) },
+		// devfleet wires sims to agents; the control plane is a URL to it,
+		// never something it builds.
+		name:    "the dev fleet runs engines against a control plane it does not build: devfleet imports only registry, sim, agent and server/api",
+		applies: is("devfleet"),
+		allowed: onlyInternal("registry", "sim", "agent", "server/api"),
+	},
+	{
+		name:    "server/api is the wire between control plane and its clients: only server, agent, devfleet and cmd/pdplane import it",
+		applies: func(p string) bool { return !is("server", "agent", "devfleet", "cmd/pdplane")(p) },
 		allowed: func(_, imp string) bool { return imp != module+"/server/api" },
 	},
 	{
@@ -171,13 +178,18 @@ var everywhereRules = []layerRule{
 			return !ok || !under("cmd")(rel)
 		},
 	},
+	{
+		name:    "the dev fleet is for `pdplane dev` and `pdplane sim`: nothing but cmd/pdplane (and devfleet's own tests) imports devfleet",
+		applies: func(p string) bool { return !is("cmd/pdplane", "devfleet")(p) },
+		allowed: func(_, imp string) bool { return imp != module+"/devfleet" },
+	},
 }
 
 // governed lists the packages the per-package rules above cover; a new
 // package must be placed in the layout (and given a rule) before it lands.
 var governed = []string{
 	"", // the module root: only this test
-	"agent", "cmd/pdplane", "interop", "migrations", "pdproto",
+	"agent", "cmd/pdplane", "devfleet", "interop", "migrations", "pdproto",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
 	"router", "server", "server/api",
 	"sim", "sim/simtest",
@@ -279,8 +291,12 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"transfer", m("router"), "transfer imports only registry"},
 		{"transfer/tcp", m("registry/memstore"), "transfer/nixl and transfer/tcp import only registry and transfer"},
 		{"server", m("router"), "server imports only registry and server/api"},
-		{"web", m("server/api"), "only server, agent and cmd/pdplane import it"},
-		{"sim", m("server/api"), "only server, agent and cmd/pdplane import it"},
+		{"web", m("server/api"), "only server, agent, devfleet and cmd/pdplane import it"},
+		{"sim", m("server/api"), "only server, agent, devfleet and cmd/pdplane import it"},
+		{"devfleet", m("router"), "devfleet imports only registry, sim, agent and server/api"},
+		{"devfleet", m("server"), "devfleet imports only registry, sim, agent and server/api"},
+		{"devfleet", m("registry/memstore"), "devfleet imports only registry, sim, agent and server/api"},
+		{"sim", m("devfleet"), "nothing but cmd/pdplane (and devfleet's own tests) imports devfleet"},
 		{"agent", m("cmd/pdplane"), "nothing imports cmd/..."},
 		{"server", m("registry/registrytest"), "production code never imports a <pkg>test package"},
 	}
@@ -293,6 +309,14 @@ func TestLayoutRulesBite(t *testing.T) {
 	got := violations([]listedPackage{{ImportPath: m("agent"), XTestImports: []string{m("cmd/pdplane")}}})
 	if len(got) != 1 || !strings.Contains(got[0], "nothing imports cmd/...") {
 		t.Errorf("agent's tests importing cmd/pdplane: got %q, want one violation naming the cmd rule", got)
+	}
+	got = violations([]listedPackage{{ImportPath: m("interop"), XTestImports: []string{m("devfleet")}}})
+	if len(got) != 1 || !strings.Contains(got[0], "imports devfleet") {
+		t.Errorf("interop's tests importing devfleet: got %q, want one violation naming the devfleet rule", got)
+	}
+	got = violations([]listedPackage{{ImportPath: m("devfleet"), XTestImports: []string{m("devfleet")}}})
+	if len(got) != 0 {
+		t.Errorf("devfleet's own tests importing it: got %q, want no violation", got)
 	}
 	got = violations([]listedPackage{{ImportPath: m("newthing")}})
 	if len(got) != 1 || !strings.Contains(got[0], "not placed in the layout") {

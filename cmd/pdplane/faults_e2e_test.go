@@ -64,10 +64,12 @@ func pdplaneBinary(t *testing.T) string {
 	return binPath
 }
 
-func removeBinary() {
+func TestMain(m *testing.M) {
+	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
+	os.Exit(code)
 }
 
 // testPostgres is a PostgreSQL server of the test's own, started and

@@ -4,100 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/pdplane/pdplane/agent"
+	"github.com/pdplane/pdplane/devfleet"
 	"github.com/pdplane/pdplane/registry"
-	"github.com/pdplane/pdplane/server/api"
 	"github.com/pdplane/pdplane/sim"
 )
-
-// engineWithAgent is a simulator and the agent that registers it.
-type engineWithAgent struct {
-	sim   *sim.Sim
-	agent *agent.Agent
-	done  chan error // the agent's Run result
-}
-
-// startSimWithAgent starts a simulator and, when controlPlane is set, its
-// agent. The simulator's transfer errors go to the control plane as stale
-// reports, and it learns its peer ID from each registration.
-func startSimWithAgent(ctx context.Context, cfg sim.Config, controlPlane, token string, log zerolog.Logger) (*engineWithAgent, error) {
-	e := &engineWithAgent{done: make(chan error, 1)}
-	also := cfg.OnTransferError
-	cfg.OnTransferError = func(peerID, agentName string, err error) {
-		if also != nil {
-			also(peerID, agentName, err)
-		}
-		if e.agent == nil {
-			return
-		}
-		go func() {
-			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
-			decodeID := peerID
-			if decodeID == "" {
-				// SGLang names the decode by its NIXL agent only.
-				var lerr error
-				if decodeID, lerr = e.agent.PeerOfAgent(rctx, agentName); lerr != nil {
-					log.Warn().Err(lerr).Str("decode_agent", agentName).Msg("report stale peer: the decode is not known")
-					return
-				}
-			}
-			r := agent.ReportFor(err, decodeID, e.agent.Peer().Id, e.sim.AgentName())
-			if rerr := e.agent.ReportTransferFailure(rctx, r); rerr != nil {
-				log.Warn().Err(rerr).Str("peer_id", decodeID).Msg("report stale peer")
-			}
-		}()
-	}
-	if controlPlane != "" {
-		// The TCP transfer plane is closed: a remote agent's secret comes
-		// from the control plane, asked with this peer's credential.
-		cfg.TransferSecrets = func(ctx context.Context, peerID, agentName string) ([]byte, error) {
-			if e.agent == nil {
-				return nil, errors.New("no agent to ask the control plane")
-			}
-			if peerID == "" {
-				var err error
-				if peerID, err = e.agent.PeerOfAgent(ctx, agentName); err != nil {
-					return nil, err
-				}
-			}
-			return e.agent.TransferSecret(ctx, peerID, agentName)
-		}
-	}
-	s, err := sim.New(cfg, log.With().Str("sim", cfg.Name).Logger())
-	if err != nil {
-		return nil, err
-	}
-	// Both are set before the sim starts: its transfer errors read them.
-	e.sim = s
-	if controlPlane != "" {
-		e.agent, err = agent.New(agent.Config{
-			ControlPlane: controlPlane, JoinToken: token,
-			OnRegistered: func(p api.Peer) { s.SetPeerID(p.Id) },
-		}, s, log.With().Str("agent", cfg.Name).Logger())
-		if err != nil {
-			s.Close()
-			return nil, err
-		}
-	}
-	if err := s.Start(ctx); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("start sim %s: %w", cfg.Name, err)
-	}
-	if e.agent == nil {
-		close(e.done)
-		return e, nil
-	}
-	go func() { e.done <- e.agent.Run(ctx) }()
-	return e, nil
-}
 
 func simFlags(fs *flagSet, c *sim.Config, role, engine *string) {
 	fs.str(role, "role", "prefill", "prefill or decode")
@@ -145,14 +60,15 @@ func runSim(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	e, err := startSimWithAgent(ctx, c, controlPlane, token, log)
+	e, err := devfleet.StartEngine(ctx, devfleet.EngineConfig{Sim: c, ControlPlane: controlPlane, JoinToken: token}, log)
 	if err != nil {
 		return err
 	}
-	defer e.sim.Close()
-	fmt.Fprintf(os.Stderr, "%s %s (%s) serving at %s\n", c.Name, role, engine, e.sim.URL())
+	defer e.Close()
+	fmt.Fprintf(os.Stderr, "%s %s (%s) serving at %s\n", c.Name, role, engine, e.Sim().URL())
 	select {
-	case err := <-e.done:
+	case <-e.Done():
+		err := e.Err()
 		var refused *agent.RefusedError
 		if errors.As(err, &refused) {
 			return err // prints the problem detail and exits non-zero
@@ -195,29 +111,19 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var engines []*engineWithAgent
-	defer func() {
-		for _, e := range engines {
-			e.sim.Close()
-		}
-	}()
-	for i := 0; i < prefills+decodes; i++ {
-		role, n := registry.RolePrefill, i
-		if i >= prefills {
-			role, n = registry.RoleDecode, i-prefills
-		}
-		cfg := sim.Config{Name: fmt.Sprintf("%s-%d", role, n), Role: role, Engine: registry.Engine(engine),
-			Model: model, Transfer: transferName}
-		e, err := startSimWithAgent(ctx, cfg, cp.BaseURL, c.agentToken(), log)
-		if err != nil {
-			return err
-		}
-		engines = append(engines, e)
+	fleet, err := devfleet.Start(ctx, devfleet.Config{
+		ControlPlanes: []string{cp.BaseURL}, JoinToken: c.agentToken(), Prefills: prefills, Decodes: decodes,
+		Sim: sim.Config{Engine: registry.Engine(engine), Model: model, Transfer: transferName},
+	}, log)
+	if err != nil {
+		return err
 	}
-	waitReady(ctx, cp.BaseURL+"/readyz", 10*time.Second)
+	defer fleet.Close()
+	// As before: the banner comes after at most this wait, routable or not.
+	_ = devfleet.WaitReady(ctx, cp.BaseURL, 10*time.Second)
 	var engineList strings.Builder
-	for _, e := range engines {
-		fmt.Fprintf(&engineList, "    %-12s %s\n", e.sim.Config().Name, e.sim.URL())
+	for _, e := range fleet.Engines() {
+		fmt.Fprintf(&engineList, "    %-12s %s\n", e.Sim().Config().Name, e.Sim().URL())
 	}
 	fmt.Fprintf(os.Stderr, `
   pdplane dev is running: %d prefill and %d decode simulated %s engines (%s transfer)
@@ -232,19 +138,4 @@ func runDev(ctx context.Context, args []string) error {
 
 `, prefills, decodes, engine, transferName, cp.BaseURL, cp.BaseURL, engineList.String(), cp.BaseURL, model)
 	return cp.wait(ctx)
-}
-
-// waitReady polls url until it answers 200 or the timeout passes.
-func waitReady(ctx context.Context, url string, timeout time.Duration) {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

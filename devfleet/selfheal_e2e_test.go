@@ -1,11 +1,10 @@
-package main
+package devfleet_test
 
 import (
 	"bytes"
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/devfleet"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/sim"
@@ -24,11 +24,11 @@ import (
 )
 
 // fleet is the end-to-end set-up of the self-healing test: control-plane
-// replicas and simulated engines with their agents, all wired as `pdplane
-// serve` and `pdplane sim` wire them, talking real HTTP over 127.0.0.1.
+// replicas and a devfleet.Fleet whose agents spread over them, talking
+// real HTTP over 127.0.0.1.
 type fleet struct {
 	replicas []*controlPlane
-	engines  map[string]*engineWithAgent
+	*devfleet.Fleet
 	failedAt chan time.Time // one entry per failed transfer reported by a sim
 }
 
@@ -41,44 +41,30 @@ type fleetConfig struct {
 
 func startFleet(t *testing.T, fc fleetConfig) *fleet {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
-	f := &fleet{engines: map[string]*engineWithAgent{}, failedAt: make(chan time.Time, 1000)}
+	f := &fleet{failedAt: make(chan time.Time, 1000)}
+	var urls []string
 	for i := 0; i < fc.replicas; i++ {
-		cp, err := startControlPlane(ctx, serveConfig{
-			addr: "127.0.0.1:0", databaseURL: fc.databaseURL, joinTokens: "peer-tok", adminToken: "admin-tok",
-			heartbeat: registry.DefaultHeartbeatInterval, leaseTTL: registry.DefaultLeaseTTL,
-			prefillPolicy: "round_robin", decodePolicy: "round_robin",
-		}, log.With().Int("replica", i).Logger())
-		if err != nil {
-			t.Fatalf("start replica %d: %v", i, err)
-		}
-		errc := make(chan error, 1)
-		go func() { errc <- cp.wait(ctx) }()
-		t.Cleanup(func() { cancel(); <-errc })
+		cp := startControlPlane(t, cpConfig{databaseURL: fc.databaseURL}, log.With().Int("replica", i).Logger())
 		f.replicas = append(f.replicas, cp)
+		urls = append(urls, cp.BaseURL)
 	}
-	for i := 0; i < fc.prefills+fc.decodes; i++ {
-		role, n := registry.RolePrefill, i
-		if i >= fc.prefills {
-			role, n = registry.RoleDecode, i-fc.prefills
-		}
-		cfg := simtest.Config(fmt.Sprintf("%s-%d", role, n), role, fc.engine)
-		cfg.Transfer = fc.transfer
-		if fc.transfer == sim.TransferNIXL {
-			cfg = simtest.UseNIXL(t, cfg)
-		}
-		cfg.OnTransferError = func(string, string, error) { f.failedAt <- time.Now() }
-		// Agents spread over the replicas, as hosts would be.
-		cp := f.replicas[i%len(f.replicas)]
-		e, err := startSimWithAgent(ctx, cfg, cp.BaseURL, "peer-tok", log)
-		if err != nil {
-			t.Fatalf("start %s: %v", cfg.Name, err)
-		}
-		t.Cleanup(e.sim.Close)
-		f.engines[cfg.Name] = e
+	cfg := simtest.Config("", "", fc.engine)
+	cfg.Transfer = fc.transfer
+	if fc.transfer == sim.TransferNIXL {
+		cfg = simtest.UseNIXL(t, cfg)
 	}
+	// With a control plane the transfer secrets come from it.
+	cfg.SharedTransferSecret = nil
+	cfg.OnTransferError = func(string, string, error) { f.failedAt <- time.Now() }
+	fl, err := devfleet.Start(context.Background(), devfleet.Config{
+		ControlPlanes: urls, JoinToken: joinToken, Prefills: fc.prefills, Decodes: fc.decodes, Sim: cfg,
+	}, log)
+	if err != nil {
+		t.Fatalf("start fleet: %v", err)
+	}
+	t.Cleanup(fl.Close)
+	f.Fleet = fl
 	f.waitAll(t, "every pair routable", func(s *registry.Snapshot) bool {
 		r := s.Routes(sim.DefaultModel)
 		if r == nil || len(r.Prefills) != fc.prefills {
@@ -175,7 +161,7 @@ func waitServed(t *testing.T, tr *traffic, n int64, what string) {
 func (f *fleet) setFault(t *testing.T, engine string, fault sim.Fault) {
 	t.Helper()
 	body := fmt.Sprintf(`{"fault": %q}`, fault)
-	resp, err := http.Post(f.engines[engine].sim.URL()+"/_sim/fault", "application/json", strings.NewReader(body))
+	resp, err := http.Post(f.Engine(engine).Sim().URL()+"/_sim/fault", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,15 +169,6 @@ func (f *fleet) setFault(t *testing.T, engine string, fault sim.Fault) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("set fault %s on %s: %d", fault, engine, resp.StatusCode)
 	}
-}
-
-func peerByName(s *registry.Snapshot, name string) *registry.Peer {
-	for _, p := range s.Peers() {
-		if p.Name == name {
-			return p
-		}
-	}
-	return nil
 }
 
 // traffic streams chat completions through the OpenAI SDK from several
@@ -310,9 +287,9 @@ func TestSelfHealing(t *testing.T) {
 			})
 			// Traffic over the healed pair: the re-registered decode takes
 			// transfers again.
-			healed := f.engines[victim].sim.Stats().Transfers
+			healed := f.Engine(victim).Sim().Stats().Transfers
 			deadline := time.Now().Add(15 * time.Second)
-			for f.engines[victim].sim.Stats().Transfers < healed+2 {
+			for f.Engine(victim).Sim().Stats().Transfers < healed+2 {
 				if time.Now().After(deadline) {
 					t.Fatalf("the re-registered %s took no traffic", victim)
 				}
@@ -339,8 +316,8 @@ func TestSelfHealing(t *testing.T) {
 				t.Errorf("%d of %d client requests failed: %v", n, n+tr.ok.Load(), tr.errs[:min(5, len(tr.errs))])
 			}
 			var verified, mismatched int64
-			for name, e := range f.engines {
-				st := e.sim.Stats()
+			for _, e := range f.Engines() {
+				name, st := e.Sim().Config().Name, e.Sim().Stats()
 				mismatched += st.VerifyFailures
 				if strings.HasPrefix(name, "decode") {
 					verified += st.Transfers - st.VerifyFailures
@@ -443,16 +420,4 @@ func countKind(ks []registry.EventKind, k registry.EventKind) int {
 		}
 	}
 	return n
-}
-
-func TestMain(m *testing.M) {
-	// NIXL runs over loopback TCP only: no GPU, no other interface.
-	for k, v := range map[string]string{"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"} {
-		if os.Getenv(k) == "" {
-			os.Setenv(k, v)
-		}
-	}
-	code := m.Run()
-	removeBinary()
-	os.Exit(code)
 }

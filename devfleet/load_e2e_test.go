@@ -1,4 +1,4 @@
-package main
+package devfleet_test
 
 import (
 	"bytes"
@@ -11,7 +11,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/devfleet"
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -24,27 +26,18 @@ import (
 func TestLoadPoliciesPreferIdleDecode(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		policy string
+		policy router.Policy
 		engine registry.Engine
 	}{
 		{"least_load", registry.EngineSGLang},
 		{"least_load", registry.EngineVLLM},
 		{"power_of_two", registry.EngineSGLang},
 	} {
-		t.Run(tc.policy+"/"+string(tc.engine), func(t *testing.T) {
+		t.Run(string(tc.policy)+"/"+string(tc.engine), func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithCancel(context.Background())
 			log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
-			cp, err := startControlPlane(ctx, serveConfig{
-				addr: "127.0.0.1:0", heartbeat: 50 * time.Millisecond, leaseTTL: 5 * time.Second,
-				prefillPolicy: "round_robin", decodePolicy: tc.policy,
-			}, log)
-			if err != nil {
-				t.Fatal(err)
-			}
-			errc := make(chan error, 1)
-			go func() { errc <- cp.wait(ctx) }()
-			t.Cleanup(func() { cancel(); <-errc })
+			cp := startControlPlane(t, cpConfig{heartbeat: 50 * time.Millisecond, leaseTTL: 5 * time.Second, decodePolicy: tc.policy}, log)
+			ctx := context.Background()
 
 			engines := map[string]*sim.Sim{}
 			for _, c := range []sim.Config{
@@ -60,12 +53,13 @@ func TestLoadPoliciesPreferIdleDecode(t *testing.T) {
 				// simtest's 64 pages ran out mid-test (503). The split is what
 				// is measured here, not the pool.
 				c.Pages = 512
-				e, err := startSimWithAgent(ctx, c, cp.BaseURL, "", log)
+				c.SharedTransferSecret = nil // the control plane hands out the secrets
+				e, err := devfleet.StartEngine(ctx, devfleet.EngineConfig{Sim: c, ControlPlane: cp.BaseURL, JoinToken: joinToken}, log)
 				if err != nil {
 					t.Fatalf("start %s: %v", c.Name, err)
 				}
-				t.Cleanup(e.sim.Close)
-				engines[c.Name] = e.sim
+				t.Cleanup(e.Close)
+				engines[c.Name] = e.Sim()
 			}
 			p, busy, idle := engines["prefill-0"], engines["decode-busy"], engines["decode-idle"]
 			waitSnapshot(t, cp, "both decodes routable", func(s *registry.Snapshot) bool {
@@ -125,16 +119,5 @@ func TestLoadPoliciesPreferIdleDecode(t *testing.T) {
 					tc.policy, toIdle, n, toBusy)
 			}
 		})
-	}
-}
-
-func waitSnapshot(t *testing.T, cp *controlPlane, what string, cond func(*registry.Snapshot) bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond(cp.mirror.Snapshot()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -1,0 +1,118 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// waitOutput waits until the process's output matches re and returns the
+// output so far.
+func waitOutput(t *testing.T, p *process, re *regexp.Regexp, within time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		out, _ := os.ReadFile(p.log)
+		if re.Match(out) {
+			return string(out)
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited before printing %q:\n%s", p.name, re, out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not print %q within %s:\n%s", p.name, re, within, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDevQuickStart runs `pdplane dev` as a newcomer does: it prints the
+// OpenAI base URL and status page of the address it was given and the
+// engines it started, and a chat completion sent to that base URL is
+// answered by the simulated pair.
+func TestDevQuickStart(t *testing.T) {
+	t.Parallel()
+	addr := freeAddr(t)
+	p := startProcess(t, "dev", "dev", "--addr", addr, "--prefills", "1", "--decodes", "2")
+	out := waitOutput(t, p, regexp.MustCompile(`Try: curl`), 30*time.Second)
+	base := "http://" + addr
+	for _, want := range []string{
+		"pdplane dev is running: 1 prefill and 2 decode simulated sglang engines (tcp transfer)",
+		"OpenAI base URL: " + base + "/v1\n",
+		"Status page:     " + base + "/\n",
+		"Try: curl " + base + "/v1/chat/completions",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dev's banner lacks %q:\n%s", want, out)
+		}
+	}
+	for _, name := range []string{"prefill-0", "decode-0", "decode-1"} {
+		if !regexp.MustCompile(`(?m)^    ` + name + ` +http://127\.0\.0\.1:\d+$`).MatchString(out) {
+			t.Errorf("dev's banner does not list %s with its URL:\n%s", name, out)
+		}
+	}
+	waitHTTP(t, base+"/readyz", 30*time.Second)
+	body, _ := json.Marshal(map[string]any{"model": "sim-model", "max_tokens": 2,
+		"messages": []map[string]string{{"role": "user", "content": "hello"}}})
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer struct {
+		Choices []struct {
+			Message struct{ Content string }
+		}
+	}
+	err = json.NewDecoder(resp.Body).Decode(&answer)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || err != nil || len(answer.Choices) == 0 || answer.Choices[0].Message.Content == "" {
+		t.Fatalf("chat completion at the printed base URL: %d %v %+v", resp.StatusCode, err, answer)
+	}
+}
+
+// TestDevAndSimRefuseBadFlags: the checks that stay in cmd/pdplane exit
+// non-zero with a message that names the flags.
+func TestDevAndSimRefuseBadFlags(t *testing.T) {
+	t.Parallel()
+	bin := pdplaneBinary(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dev", "--prefills", "0"}, "--prefills and --decodes must be at least 1"},
+		{[]string{"sim", "--control-plane", "http://127.0.0.1:1", "--transfer-secret", "0123456789abcdef"},
+			"--transfer-secret is for sims without --control-plane"},
+	} {
+		cmd := exec.Command(bin, tc.args...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), tc.want) {
+			t.Errorf("pdplane %s: %v, output %q; want exit 1 saying %q", strings.Join(tc.args, " "), err, out, tc.want)
+		}
+	}
+}
+
+// TestSimAlone: `pdplane sim` without --control-plane runs the engine with
+// no agent, says where it serves, and keeps serving.
+func TestSimAlone(t *testing.T) {
+	t.Parallel()
+	p := startProcess(t, "sim", "sim", "--role", "decode", "--name", "d-alone")
+	out := waitOutput(t, p, regexp.MustCompile(`d-alone decode \(sglang\) serving at http://127\.0\.0\.1:\d+\n`), 30*time.Second)
+	url := regexp.MustCompile(`serving at (http://\S+)`).FindStringSubmatch(out)[1]
+	waitHTTP(t, url+"/health", 10*time.Second)
+	select {
+	case <-p.done:
+		t.Fatal("sim without a control plane exited")
+	default:
+	}
+}
