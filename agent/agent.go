@@ -436,7 +436,8 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 			// as up.
 			st = a.probe.Probe(ctx, p.Url, registry.Engine(p.Engine))
 		}
-		body.Load = &api.Load{Running: st.Load.Running, Queued: st.Load.Queued, KvUsage: st.Load.KVUsage}
+		load := apiconv.Load(st.Load)
+		body.Load = &load
 		body.EngineHealthy = &st.Healthy
 		if !st.Healthy {
 			body.EngineError = &st.Error

@@ -86,7 +86,7 @@ func (b *bundle) peerCount(t *testing.T) int {
 func TestBrowserCannotWriteCrossOrigin(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	spec := mustJSON(t, registrytest.Spec("p0", registry.RolePrefill))
+	spec := string(specJSON(registrytest.Spec("p0", registry.RolePrefill)))
 	auth := "Bearer " + joinToken
 
 	for _, tc := range []struct {
@@ -235,7 +235,7 @@ func TestMethodsAndPathsFollowTheSpec(t *testing.T) {
 func TestDataAfterTheJSONBodyIsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	spec := mustJSON(t, registrytest.Spec("p0", registry.RolePrefill))
+	spec := string(specJSON(registrytest.Spec("p0", registry.RolePrefill)))
 	for _, body := range []string{spec + "{}", spec + " x", spec + "\n" + spec, spec + "]"} {
 		code, h, data := b.raw(t, "POST", "/api/v1/peers", body, "Authorization", "Bearer "+joinToken, "Content-Type", "application/json")
 		if code != http.StatusBadRequest {

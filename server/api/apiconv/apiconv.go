@@ -157,7 +157,7 @@ func Peer(p *registry.Peer, t Timing) api.Peer {
 		Parallelism: reg.Parallelism, Kv: reg.Kv, Observed: reg.Observed, Unknown: reg.Unknown, Ranks: reg.Ranks,
 		Id: p.ID, State: api.State(p.State), StateReason: Opt(p.StateReason), Generation: p.Generation,
 		LeaseExpiry: p.LeaseExpiry, LastHeartbeat: p.LastHeartbeat,
-		Load:      api.Load{Running: p.Load.Running, Queued: p.Load.Queued, KvUsage: p.Load.KVUsage},
+		Load:      Load(p.Load),
 		CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt,
 		HeartbeatIntervalSeconds: t.HeartbeatInterval.Seconds(),
 		LeaseTtlSeconds:          t.LeaseTTL.Seconds(),
@@ -201,6 +201,11 @@ func PeerSummary(p *registry.Peer, t Timing) api.PeerSummary {
 		}
 	}
 	return out
+}
+
+// Load converts what a peer reports about its work.
+func Load(l registry.Load) api.Load {
+	return api.Load{Running: l.Running, Queued: l.Queued, KvUsage: l.KVUsage}
 }
 
 // Event converts an entry of the event log.
