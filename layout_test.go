@@ -125,8 +125,13 @@ var layerRules = []layerRule{
 		allowed: onlyInternal(),
 	},
 	{
-		name:    "the control plane is mounted on, not mounting: server imports only registry and server/api (cmd/pdplane hands it the router and web)",
+		name:    "the control plane is mounted on, not mounting: server imports only registry, server/api and server/api/apiconv (cmd/pdplane hands it the router and web)",
 		applies: is("server"),
+		allowed: onlyInternal("registry", "server/api", "server/api/apiconv"),
+	},
+	{
+		name:    "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry and server/api",
+		applies: is("server/api/apiconv"),
 		allowed: onlyInternal("registry", "server/api"),
 	},
 	{
@@ -135,9 +140,9 @@ var layerRules = []layerRule{
 		allowed: onlyInternal(),
 	},
 	{
-		name:    "the agent speaks to the control plane through the generated client: agent imports only registry, server/api and transfer",
+		name:    "the agent speaks to the control plane through the generated client: agent imports only registry, server/api, server/api/apiconv and transfer",
 		applies: is("agent"),
-		allowed: onlyInternal("registry", "server/api", "transfer"),
+		allowed: onlyInternal("registry", "server/api", "server/api/apiconv", "transfer"),
 	},
 	{
 		// sim borrows server.BodyDeadline so its HTTP side bounds bodies the
@@ -154,8 +159,8 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry", "sim", "agent", "server/api"),
 	},
 	{
-		name:    "server/api is the wire between control plane and its clients: only server, agent, devfleet and cmd/pdplane import it",
-		applies: func(p string) bool { return !is("server", "agent", "devfleet", "cmd/pdplane")(p) },
+		name:    "server/api is the wire between control plane and its clients: only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it",
+		applies: func(p string) bool { return !is("server", "server/api/apiconv", "agent", "devfleet", "cmd/pdplane")(p) },
 		allowed: func(_, imp string) bool { return imp != module+"/server/api" },
 	},
 	{
@@ -191,7 +196,7 @@ var governed = []string{
 	"", // the module root: only this test
 	"agent", "cmd/pdplane", "devfleet", "interop", "migrations", "pdproto",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
-	"router", "server", "server/api",
+	"router", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
 	"transfer", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",
 	"web",
@@ -290,9 +295,11 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"router", "github.com/jackc/pgx/v5", "only it, migrations and registrytest's Postgres helpers import pgx"},
 		{"transfer", m("router"), "transfer imports only registry"},
 		{"transfer/tcp", m("registry/memstore"), "transfer/nixl and transfer/tcp import only registry and transfer"},
-		{"server", m("router"), "server imports only registry and server/api"},
-		{"web", m("server/api"), "only server, agent, devfleet and cmd/pdplane import it"},
-		{"sim", m("server/api"), "only server, agent, devfleet and cmd/pdplane import it"},
+		{"server", m("router"), "server imports only registry, server/api and server/api/apiconv"},
+		{"web", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
+		{"sim", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
+		{"server/api/apiconv", m("server"), "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry and server/api"},
+		{"agent", m("server"), "agent imports only registry, server/api, server/api/apiconv and transfer"},
 		{"devfleet", m("router"), "devfleet imports only registry, sim, agent and server/api"},
 		{"devfleet", m("server"), "devfleet imports only registry, sim, agent and server/api"},
 		{"devfleet", m("registry/memstore"), "devfleet imports only registry, sim, agent and server/api"},

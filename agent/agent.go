@@ -22,6 +22,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 	"github.com/pdplane/pdplane/transfer"
 )
 
@@ -223,11 +224,7 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 	if err != nil {
 		return api.Peer{}, fmt.Errorf("describe engine: %w", err)
 	}
-	// registry.PeerSpec marshals to exactly the registration body.
-	body, err := json.Marshal(spec)
-	if err != nil {
-		return api.Peer{}, fmt.Errorf("encode registration: %w", err)
-	}
+	body := apiconv.Registration(&spec)
 	a.mu.Lock()
 	cred := a.credential
 	a.mu.Unlock()
@@ -238,7 +235,7 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 	var resp *api.RegisterPeerResponse
 	err = a.cps.call(ctx, "register "+spec.Name, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
-		resp, err = c.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body), bearer(token))
+		resp, err = c.RegisterPeerWithResponse(ctx, body, bearer(token))
 		if err != nil {
 			return nil, err
 		}
@@ -258,7 +255,7 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 		a.mu.Unlock()
 		err = a.cps.call(ctx, "register "+spec.Name, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 			var err error
-			resp, err = c.RegisterPeerWithBodyWithResponse(ctx, "application/json", bytes.NewReader(body), bearer(a.cfg.JoinToken))
+			resp, err = c.RegisterPeerWithResponse(ctx, body, bearer(a.cfg.JoinToken))
 			if err != nil {
 				return nil, err
 			}
@@ -375,7 +372,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			backoff = min(backoff*2, a.cfg.MaxBackoff)
 		case reply.Action == api.Reregister:
 			backoff = a.cfg.MinBackoff
-			reason := deref(reply.Reason)
+			reason := apiconv.Deref(reply.Reason)
 			a.log.Warn().Str("reason", reason).Msg("control plane asks to re-register; creating fresh NIXL agents")
 			if err := a.eng.Reregister(ctx, reason); err != nil {
 				a.log.Error().Err(err).Msg("re-register engine memory")
@@ -439,7 +436,8 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 			// as up.
 			st = a.probe.Probe(ctx, p.Url, registry.Engine(p.Engine))
 		}
-		body.Load = &api.Load{Running: st.Load.Running, Queued: st.Load.Queued, KvUsage: st.Load.KVUsage}
+		load := apiconv.Load(st.Load)
+		body.Load = &load
 		body.EngineHealthy = &st.Healthy
 		if !st.Healthy {
 			body.EngineError = &st.Error
@@ -577,7 +575,7 @@ func (a *Agent) TransferSecret(ctx context.Context, peerID, agentName string) ([
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range deref(p.Ranks) {
+	for _, r := range apiconv.Deref(p.Ranks) {
 		if r.AgentName != agentName {
 			continue
 		}
@@ -603,12 +601,4 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // jitter spreads retries of many agents over ±20 %.
 func jitter(d time.Duration) time.Duration {
 	return d - d/5 + time.Duration(rand.Int64N(int64(d)*2/5+1))
-}
-
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

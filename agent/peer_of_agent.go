@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 )
 
 // PeerOfAgent returns the ID of the registered peer one of whose ranks is
@@ -36,7 +37,7 @@ func (a *Agent) PeerOfAgent(ctx context.Context, agentName string) (string, erro
 		return "", fmt.Errorf("peer of agent %s: %w", agentName, refusal(resp.HTTPResponse, resp.Body))
 	}
 	for _, p := range resp.JSON200.Peers {
-		for _, r := range deref(p.Ranks) {
+		for _, r := range apiconv.Deref(p.Ranks) {
 			if r.AgentName == agentName {
 				return p.Id, nil
 			}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 )
 
 // SpecFileEngine is a real engine (SGLang, vLLM) described by a registration
@@ -51,8 +53,13 @@ func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 	if err != nil {
 		return registry.PeerSpec{}, fmt.Errorf("read peer spec: %w", err)
 	}
-	var s registry.PeerSpec
-	if err := json.Unmarshal(data, &s); err != nil {
+	// The file is a registration body.
+	var body api.PeerRegistration
+	if err := json.Unmarshal(data, &body); err != nil {
+		return registry.PeerSpec{}, fmt.Errorf("parse peer spec %s: %w", e.Path, err)
+	}
+	s, err := apiconv.Spec(&body)
+	if err != nil {
 		return registry.PeerSpec{}, fmt.Errorf("parse peer spec %s: %w", e.Path, err)
 	}
 	if e.EngineURL == "" {

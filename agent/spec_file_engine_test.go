@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdplane/pdplane/agent"
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -40,7 +41,7 @@ func TestSpecFileEngineFillsFromServerInfo(t *testing.T) {
 	written := registry.PeerSpec{Name: full.Name, InstanceID: full.InstanceID, Ranks: full.Ranks,
 		KV: registry.KVGeometry{NumLayers: full.KV.NumLayers, NumKVHeads: full.KV.NumKVHeads, HeadDim: full.KV.HeadDim, DType: full.KV.DType}}
 	path := filepath.Join(t.TempDir(), "peer.json")
-	data, _ := json.Marshal(written)
+	data, _ := json.Marshal(apiconv.Registration(&written))
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
 	}

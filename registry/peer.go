@@ -77,76 +77,76 @@ const DefaultBootstrapPort = 8998
 
 // Parallelism is how an engine splits the model over devices.
 type Parallelism struct {
-	TPSize     int `json:"tp_size"`
-	AttnTPSize int `json:"attn_tp_size"`
-	DPSize     int `json:"dp_size"`
-	PPSize     int `json:"pp_size"`
-	PPRank     int `json:"pp_rank"`
-	DCPSize    int `json:"dcp_size"`
-	DCPRank    int `json:"dcp_rank"`
+	TPSize     int
+	AttnTPSize int
+	DPSize     int
+	PPSize     int
+	PPRank     int
+	DCPSize    int
+	DCPRank    int
 }
 
 // KVGeometry is the shape of a peer's KV cache, common to all its ranks.
 type KVGeometry struct {
-	PageSize   int    `json:"page_size"`
-	DType      string `json:"dtype"`
-	NumLayers  int    `json:"num_layers,omitempty"`
-	NumKVHeads int    `json:"num_kv_heads,omitempty"`
-	HeadDim    int    `json:"head_dim,omitempty"`
-	IsMLA      bool   `json:"is_mla,omitempty"`
+	PageSize   int
+	DType      string
+	NumLayers  int
+	NumKVHeads int
+	HeadDim    int
+	IsMLA      bool
 }
 
 // Rank is one device's share of a peer's KV cache, with the NIXL agent that
 // owns it. Region i is KVDataPtrs[i] .. KVDataPtrs[i]+KVDataLens[i] and lives
 // in memory of kind KVMemKinds[i].
 type Rank struct {
-	Rank          int       `json:"rank"`
-	GPUID         int       `json:"gpu_id"`
-	AgentName     string    `json:"agent_name"`
-	AgentMetadata []byte    `json:"agent_metadata"`
-	KVDataPtrs    []uint64  `json:"kv_data_ptrs"`
-	KVDataLens    []uint64  `json:"kv_data_lens"`
-	KVItemLens    []uint64  `json:"kv_item_lens"`
-	KVMemKinds    []MemKind `json:"kv_mem_kinds"`
-	AuxDataPtrs   []uint64  `json:"aux_data_ptrs,omitempty"`
-	AuxDataLens   []uint64  `json:"aux_data_lens,omitempty"`
+	Rank          int
+	GPUID         int
+	AgentName     string
+	AgentMetadata []byte
+	KVDataPtrs    []uint64
+	KVDataLens    []uint64
+	KVItemLens    []uint64
+	KVMemKinds    []MemKind
+	AuxDataPtrs   []uint64
+	AuxDataLens   []uint64
 	// TransferSecret authenticates connections to the rank's transfer agent
 	// (the TCP backend's HMAC handshake). The agent draws it for each agent
 	// name, so each generation has its own; the control plane hands it only
 	// to authenticated peers, never to anonymous readers.
-	TransferSecret []byte `json:"transfer_secret,omitempty"`
+	TransferSecret []byte
 }
 
 // Load is what a peer reports about its own work on each heartbeat.
 type Load struct {
-	Running int     `json:"running"`
-	Queued  int     `json:"queued"`
-	KVUsage float64 `json:"kv_usage"`
+	Running int
+	Queued  int
+	KVUsage float64
 }
 
 // PeerSpec is what an agent registers: everything about a peer that the
 // engine decides, none of what the control plane decides.
 type PeerSpec struct {
-	Name          string            `json:"name"`
-	Role          Role              `json:"role"`
-	Engine        Engine            `json:"engine"`
-	URL           string            `json:"url"`
-	BootstrapHost string            `json:"bootstrap_host,omitempty"`
-	BootstrapPort int               `json:"bootstrap_port,omitempty"`
-	Model         string            `json:"model"`
-	InstanceID    string            `json:"instance_id"`
-	TransferGroup string            `json:"transfer_group,omitempty"`
-	Labels        map[string]string `json:"labels,omitempty"`
-	Parallelism   Parallelism       `json:"parallelism"`
-	KV            KVGeometry        `json:"kv"`
+	Name          string
+	Role          Role
+	Engine        Engine
+	URL           string
+	BootstrapHost string
+	BootstrapPort int
+	Model         string
+	InstanceID    string
+	TransferGroup string
+	Labels        map[string]string
+	Parallelism   Parallelism
+	KV            KVGeometry
 	// Ranks is empty when "ranks" is Unknown: a stock engine publishes no
 	// NIXL agent names, pointers or regions, and moves its KV itself.
-	Ranks []Rank `json:"ranks,omitempty"`
+	Ranks []Rank
 	// Observed lists the fields read from the engine itself; Unknown the
 	// fields nobody could tell (see UnknownableFields). Every other field
 	// was declared (a spec file, flags).
-	Observed []string `json:"observed,omitempty"`
-	Unknown  []string `json:"unknown,omitempty"`
+	Observed []string
+	Unknown  []string
 }
 
 // Provenance says where a field's value came from.
@@ -212,19 +212,19 @@ func contains(list []string, v string) bool {
 // of its life.
 type Peer struct {
 	PeerSpec
-	ID            string     `json:"id"`
-	State         State      `json:"state"`
-	StateReason   string     `json:"state_reason,omitempty"`
-	Generation    int64      `json:"generation"`
-	LeaseExpiry   time.Time  `json:"lease_expiry"`
-	LastHeartbeat *time.Time `json:"last_heartbeat,omitempty"`
-	Load          Load       `json:"load"`
-	CreatedAt     time.Time  `json:"created_at"`
-	UpdatedAt     time.Time  `json:"updated_at"`
+	ID            string
+	State         State
+	StateReason   string
+	Generation    int64
+	LeaseExpiry   time.Time
+	LastHeartbeat *time.Time
+	Load          Load
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
 	// CredentialHash is the hash of the credential the peer's agent holds
 	// (see NewCredential); empty for a peer registered while the control
 	// plane ran open. It never leaves the control plane.
-	CredentialHash []byte `json:"-"`
+	CredentialHash []byte
 }
 
 // Routable reports whether the router may send work to the peer.
@@ -274,12 +274,12 @@ const (
 // Event is one entry of the event log. IDs grow with time, so they double as
 // a pagination cursor.
 type Event struct {
-	ID         int64     `json:"id"`
-	PeerID     string    `json:"peer_id"`
-	PeerName   string    `json:"peer_name"`
-	Kind       EventKind `json:"kind"`
-	Generation int64     `json:"generation"`
-	Message    string    `json:"message,omitempty"`
-	Error      string    `json:"error,omitempty"`
-	At         time.Time `json:"at"`
+	ID         int64
+	PeerID     string
+	PeerName   string
+	Kind       EventKind
+	Generation int64
+	Message    string
+	Error      string
+	At         time.Time
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 )
 
 // keepAlive is how often an idle event stream sends a comment, so proxies
@@ -18,7 +19,7 @@ const keepAlive = 15 * time.Second
 // StreamEvents follows the event log as server-sent events. The generated
 // response type flushes every write; the stream ends when the client leaves.
 func (h handlers) StreamEvents(ctx context.Context, req api.StreamEventsRequestObject) (api.StreamEventsResponseObject, error) {
-	after := deref(req.Params.After)
+	after := apiconv.Deref(req.Params.After)
 	if after < 0 {
 		return nil, malformed("after", "after must not be negative")
 	}
@@ -67,7 +68,7 @@ func (h handlers) followEvents(ctx context.Context, w io.Writer, changes <-chan 
 				return err
 			}
 			for i := range evs {
-				data, err := json.Marshal(eventToAPI(&evs[i]))
+				data, err := json.Marshal(apiconv.Event(&evs[i]))
 				if err != nil {
 					return err
 				}

@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"net/http"
 	"testing"
 
@@ -13,7 +12,7 @@ import (
 // FuzzRegister feeds arbitrary bodies to the registration endpoint: the
 // answer must be a 2xx or a 4xx problem, never a 5xx or a dropped connection.
 func FuzzRegister(f *testing.F) {
-	good, _ := json.Marshal(registrytest.Spec("p0", registry.RolePrefill))
+	good := specJSON(registrytest.Spec("p0", registry.RolePrefill))
 	f.Add(good)
 	f.Add([]byte(`{"name":"x","ranks":[{"kv_mem_kinds":["VRAM",null]}]}`))
 	f.Add([]byte(`{"ranks":[{"kv_data_ptrs":[18446744073709551615],"kv_data_lens":[1]}]}`))

@@ -75,7 +75,7 @@ func (b *bundle) goldenCases(t *testing.T) []goldenCase {
 	b.heartbeat(t, pf["id"].(string), "inst-p0")
 	b.heartbeat(t, dv["id"].(string), "inst-d0")
 	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
-	bad := strings.Replace(mustJSON(t, registrytest.Spec("x", registry.RoleDecode)), `"VRAM","VRAM"`, `"VRAM","HBM"`, 1)
+	bad := strings.Replace(string(specJSON(registrytest.Spec("x", registry.RoleDecode))), `"VRAM","VRAM"`, `"VRAM","HBM"`, 1)
 
 	return []goldenCase{
 		{"peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", "", http.StatusOK},
@@ -136,13 +136,4 @@ func (b *bundle) checkGolden(t *testing.T, cases []goldenCase) {
 			}
 		})
 	}
-}
-
-func mustJSON(t *testing.T, v any) string {
-	t.Helper()
-	data, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(data)
 }

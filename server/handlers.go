@@ -7,6 +7,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 )
 
 // handlers implements api.StrictServerInterface over the store and the
@@ -35,8 +36,8 @@ func (h handlers) RegisterPeer(ctx context.Context, req api.RegisterPeerRequestO
 		return nil, fmt.Errorf("register peer %s: %w", spec.Name, err)
 	}
 	h.metrics.registrations.WithLabelValues(string(spec.Role), created(res.Created)).Inc()
-	out := h.peerToAPI(&res.Peer)
-	out.Credential = opt(res.Credential)
+	out := apiconv.Peer(&res.Peer, h.timing())
+	out.Credential = apiconv.Opt(res.Credential)
 	if res.Created {
 		return api.RegisterPeer201JSONResponse(out), nil
 	}
@@ -62,7 +63,7 @@ func (h handlers) ListPeers(ctx context.Context, req api.ListPeersRequestObject)
 			return nil, malformed("state", fmt.Sprintf("unknown state %q", *s))
 		}
 	}
-	f.Model = deref(req.Params.Model)
+	f.Model = apiconv.Deref(req.Params.Model)
 	if err := f.Validate(); err != nil {
 		return nil, badParam(err)
 	}
@@ -72,7 +73,7 @@ func (h handlers) ListPeers(ctx context.Context, req api.ListPeersRequestObject)
 	}
 	out := api.ListPeers200JSONResponse{Peers: make([]api.PeerSummary, len(peers))}
 	for i := range peers {
-		out.Peers[i] = h.peerSummaryToAPI(&peers[i])
+		out.Peers[i] = apiconv.PeerSummary(&peers[i], h.timing())
 	}
 	return out, nil
 }
@@ -82,7 +83,7 @@ func (h handlers) GetPeer(ctx context.Context, req api.GetPeerRequestObject) (ap
 	if err != nil {
 		return nil, err
 	}
-	return api.GetPeer200JSONResponse(h.peerSummaryToAPI(&p)), nil
+	return api.GetPeer200JSONResponse(apiconv.PeerSummary(&p, h.timing())), nil
 }
 
 // GetPeerRegistration returns the full registration; auth.go admits only
@@ -95,7 +96,7 @@ func (h handlers) GetPeerRegistration(ctx context.Context, req api.GetPeerRegist
 	if prob := h.checkRegistrationRead(principalFrom(ctx), &p); prob != nil {
 		return nil, prob
 	}
-	return api.GetPeerRegistration200JSONResponse(h.peerToAPI(&p)), nil
+	return api.GetPeerRegistration200JSONResponse(apiconv.Peer(&p, h.timing())), nil
 }
 
 func (h handlers) DeletePeer(ctx context.Context, req api.DeletePeerRequestObject) (api.DeletePeerResponseObject, error) {
@@ -110,14 +111,14 @@ func (h handlers) DrainPeer(ctx context.Context, req api.DrainPeerRequestObject)
 	if err != nil {
 		return nil, err
 	}
-	return api.DrainPeer200JSONResponse(h.peerSummaryToAPI(&p)), nil
+	return api.DrainPeer200JSONResponse(apiconv.PeerSummary(&p, h.timing())), nil
 }
 
 func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerRequestObject) (api.HeartbeatPeerResponseObject, error) {
 	if req.Body == nil {
 		return nil, malformed("body", "a JSON body is required")
 	}
-	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId, EngineError: deref(req.Body.EngineError)}
+	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId, EngineError: apiconv.Deref(req.Body.EngineError)}
 	if l := req.Body.Load; l != nil {
 		hb.Load = registry.Load{Running: l.Running, Queued: l.Queued, KVUsage: l.KvUsage}
 	}
@@ -130,7 +131,7 @@ func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerReques
 		return nil, err
 	}
 	h.metrics.heartbeats.WithLabelValues(string(reply.Action)).Inc()
-	return api.HeartbeatPeer200JSONResponse{Action: api.HeartbeatReplyAction(reply.Action), Reason: opt(reply.Reason), State: api.State(reply.State)}, nil
+	return api.HeartbeatPeer200JSONResponse{Action: api.HeartbeatReplyAction(reply.Action), Reason: apiconv.Opt(reply.Reason), State: api.State(reply.State)}, nil
 }
 
 func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleRequestObject) (api.MarkPeerStaleResponseObject, error) {
@@ -145,25 +146,25 @@ func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleReques
 	if req.Body.PrefillId == nil && req.Body.AgentName == nil {
 		// The reporter is added to the reason below; the caller's own
 		// reason is what must meet the limits.
-		if err := registry.ValidateStaleMark(req.Body.Reason, deref(req.Body.Error)); err != nil {
+		if err := registry.ValidateStaleMark(req.Body.Reason, apiconv.Deref(req.Body.Error)); err != nil {
 			return nil, err
 		}
-		p, err := h.store.MarkStale(ctx, req.Id, registry.ReportedBy(req.Body.Reason, who.Name()), deref(req.Body.Error))
+		p, err := h.store.MarkStale(ctx, req.Id, registry.ReportedBy(req.Body.Reason, who.Name()), apiconv.Deref(req.Body.Error))
 		if err != nil {
 			return nil, err
 		}
 		h.metrics.staleMarks.WithLabelValues("api", string(registry.OutcomeStale)).Inc()
-		return api.MarkPeerStale200JSONResponse(h.peerSummaryToAPI(&p)), nil
+		return api.MarkPeerStale200JSONResponse(apiconv.PeerSummary(&p, h.timing())), nil
 	}
 	p, out, err := h.store.ReportTransferFailure(ctx, registry.TransferFailure{
-		DecodeID: req.Id, DecodeAgent: deref(req.Body.AgentName), PrefillID: deref(req.Body.PrefillId),
-		Reason: req.Body.Reason, Error: deref(req.Body.Error), Reporter: who.Name(),
+		DecodeID: req.Id, DecodeAgent: apiconv.Deref(req.Body.AgentName), PrefillID: apiconv.Deref(req.Body.PrefillId),
+		Reason: req.Body.Reason, Error: apiconv.Deref(req.Body.Error), Reporter: who.Name(),
 	})
 	if err != nil {
 		return nil, err
 	}
 	h.metrics.staleMarks.WithLabelValues("transfer_report", string(out)).Inc()
-	return api.MarkPeerStale200JSONResponse(h.peerSummaryToAPI(&p)), nil
+	return api.MarkPeerStale200JSONResponse(apiconv.PeerSummary(&p, h.timing())), nil
 }
 
 func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (api.ListPairsResponseObject, error) {
@@ -198,18 +199,18 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		switch {
 		case p.Quarantined != nil:
 			reason = "quarantined: " + p.Quarantined.Detail
-			ap.Quarantined = opt(true)
+			ap.Quarantined = apiconv.Opt(true)
 		case reason == "" && !p.Routable:
 			reason = fmt.Sprintf("not both ready (prefill %s, decode %s)", p.Prefill.State, p.Decode.State)
 		}
-		ap.Reason = opt(reason)
+		ap.Reason = apiconv.Opt(reason)
 		out.Pairs[i] = ap
 	}
 	return out, nil
 }
 
 func (h handlers) ListEvents(ctx context.Context, req api.ListEventsRequestObject) (api.ListEventsResponseObject, error) {
-	q := registry.EventQuery{Limit: 100, Before: deref(req.Params.Before), PeerID: deref(req.Params.PeerId)}
+	q := registry.EventQuery{Limit: 100, Before: apiconv.Deref(req.Params.Before), PeerID: apiconv.Deref(req.Params.PeerId)}
 	if req.Params.PeerId != nil && q.PeerID == "" {
 		// The store reads an empty ID as "every peer"; a caller who sent
 		// the parameter meant one peer.
@@ -230,7 +231,7 @@ func (h handlers) ListEvents(ctx context.Context, req api.ListEventsRequestObjec
 	}
 	out := api.ListEvents200JSONResponse{Events: make([]api.Event, len(evs))}
 	for i := range evs {
-		out.Events[i] = eventToAPI(&evs[i])
+		out.Events[i] = apiconv.Event(&evs[i])
 	}
 	if len(evs) == q.Limit {
 		out.NextCursor = &evs[len(evs)-1].ID

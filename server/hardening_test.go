@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +22,8 @@ import (
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 	"github.com/pdplane/pdplane/web"
@@ -58,13 +61,16 @@ func (b *bundle) raw(t *testing.T, method, path, body string, hdr ...string) (in
 }
 
 // problem decodes a problem+json answer, failing when it is not one.
-func problem(t *testing.T, h http.Header, data []byte) server.Problem {
+func problem(t *testing.T, h http.Header, data []byte) api.Problem {
 	t.Helper()
-	var p server.Problem
+	var p api.Problem
 	if ct := h.Get("Content-Type"); ct != "application/problem+json" {
 		t.Fatalf("content type %q, want application/problem+json: %s", ct, data)
 	}
-	if err := json.Unmarshal(data, &p); err != nil || p.Type == "" {
+	// Strictly: the answer is the contract's Problem, nothing more.
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil || p.Type == "" {
 		t.Fatalf("not a problem: %s (%v)", data, err)
 	}
 	return p
@@ -86,7 +92,7 @@ func (b *bundle) peerCount(t *testing.T) int {
 func TestBrowserCannotWriteCrossOrigin(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	spec := mustJSON(t, registrytest.Spec("p0", registry.RolePrefill))
+	spec := string(specJSON(registrytest.Spec("p0", registry.RolePrefill)))
 	auth := "Bearer " + joinToken
 
 	for _, tc := range []struct {
@@ -107,8 +113,8 @@ func TestBrowserCannotWriteCrossOrigin(t *testing.T) {
 		if code != tc.status {
 			t.Fatalf("%s: status %d, want %d: %s", tc.name, code, tc.status, data)
 		}
-		if p := problem(t, h, data); p.Field != tc.field {
-			t.Fatalf("%s: field %q, want %q", tc.name, p.Field, tc.field)
+		if p := problem(t, h, data); apiconv.Deref(p.Field) != tc.field {
+			t.Fatalf("%s: field %q, want %q", tc.name, apiconv.Deref(p.Field), tc.field)
 		}
 	}
 	if n := b.peerCount(t); n != 0 {
@@ -169,7 +175,7 @@ func TestAllowedHostsRefusesOtherNames(t *testing.T) {
 			t.Fatalf("Host %q: status %d, want %d: %s", host, code, want, data)
 		}
 		if want != http.StatusOK {
-			if p := problem(t, h, data); p.Field != "Host" || p.Type != server.ProblemMisdirected {
+			if p := problem(t, h, data); apiconv.Deref(p.Field) != "Host" || p.Type != server.ProblemMisdirected {
 				t.Fatalf("Host %q: %+v", host, p)
 			}
 		}
@@ -235,14 +241,14 @@ func TestMethodsAndPathsFollowTheSpec(t *testing.T) {
 func TestDataAfterTheJSONBodyIsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	spec := mustJSON(t, registrytest.Spec("p0", registry.RolePrefill))
+	spec := string(specJSON(registrytest.Spec("p0", registry.RolePrefill)))
 	for _, body := range []string{spec + "{}", spec + " x", spec + "\n" + spec, spec + "]"} {
 		code, h, data := b.raw(t, "POST", "/api/v1/peers", body, "Authorization", "Bearer "+joinToken, "Content-Type", "application/json")
 		if code != http.StatusBadRequest {
 			t.Fatalf("status %d, want 400: %s", code, data)
 		}
-		if p := problem(t, h, data); p.Field != "body" {
-			t.Fatalf("field %q, want body", p.Field)
+		if p := problem(t, h, data); apiconv.Deref(p.Field) != "body" {
+			t.Fatalf("field %q, want body", apiconv.Deref(p.Field))
 		}
 	}
 	if n := b.peerCount(t); n != 0 {

@@ -11,6 +11,8 @@ import (
 	"github.com/rs/zerolog/hlog"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 )
 
 // Problem types: stable URIs that clients can switch on.
@@ -29,16 +31,18 @@ const (
 )
 
 // Problem is an RFC 9457 problem; handlers return it as an error and the
-// strict server's error handler writes it.
+// strict server's error handler writes it, as the generated api.Problem.
 type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail"`
-	Field  string `json:"field,omitempty"`
+	Type   string
+	Title  string
+	Status int
+	Detail string
+	// Field is the JSON path of the offending request field; empty for
+	// none.
+	Field string
 	// RetryAfter, when positive, is sent as the Retry-After header (in
 	// whole seconds): the request may succeed if repeated then.
-	RetryAfter time.Duration `json:"-"`
+	RetryAfter time.Duration
 }
 
 func (p *Problem) Error() string { return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail) }
@@ -59,7 +63,7 @@ func writeProblem(w http.ResponseWriter, p *Problem) {
 		w.Header().Set("Retry-After", strconv.Itoa(int((p.RetryAfter+time.Second-1)/time.Second)))
 	}
 	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(p)
+	_ = json.NewEncoder(w).Encode(api.Problem{Type: p.Type, Title: p.Title, Status: p.Status, Detail: p.Detail, Field: apiconv.Opt(p.Field)})
 }
 
 // storeRetryAfter is what a 503 for an unreachable store suggests: a

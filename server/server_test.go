@@ -24,6 +24,7 @@ import (
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 )
 
 const (
@@ -94,6 +95,8 @@ func (b *bundle) do(t *testing.T, method, path, token string, body any) (int, ma
 		rd = strings.NewReader(v)
 	case []byte:
 		rd = bytes.NewReader(v)
+	case registry.PeerSpec:
+		rd = bytes.NewReader(specJSON(v))
 	default:
 		data, err := json.Marshal(v)
 		if err != nil {
@@ -126,6 +129,15 @@ func (b *bundle) do(t *testing.T, method, path, token string, body any) (int, ma
 
 // register registers spec with the join token, or with the credential of
 // the peer when the bundle holds one, and keeps any credential issued.
+// specJSON is spec as a registration body, the way an agent sends it.
+func specJSON(spec registry.PeerSpec) []byte {
+	data, err := json.Marshal(apiconv.Registration(&spec))
+	if err != nil {
+		panic(err)
+	}
+	return data
+}
+
 func (b *bundle) register(t *testing.T, spec registry.PeerSpec) map[string]any {
 	t.Helper()
 	token := joinToken
@@ -199,7 +211,7 @@ func TestBadRegistrations(t *testing.T) {
 	before, _ := b.store.List(context.Background(), registry.Filter{})
 
 	mutate := func(f func(m map[string]any)) []byte {
-		data, _ := json.Marshal(good)
+		data := specJSON(good)
 		var m map[string]any
 		_ = json.Unmarshal(data, &m)
 		f(m)

@@ -245,7 +245,7 @@ func rawJSON(v any) []byte {
 
 // asMap turns a spec into the generic form that mutations edit.
 func asMap(spec registry.PeerSpec) map[string]any {
-	data, _ := json.Marshal(spec)
+	data := specJSON(spec)
 	var m map[string]any
 	_ = json.Unmarshal(data, &m)
 	return m

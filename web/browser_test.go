@@ -33,6 +33,8 @@ import (
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/server/api/apiconv"
 	"github.com/pdplane/pdplane/web"
 )
 
@@ -178,19 +180,20 @@ func (f *fixture) register(spec registry.PeerSpec) string {
 	var p struct {
 		ID string `json:"id"`
 	}
-	f.call(http.MethodPost, "/api/v1/peers", adminToken, spec, http.StatusCreated, &p)
+	f.call(http.MethodPost, "/api/v1/peers", adminToken, apiconv.Registration(&spec), http.StatusCreated, &p)
 	return p.ID
 }
 
 func (f *fixture) reregister(spec registry.PeerSpec) {
 	f.t.Helper()
-	f.call(http.MethodPost, "/api/v1/peers", adminToken, spec, http.StatusOK, nil)
+	f.call(http.MethodPost, "/api/v1/peers", adminToken, apiconv.Registration(&spec), http.StatusOK, nil)
 }
 
 func (f *fixture) heartbeat(id, instance string, load registry.Load) {
 	f.t.Helper()
+	l := apiconv.Load(load)
 	f.call(http.MethodPost, "/api/v1/peers/"+id+"/heartbeat", adminToken,
-		map[string]any{"instance_id": instance, "load": load}, http.StatusOK, nil)
+		api.Heartbeat{InstanceId: instance, Load: &l}, http.StatusOK, nil)
 }
 
 func (f *fixture) markStale(id, reason, errText string) {
@@ -798,7 +801,8 @@ func buildFleet(f *fixture) map[string]string {
 					l.Running += rand.IntN(5) - 2
 					l.KVUsage = math.Min(0.95, math.Max(0, l.KVUsage+(rand.Float64()-0.5)*0.04))
 				}
-				body, _ := json.Marshal(map[string]any{"instance_id": instances[s.Name], "load": l})
+				wl := apiconv.Load(l)
+				body, _ := json.Marshal(api.Heartbeat{InstanceId: instances[s.Name], Load: &wl})
 				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/api/v1/peers/"+ids[s.Name]+"/heartbeat", bytes.NewReader(body))
 				req.Header.Set("Authorization", "Bearer "+adminToken)
 				req.Header.Set("Content-Type", "application/json")

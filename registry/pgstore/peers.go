@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,102 +13,203 @@ import (
 	"github.com/pdplane/pdplane/registry"
 )
 
-// peerRow is a row of peers, scanned by column name.
+// column is one column of a table read into and written from a Go row R.
+// The list of a table's columns is the one place that names them: every
+// SELECT list, INSERT list, upsert SET list, scan and argument order is
+// built from it.
+type column[R any] struct {
+	name string
+	// sel is the expression a SELECT reads the column with; the bare name
+	// when empty.
+	sel string
+	// keep marks a column an upsert leaves as the first write set it.
+	keep bool
+	// at is where the column lives in a row: the scan destination, and
+	// (pgx dereferences it) the argument of a write.
+	at func(*R) any
+}
+
+type columns[R any] []column[R]
+
+// names is the columns' names in order, as an INSERT or COPY lists them.
+func (cs columns[R]) names() []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.name
+	}
+	return out
+}
+
+// selectList is the columns as a SELECT reads them.
+func (cs columns[R]) selectList() string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.name
+		if c.sel != "" {
+			out[i] = c.sel
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// fields is where each column lives in r, in column order: the scan
+// destinations of a SELECT and the arguments of an INSERT.
+func (cs columns[R]) fields(r *R) []any {
+	out := make([]any, len(cs))
+	for i, c := range cs {
+		out[i] = c.at(r)
+	}
+	return out
+}
+
+// upsert is an INSERT of every column that, on a conflict over key,
+// overwrites every column but key and those marked keep.
+func (cs columns[R]) upsert(table, key string) string {
+	params := make([]string, len(cs))
+	var set []string
+	for i, c := range cs {
+		params[i] = "$" + strconv.Itoa(i+1)
+		if c.name != key && !c.keep {
+			set = append(set, c.name+" = EXCLUDED."+c.name)
+		}
+	}
+	return "INSERT INTO " + table + " (" + strings.Join(cs.names(), ", ") + ")\nVALUES (" + strings.Join(params, ", ") +
+		")\nON CONFLICT (" + key + ") DO UPDATE SET\n\t" + strings.Join(set, ",\n\t")
+}
+
+// scanner scans a row of the columns into a fresh R.
+func (cs columns[R]) scanner() pgx.RowToFunc[R] {
+	return func(row pgx.CollectableRow) (R, error) {
+		var r R
+		err := row.Scan(cs.fields(&r)...)
+		return r, err
+	}
+}
+
+// peerRow is a row of peers: the peer, with its labels in their stored
+// (JSON) form. Reads normalise it with peer, writes fill it with newPeerRow.
 type peerRow struct {
-	ID            string     `db:"id"`
-	Name          string     `db:"name"`
-	Role          string     `db:"role"`
-	Engine        string     `db:"engine"`
-	URL           string     `db:"url"`
-	BootstrapHost string     `db:"bootstrap_host"`
-	BootstrapPort int        `db:"bootstrap_port"`
-	Model         string     `db:"model"`
-	InstanceID    string     `db:"instance_id"`
-	TransferGroup string     `db:"transfer_group"`
-	Labels        []byte     `db:"labels"`
-	TPSize        int        `db:"tp_size"`
-	AttnTPSize    int        `db:"attn_tp_size"`
-	DPSize        int        `db:"dp_size"`
-	PPSize        int        `db:"pp_size"`
-	PPRank        int        `db:"pp_rank"`
-	DCPSize       int        `db:"dcp_size"`
-	DCPRank       int        `db:"dcp_rank"`
-	PageSize      int        `db:"page_size"`
-	KVDType       string     `db:"kv_dtype"`
-	NumLayers     int        `db:"num_layers"`
-	NumKVHeads    int        `db:"num_kv_heads"`
-	HeadDim       int        `db:"head_dim"`
-	IsMLA         bool       `db:"is_mla"`
-	State         string     `db:"state"`
-	StateReason   string     `db:"state_reason"`
-	Generation    int64      `db:"generation"`
-	LeaseExpiry   time.Time  `db:"lease_expiry"`
-	LastHeartbeat *time.Time `db:"last_heartbeat"`
-	LoadRunning   int        `db:"load_running"`
-	LoadQueued    int        `db:"load_queued"`
-	LoadKVUsage   float64    `db:"load_kv_usage"`
-	CreatedAt     time.Time  `db:"created_at"`
-	UpdatedAt     time.Time  `db:"updated_at"`
-	CredHash      []byte     `db:"credential_hash"`
-	Observed      []string   `db:"observed"`
-	Unknown       []string   `db:"unknown"`
+	registry.Peer
+	labels []byte
 }
 
-const peerColumns = `id::text, name, role, engine, url, bootstrap_host, bootstrap_port, model, instance_id,
-	transfer_group, labels, tp_size, attn_tp_size, dp_size, pp_size, pp_rank, dcp_size, dcp_rank,
-	page_size, kv_dtype, num_layers, num_kv_heads, head_dim, is_mla, state, state_reason, generation,
-	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at, credential_hash,
-	observed, unknown`
+func col[R any](name string, at func(*R) any) column[R] { return column[R]{name: name, at: at} }
 
-// rankRow is a row of peer_ranks.
+// peerColumns are the columns of peers. A new column is one line here (and
+// one in a migration).
+var peerColumns = columns[peerRow]{
+	{name: "id", sel: "id::text", at: func(r *peerRow) any { return &r.ID }},
+	col("name", func(r *peerRow) any { return &r.Name }),
+	col("role", func(r *peerRow) any { return &r.Role }),
+	col("engine", func(r *peerRow) any { return &r.Engine }),
+	col("url", func(r *peerRow) any { return &r.URL }),
+	col("bootstrap_host", func(r *peerRow) any { return &r.BootstrapHost }),
+	col("bootstrap_port", func(r *peerRow) any { return &r.BootstrapPort }),
+	col("model", func(r *peerRow) any { return &r.Model }),
+	col("instance_id", func(r *peerRow) any { return &r.InstanceID }),
+	col("transfer_group", func(r *peerRow) any { return &r.TransferGroup }),
+	col("labels", func(r *peerRow) any { return &r.labels }),
+	col("tp_size", func(r *peerRow) any { return &r.Parallelism.TPSize }),
+	col("attn_tp_size", func(r *peerRow) any { return &r.Parallelism.AttnTPSize }),
+	col("dp_size", func(r *peerRow) any { return &r.Parallelism.DPSize }),
+	col("pp_size", func(r *peerRow) any { return &r.Parallelism.PPSize }),
+	col("pp_rank", func(r *peerRow) any { return &r.Parallelism.PPRank }),
+	col("dcp_size", func(r *peerRow) any { return &r.Parallelism.DCPSize }),
+	col("dcp_rank", func(r *peerRow) any { return &r.Parallelism.DCPRank }),
+	col("page_size", func(r *peerRow) any { return &r.KV.PageSize }),
+	col("kv_dtype", func(r *peerRow) any { return &r.KV.DType }),
+	col("num_layers", func(r *peerRow) any { return &r.KV.NumLayers }),
+	col("num_kv_heads", func(r *peerRow) any { return &r.KV.NumKVHeads }),
+	col("head_dim", func(r *peerRow) any { return &r.KV.HeadDim }),
+	col("is_mla", func(r *peerRow) any { return &r.KV.IsMLA }),
+	col("state", func(r *peerRow) any { return &r.State }),
+	col("state_reason", func(r *peerRow) any { return &r.StateReason }),
+	col("generation", func(r *peerRow) any { return &r.Generation }),
+	col("lease_expiry", func(r *peerRow) any { return &r.LeaseExpiry }),
+	col("last_heartbeat", func(r *peerRow) any { return &r.LastHeartbeat }),
+	col("load_running", func(r *peerRow) any { return &r.Load.Running }),
+	col("load_queued", func(r *peerRow) any { return &r.Load.Queued }),
+	col("load_kv_usage", func(r *peerRow) any { return &r.Load.KVUsage }),
+	{name: "created_at", keep: true, at: func(r *peerRow) any { return &r.CreatedAt }},
+	col("updated_at", func(r *peerRow) any { return &r.UpdatedAt }),
+	col("credential_hash", func(r *peerRow) any { return &r.CredentialHash }),
+	col("observed", func(r *peerRow) any { return &r.Observed }),
+	col("unknown", func(r *peerRow) any { return &r.Unknown }),
+}
+
+// rankRow is a row of peer_ranks: a rank in its stored form, whose
+// uint64s are bigints bit for bit and whose memory kinds are smallints.
 type rankRow struct {
-	PeerID        string  `db:"peer_id"`
-	Rank          int     `db:"rank"`
-	GPUID         int     `db:"gpu_id"`
-	AgentName     string  `db:"agent_name"`
-	AgentMetadata []byte  `db:"agent_metadata"`
-	KVDataPtrs    []int64 `db:"kv_data_ptrs"`
-	KVDataLens    []int64 `db:"kv_data_lens"`
-	KVItemLens    []int64 `db:"kv_item_lens"`
-	KVMemKinds    []int16 `db:"kv_mem_kinds"`
-	AuxDataPtrs   []int64 `db:"aux_data_ptrs"`
-	AuxDataLens   []int64 `db:"aux_data_lens"`
-	TransferSec   []byte  `db:"transfer_secret"`
+	PeerID        string
+	Rank          int
+	GPUID         int
+	AgentName     string
+	AgentMetadata []byte
+	KVDataPtrs    []int64
+	KVDataLens    []int64
+	KVItemLens    []int64
+	KVMemKinds    []int16
+	AuxDataPtrs   []int64
+	AuxDataLens   []int64
+	TransferSec   []byte
 }
 
-const rankColumns = `peer_id::text, rank, gpu_id, agent_name, agent_metadata, kv_data_ptrs, kv_data_lens,
-	kv_item_lens, kv_mem_kinds, aux_data_ptrs, aux_data_lens, transfer_secret`
+// rankColumns are the columns of peer_ranks.
+var rankColumns = columns[rankRow]{
+	{name: "peer_id", sel: "peer_id::text", at: func(r *rankRow) any { return &r.PeerID }},
+	col("rank", func(r *rankRow) any { return &r.Rank }),
+	col("gpu_id", func(r *rankRow) any { return &r.GPUID }),
+	col("agent_name", func(r *rankRow) any { return &r.AgentName }),
+	col("agent_metadata", func(r *rankRow) any { return &r.AgentMetadata }),
+	col("kv_data_ptrs", func(r *rankRow) any { return &r.KVDataPtrs }),
+	col("kv_data_lens", func(r *rankRow) any { return &r.KVDataLens }),
+	col("kv_item_lens", func(r *rankRow) any { return &r.KVItemLens }),
+	col("kv_mem_kinds", func(r *rankRow) any { return &r.KVMemKinds }),
+	col("aux_data_ptrs", func(r *rankRow) any { return &r.AuxDataPtrs }),
+	col("aux_data_lens", func(r *rankRow) any { return &r.AuxDataLens }),
+	col("transfer_secret", func(r *rankRow) any { return &r.TransferSec }),
+}
 
+// The statements built from the column lists, once, so that each call
+// sends the same text and pgx's statement cache prepares it once.
+var (
+	selectPeers = "SELECT " + peerColumns.selectList() + " FROM peers "
+	upsertPeer  = peerColumns.upsert("peers", "id")
+	selectRanks = "SELECT " + rankColumns.selectList() + " FROM peer_ranks WHERE peer_id = ANY($1::uuid[]) ORDER BY peer_id, rank"
+	rankNames   = rankColumns.names()
+	scanPeerRow = peerColumns.scanner()
+	scanRankRow = rankColumns.scanner()
+)
+
+// peer is the row as the domain has it: times in UTC, and empty lists and
+// byte strings nil, as the embedded store returns them.
 func (r *peerRow) peer() (registry.Peer, error) {
-	p := registry.Peer{
-		PeerSpec: registry.PeerSpec{
-			Name: r.Name, Role: registry.Role(r.Role), Engine: registry.Engine(r.Engine), URL: r.URL,
-			BootstrapHost: r.BootstrapHost, BootstrapPort: r.BootstrapPort, Model: r.Model,
-			InstanceID: r.InstanceID, TransferGroup: r.TransferGroup,
-			Parallelism: registry.Parallelism{TPSize: r.TPSize, AttnTPSize: r.AttnTPSize, DPSize: r.DPSize,
-				PPSize: r.PPSize, PPRank: r.PPRank, DCPSize: r.DCPSize, DCPRank: r.DCPRank},
-			KV: registry.KVGeometry{PageSize: r.PageSize, DType: r.KVDType, NumLayers: r.NumLayers,
-				NumKVHeads: r.NumKVHeads, HeadDim: r.HeadDim, IsMLA: r.IsMLA},
-		},
-		ID: r.ID, State: registry.State(r.State), StateReason: r.StateReason, Generation: r.Generation,
-		LeaseExpiry: r.LeaseExpiry.UTC(), LastHeartbeat: utcPtr(r.LastHeartbeat),
-		Load:      registry.Load{Running: r.LoadRunning, Queued: r.LoadQueued, KVUsage: r.LoadKVUsage},
-		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
-		CredentialHash: nilIfEmptyBytes(r.CredHash),
-	}
-	// Empty lists are nil, as the embedded store returns them.
-	if len(r.Observed) > 0 {
-		p.Observed = r.Observed
-	}
-	if len(r.Unknown) > 0 {
-		p.Unknown = r.Unknown
-	}
-	if len(r.Labels) > 0 && string(r.Labels) != "{}" {
-		if err := json.Unmarshal(r.Labels, &p.Labels); err != nil {
-			return p, fmt.Errorf("decode labels of peer %s: %w", r.ID, err)
+	p := r.Peer
+	p.LeaseExpiry, p.CreatedAt, p.UpdatedAt = p.LeaseExpiry.UTC(), p.CreatedAt.UTC(), p.UpdatedAt.UTC()
+	p.LastHeartbeat = utcPtr(p.LastHeartbeat)
+	p.CredentialHash = nilIfEmpty(p.CredentialHash)
+	p.Observed, p.Unknown = nilIfEmpty(p.Observed), nilIfEmpty(p.Unknown)
+	p.Labels = nil
+	if len(r.labels) > 0 && string(r.labels) != "{}" {
+		if err := json.Unmarshal(r.labels, &p.Labels); err != nil {
+			return p, fmt.Errorf("decode labels of peer %s: %w", p.ID, err)
 		}
 	}
 	return p, nil
+}
+
+// newPeerRow is p in its stored form: labels as JSON, and absent byte
+// strings and lists empty (the columns are NOT NULL).
+func newPeerRow(p *registry.Peer) (peerRow, error) {
+	r := peerRow{Peer: *p, labels: []byte("{}")}
+	if p.Labels != nil {
+		var err error
+		if r.labels, err = json.Marshal(p.Labels); err != nil {
+			return r, fmt.Errorf("encode labels: %w", err)
+		}
+	}
+	r.CredentialHash, r.Observed, r.Unknown = nonNil(p.CredentialHash), nonNil(p.Observed), nonNil(p.Unknown)
+	return r, nil
 }
 
 func utcPtr(t *time.Time) *time.Time {
@@ -126,8 +229,20 @@ func (r *rankRow) rank() registry.Rank {
 		Rank: r.Rank, GPUID: r.GPUID, AgentName: r.AgentName, AgentMetadata: r.AgentMetadata,
 		KVDataPtrs: toU64(r.KVDataPtrs), KVDataLens: toU64(r.KVDataLens), KVItemLens: toU64(r.KVItemLens),
 		KVMemKinds: kinds, AuxDataPtrs: nilIfEmpty(toU64(r.AuxDataPtrs)), AuxDataLens: nilIfEmpty(toU64(r.AuxDataLens)),
-		TransferSecret: nilIfEmptyBytes(r.TransferSec),
+		TransferSecret: nilIfEmpty(r.TransferSec),
 	}
+}
+
+// newRankRow is the rank r of peer id in its stored form.
+func newRankRow(id string, r *registry.Rank) rankRow {
+	kinds := make([]int16, len(r.KVMemKinds))
+	for j, k := range r.KVMemKinds {
+		kinds[j] = int16(k)
+	}
+	return rankRow{PeerID: id, Rank: r.Rank, GPUID: r.GPUID, AgentName: r.AgentName, AgentMetadata: nonNil(r.AgentMetadata),
+		KVDataPtrs: toI64(r.KVDataPtrs), KVDataLens: toI64(r.KVDataLens), KVItemLens: toI64(r.KVItemLens),
+		KVMemKinds: kinds, AuxDataPtrs: toI64(r.AuxDataPtrs), AuxDataLens: toI64(r.AuxDataLens),
+		TransferSec: nonNil(r.TransferSecret)}
 }
 
 // uint64 values are stored bit-for-bit in bigint: addresses above 2^63 come
@@ -148,18 +263,22 @@ func toI64(v []uint64) []int64 {
 	return out
 }
 
-func nilIfEmpty(v []uint64) []uint64 {
+// nilIfEmpty reads an empty byte string or list back as absent, as the
+// embedded store has it.
+func nilIfEmpty[T any](v []T) []T {
 	if len(v) == 0 {
 		return nil
 	}
 	return v
 }
 
-func nilIfEmptyBytes(b []byte) []byte {
-	if len(b) == 0 {
-		return nil
+// nonNil stores an absent byte string or list as an empty one (the columns
+// are NOT NULL).
+func nonNil[T any](l []T) []T {
+	if l == nil {
+		return []T{}
 	}
-	return b
+	return l
 }
 
 // queryer is what both a pool and a transaction offer.
@@ -170,11 +289,11 @@ type queryer interface {
 // loadPeers reads the peers that where (with args) selects, and their ranks.
 func loadPeers(ctx context.Context, q queryer, where string, args ...any) ([]registry.Peer, error) {
 	query := q.Query
-	rows, err := query(ctx, "SELECT "+peerColumns+" FROM peers "+where, args...)
+	rows, err := query(ctx, selectPeers+where, args...)
 	if err != nil {
 		return nil, err
 	}
-	prs, err := pgx.CollectRows(rows, pgx.RowToStructByName[peerRow])
+	prs, err := pgx.CollectRows(rows, scanPeerRow)
 	if err != nil {
 		return nil, err
 	}
@@ -191,11 +310,11 @@ func loadPeers(ctx context.Context, q queryer, where string, args ...any) ([]reg
 	if len(ids) == 0 {
 		return peers, nil
 	}
-	rows, err = query(ctx, "SELECT "+rankColumns+" FROM peer_ranks WHERE peer_id = ANY($1::uuid[]) ORDER BY peer_id, rank", ids)
+	rows, err = query(ctx, selectRanks, ids)
 	if err != nil {
 		return nil, err
 	}
-	rrs, err := pgx.CollectRows(rows, pgx.RowToStructByName[rankRow])
+	rrs, err := pgx.CollectRows(rows, scanRankRow)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -88,43 +87,11 @@ func newUUID(ctx context.Context, tx pgx.Tx) (string, error) {
 
 // writePeer upserts the peer row and, when withRanks, replaces its ranks.
 func writePeer(ctx context.Context, tx pgx.Tx, p *registry.Peer, withRanks bool) error {
-	labels, err := json.Marshal(p.Labels)
+	row, err := newPeerRow(p)
 	if err != nil {
-		return fmt.Errorf("encode labels: %w", err)
+		return err
 	}
-	if p.Labels == nil {
-		labels = []byte("{}")
-	}
-	_, err = tx.Exec(ctx, `
-INSERT INTO peers (id, name, role, engine, url, bootstrap_host, bootstrap_port, model, instance_id,
-	transfer_group, labels, tp_size, attn_tp_size, dp_size, pp_size, pp_rank, dcp_size, dcp_rank,
-	page_size, kv_dtype, num_layers, num_kv_heads, head_dim, is_mla, state, state_reason, generation,
-	lease_expiry, last_heartbeat, load_running, load_queued, load_kv_usage, created_at, updated_at, credential_hash,
-	observed, unknown)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
-	$21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37)
-ON CONFLICT (id) DO UPDATE SET
-	name = EXCLUDED.name, role = EXCLUDED.role, engine = EXCLUDED.engine, url = EXCLUDED.url,
-	bootstrap_host = EXCLUDED.bootstrap_host, bootstrap_port = EXCLUDED.bootstrap_port,
-	model = EXCLUDED.model, instance_id = EXCLUDED.instance_id, transfer_group = EXCLUDED.transfer_group,
-	labels = EXCLUDED.labels, tp_size = EXCLUDED.tp_size, attn_tp_size = EXCLUDED.attn_tp_size,
-	dp_size = EXCLUDED.dp_size, pp_size = EXCLUDED.pp_size, pp_rank = EXCLUDED.pp_rank,
-	dcp_size = EXCLUDED.dcp_size, dcp_rank = EXCLUDED.dcp_rank, page_size = EXCLUDED.page_size,
-	kv_dtype = EXCLUDED.kv_dtype, num_layers = EXCLUDED.num_layers, num_kv_heads = EXCLUDED.num_kv_heads,
-	head_dim = EXCLUDED.head_dim, is_mla = EXCLUDED.is_mla, state = EXCLUDED.state,
-	state_reason = EXCLUDED.state_reason, generation = EXCLUDED.generation,
-	lease_expiry = EXCLUDED.lease_expiry, last_heartbeat = EXCLUDED.last_heartbeat,
-	load_running = EXCLUDED.load_running, load_queued = EXCLUDED.load_queued,
-	load_kv_usage = EXCLUDED.load_kv_usage, updated_at = EXCLUDED.updated_at,
-	credential_hash = EXCLUDED.credential_hash,
-	observed = EXCLUDED.observed, unknown = EXCLUDED.unknown`,
-		p.ID, p.Name, p.Role, p.Engine, p.URL, p.BootstrapHost, p.BootstrapPort, p.Model, p.InstanceID,
-		p.TransferGroup, labels, p.Parallelism.TPSize, p.Parallelism.AttnTPSize, p.Parallelism.DPSize,
-		p.Parallelism.PPSize, p.Parallelism.PPRank, p.Parallelism.DCPSize, p.Parallelism.DCPRank,
-		p.KV.PageSize, p.KV.DType, p.KV.NumLayers, p.KV.NumKVHeads, p.KV.HeadDim, p.KV.IsMLA,
-		p.State, p.StateReason, p.Generation, p.LeaseExpiry, p.LastHeartbeat,
-		p.Load.Running, p.Load.Queued, p.Load.KVUsage, p.CreatedAt, p.UpdatedAt, nonNil(p.CredentialHash),
-		nonNil(p.Observed), nonNil(p.Unknown))
+	_, err = tx.Exec(ctx, upsertPeer, peerColumns.fields(&row)...)
 	if err != nil || !withRanks {
 		return err
 	}
@@ -132,28 +99,13 @@ ON CONFLICT (id) DO UPDATE SET
 		return err
 	}
 	rows := make([][]any, len(p.Ranks))
-	for i, r := range p.Ranks {
-		kinds := make([]int16, len(r.KVMemKinds))
-		for j, k := range r.KVMemKinds {
-			kinds[j] = int16(k)
-		}
-		rows[i] = []any{p.ID, r.Rank, r.GPUID, r.AgentName, nonNil(r.AgentMetadata), toI64(r.KVDataPtrs), toI64(r.KVDataLens),
-			toI64(r.KVItemLens), kinds, toI64(r.AuxDataPtrs), toI64(r.AuxDataLens), nonNil(r.TransferSecret)}
+	for i := range p.Ranks {
+		row := newRankRow(p.ID, &p.Ranks[i])
+		rows[i] = rankColumns.fields(&row)
 	}
-	_, err = tx.CopyFrom(ctx, pgx.Identifier{"peer_ranks"},
-		[]string{"peer_id", "rank", "gpu_id", "agent_name", "agent_metadata", "kv_data_ptrs", "kv_data_lens",
-			"kv_item_lens", "kv_mem_kinds", "aux_data_ptrs", "aux_data_lens", "transfer_secret"},
+	_, err = tx.CopyFrom(ctx, pgx.Identifier{"peer_ranks"}, rankNames,
 		pgx.CopyFromRows(rows))
 	return err
-}
-
-// nonNil stores an absent byte string or list as an empty one (the columns
-// are NOT NULL).
-func nonNil[T any](l []T) []T {
-	if l == nil {
-		return []T{}
-	}
-	return l
 }
 
 func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, p *registry.Peer, events []registry.Event, now time.Time) error {
