@@ -19,10 +19,9 @@ import (
 // wait is bounded by the room timeout, so pages never leak.
 
 var (
-	errRoomTimeout      = errors.New("room timed out waiting for its counterpart")
-	errPrefillCancelled = errors.New("the prefill request was cancelled")
-	errRoomInUse        = errors.New("room already has a decode")
-	errRoomDropped      = errors.New("the prefill gave up on the room")
+	errRoomTimeout = errors.New("room timed out waiting for its counterpart")
+	errRoomInUse   = errors.New("room already has a decode")
+	errRoomDropped = errors.New("the prefill gave up on the room")
 )
 
 // roomMsg is a decode's destination for one request (SGLang's
