@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -160,6 +161,9 @@ type Agent struct {
 	interval   time.Duration
 	leaseTTL   time.Duration // from the last registration; 0 before
 	credential string
+	// healErr is a failed heal action's report, sent with the next
+	// heartbeat.
+	healErr string
 }
 
 // New returns an agent for eng.
@@ -370,6 +374,11 @@ func (a *Agent) Run(ctx context.Context) error {
 				return ctx.Err()
 			}
 			backoff = min(backoff*2, a.cfg.MaxBackoff)
+		case reply.Action == api.Heal:
+			backoff = a.cfg.MinBackoff
+			if err := a.heal(ctx, apiconv.Deref(reply.Reason)); err != nil {
+				return err
+			}
 		case reply.Action == api.Reregister:
 			backoff = a.cfg.MinBackoff
 			reason := apiconv.Deref(reply.Reason)
@@ -385,6 +394,34 @@ func (a *Agent) Run(ctx context.Context) error {
 			backoff = a.cfg.MinBackoff
 		}
 	}
+}
+
+// heal runs the heal action the control plane asked for, once: the
+// engine's Reregister, which gives an in-process engine fresh NIXL agents
+// (the simulator, a spec-file engine with a re-registration command),
+// followed by a registration of the new generation. A failure is reported
+// with the next heartbeat, and the control plane marks the peer failed:
+// the agent never retries a heal by itself. It returns an error only when
+// the agent must stop.
+func (a *Agent) heal(ctx context.Context, reason string) error {
+	a.log.Warn().Str("reason", reason).Msg("control plane asks to heal the engine: running the heal action once")
+	if err := a.eng.Reregister(ctx, reason); err != nil {
+		a.log.Error().Err(err).Msg("heal action failed")
+		a.mu.Lock()
+		a.healErr = truncateText(err.Error(), registry.MaxHealErrorLen)
+		a.mu.Unlock()
+		return nil
+	}
+	return a.registerRetrying(ctx)
+}
+
+// truncateText cuts s to at most n bytes of valid UTF-8, keeping its end
+// (the tail of an action's output says most).
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + strings.ToValidUTF8(s[len(s)-n+len("…"):], "")
 }
 
 // maxHeartbeatBackoff caps the pause between failed heartbeats at a
@@ -443,6 +480,12 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 			body.EngineError = &st.Error
 		}
 	}
+	a.mu.Lock()
+	healErr := a.healErr
+	a.mu.Unlock()
+	if healErr != "" {
+		body.HealError = &healErr
+	}
 	auth := a.asPeer()
 	var resp *api.HeartbeatPeerResponse
 	a.mu.Lock()
@@ -466,6 +509,13 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 	}
 	if resp.JSON200 == nil {
 		return api.HeartbeatReply{}, refusal(resp.HTTPResponse, resp.Body)
+	}
+	if healErr != "" {
+		a.mu.Lock()
+		if a.healErr == healErr {
+			a.healErr = ""
+		}
+		a.mu.Unlock()
 	}
 	return *resp.JSON200, nil
 }

@@ -329,7 +329,8 @@ func TestSelfHealing(t *testing.T) {
 			}
 			// The event log tells the story, on either replica.
 			kinds := eventKinds(t, f.replicas[1].store, after.ID)
-			for _, want := range []registry.EventKind{registry.EventStale, registry.EventReregisterRequested, registry.EventReregistered} {
+			for _, want := range []registry.EventKind{registry.EventStale, registry.EventHealStarted, registry.EventHealActing,
+				registry.EventReregistered, registry.EventHealed} {
 				if !containsKind(kinds, want) {
 					t.Errorf("event log of %s lacks %s: %v", victim, want, kinds)
 				}

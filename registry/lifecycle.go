@@ -37,6 +37,10 @@ func Reregister(prev Peer, spec PeerSpec, now time.Time, leaseTTL time.Duration)
 		return next, []Event{{Kind: EventRegistered, Message: "registration updated"}}, clearQuarantine
 	}
 	next.Generation = prev.Generation + 1
+	var healEvents []Event
+	if prev.Heal.Active() {
+		healEvents = healed(prev, &next)
+	}
 	// A peer that was alive a moment ago (stale, or ready and restarted)
 	// goes straight back to ready: its agent just proved itself by
 	// re-registering, and waiting a heartbeat would keep it out of routing
@@ -53,7 +57,7 @@ func Reregister(prev Peer, spec PeerSpec, now time.Time, leaseTTL time.Duration)
 	if prev.InstanceID != spec.InstanceID {
 		msg += ", new instance " + spec.InstanceID
 	}
-	return next, []Event{{Kind: EventReregistered, Message: msg}}, clearQuarantine
+	return next, append([]Event{{Kind: EventReregistered, Message: msg}}, healEvents...), clearQuarantine
 }
 
 // NewPeer is the peer a first registration creates.
@@ -67,9 +71,9 @@ func NewPeer(id string, spec PeerSpec, now time.Time, leaseTTL time.Duration) (P
 // engine decides between ready and unhealthy: a ready (or pending, or
 // failed) peer whose engine is down becomes unhealthy, with the probe error
 // as its reason, and an unhealthy one becomes ready when its engine is back.
-// Stale and draining peers keep their state: a stale peer must re-register
-// either way, and a drained one stays out of routing until an operator acts.
-func ApplyHeartbeat(prev Peer, hb Heartbeat, now time.Time, leaseTTL time.Duration) (next Peer, reply HeartbeatReply, events []Event) {
+// A stale peer's heartbeat advances its heal plan (heal.go); a drained peer
+// stays out of routing until an operator acts.
+func ApplyHeartbeat(prev Peer, hb Heartbeat, now time.Time, leaseTTL time.Duration, heal HealConfig) (next Peer, reply HeartbeatReply, events []Event) {
 	next = prev
 	next.Load = hb.Load
 	t := now
@@ -80,7 +84,10 @@ func ApplyHeartbeat(prev Peer, hb Heartbeat, now time.Time, leaseTTL time.Durati
 	case hb.InstanceID != prev.InstanceID:
 		reply = HeartbeatReply{Action: ActionReregister, Reason: "instance changed: registered " + prev.InstanceID + ", heartbeat from " + hb.InstanceID}
 	case prev.State == StateStale:
-		reply = HeartbeatReply{Action: ActionReregister, Reason: prev.StateReason}
+		reply, events = healHeartbeat(&next, hb, now, heal)
+		if next.State != prev.State || next.Heal.Phase != prev.Heal.Phase {
+			next.UpdatedAt = now
+		}
 	case prev.State == StateDraining || prev.State == StateUnhealthy && hb.EngineDown:
 	case hb.EngineDown:
 		next.State, next.StateReason, next.UpdatedAt = StateUnhealthy, UnhealthyReason(hb.EngineError), now
@@ -104,18 +111,20 @@ func UnhealthyReason(probeErr string) string {
 	return "engine unhealthy: " + probeErr
 }
 
-// ApplyStale marks a peer stale. Marking an already stale peer again only
-// logs the new error.
-func ApplyStale(prev Peer, reason, errText string, now time.Time) (Peer, []Event) {
+// ApplyStale marks a peer stale and starts its heal plan (heal.go), or
+// fails it when it has used up its heals for the hour. Marking a peer that
+// is already healing again only logs the new error.
+func ApplyStale(prev Peer, reason, errText string, now time.Time, heal HealConfig) (Peer, []Event) {
 	next := prev
 	if reason == "" {
 		reason = "marked stale"
 	}
 	next.State, next.StateReason, next.UpdatedAt = StateStale, reason, now
-	return next, []Event{
-		{Kind: EventStale, Message: reason, Error: errText},
-		{Kind: EventReregisterRequested, Message: "next heartbeat answers reregister"},
+	events := []Event{{Kind: EventStale, Message: reason, Error: errText}}
+	if prev.State == StateStale && prev.Heal.Active() {
+		return next, events
 	}
+	return next, append(events, startHeal(&next, reason, now, heal)...)
 }
 
 // ReportedBy is the stale reason as the event log keeps it: the reason and
@@ -161,7 +170,7 @@ func Expired(prev Peer, now time.Time) (Peer, []Event, bool) {
 // reporter (routers reading a prefill's 500, prefill-side transfer workers)
 // goes through this one rule, so duplicates collapse and a deterministic
 // repeat quarantines the pair instead of looping through stale marks.
-func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now time.Time, window time.Duration) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
+func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now time.Time, window time.Duration, heal HealConfig) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
 	if f.DecodeAgent != "" && !hasAgent(&decode.PeerSpec, f.DecodeAgent) {
 		return decode, nil, nil, nil, OutcomeOutdated
 	}
@@ -171,7 +180,7 @@ func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now
 	if f.PrefillID != "" && last != nil && last.DecodeGeneration < decode.Generation && now.Sub(last.At) <= window {
 		return decode, nil, &Quarantine{PrefillID: f.PrefillID, DecodeID: decode.ID, At: now}, nil, OutcomeQuarantined
 	}
-	next, events = ApplyStale(decode, ReportedBy(f.Reason, f.Reporter), f.Error, now)
+	next, events = ApplyStale(decode, ReportedBy(f.Reason, f.Reporter), f.Error, now, heal)
 	if f.PrefillID != "" {
 		rec = &PairFailure{PrefillID: f.PrefillID, DecodeID: decode.ID, DecodeGeneration: decode.Generation, At: now}
 	}

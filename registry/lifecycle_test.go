@@ -29,7 +29,8 @@ func TestApplyHeartbeatEngineHealth(t *testing.T) {
 		{registry.StatePending, false, false, registry.StateReady, registry.ActionNone, registry.EventReady},
 		{registry.StateUnhealthy, true, false, registry.StateUnhealthy, registry.ActionNone, ""},
 		{registry.StateUnhealthy, false, false, registry.StateReady, registry.ActionNone, registry.EventReady},
-		{registry.StateStale, true, false, registry.StateStale, registry.ActionReregister, ""},
+		// A stale peer without a heal plan gets one (heal_test.go).
+		{registry.StateStale, true, false, registry.StateStale, registry.ActionNone, registry.EventHealStarted},
 		{registry.StateDraining, true, false, registry.StateDraining, registry.ActionNone, ""},
 		{registry.StateDraining, false, false, registry.StateDraining, registry.ActionNone, ""},
 		{registry.StateReady, true, true, registry.StateReady, registry.ActionReregister, ""},
@@ -43,7 +44,7 @@ func TestApplyHeartbeatEngineHealth(t *testing.T) {
 		if tc.restarted {
 			hb.InstanceID = "i2"
 		}
-		next, reply, events := registry.ApplyHeartbeat(prev, hb, now, time.Second)
+		next, reply, events := registry.ApplyHeartbeat(prev, hb, now, time.Second, registry.HealConfig{})
 		var kind registry.EventKind
 		if len(events) > 0 {
 			kind = events[0].Kind

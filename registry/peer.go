@@ -221,6 +221,8 @@ type Peer struct {
 	Load          Load
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	// Heal is the peer's heal plan (see heal.go), and its recent heals.
+	Heal Heal
 	// CredentialHash is the hash of the credential the peer's agent holds
 	// (see NewCredential); empty for a peer registered while the control
 	// plane ran open. It never leaves the control plane.

@@ -34,6 +34,9 @@ type Action string
 const (
 	ActionNone       Action = "none"
 	ActionReregister Action = "reregister"
+	// ActionHeal tells the agent, once per heal plan, to run its heal
+	// action (restart the engine).
+	ActionHeal Action = "heal"
 )
 
 // Heartbeat is one agent's periodic report.
@@ -47,6 +50,9 @@ type Heartbeat struct {
 	EngineDown bool
 	// EngineError is the last failed probe's error, when EngineDown.
 	EngineError string
+	// HealError is set when the heal action the agent ran failed: its
+	// error and the tail of its output.
+	HealError string
 }
 
 // HeartbeatReply is the control plane's answer to a heartbeat.

@@ -437,6 +437,9 @@ func (hb *Heartbeat) Validate() error {
 	if err := checkText("engine_error", hb.EngineError, optional, MaxEngineErrorLen, lineText); err != nil {
 		return err
 	}
+	if err := checkText("heal_error", hb.HealError, optional, MaxHealErrorLen, freeText); err != nil {
+		return err
+	}
 	return hb.Load.validate()
 }
 
@@ -538,3 +541,7 @@ const MaxLoadCount = 1<<31 - 1
 // MaxEngineErrorLen bounds the probe error a heartbeat may carry; it
 // becomes the peer's state reason.
 const MaxEngineErrorLen = 1024
+
+// MaxHealErrorLen bounds a failed heal action's report (its error and the
+// tail of its output).
+const MaxHealErrorLen = 4096

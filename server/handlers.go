@@ -118,7 +118,8 @@ func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerReques
 	if req.Body == nil {
 		return nil, malformed("body", "a JSON body is required")
 	}
-	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId, EngineError: apiconv.Deref(req.Body.EngineError)}
+	hb := registry.Heartbeat{PeerID: req.Id, InstanceID: req.Body.InstanceId, EngineError: apiconv.Deref(req.Body.EngineError),
+		HealError: apiconv.Deref(req.Body.HealError)}
 	if l := req.Body.Load; l != nil {
 		hb.Load = registry.Load{Running: l.Running, Queued: l.Queued, KVUsage: l.KvUsage}
 	}

@@ -436,8 +436,16 @@ func TestHeartbeatStaleAndReregister(t *testing.T) {
 	if code != 200 || st["state"] != "stale" || st["state_reason"] != "transfer failed (reported by d0)" {
 		t.Fatalf("stale: %d %v", code, st)
 	}
-	if hb := b.heartbeat(t, id, spec.InstanceID); hb["action"] != "reregister" {
-		t.Fatalf("heartbeat after stale: %v, want reregister", hb)
+	// The stale mark starts a heal plan; an idle engine's heartbeat is told
+	// to heal, once.
+	if st["heal"].(map[string]any)["phase"] != "draining" {
+		t.Fatalf("stale peer without a heal plan: %v", st)
+	}
+	if hb := b.heartbeat(t, id, spec.InstanceID); hb["action"] != "heal" || hb["reason"] != "transfer failed (reported by d0)" {
+		t.Fatalf("heartbeat after stale: %v, want heal", hb)
+	}
+	if hb := b.heartbeat(t, id, spec.InstanceID); hb["action"] != "none" {
+		t.Fatalf("second heartbeat after stale: %v, want none", hb)
 	}
 	spec.Ranks[0].AgentName = "d0-agent-fresh"
 	if again := b.register(t, spec); again["state"] != "ready" || again["generation"] != 2.0 || again["id"] != id {

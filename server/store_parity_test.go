@@ -116,7 +116,7 @@ func storeNeutral(v any) any {
 			switch k {
 			case "id", "peer_id", "next_cursor", "credential":
 				out[k] = "<id>"
-			case "created_at", "updated_at", "lease_expiry", "last_heartbeat", "at":
+			case "created_at", "updated_at", "lease_expiry", "last_heartbeat", "at", "started", "acted", "deadline":
 				out[k] = "<time>"
 			default:
 				out[k] = storeNeutral(val)

@@ -501,7 +501,7 @@ func TestStatusPageLive(t *testing.T) {
 		b.waitFor(t, "d0 stale", stateOf(d0, "stale"), 5*time.Second)
 		b.waitFor(t, "the stale event with its error text",
 			`[...document.querySelectorAll('#event-list .ev-stale pre.err')].some((e) => e.textContent === `+jsString(nixlError)+`)`, 5*time.Second)
-		b.waitFor(t, "the re-register request in the timeline", `!!document.querySelector('#event-list .ev-reregister_requested')`, 5*time.Second)
+		b.waitFor(t, "the heal plan's start in the timeline", `!!document.querySelector('#event-list .ev-heal_started')`, 5*time.Second)
 		if !eval[bool](t, b, `window.__noReload === true`) {
 			t.Error("the page reloaded to show the stale mark")
 		}

@@ -44,6 +44,8 @@ type serveConfig struct {
 	bodyTimeout            time.Duration
 	maxInflight            int
 	maxEventStreams        int
+
+	heal registry.HealConfig
 }
 
 // controlPlane is a running `pdplane serve`: store, mirror, sweeper, API,
@@ -81,6 +83,11 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.dur(&c.bodyTimeout, "body-timeout", 30*time.Second, "how long a client may take to send a request body")
 	fs.int(&c.maxInflight, "max-inflight", 4096, "generation requests served at once; more get 503 with Retry-After")
 	fs.int(&c.maxEventStreams, "max-event-streams", 256, "event streams (/api/v1/events/stream) open at once; more get 503 with Retry-After")
+	fs.dur(&c.heal.DrainGrace, "heal-drain-grace", registry.DefaultHealDrainGrace,
+		"how long requests in flight on a stale decode may take to finish before its agent runs the heal action")
+	fs.dur(&c.heal.VerifyTimeout, "heal-verify-timeout", registry.DefaultHealVerifyTimeout,
+		"how long a healed engine may take to come back as a new instance before the peer is marked failed")
+	fs.int(&c.heal.MaxPerHour, "heal-max-per-hour", registry.DefaultHealMaxPerHour, "heals per peer per hour; past it the peer is marked failed")
 }
 
 func runServe(ctx context.Context, args []string) error {
@@ -248,11 +255,11 @@ func splitList(s string) []string {
 func openStore(ctx context.Context, c serveConfig, log zerolog.Logger) (registry.Store, error) {
 	if c.databaseURL == "" {
 		log.Info().Str("store", "memory").Msg("using the embedded in-memory registry store (single node); set --database-url for PostgreSQL")
-		return memstore.New(memstore.Config{LeaseTTL: c.leaseTTL}), nil
+		return memstore.New(memstore.Config{LeaseTTL: c.leaseTTL, Heal: c.heal}), nil
 	}
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	s, err := pgstore.Open(openCtx, pgstore.Config{URL: c.databaseURL, LeaseTTL: c.leaseTTL, Migrate: true},
+	s, err := pgstore.Open(openCtx, pgstore.Config{URL: c.databaseURL, LeaseTTL: c.leaseTTL, Migrate: true, Heal: c.heal},
 		log.With().Str("component", "pgstore").Logger())
 	if err != nil {
 		return nil, fmt.Errorf("open postgres store: %w", err)

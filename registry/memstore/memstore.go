@@ -22,6 +22,8 @@ type Config struct {
 	Now      func() time.Time // the clock; time.Now when nil
 	// MaxEvents bounds the event log kept in memory; the oldest go first.
 	MaxEvents int
+	// Heal times and limits the heal plans of stale peers.
+	Heal registry.HealConfig
 }
 
 // WithDefaults fills in unset fields.
@@ -271,7 +273,7 @@ func (s *Store) MarkStale(_ context.Context, id, reason, errText string) (regist
 		return registry.Peer{}, err
 	}
 	return s.update(id, func(p registry.Peer, now time.Time) (registry.Peer, []registry.Event) {
-		return registry.ApplyStale(p, reason, errText, now)
+		return registry.ApplyStale(p, reason, errText, now, s.cfg.Heal)
 	})
 }
 
@@ -301,7 +303,7 @@ func (s *Store) Heartbeat(_ context.Context, hb registry.Heartbeat) (registry.He
 		s.mu.Unlock()
 		return registry.HeartbeatReply{}, err
 	}
-	next, reply, events := registry.ApplyHeartbeat(*p, hb, s.now(), s.cfg.LeaseTTL)
+	next, reply, events := registry.ApplyHeartbeat(*p, hb, s.now(), s.cfg.LeaseTTL, s.cfg.Heal)
 	s.put(next, events)
 	s.mu.Unlock()
 	if next.State != p.State {
@@ -334,7 +336,7 @@ func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFail
 		last = &lf
 	}
 	now := s.now()
-	next, events, q, rec, out := registry.ApplyTransferFailure(*d, f, last, now, registry.DefaultQuarantineWindow)
+	next, events, q, rec, out := registry.ApplyTransferFailure(*d, f, last, now, registry.DefaultQuarantineWindow, s.cfg.Heal)
 	if q != nil {
 		q.Detail = registry.QuarantineDetail(prefill, d, f.Error)
 		s.quarantines[key] = *q
@@ -373,6 +375,9 @@ func (s *Store) ExpireLeases(_ context.Context, now time.Time) (int, error) {
 	var ids []string
 	for id, p := range s.byID {
 		if next, events, ok := registry.Expired(*p, now); ok {
+			s.put(next, events)
+			ids = append(ids, id)
+		} else if next, events, ok := registry.ExpireHeal(*p, now); ok {
 			s.put(next, events)
 			ids = append(ids, id)
 		}

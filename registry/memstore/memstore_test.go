@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
@@ -42,4 +43,10 @@ func TestHeartbeatDoesNotCopyMetadata(t *testing.T) {
 		t.Errorf("a heartbeat makes %.0f allocations, want at most 4", allocs)
 	}
 	t.Logf("per heartbeat: %.0f allocations, about %d bytes", allocs, perBeat)
+}
+
+func TestHealExpiry(t *testing.T) {
+	t.Parallel()
+	const verify = time.Minute
+	registrytest.HealExpiry(t, memstore.New(memstore.Config{LeaseTTL: time.Hour, Heal: registry.HealConfig{VerifyTimeout: verify}}), verify)
 }

@@ -188,7 +188,7 @@ WITH hb AS (
 	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[], $4::int[], $5::float8[], $8::int[])
 		AS t(id, instance_id, running, queued, kv_usage, trans)
 ), prev AS (
-	SELECT p.id, p.name, p.state, p.state_reason, p.instance_id, p.generation,
+	SELECT p.id, p.name, p.state, p.state_reason, p.instance_id, p.generation, p.heal,
 		CASE WHEN hb.instance_id = p.instance_id THEN ($9::jsonb[])[hb.trans] -> p.state END AS t
 	FROM peers p JOIN hb USING (id) ORDER BY p.id FOR NO KEY UPDATE OF p
 ), upd AS (
@@ -206,25 +206,45 @@ WITH hb AS (
 	SELECT prev.id, prev.name, prev.t ->> 'kind', prev.generation, prev.t ->> 'message', prev.t ->> 'error', $6
 	FROM prev JOIN upd USING (id) WHERE prev.t IS NOT NULL
 )
-SELECT prev.id::text, prev.state, prev.state_reason, prev.instance_id FROM prev`,
+SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id, prev.generation, prev.heal FROM prev`,
 			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans, tables)
 		if err != nil {
 			return err
 		}
 		var changed []string
-		var id, state, reason, instance string
-		_, err = pgx.ForEachRow(rows, []any{&id, &state, &reason, &instance}, func() error {
-			prev := registry.Peer{State: registry.State(state), StateReason: reason}
-			prev.InstanceID = instance
-			next, reply, _ := registry.ApplyHeartbeat(prev, last[id].hb, now, s.cfg.LeaseTTL)
+		var steps []healStep
+		var id, name, state, reason, instance string
+		var generation int64
+		var heal []byte
+		_, err = pgx.ForEachRow(rows, []any{&id, &name, &state, &reason, &instance, &generation, &heal}, func() error {
+			prev := registry.Peer{ID: id, State: registry.State(state), StateReason: reason, Generation: generation}
+			prev.Name, prev.InstanceID = name, instance
+			var err error
+			if prev.Heal, err = decodeHeal(heal); err != nil {
+				return fmt.Errorf("decode heal plan of peer %s: %w", id, err)
+			}
+			next, reply, events := registry.ApplyHeartbeat(prev, last[id].hb, now, s.cfg.LeaseTTL, s.cfg.Heal)
 			replies[id] = reply
-			if next.State != prev.State {
+			switch {
+			case prev.State == registry.StateStale && instance == last[id].hb.InstanceID:
+				// The batch statement left it alone; its heal plan moves
+				// here.
+				steps = append(steps, healStep{prev: prev, next: next, events: events})
+			case next.State != prev.State:
 				changed = append(changed, id)
 			}
 			return nil
 		})
-		if err != nil || len(changed) == 0 {
+		if err != nil {
 			return err
+		}
+		healed, err := s.writeHealSteps(ctx, tx, steps, now)
+		if err != nil {
+			return err
+		}
+		changed = append(changed, healed...)
+		if len(changed) == 0 {
+			return nil
 		}
 		return s.notify(ctx, tx, changed...)
 	})
@@ -253,7 +273,10 @@ func transitions(hb registry.Heartbeat) string {
 	for _, st := range registry.States() {
 		prev := registry.Peer{State: st}
 		prev.InstanceID = hb.InstanceID
-		next, _, events := registry.ApplyHeartbeat(prev, hb, time.Time{}, 0)
+		if st == registry.StateStale {
+			continue // a stale peer's heal plan is applied per row (writeHealSteps)
+		}
+		next, _, events := registry.ApplyHeartbeat(prev, hb, time.Time{}, 0, registry.HealConfig{})
 		if next.State == st {
 			continue
 		}

@@ -91,6 +91,7 @@ func (cs columns[R]) scanner() pgx.RowToFunc[R] {
 type peerRow struct {
 	registry.Peer
 	labels []byte
+	heal   []byte
 }
 
 func col[R any](name string, at func(*R) any) column[R] { return column[R]{name: name, at: at} }
@@ -135,6 +136,7 @@ var peerColumns = columns[peerRow]{
 	col("credential_hash", func(r *peerRow) any { return &r.CredentialHash }),
 	col("observed", func(r *peerRow) any { return &r.Observed }),
 	col("unknown", func(r *peerRow) any { return &r.Unknown }),
+	col("heal", func(r *peerRow) any { return &r.heal }),
 }
 
 // rankRow is a row of peer_ranks: a rank in its stored form, whose
@@ -195,6 +197,10 @@ func (r *peerRow) peer() (registry.Peer, error) {
 			return p, fmt.Errorf("decode labels of peer %s: %w", p.ID, err)
 		}
 	}
+	var err error
+	if p.Heal, err = decodeHeal(r.heal); err != nil {
+		return p, fmt.Errorf("decode heal plan of peer %s: %w", p.ID, err)
+	}
 	return p, nil
 }
 
@@ -209,6 +215,7 @@ func newPeerRow(p *registry.Peer) (peerRow, error) {
 		}
 	}
 	r.CredentialHash, r.Observed, r.Unknown = nonNil(p.CredentialHash), nonNil(p.Observed), nonNil(p.Unknown)
+	r.heal = encodeHeal(p.Heal)
 	return r, nil
 }
 

@@ -44,7 +44,9 @@ type Config struct {
 	ConnectTimeout time.Duration
 	// Migrate applies migrations when the store opens.
 	Migrate bool
-	Now     func() time.Time
+	// Heal times and limits the heal plans of stale peers.
+	Heal registry.HealConfig
+	Now  func() time.Time
 }
 
 // WithDefaults fills in unset fields.

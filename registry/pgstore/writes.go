@@ -190,7 +190,7 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 			}
 		}
 		now := s.now()
-		next, events, q, rec, o := registry.ApplyTransferFailure(d, f, last, now, registry.DefaultQuarantineWindow)
+		next, events, q, rec, o := registry.ApplyTransferFailure(d, f, last, now, registry.DefaultQuarantineWindow, s.cfg.Heal)
 		out, res = o, d
 		if q != nil {
 			q.Detail = registry.QuarantineDetail(&prefill, &d, f.Error)
@@ -241,7 +241,7 @@ func (s *Store) MarkStale(ctx context.Context, id, reason, errText string) (regi
 		return registry.Peer{}, err
 	}
 	return s.update(ctx, id, "mark stale", func(p registry.Peer, now time.Time) (registry.Peer, []registry.Event) {
-		return registry.ApplyStale(p, reason, errText, now)
+		return registry.ApplyStale(p, reason, errText, now, s.cfg.Heal)
 	})
 }
 
@@ -341,7 +341,7 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
 			err := r.Scan(&p.ID, &p.Name, &p.Generation)
 			return p, err
 		})
-		if err != nil || len(expired) == 0 {
+		if err != nil {
 			return err
 		}
 		ids := make([]string, len(expired))
@@ -351,7 +351,15 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
 				return err
 			}
 		}
-		n = len(expired)
+		failedHeals, err := s.expireHeals(ctx, tx, now.UTC())
+		if err != nil {
+			return err
+		}
+		ids = append(ids, failedHeals...)
+		n = len(ids)
+		if n == 0 {
+			return nil
+		}
 		return s.notify(ctx, tx, ids...)
 	})
 	return n, classify(err, "expire leases")

@@ -34,6 +34,7 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"EngineDownAndBack", testEngineDown},
 		{"LoadsFollowHeartbeats", testLoads},
 		{"StaleAndReregister", testStale},
+		{"HealActionFails", testHealActionFails},
 		{"DrainAndDelete", testDrainDelete},
 		{"ListFilters", testList},
 		{"LeaseExpiry", testExpiry},
@@ -73,6 +74,16 @@ func mustRegister(t *testing.T, s registry.Store, spec registry.PeerSpec) regist
 func mustHeartbeat(t *testing.T, s registry.Store, p registry.Peer) registry.HeartbeatReply {
 	t.Helper()
 	r, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID, Load: registry.Load{Running: 3, Queued: 1, KVUsage: 0.25}})
+	if err != nil {
+		t.Fatalf("heartbeat %s: %v", p.Name, err)
+	}
+	return r
+}
+
+// idleHeartbeat is a heartbeat of an engine with nothing in flight.
+func idleHeartbeat(t *testing.T, s registry.Store, p registry.Peer) registry.HeartbeatReply {
+	t.Helper()
+	r, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID})
 	if err != nil {
 		t.Fatalf("heartbeat %s: %v", p.Name, err)
 	}
@@ -229,8 +240,24 @@ func testStale(t *testing.T, s registry.Store) {
 	if err != nil || st.State != registry.StateStale || st.StateReason != "transfer failed" {
 		t.Fatalf("mark stale: %+v, %v", st, err)
 	}
-	if r := mustHeartbeat(t, s, p); r.Action != registry.ActionReregister || r.State != registry.StateStale {
-		t.Fatalf("heartbeat of a stale peer: %+v, want reregister", r)
+	if st.Heal.Phase != registry.HealDraining || st.Heal.FromGeneration != 1 {
+		t.Fatalf("the stale mark starts no heal plan: %+v", st.Heal)
+	}
+	// A busy engine drains; an idle one is drained: the agent is told to
+	// heal, once.
+	if r := mustHeartbeat(t, s, p); r.Action != registry.ActionNone || r.State != registry.StateStale {
+		t.Fatalf("heartbeat of a stale busy peer: %+v, want none", r)
+	}
+	if r := idleHeartbeat(t, s, p); r.Action != registry.ActionHeal || r.State != registry.StateStale || r.Reason != "transfer failed" {
+		t.Fatalf("heartbeat of a stale idle peer: %+v, want heal", r)
+	}
+	for i := 0; i < 3; i++ {
+		if r := idleHeartbeat(t, s, p); r.Action != registry.ActionNone || r.State != registry.StateStale {
+			t.Fatalf("heartbeat %d after the heal instruction: %+v, want none", i+1, r)
+		}
+	}
+	if got, err := s.Get(ctx(t), p.ID); err != nil || got.Heal.Phase != registry.HealVerifying || got.Heal.Acted.IsZero() {
+		t.Fatalf("verifying: %+v, %v", got.Heal, err)
 	}
 	// Re-registering under the same agent name does not clear the mark.
 	if q := mustRegister(t, s, spec).Peer; q.State != registry.StateStale || q.StateReason != registry.ReasonSameAgentName || q.Generation != 1 {
@@ -241,8 +268,11 @@ func testStale(t *testing.T, s registry.Store) {
 	if q.State != registry.StateReady || q.Generation != 2 || q.ID != p.ID {
 		t.Fatalf("fresh-name re-registration: state=%s gen=%d", q.State, q.Generation)
 	}
+	if q.Heal.Active() || len(q.Heal.Recent) != 1 {
+		t.Fatalf("healed peer keeps a plan: %+v", q.Heal)
+	}
 	want := []registry.EventKind{registry.EventRegistered, registry.EventReady, registry.EventStale,
-		registry.EventReregisterRequested, registry.EventRegistered, registry.EventReregistered}
+		registry.EventHealStarted, registry.EventHealActing, registry.EventRegistered, registry.EventReregistered, registry.EventHealed}
 	if k := kinds(t, s, p.ID); !reflect.DeepEqual(k, want) {
 		t.Fatalf("events = %v, want %v", k, want)
 	}
@@ -251,6 +281,31 @@ func testStale(t *testing.T, s registry.Store) {
 		if e.Kind == registry.EventStale && e.Error != msg {
 			t.Fatalf("stale event error = %q, want %q", e.Error, msg)
 		}
+	}
+}
+
+// testHealActionFails: an agent that reports its heal action failed gets
+// its peer failed, with the action's output as the reason; no further
+// instruction follows.
+func testHealActionFails(t *testing.T, s registry.Store) {
+	p := mustRegister(t, s, Spec("d1", registry.RoleDecode)).Peer
+	mustHeartbeat(t, s, p)
+	if _, err := s.MarkStale(ctx(t), p.ID, "transfer failed", ""); err != nil {
+		t.Fatal(err)
+	}
+	if r := idleHeartbeat(t, s, p); r.Action != registry.ActionHeal {
+		t.Fatalf("want heal: %+v", r)
+	}
+	r, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID, HealError: "systemctl: Unit sglang-d1.service not found.\nexit status 5"})
+	if err != nil || r.Action != registry.ActionNone || r.State != registry.StateFailed {
+		t.Fatalf("heal error: %+v, %v", r, err)
+	}
+	got, err := s.Get(ctx(t), p.ID)
+	if err != nil || got.State != registry.StateFailed || !strings.Contains(got.StateReason, "not found") || got.Heal.Active() {
+		t.Fatalf("failed peer: %+v, %v", got, err)
+	}
+	if k := kinds(t, s, p.ID); k[len(k)-1] != registry.EventHealFailed {
+		t.Fatalf("events %v", k)
 	}
 }
 
@@ -894,5 +949,33 @@ func testTransferSecret(t *testing.T, s registry.Store) {
 	}
 	if got := mustGet(t, s, p.ID); string(got.Ranks[0].TransferSecret) != string(spec.Ranks[0].TransferSecret) {
 		t.Fatal("the transfer secret did not survive a heartbeat and a stale mark")
+	}
+}
+
+// HealExpiry checks that a store fails a peer whose heal did not verify by
+// the deadline, in the lease sweep: s must hold leases far longer than its
+// heal verify timeout, verify.
+func HealExpiry(t *testing.T, s registry.Store, verify time.Duration) {
+	t.Helper()
+	p := mustRegister(t, s, Spec("d-expiry", registry.RoleDecode)).Peer
+	idleHeartbeat(t, s, p)
+	if _, err := s.MarkStale(ctx(t), p.ID, "transfer failed", ""); err != nil {
+		t.Fatal(err)
+	}
+	if r := idleHeartbeat(t, s, p); r.Action != registry.ActionHeal {
+		t.Fatalf("want heal: %+v", r)
+	}
+	if n, err := s.ExpireLeases(ctx(t), time.Now().Add(verify/2)); err != nil || n != 0 {
+		t.Fatalf("before the deadline: %d expired, %v", n, err)
+	}
+	if n, err := s.ExpireLeases(ctx(t), time.Now().Add(verify+time.Second)); err != nil || n != 1 {
+		t.Fatalf("after the deadline: %d expired, %v", n, err)
+	}
+	got := mustGet(t, s, p.ID)
+	if got.State != registry.StateFailed || !strings.Contains(got.StateReason, "heal did not verify") || got.Heal.Active() {
+		t.Fatalf("peer after the deadline: %s %q %+v", got.State, got.StateReason, got.Heal)
+	}
+	if k := kinds(t, s, p.ID); k[len(k)-1] != registry.EventHealFailed {
+		t.Fatalf("events %v", k)
 	}
 }

@@ -48,6 +48,10 @@ func (e Engine) Valid() bool {
 const (
 	EventKindDrained             EventKind = "drained"
 	EventKindExpired             EventKind = "expired"
+	EventKindHealActing          EventKind = "heal_acting"
+	EventKindHealFailed          EventKind = "heal_failed"
+	EventKindHealStarted         EventKind = "heal_started"
+	EventKindHealed              EventKind = "healed"
 	EventKindQuarantined         EventKind = "quarantined"
 	EventKindReady               EventKind = "ready"
 	EventKindRegistered          EventKind = "registered"
@@ -55,6 +59,7 @@ const (
 	EventKindReregisterRequested EventKind = "reregister_requested"
 	EventKindReregistered        EventKind = "reregistered"
 	EventKindStale               EventKind = "stale"
+	EventKindUnhealthy           EventKind = "unhealthy"
 )
 
 // Valid indicates whether the value is a known member of the EventKind enum.
@@ -63,6 +68,14 @@ func (e EventKind) Valid() bool {
 	case EventKindDrained:
 		return true
 	case EventKindExpired:
+		return true
+	case EventKindHealActing:
+		return true
+	case EventKindHealFailed:
+		return true
+	case EventKindHealStarted:
+		return true
+	case EventKindHealed:
 		return true
 	case EventKindQuarantined:
 		return true
@@ -78,6 +91,26 @@ func (e EventKind) Valid() bool {
 		return true
 	case EventKindStale:
 		return true
+	case EventKindUnhealthy:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for HealPlanPhase.
+const (
+	HealPlanPhaseDraining  HealPlanPhase = "draining"
+	HealPlanPhaseVerifying HealPlanPhase = "verifying"
+)
+
+// Valid indicates whether the value is a known member of the HealPlanPhase enum.
+func (e HealPlanPhase) Valid() bool {
+	switch e {
+	case HealPlanPhaseDraining:
+		return true
+	case HealPlanPhaseVerifying:
+		return true
 	default:
 		return false
 	}
@@ -85,6 +118,7 @@ func (e EventKind) Valid() bool {
 
 // Defines values for HeartbeatReplyAction.
 const (
+	Heal       HeartbeatReplyAction = "heal"
 	None       HeartbeatReplyAction = "none"
 	Reregister HeartbeatReplyAction = "reregister"
 )
@@ -92,6 +126,8 @@ const (
 // Valid indicates whether the value is a known member of the HeartbeatReplyAction enum.
 func (e HeartbeatReplyAction) Valid() bool {
 	switch e {
+	case Heal:
+		return true
 	case None:
 		return true
 	case Reregister:
@@ -331,6 +367,28 @@ type EventList struct {
 	NextCursor *int64 `json:"next_cursor,omitempty"`
 }
 
+// HealPlan The heal plan of a stale peer: draining (out of routing, requests in flight
+// finish), then the agent is told once to run its heal action (restart the
+// engine), then verifying (waiting for a new instance at a later generation).
+// Absent when no plan runs. A heal action that fails, or no new instance by
+// the deadline, marks the peer failed.
+type HealPlan struct {
+	// Acted when the agent was told to act
+	Acted *time.Time `json:"acted,omitempty"`
+
+	// Deadline when the current phase runs out
+	Deadline time.Time `json:"deadline"`
+
+	// FromGeneration the generation that failed
+	FromGeneration int64         `json:"from_generation"`
+	Phase          HealPlanPhase `json:"phase"`
+	Reason         *string       `json:"reason,omitempty"`
+	Started        time.Time     `json:"started"`
+}
+
+// HealPlanPhase defines model for HealPlan.Phase.
+type HealPlanPhase string
+
 // Heartbeat defines model for Heartbeat.
 type Heartbeat struct {
 	// EngineError The last failed probe's error; only with engine_healthy false.
@@ -339,13 +397,20 @@ type Heartbeat struct {
 	// EngineHealthy The agent's verdict from probing its engine's /health (failure and success
 	// thresholds applied). Absent means healthy (an agent that does not probe).
 	// false moves a ready peer to unhealthy; true moves an unhealthy one back.
-	EngineHealthy *bool  `json:"engine_healthy,omitempty"`
-	InstanceId    string `json:"instance_id"`
-	Load          *Load  `json:"load,omitempty"`
+	EngineHealthy *bool `json:"engine_healthy,omitempty"`
+
+	// HealError Set when the heal action the agent was told to run failed: its error and
+	// the tail of its output. The peer is then failed, never healed again by
+	// itself.
+	HealError  *string `json:"heal_error,omitempty"`
+	InstanceId string  `json:"instance_id"`
+	Load       *Load   `json:"load,omitempty"`
 }
 
 // HeartbeatReply defines model for HeartbeatReply.
 type HeartbeatReply struct {
+	// Action reregister: the engine's instance changed; register it again. heal: run
+	// the heal action once (restart the engine), then keep heartbeating.
 	Action HeartbeatReplyAction `json:"action"`
 	Reason *string              `json:"reason,omitempty"`
 
@@ -354,7 +419,8 @@ type HeartbeatReply struct {
 	State State `json:"state"`
 }
 
-// HeartbeatReplyAction defines model for HeartbeatReply.Action.
+// HeartbeatReplyAction reregister: the engine's instance changed; register it again. heal: run
+// the heal action once (restart the engine), then keep heartbeating.
 type HeartbeatReplyAction string
 
 // KVGeometry num_layers, num_kv_heads, head_dim and is_mla are required unless the
@@ -449,11 +515,18 @@ type Peer struct {
 	// peer, a claimed name, the admin re-registering): the peer's
 	// credential. Keep it (`pdplane agent --credential-file`); it is
 	// not stored and cannot be shown again.
-	Credential               *string `json:"credential,omitempty"`
-	Engine                   Engine  `json:"engine"`
-	Generation               int64   `json:"generation"`
-	HeartbeatIntervalSeconds float64 `json:"heartbeat_interval_seconds"`
-	Id                       string  `json:"id"`
+	Credential *string `json:"credential,omitempty"`
+	Engine     Engine  `json:"engine"`
+	Generation int64   `json:"generation"`
+
+	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
+	// finish), then the agent is told once to run its heal action (restart the
+	// engine), then verifying (waiting for a new instance at a later generation).
+	// Absent when no plan runs. A heal action that fails, or no new instance by
+	// the deadline, marks the peer failed.
+	Heal                     *HealPlan `json:"heal,omitempty"`
+	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
+	Id                       string    `json:"id"`
 
 	// InstanceId changes when the engine process restarts
 	InstanceId string `json:"instance_id"`
@@ -547,8 +620,15 @@ type PeerRegistration struct {
 
 // PeerStatus defines model for PeerStatus.
 type PeerStatus struct {
-	CreatedAt                time.Time  `json:"created_at"`
-	Generation               int64      `json:"generation"`
+	CreatedAt  time.Time `json:"created_at"`
+	Generation int64     `json:"generation"`
+
+	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
+	// finish), then the agent is told once to run its heal action (restart the
+	// engine), then verifying (waiting for a new instance at a later generation).
+	// Absent when no plan runs. A heal action that fails, or no new instance by
+	// the deadline, marks the peer failed.
+	Heal                     *HealPlan  `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64    `json:"heartbeat_interval_seconds"`
 	Id                       string     `json:"id"`
 	LastHeartbeat            *time.Time `json:"last_heartbeat,omitempty"`
@@ -565,11 +645,18 @@ type PeerStatus struct {
 
 // PeerSummary What anyone may read about a peer. No KV pointers, agent metadata or transfer secrets.
 type PeerSummary struct {
-	BootstrapHost            *string   `json:"bootstrap_host,omitempty"`
-	BootstrapPort            *int      `json:"bootstrap_port,omitempty"`
-	CreatedAt                time.Time `json:"created_at"`
-	Engine                   Engine    `json:"engine"`
-	Generation               int64     `json:"generation"`
+	BootstrapHost *string   `json:"bootstrap_host,omitempty"`
+	BootstrapPort *int      `json:"bootstrap_port,omitempty"`
+	CreatedAt     time.Time `json:"created_at"`
+	Engine        Engine    `json:"engine"`
+	Generation    int64     `json:"generation"`
+
+	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
+	// finish), then the agent is told once to run its heal action (restart the
+	// engine), then verifying (waiting for a new instance at a later generation).
+	// Absent when no plan runs. A heal action that fails, or no new instance by
+	// the deadline, marks the peer failed.
+	Heal                     *HealPlan `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
 	Id                       string    `json:"id"`
 	InstanceId               string    `json:"instance_id"`
@@ -5384,126 +5471,132 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H1rc9u4kuhfQfFuVaRzKVl27Exif/JJMnO8k5nk2smZrRplTUhsSTymAA4AytGm/N9vdTf4FGVLSZyZ",
-	"2jpfEokCgUaj3w/4czDVy0wrUM4Gp5+DTBq5BAeGvr0DMBev8FMMdmqSzCVaBafBucgAjEjiMyHVWmi3",
-	"ACOsM4maCyWXYIXSPKR3PDruD4MwSPC9TLpFEAY4JDgNkjgIAwN/5ImBODh1JocwsNMFLCUu+R8GZsFp",
-	"8H8OKggP+Fd7wIBd0YrB3d0dzmMzrSww3EZPUljix6lWDpTDjzLL0mQqcQ8HGY/4v/+yuKHPuy7r56UV",
-	"WyhRAozRJhTSissfX4oXxyc/CL+MiMHJJLXD4C4MPii5kkkqJyl8TwDfrsAIKaZazZJ5biAWabJMnOgN",
-	"Bkv5aQArUG5gnQG5tP0z4cxayLlMlJAzB0ZcgjPrwTl9tjDVKrZ4rAuQsSeW2ogmwG6d0XErB3MwCBtC",
-	"50HGAa/VPFGEDFD5Mjj9PbDzVKp5EAarNF0GYWCTZfAxLGay/tzD4PXKoy4zOgPjEj5/Sc9m2izxUxBL",
-	"BwOXLCHomIJOrQZm9cscFBjJ6KvNlij37LiaqdxWiAS928CbRMX17RqYJ9YBsgFSsozXuGcnU6Dvxc/X",
-	"yCxgnR/WeAs+ZQl/io1MlB+y1Cv69EcujVSOnnfhcQnWyjl0ogH5+Jq31v0bs/PGr3d15v6dub2Yq/6m",
-	"R0cD3yEeYQWonvwLpq488DeJ7Th0omD6lDhY2odYhUnnrlxDGiPX+F3BJ3c9zY1lsmhyUSatRQ6PJjDT",
-	"BiIx00a4BQh8S/R0GoPpiwxxGT5MCS0U+R107fsfII2bgOzaN3HPdUnHTYDfL0Ck0joxk0kKMUkkeGJZ",
-	"WJ0JrdK1uE3cQvhpFiBTt1iLmUwtIIcv5ac3oOZuEZwejo6Ouzio8WY3CHIOyj2xYgUmTqZOzIxeEiyo",
-	"MhJn/fJPrDjgeUQPAc4NCKliYfPpFKwdK7cwYBc6ja0gaQlxfyjOJxaUE0uQyopiAz2peFXhFtKJWJNW",
-	"coyA/nCsaIcCOcQKKYjrWGc5LXLlp0FBmJejVPWD0ArERE5vhmNVnexE6xSkImGgrJNqCp51amg8OnkW",
-	"BstElWgNUTE6MIis//79v8fjfDQajQb0/+GP9N8PP/LXFz9+/Nt/dImxVMv4IZJ/g2M2+LIG572UdwlZ",
-	"uu6QtdNCQhbSTGnVlFudIseA9Kpt4yfrpIOHNnNFg9q78dAUc3Rt6Od//gR6icpqk1RVvrxO5RqMDQV+",
-	"vlkhWcc2RLKKr+NkSeSY2OtlKoU0IIrFRa5SsBZlwVjxxlmWiTSxjp4vRYIEdKP0rRI9twCFT9c0jSQS",
-	"7p/5qceKH9BqSLXFa0zjzJxEeM3DiHm3DXJ7dvztqa3ARlvfPT1iiZEskRSODo9/OH7+9NnxDwQBPzzc",
-	"EINh8Gkw14PqKbEP4aFGHjXWqp/M40FQ0cLjrYGK4tom/wOPtUSLPar1Qk8rXRzyxsuSJm3drK7zwkio",
-	"TCudT8hKKWE9rIE4KidX+XLCts8fOeQQf8F+R7uh1ORKIZU+0gIthBarlfsKKzx1ofYXWP7sjb+m5Pn1",
-	"4r/eiCUstVkLtIeEngkpfv6nQFmiFWriQr6+ujz/JQiDf/J/f3/z9uXPQRi8/ft/vn75PgiDHy/evO6U",
-	"uO9kYjaPFUWrdIn3RppAoWEzZ2GZoP5LU31L1o4zUtkZYWiTPWOY6hh2ceEuYcZcgIKpvbiXgLcoJw3M",
-	"cgux0Ia/J07EkIGKrdCK9TLLx1kCaVzDFcqQMIA/cpleu4wcFgdG8+dl8gniawvzZcvuqhm4BmZJmu6x",
-	"mbqp3Sm9KsXX3O/tYk24zWRiRGLre0YNYHTuJPPapi4tftuYtDrdUEy0W5CFY9naCUvtUoe560RztQKT",
-	"zBKI71uBILdkUp7STugwyLjKU7SQIYaYrTE0nmwSg4gThgBPLxQwnA+FkerG/v63j8Ob1fUSltfIDTYI",
-	"K6t+Y/ttC35vYGEFZk1P0BwlaG+lFdMFTG/wBJRg6lrJNAciOcIl7sB2IKwtdD0NlZwR1pmudnpdAgOZ",
-	"ttvfoQ3s7O4Q83fgymkn005DaAIGhRDjid0dOlUKGzzszDB4xQLdWzMyTSFN7LLLhXfq2mWlcmyCF8NM",
-	"5imaVVr4QWdCOrHU1hUPWg7Yt1Pa8TS7RiLdBGsCKCDx9y8DYLQ7AA/j5fDxEPDnLp/dj/7skbGf/bm7",
-	"r/HEdzAYi9U6+Rc40ifT9O0sOP19FxVZ+UXBXfjwC+jk5ZaGtqwWAzEol3TJrrcqXaOrhcJKKnvLLr0U",
-	"Da+M1FBibU7yHURPCgW3Y4X6MRRSTFOZLCGmcHbIU8XLBC2RQeHWJmreZ0WHLz2xY1VBNRQ/A2Rop/Si",
-	"LM5SqXwMRAwG1ajBLEkhQq8PYRkr1ITWaXQnUTVPJT2ZgLALVD8Uj23EG2qxttbxfAw7Y/ZPrJjladrA",
-	"RUhBrMRZwYuAcvUdIyQc4Sfb4Ulp/PFQDmo3AvLb8wWI2Q8fLl7h8aT6FsxUWsB9apVMZYqALNHUrXuo",
-	"o8ELOZh9/Pz8blB+Pt7h8+HRXafviqBu0agA+2hUpM98uZRmvalY28qQZt7GRGg5bgCzJeK6R7CVhm5f",
-	"s8aKGwf2mgwist/QFNUTC2YFseih4cjBOyQQDtqdUYgDYjzUYmQ/HKsy1FH97B+x5UkREB/4ENqETGW3",
-	"iYVQxDBNpYF4OFZkD7JB3Ay1bEx7KiSyz/TGAyayfJImdgHEWoJcLGZCSlKF6F5lGoUhWoKm7n7ZrujK",
-	"RGuHOMuuF5rpp4m1q5/eSDUX3t47FQuyRhYg2O5Dq3u6AIoFiXIuQQgzaL30vAZhoUJv65nITdpvxmGP",
-	"Tp5+iyBOtZ1Mmx22U4GM40VvhDjj8zsVz1+8eN6/V+k9Ozl5erK/uoUyOXRvNJ9HbcZdW/b/Qqo5WHYi",
-	"KwoWmdFTJCkD1knjbBvfjxCwvVk9tKdaoPIuDFI5gZRN4zhOcD8yfdcgzzbEXw9jE3k/w9pSsPIQ9enR",
-	"yTMxXUgjp8Q+t4lb6NyJqVbO6LT2k08i1GF9dtwhlZY6hrS1j5PDo2+P+UKEtjnqW69TyMJNMvSOcZcw",
-	"RT0M6azu7z6Q8F2BQnr/kSIfd4TrC3716LClltCTT/7Iwf/uTA4Ufmn4Yfd7kdVQVDkomndWmJdotDcA",
-	"5ITSMlHF903/1Oj0Qea/xDGogr1hcj03Os8ehyW8qtl6pkpPdLwWU52nsXCQpmcCpT7qLx/QKg+8boPt",
-	"et4fePmOwz7Z6axz02EwL5zLerYvJmiMfbh8g1qnosiWLBwdP//WrNIyXnxWmE6+lP8MeiElmmK+ScIk",
-	"WreZPd6hOO3wJ6SD+HqfyoG96wMWRSrtmmyOlUyvfSlFd0x9I3a+xSZMpXXXi3qGeLcNpCAtXFPlwHrf",
-	"t5zbF/jdM5T7ZQD96Ot7Eop5Fu95ul32NAPVqlNo4NBvMqyTU2P1e2mgC7Vb6dg7Hnu531u96U3Ddgdj",
-	"cZO+v9JU+w4m0rbQcYcVsqvn9afp+bam/AZqfHsChvQVOWJoABZKMNxd8W/1lL9WxX8LDd1Kw3+pMm5v",
-	"zCvbP0PbbYR/fltIJ6RaawViKddMk3KCJruk6MxQ/KrrDnHoXeUlOBlLJ9HZKyM/FqYGitBPVWzZKkag",
-	"osfOM+I03cYJ/efV219FJt2isED0bAYqpqQMl75xTKKRKTrcyBRtLFegb2u1SW67JZpLXAr3CI4Nl5kS",
-	"OeLD5YVQcolw4y6mqbQWt+QrRAl4NLrs6cGBjw4OY1gVRZ/2IFErmSbxoEhn3k9C9GsBbLmhsDiATh3S",
-	"kicdIbtGuJRDQbcLbclZ9u9yVGaqTQxxPUPdTcwtLbOhU3Yg92GV26k/bSSLmj/FnU+zbU8psdCaYdo9",
-	"8bQcfbMa1gsrblbD2B/JzWpYKyMpv5fFK/SkLKahb77wpZDKXUnpS5/9aGXMkF2vC3bdUmHQ5OmQTH6y",
-	"VkujaLJ2nWYfT18owa1T44AzQcF0zvJSPMU/aFhOj+1+y/zTNW7yOgXVod0QuAyMkPknX2NRF/slOvLC",
-	"nK8KXJ4fHz/74fh49MPTH0YvTk6ORqPRvWGthpt2PHrxbFNTlLBmrhWB/s6AzLO8M3A2OGzaAWIhqcj/",
-	"p3cf9s90DXZMdd2sdjnAb3l4h7vg7N54RQFzcZBNmBlWZgoh49iAtWDP/B5IR5CCrtUBLXPrqERCr8Ck",
-	"MvsLbRTh2Olwwio37+MeWomUmf2vs53KhOhIKTYPBbdW1madlZmJUPhq8BisSxSrzvp7bHT6pJ4Bq9MV",
-	"a86d7M2ieGzfvRXZ8sfJh5cmORuFHUYRPRe9w2fCafHsWKCKsYXu6Re2HkL5xLayi+FYxUbeKjHh4ihW",
-	"MjNtOKpW6ZxQWF09rxTNcKzeL0C8f/mumnkipzegYiGnU8hIOU21UkClw1wRzz0vUol//HL+cqymC1T7",
-	"ag6Dos2IuFEkbiguweVGURY5XYvJeqyin16/FwcySw5WhweU+Tv4nMR3B3WDKuL8Ulvr1nTi82aYraPy",
-	"vl2KyMZITU+3pFFLoLZYuMUCXUZj3Y/rMhhRLxR5gMTZPb2J4Ua+rWnRXBPZbC7McqSgog4rpzMW1zRn",
-	"Oo0HL5S7PYMvU5QdrUCrbfuix0xnMk0rcWPrdJPf02TU0p73iNkOx+cB8bivvNomkjZXrmF9W0laAxUP",
-	"lKF1cUX1con9Lt6ou5R1egi7CbOTY3xoo3CMOkoBJ9otOq38KydTuITu3Oxvns38hNcJ1YlWuxRukVDS",
-	"XCqBLCWdNk+soJ4ysZTmZihwirHivgRHQ32P0KBkTEOrh0WrDQphVOxUIKkVl02OlQFqWzwVUsQ5dzAC",
-	"QePfL8IMVT8OV8wgW6RazcEgk5CUpeSs0m6RqDkXCdAkILl/KTdQ8LnFTVKprEnmC+clNnVflNn2QdUh",
-	"VytxtbUqW2UdSKq1Rpx4f72cgbFVq7rpEk/dHlFLFNGREOSJ9U1GC8mY8H1ZJc6dNHPgFr9vn/Lf0iRG",
-	"YUn8STj45BumDKxAEmQLKPpYmzA9Ozl5uiWntmX5ilq7YfC/+zhDhRJdQxzj65FrhKpcwkb728Nu6i45",
-	"Lr9Al8y4KnIfbddBxmtkU4qLoa1R1A0LSkwMq960elGaJ8Ay7WDFhLXzWFEnnG0m+wi91JwkGETBzXau",
-	"aCOkl5hY+swUpWzjSF2tg7UEqNbNSt2pPMyfZJfsa0RWd4tNEdEu5Rot67Ly6BYf1kuCrIg1twFyaVC/",
-	"HrZ6jGjNXRhYmOYmcesrVItedMTLRL3XN9ARpo4GA/p54PD36LSU34Kb26zoxZCCg1AQMsOaVLf9M2/V",
-	"QjxWtwtALja1Jn2aE4VzVYQoEl/sRGqbCtlBmnpvx8K5jHJA/LzjPKZpglR2/u5C3MBa9HAPWTK4gbWN",
-	"+kKzOfQ2A3V+MajV4CMFgz0bq8JqrL/HUXknb0AorWA4VmOFOksoSGgvLUQJpenZv3T1iKKvviKFizAT",
-	"O1Y6A1X0PiyoAbWq9a/KNWNYReTQRZTeEYNBougoIep7r8KyMUzBdCt6m4Z/FHL9fCi4t7fPWYb0Vq7r",
-	"cEylMWtUh/vG33c7N8TIdmKr46uHrtByKQcWMmmko1sCrCPnihs3Ui5NVXArbrW5GSun50DHEefUPSGF",
-	"0Y4Ys39KFaTO0mjCx1BcOFFoZR8VHCv23wgRqUyW9BwVJqsBSoqSGW1yJZBKegt9KxrtvWOVastOR42w",
-	"p3oJlry9/lD86s8aytbJB/GGIL+8p9AYSSCq1ovaNcaGXEP0dHWuYlZjpVymQOlYkSRHuBfSUpUI1/96",
-	"RA1quFJxXYpLywdC9cpkg2njbNuasKLHxletgFc4rUOBhzugVg6gcEYxBZg+HwXTNFko7YLhUmfwfImr",
-	"1hurn//J/eQ9XtLoFH1zPE6K7vdDcbtIpgvac9PXpw4hBG+svD/uUbbc6bzuKNEz05vn9LIhAWhzKHgM",
-	"xQu8zXHgbb44sXI+NzAn4n/z5heqz0zUnORP5Lk7KhRxQ7hUerdA17rF/3SsKIJ8gILKV532Isbg7JHo",
-	"OTkXkZ856g/F+3uE51j1IhQ3f4tCER0U00ahoElQwsgk6hf1tl6XUGZcgIpJ2FhacawinaG0Rgnly30n",
-	"a7GQKh7cmsQ5UPQlLYgx1tN8CQr3gHqGbBJC0ms0DqhLqkIXThptu98kEr3ixpQ+E49EnTZJYawiPOMo",
-	"FFIs8qVUIuKkVsREGpHuj+rJti0pQ68NcYihvBWqFFGBWikoj1iRW6g/Za+ZNniZp2B901iJUDHTaapv",
-	"rZeVPqFMnXvkwHAfGcjp4nSsJIr1hUb3htKd5e0EKG3ZbbO35Lccj048SpSIznGFSPClK2PVqyNR5CpG",
-	"pUgojzwTv788f/ka58NpCGDCwlmxLr1TkHVUNEWUkEDMfmFjnePR8VD8ZhLCUX1NdCal88pMCsqyU/Ta",
-	"Ah7VS77oZvB+ncGpqNOCp4Hjw5OxKmvA0ZIRSHjApRNSTIy+tWC445OlizbJPFF010P0lj5HXh/4XZDf",
-	"wMz1xLI2v4Lp4Edw08XgKnFwKqZGWzuwiYOoz6h6WjjHaGEgyiEeLLR1NhIW0B0uSYs1VPQPbV20ibjj",
-	"o8Ox+iWxcWJgis8u/WuNg8OjQhfTOvHq1ythYJIQ/Q7FebHOWBEymxdZSGOSFRBxJAoNHxxD5Uw6Z2iO",
-	"R88Lxi9FKlIqmjuptqhluNDfd8ngySXU3wgi+q+Bh3ZwEUenfg4y855wo0jRiEtFIviKnnFl8OHRc5GZ",
-	"RLFzcn718uKiVg5cGXs2k1NAO6dMFpaHf8bBXrr0Q6R6zv0oLLWf0JOxwp1RG2ae8bVFIoW55b7pKv6L",
-	"uGankmQWCfm+p1HaE6mmi1csZVmzsJXMpS46Y2l5WkVScFY6+LEqTHt/yUP0+S7yWkzRfhTHlmvah1I/",
-	"EBdxUrSfaK1e0xIL29btWaeQCplGS1Ob5W9LMJF7aBFk8o+mMk0p4qNE9Gngrd0B4zoKGwRTgxvUTJsp",
-	"2JpMJ7aET3LqUk+b5DfaDKZIYrCcQByjH4Ir1RTcmbDgVYw5kLlbDOe6f8rKCk1QKlLphyIqjB+ySxE5",
-	"HluhL1mp23o+8cItSzTqrF5ku8ajT2JCQzJdsM1pOVmASEE3A5e0kM4i3oe305DUq3UYLDSUIsTUWEU4",
-	"jKFuwxQKJY1B6VFkL8ozwWkIVF5rrGpwkyLtn7W3U50dhexkmg7F2zpJjJVXXJGnh8jfFtJgnTq5MM1H",
-	"BRFHTMXIEusqxkYXHGmdWpRHLI97795evQ/Fuw/4z/n7l/8IxavXb16/f92vyHqTtNCyzTqsJqYj4osq",
-	"6tewtQh41oLEVrXm+N7x6Gk/FIrcXCQg4oBzta7RqUeaLA3MOlmQue0FoBXRyehpRCsVloeI7i3UyavL",
-	"3CIfr4xqF6FFY8XKGskuZXuCV6x6+7grKBa9d9q6uYGr//eGUJVBTIZ9gRkk8VzRaBKsvqCQQnWkS2tO",
-	"DiFZpikJdYWzpGsUINzVLtUc4jN0T9BAZeOtoVb9hL7VkGugAr//gPrrLVvWo+HhcEQ1kGhoZklwGjwd",
-	"joZPOTy3oFhH4RBX93PNOUtYcsNFHJwGbxLrXvOQsHEN4e8bTTx0Nxfvv3ZZ15loNCTxpVy3QJVGdPvg",
-	"HzlQja6/fpBb2oP6lYMbNdz3FVPchZ875y3646tpfVtXcHpISesyp/1gDnvbEtU1al90XeLH1nWJR6PR",
-	"PTcR7ncDYXVBW9cliXQzGlXCrcrW0WNevWvSEsraxYZhYIsUJDngNBPbCHzcYpYYOnQn50g+gZc2wccw",
-	"aAul4JQol6Zt0ukB2xRbyfWKft6NYJGd5NrvucxUJFYkcQls1zHTyK8j0M0YO0VxGWlJjJpYiR5t40rn",
-	"ZgpkrJNPTwEMbzX2z8RtoopspAeLQGbxVsH8Rlo3oPkGF6++AvaHadTBJ3dQv7ay89ZJW7sjdPPGTnRn",
-	"rRVXV68Fz3EmOAJGNJUo8F7e4Ymw4gYgY8ygntmfdMPgZPT04fH1+0Gb5P4r3JZEVHg1AzK//dMenyuK",
-	"B77QMxQUOpRK0JH0v5wryttGtgrvd/7CjxYr7C8iN4Tkg2LyMQVaeQFLBwm994nErxZkbLIXrkpY+imU",
-	"pSTDJ3Hl5YlfcYhFg/v2QwTY9RB9ke9uWOT6/W36rOis2W2u8ua/7smKIuJqsnZD6Vf3qz0qvRXXE2yj",
-	"N4qjfyW94QI8UyisJod0sha+PGIf4gqDrLMV/px8eoris9HNDpx3ZXqb3lrh8DQiEVSeUDhi9Ug7x0bK",
-	"5H5tnVYKwK/UcLAoslSDhhyrVCZL1npkKU+pQaeZexgrnbuhOFdVMP2JbSbSmn4JQtlwdcaq5f4XkYZe",
-	"qnU2kdMbClFVmaZ+LZrA1niTZS89DugqFs4wg3V/1/H6m9Jj896WZi7bN5Y+Kj9sU9+fEkueETne6Nv4",
-	"VjvRI9c1ic/qkaBJvswQ9UV5VtFlQF6DqldqeBepT2x2NDp8/M2UKbIvsiuOGcQ9xj/dc/zzPce/2G/8",
-	"4Z7wHJ7sN/7oaE9J6UMipPxq6dPfP1LzZCsvyE/rOX16gmqiErkFqyK11RJ7RSirl2cWjCvE8O6WWnnJ",
-	"7oaip6pTFs0pcElJU3q8ouel7Ggw8PGmTL/k68SH34fijh+RIton3Hl0u6GfXuVu8A6T6idw3ej9tvKx",
-	"bK7cbjI8sUW1wnB//N7tbRQ0zceuZaohPjwR3H3spOADqnJp/3GKPWatbJQW+eO8f5HjCYXSt6Iojvo3",
-	"i3WwWDdxNK49+GoCabW1leHizlxApxk73LDRygvUH9FIq/48wHe2zlq3w3dQ+G9FoSvbV3ZBLTCxptDt",
-	"X9TaOX5c6+gvbe3sYdzsxr50zcEW7jWtW+jmXf1DP3o2qzFh+5LCMm1ZliS1i4vGitw8X1fEFUqUkiNf",
-	"biHTGWeO370SNksTFxZ1P2UmbKy4gOlUyO7CJSkMLLWDJ7Yq2iOw/GBKFxugqqZagVNCPmVRoFkTL3Nw",
-	"XI3Q4fh5w+KyeYXQd3fCCvX1v1BhfZGRX7O2NqrmRO+e6s5wo7Zzdw8gA+6c+aZGF9drf3ud+r4jq72U",
-	"5kaUCXRaeSjON1L8fG1Fpo0bK749JWRniptMNjspdJnQZBfL53Wrvo2iiqzqS4j8X8TxtS1JkS3m0kiW",
-	"PmN18ap/JoqSy80CS/q7IK36ynIO0Ts+esFFMPU/qtWvRBiXc3Mon8sU6jB0SYNfpLnxF/z4Pxn17U2M",
-	"ejvSnxAC2sGGrnqACproESpDzpz7oE6tPY8H3Upb71wKhc4dRZHovdrV+GXfUP/fZsufbrbg+BffW7z/",
-	"QoKqJqbOBJe3f6p12BQxbIoGl9GZ3cM5nsPCoKzmDU4/81d3TSbItS9zLh5yJrD+lPtuGl/+x3+jP+Yx",
-	"tcW39nzUu1OM3Zx4dXgwXUhHyE7B+U7N4peuh7QCfW8dAaGWFmDNQrclUS336cHB4dEPw9FwNDw8fT56",
-	"Pgpq1ubnIs9T4BHPzT/icufmE4sq7v8HAAD//w==",
+	"7H17cxu3ku9XQfFulclzhxQlS45N/aVjOzneOLGv5JxsVejlgDNNco6GwATASOa69N1vdTfmyaFE2laS",
+	"2jr/2OQQg0ej0f3rF/S5F+l1phUoZ3uTz71MGrkGB4a+vQcwb17hpxhsZJLMJVr1Jr0LkQEYkcTnQqqN",
+	"0G4FRlhnErUUSq7BCqW5Sf90fDoY9YJegu9l0q16QQ+b9Ca9JO4FPQO/54mBuDdxJoegZ6MVrCUO+R8G",
+	"Fr1J7/8cVTM84l/tEU/sikbs3d3dYT8208oCz9voeQpr/Bhp5UA5/CizLE0iiWs4yrjF//2XxQV93ndY",
+	"3y+N2CKJEmCMNoGQVlx+/1K8OD37TvhhRAxOJqkd9e6C3i9K3sgklfMU/sgJvrsBI6SItFoky9xALNJk",
+	"nTjRHw7X8tMQbkC5oXUG5NoOzoUzGyGXMlFCLhwYcQnObIYX9NlCpFVscVtXIGPPLLUWzQm7TUbbrRws",
+	"weDccHZ+ytjgtVomiogBKl/3Jr/17DKVatkLejdpuu4FPZusex+Doifr9z3ovb7xpMuMzsC4hPdf0rOF",
+	"Nmv81Iulg6FL1tDr6IJ2rTbN6pclKDCSyVfrLVHu2WnVU7msABl6v4bXiYrryzWwTKwDPAbIyTLe4Jqd",
+	"TIG+Fz/P8LCAdb5Z4y34lCX8KTYyUb7JWt/Qp99zaaRy/nmuViBTt9rwBqYz66ThXumrjFxC1Mdv1eOF",
+	"TPBb1z6swVq5hE4yohyYMWm6f2NxsPXrXV04/MbSouir/qYnZ2O/AmSBaqJ6/i+IXMkwbxPbwTR0AuhT",
+	"4mBtHzpqzHp35RjSGLnB7wo+uVmUG8ts1TyFmbQWJUQ4h4U2EIqFNsKtQOBboq/TGMxAZEjL4GFOapHI",
+	"r6Br3f8Amb5Ppdqe0YcVCNxekaVSCb0QUhDnkfyeCOImlOt9nTv82egcuSMQnhmtSJRYpMly5aZqkajE",
+	"rgYBLknRuuQSlBOJFU6nsdAqAuG0MLkSibM8MLKbVqJvgPgQX5sqIJlQ9HQDJllsaBq3MsHxiXBSKLgV",
+	"ibJOYsfSCSlSiSKq4oXBaKou5hZncYtdoWbClZpc2ZG4aEzBraQTyOY2ENpg00b/881U4ZpikHGaKAjE",
+	"WpprS+skbccnZDRFBmxJpAjP1xbxb5tkupWeTk7jlOoscK8MKyZ0zwBRbgwOka2kBVq80Pn+IyyMXs+a",
+	"ArE5EI5R/V5RksTHHiKR5lWXiQXjoRIodr9T9hiQXkdu/VTItT2VQes48ZS21171W6P8jkNn3Bxkl7Ah",
+	"9p6Vymf7TKbSFhQkGAFPLCOMc6FVuhG3iVsJ340X52IhUwuoltfy01tQS7fqTY7HJ6ddaq/xZvcUiCmf",
+	"WDx9cRI5gYSgueD5w+PLnTyx4oj7EX2ccG5ASBULm0cRWItnxoBd6TS2giAOxIOR8GdyDVKxHMAF9KXy",
+	"R4EYKNYEJR0TAE8yrVCgWrNCClKVfPScFqVaQ/SSl61U9YPQCsRcRtd8RD1R5lqnIBVShfTcjk25Ai9B",
+	"XCExS6nRdX5RxPH2TZhW2CvShWUI4kEUp/iTzl2Wu5H4UMiRxLLY4/cDoQDBG2tjj8pQFiXOQrrgtdR2",
+	"/HT84lmAWNuBwYn/92//PZ3m4/F4/PFv/9F1uAsB57V0rauTs2dBb52okpm6+x3S/8ff03/ffc9fX3y/",
+	"Y7hUy/gh7foW22xBgNo87z1vl5Clmw5YGHXLrgpKTWgzS7YuJX+0kmoJ8bkoGorE8UaMaFsmuN28sXXO",
+	"IHVX12uiqdauATJ8gWedqCXvZSEClVZNAOiR2BeIQQcPUfyKGrVJ7klW9NFF9R//+QPoNYL/bcqqfD1L",
+	"5QaMDQR+vr5BiRPbAFcdz+JkTZIisbN1KoU0IIrBRa5SsJbBAK/fq5Y0QdDhVrBG5JGra6VvlegXiGND",
+	"3UiSLoNz3/VU8QMaDQVK8RqLH5abHWo75tU2zsSz029/JApqtO2Hpyd8tJM1csTJ8el3p8+fPjv9jmbA",
+	"D4+3tGnQ+zRc6mH1lM440aHGHjWpV9+Zx5tBxQuPNwYC55lN/gcea4g2RCjHCzyvdJ2Qt17gNXnr+maW",
+	"F0ZThU50Pierr5zrcW2K47Jzla/nDJx+zyGH+AvWO96PpCZXBMMeaYAWQYvRynUFFZ26SPsTrH/0xnRT",
+	"8vz85r/eijWstdkItA/ZsvnxnyTBtRrVxOyry4ufekHvn/zf39++e/ljL+i9+/t/vn75oRf0vn/z9nWn",
+	"xH0vE7O9rShapUu8d6cLJJOwTBCapKm+JbXgjFR2QRTaPp4xRDqGfVxil7DgU4CCqT24rBlBBha5hRiN",
+	"HPqeOBFDBiq2QiuGTCwfFwmkcY1WKEOCHvyey3TmMtJHDozmz+vkE8QzC8t1yw6tGfwGFkmaHrCYuuui",
+	"U3pViq9t+mzYMpMJIaramlEDoB0r+axt69Lit61Oq90NxFy7FeE1y0A0KLVL092yPeVckUmTdJmE1Qg0",
+	"c0ton3EJbQbh3jwFoQBiiBkoI661SQwiTngGuHuBgNFyJIxU1/a3v30cXd/M1rCe4WmwvaDycmwtv+3R",
+	"OHiyCFc39AQtBZotQuNoBdE17oASzF03Ms2BWI5oiSuwHQRrC13PQ+XJCOqHrrZ7XQIDD223/4cWsLf7",
+	"hw5/B62cdjLtBEJzMCiEmE7s/qFdJTfsw84dnl4xQPfSjExTSBO77nKJOjVzWakcm9OLYSHzFGGVFr7R",
+	"uZBOrLV1xYOWHf/tlHYcZTNk0u1pzQEFJP7+ZRMY7z+Bh+ly/HgE+HOHz+4nf/bI1M/+3NXXzsQfABiL",
+	"0TrPL3DkRKbpu0Vv8ts+KrKyi3p3wcMvoJGXW2raQi0GYlAu6ZJd71S6QVOL/BzK3rK3RYqGVUZqKLE2",
+	"J/kOok++2alC/RgIKaJUJmuIKTwYcFfxOkEkMiys20QtB5PSmfrETlU1q5H4EW3lxIl+mMVZKlXhcxkO",
+	"q1bDRZJCiFYfzmWqUBNap9GcRNUcSXoyB2FXqH7YgK+7gmqewNb2fAw6Y6BPrFjkadqgRUC+aXLs3Hp3",
+	"Vn3FOBOOmBJ2eFKCP27KQcJGgHN3/BUp+8svb17h9qT6FkwkLeA6tUoimeJE1gh16xbqePhCDhcfPz+/",
+	"G5afT/f4fHxy12m74lR3aFSAQzQq8me+Xkuz2VasbWVIPe86RIgctyazIwJ1QPCJmu4es3YUtzbsNQEi",
+	"wm8IRfXcgrmBWPQROLJftfIOnZOLA2Lc1KLlIJiq0tVR/ewfMfIkD4h3fAhtAuay28RCIGKIUmkoNkF4",
+	"kAFx09Wy1e2EYkE6uvYTE1k+TxO7AjpagkwsPoQU9A/QvMo0CkNEgqZuftku78pca4c0y2YrzfzT8rj+",
+	"8FaqpfB4byJWhEYoAIO4D1F3tAKOv5R9CSKYQfTS9xqEhQq9rRciN+mg6TA9OXv6LZw41XIybfZYTjVl",
+	"bC/6Y6QZ799EPH/x4vngXqX37Ozs6dnh6hbKYPu90U1ute0cbuF/8ovayi9eMIrREbKUd33aNr0fwat8",
+	"ffPQmmqOyrugl8o5pAyN4zjB9cj0fYM92zP++jk2ifcjbCw5K49Rn56cPRPRShoZ0fG5TdxK505EWjmj",
+	"09pPPr5Tn+uz0w6ptNYxpK11nB2ffHvKFyK0faK+9TiFLNxmQ28YdwlTwUGSur37QALNDSjk9+/J83FH",
+	"tH7Dr54ct9QSWvLJ7zn4353JgdwvDTvsfiuyaooqB0Xz3grzEkF7Y4Ic61snqvi+bZ8anT54+C+xDapg",
+	"D0xmS6Pz7HGOhFc1O/dU6bmONyLSeRoLB2l6LlDqo/7yDq1yw+sYbN/9/oWH79jss732OjcdgHnlXNa3",
+	"AzFHMPbL5VvUOhVHtmTh+PT5tz4qLfDis2Ro50v5z1MvpERTzDdZmETrLtjjDYpJhz0hHcSzQzKxDs63",
+	"oljYAxtcJr5we460zQij3Mh05lPZun3wW772HRgyldbNVvVg/34LTkFamFHm1ubQt5w7dPL7h10Pixj6",
+	"1rN7ApB5Fh/IDV34myfVyvNq0NAvMqizX2P0e3mgi7Q7+d4bKgeZ6zut720gvAe43D4PXwnt/gBItcvV",
+	"3IFa9rXU/jRc0Nas30Dt7w7YkH4jww0BY6E0g/2Bwk7L+mshwbfQ6K2w/Zcq7/bCvHL+M7Tjlrvo15V0",
+	"QqqNViDWcsM8KecI8SV5c0biZ103oANvWq/ByVg6icZh6SmyEBkoXEVVsnsreYGSzjv3iMN6Wzv0n1fv",
+	"fhaZdKsCsejFAlRMQRzO9mQfRiOydLwVWdqZYLQzOyW33RLNJS6FewTHlolNgR/xy+UboeQa5025j6m0",
+	"FpfkM/Rp8gjS7OToyHsTRzHcFEn39ihRNzJN4mER/ryfhejXYrLlgoJiAzp1SEuedLj4Gu5Vdh3drrQl",
+	"49q/y16cSJsY4npEu5uZW1pmS6fswe6jKhZUf9oILjV/ijufZrueUiCi1UPU3XFUtr6+GdUTMa5vRrHf",
+	"kuubUS3tpPxeJrvQkzL5hr75RJlCKncFsS99tKQVYcPjOiuO646MhOaZDshEIHRbgqL5xnXCPu6+UII7",
+	"u8YG5z4xmqLC5H/xDxrI6bHNdZl/muEiZymoDu2Gk8vACJl/8jkZdbFfkiMv4H+VEPP89PTZd6en4++e",
+	"fjd+cXZ2Mh6P73WDNcw6To5sa4pyrplreaz/4Ikss7zT0TY8buIAsZJUZPXD+18Oj4wN9wyNXd/ss4Hf",
+	"cvOO96HZvf6NYs7FRrYzPXGufCiEjGMD1oI992sgHUEKupY3tM6to5QKfQMmldlfaKE4j702J6hi+d5P",
+	"opVI+bD/dZZTQYiOEGRzU3BpZS7XeRnJoKoNDhBYlyhWnfX3GHT6IKABq9Mb1px74c0i2ezQtRXR9ceJ",
+	"n5eQnEFhV+I6Phf942fCafHsVKCKsYXuGRRYD2f5xLaikcFUxUbeKjHf1PLcF9qwF67SOYGwunpeKZrR",
+	"VH1Ygfjw8n3V81xG16BiIaMIMlJOkVYKipzpdONrDqUS//jp4uVURStU+2oJw6LMk06jSNxIXILLjaKo",
+	"c7qhtPjwh9cfxJHMkqOb4yOKFB59TuK7ozqgCjke1da6NZ34vOmW6yiiaKcuMhip6emWNGoJ1NYRbh2B",
+	"LtBYt+O6ACPqhSJukDh7oDUx2i5aaiCaGbHN9sAsRwou6kA5nb67JpzpBA9eKHdbBl+mKDtKMW92rYse",
+	"M5/JNK3Eja3zTX5PkWdLe94jZjsMnwfE46HyapdI2h65RvVdKWwNUjyQttZ1KqqXS+p3nY26SVnnh6Cb",
+	"MTtPjHdtFIZRR+rgXLtVJ8q/cjKFS+iO5f7qj5nvcJZQXmm1SuFWCQXZpRJ4pKTT5on1lZVraa5HArug",
+	"kpE1p6sI6et9huXBNDR6UFRNoRBGxU4JlVpxmuVUGaCy8YmQIs65ghxoNv79ws1QlVb5MiOlRarVEgwe",
+	"EpKyFMxV2q2owlOijMZOwBfz5QaKc25xkZRaa5LlynmJTdUaZXR+WFUo11JibS0rV1kHknKzkSbeXi97",
+	"YGrVsnS6xFO3RdQSRbQlNPPE+nqxlWRK+BK7kuZOmiVwcd+3TxHYUVpGbkmqD3Pwyde+Gbjhei+ilvfx",
+	"NOb07Ozs6WGFXhW3ds/B/+79DBVJdI1wZVHnY+YUVbGErUrGh83UfWJifoAumXFVxD7apoOMN74yj7FG",
+	"kWcsKDAxqsoM60lsngHLsIMVc9bOU0VFjbYZHCTyUjGT4CkKrpt0RUUovcTMMmhWi2XsqavdIFCv8y9u",
+	"E6iV1d5Tz9/wrO7nmyKmXcsNIusyU+kWH9ZTiKyINVd0cirRoO62egxvzV3QsxDlJnGbK1SLXnTE60R9",
+	"0NfQ4aYOh0P6eejw93BSym9f1WdFP4YUHARcHB/UpLodnHtUC/FU3a7AUOVmdUkK9YnCuUpaFIlPjiK1",
+	"TYnvIE29FmTlXEYxIH7esR9RmiCXXbx/I65hI/q4hiwZXsPGhgPha1TfZaAu3gxrOfvIwWDPp6pAjfX3",
+	"2Cvv5DUIpRWMpmqqUGcJBQmtpUUooTQ9+5euHpH31WewcNJmYqdKZ6CKWokV1RJXtQFVemcMNyEZdCGF",
+	"d8RwmCjaSggH3qqwDIbJmW5Ffxv4hwHn2weC70YYcJQhvZWb+jwiacwG1eGh/vf99g0pspvZ6vTqoym0",
+	"XsuhhUwa6eiWFuvIuOJCj5RTWRXcilttrqfK6SXQdsQ5VVtIYbTjmw8mlHHqLLUmeozEG1fWsHqv4FSx",
+	"/UaESGWypueoMFkNUFCUYLTJlUAu6a/0rWhUak9Vqi0bHTXGjvQaLFl7g5H42e81lKWWD9INp/zynsRk",
+	"ZIGwGi9s5yQbMg3R0tW5ilmNlXKZHKVTRZKcrqKQlrJKOF/YE2pYo5WK61JcWt4Qym8mDKaNs200YUWf",
+	"wVct4Vc4rQOBmzuk0g8gd0bRBZgBbwXzNCGUdoJxqTO4v8RV403Vj//kqwH6PKTRKdrmuJ3k3R8E4naV",
+	"RCtac9PWp4oinN5UeXvck2y9137dUaBnobf36WVDAtDiUPAY8hd4zHHkMV+cWLlcGlgS8799+xPlc3Jp",
+	"9FSF/nSHhSJuCJdK7xbk2rTOP20riiDvoKB0V6e9iDHYeyj6Ti5F6HsOB1yXv0t4TlU/RHHztzAQ4VHR",
+	"bRgI6gQljEzCQZGf63UJRcYFqJiEjaURpyrUGUprlFA+PXi+ESup4uGtSZwDRV/SghljHeVrULgG1DOE",
+	"SYhIrxEcUFVVRS7sNNx1v1Qo+sWNVQNmHroDZp7CVIW4x2EgpFjla6lEyEGtkJk0JN0f1oNtO0KGXhti",
+	"E0NxK1QpoppqpaA8YUVuof6UrWZa4GWegvVFZiVBxUKnqb61Xlb6gDJV+pEBw3VnIKPVZKokivWVRvOG",
+	"wp3lRRMobdlss7dkt5yOzzxJlAgvcIRQ8KVXU9WvE1HkKkalSCQP/SH+cHnx8jX2h93QhIkK58W49E7B",
+	"1mFRRFHOBGK2CxvjnI5PR+JXkxCN6mOiMSmdV2ZSUJSdvNcWcKte8kVjww+bDCaizgueB06Pz6aqzBlH",
+	"JCOQ8YBTJ6SYG31rwXCFKEsXbZJloujajvAdfQ69PvCrILuBD9cTvlQnvIJo+D24aDW8ShxMRGS0tUOb",
+	"OAgHTKqnhXGMCANJDvFwpa2zobCA5nDJWqyhwn9o68Jtwp2eHE/VT4mNEwMRPrv0rzU2DrcKTUzrxKuf",
+	"r4SBeUL8OxIXxThTRcRs3kkijUlugJgjUQh8sA2lM+mcZ3M6fl4c/FKkIqci3Em1RS3DhQG+qgZ3LqF6",
+	"SBDhfw39bIdv4nDi+yCY94QLS4rCXUoSwVf0gjOJj0+ei8wkio2Ti6uXb97U0ocrsGczGQHinDJYWG7+",
+	"OTt76f4Wkeol16+w1H5CT6YKV0Zlm3nG18aJFJaW66xrNwH1C6OSZBYJ+YHnUVoTqaY3r1jKsmZhlMyp",
+	"LjpjaTmpPCnYK238VBXQ3l8KEX6+C70WU7Qexb7lmvbxV/cUflLETzRWv4nEgja6Pe8UUgHzaAm1Wf62",
+	"BBOZhxanTPZRJNOUPD5KhJ+GHu0OmdZh0GCY2rxBLbSJwNZkOh1L+CQjl3reJLvRZhAhi8F6DnGMdgiO",
+	"VFNw58KCVzHmSOZuNVrqwYSVFUJQSlIZBCIswA/hUiSOp1bgU1bqWM8HXrjEiVqd15NyN7j1SUxkSKIV",
+	"Y07LwQIkCpoZOKSFdBHyOjxOQ1avxuFpIVAK+S6dEJvxrNtzCoSSxqD0KKIX5Z5gNzRVHmuqavMmRTo4",
+	"by+n2jty2ck0HYl3dZaYKq+4Qs8Pob9dpHF06uzCPB8WTBwyF+OR2FQ+NrogTuuULitjedx//+7qQyDe",
+	"/4L/XHx4+Y9AvHr99vWH14OKrbdZC5Ft1oGamI/oXFRevwbWosmzFqRjVSum75+Onw6KC4qQgegEXKhN",
+	"jU890WQJMOtsQXDbC0ArwrPx05BGKpCHCO9N1MmryzRD768MaxdRhlPFyhrZLmU8wSNWtYBcRRSL/ntt",
+	"3dLA1f97S6TKICZgX1AGWTxX1JoEq08oJFcd6dKakUNElmlKQl1hL+kGBQhXwZd3CRFAZfDWUKu+Q1+a",
+	"yDlQPb9+vg/NMrIej45HY8qBRKCZJb1J7+loPHrK7rkV+ToKg7i633DJUcLyNLyJe5Pe28S619wkaFwD",
+	"+9tW0Q/dbcjrr112eC4aBUx8qeEtUKYR3f76ew6Uo+uvf+US+F79ytetnO/7kinugs+d/Rb19FW3vgys",
+	"NzmmoHUZ034whr1riOoayi+6rvZj67rak/H4nptgD7sBtrrgsuuSWrpZkjLhbspS01MevavTcpa1i2WD",
+	"ni1CkGSAU0+MEXi7xSIxtOlOLpF9el7a9D4GvbZQ6k2Ic6nbJp8eMabYya5X9PN+DIvHSW78mstIRWJF",
+	"EpeT7dpmavl1DLrtYycvLhMtiVETK9GnZVzp3ERAYJ1senJgeNQ4OBe3iSqikX5aNGUWb9Wc30rrhtTf",
+	"8M2rr5j7wzzq4JM7ql8b3Hnrr63d0bx9YzKas9aKq6vXgvs4F+wBI55KFHgr7/hMWLotjSmDeuZw1g16",
+	"Z+OnD7ev38/cZPef4bZkosKqGRL89k/7vK8oHvhC5UCQ61AqQVsy+PJTUd5OslN4v/cXhLSOwuEicktI",
+	"PigmH1OglRe2dLDQBx9I/GpBxpC9MFWC0k6hKCUBn8SV92B+xSYWBfG7NxFg3030Sb77UZHz93fps6Ky",
+	"Zr++ypsCuzsrkoirztoFqF9d3/ao/FZcZ7CL38iP/pX8hgNwT4GwmgzS+Ub49IhDmCvoZZ2l8xdk05MX",
+	"n0E3G3DelOlvW2uFwdPwRPCNlt4Qq3va2TdSBvdr47RCAH6khoFFnqXabMiwSmWyZq1HSDmiAp1m7GGq",
+	"dO5G4kJVzvQnthlIa9olOMuGqTNVLfO/8DT0U62zuYyuyUVVRZoGNW8Co/Hmkb30NKCrWzjCDNb9Xceb",
+	"b8qPzXtemrFsX4j6qOdhl/r+lFiyjMjwRtvGl9qJPpmuSXxe9wTN83WGpC/Ss8rbVele3HqmhjeRBnTM",
+	"TsbHj7+YMkT2RbjilKd4QPunB7Z/fmD7F4e1Pz5wPsdnh7U/OTlQUnqXCCm/Wvj0t49UPNmKC/LTekyf",
+	"nqCaqERucVSR22qBvcKV1c8zC8YVYnh/pFbezbul6CnrlEVzCpxS0pQer+h5KTsaB/h0W6Zf8p9zGP0x",
+	"HHf6iBzR3uHOrduP/PQqV493QKofwHWT99vKx7K4cjdkeGKLbIXR4fS9OxgUNOFj1zBVE++e6N197OTg",
+	"I8pyaf9xoAN6rTBKi/2x37/I9gRC6dvyj138+4h1HLFu5mhce/DVDNIqayvdxZ2xgE4YO9rCaOWt8I8I",
+	"0qq/9PAHo7PWlfcdHP5rkejK+MquqAQm1uS6/YuindPHRUd/abRzALjZ7/jSNQc7Tq9p3Vq37Kof+t4f",
+	"s9ohbF9qWIYty5SkdnLRVJGZ5/OKOEOJQnJky61kuuDI8ftXwmZp4oIi76eMhE0VJzBNhOxOXJLCwFo7",
+	"eGKrpD2alm9M4WIDlNVUS3BKyKYsEjRr4mUJjrMROgw/Dywum1cO/eFGWKG+/hcqrC8C+TW0tZU1J/r3",
+	"ZHcGW7md+1sAGfg/YfQtQRfna397nfqhI6q9luZalAF0GnkkLrZC/HxtRaaNK/70TMDGFBeZbFdS6DKg",
+	"ySaWj+tWdRtFFllVlxD6P27kc1uSIlrMqZEsfabqzavBuShSLrcTLOnviLTyK8s+RP/05AUnwdT/qOGg",
+	"EmGczs2ufE5TqM+hSxr8JM21v+DH/8m+bw8x6uVIf4ILaA8MXdUAFTzRJ1IGHDn3Tp1aeR43upW2XrkU",
+	"CJ078iLRe7Wr9Mu6ocG/YcufDluw/Ys/Wrz/RIKqJqbOBae3f6pV2BQ+bPIG1/5y0r7uHH/Cgl6Zzdub",
+	"fOavbkYQZObTnIuHHAmsP+W6m8aX//Hf6I9/RLb41u6PaneKttsd3xwfRSvpiNgpOF+pWfzS9ZBGoO+t",
+	"LSDS0gCsWei2JMrlnhwdHZ98NxqPxqPjyfPx83GvhjY/F3Gego64b/4Rpzs3n1hUcf8/AAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -41,7 +41,22 @@
     drained: 'drained',
     removed: 'removed',
     quarantined: 'quarantined',
+    heal_started: 'heal: draining',
+    heal_acting: 'heal: restart',
+    healed: 'healed',
+    heal_failed: 'heal failed',
   };
+
+  // healLine says where a stale peer's heal plan is.
+  function healLine(h) {
+    if (!h) return null;
+    const words = h.phase === 'draining'
+      ? 'draining (requests in flight finish), then the agent restarts the engine'
+      : 'the agent was told to restart the engine; waiting for a new instance';
+    return el('p', { class: 'callout heal', 'data-heal-phase': h.phase },
+      el('strong', null, 'Heal: '), words + ' · deadline ', el('time', { datetime: h.deadline, title: stamp(h.deadline) }, stamp(h.deadline)),
+      ' · from generation ' + h.from_generation);
+  }
 
   const state = {
     peers: [],
@@ -811,6 +826,7 @@
       state.detailError ? el('p', { class: 'problem', role: 'alert' }, state.detailError) : null,
       el('p', { class: 'pd-sub' }, roleWord(p.role) + ' · ' + p.engine + ' · ', el('code', null, p.id)),
       p.state_reason ? el('p', { class: 'callout state-' + p.state }, el('strong', null, 'Reason: '), p.state_reason) : null,
+      healLine(p.heal),
       actions(p),
       el('dl', { class: 'facts' },
         fact('URL', el('code', null, p.url)),

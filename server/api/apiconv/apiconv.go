@@ -161,7 +161,22 @@ func Peer(p *registry.Peer, t Timing) api.Peer {
 		CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt,
 		HeartbeatIntervalSeconds: t.HeartbeatInterval.Seconds(),
 		LeaseTtlSeconds:          t.LeaseTTL.Seconds(),
+		Heal:                     HealPlan(&p.Heal),
 	}
+}
+
+// HealPlan converts a peer's heal plan; nil when none runs.
+func HealPlan(h *registry.Heal) *api.HealPlan {
+	if !h.Active() {
+		return nil
+	}
+	out := &api.HealPlan{Phase: api.HealPlanPhase(h.Phase), Reason: Opt(h.Reason), FromGeneration: h.FromGeneration,
+		Started: h.Started, Deadline: h.Deadline}
+	if !h.Acted.IsZero() {
+		t := h.Acted
+		out.Acted = &t
+	}
+	return out
 }
 
 // PeerSummary is what anyone may read about a peer: identity, life,
@@ -182,7 +197,7 @@ func PeerSummary(p *registry.Peer, t Timing) api.PeerSummary {
 		Id: f.Id, State: f.State, StateReason: f.StateReason, Generation: f.Generation,
 		LeaseExpiry: f.LeaseExpiry, LastHeartbeat: f.LastHeartbeat, Load: f.Load,
 		CreatedAt: f.CreatedAt, UpdatedAt: f.UpdatedAt,
-		HeartbeatIntervalSeconds: f.HeartbeatIntervalSeconds, LeaseTtlSeconds: f.LeaseTtlSeconds,
+		HeartbeatIntervalSeconds: f.HeartbeatIntervalSeconds, LeaseTtlSeconds: f.LeaseTtlSeconds, Heal: f.Heal,
 	}
 	if f.Ranks == nil {
 		return out

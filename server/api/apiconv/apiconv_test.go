@@ -40,7 +40,8 @@ func TestPeerSummaryCarriesEveryFieldItShares(t *testing.T) {
 	lease := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	p := registry.Peer{PeerSpec: registrytest.Spec("p0", registry.RolePrefill), ID: "id", State: registry.StateReady,
 		StateReason: "why", Generation: 3, LeaseExpiry: lease, LastHeartbeat: &lease,
-		Load: registry.Load{Running: 1, Queued: 2, KVUsage: 0.5}, CreatedAt: lease, UpdatedAt: lease}
+		Load: registry.Load{Running: 1, Queued: 2, KVUsage: 0.5}, CreatedAt: lease, UpdatedAt: lease,
+		Heal: registry.Heal{Phase: registry.HealVerifying, Reason: "r", FromGeneration: 1, Started: lease, Acted: lease, Deadline: lease}}
 	p.Labels = map[string]string{"zone": "a"}
 	p.BootstrapHost, p.TransferGroup = "10.0.0.1", "group"
 	p.Observed, p.Unknown = []string{registry.FieldNumLayers}, []string{registry.FieldHeadDim}

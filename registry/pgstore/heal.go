@@ -1,0 +1,139 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// healDoc is registry.Heal as the heal column stores it.
+type healDoc struct {
+	Phase          registry.HealPhase `json:"phase,omitempty"`
+	Reason         string             `json:"reason,omitempty"`
+	FromGeneration int64              `json:"from_generation,omitempty"`
+	Started        *time.Time         `json:"started,omitempty"`
+	Acted          *time.Time         `json:"acted,omitempty"`
+	Deadline       *time.Time         `json:"deadline,omitempty"`
+	Recent         []time.Time        `json:"recent,omitempty"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func timeOf(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+func encodeHeal(h registry.Heal) []byte {
+	b, err := json.Marshal(healDoc{
+		Phase: h.Phase, Reason: h.Reason, FromGeneration: h.FromGeneration,
+		Started: timePtr(h.Started), Acted: timePtr(h.Acted), Deadline: timePtr(h.Deadline), Recent: h.Recent,
+	})
+	if err != nil {
+		panic(fmt.Sprintf("encode heal plan: %v", err)) // strings, ints and times always encode
+	}
+	return b
+}
+
+func decodeHeal(b []byte) (registry.Heal, error) {
+	if len(b) == 0 {
+		return registry.Heal{}, nil
+	}
+	var d healDoc
+	if err := json.Unmarshal(b, &d); err != nil {
+		return registry.Heal{}, err
+	}
+	h := registry.Heal{Phase: d.Phase, Reason: d.Reason, FromGeneration: d.FromGeneration,
+		Started: timeOf(d.Started), Acted: timeOf(d.Acted), Deadline: timeOf(d.Deadline)}
+	for _, t := range d.Recent {
+		h.Recent = append(h.Recent, t.UTC())
+	}
+	return h, nil
+}
+
+// healStep is a stale peer's heartbeat applied by the Go rule: the batch
+// statement leaves stale peers' state alone, and the few that heartbeat
+// while healing are written here, in the batch's transaction.
+type healStep struct {
+	prev, next registry.Peer
+	events     []registry.Event
+}
+
+// writeHealSteps writes the steps whose plan or state moved.
+func (s *Store) writeHealSteps(ctx context.Context, tx pgx.Tx, steps []healStep, now time.Time) ([]string, error) {
+	var ids []string
+	for i := range steps {
+		st := &steps[i]
+		if st.next.State == st.prev.State && st.next.StateReason == st.prev.StateReason &&
+			string(encodeHeal(st.next.Heal)) == string(encodeHeal(st.prev.Heal)) {
+			continue
+		}
+		tag, err := tx.Exec(ctx, `UPDATE peers SET state = $2, state_reason = $3, heal = $4, updated_at = $5
+			WHERE id = $1 AND state = 'stale'`, st.next.ID, st.next.State, st.next.StateReason, encodeHeal(st.next.Heal), now)
+		if err != nil {
+			return nil, err
+		}
+		if tag.RowsAffected() == 0 {
+			continue
+		}
+		if err := s.appendEvents(ctx, tx, &st.next, st.events, now); err != nil {
+			return nil, err
+		}
+		ids = append(ids, st.next.ID)
+	}
+	return ids, nil
+}
+
+// expireHeals fails the peers whose heal did not verify in time
+// (registry.ExpireHeal), within the sweep's transaction.
+func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) ([]string, error) {
+	rows, err := tx.Query(ctx, `SELECT id::text, name, generation, state, state_reason, heal FROM peers
+		WHERE state = 'stale' AND heal ->> 'phase' = 'verifying' ORDER BY id FOR NO KEY UPDATE`)
+	if err != nil {
+		return nil, err
+	}
+	type cand struct {
+		p    registry.Peer
+		heal []byte
+	}
+	cands, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (cand, error) {
+		var c cand
+		err := r.Scan(&c.p.ID, &c.p.Name, &c.p.Generation, &c.p.State, &c.p.StateReason, &c.heal)
+		return c, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, c := range cands {
+		if c.p.Heal, err = decodeHeal(c.heal); err != nil {
+			return nil, fmt.Errorf("decode heal plan of peer %s: %w", c.p.ID, err)
+		}
+		next, events, ok := registry.ExpireHeal(c.p, now)
+		if !ok {
+			continue
+		}
+		if _, err := tx.Exec(ctx, `UPDATE peers SET state = $2, state_reason = $3, heal = $4, updated_at = $5 WHERE id = $1`,
+			next.ID, next.State, next.StateReason, encodeHeal(next.Heal), now); err != nil {
+			return nil, err
+		}
+		if err := s.appendEvents(ctx, tx, &next, events, now); err != nil {
+			return nil, err
+		}
+		ids = append(ids, next.ID)
+	}
+	return ids, nil
+}
