@@ -480,3 +480,23 @@ func TestParseHealKubernetesOutsideCluster(t *testing.T) {
 		t.Errorf("no service-account token: %v, want an error naming the token", err)
 	}
 }
+
+// TestHealExecBackgroundEngine: a command that starts the engine in the
+// background and exits 0 succeeds, though the engine keeps its output open.
+func TestHealExecBackgroundEngine(t *testing.T) {
+	t.Parallel()
+	pidFile := filepath.Join(t.TempDir(), "engine.pid")
+	h, err := ParseHealAction(`exec:sleep 1000 & echo $! > ` + pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Run(context.Background(), testHealRequest)
+	if b, rerr := os.ReadFile(pidFile); rerr == nil {
+		if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if err != nil {
+		t.Fatalf("Run = %v, want success", err)
+	}
+}
