@@ -79,6 +79,9 @@ type Config struct {
 	// Probe configures the probes of the engine at the registered peer's
 	// URL, whose verdict and load every heartbeat carries.
 	Probe ProbeConfig
+	// Heal is the action that restarts the engine when the control plane's
+	// heal plan asks for it (see ParseHealAction); nil means none.
+	Heal HealAction
 }
 
 // WithDefaults fills in unset fields.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/pdplane/pdplane/agent"
 	"github.com/pdplane/pdplane/registry"
@@ -25,8 +26,13 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.str(&eng.Path, "spec", "", "JSON registration of the engine (the body of POST /api/v1/peers) written by its launcher: "+
 		"KV regions, memory kinds, NIXL agents")
 	fs.str(&eng.EngineURL, "engine-url", "", "the engine's HTTP URL; with --spec, fields the spec leaves empty come from its /server_info")
-	fs.str(&eng.ReregisterCmd, "reregister-cmd", "", "shell command that gives the engine fresh NIXL agents and rewrites --spec; "+
-		"it gets $PDPLANE_REREGISTER_REASON and $PDPLANE_SPEC_FILE")
+	fs.str(&eng.ReregisterCmd, "reregister-cmd", "", "deprecated, use --heal exec:CMD: shell command that gives the engine fresh NIXL agents "+
+		"and rewrites --spec; it gets $PDPLANE_REREGISTER_REASON and $PDPLANE_SPEC_FILE, and is the heal action when --heal is not set")
+	var healSpec string
+	fs.str(&healSpec, "heal", "", "how the agent restarts its engine when the control plane's heal plan asks (only a restart gives "+
+		"a stock engine fresh NIXL agents): exec:CMD (/bin/sh -c CMD, with $PDPLANE_PEER_ID, $PDPLANE_PEER_NAME, $PDPLANE_GENERATION, "+
+		"$PDPLANE_HEAL_REASON), systemd:UNIT (systemctl restart UNIT), kubernetes (delete the agent's own pod; needs RBAC delete on pods) "+
+		"or none (an operator must restart it); default none, or exec: of --reregister-cmd")
 	var probe agent.ProbeConfig
 	fs.dur(&probe.Interval, "probe-interval", 0, "time between probes of the engine's /health and load; 0 follows the heartbeat interval")
 	fs.dur(&probe.Timeout, "probe-timeout", agent.DefaultProbeTimeout, "time limit of each probe request to the engine")
@@ -40,6 +46,10 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.str(&pub.BootstrapHost, "bootstrap-host", "", "without --spec: SGLang prefill bootstrap host as decodes reach it (default: the URL's host)")
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.parse(args); err != nil {
+		return err
+	}
+	heal, healAlias, err := parseHeal(healSpec, &eng)
+	if err != nil {
 		return err
 	}
 	var engine agent.Engine = &eng
@@ -64,7 +74,11 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(agent.Config{ControlPlane: controlPlane, JoinToken: token, CredentialFile: credentialFile, Probe: probe}, engine, log)
+	if healAlias {
+		log.Warn().Msg("--reregister-cmd is deprecated: it is the heal action exec:CMD; use --heal")
+	}
+	log.Info().Str("heal", heal.Kind()).Msg("heal action")
+	a, err := agent.New(agent.Config{ControlPlane: controlPlane, JoinToken: token, CredentialFile: credentialFile, Probe: probe, Heal: heal}, engine, log)
 	if err != nil {
 		return err
 	}
@@ -72,4 +86,35 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	return nil
+}
+
+// parseHeal parses --heal, so that a bad value stops the agent before it
+// starts. Without --heal, --reregister-cmd (deprecated) is the exec action,
+// and otherwise the action is none: pdplane cannot guess how an engine is
+// run. With a spec file, an exec action also gets $PDPLANE_SPEC_FILE and
+// $PDPLANE_REREGISTER_REASON, as --reregister-cmd did. alias says that the
+// action came from --reregister-cmd.
+func parseHeal(spec string, eng *agent.SpecFileEngine) (heal agent.HealAction, alias bool, err error) {
+	if spec == "" {
+		spec = "none"
+		if eng.ReregisterCmd != "" {
+			spec, alias = "exec:"+eng.ReregisterCmd, true
+		}
+	}
+	var opts []agent.HealOption
+	if eng.Path != "" {
+		path := eng.Path
+		opts = append(opts, agent.WithExecEnv(func(r agent.HealRequest) []string {
+			return []string{"PDPLANE_SPEC_FILE=" + path, "PDPLANE_REREGISTER_REASON=" + r.Reason}
+		}))
+	}
+	heal, err = agent.ParseHealAction(spec, opts...)
+	if err != nil {
+		flag := "--heal"
+		if alias {
+			flag = "--reregister-cmd"
+		}
+		return nil, false, fmt.Errorf("%s: %w", flag, err)
+	}
+	return heal, alias, nil
 }
