@@ -399,23 +399,60 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// heal runs the heal action the control plane asked for, once: the
-// engine's Reregister, which gives an in-process engine fresh NIXL agents
-// (the simulator, a spec-file engine with a re-registration command),
-// followed by a registration of the new generation. A failure is reported
-// with the next heartbeat, and the control plane marks the peer failed:
-// the agent never retries a heal by itself. It returns an error only when
-// the agent must stop.
+// healTimeout bounds one run of a heal action.
+const healTimeout = 5 * time.Minute
+
+// heal runs the heal action the control plane asked for, once. With a
+// configured action (--heal) it runs in the background while heartbeats
+// go on: a restarted engine comes back as a new instance, which the agent
+// registers (a stock engine's restart is noticed by its probes; any other
+// engine is registered again right after the action). Without one, the
+// engine's own Reregister gives an in-process engine (the simulator)
+// fresh NIXL agents, and the new generation is registered at once. A
+// failure is reported with the next heartbeat and the control plane marks
+// the peer failed: the agent never retries a heal by itself. It returns an
+// error only when the agent must stop.
 func (a *Agent) heal(ctx context.Context, reason string) error {
-	a.log.Warn().Str("reason", reason).Msg("control plane asks to heal the engine: running the heal action once")
-	if err := a.eng.Reregister(ctx, reason); err != nil {
-		a.log.Error().Err(err).Msg("heal action failed")
-		a.mu.Lock()
-		a.healErr = truncateText(err.Error(), registry.MaxHealErrorLen)
-		a.mu.Unlock()
-		return nil
+	p := a.Peer()
+	req := HealRequest{PeerID: p.Id, Name: p.Name, Generation: p.Generation, Reason: reason}
+	if a.cfg.Heal == nil {
+		a.log.Warn().Str("reason", reason).Msg("control plane asks to heal the engine: giving it fresh NIXL agents")
+		if err := a.eng.Reregister(ctx, reason); err != nil {
+			a.healFailed(err)
+			return nil
+		}
+		return a.registerRetrying(ctx)
 	}
-	return a.registerRetrying(ctx)
+	a.log.Warn().Str("reason", reason).Str("heal", a.cfg.Heal.Kind()).Msg("control plane asks to heal the engine: running the heal action once")
+	go func() {
+		hctx, cancel := context.WithTimeout(ctx, healTimeout)
+		defer cancel()
+		err := a.cfg.Heal.Run(hctx, req)
+		switch {
+		case errors.Is(err, ErrHealManual):
+			a.log.Error().Str("peer", p.Name).Msg("the engine needs a restart and no heal action is configured (--heal none): an operator must restart it")
+			return
+		case err != nil:
+			a.healFailed(err)
+			return
+		}
+		a.log.Info().Str("heal", a.cfg.Heal.Kind()).Msg("heal action done; waiting for the engine's new instance")
+		if _, ok := a.eng.(restartWatcher); ok {
+			return // the probes notice the new instance and register it
+		}
+		if err := a.registerRetrying(ctx); err != nil && ctx.Err() == nil {
+			a.log.Error().Err(err).Msg("register after the heal action")
+		}
+	}()
+	return nil
+}
+
+// healFailed keeps a failed heal's report for the next heartbeat.
+func (a *Agent) healFailed(err error) {
+	a.log.Error().Err(err).Msg("heal action failed; the control plane will mark the peer failed")
+	a.mu.Lock()
+	a.healErr = truncateText(err.Error(), registry.MaxHealErrorLen)
+	a.mu.Unlock()
 }
 
 // truncateText cuts s to at most n bytes of valid UTF-8, keeping its end
