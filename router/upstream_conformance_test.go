@@ -218,6 +218,8 @@ var framingCases = []framingCase{
 		status: 200, reused: true},
 	{name: "ContentLengthRepeatedSameValue", rfc: "RFC 9110 §8.6", wire: "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
 		status: 200, body: "hello", reused: true},
+	{name: "ContentLengthNameCaseAndWhitespace", rfc: "RFC 9112 §5.1, RFC 9110 §5.1", wire: "HTTP/1.1 200 OK\r\ncontent-LENGTH:   5  \r\n\r\nhello",
+		status: 200, body: "hello", reused: true},
 	{name: "ContentLengthDiffering", rfc: "RFC 9112 §6.3(5)", wire: "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
 		rtErr: true},
 	{name: "ContentLengthNotANumber", rfc: "RFC 9112 §6.3(5)", wire: "HTTP/1.1 200 OK\r\nContent-Length: five\r\n\r\nhello",
@@ -245,6 +247,8 @@ var framingCases = []framingCase{
 	{name: "TransferCodingUnsupported", rfc: "RFC 9112 §6.1", wire: "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nhello", close: true,
 		rtErr: true},
 	{name: "ChunkedNotFinal", rfc: "RFC 9112 §6.3(4)", wire: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n5\r\nhello\r\n0\r\n\r\n", close: true,
+		rtErr: true},
+	{name: "ChunkedTwice", rfc: "RFC 9112 §6.1", wire: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
 		rtErr: true},
 	{name: "TransferEncodingInHTTP10", rfc: "RFC 9112 §6.1", wire: "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", close: true,
 		rtErr: true},
@@ -397,7 +401,7 @@ func TestUpstreamConformanceOversizeHead(t *testing.T) {
 // carries the next request; one whose body was abandoned does not.
 func TestUpstreamConformanceKeepAlive(t *testing.T) {
 	t.Parallel()
-	srv := newWireServer(t, func(c *wireConn, idx int) {
+	srv := newWireServer(t, func(c *wireConn, _ int) {
 		for {
 			if _, err := c.readRequest(); err != nil {
 				return

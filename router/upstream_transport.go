@@ -81,7 +81,7 @@ var errHeadTooLarge = errors.New("upstream answer: head or trailers too large")
 type nothingReceivedError struct{ err error }
 
 func (e *nothingReceivedError) Error() string {
-	return "upstream closed the connection before answering: " + e.err.Error()
+	return "upstream connection ended before any byte of an answer: " + e.err.Error()
 }
 
 // Unwrap never yields io.EOF: callers take that for a body's clean end.
