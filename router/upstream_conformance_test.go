@@ -621,3 +621,34 @@ func TestUpstreamConformanceFreshConnectionClosed(t *testing.T) {
 		})
 	}
 }
+
+// An answer without a body (RFC 9112 §6.3(1), or Content-Length: 0) frees
+// its connection as soon as its head is read: the caller need not read the
+// empty body for the connection to carry the next request.
+func TestUpstreamConformanceNoBodyFreesConnection(t *testing.T) {
+	t.Parallel()
+	srv := newWireServer(t, func(c *wireConn, _ int) {
+		for i := 0; ; i++ {
+			if _, err := c.readRequest(); err != nil {
+				return
+			}
+			if i%2 == 0 {
+				c.write("HTTP/1.1 204 No Content\r\n\r\n")
+			} else {
+				c.write("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+			}
+		}
+	})
+	tr := newTestTransport()
+	defer tr.CloseIdleConnections()
+	for range 4 {
+		resp, err := send(t, tr, http.MethodPost, srv.url, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close() // not read
+	}
+	if n := srv.conns.Load(); n != 1 {
+		t.Fatalf("%d connections for 4 answers without a body, want 1", n)
+	}
+}
