@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,11 +30,20 @@ import (
 // than the 5 s keep-alive of uvicorn, the server of SGLang and vLLM. A
 // request that finds its reused connection closed before any byte of an
 // answer is sent again once on a new connection.
+//
+// Answers are parsed here (readResponse), to RFC 9112, strictly: framing
+// the client cannot be sure of fails the request and closes the connection.
+// By design it does not support: HTTPS, proxies, HTTP/2 or an upgrade
+// (101 is an error), request pipelining, transfer codings other than
+// chunked alone, or keep-alive on HTTP/1.0 (such a connection is not
+// reused). Heads, interim ones and trailers included, are bounded by
+// maxHead; chunk lines by the read buffer.
 type upstreamTransport struct {
 	dialer      net.Dialer
 	maxIdle     int           // idle connections kept per host
 	idleTimeout time.Duration // idle connections older than this are closed
 	readBuf     int
+	maxHead     int64 // bytes of an answer's heads and of its trailers
 	fallback    *http.Transport
 
 	mu   sync.Mutex
@@ -43,9 +54,42 @@ type upstreamTransport struct {
 type upConn struct {
 	addr   string // host:port as dialled, the idle pool's key
 	c      net.Conn
-	br     *bufio.Reader
+	br     *bufio.Reader // reads c through Read, which applies limit
+	limit  int64         // bytes c may still deliver to br
 	idleAt time.Time
 	reused bool
+}
+
+// Read is br's source: while a head is read limit bounds it, so that an
+// endless head fails instead of filling memory.
+func (uc *upConn) Read(p []byte) (int, error) {
+	if uc.limit <= 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(p)) > uc.limit {
+		p = p[:uc.limit]
+	}
+	n, err := uc.c.Read(p)
+	uc.limit -= int64(n)
+	return n, err
+}
+
+var errHeadTooLarge = errors.New("upstream answer: head or trailers too large")
+
+// nothingReceivedError is a connection that ended before any byte of an
+// answer: on a reused connection, an engine that closed it as idle.
+type nothingReceivedError struct{ err error }
+
+func (e *nothingReceivedError) Error() string {
+	return "upstream connection ended before any byte of an answer: " + e.err.Error()
+}
+
+// Unwrap never yields io.EOF: callers take that for a body's clean end.
+func (e *nothingReceivedError) Unwrap() error {
+	if e.err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return e.err
 }
 
 func newUpstreamTransport(cfg *Config) *upstreamTransport {
@@ -54,6 +98,7 @@ func newUpstreamTransport(cfg *Config) *upstreamTransport {
 		maxIdle:     cfg.MaxIdleConnsPerHost,
 		idleTimeout: 4 * time.Second,
 		readBuf:     2 << 10,
+		maxHead:     1 << 20, // as net/http.DefaultMaxHeaderBytes
 		fallback:    newTransport(cfg),
 		idle:        map[string][]*upConn{},
 	}
@@ -102,8 +147,10 @@ func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		}
 		uc.c.Close()
 		// An engine that closed an idle connection as it was taken: send
-		// again, once, on a new one.
-		if uc.reused && try == 0 && ctx.Err() == nil && errors.Is(err, io.EOF) {
+		// again, once, on a new one (RFC 9112 §9.3.1). Once any byte of an
+		// answer came, the request is not sent again.
+		var nr *nothingReceivedError
+		if uc.reused && try == 0 && ctx.Err() == nil && errors.As(err, &nr) {
 			continue
 		}
 		return nil, withCtxErr(ctx, err)
@@ -121,19 +168,24 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	if _, err := bufs.WriteTo(uc.c); err != nil {
 		stop()
 		if errors.Is(err, net.ErrClosed) || isConnReset(err) {
-			return nil, errors.Join(io.EOF, err) // nothing answered: retryable on a reused conn
+			return nil, &nothingReceivedError{err} // retryable on a reused conn
 		}
 		return nil, err
 	}
-	resp, err := http.ReadResponse(uc.br, req)
-	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-		resp, err = http.ReadResponse(uc.br, req)
-	}
+	resp, rb, err := t.readResponse(uc, req)
 	if err != nil {
 		stop()
 		return nil, err
 	}
-	resp.Body = &upBody{rc: resp.Body, t: t, uc: uc, stop: stop, ctx: ctx, reusable: !resp.Close && !req.Close}
+	ub := &upBody{rc: rb, t: t, uc: uc, stop: stop, ctx: ctx, reusable: !resp.Close}
+	if rb == nil {
+		// Nothing to wait for (RFC 9112 §6.3): the connection is free now,
+		// whether or not the caller reads the empty body.
+		ub.finish(true)
+		resp.Body = http.NoBody
+		return resp, nil
+	}
+	resp.Body = ub
 	return resp, nil
 }
 
@@ -162,7 +214,9 @@ func (t *upstreamTransport) get(ctx context.Context, addr string) (*upConn, erro
 	if err != nil {
 		return nil, err
 	}
-	return &upConn{addr: addr, c: c, br: bufio.NewReaderSize(c, t.readBuf)}, nil
+	uc := &upConn{addr: addr, c: c, limit: math.MaxInt64}
+	uc.br = bufio.NewReaderSize(uc, t.readBuf)
+	return uc, nil
 }
 
 // put returns a connection whose answer was read in full to the idle pool.
@@ -197,7 +251,7 @@ func (t *upstreamTransport) CloseIdleConnections() {
 // upBody is an answer's body: at its clean end the connection goes back to
 // the pool; an error or an early Close closes it.
 type upBody struct {
-	rc       io.ReadCloser
+	rc       io.Reader // returns io.EOF itself only at the body's clean end
 	t        *upstreamTransport
 	uc       *upConn
 	stop     func() bool
@@ -215,7 +269,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	switch {
 	case err == nil:
-	case errors.Is(err, io.EOF):
+	case err == io.EOF:
 		b.finish(true)
 	default:
 		b.finish(false)
@@ -288,4 +342,344 @@ func withCtxErr(ctx context.Context, err error) error {
 		return fmt.Errorf("%w (%v)", cerr, err)
 	}
 	return err
+}
+
+// readResponse reads an answer's head, skipping interim (1xx) ones, and
+// returns it with a reader of its body, nil when it has none. Sections are
+// those of RFC 9112 unless said otherwise.
+func (t *upstreamTransport) readResponse(uc *upConn, req *http.Request) (*http.Response, io.Reader, error) {
+	// One budget for every head of this answer: an endless head, or an
+	// endless run of interim answers, fails at about maxHead bytes. Bytes
+	// of the body that came with the head are spent from it too, hence the
+	// read buffer's worth more.
+	uc.limit = t.maxHead + int64(t.readBuf)
+	defer func() { uc.limit = math.MaxInt64 }()
+	if _, err := uc.br.Peek(1); err != nil {
+		return nil, nil, &nothingReceivedError{err}
+	}
+	tp := textproto.NewReader(uc.br)
+	for {
+		resp, err := readHead(tp, req)
+		if err != nil {
+			return nil, nil, err
+		}
+		switch {
+		case resp.StatusCode == http.StatusSwitchingProtocols:
+			// RFC 9110 §7.8: never asked for, as no Upgrade is sent.
+			return nil, nil, errors.New("upstream answer: 101 Switching Protocols without an Upgrade asked for")
+		case resp.StatusCode < 200:
+			continue // §4 and RFC 9110 §15.2: interim, the final answer follows
+		}
+		body, err := t.framing(resp, uc, req)
+		if err != nil {
+			return nil, nil, err
+		}
+		return resp, body, nil
+	}
+}
+
+// readHead reads a status line (§4) and header section (§5).
+func readHead(tp *textproto.Reader, req *http.Request) (*http.Response, error) {
+	line, err := tp.ReadLine()
+	if err != nil {
+		return nil, unexpectedEOF(err)
+	}
+	// status-line = HTTP-version SP status-code SP [ reason-phrase ], with
+	// HTTP-version = "HTTP/" DIGIT "." DIGIT, case-sensitive (§2.3); only
+	// major version 1 is spoken here.
+	proto, status, ok := strings.Cut(line, " ")
+	if !ok || len(proto) != len("HTTP/1.1") || !strings.HasPrefix(proto, "HTTP/1.") || !isDigit(proto[7]) {
+		return nil, fmt.Errorf("upstream answer: not an HTTP/1.x status line: %.64q", line)
+	}
+	code, _, _ := strings.Cut(status, " ")
+	if len(code) != 3 || !isDigit(code[0]) || !isDigit(code[1]) || !isDigit(code[2]) || code < "100" || code > "599" {
+		// RFC 9110 §15: three digits, 100 to 599.
+		return nil, fmt.Errorf("upstream answer: malformed status code in %.64q", line)
+	}
+	n, _ := strconv.Atoi(code)
+	hdr, err := tp.ReadMIMEHeader() // rejects a line without a colon (§5.1)
+	if err != nil {
+		return nil, headError(err)
+	}
+	return &http.Response{
+		Status:     strings.TrimRight(status, " "),
+		StatusCode: n,
+		Proto:      proto,
+		ProtoMajor: 1,
+		ProtoMinor: int(proto[7] - '0'),
+		Header:     http.Header(hdr),
+		Request:    req,
+	}, nil
+}
+
+// framing sets the answer's length and connection fields and returns the
+// reader of its body (§6.3), nil when it has none.
+func (t *upstreamTransport) framing(resp *http.Response, uc *upConn, req *http.Request) (io.Reader, error) {
+	h := resp.Header
+	te, hasTE := h["Transfer-Encoding"]
+	cl, hasCL := h["Content-Length"]
+	// §9.3, §9.6: Connection: close ends the connection after this answer;
+	// HTTP/1.0 connections are not kept (keep-alive is not spoken).
+	resp.Close = req.Close || resp.ProtoMinor == 0 || hasToken(h["Connection"], "close")
+	resp.ContentLength = -1
+	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
+		resp.StatusCode == http.StatusNotModified // §6.3(1)
+	var n int64
+	switch {
+	case hasTE:
+		if resp.ProtoMinor == 0 {
+			// §6.1: Transfer-Encoding in HTTP/1.0 is faulty framing.
+			return nil, errors.New("upstream answer: Transfer-Encoding in an HTTP/1.0 answer")
+		}
+		if hasCL {
+			// §6.3(3): Transfer-Encoding overrides Content-Length, but a
+			// message with both may be an attempt at response splitting:
+			// the connection is not trusted with another request.
+			delete(h, "Content-Length")
+			resp.Close = true
+		}
+		if noBody {
+			break
+		}
+		// §6.3(4): chunked must be the final coding; it is the only one
+		// spoken, and a message with another one fails.
+		if codings := tokens(te); len(codings) != 1 || !strings.EqualFold(codings[0], "chunked") {
+			return nil, fmt.Errorf("upstream answer: unsupported Transfer-Encoding %.64q", strings.Join(te, ", "))
+		}
+		delete(h, "Transfer-Encoding")
+		resp.TransferEncoding = []string{"chunked"}
+		return &chunkedBody{uc: uc, resp: resp, maxTrailer: t.maxHead}, nil
+	case hasCL:
+		var err error
+		if n, err = parseContentLength(cl); err != nil {
+			return nil, err // §6.3(5): unrecoverable
+		}
+		resp.ContentLength = n
+		if req.Method == http.MethodHead {
+			return nil, nil // the length of the body a GET would have had
+		}
+	}
+	switch {
+	case noBody:
+		if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified {
+			resp.ContentLength = 0
+		}
+		return nil, nil
+	case hasCL && n == 0:
+		return nil, nil
+	case hasCL:
+		return &fixedBody{br: uc.br, n: n}, nil
+	}
+	// §6.3(8): no length, the body ends when the connection does.
+	resp.Close = true
+	return uc.br, nil
+}
+
+// parseContentLength reads Content-Length: 1*DIGIT; repeated identical
+// values (in lines or a list) are one value, differing ones an error
+// (RFC 9110 §8.6, RFC 9112 §6.3(5)).
+func parseContentLength(vs []string) (int64, error) {
+	n := int64(-1)
+	for _, v := range vs {
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(f)
+			m, err := strconv.ParseInt(f, 10, 64)
+			if err != nil || f == "" || !isDigit(f[0]) {
+				return 0, fmt.Errorf("upstream answer: invalid Content-Length %.64q", v)
+			}
+			if n >= 0 && m != n {
+				return 0, fmt.Errorf("upstream answer: differing Content-Length values %.64q", strings.Join(vs, ", "))
+			}
+			n = m
+		}
+	}
+	if n < 0 {
+		return 0, errors.New("upstream answer: empty Content-Length")
+	}
+	return n, nil
+}
+
+// fixedBody is a body of Content-Length bytes (§6.2); the connection ending
+// before them is an error (§8).
+type fixedBody struct {
+	br *bufio.Reader
+	n  int64
+}
+
+func (b *fixedBody) Read(p []byte) (int, error) {
+	if b.n <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.n {
+		p = p[:b.n]
+	}
+	n, err := b.br.Read(p)
+	b.n -= int64(n)
+	if b.n == 0 {
+		return n, io.EOF
+	}
+	return n, unexpectedEOF(err)
+}
+
+// chunkedBody decodes the chunked coding (§7.1): chunk sizes in hex with
+// extensions ignored (§7.1.1), each chunk's data followed by CRLF, a last
+// chunk of size 0, then trailer fields (§7.1.2), consumed so that the
+// connection is left at the next answer, and set on resp.Trailer.
+type chunkedBody struct {
+	uc         *upConn
+	resp       *http.Response
+	maxTrailer int64
+	n          int64 // bytes left in the current chunk
+	afterData  bool  // a chunk's data ended: CRLF comes next
+	err        error // sticky: io.EOF at the clean end
+}
+
+func (b *chunkedBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	br := b.uc.br
+	if b.n == 0 {
+		if b.afterData {
+			crlf, err := br.Peek(2)
+			if err != nil {
+				return 0, b.fail(unexpectedEOF(err))
+			}
+			if crlf[0] != '\r' || crlf[1] != '\n' {
+				return 0, b.fail(errors.New("upstream answer: chunk data not followed by CRLF"))
+			}
+			_, _ = br.Discard(2)
+			b.afterData = false
+		}
+		size, err := readChunkSize(br)
+		if err != nil {
+			return 0, b.fail(err)
+		}
+		if size == 0 {
+			if err := b.readTrailers(); err != nil {
+				return 0, b.fail(err)
+			}
+			b.err = io.EOF
+			return 0, io.EOF
+		}
+		b.n = size
+	}
+	if int64(len(p)) > b.n {
+		p = p[:b.n]
+	}
+	n, err := br.Read(p)
+	b.n -= int64(n)
+	if b.n == 0 {
+		b.afterData = true
+	}
+	if err != nil {
+		return n, b.fail(unexpectedEOF(err))
+	}
+	return n, nil
+}
+
+func (b *chunkedBody) fail(err error) error {
+	b.err = err
+	return err
+}
+
+// readChunkSize reads chunk-size [ chunk-ext ] CRLF. The line must fit the
+// read buffer.
+func readChunkSize(br *bufio.Reader) (int64, error) {
+	line, err := br.ReadSlice('\n')
+	switch {
+	case errors.Is(err, bufio.ErrBufferFull):
+		return 0, errors.New("upstream answer: chunk size line too long")
+	case err != nil:
+		return 0, unexpectedEOF(err)
+	case len(line) < 2 || line[len(line)-2] != '\r':
+		return 0, errors.New("upstream answer: chunk size line not ended by CRLF")
+	}
+	line = line[:len(line)-2]
+	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		line = line[:i] // chunk-ext, after optional whitespace (BWS)
+	}
+	line = bytes.TrimRight(line, " \t")
+	if len(line) == 0 {
+		return 0, errors.New("upstream answer: empty chunk size")
+	}
+	var n int64
+	for _, c := range line {
+		var d byte
+		switch {
+		case '0' <= c && c <= '9':
+			d = c - '0'
+		case 'a' <= c && c <= 'f':
+			d = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			d = c - 'A' + 10
+		default:
+			return 0, fmt.Errorf("upstream answer: invalid chunk size %.32q", line)
+		}
+		if n > math.MaxInt64>>4 {
+			return 0, fmt.Errorf("upstream answer: chunk size %.32q too large", line)
+		}
+		n = n<<4 | int64(d)
+	}
+	return n, nil
+}
+
+// readTrailers reads the trailer section after the last chunk, bounded as a
+// head is.
+func (b *chunkedBody) readTrailers() error {
+	b.uc.limit = b.maxTrailer + int64(b.uc.br.Size())
+	defer func() { b.uc.limit = math.MaxInt64 }()
+	hdr, err := textproto.NewReader(b.uc.br).ReadMIMEHeader()
+	if err != nil {
+		return fmt.Errorf("trailers: %w", headError(err))
+	}
+	for k, vs := range hdr {
+		if b.resp.Trailer == nil {
+			b.resp.Trailer = http.Header{}
+		}
+		b.resp.Trailer[k] = append(b.resp.Trailer[k], vs...)
+	}
+	return nil
+}
+
+// headError reports a header section that failed to parse; textproto
+// quotes the offending line, which may be as long as maxHead.
+func headError(err error) error {
+	err = unexpectedEOF(err)
+	if msg := err.Error(); len(msg) > 128 {
+		return fmt.Errorf("upstream answer: %s…", strings.ToValidUTF8(msg[:128], ""))
+	}
+	return fmt.Errorf("upstream answer: %w", err)
+}
+
+// unexpectedEOF reports a message cut short (§8) as such: io.EOF is a
+// body's clean end to its readers.
+func unexpectedEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// tokens splits comma-separated field values, dropping empty members
+// (RFC 9110 §5.6.1).
+func tokens(vs []string) []string {
+	var out []string
+	for _, v := range vs {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+func hasToken(vs []string, tok string) bool {
+	for _, f := range tokens(vs) {
+		if strings.EqualFold(f, tok) {
+			return true
+		}
+	}
+	return false
 }
