@@ -121,14 +121,19 @@ func TestPendingFlagsStillPending(t *testing.T) {
 	for sub, names := range pendingFlags {
 		out, _ := exec.Command(pdplaneBin, sub, "-h").CombinedOutput()
 		for _, n := range names {
-			if slices.ContainsFunc(strings.Split(string(out), "\n"), func(l string) bool {
-				m := flagLine.FindStringSubmatch(l)
-				return m != nil && m[1] == n
-			}) {
+			if helpHasFlag(string(out), n) {
 				t.Errorf("pdplane %s now accepts --%s: remove it from pendingFlags in deploy/deploy_test.go", sub, n)
 			}
 		}
 	}
+}
+
+// helpHasFlag reports whether a -h output lists the flag.
+func helpHasFlag(help, name string) bool {
+	return slices.ContainsFunc(strings.Split(help, "\n"), func(l string) bool {
+		m := flagLine.FindStringSubmatch(l)
+		return m != nil && m[1] == name
+	})
 }
 
 // parseArgs reads a pdplane subcommand's arguments (after the subcommand)
@@ -200,6 +205,10 @@ func TestParseArgsRefuses(t *testing.T) {
 		if _, err := parseArgs(c, args); err == nil {
 			t.Errorf("parseArgs(%q) accepted it", args)
 		}
+	}
+	// What TestPendingFlagsStillPending sees once --heal lands.
+	if !helpHasFlag("Usage of agent:\n  -heal string\n    \th ($PDPLANE_HEAL)\n", "heal") || helpHasFlag("  -healthy\n", "heal") {
+		t.Error("helpHasFlag does not find a listed flag exactly")
 	}
 	got, err := parseArgs(c, []string{"-engine", "sglang", "--insecure"})
 	if err != nil || got["engine"] != "sglang" || got["insecure"] != "true" {
