@@ -184,6 +184,11 @@ var everywhereRules = []layerRule{
 		},
 	},
 	{
+		name:    "deploy holds the deployment files and their offline checks: it imports no pdplane package (it checks the built binary from outside)",
+		applies: is("deploy"),
+		allowed: func(_, imp string) bool { _, ok := internal(imp); return !ok },
+	},
+	{
 		name:    "the dev fleet is for `pdplane dev` and `pdplane sim`: nothing but cmd/pdplane (and devfleet's own tests) imports devfleet",
 		applies: func(p string) bool { return !is("cmd/pdplane", "devfleet")(p) },
 		allowed: func(_, imp string) bool { return imp != module+"/devfleet" },
@@ -194,7 +199,7 @@ var everywhereRules = []layerRule{
 // package must be placed in the layout (and given a rule) before it lands.
 var governed = []string{
 	"", // the module root: only this test
-	"agent", "cmd/pdplane", "devfleet", "interop", "migrations", "pdproto",
+	"agent", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
 	"router", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",

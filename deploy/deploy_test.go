@@ -23,10 +23,7 @@ import (
 // binary accepts them the tests treat them as accepted (string-valued, with
 // the usual PDPLANE_* variable) and log it. Once the binary accepts one,
 // TestPendingFlagsStillPending fails: remove the flag from this list.
-var pendingFlags = map[string][]string{
-	// --heal exec:CMD|systemd:UNIT|kubernetes|none, $PDPLANE_HEAL.
-	"agent": {"heal"},
-}
+var pendingFlags = map[string][]string{}
 
 // pdplaneBin is the binary built from this tree by TestMain.
 var pdplaneBin string
