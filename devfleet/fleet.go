@@ -77,7 +77,7 @@ func (f *Fleet) Engines() []*Engine { return f.engines }
 // Engine returns the engine named name, or nil.
 func (f *Fleet) Engine(name string) *Engine {
 	for _, e := range f.engines {
-		if e.sim.Config().Name == name {
+		if e.Sim().Config().Name == name {
 			return e
 		}
 	}

@@ -315,12 +315,24 @@ func TestSelfHealing(t *testing.T) {
 			if n := tr.failed.Load(); n > 0 {
 				t.Errorf("%d of %d client requests failed: %v", n, n+tr.ok.Load(), tr.errs[:min(5, len(tr.errs))])
 			}
+			// The heal restarted the victim once; the other engines never.
+			for _, e := range f.Engines() {
+				want := 0
+				if e.Sim().Config().Name == victim {
+					want = 1
+				}
+				if n := len(e.Retired()); n != want {
+					t.Errorf("%s restarted %d times, want %d", e.Sim().Config().Name, n, want)
+				}
+			}
 			var verified, mismatched int64
 			for _, e := range f.Engines() {
-				name, st := e.Sim().Config().Name, e.Sim().Stats()
-				mismatched += st.VerifyFailures
-				if strings.HasPrefix(name, "decode") {
-					verified += st.Transfers - st.VerifyFailures
+				name := e.Sim().Config().Name
+				for _, st := range append(e.Retired(), e.Sim().Stats()) {
+					mismatched += st.VerifyFailures
+					if strings.HasPrefix(name, "decode") {
+						verified += st.Transfers - st.VerifyFailures
+					}
 				}
 			}
 			t.Logf("%d streams served, %d KV transfers verified on the decodes", tr.ok.Load(), verified)
