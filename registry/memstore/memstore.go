@@ -22,6 +22,9 @@ type Config struct {
 	Now      func() time.Time // the clock; time.Now when nil
 	// MaxEvents bounds the event log kept in memory; the oldest go first.
 	MaxEvents int
+	// QuarantineTTL is how long a quarantine lasts before its pair goes on
+	// trial; zero keeps quarantines until they are lifted.
+	QuarantineTTL time.Duration
 }
 
 // WithDefaults fills in unset fields.
@@ -334,9 +337,12 @@ func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFail
 		last = &lf
 	}
 	now := s.now()
-	next, events, q, rec, out := registry.ApplyTransferFailure(*d, f, last, now, registry.DefaultQuarantineWindow)
+	var cur *registry.Quarantine
+	if cq, ok := s.quarantines[key]; ok {
+		cur = &cq
+	}
+	next, events, q, rec, out := registry.ApplyPairTransferFailure(*d, prefill, f, last, cur, now, registry.DefaultQuarantineWindow, s.cfg.QuarantineTTL)
 	if q != nil {
-		q.Detail = registry.QuarantineDetail(prefill, d, f.Error)
 		s.quarantines[key] = *q
 		s.log(d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail, Error: f.Error}})
 	}
