@@ -13,7 +13,9 @@ func TestContract(t *testing.T) {
 	t.Parallel()
 	t.Run("memstore", func(t *testing.T) {
 		t.Parallel()
-		registrytest.RunContract(t, func(t *testing.T) registry.Store { return memstore.New(memstore.Config{QuarantineTTL: registrytest.QuarantineTTL}) })
+		registrytest.RunContract(t, func(t *testing.T) registry.Store {
+			return memstore.New(memstore.Config{QuarantineTTL: registrytest.QuarantineTTL})
+		})
 	})
 	t.Run("pgstore", func(t *testing.T) {
 		t.Parallel()
