@@ -48,6 +48,8 @@ func (e Engine) Valid() bool {
 const (
 	EventKindDrained             EventKind = "drained"
 	EventKindExpired             EventKind = "expired"
+	EventKindQuarantineLifted    EventKind = "quarantine_lifted"
+	EventKindQuarantineTrial     EventKind = "quarantine_trial"
 	EventKindQuarantined         EventKind = "quarantined"
 	EventKindReady               EventKind = "ready"
 	EventKindRegistered          EventKind = "registered"
@@ -63,6 +65,10 @@ func (e EventKind) Valid() bool {
 	case EventKindDrained:
 		return true
 	case EventKindExpired:
+		return true
+	case EventKindQuarantineLifted:
+		return true
+	case EventKindQuarantineTrial:
 		return true
 	case EventKindQuarantined:
 		return true
@@ -386,14 +392,19 @@ type Pair struct {
 	Decode     PeerRef `json:"decode"`
 
 	// Path absent when refused or when it depends on an unknown field
-	Path        *PairPath `json:"path,omitempty"`
-	Prefill     PeerRef   `json:"prefill"`
-	Quarantined *bool     `json:"quarantined,omitempty"`
+	Path    *PairPath `json:"path,omitempty"`
+	Prefill PeerRef   `json:"prefill"`
+
+	// Quarantine The pair's quarantine, active or on trial; absent when there is none.
+	Quarantine *PairQuarantine `json:"quarantine,omitempty"`
+
+	// Quarantined the pair is quarantined and kept out of routing (false once its quarantine expired and it is on trial)
+	Quarantined *bool `json:"quarantined,omitempty"`
 
 	// Reason why the pair is refused or not routable
 	Reason *string `json:"reason,omitempty"`
 
-	// Routable compatible, both peers ready, and not quarantined
+	// Routable compatible, both peers ready, and not quarantined (a pair on trial is routable)
 	Routable bool `json:"routable"`
 
 	// Unverified compatible pairs only: the fields a rule needed that one side did not know, e.g. ranks[*].kv_mem_kinds
@@ -412,6 +423,21 @@ type PairList struct {
 
 	// Total number of pairs before the limit
 	Total int `json:"total"`
+}
+
+// PairQuarantine The pair's quarantine, active or on trial; absent when there is none.
+type PairQuarantine struct {
+	// At when the pair was quarantined
+	At time.Time `json:"at"`
+
+	// Detail what failed, and how the two geometries differ
+	Detail string `json:"detail"`
+
+	// ExpiresAt when the pair goes on trial (serve --quarantine-ttl); absent: only an operator lifts it
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+
+	// Trial the quarantine expired: the pair is routable again, and its next transfer either ends the quarantine or renews it
+	Trial bool `json:"trial"`
 }
 
 // Parallelism defines model for Parallelism.
@@ -840,6 +866,13 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// LiftQuarantine Lift a pair's quarantine
+	//
+	// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
+	//
+	// Corresponds with DELETE /api/v1/pairs/{prefill}/{decode}/quarantine (the `LiftQuarantine` operationId).
+	LiftQuarantine(ctx context.Context, prefill PeerIDString, decode PeerIDString, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListPeers List peers, sorted by name
 	//
 	// Corresponds with GET /api/v1/peers (the `ListPeers` operationId).
@@ -964,6 +997,23 @@ func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, r
 // Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 func (c *Client) ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListPairsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// LiftQuarantine Lift a pair's quarantine
+//
+// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
+//
+// Corresponds with DELETE /api/v1/pairs/{prefill}/{decode}/quarantine (the `LiftQuarantine` operationId).
+func (c *Client) LiftQuarantine(ctx context.Context, prefill PeerIDString, decode PeerIDString, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewLiftQuarantineRequest(c.Server, prefill, decode)
 	if err != nil {
 		return nil, err
 	}
@@ -1366,6 +1416,47 @@ func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request,
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewLiftQuarantineRequest constructs an http.Request for the LiftQuarantine method
+func NewLiftQuarantineRequest(server string, prefill PeerIDString, decode PeerIDString) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "prefill", prefill, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "decode", decode, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/pairs/%s/%s/quarantine", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -1786,6 +1877,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairsWithResponse(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*ListPairsResponse, error)
 
+	// LiftQuarantineWithResponse Lift a pair's quarantine
+	//
+	// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/pairs/{prefill}/{decode}/quarantine (the `LiftQuarantine` operationId).
+	LiftQuarantineWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, reqEditors ...RequestEditorFn) (*LiftQuarantineResponse, error)
+
 	// ListPeersWithResponse List peers, sorted by name
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -2032,6 +2132,68 @@ func (r ListPairsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListPairsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type LiftQuarantineResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r LiftQuarantineResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r LiftQuarantineResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r LiftQuarantineResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r LiftQuarantineResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetBody returns the raw response body bytes
+func (r LiftQuarantineResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r LiftQuarantineResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r LiftQuarantineResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r LiftQuarantineResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2678,6 +2840,21 @@ func (c *ClientWithResponses) ListPairsWithResponse(ctx context.Context, params 
 	return ParseListPairsResponse(rsp)
 }
 
+// LiftQuarantineWithResponse Lift a pair's quarantine
+//
+// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/pairs/{prefill}/{decode}/quarantine (the `LiftQuarantine` operationId).
+func (c *ClientWithResponses) LiftQuarantineWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, reqEditors ...RequestEditorFn) (*LiftQuarantineResponse, error) {
+	rsp, err := c.LiftQuarantine(ctx, prefill, decode, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLiftQuarantineResponse(rsp)
+}
+
 // ListPeersWithResponse List peers, sorted by name
 //
 // Returns a wrapper object for the known response body format(s).
@@ -2950,6 +3127,56 @@ func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON400 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseLiftQuarantineResponse parses an HTTP response from a LiftQuarantineWithResponse call
+func ParseLiftQuarantineResponse(rsp *http.Response) (*LiftQuarantineResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &LiftQuarantineResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
 
 	}
 
@@ -3451,6 +3678,9 @@ type ServerInterface interface {
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams)
+	// LiftQuarantine Lift a pair's quarantine
+	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
+	LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
 	// ListPeers List peers, sorted by name
 	// (GET /api/v1/peers)
 	ListPeers(w http.ResponseWriter, r *http.Request, params ListPeersParams)
@@ -3496,6 +3726,12 @@ func (_ Unimplemented) StreamEvents(w http.ResponseWriter, r *http.Request, para
 // ListPairs Every (prefill, decode) pair with its verdict
 // (GET /api/v1/pairs)
 func (_ Unimplemented) ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// LiftQuarantine Lift a pair's quarantine
+// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
+func (_ Unimplemented) LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3689,6 +3925,41 @@ func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListPairs(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// LiftQuarantine operation middleware
+func (siw *ServerInterfaceWrapper) LiftQuarantine(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "prefill" -------------
+	var prefill PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "prefill", chi.URLParam(r, "prefill"), &prefill, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "decode" -------------
+	var decode PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "decode", chi.URLParam(r, "decode"), &decode, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "decode", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.LiftQuarantine(w, r, prefill, decode)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4068,6 +4339,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/api/v1/pairs", wrapper.ListPairs)
 	})
 	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/quarantine", wrapper.LiftQuarantine)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/events", wrapper.ListEvents)
 	})
 	r.Group(func(r chi.Router) {
@@ -4246,6 +4520,81 @@ func (response ListPairs400ApplicationProblemPlusJSONResponse) VisitListPairsRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type LiftQuarantineRequestObject struct {
+	Prefill PeerIDString `json:"prefill"`
+	Decode  PeerIDString `json:"decode"`
+}
+
+type LiftQuarantineResponseObject interface {
+	VisitLiftQuarantineResponse(w http.ResponseWriter) error
+}
+
+type LiftQuarantine204Response struct {
+}
+
+func (response LiftQuarantine204Response) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+	w.WriteHeader(204)
+	return nil
+}
+
+type LiftQuarantine401ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response LiftQuarantine401ApplicationProblemPlusJSONResponse) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type LiftQuarantine403ApplicationProblemPlusJSONResponse Problem
+
+func (response LiftQuarantine403ApplicationProblemPlusJSONResponse) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type LiftQuarantine404ApplicationProblemPlusJSONResponse Problem
+
+func (response LiftQuarantine404ApplicationProblemPlusJSONResponse) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type LiftQuarantine415ApplicationProblemPlusJSONResponse Problem
+
+func (response LiftQuarantine415ApplicationProblemPlusJSONResponse) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5009,6 +5358,9 @@ type StrictServerInterface interface {
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(ctx context.Context, request ListPairsRequestObject) (ListPairsResponseObject, error)
+	// LiftQuarantine Lift a pair's quarantine
+	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
+	LiftQuarantine(ctx context.Context, request LiftQuarantineRequestObject) (LiftQuarantineResponseObject, error)
 	// ListPeers List peers, sorted by name
 	// (GET /api/v1/peers)
 	ListPeers(ctx context.Context, request ListPeersRequestObject) (ListPeersResponseObject, error)
@@ -5145,6 +5497,33 @@ func (sh *strictHandler) ListPairs(w http.ResponseWriter, r *http.Request, param
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListPairsResponseObject); ok {
 		if err := validResponse.VisitListPairsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// LiftQuarantine operation middleware
+func (sh *strictHandler) LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
+	var request LiftQuarantineRequestObject
+
+	request.Prefill = prefill
+	request.Decode = decode
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.LiftQuarantine(ctx, request.(LiftQuarantineRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "LiftQuarantine")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(LiftQuarantineResponseObject); ok {
+		if err := validResponse.VisitLiftQuarantineResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -5384,126 +5763,133 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H1rc9u4kuhfQfFuVaRzKVl27Exif/JJMnO8k5nk2smZrRplTUhsSTymAA4AytGm/N9vdTf4FGVLSZyZ",
-	"2jpfEokCgUaj3w/4czDVy0wrUM4Gp5+DTBq5BAeGvr0DMBev8FMMdmqSzCVaBafBucgAjEjiMyHVWmi3",
-	"ACOsM4maCyWXYIXSPKR3PDruD4MwSPC9TLpFEAY4JDgNkjgIAwN/5ImBODh1JocwsNMFLCUu+R8GZsFp",
-	"8H8OKggP+Fd7wIBd0YrB3d0dzmMzrSww3EZPUljix6lWDpTDjzLL0mQqcQ8HGY/4v/+yuKHPuy7r56UV",
-	"WyhRAozRJhTSissfX4oXxyc/CL+MiMHJJLXD4C4MPii5kkkqJyl8TwDfrsAIKaZazZJ5biAWabJMnOgN",
-	"Bkv5aQArUG5gnQG5tP0z4cxayLlMlJAzB0ZcgjPrwTl9tjDVKrZ4rAuQsSeW2ogmwG6d0XErB3MwCBtC",
-	"50HGAa/VPFGEDFD5Mjj9PbDzVKp5EAarNF0GYWCTZfAxLGay/tzD4PXKoy4zOgPjEj5/Sc9m2izxUxBL",
-	"BwOXLCHomIJOrQZm9cscFBjJ6KvNlij37LiaqdxWiAS928CbRMX17RqYJ9YBsgFSsozXuGcnU6Dvxc/X",
-	"yCxgnR/WeAs+ZQl/io1MlB+y1Cv69EcujVSOnnfhcQnWyjl0ogH5+Jq31v0bs/PGr3d15v6dub2Yq/6m",
-	"R0cD3yEeYQWonvwLpq488DeJ7Th0omD6lDhY2odYhUnnrlxDGiPX+F3BJ3c9zY1lsmhyUSatRQ6PJjDT",
-	"BiIx00a4BQh8S/R0GoPpiwxxGT5MCS0U+R107fsfII2bgOzaN3HPdUnHTYDfL0Ck0joxk0kKMUkkeGJZ",
-	"WJ0JrdK1uE3cQvhpFiBTt1iLmUwtIIcv5ac3oOZuEZwejo6Ouzio8WY3CHIOyj2xYgUmTqZOzIxeEiyo",
-	"MhJn/fJPrDjgeUQPAc4NCKliYfPpFKwdK7cwYBc6ja0gaQlxfyjOJxaUE0uQyopiAz2peFXhFtKJWJNW",
-	"coyA/nCsaIcCOcQKKYjrWGc5LXLlp0FBmJejVPWD0ArERE5vhmNVnexE6xSkImGgrJNqCp51amg8OnkW",
-	"BstElWgNUTE6MIis//79v8fjfDQajQb0/+GP9N8PP/LXFz9+/Nt/dImxVMv4IZJ/g2M2+LIG572UdwlZ",
-	"uu6QtdNCQhbSTGnVlFudIseA9Kpt4yfrpIOHNnNFg9q78dAUc3Rt6Od//gR6icpqk1RVvrxO5RqMDQV+",
-	"vlkhWcc2RLKKr+NkSeSY2OtlKoU0IIrFRa5SsBZlwVjxxlmWiTSxjp4vRYIEdKP0rRI9twCFT9c0jSQS",
-	"7p/5qceKH9BqSLXFa0zjzJxEeM3DiHm3DXJ7dvztqa3ARlvfPT1iiZEskRSODo9/OH7+9NnxDwQBPzzc",
-	"EINh8Gkw14PqKbEP4aFGHjXWqp/M40FQ0cLjrYGK4tom/wOPtUSLPar1Qk8rXRzyxsuSJm3drK7zwkio",
-	"TCudT8hKKWE9rIE4KidX+XLCts8fOeQQf8F+R7uh1ORKIZU+0gIthBarlfsKKzx1ofYXWP7sjb+m5Pn1",
-	"4r/eiCUstVkLtIeEngkpfv6nQFmiFWriQr6+ujz/JQiDf/J/f3/z9uXPQRi8/ft/vn75PgiDHy/evO6U",
-	"uO9kYjaPFUWrdIn3RppAoWEzZ2GZoP5LU31L1o4zUtkZYWiTPWOY6hh2ceEuYcZcgIKpvbiXgLcoJw3M",
-	"cgux0Ia/J07EkIGKrdCK9TLLx1kCaVzDFcqQMIA/cpleu4wcFgdG8+dl8gniawvzZcvuqhm4BmZJmu6x",
-	"mbqp3Sm9KsXX3O/tYk24zWRiRGLre0YNYHTuJPPapi4tftuYtDrdUEy0W5CFY9naCUvtUoe560RztQKT",
-	"zBKI71uBILdkUp7STugwyLjKU7SQIYaYrTE0nmwSg4gThgBPLxQwnA+FkerG/v63j8Ob1fUSltfIDTYI",
-	"K6t+Y/ttC35vYGEFZk1P0BwlaG+lFdMFTG/wBJRg6lrJNAciOcIl7sB2IKwtdD0NlZwR1pmudnpdAgOZ",
-	"ttvfoQ3s7O4Q83fgymkn005DaAIGhRDjid0dOlUKGzzszDB4xQLdWzMyTSFN7LLLhXfq2mWlcmyCF8NM",
-	"5imaVVr4QWdCOrHU1hUPWg7Yt1Pa8TS7RiLdBGsCKCDx9y8DYLQ7AA/j5fDxEPDnLp/dj/7skbGf/bm7",
-	"r/HEdzAYi9U6+Rc40ifT9O0sOP19FxVZ+UXBXfjwC+jk5ZaGtqwWAzEol3TJrrcqXaOrhcJKKnvLLr0U",
-	"Da+M1FBibU7yHURPCgW3Y4X6MRRSTFOZLCGmcHbIU8XLBC2RQeHWJmreZ0WHLz2xY1VBNRQ/A2Rop/Si",
-	"LM5SqXwMRAwG1ajBLEkhQq8PYRkr1ITWaXQnUTVPJT2ZgLALVD8Uj23EG2qxttbxfAw7Y/ZPrJjladrA",
-	"RUhBrMRZwYuAcvUdIyQc4Sfb4Ulp/PFQDmo3AvLb8wWI2Q8fLl7h8aT6FsxUWsB9apVMZYqALNHUrXuo",
-	"o8ELOZh9/Pz8blB+Pt7h8+HRXafviqBu0agA+2hUpM98uZRmvalY28qQZt7GRGg5bgCzJeK6R7CVhm5f",
-	"s8aKGwf2mgwist/QFNUTC2YFseih4cjBOyQQDtqdUYgDYjzUYmQ/HKsy1FH97B+x5UkREB/4ENqETGW3",
-	"iYVQxDBNpYF4OFZkD7JB3Ay1bEx7KiSyz/TGAyayfJImdgHEWoJcLGZCSlKF6F5lGoUhWoKm7n7ZrujK",
-	"RGuHOMuuF5rpp4m1q5/eSDUX3t47FQuyRhYg2O5Dq3u6AIoFiXIuQQgzaL30vAZhoUJv65nITdpvxmGP",
-	"Tp5+iyBOtZ1Mmx22U4GM40VvhDjj8zsVz1+8eN6/V+k9Ozl5erK/uoUyOXRvNJ9HbcZdW/b/Qqo5WHYi",
-	"KwoWmdFTJCkD1knjbBvfjxCwvVk9tKdaoPIuDFI5gZRN4zhOcD8yfdcgzzbEXw9jE3k/w9pSsPIQ9enR",
-	"yTMxXUgjp8Q+t4lb6NyJqVbO6LT2k08i1GF9dtwhlZY6hrS1j5PDo2+P+UKEtjnqW69TyMJNMvSOcZcw",
-	"RT0M6azu7z6Q8F2BQnr/kSIfd4TrC3716LClltCTT/7Iwf/uTA4Ufmn4Yfd7kdVQVDkomndWmJdotDcA",
-	"5ITSMlHF903/1Oj0Qea/xDGogr1hcj03Os8ehyW8qtl6pkpPdLwWU52nsXCQpmcCpT7qLx/QKg+8boPt",
-	"et4fePmOwz7Z6axz02EwL5zLerYvJmiMfbh8g1qnosiWLBwdP//WrNIyXnxWmE6+lP8MeiElmmK+ScIk",
-	"WreZPd6hOO3wJ6SD+HqfyoG96wMWRSrtmmyOlUyvfSlFd0x9I3a+xSZMpXXXi3qGeLcNpCAtXFPlwHrf",
-	"t5zbF/jdM5T7ZQD96Ot7Eop5Fu95ul32NAPVqlNo4NBvMqyTU2P1e2mgC7Vb6dg7Hnu531u96U3Ddgdj",
-	"cZO+v9JU+w4m0rbQcYcVsqvn9afp+bam/AZqfHsChvQVOWJoABZKMNxd8W/1lL9WxX8LDd1Kw3+pMm5v",
-	"zCvbP0PbbYR/fltIJ6RaawViKddMk3KCJruk6MxQ/KrrDnHoXeUlOBlLJ9HZKyM/FqYGitBPVWzZKkag",
-	"osfOM+I03cYJ/efV219FJt2isED0bAYqpqQMl75xTKKRKTrcyBRtLFegb2u1SW67JZpLXAr3CI4Nl5kS",
-	"OeLD5YVQcolw4y6mqbQWt+QrRAl4NLrs6cGBjw4OY1gVRZ/2IFErmSbxoEhn3k9C9GsBbLmhsDiATh3S",
-	"kicdIbtGuJRDQbcLbclZ9u9yVGaqTQxxPUPdTcwtLbOhU3Yg92GV26k/bSSLmj/FnU+zbU8psdCaYdo9",
-	"8bQcfbMa1gsrblbD2B/JzWpYKyMpv5fFK/SkLKahb77wpZDKXUnpS5/9aGXMkF2vC3bdUmHQ5OmQTH6y",
-	"VkujaLJ2nWYfT18owa1T44AzQcF0zvJSPMU/aFhOj+1+y/zTNW7yOgXVod0QuAyMkPknX2NRF/slOvLC",
-	"nK8KXJ4fHz/74fh49MPTH0YvTk6ORqPRvWGthpt2PHrxbFNTlLBmrhWB/s6AzLO8M3A2OGzaAWIhqcj/",
-	"p3cf9s90DXZMdd2sdjnAb3l4h7vg7N54RQFzcZBNmBlWZgoh49iAtWDP/B5IR5CCrtUBLXPrqERCr8Ck",
-	"MvsLbRTh2Olwwio37+MeWomUmf2vs53KhOhIKTYPBbdW1madlZmJUPhq8BisSxSrzvp7bHT6pJ4Bq9MV",
-	"a86d7M2ieGzfvRXZ8sfJh5cmORuFHUYRPRe9w2fCafHsWKCKsYXu6Re2HkL5xLayi+FYxUbeKjHh4ihW",
-	"MjNtOKpW6ZxQWF09rxTNcKzeL0C8f/mumnkipzegYiGnU8hIOU21UkClw1wRzz0vUol//HL+cqymC1T7",
-	"ag6Dos2IuFEkbiguweVGURY5XYvJeqyin16/FwcySw5WhweU+Tv4nMR3B3WDKuL8Ulvr1nTi82aYraPy",
-	"vl2KyMZITU+3pFFLoLZYuMUCXUZj3Y/rMhhRLxR5gMTZPb2J4Ua+rWnRXBPZbC7McqSgog4rpzMW1zRn",
-	"Oo0HL5S7PYMvU5QdrUCrbfuix0xnMk0rcWPrdJPf02TU0p73iNkOx+cB8bivvNomkjZXrmF9W0laAxUP",
-	"lKF1cUX1con9Lt6ou5R1egi7CbOTY3xoo3CMOkoBJ9otOq38KydTuITu3Oxvns38hNcJ1YlWuxRukVDS",
-	"XCqBLCWdNk+soJ4ysZTmZihwirHivgRHQ32P0KBkTEOrh0WrDQphVOxUIKkVl02OlQFqWzwVUsQ5dzAC",
-	"QePfL8IMVT8OV8wgW6RazcEgk5CUpeSs0m6RqDkXCdAkILl/KTdQ8LnFTVKprEnmC+clNnVflNn2QdUh",
-	"VytxtbUqW2UdSKq1Rpx4f72cgbFVq7rpEk/dHlFLFNGREOSJ9U1GC8mY8H1ZJc6dNHPgFr9vn/Lf0iRG",
-	"YUn8STj45BumDKxAEmQLKPpYmzA9Ozl5uiWntmX5ilq7YfC/+zhDhRJdQxzj65FrhKpcwkb728Nu6i45",
-	"Lr9Al8y4KnIfbddBxmtkU4qLoa1R1A0LSkwMq960elGaJ8Ay7WDFhLXzWFEnnG0m+wi91JwkGETBzXau",
-	"aCOkl5hY+swUpWzjSF2tg7UEqNbNSt2pPMyfZJfsa0RWd4tNEdEu5Rot67Ly6BYf1kuCrIg1twFyaVC/",
-	"HrZ6jGjNXRhYmOYmcesrVItedMTLRL3XN9ARpo4GA/p54PD36LSU34Kb26zoxZCCg1AQMsOaVLf9M2/V",
-	"QjxWtwtALja1Jn2aE4VzVYQoEl/sRGqbCtlBmnpvx8K5jHJA/LzjPKZpglR2/u5C3MBa9HAPWTK4gbWN",
-	"+kKzOfQ2A3V+MajV4CMFgz0bq8JqrL/HUXknb0AorWA4VmOFOksoSGgvLUQJpenZv3T1iKKvviKFizAT",
-	"O1Y6A1X0PiyoAbWq9a/KNWNYReTQRZTeEYNBougoIep7r8KyMUzBdCt6m4Z/FHL9fCi4t7fPWYb0Vq7r",
-	"cEylMWtUh/vG33c7N8TIdmKr46uHrtByKQcWMmmko1sCrCPnihs3Ui5NVXArbrW5GSun50DHEefUPSGF",
-	"0Y4Ys39KFaTO0mjCx1BcOFFoZR8VHCv23wgRqUyW9BwVJqsBSoqSGW1yJZBKegt9KxrtvWOVastOR42w",
-	"p3oJlry9/lD86s8aytbJB/GGIL+8p9AYSSCq1ovaNcaGXEP0dHWuYlZjpVymQOlYkSRHuBfSUpUI1/96",
-	"RA1quFJxXYpLywdC9cpkg2njbNuasKLHxletgFc4rUOBhzugVg6gcEYxBZg+HwXTNFko7YLhUmfwfImr",
-	"1hurn//J/eQ9XtLoFH1zPE6K7vdDcbtIpgvac9PXpw4hBG+svD/uUbbc6bzuKNEz05vn9LIhAWhzKHgM",
-	"xQu8zXHgbb44sXI+NzAn4n/z5heqz0zUnORP5Lk7KhRxQ7hUerdA17rF/3SsKIJ8gILKV532Isbg7JHo",
-	"OTkXkZ856g/F+3uE51j1IhQ3f4tCER0U00ahoElQwsgk6hf1tl6XUGZcgIpJ2FhacawinaG0Rgnly30n",
-	"a7GQKh7cmsQ5UPQlLYgx1tN8CQr3gHqGbBJC0ms0DqhLqkIXThptu98kEr3ixpQ+E49EnTZJYawiPOMo",
-	"FFIs8qVUIuKkVsREGpHuj+rJti0pQ68NcYihvBWqFFGBWikoj1iRW6g/Za+ZNniZp2B901iJUDHTaapv",
-	"rZeVPqFMnXvkwHAfGcjp4nSsJIr1hUb3htKd5e0EKG3ZbbO35Lccj048SpSIznGFSPClK2PVqyNR5CpG",
-	"pUgojzwTv788f/ka58NpCGDCwlmxLr1TkHVUNEWUkEDMfmFjnePR8VD8ZhLCUX1NdCal88pMCsqyU/Ta",
-	"Ah7VS77oZvB+ncGpqNOCp4Hjw5OxKmvA0ZIRSHjApRNSTIy+tWC445OlizbJPFF010P0lj5HXh/4XZDf",
-	"wMz1xLI2v4Lp4Edw08XgKnFwKqZGWzuwiYOoz6h6WjjHaGEgyiEeLLR1NhIW0B0uSYs1VPQPbV20ibjj",
-	"o8Ox+iWxcWJgis8u/WuNg8OjQhfTOvHq1ythYJIQ/Q7FebHOWBEymxdZSGOSFRBxJAoNHxxD5Uw6Z2iO",
-	"R88Lxi9FKlIqmjuptqhluNDfd8ngySXU3wgi+q+Bh3ZwEUenfg4y855wo0jRiEtFIviKnnFl8OHRc5GZ",
-	"RLFzcn718uKiVg5cGXs2k1NAO6dMFpaHf8bBXrr0Q6R6zv0oLLWf0JOxwp1RG2ae8bVFIoW55b7pKv6L",
-	"uGankmQWCfm+p1HaE6mmi1csZVmzsJXMpS46Y2l5WkVScFY6+LEqTHt/yUP0+S7yWkzRfhTHlmvah1I/",
-	"EBdxUrSfaK1e0xIL29btWaeQCplGS1Ob5W9LMJF7aBFk8o+mMk0p4qNE9Gngrd0B4zoKGwRTgxvUTJsp",
-	"2JpMJ7aET3LqUk+b5DfaDKZIYrCcQByjH4Ir1RTcmbDgVYw5kLlbDOe6f8rKCk1QKlLphyIqjB+ySxE5",
-	"HluhL1mp23o+8cItSzTqrF5ku8ajT2JCQzJdsM1pOVmASEE3A5e0kM4i3oe305DUq3UYLDSUIsTUWEU4",
-	"jKFuwxQKJY1B6VFkL8ozwWkIVF5rrGpwkyLtn7W3U50dhexkmg7F2zpJjJVXXJGnh8jfFtJgnTq5MM1H",
-	"BRFHTMXIEusqxkYXHGmdWpRHLI97795evQ/Fuw/4z/n7l/8IxavXb16/f92vyHqTtNCyzTqsJqYj4osq",
-	"6tewtQh41oLEVrXm+N7x6Gk/FIrcXCQg4oBzta7RqUeaLA3MOlmQue0FoBXRyehpRCsVloeI7i3UyavL",
-	"3CIfr4xqF6FFY8XKGskuZXuCV6x6+7grKBa9d9q6uYGr//eGUJVBTIZ9gRkk8VzRaBKsvqCQQnWkS2tO",
-	"DiFZpikJdYWzpGsUINzVLtUc4jN0T9BAZeOtoVb9hL7VkGugAr//gPrrLVvWo+HhcEQ1kGhoZklwGjwd",
-	"joZPOTy3oFhH4RBX93PNOUtYcsNFHJwGbxLrXvOQsHEN4e8bTTx0Nxfvv3ZZ15loNCTxpVy3QJVGdPvg",
-	"HzlQja6/fpBb2oP6lYMbNdz3FVPchZ875y3646tpfVtXcHpISesyp/1gDnvbEtU1al90XeLH1nWJR6PR",
-	"PTcR7ncDYXVBW9cliXQzGlXCrcrW0WNevWvSEsraxYZhYIsUJDngNBPbCHzcYpYYOnQn50g+gZc2wccw",
-	"aAul4JQol6Zt0ukB2xRbyfWKft6NYJGd5NrvucxUJFYkcQls1zHTyK8j0M0YO0VxGWlJjJpYiR5t40rn",
-	"ZgpkrJNPTwEMbzX2z8RtoopspAeLQGbxVsH8Rlo3oPkGF6++AvaHadTBJ3dQv7ay89ZJW7sjdPPGTnRn",
-	"rRVXV68Fz3EmOAJGNJUo8F7e4Ymw4gYgY8ygntmfdMPgZPT04fH1+0Gb5P4r3JZEVHg1AzK//dMenyuK",
-	"B77QMxQUOpRK0JH0v5wryttGtgrvd/7CjxYr7C8iN4Tkg2LyMQVaeQFLBwm994nErxZkbLIXrkpY+imU",
-	"pSTDJ3Hl5YlfcYhFg/v2QwTY9RB9ke9uWOT6/W36rOis2W2u8ua/7smKIuJqsnZD6Vf3qz0qvRXXE2yj",
-	"N4qjfyW94QI8UyisJod0sha+PGIf4gqDrLMV/px8eoris9HNDpx3ZXqb3lrh8DQiEVSeUDhi9Ug7x0bK",
-	"5H5tnVYKwK/UcLAoslSDhhyrVCZL1npkKU+pQaeZexgrnbuhOFdVMP2JbSbSmn4JQtlwdcaq5f4XkYZe",
-	"qnU2kdMbClFVmaZ+LZrA1niTZS89DugqFs4wg3V/1/H6m9Jj896WZi7bN5Y+Kj9sU9+fEkueETne6Nv4",
-	"VjvRI9c1ic/qkaBJvswQ9UV5VtFlQF6DqldqeBepT2x2NDp8/M2UKbIvsiuOGcQ9xj/dc/zzPce/2G/8",
-	"4Z7wHJ7sN/7oaE9J6UMipPxq6dPfP1LzZCsvyE/rOX16gmqiErkFqyK11RJ7RSirl2cWjCvE8O6WWnnJ",
-	"7oaip6pTFs0pcElJU3q8ouel7Ggw8PGmTL/k68SH34fijh+RIton3Hl0u6GfXuVu8A6T6idw3ej9tvKx",
-	"bK7cbjI8sUW1wnB//N7tbRQ0zceuZaohPjwR3H3spOADqnJp/3GKPWatbJQW+eO8f5HjCYXSt6Iojvo3",
-	"i3WwWDdxNK49+GoCabW1leHizlxApxk73LDRygvUH9FIq/48wHe2zlq3w3dQ+G9FoSvbV3ZBLTCxptDt",
-	"X9TaOX5c6+gvbe3sYdzsxr50zcEW7jWtW+jmXf1DP3o2qzFh+5LCMm1ZliS1i4vGitw8X1fEFUqUkiNf",
-	"biHTGWeO370SNksTFxZ1P2UmbKy4gOlUyO7CJSkMLLWDJ7Yq2iOw/GBKFxugqqZagVNCPmVRoFkTL3Nw",
-	"XI3Q4fh5w+KyeYXQd3fCCvX1v1BhfZGRX7O2NqrmRO+e6s5wo7Zzdw8gA+6c+aZGF9drf3ud+r4jq72U",
-	"5kaUCXRaeSjON1L8fG1Fpo0bK749JWRniptMNjspdJnQZBfL53Wrvo2iiqzqS4j8X8TxtS1JkS3m0kiW",
-	"PmN18ap/JoqSy80CS/q7IK36ynIO0Ts+esFFMPU/qtWvRBiXc3Mon8sU6jB0SYNfpLnxF/z4Pxn17U2M",
-	"ejvSnxAC2sGGrnqACproESpDzpz7oE6tPY8H3Upb71wKhc4dRZHovdrV+GXfUP/fZsufbrbg+BffW7z/",
-	"QoKqJqbOBJe3f6p12BQxbIoGl9GZ3cM5nsPCoKzmDU4/81d3TSbItS9zLh5yJrD+lPtuGl/+x3+jP+Yx",
-	"tcW39nzUu1OM3Zx4dXgwXUhHyE7B+U7N4peuh7QCfW8dAaGWFmDNQrclUS336cHB4dEPw9FwNDw8fT56",
-	"Pgpq1ubnIs9T4BHPzT/icufmE4sq7v8HAAD//w==",
+	"7H1tcxu3ku5fQc3dKpPnDilKphxb+uRjOzneOLGP5CRbFXo1IKdJztEQmAAYylyX/vut7sa8ciiRsZSk",
+	"7p4viTgcAo1Go/vpN/hLMNOrTCtQzgZnX4JMGrkCB4Y+fQAwb1/jXzHYmUkyl2gVnAUvRQZgRBKfC6k2",
+	"QrslGGGdSdRCKLkCK5TmV3rj0bg/DMIgwd9l0i2DMMBXgrMgiYMwMPBbnhiIgzNncggDO1vCSuKU/2Fg",
+	"HpwF/+eoovCIv7VHTNglzRjc3t7iODbTygLTbfQ0hRX+OdPKgXL4p8yyNJlJXMNRxm/8339ZXNCXfaf1",
+	"49KMLZYoAcZoEwppxcW3r8SL8ek3wk8jYnAySe0wuA2Dn5RcyySV0xT+SALfr8EIKWZazZNFbiAWabJK",
+	"nOgNBiv5eQBrUG5gnQG5sv1z4cxGyIVMlJBzB0ZcgDObwUv628JMq9jiti5Bxl5Yam80CXabjLZbOViA",
+	"QdqQOk8yvvBGLRJFzACVr4KzXwO7SKVaBGGwTtNVEAY2WQWfwmIk6/c9DN6sPesyozMwLuH9l/Rsrs0K",
+	"/wpi6WDgkhUEHUPQrtXIrL5ZgAIjmX210RLlno2rkcplhSjQ+714nai4vlwDi8Q6wGOAkizjDa7ZyRTo",
+	"c/H1FR4WsM6/1vgVfM4S/is2MlH+lZVe01+/5dJI5fzz6tOVM4lMm4/SZI4zdLF7BdbKBXRyC4/7FXOg",
+	"+zs+9Vvf3tZ1wK+sFIqx6r/0XGtsS4g7XRGqp/+CmSvl4l1iO2SDBJ3+Shys7H0niiXstpxDGiM3+FnB",
+	"Z3c1y41l6Wketkxai4ogmsJcG4jEXBvhliDwV6Kn0xhMX2TIy/B+gWmxyK+ga93/AGncFGTXuumQXZXi",
+	"3iT44xJEKq0Tc5mkEJPigieWddq50CrdiJvELYUfZgkydcuNmMvUAiqClfz8DtTCLYOz49HJuOugNX7Z",
+	"TYJcgHJPrFiDiZOZE3OjV0QLWpbEWT/9EyuOeBzRQ4JzA0KqWNh8NgNrJ8otDdilTmMrSKlC3B+Kl1ML",
+	"yokVSGVFsYCeVDyrcEvpRKzJeDlmQH84UbRCgQfJCinocLJpc1rkyg+D+jIv31LVF0IrEFM5ux5OVLWz",
+	"U61TkIp0hrJOqhn4o1Nj48npszBYJapka4j204FBZv33r/89meSj0Wg0oP8ff0v/++Zb/vji209/+48u",
+	"bZdqGd8n8u/wna1zWaPzTsm7gCzddKjkWaFIC6WntGqqt06VY0B6C7j1lXXSwX2LuaSX2qvx1BRjdC3o",
+	"+5+/A71Cm7YtqipfXaVyA8aGAv++XqNYxzZEsYqv4mRF4pjYq1UqhTQgislFrlKwFnXBRPHCWZeJNLGO",
+	"nq9EggJ0rfSNEj23BIVPNzSMJBHun/uhJ4of0GwotcXPWMb5cJLgNTcj5tU2xO3Z+OGlreBG2yw+PWGN",
+	"kaxQFE6Ox9+Mnz99Nv6GKOCHx1tqMAw+DxZ6UD2l40N8qIlH7WjVd+bxKKhk4fHmQENxZZP/gceaonU8",
+	"qvlCLytdJ+Sd1yVN2bpeX+UFSKgQmM6nBGZKWo9rJI7KwVW+mjJE+i2HHOLfsd7Rfiw1uVIopY80QYuh",
+	"xWzlusKKT12s/QFW33uM2NQ8P779r3diBSttNgLxkNBzIcX3PwvUJVqhJS706+uLlz8EYfAz/+/v796/",
+	"+j4Ig/d//883rz4GYfDt23dvOjXuB5mY7W1F1Spd4p2WJlEIbBasLBO0f2mqbwjtOCOVnROHto9nDDMd",
+	"wz6e3gXM+RSgYmpP7jXgDepJA/PcQiy04c+JEzFkoGIrtGK7zPpxnkAa13iFOiQM4LdcplcuI7/GgdH8",
+	"9yr5DPGVhcWqhbtqANfAPEnTAxZTAe57fyQT88/q7dsmmu/cjEwmRiRW1F4kE3ENmRM6dyg1RucOUVWP",
+	"AY5WMyCEVf1GeJ+CbZnDAbUS5DH0O3e0stVNkm6WG1Enq7ZNaLSQEsnqYdv8F99tDVoJZCim2i0JlFkG",
+	"aGFpEOsc6EmmoFgEkeLH715QrtZgknnSxedqfhrVEkY+o3WSdBFazFOE/BBDzPAS0aBNYhBxwvShOIYC",
+	"houhMFJd21//9ml4vb5aweoKj7cNwspN2WJO2yU5mFhYg9nQE5QEovZGWjFbwuwa90cJPi5rmeZAu0+c",
+	"xhXYDoa1rYg/FOVRD+tapLa3XRoQpb7bgaMF7O2/kTbr4JXTTqadyG4KBs8H84n9N9pVCpfc750xecUE",
+	"u5b2z8bx33aEcJQn9cMYCsSsa8BDUwjwuagrP7cEAyjTCKyHW5iPfcL2weTf8bnArW8GCvaLoHBwq2t0",
+	"WfiTfCCXhVm40XV7ESfzho2ouYykgOzV/bQvNFTaSfQsmDWIwaBazsC5tF8w7IwdWqkEckg6bUSazJ0V",
+	"tMH7rZojJ53qd1uFnjX1nxd8DrCFXr9aDg4UNlNAQmFVsl6tUbURBhTceILvOYd+fyhYUtDdLZdGpimk",
+	"iV11hdScunJZiUKbq45hLvMU/Rct/EvnQjqx0tYVD1qRjodDx/Esu0LluU3WFBCJ4Pe/j4DR/gTcz5fj",
+	"x2PAnzt9djf7s0fmfvbnrr52Jv4Az6yYrfP8AkfeZZq+nwdnv+6DRasARHAb3v+DSyddbunVlntgIAbl",
+	"OlXie9S1CStrqewNx86kaIQ/CB4l1uaEOwDBmoKbiUJUFwopZqlMVhBTeinkoeJVgpB/UMSPErXoe0UL",
+	"YJ7YiaqoGorvATJEsb0oi7NUKh9sFINB9dZgnqQQ9c8Z7U4UIjTrdIGBZ5KeTEHYJcIiUt+NwF4tqN3a",
+	"nk9hZw7tiRXzPE0bvAgpWowGgScB5eorRko440aI90llMehVTjI1EmS783fI2Z9+evsatyfVN2Bm0gKu",
+	"U6tkJlMkZEVQohYKGg1eyMH805fnt4Py7/Eefx+f3HYGiZDUHUgP4BCkh/KZr1bSbLYBXxuk0ci7DhG6",
+	"aFvE7EhtHJDVoFd3z1k7ilsb9oaAOvkV5IZNCeDEoofuDkfJUUA4On5OsUSIcVOLN/vhRJUxxepr/4gh",
+	"CIUafYRRaBOylN0kFkIRwyyVBuLhRJGfwm5cM6a5NeyZkHh8ZteeMJHl0zSxS6CjJSiWwYeQksah+P5n",
+	"kWlUhuihmHqcw3aFMadaO+RZdrXUtgMiXn73TqqF8H7ImVgSGlmCYH8EfcXZEhhdlWMJYphB9NLzFoSV",
+	"Cv1az0VuyP1tROqfPkS0tFpOps0ey6lIxvdFb4Q8KwDu8xcvnvfvNHrPTk+fnh5ubqFM1t6ZNuO3thMc",
+	"Lb90KdUCbOnAlIJi9AxFyoB10jjb5vcjZEau1/etqZYRuA2DVE4hZWgcxwmuR6YfGuLZpvjraWwy73vY",
+	"WMoKHKM9PTl9JmZLaeSMjs9N4pY6d2KmlTM6rX3ls3V1Wp+NO7TSSseQttZxenzy8JwvVGj7RD30PIUu",
+	"3BZDH7DpUqZohyGd1+Mw9xRgrEGhvH9LIcZb4vVb/unJccsshUGukt9y8N87kwPFORt+2N3RjepVNDmo",
+	"mvc2mBcI2hsEcuZ2laji83bcxOj03sN/ge+Qi8zA5GphdJ49zpHwpmbnnio91fFGzHSexsJBmp4L1Ppo",
+	"v3zwpNzwOgbbd79/4uk7Nvt0r73OTQdgXjqX9WxfTBGM/XTxDq1OJZEtXTgaP3/oo9ICL778gna+1P9M",
+	"eqElmmq+KcKkWnfBHu9QnHX4E9JBfHVIJc/B9TrLImd9RZhjLdMrX9rUnbzaSlLtwISptO5qWS/F2G8B",
+	"KUgLVxQy2hz6K+cOJX7/UoDDUu3+7as7Mvd5Fh+4u114molqFQQ1eOgXGdbFqTH7nTLQxdqdcuwdj4Pc",
+	"753e9Daw3QMsbsv3V0K1PwAi7UppdKCQfT2vP83Oty3lA5jx3ZlOslfkiCEALIxguL/h3+kpf62JfwgL",
+	"3ap3+b3GuL0wb2z/DGu3Ff75ZSmdkGqjFYiV3LBMyilCdknRmaH4Udcd4tC7yitwMpZOorNXRn4szAwU",
+	"oZ+q+LlV9VPmabb2iPPhWzv0n5fvfxSZdMsCgej5HFRMyUIuReWYRCODebyVwdyarmDfzrKu3HZrNJe4",
+	"FO5QHFsuM+dZfrp4K5RcId24ilkqrcUl+YptIh5Blz07OvLRwWEM66II2x4lai3TJB4UdQN3ixB9WxBb",
+	"LqhMlHXakJY+6QjZNcKlHAq6WWpLzrL/LUdlZtrEENdLQbqFuWVltmzKHuI+rHI79aeNZFHzq7jzabbr",
+	"KSUWWiPMugeelW9fr4f1Cqbr9TD2W3K9HtbqtcrPZZUYPSmr1uiTrzArtHJX9ceFz360MmZ4XK+K47qj",
+	"lKd5pkOC/IRWS1A03bhO2MfDF0Zw59D4wrmgYDpXH1A8xT9oIKfHdr9l/vkKF3mVguqwbkhcBkbI/LMv",
+	"Zqqr/ZIdeQHnq0qy5+Pxs2/G49E3T78ZvTg9PRmNRneGtRpu2nj04tm2pShpzVwrAv0HE7LI8s7A2eC4",
+	"iQPEUlLTzXcffjo80zXYM9V1vd5nAx9y84734dmd8YqC5mIjmzQzrXwohIxjA9aCPfdrIBtBBrpWcLfK",
+	"raPSHb0Gk8rsL7RQpGOvzQmr3LyPe2glUj7sf53lVBCiI6XY3BRcWlkEeV5mJkLh2y5isC5RbDrrv2PQ",
+	"6ZN6BqxO12w598KbRZXmoWsrsuWPkw8vITmDwg5QRM9F7/iZcFo8Gws0MbawPf0C6yGVT2wruxhOVGzk",
+	"jRJTLuljIzPXhqNqlc0JhdXV88rQDCfq4xLEx1cfqpGncnYNKhZyNoOMjNNMKwVUo+8rdajvTCrxjx9e",
+	"vpqo2RLNvlrAoGj7o9MoEjcUF+ByoyiLnG7EdDNR0XdvPoojmSVH6+MjyvwdfUni26M6oIo4v9S2ujWb",
+	"+LwZZutocWnX/DIYqdnpljZqKdTWEW4dgS7QWPfjugAj2oUiD5A4e6A30VFC1kA0VyQ22xOzHimkqAPl",
+	"dMbimnCmEzx4pdztGfw+Q9nRmrfetS56zHIm07RSN7YuN/kdTX8t63mHmu1wfO5Rj4fqq10qaXvmGtd3",
+	"lUo2WHFPeWTXqah+XHK/62zUXcq6PITdgtl5Ynxoo3CMOkpUp9otO1H+pZMpXEB3bvYXf8z8gFcJVTdX",
+	"qxRumVDSvFZz+MQK6vEUK2muhwKHmChuAKJia+mLJwflwTQ0e1j0tKESRsNOhbtacTnvRBmgNuIzIUWc",
+	"c0cxlQxK//sizFA1vnHFDB6LVKsFGDwkpGUpOau0WyZqwUUCNAj4ws7cQHHOLS6SChxNslg6r7GpzanM",
+	"tg+qjtVaNaOt1UYq60BSUwPyxPvr5QjMrVrVTZd66vaIWqqItoQoT6zv5ltK5oRvgCx57qRZALfcPnzK",
+	"f0c3JoUl8SvhqCQUaTOwBkmULaHoK2/S9Oz09OmOnNqO6Stp3dFHwN/7OEPFEl1jHPPrkWuEqlzCVp/p",
+	"/W7qPjkuP0GXzrgsch9t10HGGzymFBdDrFGW9VJiYlg1gdaL0rwAlmkHK6ZsnSeKWk5tM9lH7KUuQMEk",
+	"Cu5qdUW/Lv2IhaXPh6LUbRypq3WUlwTVusupW5xf8zvZpfsakdX9YlMktCu5QWRdVh5RSXi9JMiKWHO/",
+	"LZcG9ethq8eI1tyGgYVZbhK3uUSz6FVHvErUR30NHWHqaDCgrwcOv4/Oqppx7iK1ohdDCg5CQcwMa1rd",
+	"9s89qoV4om6WgKfY1C7NoDFROVdFiCLxxU5ktqmwG6SpF8gvncsoB8TPO/ZjliYoZS8/vBXXsBE9XEOW",
+	"DK5hY6M+1ckvQbzPQL18O6j1hqAEgz2fqAI11n/HUXknr4E7DCZqotBmCeUr1VuMEkrTs3/p6hFFX31F",
+	"ChdhJnaidAaq6NhZUqd31YNSlWvGsI7IoYuK6v5E0VZC1PdehWUwTMF0K3rbwD8Kua8jFNxE3+csQ3oj",
+	"N3U6ZtKYDZrDQ+Pv++0bcmS3sNX51UNXaLWSAwuZNNLRrR3WkXPFDUUpl6YquBE32lxPlNMLoO2Ic+rq",
+	"kcJoRwezf0YVpNRocMPFo0Px1onCKvuo4ESx/0aMSGWyoudoMNkMUFKUYLTJFXWT9Zb6RjT66Ccq1Zad",
+	"jppgz/QKLHl7/aH40e81lD3K9/INSX51R6ExikBUzRe1a4wNuYbo6epcxWzGSr1MgdKJIk2OdC+lpSoR",
+	"rv/1jBrUeKXiuhaXljeE6pUJg2njbBtNWNFj8FUr4BVO61Dg5g6oxQgonFEMAabPW8EyTQilXTBc2gwe",
+	"L6maSOxEff8zX9zQ4ymNTtE3x+2k6H4/FDfLZLakNTd9fepcQ/ImyvvjnmWrvfbrlhI9c729T68aGoAW",
+	"h4rHULzAY44jj/nixMrFwsCChP/dux+oPjNRC9I/kT/dUWGIG8qlsrsFuzat80/biirIByiofNVpr2IM",
+	"jh6JnpMLEfmRo/5QfLxDeU5UL0J187coFNFRMWwUChoENYxMon5Rb+ttCWXGBaiYlI2lGScq0hlqa9RQ",
+	"vtx3uhFLqeLBjUmcA0Uf0kIYYz3LV6BwDdQJhpJMTHqD4IC6oyp24aDRrvuGItErbjDqs/BItGnTFCYq",
+	"wj2OQiHFMl9JJSJOakUspBHZ/qiebNuRMvTWsOpaQ5MiKlIrA+UZK3IL9afsNdMCL/IUrG9mLBkq5jpN",
+	"9Y31utInlKnflBwY7m8EOVueTZREtb7U6N5QurO8BgS1Lbtt9ob8lvHo1LNEieglzhAJvgRponp1Jopc",
+	"xWgUieWRP8QfL16+eoPj4TBEMHHhvJiXflOIdVQ0RZSUQMx+YWOe8Wg8FL+YhHhUnxOdSem8MZOCsuwU",
+	"vbaAW/WKL54afNxkcCbqsuBlYHx8OlFlDTgiGYGCB1w6IcXU6BsLhlurWbtokywSRZeqRO/p78jbA78K",
+	"8hv4cD2xbM0vYTb4FtxsObhMHJyJmdHWDmziIOozq54WzjEiDGQ5xIOlts5GwgK6w6VosYWK/qGti7YZ",
+	"Nz45nqgfEhsnBmb47ML/rLFxuFXoYlonXv94KQxME5LfoXhZzDNRxMzmjTHSmGQNJByJQuCD71A5k86Z",
+	"mvHoeXHwS5WKkopwJ9UWrQwX+vsuGdy5hPoaQUT/NfDUDt7G0Zkfg2DeE24UKTreqUgEf6LnXBl8fPJc",
+	"ZCZR7Jy8vHz19m2tHLgCezaTM0CcUyYLy80/52Av3a4jUr3gfhTW2k/oyUThyqg9OM/4GjGRwsLyBQVV",
+	"/Bd5zU4l6SxS8n0vo7QmMk1vX7OWZcvCKJlLXXTG2vKsiqTgqLTxE1VAe3+bSvTlNvJWTNF6FMeWa9aH",
+	"Uj8QF3FSxE80V6+JxMI2uj3vVFIhy2gJtVn/thQTuYcWSSb/aCbTlCI+SkSfBx7tDpjXUdgQmBrdoOba",
+	"zMDWdDodS/gsZy71skl+o81ghiIGqynEMfohOFPNwJ0LC97EmCOZu+VwoftnbKwQglKRSj8UUQF+CJci",
+	"czy3Ql+yUsd6PvHCLUv01nm9yHaDW5/ExIZktmTMaTlZgExBNwOntJDOI16Hx2ko6tU8TBYCpQg5NVER",
+	"vsZUt2kKhZLGoPYoshflnuAwRCrPNVE1usmQ9s/by6n2jkJ2Mk2H4n1dJCbKG67Iy0Pkr+VpHJ26uLDM",
+	"R4UQRyzFeCQ2VYyNbhLTOrWoj1gf9z68v/wYig8/4X9efnz1j1C8fvPuzcc3/Uqst0ULkW3WgZpYjuhc",
+	"VFG/BtYi4tkK0rGqXenQG4+e9kOhyM1FAaIT8FJtanLqmSZLgFkXC4LbXgFaEZ2OnkY0U4E8RHRnoU5e",
+	"Xa4Y+XhlVLuYMJooNtYodinjCZ6x6u3jrqBY9D5o6xYGLv/5jliVQUzAvuAMiniu6G1SrL6gkEJ1ZEtr",
+	"Tg4xWaYpKXWFo6QbVCB824JUC4jP0T1BgMrgrWFW/YC+1ZBroAK//oDufbCMrEfD4+GIaiARaGZJcBY8",
+	"HY6GTzk8t6RYR+EQVxfhLThLWJ6Gt3FwFrxLrHvDr4SNa0F/3WrioUvweP21W/HORaMhiW+/uwGqNKLb",
+	"QH/LgWp0/XWgfNVCUL8CdKuG+65iitvwS+e4xb0N1bC+rSs4O6akdZnTvjeHvWuK6r7C33V96afW9aUn",
+	"o9EdN4MediNodRNi16WldAUhVcKty9bRMc/eNWhJZe2i0TCwRQqSHHAaiTECb7eYJ4Y23ckFik/gtU3w",
+	"KQzaSik4I8mlYZtyesSYYqe4XtLX+wksHie58WsuMxWJFUlcEtu1zfTm1wnodoydorjMtCRGS6xEj5Zx",
+	"qXMzAwLr5NNTAMOjxv65uElUkY30ZBHJrN4qmt9J6wY03uDt66+g/X4ZdfDZHdWvke28BdbW7uzdvkEX",
+	"3VlrxeXlG8FjnAuOgJFM0YUaBKaOT4UV1wAZcwbtzOGiGwano6f3v1+/r7cp7j/CTSlEhVczIPjtn/Z4",
+	"X1E98AW7oaDQoVSCtqT/+09FeQvOTuX9wV9E0zoKh6vILSV5r5p8TIVWXgzUIULFzTlfrcgYsheuSlj6",
+	"KXxPDgKfxJW3lH7lJh598dPcHn3heW6PfmtdD5RCVwrqTXE1zNZtQaK3fVtQX9AFVDMo7n3yqKKIr5RZ",
+	"2NqtNFWz9BNbaXaxAKrS2bo02L/ioz/o4PjniRuK8WjMPqpPF/AVBLZMDnmPobgkp3V71zAIt2R87mrX",
+	"KG2J3Lg7QFxjUmI9fV5cjg9SHuN9lEfj/fFh7x+fHii+3m+gY17PaP366Tb8goeyEnBknpDbgrO3LNP4",
+	"RZvLTktbTyIfdGV8943xVbnGg1wb32mPfdz5AagtS0oehNhPdb1RXIyxW/kD7Kv8fXPAfkRx388uHFx0",
+	"5O03Vnk1b/dgRfNBNVi7Ef2r+1wf1U4V15rsslOUf/tKO4UT8EihsJoCWdON8GVVhxilMMg6r9B4SbFA",
+	"yv6xs86BHx8C6W1HeYpASSOCSWVNRQCnnqHjmGpZFFSbp5U69DM1AjMUka5RQwGZVCYrRsvkYftLLRs5",
+	"y4nSuRuKl6pKwj2xzQR8M56BVDZCJBPVChsWEcpeqnU2lbNrCm1XGep+LQrJXnzzyF54HtAVTqwwwLq/",
+	"63jzoPLYvO+pWQPjG9If9Tzsgv2fE0sRFdKoN9IK36IrehTyQjVciyBP81WGrC/KOovuJIo2qHqFlw+t",
+	"9OmYnbB9f9zFlKn13+WPPD4EeX7g+y8OhCxPHxHihMH45OQrIFGt7IIQ0VY9AT+9BzkVR5UvYSwLAooQ",
+	"eC/PLBhXqOH9PbzyFvzbtqGnavWmH9DUHq/peak77kPBF/zPgvxvAb0H4tlOSPUduG72Pqx+LJuyd0OG",
+	"J7aochoezt/bg0FBEz52TVO94hFrsA1Vud+CquPa/8jUAaNWGKUl/jjuX2R7QqH0jSiKKv99xDqOWLdw",
+	"NK5L+WoBabXDlmmmzhxiJ4zdjjeU/8LJI4K06t/v+YPRWeufb+mQ8F+KAnnGV3ZJrXOxppTPXxTtjB8X",
+	"Hf2l0c4B4Ga/40vXo+w4vaZ1e+Wiq+/w2yLCVx3C9uWmVdSxKGVsFyVOFLl5vh6RKxsplU++3FKmc644",
+	"+fBa2CxNXFjUC5YZ9IniwsczIbsLHqUwsNIOntiq2JfI8i9TmYkBqoasFUYm5FMWwaKaeqFo6Xj0tMvx",
+	"88Dionn12B/uhBXm6/9Dg/W7QH4NbW1V24reHVXh4VZN+P4eQAbccfegoIv7PB7epn7sqIZZSXMtysIb",
+	"mnkoXm6VBvF1N5k2bqL41qWQnSluTtvuwNJlIQS7WL4epOr3KqpPq36myP+Tdb4mLimqTLikmrXPRL19",
+	"3T8XRan2dmE2/cNdrbrscgzRG5+84OK5+j+O2a9UGLeBlCkRaNLQpQ1+kObaXwyWwiNBjHob458QAtoD",
+	"Q1e9g4VM9IiVIVfc+KBOra2XX7qRtt7xGAqdO4oi0e/q/xBMkWbq/xu2/OmwBd9/8Uer9x9IUdXU1Hn1",
+	"72+UjkgRw6ZocBmd2T+c409YGJRdAMHZF/7orgiCXPn2iOIhVxDUn3K/XuPD//hP9K+nzGzxqT0e9fwV",
+	"724PvD4+mi2lI2an4HyHd/FN10OagT63toBYSxOwZaFb1qgH5Ozo6Pjkm+FoOBoenz0fPR8FNbT5pcjz",
+	"FHzEffOPuE2i+cSiift/AQAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
