@@ -38,12 +38,16 @@ const (
 	EventQuarantineTrial EventKind = "quarantine_trial"
 )
 
+// ErrNotQuarantined: the pair exists but is not quarantined. It is an
+// ErrNotFound.
+var ErrNotQuarantined = fmt.Errorf("the pair is not quarantined: %w", ErrNotFound)
+
 // QuarantineControl is how quarantines end; every Store implements it.
 type QuarantineControl interface {
 	// LiftQuarantine removes the quarantine of the pair (active or on
 	// trial) on an operator's word; by names the operator for the event.
-	// ErrNotFound when either peer is unknown or the pair is not
-	// quarantined.
+	// ErrNotFound when either peer is unknown, ErrNotQuarantined when the
+	// pair is not quarantined.
 	LiftQuarantine(ctx context.Context, prefillID, decodeID, by string) error
 	// ExpireQuarantines puts every quarantine whose time ran out before
 	// now on trial and returns how many it changed.
@@ -126,7 +130,7 @@ func ApplyTrialSuccess(cur *Quarantine, reporter string) (events []Event, lifted
 // pair is not quarantined: ErrNotFound). by names who lifted it.
 func LiftQuarantine(cur *Quarantine, prefillID, decodeID, by string) ([]Event, error) {
 	if cur == nil {
-		return nil, fmt.Errorf("pair %s → %s is not quarantined: %w", prefillID, decodeID, ErrNotFound)
+		return nil, fmt.Errorf("pair %s → %s: %w", prefillID, decodeID, ErrNotQuarantined)
 	}
 	if by == "" {
 		by = "an operator"

@@ -215,7 +215,12 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 }
 
 func (h handlers) LiftQuarantine(ctx context.Context, req api.LiftQuarantineRequestObject) (api.LiftQuarantineResponseObject, error) {
-	if err := h.store.LiftQuarantine(ctx, req.Prefill, req.Decode, principalFrom(ctx).Name()); err != nil {
+	err := h.store.LiftQuarantine(ctx, req.Prefill, req.Decode, principalFrom(ctx).Name())
+	if errors.Is(err, registry.ErrNotQuarantined) {
+		return nil, &Problem{Type: ProblemNotFound, Title: "Not found", Status: 404,
+			Detail: "the pair " + req.Prefill + " → " + req.Decode + " is not quarantined"}
+	}
+	if err != nil {
 		return nil, err
 	}
 	return api.LiftQuarantine204Response{}, nil

@@ -35,7 +35,7 @@ type serveConfig struct {
 	// quarantineTTL: how long a quarantined pair stays out of routing
 	// before one probe re-tests it; 0 keeps it until lifted.
 	quarantineTTL time.Duration
-	heartbeat   time.Duration
+	heartbeat     time.Duration
 
 	apiKeys       string
 	prefillPolicy string

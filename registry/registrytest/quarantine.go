@@ -124,15 +124,15 @@ func testQuarantineLift(t *testing.T, s registry.Store) {
 	if d2, _ := s.Get(ctx(t), d.ID); d2.State != registry.StateReady {
 		t.Fatalf("decode state after lift: %s", d2.State)
 	}
-	if err := s.LiftQuarantine(ctx(t), pf.ID, d.ID, "admin"); !errors.Is(err, registry.ErrNotFound) {
-		t.Fatalf("second lift: %v; want ErrNotFound", err)
+	if err := s.LiftQuarantine(ctx(t), pf.ID, d.ID, "admin"); !errors.Is(err, registry.ErrNotQuarantined) {
+		t.Fatalf("second lift: %v; want ErrNotQuarantined", err)
 	}
 	for _, ids := range [][2]string{
 		{"6f1c3c55-1111-4222-8333-444455556666", d.ID},
 		{pf.ID, "6f1c3c55-1111-4222-8333-444455556666"},
 		{"not-a-uuid", d.ID},
 	} {
-		if err := s.LiftQuarantine(ctx(t), ids[0], ids[1], "admin"); !errors.Is(err, registry.ErrNotFound) {
+		if err := s.LiftQuarantine(ctx(t), ids[0], ids[1], "admin"); !errors.Is(err, registry.ErrNotFound) || errors.Is(err, registry.ErrNotQuarantined) {
 			t.Fatalf("lift %v: %v; want ErrNotFound", ids, err)
 		}
 	}
