@@ -326,3 +326,17 @@ func (s *Snapshot) OnTrial(prefillID, decodeID string) bool {
 	q, ok := s.quarantined[[2]string{prefillID, decodeID}]
 	return ok && q.Trial
 }
+
+// Trials returns the quarantines on trial, in no particular order.
+func (s *Snapshot) Trials() []Quarantine {
+	if s.trials == 0 {
+		return nil
+	}
+	out := make([]Quarantine, 0, s.trials)
+	for _, q := range s.quarantined {
+		if q.Trial {
+			out = append(out, q)
+		}
+	}
+	return out
+}
