@@ -18,7 +18,8 @@ type Snapshot struct {
 	byID        map[string]*Peer
 	class       map[string]int // peer ID -> index into keys
 	verdicts    map[[2]int]Verdict
-	quarantined map[[2]string]Quarantine // (prefill ID, decode ID)
+	quarantined map[[2]string]Quarantine // (prefill ID, decode ID), active or on trial
+	trials      int                      // how many of them are on trial
 	models      map[string]*ModelRoutes
 	modelNames  []string
 	unhealthy   []*Peer // sorted by name; named by Routable
@@ -32,7 +33,7 @@ type ModelRoutes struct {
 	Prefills []*Peer
 	Decodes  []*Peer // every ready decode of the model, compatible or not
 	// decodesFor maps a prefill ID to the ready decodes compatible with it
-	// and not quarantined with it.
+	// and not quarantined with it (a pair on trial is routable).
 	decodesFor map[string][]*Peer
 }
 
@@ -105,8 +106,12 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 	}
 	sort.Strings(s.modelNames)
 	quarantinedPrefill := map[string]bool{}
-	for k := range s.quarantined {
-		quarantinedPrefill[k[0]] = true
+	for k, q := range s.quarantined {
+		if q.Active() {
+			quarantinedPrefill[k[0]] = true
+		} else {
+			s.trials++
+		}
 	}
 	for _, m := range s.models {
 		// Decodes grouped by class; every prefill of one class shares the
@@ -138,7 +143,7 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 			if pf.Role.Decodes() || quarantinedPrefill[pf.ID] {
 				own := make([]*Peer, 0, len(ds))
 				for _, d := range ds {
-					if _, q := s.quarantined[[2]string{pf.ID, d.ID}]; d.ID != pf.ID && !q {
+					if q, isQ := s.quarantined[[2]string{pf.ID, d.ID}]; d.ID != pf.ID && (!isQ || !q.Active()) {
 						own = append(own, d)
 					}
 				}
@@ -272,7 +277,7 @@ func (s *Snapshot) Pairs(limit int) ([]PairView, int) {
 			if q, ok := s.quarantined[[2]string{p.ID, d.ID}]; ok {
 				pv.Quarantined = &q
 			}
-			pv.Routable = v.Compatible && pv.Quarantined == nil && p.Routable() && d.Routable()
+			pv.Routable = v.Compatible && (pv.Quarantined == nil || !pv.Quarantined.Active()) && p.Routable() && d.Routable()
 			out = append(out, pv)
 		}
 	}
@@ -309,4 +314,29 @@ func (s *Snapshot) Load(p *Peer) (l PeerLoad, ok bool) {
 func (s *Snapshot) Quarantined(prefillID, decodeID string) (Quarantine, bool) {
 	q, ok := s.quarantined[[2]string{prefillID, decodeID}]
 	return q, ok
+}
+
+// OnTrial reports whether the pair's quarantine expired and its next
+// transfer decides whether it ends. It costs one comparison when no pair is
+// on trial.
+func (s *Snapshot) OnTrial(prefillID, decodeID string) bool {
+	if s.trials == 0 {
+		return false
+	}
+	q, ok := s.quarantined[[2]string{prefillID, decodeID}]
+	return ok && q.Trial
+}
+
+// Trials returns the quarantines on trial, in no particular order.
+func (s *Snapshot) Trials() []Quarantine {
+	if s.trials == 0 {
+		return nil
+	}
+	out := make([]Quarantine, 0, s.trials)
+	for _, q := range s.quarantined {
+		if q.Trial {
+			out = append(out, q)
+		}
+	}
+	return out
 }

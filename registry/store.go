@@ -116,12 +116,18 @@ type Change struct {
 }
 
 // Quarantine is a (prefill, decode) pair kept out of routing because it
-// failed the same way again right after the decode re-registered.
+// failed the same way again right after the decode re-registered. See
+// quarantine.go for how it ends.
 type Quarantine struct {
 	PrefillID string    `json:"prefill_id"`
 	DecodeID  string    `json:"decode_id"`
 	Detail    string    `json:"detail"`
 	At        time.Time `json:"at"`
+	// ExpiresAt is when the pair goes on trial; nil: never.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// Trial: the quarantine expired and the pair is routable again until
+	// its next transfer decides.
+	Trial bool `json:"trial,omitempty"`
 }
 
 // TransferFailure reports that a KV transfer from a prefill to a decode
@@ -202,6 +208,7 @@ type Store interface {
 	// creates them; either peer re-registering with a different geometry,
 	// or being removed, clears them.
 	Quarantines(ctx context.Context) ([]Quarantine, error)
+	QuarantineControl
 	// ExpireLeases marks every ready or pending peer whose lease ended before
 	// now as failed and returns how many it marked.
 	ExpireLeases(ctx context.Context, now time.Time) (int, error)

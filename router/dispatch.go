@@ -354,6 +354,9 @@ func (rt *Router) settle(pr *pair, f *failure) {
 		} else if b := rt.pairs.get(pr.p.peer.ID, pr.d.peer.ID); b != nil {
 			b.success(false)
 		}
+		if f == nil {
+			rt.onTrialSuccess(pr)
+		}
 		return
 	}
 	switch f.kind {

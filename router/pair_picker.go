@@ -108,6 +108,7 @@ type paddedCounter struct {
 type viewBuilder struct {
 	mu     sync.Mutex
 	states map[string]*peerState
+	trials map[pairKey]time.Time // pairs on trial in the last view, by quarantine start (trial.go)
 }
 
 // currentView returns the view of the snapshot source's current snapshot,
@@ -154,6 +155,7 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		v.refs[p] = &peerRef{peer: p, state: st, ep: st.ep}
 	}
 	b.states = states
+	rt.armTrials(s, b)
 	for _, name := range s.Models() {
 		routes := s.Routes(name)
 		mv := &modelView{name: name, routes: routes, prefills: make([]*peerRef, len(routes.Prefills))}

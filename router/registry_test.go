@@ -26,7 +26,7 @@ type testRegistry struct {
 
 func newTestRegistry(t testing.TB) *testRegistry {
 	t.Helper()
-	r := &testRegistry{store: memstore.New(memstore.Config{})}
+	r := &testRegistry{store: memstore.New(memstore.Config{QuarantineTTL: registry.DefaultQuarantineTTL})}
 	r.mirror = registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1}, r.store, zerolog.New(zerolog.NewTestWriter(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

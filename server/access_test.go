@@ -83,17 +83,18 @@ func TestEmbeddedAccessTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]access{
-		"POST /api/v1/peers":                  accessRegister,
-		"GET /api/v1/peers":                   accessOpen,
-		"GET /api/v1/peers/{id}":              accessOpen,
-		"DELETE /api/v1/peers/{id}":           accessAdmin,
-		"GET /api/v1/peers/{id}/registration": accessPeer,
-		"POST /api/v1/peers/{id}/drain":       accessAdmin,
-		"POST /api/v1/peers/{id}/heartbeat":   accessSelf,
-		"POST /api/v1/peers/{id}/stale":       accessReport,
-		"GET /api/v1/pairs":                   accessOpen,
-		"GET /api/v1/events":                  accessOpen,
-		"GET /api/v1/events/stream":           accessOpen,
+		"POST /api/v1/peers":                                 accessRegister,
+		"GET /api/v1/peers":                                  accessOpen,
+		"GET /api/v1/peers/{id}":                             accessOpen,
+		"DELETE /api/v1/peers/{id}":                          accessAdmin,
+		"GET /api/v1/peers/{id}/registration":                accessPeer,
+		"POST /api/v1/peers/{id}/drain":                      accessAdmin,
+		"POST /api/v1/peers/{id}/heartbeat":                  accessSelf,
+		"POST /api/v1/peers/{id}/stale":                      accessReport,
+		"GET /api/v1/pairs":                                  accessOpen,
+		"DELETE /api/v1/pairs/{prefill}/{decode}/quarantine": accessAdmin,
+		"GET /api/v1/events":                                 accessOpen,
+		"GET /api/v1/events/stream":                          accessOpen,
 	}
 	if !maps.Equal(got, want) {
 		t.Fatalf("access table from the embedded spec:\n got %v\nwant %v", got, want)

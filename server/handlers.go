@@ -197,10 +197,15 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 			}
 		}
 		reason := p.Verdict.Reason
+		if q := p.Quarantined; q != nil {
+			ap.Quarantine = &api.PairQuarantine{Detail: q.Detail, At: q.At, ExpiresAt: q.ExpiresAt, Trial: q.Trial}
+		}
 		switch {
-		case p.Quarantined != nil:
+		case p.Quarantined != nil && p.Quarantined.Active():
 			reason = "quarantined: " + p.Quarantined.Detail
 			ap.Quarantined = apiconv.Opt(true)
+		case p.Quarantined != nil && reason == "" && p.Routable:
+			reason = "on trial after its quarantine expired: the next transfer decides"
 		case reason == "" && !p.Routable:
 			reason = fmt.Sprintf("not both ready (prefill %s, decode %s)", p.Prefill.State, p.Decode.State)
 		}
@@ -208,6 +213,18 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		out.Pairs[i] = ap
 	}
 	return out, nil
+}
+
+func (h handlers) LiftQuarantine(ctx context.Context, req api.LiftQuarantineRequestObject) (api.LiftQuarantineResponseObject, error) {
+	err := h.store.LiftQuarantine(ctx, req.Prefill, req.Decode, principalFrom(ctx).Name())
+	if errors.Is(err, registry.ErrNotQuarantined) {
+		return nil, &Problem{Type: ProblemNotFound, Title: "Not found", Status: 404,
+			Detail: "the pair " + req.Prefill + " → " + req.Decode + " is not quarantined"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return api.LiftQuarantine204Response{}, nil
 }
 
 func (h handlers) ListEvents(ctx context.Context, req api.ListEventsRequestObject) (api.ListEventsResponseObject, error) {

@@ -25,6 +25,7 @@ Usage:
   pdplane agent    [flags]   host agent for a real engine described by a spec file
   pdplane migrate  [flags]   apply database migrations and exit
   pdplane peers    list|show|drain|stale|rm   CLI over the REST API
+  pdplane pairs    list|lift                  pairs and their verdicts; lift a quarantine
   pdplane version            print the version
 
 Run 'pdplane COMMAND -h' for a command's flags. Every flag can also be set
@@ -52,6 +53,8 @@ func main() {
 		err = runMigrate(ctx, args)
 	case "peers":
 		err = runPeers(ctx, args)
+	case "pairs":
+		err = runPairs(ctx, args)
 	case "version", "--version", "-v":
 		fmt.Println("pdplane", version)
 	case "help", "-h", "--help":

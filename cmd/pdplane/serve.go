@@ -32,7 +32,10 @@ type serveConfig struct {
 	replica     string
 	logLevel    string
 	leaseTTL    time.Duration
-	heartbeat   time.Duration
+	// quarantineTTL: how long a quarantined pair stays out of routing
+	// before one probe re-tests it; 0 keeps it until lifted.
+	quarantineTTL time.Duration
+	heartbeat     time.Duration
 
 	apiKeys       string
 	prefillPolicy string
@@ -77,6 +80,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.dur(&c.heartbeat, "heartbeat-interval", registry.DefaultHeartbeatInterval, "how often agents heartbeat")
 	fs.dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
+	fs.dur(&c.quarantineTTL, "quarantine-ttl", registry.DefaultQuarantineTTL,
+		"how long a quarantined pair stays out of routing before its next transfer re-tests it (0: until an operator lifts it)")
 	fs.str(&c.allowPeerNetworks, "allow-peer-networks", "", "comma-separated CIDR prefixes a peer's url or bootstrap_host may name although "+
 		"they are link-local, a metadata service or unspecified (refused by default)")
 	fs.str(&c.allowedHosts, "allowed-hosts", "", "comma-separated host or host:port names the server answers to (others get 421, against DNS rebinding); empty allows any")
@@ -173,6 +178,10 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 		return nil, err
 	}
 	go sweeper.Run(ctx)
+	if c.quarantineTTL > 0 {
+		qs := &registry.QuarantineSweeper{Store: store, Log: log.With().Str("component", "quarantine-sweeper").Logger()}
+		go qs.Run(ctx)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -255,11 +264,11 @@ func splitList(s string) []string {
 func openStore(ctx context.Context, c serveConfig, log zerolog.Logger) (registry.Store, error) {
 	if c.databaseURL == "" {
 		log.Info().Str("store", "memory").Msg("using the embedded in-memory registry store (single node); set --database-url for PostgreSQL")
-		return memstore.New(memstore.Config{LeaseTTL: c.leaseTTL, Heal: c.heal}), nil
+		return memstore.New(memstore.Config{LeaseTTL: c.leaseTTL, Heal: c.heal, QuarantineTTL: c.quarantineTTL}), nil
 	}
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	s, err := pgstore.Open(openCtx, pgstore.Config{URL: c.databaseURL, LeaseTTL: c.leaseTTL, Migrate: true, Heal: c.heal},
+	s, err := pgstore.Open(openCtx, pgstore.Config{URL: c.databaseURL, LeaseTTL: c.leaseTTL, QuarantineTTL: c.quarantineTTL, Migrate: true, Heal: c.heal},
 		log.With().Str("component", "pgstore").Logger())
 	if err != nil {
 		return nil, fmt.Errorf("open postgres store: %w", err)

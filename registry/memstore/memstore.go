@@ -24,6 +24,9 @@ type Config struct {
 	MaxEvents int
 	// Heal times and limits the heal plans of stale peers.
 	Heal registry.HealConfig
+	// QuarantineTTL is how long a quarantine lasts before its pair goes on
+	// trial; zero keeps quarantines until they are lifted.
+	QuarantineTTL time.Duration
 }
 
 // WithDefaults fills in unset fields.
@@ -336,9 +339,12 @@ func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFail
 		last = &lf
 	}
 	now := s.now()
-	next, events, q, rec, out := registry.ApplyTransferFailure(*d, f, last, now, registry.DefaultQuarantineWindow, s.cfg.Heal)
+	var cur *registry.Quarantine
+	if cq, ok := s.quarantines[key]; ok {
+		cur = &cq
+	}
+	next, events, q, rec, out := registry.ApplyPairTransferFailure(*d, prefill, f, last, cur, now, registry.DefaultQuarantineWindow, s.cfg.QuarantineTTL, s.cfg.Heal)
 	if q != nil {
-		q.Detail = registry.QuarantineDetail(prefill, d, f.Error)
 		s.quarantines[key] = *q
 		s.log(d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail, Error: f.Error}})
 	}

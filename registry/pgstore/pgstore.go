@@ -30,6 +30,9 @@ import (
 type Config struct {
 	URL      string
 	LeaseTTL time.Duration
+	// QuarantineTTL is how long a quarantine lasts before its pair goes on
+	// trial; zero keeps quarantines until they are lifted.
+	QuarantineTTL time.Duration
 	// Channel is the NOTIFY channel; tests give each schema its own.
 	Channel string
 	// HeartbeatBatch is the most heartbeats written by one statement.

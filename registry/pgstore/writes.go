@@ -189,14 +189,23 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 				return err
 			}
 		}
+		var cur *registry.Quarantine
+		if f.PrefillID != "" {
+			if cur, err = lockQuarantine(ctx, tx, f.PrefillID, f.DecodeID); err != nil {
+				return err
+			}
+		}
 		now := s.now()
-		next, events, q, rec, o := registry.ApplyTransferFailure(d, f, last, now, registry.DefaultQuarantineWindow, s.cfg.Heal)
+		var pf *registry.Peer
+		if f.PrefillID != "" {
+			pf = &prefill
+		}
+		next, events, q, rec, o := registry.ApplyPairTransferFailure(d, pf, f, last, cur, now, registry.DefaultQuarantineWindow, s.cfg.QuarantineTTL, s.cfg.Heal)
 		out, res = o, d
 		if q != nil {
-			q.Detail = registry.QuarantineDetail(&prefill, &d, f.Error)
-			if _, err := tx.Exec(ctx, `INSERT INTO pair_quarantines (prefill_id, decode_id, detail, at) VALUES ($1, $2, $3, $4)
-				ON CONFLICT (prefill_id, decode_id) DO UPDATE SET detail = EXCLUDED.detail, at = EXCLUDED.at`,
-				q.PrefillID, q.DecodeID, q.Detail, now); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO pair_quarantines (prefill_id, decode_id, detail, at, expires_at, trial) VALUES ($1, $2, $3, $4, $5, false)
+				ON CONFLICT (prefill_id, decode_id) DO UPDATE SET detail = EXCLUDED.detail, at = EXCLUDED.at, expires_at = EXCLUDED.expires_at, trial = false`,
+				q.PrefillID, q.DecodeID, q.Detail, now, q.ExpiresAt); err != nil {
 				return err
 			}
 			if err := s.appendEvents(ctx, tx, &d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail, Error: f.Error}}, now); err != nil {
@@ -306,16 +315,11 @@ func (s *Store) List(ctx context.Context, f registry.Filter) ([]registry.Peer, e
 
 // Quarantines implements registry.Store.
 func (s *Store) Quarantines(ctx context.Context) ([]registry.Quarantine, error) {
-	rows, err := s.pool.Query(ctx, "SELECT prefill_id::text, decode_id::text, detail, at FROM pair_quarantines ORDER BY at")
+	rows, err := s.pool.Query(ctx, "SELECT "+quarantineColumns+" FROM pair_quarantines ORDER BY at")
 	if err != nil {
 		return nil, classify(err, "list quarantines")
 	}
-	qs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (registry.Quarantine, error) {
-		var q registry.Quarantine
-		err := r.Scan(&q.PrefillID, &q.DecodeID, &q.Detail, &q.At)
-		q.At = q.At.UTC()
-		return q, err
-	})
+	qs, err := pgx.CollectRows(rows, scanQuarantine)
 	return qs, classify(err, "list quarantines")
 }
 

@@ -15,7 +15,8 @@ import (
 )
 
 // StoreFactory opens a fresh, empty store for one test. Stores must use a
-// lease TTL of registry.DefaultLeaseTTL.
+// lease TTL of registry.DefaultLeaseTTL and a quarantine TTL of
+// QuarantineTTL.
 type StoreFactory func(t *testing.T) registry.Store
 
 // RunContract runs the registry.Store contract suite against the stores that
@@ -42,6 +43,8 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"EventsPaging", testEvents},
 		{"SubscribeAnnouncesChanges", testSubscribe},
 		{"Quarantine", testQuarantine},
+		{"QuarantineTrial", testQuarantineTrial},
+		{"QuarantineLift", testQuarantineLift},
 		{"TransferFailures", testTransferFailures},
 		{"ConcurrentHeartbeats", testConcurrentHeartbeats},
 		{"RefusesBadFields", testRefusesBadFields},

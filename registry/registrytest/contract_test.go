@@ -13,12 +13,14 @@ func TestContract(t *testing.T) {
 	t.Parallel()
 	t.Run("memstore", func(t *testing.T) {
 		t.Parallel()
-		registrytest.RunContract(t, func(t *testing.T) registry.Store { return memstore.New(memstore.Config{}) })
+		registrytest.RunContract(t, func(t *testing.T) registry.Store {
+			return memstore.New(memstore.Config{QuarantineTTL: registrytest.QuarantineTTL})
+		})
 	})
 	t.Run("pgstore", func(t *testing.T) {
 		t.Parallel()
 		registrytest.RunContract(t, func(t *testing.T) registry.Store {
-			s, _ := registrytest.NewPGStore(t, pgstore.Config{})
+			s, _ := registrytest.NewPGStore(t, pgstore.Config{QuarantineTTL: registrytest.QuarantineTTL})
 			return s
 		})
 	})

@@ -52,6 +52,8 @@ const (
 	EventKindHealFailed          EventKind = "heal_failed"
 	EventKindHealStarted         EventKind = "heal_started"
 	EventKindHealed              EventKind = "healed"
+	EventKindQuarantineLifted    EventKind = "quarantine_lifted"
+	EventKindQuarantineTrial     EventKind = "quarantine_trial"
 	EventKindQuarantined         EventKind = "quarantined"
 	EventKindReady               EventKind = "ready"
 	EventKindRegistered          EventKind = "registered"
@@ -76,6 +78,10 @@ func (e EventKind) Valid() bool {
 	case EventKindHealStarted:
 		return true
 	case EventKindHealed:
+		return true
+	case EventKindQuarantineLifted:
+		return true
+	case EventKindQuarantineTrial:
 		return true
 	case EventKindQuarantined:
 		return true
@@ -452,14 +458,19 @@ type Pair struct {
 	Decode     PeerRef `json:"decode"`
 
 	// Path absent when refused or when it depends on an unknown field
-	Path        *PairPath `json:"path,omitempty"`
-	Prefill     PeerRef   `json:"prefill"`
-	Quarantined *bool     `json:"quarantined,omitempty"`
+	Path    *PairPath `json:"path,omitempty"`
+	Prefill PeerRef   `json:"prefill"`
+
+	// Quarantine The pair's quarantine, active or on trial; absent when there is none.
+	Quarantine *PairQuarantine `json:"quarantine,omitempty"`
+
+	// Quarantined the pair is quarantined and kept out of routing (false once its quarantine expired and it is on trial)
+	Quarantined *bool `json:"quarantined,omitempty"`
 
 	// Reason why the pair is refused or not routable
 	Reason *string `json:"reason,omitempty"`
 
-	// Routable compatible, both peers ready, and not quarantined
+	// Routable compatible, both peers ready, and not quarantined (a pair on trial is routable)
 	Routable bool `json:"routable"`
 
 	// Unverified compatible pairs only: the fields a rule needed that one side did not know, e.g. ranks[*].kv_mem_kinds
@@ -478,6 +489,21 @@ type PairList struct {
 
 	// Total number of pairs before the limit
 	Total int `json:"total"`
+}
+
+// PairQuarantine The pair's quarantine, active or on trial; absent when there is none.
+type PairQuarantine struct {
+	// At when the pair was quarantined
+	At time.Time `json:"at"`
+
+	// Detail what failed, and how the two geometries differ
+	Detail string `json:"detail"`
+
+	// ExpiresAt when the pair goes on trial (serve --quarantine-ttl); absent: only an operator lifts it
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+
+	// Trial the quarantine expired: the pair is routable again, and its next transfer either ends the quarantine or renews it
+	Trial bool `json:"trial"`
 }
 
 // Parallelism defines model for Parallelism.
@@ -927,6 +953,13 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// LiftQuarantine Lift a pair's quarantine
+	//
+	// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
+	//
+	// Corresponds with DELETE /api/v1/pairs/{prefill}/{decode}/quarantine (the `LiftQuarantine` operationId).
+	LiftQuarantine(ctx context.Context, prefill PeerIDString, decode PeerIDString, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListPeers List peers, sorted by name
 	//
 	// Corresponds with GET /api/v1/peers (the `ListPeers` operationId).
@@ -1051,6 +1084,23 @@ func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, r
 // Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 func (c *Client) ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListPairsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// LiftQuarantine Lift a pair's quarantine
+//
+// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
+//
+// Corresponds with DELETE /api/v1/pairs/{prefill}/{decode}/quarantine (the `LiftQuarantine` operationId).
+func (c *Client) LiftQuarantine(ctx context.Context, prefill PeerIDString, decode PeerIDString, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewLiftQuarantineRequest(c.Server, prefill, decode)
 	if err != nil {
 		return nil, err
 	}
@@ -1453,6 +1503,47 @@ func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request,
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewLiftQuarantineRequest constructs an http.Request for the LiftQuarantine method
+func NewLiftQuarantineRequest(server string, prefill PeerIDString, decode PeerIDString) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "prefill", prefill, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "decode", decode, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/pairs/%s/%s/quarantine", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -1873,6 +1964,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairsWithResponse(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*ListPairsResponse, error)
 
+	// LiftQuarantineWithResponse Lift a pair's quarantine
+	//
+	// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/pairs/{prefill}/{decode}/quarantine (the `LiftQuarantine` operationId).
+	LiftQuarantineWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, reqEditors ...RequestEditorFn) (*LiftQuarantineResponse, error)
+
 	// ListPeersWithResponse List peers, sorted by name
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -2119,6 +2219,68 @@ func (r ListPairsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListPairsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type LiftQuarantineResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r LiftQuarantineResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r LiftQuarantineResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r LiftQuarantineResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r LiftQuarantineResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetBody returns the raw response body bytes
+func (r LiftQuarantineResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r LiftQuarantineResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r LiftQuarantineResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r LiftQuarantineResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2765,6 +2927,21 @@ func (c *ClientWithResponses) ListPairsWithResponse(ctx context.Context, params 
 	return ParseListPairsResponse(rsp)
 }
 
+// LiftQuarantineWithResponse Lift a pair's quarantine
+//
+// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/pairs/{prefill}/{decode}/quarantine (the `LiftQuarantine` operationId).
+func (c *ClientWithResponses) LiftQuarantineWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, reqEditors ...RequestEditorFn) (*LiftQuarantineResponse, error) {
+	rsp, err := c.LiftQuarantine(ctx, prefill, decode, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseLiftQuarantineResponse(rsp)
+}
+
 // ListPeersWithResponse List peers, sorted by name
 //
 // Returns a wrapper object for the known response body format(s).
@@ -3037,6 +3214,56 @@ func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON400 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseLiftQuarantineResponse parses an HTTP response from a LiftQuarantineWithResponse call
+func ParseLiftQuarantineResponse(rsp *http.Response) (*LiftQuarantineResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &LiftQuarantineResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
 
 	}
 
@@ -3538,6 +3765,9 @@ type ServerInterface interface {
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams)
+	// LiftQuarantine Lift a pair's quarantine
+	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
+	LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
 	// ListPeers List peers, sorted by name
 	// (GET /api/v1/peers)
 	ListPeers(w http.ResponseWriter, r *http.Request, params ListPeersParams)
@@ -3583,6 +3813,12 @@ func (_ Unimplemented) StreamEvents(w http.ResponseWriter, r *http.Request, para
 // ListPairs Every (prefill, decode) pair with its verdict
 // (GET /api/v1/pairs)
 func (_ Unimplemented) ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// LiftQuarantine Lift a pair's quarantine
+// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
+func (_ Unimplemented) LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3776,6 +4012,41 @@ func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListPairs(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// LiftQuarantine operation middleware
+func (siw *ServerInterfaceWrapper) LiftQuarantine(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "prefill" -------------
+	var prefill PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "prefill", chi.URLParam(r, "prefill"), &prefill, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "decode" -------------
+	var decode PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "decode", chi.URLParam(r, "decode"), &decode, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "decode", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.LiftQuarantine(w, r, prefill, decode)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4155,6 +4426,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/api/v1/pairs", wrapper.ListPairs)
 	})
 	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/quarantine", wrapper.LiftQuarantine)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/events", wrapper.ListEvents)
 	})
 	r.Group(func(r chi.Router) {
@@ -4333,6 +4607,81 @@ func (response ListPairs400ApplicationProblemPlusJSONResponse) VisitListPairsRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type LiftQuarantineRequestObject struct {
+	Prefill PeerIDString `json:"prefill"`
+	Decode  PeerIDString `json:"decode"`
+}
+
+type LiftQuarantineResponseObject interface {
+	VisitLiftQuarantineResponse(w http.ResponseWriter) error
+}
+
+type LiftQuarantine204Response struct {
+}
+
+func (response LiftQuarantine204Response) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+	w.WriteHeader(204)
+	return nil
+}
+
+type LiftQuarantine401ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response LiftQuarantine401ApplicationProblemPlusJSONResponse) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type LiftQuarantine403ApplicationProblemPlusJSONResponse Problem
+
+func (response LiftQuarantine403ApplicationProblemPlusJSONResponse) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type LiftQuarantine404ApplicationProblemPlusJSONResponse Problem
+
+func (response LiftQuarantine404ApplicationProblemPlusJSONResponse) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type LiftQuarantine415ApplicationProblemPlusJSONResponse Problem
+
+func (response LiftQuarantine415ApplicationProblemPlusJSONResponse) VisitLiftQuarantineResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5096,6 +5445,9 @@ type StrictServerInterface interface {
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(ctx context.Context, request ListPairsRequestObject) (ListPairsResponseObject, error)
+	// LiftQuarantine Lift a pair's quarantine
+	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
+	LiftQuarantine(ctx context.Context, request LiftQuarantineRequestObject) (LiftQuarantineResponseObject, error)
 	// ListPeers List peers, sorted by name
 	// (GET /api/v1/peers)
 	ListPeers(ctx context.Context, request ListPeersRequestObject) (ListPeersResponseObject, error)
@@ -5232,6 +5584,33 @@ func (sh *strictHandler) ListPairs(w http.ResponseWriter, r *http.Request, param
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListPairsResponseObject); ok {
 		if err := validResponse.VisitListPairsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// LiftQuarantine operation middleware
+func (sh *strictHandler) LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
+	var request LiftQuarantineRequestObject
+
+	request.Prefill = prefill
+	request.Decode = decode
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.LiftQuarantine(ctx, request.(LiftQuarantineRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "LiftQuarantine")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(LiftQuarantineResponseObject); ok {
+		if err := validResponse.VisitLiftQuarantineResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -5471,132 +5850,139 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H17cxu3ku9XQfFulclzhxQlS45N/aVjOzneOLGv5JxsVejlgDNNco6GwATASOa69N1vdTfmyaFE2laS",
-	"2jr/2OQQg0ej0f3rF/S5F+l1phUoZ3uTz71MGrkGB4a+vQcwb17hpxhsZJLMJVr1Jr0LkQEYkcTnQqqN",
-	"0G4FRlhnErUUSq7BCqW5Sf90fDoY9YJegu9l0q16QQ+b9Ca9JO4FPQO/54mBuDdxJoegZ6MVrCUO+R8G",
-	"Fr1J7/8cVTM84l/tEU/sikbs3d3dYT8208oCz9voeQpr/Bhp5UA5/CizLE0iiWs4yrjF//2XxQV93ndY",
-	"3y+N2CKJEmCMNoGQVlx+/1K8OD37TvhhRAxOJqkd9e6C3i9K3sgklfMU/sgJvrsBI6SItFoky9xALNJk",
-	"nTjRHw7X8tMQbkC5oXUG5NoOzoUzGyGXMlFCLhwYcQnObIYX9NlCpFVscVtXIGPPLLUWzQm7TUbbrRws",
-	"weDccHZ+ytjgtVomiogBKl/3Jr/17DKVatkLejdpuu4FPZusex+Doifr9z3ovb7xpMuMzsC4hPdf0rOF",
-	"Nmv81Iulg6FL1tDr6IJ2rTbN6pclKDCSyVfrLVHu2WnVU7msABl6v4bXiYrryzWwTKwDPAbIyTLe4Jqd",
-	"TIG+Fz/P8LCAdb5Z4y34lCX8KTYyUb7JWt/Qp99zaaRy/nmuViBTt9rwBqYz66ThXumrjFxC1Mdv1eOF",
-	"TPBb1z6swVq5hE4yohyYMWm6f2NxsPXrXV04/MbSouir/qYnZ2O/AmSBaqJ6/i+IXMkwbxPbwTR0AuhT",
-	"4mBtHzpqzHp35RjSGLnB7wo+uVmUG8ts1TyFmbQWJUQ4h4U2EIqFNsKtQOBboq/TGMxAZEjL4GFOapHI",
-	"r6Br3f8Amb5Ppdqe0YcVCNxekaVSCb0QUhDnkfyeCOImlOt9nTv82egcuSMQnhmtSJRYpMly5aZqkajE",
-	"rgYBLknRuuQSlBOJFU6nsdAqAuG0MLkSibM8MLKbVqJvgPgQX5sqIJlQ9HQDJllsaBq3MsHxiXBSKLgV",
-	"ibJOYsfSCSlSiSKq4oXBaKou5hZncYtdoWbClZpc2ZG4aEzBraQTyOY2ENpg00b/881U4ZpikHGaKAjE",
-	"WpprS+skbccnZDRFBmxJpAjP1xbxb5tkupWeTk7jlOoscK8MKyZ0zwBRbgwOka2kBVq80Pn+IyyMXs+a",
-	"ArE5EI5R/V5RksTHHiKR5lWXiQXjoRIodr9T9hiQXkdu/VTItT2VQes48ZS21171W6P8jkNn3Bxkl7Ah",
-	"9p6Vymf7TKbSFhQkGAFPLCOMc6FVuhG3iVsJ340X52IhUwuoltfy01tQS7fqTY7HJ6ddaq/xZvcUiCmf",
-	"WDx9cRI5gYSgueD5w+PLnTyx4oj7EX2ccG5ASBULm0cRWItnxoBd6TS2giAOxIOR8GdyDVKxHMAF9KXy",
-	"R4EYKNYEJR0TAE8yrVCgWrNCClKVfPScFqVaQ/SSl61U9YPQCsRcRtd8RD1R5lqnIBVShfTcjk25Ai9B",
-	"XCExS6nRdX5RxPH2TZhW2CvShWUI4kEUp/iTzl2Wu5H4UMiRxLLY4/cDoQDBG2tjj8pQFiXOQrrgtdR2",
-	"/HT84lmAWNuBwYn/92//PZ3m4/F4/PFv/9F1uAsB57V0rauTs2dBb52okpm6+x3S/8ff03/ffc9fX3y/",
-	"Y7hUy/gh7foW22xBgNo87z1vl5Clmw5YGHXLrgpKTWgzS7YuJX+0kmoJ8bkoGorE8UaMaFsmuN28sXXO",
-	"IHVX12uiqdauATJ8gWedqCXvZSEClVZNAOiR2BeIQQcPUfyKGrVJ7klW9NFF9R//+QPoNYL/bcqqfD1L",
-	"5QaMDQR+vr5BiRPbAFcdz+JkTZIisbN1KoU0IIrBRa5SsJbBAK/fq5Y0QdDhVrBG5JGra6VvlegXiGND",
-	"3UiSLoNz3/VU8QMaDQVK8RqLH5abHWo75tU2zsSz029/JApqtO2Hpyd8tJM1csTJ8el3p8+fPjv9jmbA",
-	"D4+3tGnQ+zRc6mH1lM440aHGHjWpV9+Zx5tBxQuPNwYC55lN/gcea4g2RCjHCzyvdJ2Qt17gNXnr+maW",
-	"F0ZThU50Pierr5zrcW2K47Jzla/nDJx+zyGH+AvWO96PpCZXBMMeaYAWQYvRynUFFZ26SPsTrH/0xnRT",
-	"8vz85r/eijWstdkItA/ZsvnxnyTBtRrVxOyry4ufekHvn/zf39++e/ljL+i9+/t/vn75oRf0vn/z9nWn",
-	"xH0vE7O9rShapUu8d6cLJJOwTBCapKm+JbXgjFR2QRTaPp4xRDqGfVxil7DgU4CCqT24rBlBBha5hRiN",
-	"HPqeOBFDBiq2QiuGTCwfFwmkcY1WKEOCHvyey3TmMtJHDozmz+vkE8QzC8t1yw6tGfwGFkmaHrCYuuui",
-	"U3pViq9t+mzYMpMJIaramlEDoB0r+axt69Lit61Oq90NxFy7FeE1y0A0KLVL092yPeVckUmTdJmE1Qg0",
-	"c0ton3EJbQbh3jwFoQBiiBkoI661SQwiTngGuHuBgNFyJIxU1/a3v30cXd/M1rCe4WmwvaDycmwtv+3R",
-	"OHiyCFc39AQtBZotQuNoBdE17oASzF03Ms2BWI5oiSuwHQRrC13PQ+XJCOqHrrZ7XQIDD223/4cWsLf7",
-	"hw5/B62cdjLtBEJzMCiEmE7s/qFdJTfsw84dnl4xQPfSjExTSBO77nKJOjVzWakcm9OLYSHzFGGVFr7R",
-	"uZBOrLV1xYOWHf/tlHYcZTNk0u1pzQEFJP7+ZRMY7z+Bh+ly/HgE+HOHz+4nf/bI1M/+3NXXzsQfABiL",
-	"0TrPL3DkRKbpu0Vv8ts+KrKyi3p3wcMvoJGXW2raQi0GYlAu6ZJd71S6QVOL/BzK3rK3RYqGVUZqKLE2",
-	"J/kOok++2alC/RgIKaJUJmuIKTwYcFfxOkEkMiys20QtB5PSmfrETlU1q5H4EW3lxIl+mMVZKlXhcxkO",
-	"q1bDRZJCiFYfzmWqUBNap9GcRNUcSXoyB2FXqH7YgK+7gmqewNb2fAw6Y6BPrFjkadqgRUC+aXLs3Hp3",
-	"Vn3FOBOOmBJ2eFKCP27KQcJGgHN3/BUp+8svb17h9qT6FkwkLeA6tUoimeJE1gh16xbqePhCDhcfPz+/",
-	"G5afT/f4fHxy12m74lR3aFSAQzQq8me+Xkuz2VasbWVIPe86RIgctyazIwJ1QPCJmu4es3YUtzbsNQEi",
-	"wm8IRfXcgrmBWPQROLJftfIOnZOLA2Lc1KLlIJiq0tVR/ewfMfIkD4h3fAhtAuay28RCIGKIUmkoNkF4",
-	"kAFx09Wy1e2EYkE6uvYTE1k+TxO7AjpagkwsPoQU9A/QvMo0CkNEgqZuftku78pca4c0y2YrzfzT8rj+",
-	"8FaqpfB4byJWhEYoAIO4D1F3tAKOv5R9CSKYQfTS9xqEhQq9rRciN+mg6TA9OXv6LZw41XIybfZYTjVl",
-	"bC/6Y6QZ799EPH/x4vngXqX37Ozs6dnh6hbKYPu90U1ute0cbuF/8ovayi9eMIrREbKUd33aNr0fwat8",
-	"ffPQmmqOyrugl8o5pAyN4zjB9cj0fYM92zP++jk2ifcjbCw5K49Rn56cPRPRShoZ0fG5TdxK505EWjmj",
-	"09pPPr5Tn+uz0w6ptNYxpK11nB2ffHvKFyK0faK+9TiFLNxmQ28YdwlTwUGSur37QALNDSjk9+/J83FH",
-	"tH7Dr54ct9QSWvLJ7zn4353JgdwvDTvsfiuyaooqB0Xz3grzEkF7Y4Ic61snqvi+bZ8anT54+C+xDapg",
-	"D0xmS6Pz7HGOhFc1O/dU6bmONyLSeRoLB2l6LlDqo/7yDq1yw+sYbN/9/oWH79jss732OjcdgHnlXNa3",
-	"AzFHMPbL5VvUOhVHtmTh+PT5tz4qLfDis2Ro50v5z1MvpERTzDdZmETrLtjjDYpJhz0hHcSzQzKxDs63",
-	"oljYAxtcJr5we460zQij3Mh05lPZun3wW772HRgyldbNVvVg/34LTkFamFHm1ubQt5w7dPL7h10Pixj6",
-	"1rN7ApB5Fh/IDV34myfVyvNq0NAvMqizX2P0e3mgi7Q7+d4bKgeZ6zut720gvAe43D4PXwnt/gBItcvV",
-	"3IFa9rXU/jRc0Nas30Dt7w7YkH4jww0BY6E0g/2Bwk7L+mshwbfQ6K2w/Zcq7/bCvHL+M7Tjlrvo15V0",
-	"QqqNViDWcsM8KecI8SV5c0biZ103oANvWq/ByVg6icZh6SmyEBkoXEVVsnsreYGSzjv3iMN6Wzv0n1fv",
-	"fhaZdKsCsejFAlRMQRzO9mQfRiOydLwVWdqZYLQzOyW33RLNJS6FewTHlolNgR/xy+UboeQa5025j6m0",
-	"FpfkM/Rp8gjS7OToyHsTRzHcFEn39ihRNzJN4mER/ryfhejXYrLlgoJiAzp1SEuedLj4Gu5Vdh3drrQl",
-	"49q/y16cSJsY4npEu5uZW1pmS6fswe6jKhZUf9oILjV/ijufZrueUiCi1UPU3XFUtr6+GdUTMa5vRrHf",
-	"kuubUS3tpPxeJrvQkzL5hr75RJlCKncFsS99tKQVYcPjOiuO646MhOaZDshEIHRbgqL5xnXCPu6+UII7",
-	"u8YG5z4xmqLC5H/xDxrI6bHNdZl/muEiZymoDu2Gk8vACJl/8jkZdbFfkiMv4H+VEPP89PTZd6en4++e",
-	"fjd+cXZ2Mh6P73WDNcw6To5sa4pyrplreaz/4Ikss7zT0TY8buIAsZJUZPXD+18Oj4wN9wyNXd/ss4Hf",
-	"cvOO96HZvf6NYs7FRrYzPXGufCiEjGMD1oI992sgHUEKupY3tM6to5QKfQMmldlfaKE4j702J6hi+d5P",
-	"opVI+bD/dZZTQYiOEGRzU3BpZS7XeRnJoKoNDhBYlyhWnfX3GHT6IKABq9Mb1px74c0i2ezQtRXR9ceJ",
-	"n5eQnEFhV+I6Phf942fCafHsVKCKsYXuGRRYD2f5xLaikcFUxUbeKjHf1PLcF9qwF67SOYGwunpeKZrR",
-	"VH1Ygfjw8n3V81xG16BiIaMIMlJOkVYKipzpdONrDqUS//jp4uVURStU+2oJw6LMk06jSNxIXILLjaKo",
-	"c7qhtPjwh9cfxJHMkqOb4yOKFB59TuK7ozqgCjke1da6NZ34vOmW6yiiaKcuMhip6emWNGoJ1NYRbh2B",
-	"LtBYt+O6ACPqhSJukDh7oDUx2i5aaiCaGbHN9sAsRwou6kA5nb67JpzpBA9eKHdbBl+mKDtKMW92rYse",
-	"M5/JNK3Eja3zTX5PkWdLe94jZjsMnwfE46HyapdI2h65RvVdKWwNUjyQttZ1KqqXS+p3nY26SVnnh6Cb",
-	"MTtPjHdtFIZRR+rgXLtVJ8q/cjKFS+iO5f7qj5nvcJZQXmm1SuFWCQXZpRJ4pKTT5on1lZVraa5HArug",
-	"kpE1p6sI6et9huXBNDR6UFRNoRBGxU4JlVpxmuVUGaCy8YmQIs65ghxoNv79ws1QlVb5MiOlRarVEgwe",
-	"EpKyFMxV2q2owlOijMZOwBfz5QaKc25xkZRaa5LlynmJTdUaZXR+WFUo11JibS0rV1kHknKzkSbeXi97",
-	"YGrVsnS6xFO3RdQSRbQlNPPE+nqxlWRK+BK7kuZOmiVwcd+3TxHYUVpGbkmqD3Pwyde+Gbjhei+ilvfx",
-	"NOb07Ozs6WGFXhW3ds/B/+79DBVJdI1wZVHnY+YUVbGErUrGh83UfWJifoAumXFVxD7apoOMN74yj7FG",
-	"kWcsKDAxqsoM60lsngHLsIMVc9bOU0VFjbYZHCTyUjGT4CkKrpt0RUUovcTMMmhWi2XsqavdIFCv8y9u",
-	"E6iV1d5Tz9/wrO7nmyKmXcsNIusyU+kWH9ZTiKyINVd0cirRoO62egxvzV3QsxDlJnGbK1SLXnTE60R9",
-	"0NfQ4aYOh0P6eejw93BSym9f1WdFP4YUHARcHB/UpLodnHtUC/FU3a7AUOVmdUkK9YnCuUpaFIlPjiK1",
-	"TYnvIE29FmTlXEYxIH7esR9RmiCXXbx/I65hI/q4hiwZXsPGhgPha1TfZaAu3gxrOfvIwWDPp6pAjfX3",
-	"2Cvv5DUIpRWMpmqqUGcJBQmtpUUooTQ9+5euHpH31WewcNJmYqdKZ6CKWokV1RJXtQFVemcMNyEZdCGF",
-	"d8RwmCjaSggH3qqwDIbJmW5Ffxv4hwHn2weC70YYcJQhvZWb+jwiacwG1eGh/vf99g0pspvZ6vTqoym0",
-	"XsuhhUwa6eiWFuvIuOJCj5RTWRXcilttrqfK6SXQdsQ5VVtIYbTjmw8mlHHqLLUmeozEG1fWsHqv4FSx",
-	"/UaESGWypueoMFkNUFCUYLTJlUAu6a/0rWhUak9Vqi0bHTXGjvQaLFl7g5H42e81lKWWD9INp/zynsRk",
-	"ZIGwGi9s5yQbMg3R0tW5ilmNlXKZHKVTRZKcrqKQlrJKOF/YE2pYo5WK61JcWt4Qym8mDKaNs200YUWf",
-	"wVct4Vc4rQOBmzuk0g8gd0bRBZgBbwXzNCGUdoJxqTO4v8RV403Vj//kqwH6PKTRKdrmuJ3k3R8E4naV",
-	"RCtac9PWp4oinN5UeXvck2y9137dUaBnobf36WVDAtDiUPAY8hd4zHHkMV+cWLlcGlgS8799+xPlc3Jp",
-	"9FSF/nSHhSJuCJdK7xbk2rTOP20riiDvoKB0V6e9iDHYeyj6Ti5F6HsOB1yXv0t4TlU/RHHztzAQ4VHR",
-	"bRgI6gQljEzCQZGf63UJRcYFqJiEjaURpyrUGUprlFA+PXi+ESup4uGtSZwDRV/SghljHeVrULgG1DOE",
-	"SYhIrxEcUFVVRS7sNNx1v1Qo+sWNVQNmHroDZp7CVIW4x2EgpFjla6lEyEGtkJk0JN0f1oNtO0KGXhti",
-	"E0NxK1QpoppqpaA8YUVuof6UrWZa4GWegvVFZiVBxUKnqb61Xlb6gDJV+pEBw3VnIKPVZKokivWVRvOG",
-	"wp3lRRMobdlss7dkt5yOzzxJlAgvcIRQ8KVXU9WvE1HkKkalSCQP/SH+cHnx8jX2h93QhIkK58W49E7B",
-	"1mFRRFHOBGK2CxvjnI5PR+JXkxCN6mOiMSmdV2ZSUJSdvNcWcKte8kVjww+bDCaizgueB06Pz6aqzBlH",
-	"JCOQ8YBTJ6SYG31rwXCFKEsXbZJloujajvAdfQ69PvCrILuBD9cTvlQnvIJo+D24aDW8ShxMRGS0tUOb",
-	"OAgHTKqnhXGMCANJDvFwpa2zobCA5nDJWqyhwn9o68Jtwp2eHE/VT4mNEwMRPrv0rzU2DrcKTUzrxKuf",
-	"r4SBeUL8OxIXxThTRcRs3kkijUlugJgjUQh8sA2lM+mcZ3M6fl4c/FKkIqci3Em1RS3DhQG+qgZ3LqF6",
-	"SBDhfw39bIdv4nDi+yCY94QLS4rCXUoSwVf0gjOJj0+ei8wkio2Ti6uXb97U0ocrsGczGQHinDJYWG7+",
-	"OTt76f4Wkeol16+w1H5CT6YKV0Zlm3nG18aJFJaW66xrNwH1C6OSZBYJ+YHnUVoTqaY3r1jKsmZhlMyp",
-	"LjpjaTmpPCnYK238VBXQ3l8KEX6+C70WU7Qexb7lmvbxV/cUflLETzRWv4nEgja6Pe8UUgHzaAm1Wf62",
-	"BBOZhxanTPZRJNOUPD5KhJ+GHu0OmdZh0GCY2rxBLbSJwNZkOh1L+CQjl3reJLvRZhAhi8F6DnGMdgiO",
-	"VFNw58KCVzHmSOZuNVrqwYSVFUJQSlIZBCIswA/hUiSOp1bgU1bqWM8HXrjEiVqd15NyN7j1SUxkSKIV",
-	"Y07LwQIkCpoZOKSFdBHyOjxOQ1avxuFpIVAK+S6dEJvxrNtzCoSSxqD0KKIX5Z5gNzRVHmuqavMmRTo4",
-	"by+n2jty2ck0HYl3dZaYKq+4Qs8Pob9dpHF06uzCPB8WTBwyF+OR2FQ+NrogTuuULitjedx//+7qQyDe",
-	"/4L/XHx4+Y9AvHr99vWH14OKrbdZC5Ft1oGamI/oXFRevwbWosmzFqRjVSum75+Onw6KC4qQgegEXKhN",
-	"jU890WQJMOtsQXDbC0ArwrPx05BGKpCHCO9N1MmryzRD768MaxdRhlPFyhrZLmU8wSNWtYBcRRSL/ntt",
-	"3dLA1f97S6TKICZgX1AGWTxX1JoEq08oJFcd6dKakUNElmlKQl1hL+kGBQhXwZd3CRFAZfDWUKu+Q1+a",
-	"yDlQPb9+vg/NMrIej45HY8qBRKCZJb1J7+loPHrK7rkV+ToKg7i633DJUcLyNLyJe5Pe28S619wkaFwD",
-	"+9tW0Q/dbcjrr112eC4aBUx8qeEtUKYR3f76ew6Uo+uvf+US+F79ytetnO/7kinugs+d/Rb19FW3vgys",
-	"NzmmoHUZ034whr1riOoayi+6rvZj67rak/H4nptgD7sBtrrgsuuSWrpZkjLhbspS01MevavTcpa1i2WD",
-	"ni1CkGSAU0+MEXi7xSIxtOlOLpF9el7a9D4GvbZQ6k2Ic6nbJp8eMabYya5X9PN+DIvHSW78mstIRWJF",
-	"EpeT7dpmavl1DLrtYycvLhMtiVETK9GnZVzp3ERAYJ1senJgeNQ4OBe3iSqikX5aNGUWb9Wc30rrhtTf",
-	"8M2rr5j7wzzq4JM7ql8b3Hnrr63d0bx9YzKas9aKq6vXgvs4F+wBI55KFHgr7/hMWLotjSmDeuZw1g16",
-	"Z+OnD7ev38/cZPef4bZkosKqGRL89k/7vK8oHvhC5UCQ61AqQVsy+PJTUd5OslN4v/cXhLSOwuEicktI",
-	"PigmH1OglRe2dLDQBx9I/GpBxpC9MFWC0k6hKCUBn8SV92B+xSYWBfG7NxFg3030Sb77UZHz93fps6Ky",
-	"Zr++ypsCuzsrkoirztoFqF9d3/ao/FZcZ7CL38iP/pX8hgNwT4GwmgzS+Ub49IhDmCvoZZ2l8xdk05MX",
-	"n0E3G3DelOlvW2uFwdPwRPCNlt4Qq3va2TdSBvdr47RCAH6khoFFnqXabMiwSmWyZq1HSDmiAp1m7GGq",
-	"dO5G4kJVzvQnthlIa9olOMuGqTNVLfO/8DT0U62zuYyuyUVVRZoGNW8Co/Hmkb30NKCrWzjCDNb9Xceb",
-	"b8qPzXtemrFsX4j6qOdhl/r+lFiyjMjwRtvGl9qJPpmuSXxe9wTN83WGpC/Ss8rbVele3HqmhjeRBnTM",
-	"TsbHj7+YMkT2RbjilKd4QPunB7Z/fmD7F4e1Pz5wPsdnh7U/OTlQUnqXCCm/Wvj0t49UPNmKC/LTekyf",
-	"nqCaqERucVSR22qBvcKV1c8zC8YVYnh/pFbezbul6CnrlEVzCpxS0pQer+h5KTsaB/h0W6Zf8p9zGP0x",
-	"HHf6iBzR3uHOrduP/PQqV493QKofwHWT99vKx7K4cjdkeGKLbIXR4fS9OxgUNOFj1zBVE++e6N197OTg",
-	"I8pyaf9xoAN6rTBKi/2x37/I9gRC6dvyj138+4h1HLFu5mhce/DVDNIqayvdxZ2xgE4YO9rCaOWt8I8I",
-	"0qq/9PAHo7PWlfcdHP5rkejK+MquqAQm1uS6/YuindPHRUd/abRzALjZ7/jSNQc7Tq9p3Vq37Kof+t4f",
-	"s9ohbF9qWIYty5SkdnLRVJGZ5/OKOEOJQnJky61kuuDI8ftXwmZp4oIi76eMhE0VJzBNhOxOXJLCwFo7",
-	"eGKrpD2alm9M4WIDlNVUS3BKyKYsEjRr4mUJjrMROgw/Dywum1cO/eFGWKG+/hcqrC8C+TW0tZU1J/r3",
-	"ZHcGW7md+1sAGfg/YfQtQRfna397nfqhI6q9luZalAF0GnkkLrZC/HxtRaaNK/70TMDGFBeZbFdS6DKg",
-	"ySaWj+tWdRtFFllVlxD6P27kc1uSIlrMqZEsfabqzavBuShSLrcTLOnviLTyK8s+RP/05AUnwdT/qOGg",
-	"EmGczs2ufE5TqM+hSxr8JM21v+DH/8m+bw8x6uVIf4ILaA8MXdUAFTzRJ1IGHDn3Tp1aeR43upW2XrkU",
-	"CJ078iLRe7Wr9Mu6ocG/YcufDluw/Ys/Wrz/RIKqJqbOBae3f6pV2BQ+bPIG1/5y0r7uHH/Cgl6Zzdub",
-	"fOavbkYQZObTnIuHHAmsP+W6m8aX//Hf6I9/RLb41u6PaneKttsd3xwfRSvpiNgpOF+pWfzS9ZBGoO+t",
-	"LSDS0gCsWei2JMrlnhwdHZ98NxqPxqPjyfPx83GvhjY/F3Gego64b/4Rpzs3n1hUcf8/AAD//w==",
+	"7L1tcxu3ki/+VVD8b5XJ8x9SlE05NvXKx3ZyvHFiH8nJ2arQS4IckMTREJgAGNFcl777re4GZjDDoUTZ",
+	"VpK6d98k1nCIh0aj+9eP/NxZ6E2ulVDOdsafOzk3fCOcMPjXeyHMm1fwr1TYhZG5k1p1xp0XLBfCMJme",
+	"M652TLu1MMw6I9WKKb4RlilNr3RHw1Fv0Ek6Er6Xc7fuJB14pTPuyLSTdIz4vZBGpJ2xM4VIOnaxFhsO",
+	"U/6HEcvOuPP/nVQrPKFP7Qkt7BJn7Nzc3MA4NtfKClq30fNMbOCfC62cUA7+yfM8kwsOezjJ6Y3//98W",
+	"NvT52Gn9uDhjgySKCWO0SRi37OL7l+z56Ow75qdhqXBcZnbQuUk6vyh+zWXG55n4Ixf47loYxtlCq6Vc",
+	"FUakLJMb6Vi339/wT31xLZTrW2cE39jeOXNmx/iKS8X40gnDLoQzu/4L/LcVC61SC8e6Fjz1zBK9UV+w",
+	"2+V43MqJlTCwNlidXzK88FqtpEJiCFVsOuPfOnaVcbXqJJ3rLNt0ko6Vm87HJIxk/bknndfXnnS50bkw",
+	"TtL5c3y21GYD/+qk3Im+kxvRaRkCTy1aZvXJSihhOJEvGk0q93RUjVRuKwGGPu7FK6nSeLtGrKR1Aq4B",
+	"cDJPd7BnxzOBf4ePp3BZhHX+tdq3xKdc0r9Sw6Xyr2z0Nf7r94Ibrpx/Xqi14Jlb7+gAs6l13NCo+Cdf",
+	"OInUh7+qx0sus8ZoU2ckz+qPMrmEsdqOayOs5SvRSm0QF1OiYPtnJDX2Pr2JZchvJFTCWPE3PdVrx5oA",
+	"p1QL1fN/i4Ur+eqttC28hRcF/yWd2Ni7biRx6E05BzeG7+BvJT656aIwlrivfllzbi0IktlcLLURM7bU",
+	"hrm1YPAt1tVZKkyP5UDL5G6Ga5DI76Bt3/8QPHufcbW/og9rwYALWJ5xxfSScYYMimJ+zJDpQPx3deHg",
+	"Y6MLYKKEeZ61TCq2zORq7SZqKZW0614CW1K4L74SyjFpmdNZyrRaCOY0M4Vi0lmaGLhSK9Y1AtkVvjZR",
+	"AkVHGOlaGLnc4TK2XML8SDjOlNgyqazjMDB3jLOMgySreKE3mKgXcwur2MJQoMBgp6ZQdsBe1Jbg1twx",
+	"uA02YdrAq7Xx57uJgj2lgqeZVCJhG26uLO4TlSJdpMEEGLAhuBZwdfaIv62Tacs9nZyGJcUscKuoCwu6",
+	"ZYJFYQxMka+5Fbh5povjZ1gavZnW5WZ9Ipij+ryiJMqVIyQnrisWnYHxQFeE02+VPUZwr0r3Pgri70id",
+	"0bhOtKT9vVfjRpQ/cOmMmwveJmyQvaeljtq/kxm3gYKINsQjS0DknGmV7dhWujXzw3ipz5Y8swK094Z/",
+	"eivUyq0749Ph41Gbdqx9s30JyJSPLNy+VC4cA0LgWuD+wfWlQR5ZdkLjsC4suDCCcZUyWywWwlq4M0bY",
+	"tc5SyxAJibQ3YP5ObgRXJAdgA12u/FVABko1Ik5HBICbjDtkoP0s4ww1Kl09p1mp/QDkFOVbqvqAaSXY",
+	"nC+u6Ip6osy1zgRXQBVUhwcO5VJ4CeKCxCylRtv9BRFHxzcmWsGoQBeSIQAbQZzCR7pweeEG7EOQI9KS",
+	"2KPvJ0wJwHiktD14A1kknRXZkvYSnfho+PxpApDcCQML/+/f/nsyKYbD4fDj3/6j7XIHAee1dDTU47On",
+	"SWcjVclM7eP28f+n3+P/vvue/nz+/YHpMs3Tu7TrW3hnDwJE67z1vl2IPNu1oMdFu+yqENcYD7Nk61Ly",
+	"L9ZcrUR6zsKLTDo6iAEeyxiOmw425gxUd7FeY3W1diVEDl+gVUu1orMMIlBpVceJHrB9gRh04i6KX+JL",
+	"TZJ7koUx2qj+468/CL0BG2GfsqrYTDO+E8YmDP59dQ0SJ7UJ7DqdpnKDkkLa6SbjjBvBwuSsUJmwlsAA",
+	"7d+rlkwC6HBrsQHkUagrpbeKdQPi2OEwHKVL79wPPVH0AGcDgRK+RuKH5GaL2k5pt7U78XT07a9EoEbT",
+	"zHjymK623ABHPD4dfTd69uTp6DtcAT083dOmSedTf6X71VO840iHiD0iqRefzMOtoOKFh5sDgPPUyv8R",
+	"DzVFEyKU8yWeV9puyFsv8Oq8dXU9LYLRVKETXczROCzXehotcVgOrorNnIDT74UoRPoF+x0eR1JTKIRh",
+	"DzRBg6BhtnJfSUWnNtL+JDY/epu7Lnl+fvNfb9lGbLTZMbAPybL58VeU4FoNIjH76uLFT52k8yv97+9v",
+	"3738sZN03v39P1+//NBJOt+/efu6VeK+59LsHyuIVu6kdwK1gWQUlhKgSZbpLaoFZ7iyS6TQ/vVMxUKn",
+	"4hjP2YVY0i0AwdScnEdGkBHLwooUjBz8WzqWilyo1DKtCDKRfFxKkaURrUCGJB3xe8GzqctRHzlhNP17",
+	"Iz+JdGrFatOwQyOD34ilzLJ7bKZyQNz5JS7NP6u3b+rekdbDyLlEtBW9iCriSuSO1Q1ewLaAPVGnA2qr",
+	"vsO8j4Z0GVq7AAuN5Fmv9UQrXd201nYsXlZ0TKC0YCWcxMO++g+f7Q1aMWTC5tqtEWJaws5JqRBjCnQ5",
+	"rSBsApfix2/fUKHQRpNtdK7mx1Etmi8EtJC7EMgXmWBKiFSkhPwBqFuZCpZKWh+wY8LEYDVghqsr+9vf",
+	"Pg6urqcbsZnC9badpHLb7BGn6aK592IBf+/wCXACrhaw/mItFldwPorRdbnmWSHw9JHSsAPbQrCmFvGX",
+	"orzqSSxForNtk4DA9e0OLdzA0f4slGYttHLa8awV2c2FgftBdCJ/Fp4qup/v9lbR8sIEh7b2z9r137dR",
+	"YZRH8WVMEHxfC7g0gYHPWSz83FoYATwN+Hqw76pxt7hR8F7A0dcdr8e6acDqaxu9dJbQhVwHtbDVsb5I",
+	"5bKmIyJrHgWQnd699pUWlXRiXSvMtWD9frWdvnNZLxBsTL4GrhhQiDttWCaXzjJ5vOuIPMmt4ndfhI7r",
+	"8s8zPplaiZevlpylQWcyITFMhdqrMao2zAgltn7Bd9xDfz7oPA7rbudLw7NMZNJu2kIUTk1dXqLQ+q5T",
+	"seRFBvaLZv6lc8Yd22jrwoOGw+zboeN0kU9BeO4vay4AicDnX7aA4fELuJsupw9HgD93+vx28ucPTP38",
+	"z919dCf+AMsszNZ6fwVFMnmWvVt2xr8dg0UrB0TnJrn7C5eOu8Liqw3zwIhUKNcqEt+BrJXeoajsltya",
+	"nNXcHwiPpLUF4g4BYE2J7UQBqksYZ4uMy41IMVyf0FDpRgLk7wc3klSr3riMWjyyE1WtasB+FCIHFNud",
+	"5WmecRWcm/1+9VZ/KTMx650T2p0oQGjW6YCBFxyfzAWza4BF5CmLfa6Ry71xPB+T1pyER5Ytiyyr0SLB",
+	"IBB6ULfebxzvGFZCGQyIeB9VGgNfpaB9LeHgcD4EUPaXX968guPJ9FaYBbcC9qmVXPAMFrJBKBG5gob9",
+	"57y//Pj52U2//PfoiH+fPr5pdRLBUg8gPSHug/SAP4vNhpvdPuBrgjQc+dAlAhNtbzEHQr33iPLiq4fn",
+	"jK7i3oG9RqCOdgWaYXMEOCnrgrlDAYzKDXuOvkSRwqGGN3vJRJU+xepj/4ggCLoavYeRaZMQl22lFQlL",
+	"xSLjBoOAaKeQGVf3ae4NO8agq15c+YWxvJhn0q4FXi2Gvgy6hJiEk7Aff2W5BmEIFoqJ/Ry2zY0519oB",
+	"zfLpWtsWiHj5w1uuVszbIWO2RjSCkU6wR8BWXKwFoatyLIYEM4Beul6DkFDBb+slKwyav7VwwpNv4S2t",
+	"tpNrc8R2qiXD+6w7BJoFgPvs+fNnvVuV3tOzsydn91e3okx+uTWNgN7aj8I07FIMQNgqABUYxegFsJSP",
+	"MdgmvR8gfHN1fdeeoojATdLJ+FxkBI3TVMJ+ePa+xp7NFX/9GuvE+1HsLEYFTkGfPj57yhZrbvgCr89W",
+	"urUuHFto5YzOoo98IDVe69NRi1Ta6FRkjX2cnT7+9pQPIrR5o771PEEW7rOhd9i0CVNG0cjYD3NHQtu1",
+	"UMDv36OL8QZp/Ya++vi0oZaSTqHk74XwnztTCPRz1uyw270b1augckA0H60wLwC01xZIQfWNVOHvfb+J",
+	"0dmdl/8C3kETmYDJdGV0kT/MlfCq5uCZKj3X6Y4tdJGlzIksO2cg9UF/eedJeeAxBjv2vH+h6VsO++yo",
+	"sy5MC2BeO5d3bY/NAYz9cvEWtE7FkQ1ZOBw9+9ZXpQFefDoannwp/2npQUrUxXydhVG0HoI93qAYt9gT",
+	"3Il0ep/MyHvnP2LQ+Y4DLjPM6H0KaU8Ro1zzbOpTS9uDXXtBrQMYMuPWTddxVs1xG84Et2KKLqbdfb/l",
+	"3H0Xf3x+w/1C8/7t6S2R/iJP78kNbfibFtVIqKzR0G8yidmvNvutPNBG2oN87w2Ve5nrB63vfSB8BLjc",
+	"vw9fCe3+AEh1KATSglqOtdT+NFzQ1KzfQO0fjoyifkPDDQBjUJrJ8UDhoGX9tZDgW2j0Rn7Mlyrv5sa8",
+	"cv4ztOOeu+hfa+4YVzutBNvwHfEknwPE5+jNGbCfdWxAJ9603gjHU+44GIelp8iKhRHBVVQVnzSyhMq4",
+	"zn7eLJJs74T+8/Ldzyznbh0Qi14uhUoxuEhp1eTDqEU8T/cingcz+Q6mgRW2XaI56TJxi+DYM7EpLvPL",
+	"xRum+AbWjUnGGbcWtuQrZnDxANLs+OTEexMHqbgORTD2RKprnsm0H/IMbmch/DQsttxQGVhr1SENedLi",
+	"4qu5V8l1tF1ri8a1/y55cRbapCKNU0fambmhZfZ0yhHsPqhiQfHTWnCp/lHa+jQ/9BQDEY0RFu0DL8q3",
+	"r64HccbT1fUg9UdydT2I8rvKv8usMnxSZrnhXz4jLUjltmyRCx8taUTY4LpOw3U9kPpTv9MJmgiIbktQ",
+	"NN+5VthHwwcleHBoeOHcVyBgtgL6X/yDGnJ6aHOdF5+msMlpJlSLdoPF5cIwXnzyyU+x2C/JUQT4X2We",
+	"PRuNnn43Gg2/e/Ld8PnZ2ePhcHirG6xm1lEWclNTlGvNXcNj/QcvZJUXrY62/mkdB7A1x6LHH97/cv/I",
+	"WP/I0NjV9TEH+C0P7/QYmt3q3whrDgfZTKmGtdKlYDxNjbBW2HO/B9QRqKCjBL1NYR2m+uhrYTKe/4U2",
+	"Cus46nCSKpbv/SRasYwu+19nOxWEaAlB1g8FtlYmTZ6XkQwsj6IAgXVSkeqMv0eg0wcBjbA6uybNeRTe",
+	"DFmd991biK4/TPy8hOQECtsqROA5654+ZU6zpyMGKsYG3dMLWA9W+cg2opHJRKWGbxWb76KCkqU25IWr",
+	"dE7CrK6eV4pmMFEf1oJ9ePm+GnnOF1dCpYwvFiJH5bTQSolQnJDtfA0wV+wfP714OVGLNah9tRL9UHaN",
+	"t5FJN2AXwhVGYdQ522H9yeyH1x/YCc/lyfXpCUYKTz7L9OYkBlQzikc1tW6kE5/V3XIt1UrNHGECI5Ge",
+	"bkijhkBtXOHGFWgDjbEd1wYYQS+EuIF09p7WREvKWQ3RTJFt9icmORK4qAXltPru6nCmFTx4odxuGXyZ",
+	"omwpjb4+tC98THzGs6wSNzbmm+KWouuG9rxFzLYYPneIx/vKq0MiaX/miOqHUitrpLgjnbLtVlRfLqnf",
+	"djdikzLmh6SdMVtvjHdtBMOoJaV1rt26FeVfOp6JC9Eey/2Xv2Z+wKnEbOhql8ytJQbZoxzFR9aXMG+4",
+	"uRowGAJrszY+OZv7ZMt+eTENzp6E8kQQwqDYMdFXK0r/nSgjsI3DmHGWFtTRAVMMuf9+cDNUNYy+nk9p",
+	"lmm1EgYuCUpZDOYq7dZYSs1BRsMgwieCFkaEe25hk5gQaeRq7bzExrKoMjrfrzoGRNmPNsqlVNYJjkUQ",
+	"QBNvr5cjELWiLJ028dRuETVEER4JrlxaX5i55kQJX8ta0txxsxJURfvtUwQO1HCiWxILMR2mkMLajLim",
+	"wkqklvfx1Nb09Ozsyf0qKituPVB3QJ97P0NFEh0RrqyefsicoiqWsFcyfLeZekxMzE/QJjMuQ+yjaTrw",
+	"dOdLYAlrlGnAGJgYVPW8cRKbZ8Ay7GDZnLTzRGH1sK0HB5G8WDXIaImMCpRdKL3GLxGz9OplmTl56qKO",
+	"HnHfjdDdI6pf9yfZJvtqntXjfFPItBu+A2RdZiphCnmcQmRZqql0mlKJerHb6iG8NTdJx4pFYaTbXYJa",
+	"9KIj3Uj1QV+JFjf1rN/Hj/sOPp+Nqxxzqjq1rJuKTDiRUBeKJJLqtnfuUa1IJ2q7FgZLpKumRTgmCOcq",
+	"aZFJnxyFahsTwQU3cUL92rkcY0D0vOU8FpkELnvx/g27EjvWhT3ksn8ldnbWY74Y/F0u1Is3/aiWBDhY",
+	"2POJCqgx/h555R2/ElSRMFETBTqLKZ/Z3iAUUxqf/VtXj9D76jNYKGlT2onSuVChwmeNRftVzUqV3pmK",
+	"6xkadLNQDSAVHqWY9bxVYQkMozPdsu4+8J8lVAeSMGpC0qMoQ7blu3gdC27MDtThff3vx50bUOQws8X0",
+	"6oIptNnwvhU5N9xh1yTr0LiiAqSMUlmV2LKtNlcT5fRK4HGkBVYBcWa0oxYjY8w4xcKELSWbDtgbVxaL",
+	"e6/gRJH9hoTIuNzgc1CYpAYwKIow2hQKq8+6a71ltZYIE5VpS0ZHxNgLvREWrb3egP3sz1qUNc130g2W",
+	"/PKWxGRggVk136yZk2zQNARLVxcqJTVWymV0lE4USnLs+cItZpVQvrAnVD+ilUpjKc4tHQjmNyMG08bZ",
+	"JpqwrEvgK0r4ZU7rhMHh9rEkSaA7IwwhTI+OgngaEUozwbjUGTSerIpO7ET9+Cv14OjSlEZnYJvDcaJ3",
+	"v5ew7Vou1rjnuq2PlW6wvIny9rgn2eao87rBQM9S75/Ty5oEwM2B4DHoL/CY48RjvlRavloZsULmf/v2",
+	"J8znpB4EEzXzt3sWFHFNuFR6N5Br17j/eKwggryDAtNdnfYixsDoM9Z1fMVmfuRZjxpgHBKeE9Wdgbj5",
+	"2yxhs5Mw7CxhOAhIGC5nvZCf63UJRsaZUCkKG4szTtRM5yCtQUL59OD5jq25SvtbI50TCv/IAjOmelFs",
+	"hII9YOUYcDIS6TWAA6ymqsgFg84O9XubsW7oINcj5sFmS/NMTNQMzniWMM7WxYYrNqOg1oyYdIa6fxYH",
+	"2w6EDL02rKrcQKWwaqmVgvKEZYUV8VOymnGDF0UmrC9+LAnKljrL9NZ6WekDylifigYM1UMKvliPJ4qD",
+	"WF9rMG8w3Fl2dAFpS2ab3aLdMhqeeZIoNnsBM8wYNaGbqG5MRFaoFJQiknzmL/GHixcvX8N4MAwuGKlw",
+	"HubF7wS2noUiinIlIiW7sDbPaDgasH8ZiTSK5wRjkjuvzDjDKDt6r62Ao3pJjf/6H3a5GLOYFzwPjE7P",
+	"JqrMGQckw4DxBKVOcDY3emuFoVJski7ayJVU2B9n9g7/PfP6wO8C7Qa6XI+oe9XsUiz63wu3WPcvpRNj",
+	"tjDa2r6VTsx6RKonwTgGhAEkF2l/ra2zM2YFmMMla5GGmv1DWzfbJ9zo8elE/SRtKo1YwLML/7XawcFR",
+	"gYlpHXv18yUzYi6RfwfsRZhnopCY9eY/3Bh5LZA5pALgA+9gOpMuaDWj4bNw8UuRCpwKcCfTFrQMFQb4",
+	"qho4OYl1kILN/qvvV9t/k87GfgyEeY+osCRUyGOSCHxFLymT+PTxM5Ybqcg4eXH58s2bKH24Ans25wsB",
+	"OKcMFpaHf07OXmyUxDK9ovoVktqP8MlEwc6wnLjIqY0jy8TKUkODqOVWNxiVKLNQyPc8j+KeUDW9eUVS",
+	"ljQLoWRKddE5Sctx5UmBUfHgJypAe999Zfb5Zua1mML9KPItR9rH98gKflLATzhXt47Ekia6PW8VUgnx",
+	"aAm1Sf42BBOahxaWjPbRgmcZenwUm33qe7TbJ1rPkhrDROsWaqnNQthIpuO1FJ/4wmWeN9FutLlYAIuJ",
+	"zVykKdghMFOk4M6ZFV7FmBNeuPVgpXtjUlYAQTFJpZewWQA/iEuBOJ5aiU9ZibGeD7xQiRO+dR4n5e7g",
+	"6GWKZJCLNWFOS8ECIAqYGTClFdlyRvvwOA1YvZqHlgVAaUZNq2bwGq26uaaEKW4MSI8QvSjPBIbBpdJc",
+	"ExWtGxVp77y5ners0GXHs2zA3sUsMVFecc08P8x8G5/a1YnZhXh+Fph4RlwMV2JX+diwE6PWGXYFJHnc",
+	"ff/u8kPC3v8C/3nx4eU/Evbq9dvXH173KrbeZy1AtnkLaiI+wntRef1qWAsXT1oQr1XUAqI7Gj7phU5g",
+	"wEB4A16oXcSnnmi8BJgxWyDc9gLQstnZ8MkMZwrIg81uTdQpqua2M++vnEWNYWcTRcoa2C4jPEEzVrWA",
+	"VEWUsu57bd3KiMt/vkVS5SJFYB8oAyxeKHwbBatPKERXHerSyMhBIvMsQ6GuYJRsBwKEujOUTbsQoBJ4",
+	"q6lVP6AvTaQcqI7fPzUetISsh4PTwRBzIAFo5rIz7jwZDAdPyD23Rl9HMIirRqIrihKWt+FN2hl33krr",
+	"XtMrSa0t8297RT/YRJT2H3UVPWe1AibqHroVmGmE3Zh/LwTm6Pp2zNSaoRO3YN7L+b4tmeIm+dw6bujz",
+	"UA3ry8A641MMWpcx7Ttj2IemqPq9flH76I+N9tGPh8NbOjPfryNz1Um2rWk0tnDFTLjrstR0RLO3DVqu",
+	"Mmr0nHRsCEGiAY4jEUag42ZLafDQHV8B+3S8tOl8TDpNodQZI+fisHU+PSFMcZBdL/Hj4xgWrhPf+T2X",
+	"kQppmUzLxbYdM775dQy672NHLy4RTaagiRXr4jYudWEWAsE62vTowPCosXfOtlKFaKRfFi6ZxFu15rfc",
+	"uj6O13/z6ivWfjePOvHJncRtvFu7cNuoZ/p+B3MwZ61ll5evGY1xzsgDhjyFDTgQTJ2eMYttCYkyoGfu",
+	"z7pJ52z45O73437pdXb/WWxLJgpWTR/ht3/apXMF8UANzhOGrkOuGB5J78tvRdk156Dwfu8b1zSuwv1F",
+	"5J6QvFNMPqRAKxsJtbBQ6LTz1YKMIHswVZLSTqG+OgB8pCsbzn7lIZ589tPcnHymeW5Ofm+0E8pEWwjq",
+	"dWgls9ddiHX3uwv1GDasWojQJ8qjiuBfKaOwURebqrj6ka0kO1sJzNLZa7ruX/HeHzBw/HPpBmw0HJGN",
+	"6sMFoYVsCA55iyE01Wl0+xp0kj0eX7qo7dIey43aHcQRkaT16/Pscnov4TE6RnjU3h/d7/3Ts3uyr7cb",
+	"8JrHEa3fPt4kn+FSVgwOxGN8n3GO5mUcP5S5HNS0cRD5Xj/Z0f6LHVW6xjf52Y5Wfez9zt9gtWVKyTdZ",
+	"7MdYboRGGoeFvxDHCn9fHHDcoqju5xAODhV5x41VtvJtHywUH1SDNQvXv7ou9kH1VGiDckhPYfztK/UU",
+	"TEAjJcxqdGTNd8ynVd1HKSWdvLXlxgv0BWL0j4x1cvx4F0h338sTHCU1Dya1nPYOnDhCRz7VMikomqcR",
+	"OvQz1Rwz6JGOVoMOmYzLDaFltLB9E8xazHKidOEG7IWqgnCPbD0AX/dnwCprLpKJargNg4eym2mdz/ni",
+	"Cl3bVYS6F3khyYqvX9kLTwNs+UQCQ1j3d53uvik/1vtD1XNgfAH7g96HQ7D/k7ToUUGJuuWW+RJd1kWX",
+	"F4jhyIM8LzY5kD6kdZbtz7FxfZzh5V0rPbxmj0m/P+xmytD6F9kjDw9Bnt3z/ef3hCxPHhDiJJ3R48df",
+	"AYmitAtERHv5BPT0DuQUrio1bSwTAoILvFvkVhgXxPDxFl7ZPP+mqegxW71uB9Slxyt8XsqOu1DwBf0s",
+	"0/8roPeeeLYVUv0gXDt5v618LIuyD0OGRzZkOQ3uT9+be4OCOnxsm6Z6xSPWzj5UpXoLzI5r/sjfPUat",
+	"MEqD/WHcv8jxJEzpbflrVP97xVquWDtz1NqlfDWDNMphyzBTawyxFcbu+xvKn215QJBW/RTTH4zOGr9J",
+	"08Lh/woJ8oSv7BpL51KNIZ+/KNoZPSw6+kujnXuAm+OuL7ZHOXB7TaPb5aqt7vD74OGrLmGzGWrldQyp",
+	"jM2kxIlCM8/nI1JmI4by0ZZb82xJGSfvXzGbZ9IlIV+wjKBPFCU+jhlvT3jkzIiNduKRrZJ9cVn+ZUwz",
+	"MQKzIaPESIk2ZXAWReIFvaWj4ZM2w88Di4t6q7I/3AgL6uv/QoX1RSA/Qlt72base0tWeLKXE368BZAL",
+	"/xuD3xJ0UZ3Ht9epH1qyYTbcXLEy8QZnHrAXe6lB1O4m18aF34ZLyJii4rT9CixdJkKQieXzQap6r5B9",
+	"WtUzzfyvD/qcOBmyTCilmqTPRL151TtnIVV7PzEbf+irkZddjsG6o8fPKXku/nHiXiXCqAykDImI+hra",
+	"pMFP3Fz5xmCZeCCIEZcx/gkuoCMwdFU7GHiii6RMKOPGO3Wisl56acttXPGYMF049CLh9+Ifjglhpt7/",
+	"wpY/HbbA+8//aPH+EwqqSEydV7/XURoiwYeN3uDopw2Pdef4G5Z0yiqAzvgz/emmCEGmvjwiPKQMgvgp",
+	"1evV/vgf/xf+2srChr+a42HNX3h3f+Dr05PFmjskdiacr/AOn7Q9xBnw78YRIGlxAtIs2GUNa0DGJyen",
+	"j78bDAfDwen42fDZsBOhzc8hzhPoCOfmH1GZRP2JBRX3fwIAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

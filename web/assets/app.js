@@ -45,6 +45,8 @@
     heal_acting: 'heal: restart',
     healed: 'healed',
     heal_failed: 'heal failed',
+    quarantine_trial: 'quarantine on trial',
+    quarantine_lifted: 'quarantine lifted',
   };
 
   // healLine says where a stale peer's heal plan is.
@@ -72,6 +74,7 @@
     lastEventId: 0,
     filters: { role: '', state: '', model: '', name: '' },
     token: readToken(),
+    pairNotice: null, // the outcome of the last quarantine lift: { key, ok, text }
     skewMs: 0, // server clock minus ours, when they differ noticeably
     pinnedPair: null, // "prefillID decodeID"
     openPeerId: null,
@@ -628,7 +631,40 @@
       el('span', { class: 'verdict' }, v.sym + ' ' + v.word),
       pr.path ? [' · path ', el('code', null, pr.path)] : null,
       pr.reason ? [' · ', el('span', { class: 'why' }, pr.reason)] : null,
-      pr.unverified && pr.unverified.length ? [' · not verified: ', pr.unverified.map((f, i) => [i ? ', ' : '', el('code', null, f)])] : null);
+      pr.unverified && pr.unverified.length ? [' · not verified: ', pr.unverified.map((f, i) => [i ? ', ' : '', el('code', null, f)])] : null,
+      pr.quarantine ? quarantineBlock(pr) : null);
+  }
+
+  // quarantineBlock describes a pair's quarantine and offers to lift it;
+  // like the peer actions, the button needs the admin token set at the top
+  // of the page, and the server decides.
+  function quarantineBlock(pr) {
+    const q = pr.quarantine;
+    const key = pr.prefill.id + ' ' + pr.decode.id;
+    const when = q.trial
+      ? 'quarantined since ' + clock(q.at) + '; expired, on trial: its next transfer lifts the quarantine or renews it'
+      : 'quarantined since ' + clock(q.at) + (q.expires_at ? '; re-tested after ' + clock(q.expires_at) : '; until an operator lifts it');
+    const notice = state.pairNotice && state.pairNotice.key === key
+      ? el('span', { class: state.pairNotice.ok ? 'notice ok' : 'notice problem', role: 'alert' }, state.pairNotice.text)
+      : null;
+    return el('span', { class: 'quarantine' }, el('br'),
+      el('span', { class: 'q-when', title: stamp(q.at) }, when), ' ',
+      state.token
+        ? el('button', { type: 'button', class: 'warn', 'data-lift-pair': key }, 'Lift quarantine')
+        : el('span', { class: 'muted' }, 'Set the admin token at the top of the page to lift this quarantine.'),
+      notice ? [' ', notice] : null);
+  }
+
+  async function liftQuarantine(key) {
+    const [pid, did] = key.split(' ');
+    try {
+      await api(API + 'pairs/' + encodeURIComponent(pid) + '/' + encodeURIComponent(did) + '/quarantine', { method: 'DELETE', auth: true });
+      state.pairNotice = { key, ok: true, text: 'Quarantine lifted.' };
+      scheduleRefresh();
+    } catch (err) {
+      state.pairNotice = { key, ok: false, text: (err.title ? err.title + ': ' : '') + err.message };
+    }
+    showPair(pairByKey(key));
   }
 
   // ------------------------------------------------------------- events
@@ -988,6 +1024,8 @@
     $('token-clear').hidden = !t;
     document.body.classList.toggle('has-token', !!t);
     renderPeerDetail();
+    // The pinned pair's detail offers the lift only with a token.
+    if (state.pinnedPair) showPair(pairByKey(state.pinnedPair));
   }
 
   function tick() {
@@ -1024,6 +1062,8 @@
     document.addEventListener('click', (e) => {
       const opener = e.target.closest('[data-open-peer]');
       if (opener && opener.dataset.openPeer) { openPeer(opener.dataset.openPeer); return; }
+      const lift = e.target.closest('[data-lift-pair]');
+      if (lift) { lift.disabled = true; liftQuarantine(lift.dataset.liftPair); return; }
       const cell = e.target.closest('[data-pair]');
       if (cell) {
         const key = cell.dataset.pair;
