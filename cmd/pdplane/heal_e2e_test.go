@@ -175,6 +175,9 @@ func startHealFleet(t *testing.T, dbURL string, verify time.Duration, restart bo
 		}
 		return true
 	})
+	// The API reads the store; the router routes from its snapshot, which
+	// follows the store (on PostgreSQL through NOTIFY) a moment later.
+	waitHTTP(t, f.base+"/readyz", 30*time.Second)
 	return f
 }
 
