@@ -400,6 +400,22 @@ func streamTimed(client *http.Client, base, prompt string, tokens int) (s timedS
 	return s
 }
 
+// extra sends n streams at once, besides the clients' loop, counted with
+// theirs.
+func (l *healLoad) extra(n int, base string) {
+	client := &http.Client{Timeout: 20 * time.Second}
+	for i := 0; i < n; i++ {
+		l.wg.Add(1)
+		go func(i int) {
+			defer l.wg.Done()
+			s := streamTimed(client, base, fmt.Sprintf("extra request %d", i), 8)
+			l.mu.Lock()
+			l.streams = append(l.streams, s)
+			l.mu.Unlock()
+		}(i)
+	}
+}
+
 func (l *healLoad) snapshot() []timedStream {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -474,14 +490,25 @@ func testHealRestartsStaleDecode(t *testing.T, dbURL string) {
 	defer load.close()
 	steady := time.Now()
 	load.waitCompleted(t, steady, 20)
-	// Requests in flight on the victim when its registration breaks.
-	waitFor(t, "requests in flight on the victim", 10*time.Second, func() bool {
+	// A stream in flight on the victim when its registration breaks: the
+	// fault goes in as a stream has just had its KV there (its decode
+	// lasts 8 tokens or more, 480 ms at the victim's pace), and two
+	// requests right after it (round robin: one reaches the victim) make
+	// the stale mark come at once rather than with the load's next turn.
+	var last int64 = -1
+	waitFor(t, "a stream starting on the victim", 10*time.Second, func() bool {
 		s, err := simStats(f.victim)
-		return err == nil && s.Running > 0
+		if err != nil {
+			return false
+		}
+		fresh := last >= 0 && s.Transfers > last
+		last = s.Transfers
+		return fresh
 	})
-	survivorAtFault := mustSimStats(t, f.survivor)
 	faultAt := time.Now()
 	setFault(t, f.victim, sim.FaultMissingMemKind)
+	load.extra(2, f.base)
+	survivorAtFault := mustSimStats(t, f.survivor)
 
 	// Until the heal action runs, watch the victim's engine: requests in
 	// flight on it when it went stale, and whether it drained.
