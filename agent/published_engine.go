@@ -527,10 +527,13 @@ func (e *PublishedEngine) observeHealth(healthy bool) {
 // the probes report an engine that does not answer.
 func (e *PublishedEngine) Restarted(ctx context.Context, registered string) bool {
 	id, observed, err := e.instanceID(ctx)
-	if err == nil && !observed {
-		// No start time published: look at /health (SGLang http_server.py
+	if err != nil || !observed {
+		// No start time read: look at /health (SGLang http_server.py
 		// health, vLLM api_server.py health: 200 when serving) to move the
-		// epoch on a down-then-up.
+		// epoch on a down-then-up. An engine that does not answer
+		// /metrics at all (a restarting process: connection refused) is
+		// down too: its /health must be looked at then, or the down half
+		// of a restart is never seen.
 		_, herr := e.get(ctx, "/health", "")
 		e.observeHealth(herr == nil)
 		id, _, err = e.instanceID(ctx)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -394,6 +395,44 @@ func TestPublishedHealthEpoch(t *testing.T) {
 	s2, err := e.Spec(ctx)
 	if err != nil || s2.InstanceID == s.InstanceID {
 		t.Fatalf("new instance id %q (was %q): %v", s2.InstanceID, s.InstanceID, err)
+	}
+}
+
+// TestPublishedHealthEpochProcessGone: a restart as it happens, the
+// engine's process gone (nothing answers, /metrics included), then back,
+// is a new instance too; the /metrics error must not hide the down half.
+func TestPublishedHealthEpochProcessGone(t *testing.T) {
+	t.Parallel()
+	d := newEngineDouble(t, sglangRoutes())
+	var down atomic.Bool
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			// A dead process: the connection closes without an answer.
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		d.srv.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	e, err := agent.NewPublishedEngine(agent.PublishedConfig{Engine: registry.EngineSGLang, URL: front.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := e.Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down.Store(true)
+	if e.Restarted(ctx, s.InstanceID) {
+		t.Fatal("an engine that is gone has not restarted yet")
+	}
+	down.Store(false)
+	if !e.Restarted(ctx, s.InstanceID) {
+		t.Fatal("the engine's process gone, then answering again, is a restart")
 	}
 }
 

@@ -88,6 +88,12 @@ func ApplyHeartbeat(prev Peer, hb Heartbeat, now time.Time, leaseTTL time.Durati
 		if next.State != prev.State || next.Heal.Phase != prev.Heal.Phase {
 			next.UpdatedAt = now
 		}
+	case HealFailed(prev):
+		// A heal that failed (the action, its verification, the hourly
+		// limit) waits for an operator: the engine is still broken, and
+		// routing to it again would start the next heal. A new instance
+		// (a registration at a new generation) or an operator's action
+		// clears it.
 	case prev.State == StateDraining || prev.State == StateUnhealthy && hb.EngineDown:
 	case hb.EngineDown:
 		next.State, next.StateReason, next.UpdatedAt = StateUnhealthy, UnhealthyReason(hb.EngineError), now
@@ -101,6 +107,13 @@ func ApplyHeartbeat(prev Peer, hb Heartbeat, now time.Time, leaseTTL time.Durati
 	}
 	reply.State = next.State
 	return next, reply, events
+}
+
+// HealFailed reports whether the peer is failed for a reason its
+// heartbeats cannot undo: every failure but a lease that ran out (which
+// heartbeats that come back do undo) is a failed heal.
+func HealFailed(p Peer) bool {
+	return p.State == StateFailed && p.StateReason != ReasonLeaseExpired
 }
 
 // UnhealthyReason is the state reason of a peer whose engine's probes fail.

@@ -189,7 +189,8 @@ WITH hb AS (
 		AS t(id, instance_id, running, queued, kv_usage, trans)
 ), prev AS (
 	SELECT p.id, p.name, p.state, p.state_reason, p.instance_id, p.generation, p.heal,
-		CASE WHEN hb.instance_id = p.instance_id THEN ($9::jsonb[])[hb.trans] -> p.state END AS t
+		CASE WHEN hb.instance_id = p.instance_id AND (p.state <> 'failed' OR p.state_reason = $10)
+			THEN ($9::jsonb[])[hb.trans] -> p.state END AS t
 	FROM peers p JOIN hb USING (id) ORDER BY p.id FOR NO KEY UPDATE OF p
 ), upd AS (
 	UPDATE peers p SET
@@ -207,7 +208,7 @@ WITH hb AS (
 	FROM prev JOIN upd USING (id) WHERE prev.t IS NOT NULL
 )
 SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id, prev.generation, prev.heal FROM prev`,
-			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans, tables)
+			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans, tables, registry.ReasonLeaseExpired)
 		if err != nil {
 			return err
 		}
@@ -273,6 +274,12 @@ func transitions(hb registry.Heartbeat) string {
 	for _, st := range registry.States() {
 		prev := registry.Peer{State: st}
 		prev.InstanceID = hb.InstanceID
+		if st == registry.StateFailed {
+			// The table's failed peers are those whose lease ran out; the
+			// batch statement leaves a failed heal alone
+			// (registry.HealFailed).
+			prev.StateReason = registry.ReasonLeaseExpired
+		}
 		if st == registry.StateStale {
 			continue // a stale peer's heal plan is applied per row (writeHealSteps)
 		}

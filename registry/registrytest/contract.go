@@ -981,4 +981,11 @@ func HealExpiry(t *testing.T, s registry.Store, verify time.Duration) {
 	if k := kinds(t, s, p.ID); k[len(k)-1] != registry.EventHealFailed {
 		t.Fatalf("events %v", k)
 	}
+	// Its heartbeats go on, and it stays failed: an operator acts.
+	if r := idleHeartbeat(t, s, p); r.State != registry.StateFailed || r.Action != registry.ActionNone {
+		t.Fatalf("heartbeat after a failed heal: %+v; want failed, no action", r)
+	}
+	if got := mustGet(t, s, p.ID); got.State != registry.StateFailed || !strings.Contains(got.StateReason, "heal did not verify") {
+		t.Fatalf("peer after a heartbeat: %s %q; want still failed", got.State, got.StateReason)
+	}
 }
