@@ -17,7 +17,8 @@ import (
 const keepAlive = 15 * time.Second
 
 // StreamEvents follows the event log as server-sent events. The generated
-// response type flushes every write; the stream ends when the client leaves.
+// response type flushes every write; the stream ends when the client leaves
+// or, with a last comment, when the server shuts down (BeginShutdown).
 func (h handlers) StreamEvents(ctx context.Context, req api.StreamEventsRequestObject) (api.StreamEventsResponseObject, error) {
 	after := apiconv.Deref(req.Params.After)
 	if after < 0 {
@@ -89,6 +90,8 @@ func (h handlers) followEvents(ctx context.Context, w io.Writer, changes <-chan 
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-h.shuttingDown:
+			return writeShutdownComment(w)
 		case _, ok := <-changes:
 			if !ok {
 				return ctx.Err()
