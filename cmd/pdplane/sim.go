@@ -111,11 +111,17 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fleet, err := devfleet.Start(ctx, devfleet.Config{
+	// The sims outlive the signal that ends ctx: the requests in flight
+	// on them finish (within --shutdown-grace) before they close.
+	fleetCtx, cancelFleet := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelFleet()
+	fleet, err := devfleet.Start(fleetCtx, devfleet.Config{
 		ControlPlanes: []string{cp.BaseURL}, JoinToken: c.agentToken(), Prefills: prefills, Decodes: decodes,
 		Sim: sim.Config{Engine: registry.Engine(engine), Model: model, Transfer: transferName},
 	}, log)
 	if err != nil {
+		_ = cp.hs.Close()
+		cp.close()
 		return err
 	}
 	defer fleet.Close()
@@ -137,5 +143,17 @@ func runDev(ctx context.Context, args []string) error {
          -d '{"model": "%s", "messages": [{"role": "user", "content": "hello"}], "stream": true}'
 
 `, prefills, decodes, engine, transferName, cp.BaseURL, cp.BaseURL, engineList.String(), cp.BaseURL, model)
-	return cp.wait(ctx)
+	if err := cp.serveUntil(ctx); err != nil {
+		return err
+	}
+	// One grace for both: the control plane drains first (the completions
+	// it routes end on the sims), then what was sent to the sims directly.
+	drain, stop := cp.drainContext()
+	defer stop()
+	cp.shutdown(drain)
+	if cut := fleet.Shutdown(drain); cut > 0 {
+		log.Warn().Int("requests_cut", cut).Str("reason", context.Cause(drain).Error()).
+			Msgf("shutdown: the simulators cut %d request(s) still in flight", cut)
+	}
+	return nil
 }
