@@ -88,6 +88,7 @@ func runDev(ctx context.Context, args []string) error {
 	var c serveConfig
 	var prefills, decodes int
 	var engine, transferName, model string
+	var prefillTime, decodeTime time.Duration
 	fs := newFlagSet("dev")
 	c.flags(fs)
 	fs.IntVar(&prefills, "prefills", 1, "simulated prefill engines")
@@ -95,6 +96,8 @@ func runDev(ctx context.Context, args []string) error {
 	fs.str(&engine, "engine", "sglang", "protocol the simulators speak: sglang or vllm")
 	fs.str(&transferName, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
 	fs.str(&model, "model", sim.DefaultModel, "model the simulators serve")
+	fs.dur(&prefillTime, "prefill-time-per-token", 0, "simulated prefill time per prompt token")
+	fs.dur(&decodeTime, "decode-time-per-token", 0, "simulated decode time per generated token (slow streams, e.g. to watch a shutdown drain)")
 	if err := fs.parse(args); err != nil {
 		return err
 	}
@@ -117,7 +120,8 @@ func runDev(ctx context.Context, args []string) error {
 	defer cancelFleet()
 	fleet, err := devfleet.Start(fleetCtx, devfleet.Config{
 		ControlPlanes: []string{cp.BaseURL}, JoinToken: c.agentToken(), Prefills: prefills, Decodes: decodes,
-		Sim: sim.Config{Engine: registry.Engine(engine), Model: model, Transfer: transferName},
+		Sim: sim.Config{Engine: registry.Engine(engine), Model: model, Transfer: transferName,
+			PrefillTimePerToken: prefillTime, DecodeTimePerToken: decodeTime},
 	}, log)
 	if err != nil {
 		_ = cp.hs.Close()
