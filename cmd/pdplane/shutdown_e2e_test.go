@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -188,15 +189,45 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	t.Parallel()
 	const grace = 30 * time.Second
 	serve, base := shutdownFleet(t, grace)
+	checkDrain(t, serve, base, grace)
+	if log := processLog(t, serve); !strings.Contains(log, `"message":"shut down"`) {
+		t.Errorf("serve's log does not say it shut down:\n%s", log)
+	}
+}
+
+// TestShutdownDevDrainsInFlight: `dev` drains as serve does, and its sims
+// close only after the completion they stream has finished.
+func TestShutdownDevDrainsInFlight(t *testing.T) {
+	t.Parallel()
+	const grace = 30 * time.Second
+	addr := freeAddr(t)
+	base := "http://" + addr
+	dev := startProcess(t, "dev", "dev", "--addr", addr, "--shutdown-grace", grace.String(),
+		"--decode-time-per-token", shutdownTokenTime.String())
+	waitOutput(t, dev, regexp.MustCompile(`Try: curl`), 30*time.Second)
+	waitHTTP(t, base+"/readyz", 30*time.Second)
+	checkDrain(t, dev, base, grace)
+	if log := processLog(t, dev); strings.Count(log, "sim closed") != 2 || !strings.Contains(log, "shut down") {
+		t.Errorf("dev's log does not say it shut down and closed both sims:\n%s", log)
+	}
+}
+
+// checkDrain opens an event stream and a streamed completion of about 3 s
+// on the control plane at base, sends p SIGTERM, and checks the drain:
+// /readyz 503 before exit, the event stream ended at once, the completion
+// finished with [DONE], exit 0 within the grace, and nothing listening
+// after. It logs the times.
+func checkDrain(t *testing.T, p *process, base string, grace time.Duration) {
+	t.Helper()
 	events := openEventStream(t, base)
 	const tokens = 30 // 3 s at 100 ms a token
 	completion := startCompletion(t, base, tokens)
 
 	signalled := time.Now()
-	if err := serve.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	notReady := waitReadyz503(t, serve, base, 2*time.Second)
+	notReady := waitReadyz503(t, p, base, 2*time.Second)
 	select {
 	case <-completion.done:
 		t.Fatal("the completion ended before /readyz said 503: nothing was in flight to drain")
@@ -213,24 +244,23 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	if n := strings.Count(strings.Join(completion.lines, "\n"), `"delta"`); n < tokens/2 {
 		t.Errorf("the completion sent %d chunks, want about %d", n, tokens)
 	}
-	code := exitCode(t, serve, grace)
+	code := exitCode(t, p, grace)
 	exited := time.Now()
 	if code != 0 {
-		t.Fatalf("serve exited %d after SIGTERM, want 0", code)
+		t.Fatalf("%s exited %d after SIGTERM, want 0", p.name, code)
 	}
 	assertRefused(t, strings.TrimPrefix(base, "http://"))
-	log := processLog(t, serve)
-	if strings.Contains(log, "requests_cut") || !strings.Contains(log, `"message":"shut down"`) {
-		t.Errorf("serve's log does not say it shut down cleanly:\n%s", log)
+	if log := processLog(t, p); strings.Contains(log, "requests_cut") || strings.Contains(log, "request(s) still in flight") {
+		t.Errorf("%s cut requests although they finished within the grace:\n%s", p.name, log)
 	}
-	t.Logf("after SIGTERM: /readyz 503 at %s, event stream ended at %s, completion [DONE] at %s, exit 0 at %s (grace %s)",
+	t.Logf("%s after SIGTERM: /readyz 503 at %s, event stream ended at %s, completion [DONE] at %s, exit 0 at %s (grace %s)", p.name,
 		notReady.Sub(signalled).Round(time.Millisecond), events.ended.Sub(signalled).Round(time.Millisecond),
 		completion.ended.Sub(signalled).Round(time.Millisecond), exited.Sub(signalled).Round(time.Millisecond), grace)
 	if d := events.ended.Sub(signalled); d > time.Second {
 		t.Errorf("the event stream took %s to end, want well under a second", d)
 	}
 	if !completion.ended.Before(exited) {
-		t.Errorf("serve exited before the completion finished")
+		t.Errorf("%s exited before the completion finished", p.name)
 	}
 }
 
