@@ -32,6 +32,7 @@ func (h handlers) StreamEvents(ctx context.Context, req api.StreamEventsRequestO
 	}
 	// Subscribe before reading the cursor so that nothing committed in
 	// between is missed.
+	reqCtx := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	changes := h.store.Subscribe(ctx)
 	if after == 0 && req.Params.After == nil {
@@ -45,13 +46,22 @@ func (h handlers) StreamEvents(ctx context.Context, req api.StreamEventsRequestO
 		}
 	}
 	pr, pw := io.Pipe()
+	finished := make(chan struct{})
 	go func() {
 		defer cancel()
 		pw.CloseWithError(h.followEvents(ctx, pw, changes, after))
+		close(finished)
 	}()
 	go func() {
-		<-ctx.Done()
-		pr.CloseWithError(ctx.Err()) // unblocks the response writer when the client leaves
+		// Only when the client leaves: after a stream that ended by itself
+		// (a shutdown) the writer must still read the rest and the EOF,
+		// not a closed pipe, which it would answer with a 500 appended to
+		// the stream.
+		select {
+		case <-reqCtx.Done():
+			pr.CloseWithError(reqCtx.Err()) // unblocks the response writer
+		case <-finished:
+		}
 	}()
 	return api.StreamEvents200TexteventStreamResponse{Body: pr}, nil
 }
