@@ -234,8 +234,8 @@ func checkDrain(t *testing.T, p *process, base string, grace time.Duration) {
 	default:
 	}
 	waitClosed(t, "the event stream to end", events.done, 2*time.Second)
-	if got := strings.Join(events.lines, "\n"); !strings.Contains(got, ": pdplane is shutting down") {
-		t.Errorf("event stream ended without the shutdown comment:\n%s", got)
+	if got := strings.TrimSpace(strings.Join(events.lines, "\n")); !strings.HasSuffix(got, "\n: pdplane is shutting down") || events.err != nil {
+		t.Errorf("event stream did not end with the shutdown comment and EOF (err %v):\n%s", events.err, got)
 	}
 	waitClosed(t, "the completion to finish", completion.done, grace)
 	if !completion.sawDone() || completion.err != nil {
