@@ -296,8 +296,10 @@ func (cp *controlPlane) serveUntil(ctx context.Context) error {
 // passed since the call (the signal), or at once on a second SIGTERM or
 // SIGINT, for an operator who will not wait.
 func (cp *controlPlane) drainContext() (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeoutCause(context.Background(), cp.grace,
+	timed, cancelTimer := context.WithTimeoutCause(context.Background(), cp.grace,
 		fmt.Errorf("the shutdown grace (%s) passed", cp.grace))
+	ctx, cancelCause := context.WithCancelCause(timed)
+	cancel := func() { cancelCause(nil); cancelTimer() }
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	stopped := make(chan struct{})
@@ -306,7 +308,7 @@ func (cp *controlPlane) drainContext() (context.Context, context.CancelFunc) {
 		select {
 		case sig := <-sigs:
 			cp.log.Warn().Str("signal", sig.String()).Msg("second signal: cutting what is still in flight now")
-			cancel()
+			cancelCause(fmt.Errorf("a second %s", sig))
 		case <-ctx.Done():
 		case <-stopped:
 		}

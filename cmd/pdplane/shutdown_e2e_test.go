@@ -297,3 +297,33 @@ func TestShutdownGraceCutsTheRest(t *testing.T) {
 	t.Logf("after SIGTERM: exit 0 at %s (grace %s), the completion cut at %s after %d lines",
 		exited.Sub(signalled).Round(time.Millisecond), grace, completion.ended.Sub(signalled).Round(time.Millisecond), len(completion.lines))
 }
+
+// TestShutdownSecondSignalCutsAtOnce: a second SIGTERM during the drain
+// cuts what is in flight without waiting for the grace; the exit is 0.
+func TestShutdownSecondSignalCutsAtOnce(t *testing.T) {
+	t.Parallel()
+	const grace = 30 * time.Second
+	serve, base := shutdownFleet(t, grace)
+	completion := startCompletion(t, base, 100) // 10 s at 100 ms a token
+	if err := serve.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitReadyz503(t, serve, base, 2*time.Second)
+	second := time.Now()
+	if err := serve.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, serve, 5*time.Second); code != 0 {
+		t.Fatalf("serve exited %d after a second SIGTERM, want 0", code)
+	}
+	exited := time.Now()
+	waitClosed(t, "the cut completion to end", completion.done, 5*time.Second)
+	if completion.sawDone() {
+		t.Fatal("the 10 s completion finished although a second signal cut it")
+	}
+	log := processLog(t, serve)
+	if !strings.Contains(log, "second signal") || !strings.Contains(log, `"requests_cut":1`) {
+		t.Errorf("serve's log does not say the second signal cut one request:\n%s", log)
+	}
+	t.Logf("exit 0 at %s after the second SIGTERM", exited.Sub(second).Round(time.Millisecond))
+}
