@@ -84,6 +84,40 @@ func (f *Fleet) Engine(name string) *Engine {
 	return nil
 }
 
+// Shutdown closes the fleet gracefully: it waits until no engine has a
+// generation request running or queued, or until ctx ends, then closes
+// every engine (Close) and returns how many requests that cut. The
+// agents go on heartbeating meanwhile, so the peers stay routable for
+// what is in flight.
+func (f *Fleet) Shutdown(ctx context.Context) int {
+	t := time.NewTicker(shutdownPoll)
+	defer t.Stop()
+	for f.inFlight() > 0 {
+		select {
+		case <-ctx.Done():
+			cut := f.inFlight()
+			f.Close()
+			return cut
+		case <-t.C:
+		}
+	}
+	f.Close()
+	return 0
+}
+
+// shutdownPoll is how often Shutdown looks whether the engines are idle.
+const shutdownPoll = 20 * time.Millisecond
+
+// inFlight is the generation requests running or queued on the engines.
+func (f *Fleet) inFlight() int {
+	n := 0
+	for _, e := range f.engines {
+		st := e.Sim().Stats()
+		n += st.Running + st.Queued
+	}
+	return n
+}
+
 // Close stops every agent and closes every simulator.
 func (f *Fleet) Close() {
 	for _, e := range f.engines {

@@ -17,7 +17,8 @@ import (
 const keepAlive = 15 * time.Second
 
 // StreamEvents follows the event log as server-sent events. The generated
-// response type flushes every write; the stream ends when the client leaves.
+// response type flushes every write; the stream ends when the client leaves
+// or, with a last comment, when the server shuts down (BeginShutdown).
 func (h handlers) StreamEvents(ctx context.Context, req api.StreamEventsRequestObject) (api.StreamEventsResponseObject, error) {
 	after := apiconv.Deref(req.Params.After)
 	if after < 0 {
@@ -31,6 +32,7 @@ func (h handlers) StreamEvents(ctx context.Context, req api.StreamEventsRequestO
 	}
 	// Subscribe before reading the cursor so that nothing committed in
 	// between is missed.
+	reqCtx := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	changes := h.store.Subscribe(ctx)
 	if after == 0 && req.Params.After == nil {
@@ -44,13 +46,22 @@ func (h handlers) StreamEvents(ctx context.Context, req api.StreamEventsRequestO
 		}
 	}
 	pr, pw := io.Pipe()
+	finished := make(chan struct{})
 	go func() {
 		defer cancel()
 		pw.CloseWithError(h.followEvents(ctx, pw, changes, after))
+		close(finished)
 	}()
 	go func() {
-		<-ctx.Done()
-		pr.CloseWithError(ctx.Err()) // unblocks the response writer when the client leaves
+		// Only when the client leaves: after a stream that ended by itself
+		// (a shutdown) the writer must still read the rest and the EOF,
+		// not a closed pipe, which it would answer with a 500 appended to
+		// the stream.
+		select {
+		case <-reqCtx.Done():
+			pr.CloseWithError(reqCtx.Err()) // unblocks the response writer
+		case <-finished:
+		}
 	}()
 	return api.StreamEvents200TexteventStreamResponse{Body: pr}, nil
 }
@@ -89,6 +100,8 @@ func (h handlers) followEvents(ctx context.Context, w io.Writer, changes <-chan 
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-h.shuttingDown:
+			return writeShutdownComment(w)
 		case _, ok := <-changes:
 			if !ok {
 				return ctx.Err()

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -157,6 +158,9 @@ type Server struct {
 	// access is who may call each /api/v1 operation, read from the
 	// x-pdplane-access declarations of the embedded openapi.yaml.
 	access map[string]access
+	// shuttingDown is closed by BeginShutdown (shutdown.go).
+	shuttingDown chan struct{}
+	shutdownOnce sync.Once
 }
 
 // New builds the server and its routes.
@@ -173,7 +177,8 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log, access: access,
-		reports: newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now)}
+		reports:      newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now),
+		shuttingDown: make(chan struct{})}
 	s.metrics = newServerMetrics(deps.Registry, deps.Snaps)
 
 	r := chi.NewRouter()
@@ -273,12 +278,18 @@ func (s *Server) responseError(w http.ResponseWriter, r *http.Request, err error
 
 // readyz is 200 when the routing snapshot holds at least one compatible
 // pair of ready peers: that is what this replica needs to serve clients.
+// From BeginShutdown on it is 503, so that load balancers stop sending
+// while the requests in flight finish.
 // A store that does not answer does not make it unready: the router keeps
 // routing from its last snapshot, and taking every replica out of a load
 // balancer because their shared database is away would stop the traffic
 // that still flows. The body says so; agents learn of the outage from the
 // 503s of the API and fail over.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.ShuttingDown() {
+		http.Error(w, "not ready: shutting down", http.StatusServiceUnavailable)
+		return
+	}
 	if ok, reason := s.snaps.Snapshot().Routable(); !ok {
 		http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
 		return

@@ -38,6 +38,7 @@ type bundle struct {
 	store  registry.Store
 	mirror *registry.Mirror
 	reg    *prometheus.Registry
+	srv    *server.Server
 
 	mu    sync.Mutex
 	creds map[string]string // peer ID -> the credential its registration issued
@@ -81,7 +82,7 @@ func setupWith(t testing.TB, change func(*server.Config, *server.Deps)) *bundle 
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return &bundle{url: ts.URL, store: store, mirror: mirror, reg: deps.Registry, creds: map[string]string{}, ids: map[string]string{}}
+	return &bundle{url: ts.URL, store: store, mirror: mirror, reg: deps.Registry, srv: srv, creds: map[string]string{}, ids: map[string]string{}}
 }
 
 // do sends a request with a JSON body (a string is sent as is) and returns

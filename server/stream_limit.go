@@ -15,6 +15,7 @@ const (
 	rejectCrossOrigin  = "cross_origin"
 	rejectMediaType    = "media_type"
 	rejectHost         = "host"
+	rejectShuttingDown = "shutting_down"
 )
 
 // ProblemTooManyStreams is the type of the answer to an event stream over
@@ -36,6 +37,11 @@ func (s *Server) limitEventStreams(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method+" "+chi.RouteContext(r.Context()).RoutePattern() != eventStreamRoute {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if s.ShuttingDown() {
+			s.metrics.rejected.WithLabelValues(rejectShuttingDown).Inc()
+			refuseStreamShuttingDown(w)
 			return
 		}
 		if n := s.streams.open.Add(1); n > int64(s.cfg.MaxEventStreams) {

@@ -7,7 +7,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +51,9 @@ type serveConfig struct {
 	bodyTimeout            time.Duration
 	maxInflight            int
 	maxEventStreams        int
+	// shutdownGrace is how long the requests in flight at SIGTERM may
+	// take to finish before they are cut.
+	shutdownGrace time.Duration
 
 	heal registry.HealConfig
 }
@@ -57,10 +64,23 @@ type controlPlane struct {
 	BaseURL string
 	log     zerolog.Logger
 	hs      *http.Server
+	srv     *server.Server
 	store   registry.Store
 	mirror  *registry.Mirror
 	router  *router.Router
 	errc    chan error
+	grace   time.Duration
+
+	// inflight counts the requests in the HTTP handler, so that shutdown
+	// knows when they are done and how many it cut.
+	inflight atomic.Int64
+	// bgCancel stops the background pieces (mirror, sweepers), which run
+	// on their own context: at a signal they go on serving the requests
+	// in flight and stop only after the HTTP server; bg waits for the
+	// sweepers.
+	bgCancel  context.CancelFunc
+	bg        sync.WaitGroup
+	closeOnce sync.Once
 }
 
 func (c *serveConfig) flags(fs *flagSet) {
@@ -93,7 +113,15 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.dur(&c.heal.VerifyTimeout, "heal-verify-timeout", registry.DefaultHealVerifyTimeout,
 		"how long a healed engine may take to come back as a new instance before the peer is marked failed")
 	fs.int(&c.heal.MaxPerHour, "heal-max-per-hour", registry.DefaultHealMaxPerHour, "heals per peer per hour; past it the peer is marked failed")
+	fs.dur(&c.shutdownGrace, "shutdown-grace", DefaultShutdownGrace,
+		"at SIGTERM or SIGINT, how long the requests in flight (streamed completions among them) may take to finish; "+
+			"/readyz is 503 and event streams end at once, and what is left after the grace is cut")
 }
+
+// DefaultShutdownGrace is --shutdown-grace's default: room for a long
+// streamed completion, and within what an orchestrator usually waits
+// (Kubernetes' terminationGracePeriodSeconds is 30 s).
+const DefaultShutdownGrace = 30 * time.Second
 
 func runServe(ctx context.Context, args []string) error {
 	var c serveConfig
@@ -154,6 +182,9 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if err := c.checkExposure(); err != nil {
 		return nil, err
 	}
+	if c.shutdownGrace < 0 {
+		return nil, fmt.Errorf("--shutdown-grace must not be negative, got %s", c.shutdownGrace)
+	}
 	if c.peerToken != "" {
 		log.Warn().Msg("--peer-token is deprecated: use --join-token (a comma-separated list)")
 	}
@@ -161,7 +192,11 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if err != nil {
 		return nil, err
 	}
-	cp := &controlPlane{log: log, store: store, errc: make(chan error, 1)}
+	cp := &controlPlane{log: log, store: store, errc: make(chan error, 1), grace: c.shutdownGrace}
+	// Not ctx: the signal that ends ctx starts the drain, during which
+	// the routes must stay current.
+	bgCtx, bgCancel := context.WithCancel(context.WithoutCancel(ctx))
+	cp.bgCancel = bgCancel
 	ok := false
 	defer func() {
 		if !ok {
@@ -170,17 +205,17 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	}()
 	mirror := registry.NewMirror(registry.MirrorConfig{LoadRefresh: c.heartbeat}, store, log.With().Str("component", "mirror").Logger())
 	cp.mirror = mirror
-	if err := mirror.Start(ctx); err != nil {
+	if err := mirror.Start(bgCtx); err != nil {
 		return nil, fmt.Errorf("load registry: %w", err)
 	}
 	sweeper, err := registry.NewLeaseSweeper(registry.SweeperConfig{LeaseTTL: c.leaseTTL}, store, log.With().Str("component", "sweeper").Logger())
 	if err != nil {
 		return nil, err
 	}
-	go sweeper.Run(ctx)
+	cp.bg.Go(func() { sweeper.Run(bgCtx) })
 	if c.quarantineTTL > 0 {
 		qs := &registry.QuarantineSweeper{Store: store, Log: log.With().Str("component", "quarantine-sweeper").Logger()}
-		go qs.Run(ctx)
+		cp.bg.Go(func() { qs.Run(bgCtx) })
 	}
 
 	reg := prometheus.NewRegistry()
@@ -208,6 +243,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if err != nil {
 		return nil, err
 	}
+	cp.srv = srv
 	if c.adminToken == "" && len(c.tokens()) == 0 {
 		log.Warn().Msg("no --admin-token or --join-token: the control-plane API accepts writes from anyone who can reach it")
 	}
@@ -217,7 +253,13 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	}
 	// No WriteTimeout: it would cut event and generation streams. Request
 	// bodies are bounded per request by the server (--body-timeout).
-	cp.hs = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	handler := srv.Handler()
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cp.inflight.Add(1)
+		defer cp.inflight.Add(-1)
+		handler.ServeHTTP(w, r)
+	})
+	cp.hs = &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	cp.BaseURL = "http://" + ln.Addr().String()
 	log.Info().Str("addr", ln.Addr().String()).Str("openai_base_url", cp.BaseURL+"/v1").
 		Str("status_page", cp.BaseURL+"/").Msg("pdplane listening")
@@ -226,28 +268,113 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	return cp, nil
 }
 
-// wait serves until ctx ends or the server fails, then shuts down.
+// wait serves until ctx ends, then shuts down within --shutdown-grace
+// (nil), or until the server fails (its error).
 func (cp *controlPlane) wait(ctx context.Context) error {
-	defer cp.close()
-	select {
-	case err := <-cp.errc:
+	if err := cp.serveUntil(ctx); err != nil {
 		return err
-	case <-ctx.Done():
 	}
-	cp.log.Info().Msg("shutting down")
-	shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := cp.hs.Shutdown(shutCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("shutdown: %w", err)
-	}
+	drain, stop := cp.drainContext()
+	defer stop()
+	cp.shutdown(drain)
 	return nil
 }
 
-func (cp *controlPlane) close() {
-	if cp.router != nil {
-		cp.router.Close()
+// serveUntil serves until ctx ends (nil: call shutdown next) or the
+// server fails (its error, everything closed).
+func (cp *controlPlane) serveUntil(ctx context.Context) error {
+	select {
+	case err := <-cp.errc:
+		cp.close()
+		return err
+	case <-ctx.Done():
+		return nil
 	}
-	cp.store.Close()
+}
+
+// drainContext is the shutdown's time: it ends when --shutdown-grace has
+// passed since the call (the signal), or at once on a second SIGTERM or
+// SIGINT, for an operator who will not wait.
+func (cp *controlPlane) drainContext() (context.Context, context.CancelFunc) {
+	timed, cancelTimer := context.WithTimeoutCause(context.Background(), cp.grace,
+		fmt.Errorf("the shutdown grace (%s) passed", cp.grace))
+	ctx, cancelCause := context.WithCancelCause(timed)
+	cancel := func() { cancelCause(nil); cancelTimer() }
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	stopped := make(chan struct{})
+	var once sync.Once
+	go func() {
+		select {
+		case sig := <-sigs:
+			cp.log.Warn().Str("signal", sig.String()).Msg("second signal: cutting what is still in flight now")
+			cancelCause(fmt.Errorf("a second %s", sig))
+		case <-ctx.Done():
+		case <-stopped:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		once.Do(func() { close(stopped) })
+		cancel()
+	}
+}
+
+// drainPoll is how often shutdown looks whether the requests in flight
+// are done.
+const drainPoll = 20 * time.Millisecond
+
+// shutdown stops the control plane gracefully: /readyz turns 503 and
+// event streams end at once; the listener stays open (a load balancer
+// may send a little longer before it notices) while the requests in
+// flight finish, until drain ends; then the HTTP server closes, cutting
+// what is left (logged with the count), and the background pieces and
+// the store stop. A clean exit either way: the cut is the grace's
+// promise, not a failure.
+func (cp *controlPlane) shutdown(drain context.Context) {
+	start := time.Now()
+	cp.srv.BeginShutdown()
+	cp.hs.SetKeepAlivesEnabled(false) // each answer closes its connection; idle ones close now
+	cp.log.Info().Dur("grace", cp.grace).Int64("in_flight", cp.inflight.Load()).
+		Msg("shutting down: /readyz is 503 and event streams are closed; waiting for the requests in flight")
+	t := time.NewTicker(drainPoll)
+	for cp.inflight.Load() > 0 && drain.Err() == nil {
+		select {
+		case <-drain.Done():
+		case <-t.C:
+		}
+	}
+	t.Stop()
+	// Closes the listener, then waits for a request that came in since.
+	if err := cp.hs.Shutdown(drain); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		cut := cp.inflight.Load()
+		_ = cp.hs.Close()
+		cp.log.Warn().Int64("requests_cut", cut).Str("reason", context.Cause(drain).Error()).
+			Msgf("shutdown: cut %d request(s) still in flight", cut)
+		// Their handlers see the closed connections and return; the
+		// router and the store close after them.
+		deadline := time.Now().Add(5 * time.Second)
+		for cp.inflight.Load() > 0 && time.Now().Before(deadline) {
+			time.Sleep(drainPoll)
+		}
+	}
+	cp.close()
+	cp.log.Info().Dur("took", time.Since(start)).Msg("shut down")
+}
+
+// close stops the background pieces, the router and the store. It is
+// idempotent.
+func (cp *controlPlane) close() {
+	cp.closeOnce.Do(func() {
+		if cp.bgCancel != nil {
+			cp.bgCancel()
+		}
+		cp.bg.Wait()
+		if cp.router != nil {
+			cp.router.Close()
+		}
+		cp.store.Close()
+	})
 }
 
 // splitList splits a comma-separated flag value, dropping blanks.

@@ -88,6 +88,7 @@ func runDev(ctx context.Context, args []string) error {
 	var c serveConfig
 	var prefills, decodes int
 	var engine, transferName, model string
+	var prefillTime, decodeTime time.Duration
 	fs := newFlagSet("dev")
 	c.flags(fs)
 	fs.IntVar(&prefills, "prefills", 1, "simulated prefill engines")
@@ -95,6 +96,8 @@ func runDev(ctx context.Context, args []string) error {
 	fs.str(&engine, "engine", "sglang", "protocol the simulators speak: sglang or vllm")
 	fs.str(&transferName, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
 	fs.str(&model, "model", sim.DefaultModel, "model the simulators serve")
+	fs.dur(&prefillTime, "prefill-time-per-token", 0, "simulated prefill time per prompt token")
+	fs.dur(&decodeTime, "decode-time-per-token", 0, "simulated decode time per generated token (slow streams, e.g. to watch a shutdown drain)")
 	if err := fs.parse(args); err != nil {
 		return err
 	}
@@ -111,11 +114,18 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fleet, err := devfleet.Start(ctx, devfleet.Config{
+	// The sims outlive the signal that ends ctx: the requests in flight
+	// on them finish (within --shutdown-grace) before they close.
+	fleetCtx, cancelFleet := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelFleet()
+	fleet, err := devfleet.Start(fleetCtx, devfleet.Config{
 		ControlPlanes: []string{cp.BaseURL}, JoinToken: c.agentToken(), Prefills: prefills, Decodes: decodes,
-		Sim: sim.Config{Engine: registry.Engine(engine), Model: model, Transfer: transferName},
+		Sim: sim.Config{Engine: registry.Engine(engine), Model: model, Transfer: transferName,
+			PrefillTimePerToken: prefillTime, DecodeTimePerToken: decodeTime},
 	}, log)
 	if err != nil {
+		_ = cp.hs.Close()
+		cp.close()
 		return err
 	}
 	defer fleet.Close()
@@ -137,5 +147,17 @@ func runDev(ctx context.Context, args []string) error {
          -d '{"model": "%s", "messages": [{"role": "user", "content": "hello"}], "stream": true}'
 
 `, prefills, decodes, engine, transferName, cp.BaseURL, cp.BaseURL, engineList.String(), cp.BaseURL, model)
-	return cp.wait(ctx)
+	if err := cp.serveUntil(ctx); err != nil {
+		return err
+	}
+	// One grace for both: the control plane drains first (the completions
+	// it routes end on the sims), then what was sent to the sims directly.
+	drain, stop := cp.drainContext()
+	defer stop()
+	cp.shutdown(drain)
+	if cut := fleet.Shutdown(drain); cut > 0 {
+		log.Warn().Int("requests_cut", cut).Str("reason", context.Cause(drain).Error()).
+			Msgf("shutdown: the simulators cut %d request(s) still in flight", cut)
+	}
+	return nil
 }
