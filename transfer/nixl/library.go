@@ -115,8 +115,8 @@ var VenvLibGlobs = []string{
 
 // VenvDirs returns the virtual environments Load searches, each once, in
 // order: $PDPLANE_VENV, $VIRTUAL_ENV (an activated venv), .venv in the
-// working directory, .venv in the executable's directory (symlinks
-// resolved).
+// working directory, then .venv in the executable's directory and in its
+// parent (symlinks resolved; ./pdplane or bin/pdplane in a checkout).
 func VenvDirs() []string {
 	var dirs []string
 	add := func(d string) {
@@ -140,6 +140,8 @@ func VenvDirs() []string {
 			exe = r
 		}
 		add(filepath.Join(filepath.Dir(exe), ".venv"))
+		// `make build` puts the binary in bin/ of the checkout.
+		add(filepath.Join(filepath.Dir(exe), "..", ".venv"))
 	}
 	return dirs
 }

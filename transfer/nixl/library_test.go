@@ -117,7 +117,7 @@ func TestVenvCandidatesFindTheWheelLayouts(t *testing.T) {
 }
 
 // TestVenvDirsOrder: $PDPLANE_VENV, $VIRTUAL_ENV, then .venv in the working
-// directory and beside the executable, each once.
+// directory, beside the executable and in its parent, each once.
 func TestVenvDirsOrder(t *testing.T) {
 	wd := t.TempDir()
 	t.Chdir(wd)
@@ -131,7 +131,8 @@ func TestVenvDirsOrder(t *testing.T) {
 	if r, err := filepath.EvalSymlinks(exe); err == nil {
 		exe = r
 	}
-	want := []string{"/opt/pdplane-venv", filepath.Join(wd, ".venv"), filepath.Join(filepath.Dir(exe), ".venv")}
+	want := []string{"/opt/pdplane-venv", filepath.Join(wd, ".venv"),
+		filepath.Join(filepath.Dir(exe), ".venv"), filepath.Join(filepath.Dir(filepath.Dir(exe)), ".venv")}
 	if got := VenvDirs(); !slices.Equal(got, want) {
 		t.Fatalf("VenvDirs %v, want %v", got, want)
 	}
