@@ -142,14 +142,11 @@ func TestVenvDirsOrder(t *testing.T) {
 // fresh pdplane process does: see TestLoadFindsTheRepoVenv.
 const envLoadHelper = "PDPLANE_TEST_NIXL_LOAD_HELPER"
 
-// TestLoadFindsTheRepoVenv: in a checkout where scripts/install-nixl.sh has
-// run, Load finds the library in .venv with none of PDPLANE_NIXL_LIB,
-// NIXL_PLUGIN_DIR, PDPLANE_VENV, VIRTUAL_ENV or LD_LIBRARY_PATH set, from
-// the repository root, and the agent it makes has the UCX plugin. It runs
-// in a child process, since Load happens once per process. Skipped when the
-// repository has no .venv, unless CI=true or PDPLANE_REQUIRE_NIXL=1 (as
-// under scripts/test.sh, which installs it).
-func TestLoadFindsTheRepoVenv(t *testing.T) {
+// repoVenvLib returns the repository root and the libnixl_capi.so files in
+// its .venv. With none it skips, unless CI=true or PDPLANE_REQUIRE_NIXL=1
+// (as under scripts/test.sh, which installs it), where it fails.
+func repoVenvLib(t *testing.T) (root string, found []string) {
+	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +154,6 @@ func TestLoadFindsTheRepoVenv(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
 		t.Fatalf("repository root not at %s: %v", root, err)
 	}
-	var found []string
 	for _, c := range venvCandidates([]string{filepath.Join(root, ".venv")}) {
 		if !c.miss {
 			found = append(found, c.path)
@@ -170,8 +166,17 @@ func TestLoadFindsTheRepoVenv(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLoadHelper$", "-test.v")
-	cmd.Dir = root
+	return root, found
+}
+
+// runChild re-runs this test binary in dir with the tests matching run,
+// none of the variables that point at NIXL set (PDPLANE_NIXL_LIB,
+// NIXL_PLUGIN_DIR, PDPLANE_VENV, VIRTUAL_ENV, LD_LIBRARY_PATH) but those in
+// env, and returns its output; it fails the test if the child fails.
+func runChild(t *testing.T, dir, run string, env ...string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.v", "-test.count=1")
+	cmd.Dir = dir
 	for _, kv := range os.Environ() {
 		switch k, _, _ := strings.Cut(kv, "="); k {
 		case EnvLib, "NIXL_PLUGIN_DIR", EnvVenv, "VIRTUAL_ENV", "LD_LIBRARY_PATH":
@@ -179,14 +184,55 @@ func TestLoadFindsTheRepoVenv(t *testing.T) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env, envLoadHelper+"=1", "UCX_TLS=tcp", "UCX_NET_DEVICES=lo")
+	cmd.Env = append(cmd.Env, "UCX_TLS=tcp", "UCX_NET_DEVICES=lo")
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("load from %s: %v\n%s", root, err, out)
+		t.Fatalf("child %s in %s: %v\n%s", run, dir, err, out)
 	}
-	want := "loaded " + found[0] + "\n"
-	if !strings.Contains(string(out), want) {
+	return string(out)
+}
+
+// TestLoadFindsTheRepoVenv: in a checkout where scripts/install-nixl.sh has
+// run, Load finds the library in .venv with none of PDPLANE_NIXL_LIB,
+// NIXL_PLUGIN_DIR, PDPLANE_VENV, VIRTUAL_ENV or LD_LIBRARY_PATH set, from
+// the repository root, and the agent it makes has the UCX plugin. It runs
+// in a child process, since Load happens once per process.
+func TestLoadFindsTheRepoVenv(t *testing.T) {
+	root, found := repoVenvLib(t)
+	out := runChild(t, root, "^TestLoadHelper$", envLoadHelper+"=1")
+	if want := "loaded " + found[0] + "\n"; !strings.Contains(out, want) {
 		t.Fatalf("child output lacks %q:\n%s", want, out)
+	}
+}
+
+// TestRuntimeLibsSuffice: what scripts/nixl-runtime-libs.sh copies out of
+// the wheel (the agent image's /opt/nixl) is enough to load NIXL, find the
+// UCX plugin without NIXL_PLUGIN_DIR, and move bytes over UCX TCP: the
+// low-level and backend suites run in a child on the copy alone.
+func TestRuntimeLibsSuffice(t *testing.T) {
+	root, found := repoVenvLib(t)
+	if _, err := exec.LookPath("ldd"); err != nil {
+		t.Skip("no ldd")
+	}
+	site := filepath.Dir(filepath.Dir(found[0]))
+	dest := t.TempDir()
+	script := exec.Command("bash", filepath.Join(root, "scripts", "nixl-runtime-libs.sh"), site, dest)
+	if out, err := script.CombinedOutput(); err != nil {
+		t.Fatalf("nixl-runtime-libs.sh: %v\n%s", err, out)
+	} else {
+		t.Logf("%s", out)
+	}
+	lib := filepath.Join(dest, ".nixl_cu12.mesonpy.libs", "libnixl_capi.so")
+	out := runChild(t, dest, "^(TestLoadHelper|TestAgentLowLevel|TestBackendContract)$",
+		envLoadHelper+"=1", EnvLib+"="+lib, "PDPLANE_REQUIRE_NIXL=1")
+	if want := "loaded " + lib + "\n"; !strings.Contains(out, want) {
+		t.Fatalf("child output lacks %q:\n%s", want, out)
+	}
+	for _, want := range []string{"--- PASS: TestAgentLowLevel", "--- PASS: TestBackendContract"} {
+		if !strings.Contains(out, want) || strings.Contains(out, "--- SKIP") {
+			t.Fatalf("child output lacks %q or skipped a test:\n%s", want, out)
+		}
 	}
 }
 
