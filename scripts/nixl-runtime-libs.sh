@@ -43,7 +43,13 @@ done
 {
 	for f in "${roots[@]}"; do
 		realpath "$f"
-		ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | xargs -r realpath
+		# "libfoo.so => /path/libfoo.so (0x...)"; "not found" is the
+		# system's or the driver's to provide.
+		ldd "$f" | while read -r _ arrow dep _; do
+			if [ "$arrow" = "=>" ] && [ "${dep#/}" != "$dep" ]; then
+				realpath "$dep"
+			fi
+		done
 	done
 } | sort -u | while read -r f; do
 	case $f in
