@@ -5,6 +5,13 @@
 # libnixl_capi.so as the last line of stdout. Idempotent: a second run
 # installs nothing and prints the same path.
 #
+#   scripts/install-nixl.sh
+#
+# pdplane then finds the library by itself when run from the repository
+# root (or as ./pdplane or bin/pdplane of it): it searches .venv in the
+# working directory and beside the executable, and $PDPLANE_VENV. From
+# elsewhere, or to pin one copy, export its path:
+#
 #   export PDPLANE_NIXL_LIB=$(scripts/install-nixl.sh | tail -1)
 #
 # Environment:

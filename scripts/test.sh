@@ -3,13 +3,15 @@
 #  - PostgreSQL: uses $PDPLANE_TEST_DATABASE_URL, or starts a throwaway server
 #    under .tmp/pg and stops it afterwards.
 #  - NIXL: installs the nixl-cu12 wheel into .venv and points
-#    $PDPLANE_NIXL_LIB at its libnixl_capi.so.
+#    $PDPLANE_NIXL_LIB at its libnixl_capi.so (pdplane finds .venv by itself
+#    from the checkout's root; `go test` runs in each package's folder).
+#  - hadolint: installed into .venv for the Dockerfile check in deploy/.
 #  - SMG and vllm-router: installed into .venv for the interop tests, which
 #    run the simulators behind them and pdplane behind SMG.
 #  - Chromium: found on PATH (Debian's `chromium`) for the browser test.
 #  - schemathesis: installed into .venv by scripts/install-schemathesis.sh
 #    for the spec fuzz run (scripts/fuzz-api.sh).
-# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL, Chromium or schemathesis
+# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL, Chromium, hadolint or schemathesis
 # fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +41,17 @@ if [ -z "${PDPLANE_NIXL_LIB:-}" ] && [ -x scripts/install-nixl.sh ]; then
     echo "PDPLANE_NIXL_LIB=$PDPLANE_NIXL_LIB"
   elif [ "${CI:-}" = true ]; then
     echo "NIXL could not be installed; under CI=true it is required" >&2
+    exit 1
+  fi
+fi
+
+if [ -z "${PDPLANE_HADOLINT:-}" ] && [ -x scripts/install-hadolint.sh ]; then
+  step "installing hadolint into .venv (Dockerfile lint)"
+  if hadolint=$(scripts/install-hadolint.sh | tail -n 1) && [ -x "$hadolint" ]; then
+    export PDPLANE_HADOLINT=$hadolint
+    echo "PDPLANE_HADOLINT=$PDPLANE_HADOLINT"
+  elif [ "${CI:-}" = true ]; then
+    echo "hadolint could not be installed; under CI=true it is required" >&2
     exit 1
   fi
 fi

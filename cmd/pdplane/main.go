@@ -55,6 +55,8 @@ func main() {
 		err = runPeers(ctx, args)
 	case "pairs":
 		err = runPairs(ctx, args)
+	case "healthcheck":
+		err = runHealthcheck(ctx, args)
 	case "version", "--version", "-v":
 		fmt.Println("pdplane", version)
 	case "help", "-h", "--help":

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"unsafe"
@@ -17,7 +19,8 @@ import (
 const EnvLib = "PDPLANE_NIXL_LIB"
 
 // InstallHint says how to get the library.
-const InstallHint = "install NIXL with `pip install nixl-cu12` (or run scripts/install-nixl.sh) and set " +
+const InstallHint = "run scripts/install-nixl.sh (it installs the nixl-cu12 wheel into .venv, searched from the working " +
+	"directory and the executable's), or `pip install nixl-cu12` elsewhere and set " +
 	EnvLib + " to the absolute path of libnixl_capi.so (find it with `find .venv -name 'libnixl_capi.so*'`)"
 
 // LibraryNotFoundError lists every path tried and why each failed.
@@ -81,12 +84,15 @@ var (
 )
 
 // Load loads libnixl_capi.so once per process: EnvLib first, then
-// libnixl_capi.so.0, then libnixl_capi.so. Before the first attempt it sets
-// UCX_ERROR_SIGNALS to empty and UCX_HANDLE_ERRORS=none (the Go runtime owns
-// SIGSEGV and friends), and, when NIXL_PLUGIN_DIR is unset, points it at the
-// folder holding libplugin_UCX.so next to the library. Later calls return
-// the first result, error included; a missing library is a
-// *LibraryNotFoundError.
+// libnixl_capi.so.0 and libnixl_capi.so on the loader's path, then the
+// nixl-cu12 wheel inside a virtual environment (VenvDirs, VenvLibGlobs:
+// where scripts/install-nixl.sh puts it), so that a checkout needs no
+// EnvLib after the script. Before the first attempt it sets
+// UCX_ERROR_SIGNALS to empty and UCX_HANDLE_ERRORS=none (the Go runtime
+// owns SIGSEGV and friends), and, when NIXL_PLUGIN_DIR is unset, points it
+// at the folder holding libplugin_UCX.so next to the library. Later calls
+// return the first result, error included; a missing library is a
+// *LibraryNotFoundError listing every path and pattern tried.
 func Load() (*Library, error) {
 	loadOnce.Do(func() {
 		loadLib, loadErr = open(candidates())
@@ -94,27 +100,117 @@ func Load() (*Library, error) {
 	return loadLib, loadErr
 }
 
-func candidates() []string {
-	var c []string
+// EnvVenv names the venv scripts/install-nixl.sh installs into when set
+// (default: .venv at the repository root); Load searches it first.
+const EnvVenv = "PDPLANE_VENV"
+
+// VenvLibGlobs are where the nixl-cu12 wheel puts libnixl_capi.so inside a
+// virtual environment, relative to the venv: pip's site-packages (any
+// Python 3), and the folder scripts/install-nixl.sh unpacks the wheel into
+// when no wheel fits the local Python.
+var VenvLibGlobs = []string{
+	"lib/python3*/site-packages/.nixl_cu12.mesonpy.libs/libnixl_capi.so*",
+	"nixl-wheel/.nixl_cu12.mesonpy.libs/libnixl_capi.so*",
+}
+
+// VenvDirs returns the virtual environments Load searches, each once, in
+// order: $PDPLANE_VENV, $VIRTUAL_ENV (an activated venv), .venv in the
+// working directory, then .venv in the executable's directory and in its
+// parent (symlinks resolved; ./pdplane or bin/pdplane in a checkout).
+func VenvDirs() []string {
+	var dirs []string
+	add := func(d string) {
+		if d == "" {
+			return
+		}
+		if abs, err := filepath.Abs(d); err == nil {
+			d = abs
+		}
+		if !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	add(os.Getenv(EnvVenv))
+	add(os.Getenv("VIRTUAL_ENV"))
+	if wd, err := os.Getwd(); err == nil {
+		add(filepath.Join(wd, ".venv"))
+	}
+	if exe, err := os.Executable(); err == nil {
+		if r, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = r
+		}
+		add(filepath.Join(filepath.Dir(exe), ".venv"))
+		// `make build` puts the binary in bin/ of the checkout.
+		add(filepath.Join(filepath.Dir(exe), "..", ".venv"))
+	}
+	return dirs
+}
+
+// candidate is one place to try: a path for dlopen, or a pattern that
+// matched no file (miss), kept so that the not-found error names it.
+type candidate struct {
+	path string
+	miss bool
+}
+
+func candidates() []candidate {
+	var c []candidate
 	if p := os.Getenv(EnvLib); p != "" {
-		c = append(c, p)
+		c = append(c, candidate{path: p})
 	}
 	// Then the loader's search path, versioned name first.
-	return append(c, "libnixl_capi.so.0", "libnixl_capi.so")
+	c = append(c, candidate{path: "libnixl_capi.so.0"}, candidate{path: "libnixl_capi.so"})
+	return append(c, venvCandidates(VenvDirs())...)
+}
+
+// venvCandidates expands VenvLibGlobs in each venv: every match, in
+// sorted order (libnixl_capi.so before libnixl_capi.so.0), or, for a
+// pattern matching nothing, the pattern itself as a miss.
+func venvCandidates(venvs []string) []candidate {
+	var c []candidate
+	for _, v := range venvs {
+		for _, g := range VenvLibGlobs {
+			pat := filepath.Join(v, g)
+			m, _ := filepath.Glob(pat) // the only error is a bad pattern
+			if len(m) == 0 {
+				c = append(c, candidate{path: pat, miss: true})
+				continue
+			}
+			sort.Strings(m)
+			for _, p := range m {
+				c = append(c, candidate{path: p})
+			}
+		}
+	}
+	return c
+}
+
+// paths makes candidates of plain paths.
+func paths(ps ...string) []candidate {
+	c := make([]candidate, len(ps))
+	for i, p := range ps {
+		c[i] = candidate{path: p}
+	}
+	return c
 }
 
 // open tries each candidate in turn and binds the first that loads.
-func open(cands []string) (*Library, error) {
+func open(cands []candidate) (*Library, error) {
 	prepareEnv(cands)
 	nf := &LibraryNotFoundError{}
-	for _, p := range cands {
-		h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	for _, c := range cands {
+		if c.miss {
+			nf.Tried = append(nf.Tried, c.path)
+			nf.Errors = append(nf.Errors, "no such file")
+			continue
+		}
+		h, err := purego.Dlopen(c.path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 		if err != nil {
-			nf.Tried = append(nf.Tried, p)
+			nf.Tried = append(nf.Tried, c.path)
 			nf.Errors = append(nf.Errors, err.Error())
 			continue
 		}
-		l := &Library{path: p, handle: h}
+		l := &Library{path: c.path, handle: h}
 		if err := l.bind(); err != nil {
 			return nil, err
 		}
@@ -125,7 +221,7 @@ func open(cands []string) (*Library, error) {
 
 // prepareEnv sets what UCX and NIXL read at start-up. It must run before the
 // library (and with it UCX) is loaded.
-func prepareEnv(cands []string) {
+func prepareEnv(cands []candidate) {
 	// UCX installs handlers for SIGSEGV, SIGBUS and SIGFPE to print
 	// backtraces; in a Go process those signals belong to the runtime.
 	os.Setenv("UCX_ERROR_SIGNALS", "")
@@ -133,8 +229,11 @@ func prepareEnv(cands []string) {
 	if os.Getenv("NIXL_PLUGIN_DIR") != "" {
 		return
 	}
-	for _, p := range cands {
-		for _, lib := range resolve(p) {
+	for _, c := range cands {
+		if c.miss {
+			continue
+		}
+		for _, lib := range resolve(c.path) {
 			if dir := PluginDir(filepath.Dir(lib)); dir != "" {
 				os.Setenv("NIXL_PLUGIN_DIR", dir)
 				return

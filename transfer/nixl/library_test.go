@@ -3,8 +3,11 @@ package nixl
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +17,7 @@ import (
 func TestLibraryNotFoundListsEveryPath(t *testing.T) {
 	t.Parallel()
 	tried := []string{filepath.Join(t.TempDir(), "libnixl_capi.so"), "libnixl_capi_does_not_exist.so.0"}
-	_, err := open(tried)
+	_, err := open(paths(tried...))
 	var nf *LibraryNotFoundError
 	if !errors.As(err, &nf) {
 		t.Fatalf("got %v, want *LibraryNotFoundError", err)
@@ -31,12 +34,231 @@ func TestLibraryNotFoundListsEveryPath(t *testing.T) {
 }
 
 func TestCandidatesOrder(t *testing.T) {
+	venv := filepath.Join(t.TempDir(), "venv")
 	t.Setenv(EnvLib, "/opt/nixl/libnixl_capi.so")
-	got := candidates()
-	want := []string{"/opt/nixl/libnixl_capi.so", "libnixl_capi.so.0", "libnixl_capi.so"}
-	if strings.Join(got, ",") != strings.Join(want, ",") {
-		t.Fatalf("candidates %v, want %v", got, want)
+	t.Setenv(EnvVenv, venv)
+	t.Setenv("VIRTUAL_ENV", "")
+	var got []string
+	for _, c := range candidates() {
+		got = append(got, c.path)
 	}
+	want := []string{
+		"/opt/nixl/libnixl_capi.so", "libnixl_capi.so.0", "libnixl_capi.so",
+		filepath.Join(venv, VenvLibGlobs[0]), filepath.Join(venv, VenvLibGlobs[1]),
+	}
+	if len(got) < len(want) || strings.Join(got[:len(want)], ",") != strings.Join(want, ",") {
+		t.Fatalf("candidates %v, want them to start with %v", got, want)
+	}
+}
+
+// mkfile creates an empty file and its folders.
+func mkfile(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVenvCandidatesFindTheWheelLayouts: pip's site-packages layout (any
+// Python 3, every libnixl_capi.so* in sorted order) and the unpacked-wheel
+// layout of scripts/install-nixl.sh are found; a pattern that matches
+// nothing stays in the list as a miss, so the error names it.
+func TestVenvCandidatesFindTheWheelLayouts(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	pip := filepath.Join(root, "pip", ".venv")
+	unpacked := filepath.Join(root, "unpacked", ".venv")
+	empty := filepath.Join(root, "empty", ".venv")
+	libs := filepath.Join(pip, "lib", "python3.12", "site-packages", ".nixl_cu12.mesonpy.libs")
+	mkfile(t, filepath.Join(libs, "libnixl_capi.so.0"))
+	mkfile(t, filepath.Join(libs, "libnixl_capi.so"))
+	mkfile(t, filepath.Join(libs, "libnixl.so")) // not a candidate
+	wheel := filepath.Join(unpacked, "nixl-wheel", ".nixl_cu12.mesonpy.libs", "libnixl_capi.so")
+	mkfile(t, wheel)
+
+	got := venvCandidates([]string{pip, empty, unpacked})
+	want := []candidate{
+		{path: filepath.Join(libs, "libnixl_capi.so")},
+		{path: filepath.Join(libs, "libnixl_capi.so.0")},
+		{path: filepath.Join(pip, VenvLibGlobs[1]), miss: true},
+		{path: filepath.Join(empty, VenvLibGlobs[0]), miss: true},
+		{path: filepath.Join(empty, VenvLibGlobs[1]), miss: true},
+		{path: filepath.Join(unpacked, VenvLibGlobs[0]), miss: true},
+		{path: wheel},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("candidates\n got %v\nwant %v", got, want)
+	}
+
+	// None of them loads (empty files): the error lists every one, misses
+	// included, in order.
+	_, err := open(got)
+	var nf *LibraryNotFoundError
+	if !errors.As(err, &nf) {
+		t.Fatalf("got %v, want *LibraryNotFoundError", err)
+	}
+	if len(nf.Tried) != len(want) {
+		t.Fatalf("tried %v, want all %d", nf.Tried, len(want))
+	}
+	for i, c := range want {
+		if nf.Tried[i] != c.path {
+			t.Errorf("tried[%d] = %q, want %q", i, nf.Tried[i], c.path)
+		}
+		if !strings.Contains(err.Error(), c.path) {
+			t.Errorf("error does not name %s", c.path)
+		}
+	}
+	if nf.Errors[2] != "no such file" || nf.Errors[0] == "no such file" {
+		t.Errorf("errors %q: a miss says no such file, a failed dlopen says why", nf.Errors)
+	}
+}
+
+// TestVenvDirsOrder: $PDPLANE_VENV, $VIRTUAL_ENV, then .venv in the working
+// directory, beside the executable and in its parent, each once.
+func TestVenvDirsOrder(t *testing.T) {
+	wd := t.TempDir()
+	t.Chdir(wd)
+	wd, _ = os.Getwd() // the temp dir may sit behind a symlink
+	t.Setenv(EnvVenv, "/opt/pdplane-venv")
+	t.Setenv("VIRTUAL_ENV", filepath.Join(wd, ".venv")) // the same as the working directory's: once
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = r
+	}
+	want := []string{"/opt/pdplane-venv", filepath.Join(wd, ".venv"),
+		filepath.Join(filepath.Dir(exe), ".venv"), filepath.Join(filepath.Dir(filepath.Dir(exe)), ".venv")}
+	if got := VenvDirs(); !slices.Equal(got, want) {
+		t.Fatalf("VenvDirs %v, want %v", got, want)
+	}
+}
+
+// The test binary re-runs itself with this set to load NIXL the way a
+// fresh pdplane process does: see TestLoadFindsTheRepoVenv.
+const envLoadHelper = "PDPLANE_TEST_NIXL_LOAD_HELPER"
+
+// repoVenvLib returns the repository root and the libnixl_capi.so files in
+// its .venv. With none it skips, unless CI=true or PDPLANE_REQUIRE_NIXL=1
+// (as under scripts/test.sh, which installs it), where it fails.
+func repoVenvLib(t *testing.T) (root string, found []string) {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("repository root not at %s: %v", root, err)
+	}
+	for _, c := range venvCandidates([]string{filepath.Join(root, ".venv")}) {
+		if !c.miss {
+			found = append(found, c.path)
+		}
+	}
+	if len(found) == 0 {
+		msg := "no NIXL in " + filepath.Join(root, ".venv") + ": run scripts/install-nixl.sh"
+		if os.Getenv("CI") == "true" || os.Getenv("PDPLANE_REQUIRE_NIXL") == "1" {
+			t.Fatal(msg + " (required under CI=true or PDPLANE_REQUIRE_NIXL=1)")
+		}
+		t.Skip(msg)
+	}
+	return root, found
+}
+
+// runChild re-runs this test binary in dir with the tests matching run,
+// none of the variables that point at NIXL set (PDPLANE_NIXL_LIB,
+// NIXL_PLUGIN_DIR, PDPLANE_VENV, VIRTUAL_ENV, LD_LIBRARY_PATH) but those in
+// env, and returns its output; it fails the test if the child fails.
+func runChild(t *testing.T, dir, run string, env ...string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.v", "-test.count=1")
+	cmd.Dir = dir
+	for _, kv := range os.Environ() {
+		switch k, _, _ := strings.Cut(kv, "="); k {
+		case EnvLib, "NIXL_PLUGIN_DIR", EnvVenv, "VIRTUAL_ENV", "LD_LIBRARY_PATH":
+		default:
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "UCX_TLS=tcp", "UCX_NET_DEVICES=lo")
+	cmd.Env = append(cmd.Env, env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child %s in %s: %v\n%s", run, dir, err, out)
+	}
+	return string(out)
+}
+
+// TestLoadFindsTheRepoVenv: in a checkout where scripts/install-nixl.sh has
+// run, Load finds the library in .venv with none of PDPLANE_NIXL_LIB,
+// NIXL_PLUGIN_DIR, PDPLANE_VENV, VIRTUAL_ENV or LD_LIBRARY_PATH set, from
+// the repository root, and the agent it makes has the UCX plugin. It runs
+// in a child process, since Load happens once per process.
+func TestLoadFindsTheRepoVenv(t *testing.T) {
+	root, found := repoVenvLib(t)
+	out := runChild(t, root, "^TestLoadHelper$", envLoadHelper+"=1")
+	if want := "loaded " + found[0] + "\n"; !strings.Contains(out, want) {
+		t.Fatalf("child output lacks %q:\n%s", want, out)
+	}
+}
+
+// TestRuntimeLibsSuffice: what scripts/nixl-runtime-libs.sh copies out of
+// the wheel (the agent image's /opt/nixl) is enough to load NIXL, find the
+// UCX plugin without NIXL_PLUGIN_DIR, and move bytes over UCX TCP: the
+// low-level and backend suites run in a child on the copy alone.
+func TestRuntimeLibsSuffice(t *testing.T) {
+	root, found := repoVenvLib(t)
+	if _, err := exec.LookPath("ldd"); err != nil {
+		t.Skip("no ldd")
+	}
+	site := filepath.Dir(filepath.Dir(found[0]))
+	dest := t.TempDir()
+	script := exec.Command("bash", filepath.Join(root, "scripts", "nixl-runtime-libs.sh"), site, dest)
+	if out, err := script.CombinedOutput(); err != nil {
+		t.Fatalf("nixl-runtime-libs.sh: %v\n%s", err, out)
+	} else {
+		t.Logf("%s", out)
+	}
+	lib := filepath.Join(dest, ".nixl_cu12.mesonpy.libs", "libnixl_capi.so")
+	out := runChild(t, dest, "^(TestLoadHelper|TestAgentLowLevel|TestBackendContract)$",
+		envLoadHelper+"=1", EnvLib+"="+lib, "PDPLANE_REQUIRE_NIXL=1")
+	if want := "loaded " + lib + "\n"; !strings.Contains(out, want) {
+		t.Fatalf("child output lacks %q:\n%s", want, out)
+	}
+	for _, want := range []string{"--- PASS: TestAgentLowLevel", "--- PASS: TestBackendContract"} {
+		if !strings.Contains(out, want) || strings.Contains(out, "--- SKIP") {
+			t.Fatalf("child output lacks %q or skipped a test:\n%s", want, out)
+		}
+	}
+}
+
+// TestLoadHelper is the child of TestLoadFindsTheRepoVenv.
+func TestLoadHelper(t *testing.T) {
+	if os.Getenv(envLoadHelper) != "1" {
+		t.Skip("run by TestLoadFindsTheRepoVenv")
+	}
+	lib, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := os.Getenv("NIXL_PLUGIN_DIR")
+	if dir == "" {
+		t.Fatal("NIXL_PLUGIN_DIR was not set from the library's folder")
+	}
+	a, err := lib.NewAgent("venv-load-helper", AgentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	plugins, err := a.Plugins()
+	if err != nil || !slices.Contains(plugins, "UCX") {
+		t.Fatalf("plugins %v from %s: %v", plugins, dir, err)
+	}
+	fmt.Printf("loaded %s\n", lib.Path())
 }
 
 // TestMissingSymbolIsAnError: a library that loads but is not the C API
@@ -44,7 +266,7 @@ func TestCandidatesOrder(t *testing.T) {
 // a nil call later.
 func TestMissingSymbolIsAnError(t *testing.T) {
 	t.Parallel()
-	_, err := open([]string{"libc.so.6"})
+	_, err := open(paths("libc.so.6"))
 	var ms *MissingSymbolError
 	if !errors.As(err, &ms) {
 		t.Fatalf("got %v, want *MissingSymbolError", err)
