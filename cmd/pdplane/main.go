@@ -27,6 +27,7 @@ Usage:
   pdplane migrate  [flags]   apply database migrations and exit
   pdplane peers    list|show|drain|stale|rm   the peers; a peer is named by its name or its id
   pdplane pairs    list|lift                  pairs and their verdicts; lift a quarantine
+  pdplane events   [--peer P] [--follow]      the event log, or its live stream
   pdplane version            print the version
 
 Run 'pdplane COMMAND -h' for a command's flags. Every flag can also be set
@@ -43,6 +44,7 @@ var commands = map[string]func(context.Context, []string) error{
 	"migrate": runMigrate,
 	"peers":   runPeers,
 	"pairs":   runPairs,
+	"events":  runEvents,
 }
 
 func main() {
