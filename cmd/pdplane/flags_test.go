@@ -159,22 +159,14 @@ func TestFlagErrors(t *testing.T) {
 // TestDeprecatedAliases: the old spellings still work, with a warning.
 func TestDeprecatedAliases(t *testing.T) {
 	t.Setenv("PDPLANE_TOKEN", "old-tok")
-	var stderr strings.Builder
-	var got *flagSet
-	parseHook = func(fs *flagSet) error { got = fs; return errStopAfterParse }
-	defer func() { parseHook = nil }()
-	g := peersGroup(io.Discard)
-	// The warning goes to the flag set's stderr; catch it through the hook's set.
-	parseHook = func(fs *flagSet) error { got = fs; return errStopAfterParse }
-	_ = g.run(context.Background(), []string{"list", "--server", "http://example.invalid"})
-	if got == nil {
-		t.Fatal("no flag set")
-	}
+	var warnings strings.Builder
+	fs := newFlagSet("peers list")
+	fs.stderr = &warnings
 	var cf clientFlags
-	cf.controlPlane = got.Lookup("control-plane").Value.String()
-	cf.adminToken = got.Lookup("admin-token").Value.String()
-	cf.legacyServer = got.Lookup("server").Value.String()
-	cf.legacyTok = got.Lookup("token").Value.String()
+	cf.register(fs, true, true)
+	if _, err := fs.parseArgs([]string{"--server", "http://example.invalid"}); err != nil {
+		t.Fatal(err)
+	}
 	c, err := cf.client(io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -182,5 +174,24 @@ func TestDeprecatedAliases(t *testing.T) {
 	if c.base != "http://example.invalid" || c.token != "old-tok" {
 		t.Errorf("--server and $PDPLANE_TOKEN: base %q token %q", c.base, c.token)
 	}
-	_ = stderr
+	for _, want := range []string{
+		"warning: --server is deprecated: use --control-plane ($PDPLANE_CONTROL_PLANE)",
+		"warning: $PDPLANE_TOKEN is deprecated: use --admin-token ($PDPLANE_ADMIN_TOKEN)",
+	} {
+		if !strings.Contains(warnings.String(), want) {
+			t.Errorf("warnings %q lack %q", warnings.String(), want)
+		}
+	}
+	// The new spellings win over the old.
+	t.Setenv("PDPLANE_ADMIN_TOKEN", "new-tok")
+	fs = newFlagSet("peers list")
+	fs.stderr = io.Discard
+	cf = clientFlags{}
+	cf.register(fs, true, true)
+	if _, err := fs.parseArgs([]string{"--server", "http://old.invalid", "--control-plane", "http://new.invalid,http://b.invalid"}); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := cf.client(io.Discard); c.base != "http://new.invalid" || c.token != "new-tok" {
+		t.Errorf("new and old spellings: base %q token %q", c.base, c.token)
+	}
 }
