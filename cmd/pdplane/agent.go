@@ -20,7 +20,7 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.str(&controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve, or several replicas' URLs "+
 		"separated by commas: the agent uses the first that answers and fails over on connection errors and 5xx")
 	fs.str(&token, "join-token", "", "join token of the control plane (or its admin token): admits the peer when it has no credential")
-	fs.str(&legacyToken, "token", "", "deprecated: the same as --join-token")
+	fs.deprecatedStr(&legacyToken, "token", "join-token")
 	fs.str(&credentialFile, "credential-file", "", "file that keeps the peer's credential (mode 0600), so that a restarted agent re-registers at once; "+
 		"without it a restarted agent waits for its old lease to run out")
 	fs.str(&eng.Path, "spec", "", "JSON registration of the engine (the body of POST /api/v1/peers) written by its launcher: "+

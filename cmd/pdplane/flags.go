@@ -1,83 +1,334 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// flagSet wraps flag.FlagSet so that every flag takes its default from a
-// PDPLANE_* environment variable and says so in its help.
+// flagSet wraps flag.FlagSet so that every flag also reads a PDPLANE_*
+// environment variable (the flag given on the command line wins), says so in
+// its help, and names itself and the form it wants when a value is wrong.
 type flagSet struct {
 	*flag.FlagSet
-	errs []error
+	name     string // the command, e.g. "peers show"
+	synopsis string // usage lines after "Usage:", one per line; default "pdplane NAME [flags]"
+	about    string // a paragraph after the usage lines
+
+	stdout, stderr io.Writer
+
+	bad        error             // the last bad value a Set refused
+	deprecated map[string]string // flag name → what replaces it
+	shorthands map[string]string // short name → long name
+	setBy      map[string]string // flag name → "flag" or "$PDPLANE_X", after parse
 }
 
 func newFlagSet(name string) *flagSet {
-	return &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError)}
+	f := &flagSet{
+		FlagSet:    flag.NewFlagSet(name, flag.ContinueOnError),
+		name:       name,
+		stdout:     os.Stdout,
+		stderr:     os.Stderr,
+		deprecated: map[string]string{},
+		shorthands: map[string]string{},
+		setBy:      map[string]string{},
+	}
+	f.SetOutput(io.Discard) // parse reports errors itself, help goes to stdout
+	f.Usage = func() {}
+	return f
 }
 
+// envName is the variable a flag reads: PDPLANE_ and its name in capitals,
+// dashes as underscores. A shorthand reads its long flag's variable.
 func envName(flagName string) string {
 	return "PDPLANE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-func (f *flagSet) str(p *string, name, def, help string) {
-	if v, ok := os.LookupEnv(envName(name)); ok {
-		def = v
+func (f *flagSet) envOf(name string) string {
+	if long, ok := f.shorthands[name]; ok {
+		name = long
 	}
-	f.StringVar(p, name, def, help+" ($"+envName(name)+")")
+	return envName(name)
+}
+
+// usageError is a command line pdplane cannot run: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usageErrorf(format string, a ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, a...)}
+}
+
+// value is a flag value that parses its own form and can say what it wants.
+type value[T any] struct {
+	p      *T
+	f      *flagSet
+	name   string
+	kind   string // shown in the help: duration, int, bool, string, or the choices
+	want   string // "a duration such as 10s, 1m30s"
+	parse  func(string) (T, error)
+	format func(T) string
+	isBool bool
+	sample string // a valid value other than the default, for tests
+}
+
+func (v *value[T]) String() string {
+	if v == nil || v.p == nil {
+		return ""
+	}
+	return v.format(*v.p)
+}
+
+func (v *value[T]) Set(s string) error {
+	x, err := v.parse(s)
+	if err != nil {
+		v.f.bad = fmt.Errorf("invalid value %q for --%s: want %s", s, v.name, v.want)
+		return v.f.bad
+	}
+	*v.p = x
+	return nil
+}
+
+func (v *value[T]) IsBoolFlag() bool { return v.isBool }
+
+// envFlag is what every flag registered through flagSet's helpers is.
+type envFlag interface {
+	flag.Value
+	sampleValue() string
+	kindName() string
+}
+
+func (v *value[T]) sampleValue() string { return v.sample }
+func (v *value[T]) kindName() string    { return v.kind }
+
+func (f *flagSet) add(v flag.Value, name, help string) {
+	f.Var(v, name, help+" ($"+envName(name)+")")
+}
+
+func (f *flagSet) str(p *string, name, def, help string) {
+	*p = def
+	f.add(&value[string]{p: p, f: f, name: name, kind: "string", want: "a string",
+		parse: func(s string) (string, error) { return s, nil }, format: func(s string) string { return s },
+		sample: "sample-" + name}, name, help)
 }
 
 func (f *flagSet) dur(p *time.Duration, name string, def time.Duration, help string) {
-	if v, ok := os.LookupEnv(envName(name)); ok {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			f.errs = append(f.errs, fmt.Errorf("$%s: %w", envName(name), err))
-		} else {
-			def = d
-		}
-	}
-	f.DurationVar(p, name, def, help+" ($"+envName(name)+")")
+	*p = def
+	f.add(&value[time.Duration]{p: p, f: f, name: name, kind: "duration", want: "a duration such as 10s, 1m30s",
+		parse: time.ParseDuration, format: time.Duration.String, sample: "1m37s"}, name, help)
 }
 
 func (f *flagSet) boolean(p *bool, name string, def bool, help string) {
-	if v, ok := os.LookupEnv(envName(name)); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			f.errs = append(f.errs, fmt.Errorf("$%s: %w", envName(name), err))
-		} else {
-			def = b
-		}
-	}
-	f.BoolVar(p, name, def, help+" ($"+envName(name)+")")
+	*p = def
+	f.add(&value[bool]{p: p, f: f, name: name, kind: "bool", want: "true or false", isBool: true,
+		parse: strconv.ParseBool, format: strconv.FormatBool, sample: strconv.FormatBool(!def)}, name, help)
 }
 
 func (f *flagSet) int(p *int, name string, def int, help string) {
-	if v, ok := os.LookupEnv(envName(name)); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			f.errs = append(f.errs, fmt.Errorf("$%s: %w", envName(name), err))
-		} else {
-			def = n
-		}
-	}
-	f.IntVar(p, name, def, help+" ($"+envName(name)+")")
+	*p = def
+	f.add(&value[int]{p: p, f: f, name: name, kind: "int", want: "an integer such as 8",
+		parse: strconv.Atoi, format: strconv.Itoa, sample: "37"}, name, help)
 }
 
+// choice is a string flag that takes one of choices.
+func (f *flagSet) choice(p *string, name, def string, choices []string, help string) {
+	*p = def
+	f.add(&value[string]{p: p, f: f, name: name, kind: strings.Join(choices, "|"),
+		want: "one of " + strings.Join(choices, ", "),
+		parse: func(s string) (string, error) {
+			if s == "" {
+				return s, nil // the default: no choice made
+			}
+			for _, c := range choices {
+				if s == c {
+					return s, nil
+				}
+			}
+			return "", errors.New("not a choice")
+		},
+		format: func(s string) string { return s }, sample: choices[len(choices)-1]}, name, help)
+}
+
+// shorthand makes -short another name of the flag long.
+func (f *flagSet) shorthand(short, long string) {
+	f.shorthands[short] = long
+	f.Var(f.Lookup(long).Value, short, "short for --"+long)
+}
+
+// deprecatedStr is a string flag kept for its old users: setting it (or its
+// variable) warns and names what replaces it.
+func (f *flagSet) deprecatedStr(p *string, name, replacement string) {
+	f.deprecated[name] = replacement
+	f.str(p, name, "", "deprecated: the same as --"+replacement)
+}
+
+// output is the -o/--output flag of the commands that print API objects.
+func (f *flagSet) output(p *string) {
+	f.choice(p, "output", "table", []string{"table", "json", "yaml"}, "output format: table, or the API objects as json or yaml")
+	f.shorthand("o", "output")
+}
+
+// parseHook, when set (by tests), runs at the end of every successful parse
+// and its error is returned in place of nil.
+var parseHook func(*flagSet) error
+
+// parse reads the flags' variables, then args; no positional arguments may
+// remain.
 func (f *flagSet) parse(args []string) error {
-	if err := f.Parse(args); err != nil {
+	pos, err := f.parseArgs(args)
+	if err != nil {
 		return err
 	}
-	if len(f.errs) > 0 {
-		return f.errs[0]
-	}
-	if f.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", f.Args())
+	if len(pos) > 0 {
+		return usageErrorf("%s: unexpected arguments: %s (see 'pdplane %s -h')", f.name, strings.Join(pos, " "), f.name)
 	}
 	return nil
+}
+
+// parseArgs is parse for commands with positional arguments, which may come
+// before, between or after the flags; it returns them. -h or --help prints
+// the usage to stdout and returns flag.ErrHelp.
+func (f *flagSet) parseArgs(args []string) ([]string, error) {
+	envErrs := map[string]error{}
+	f.VisitAll(func(fl *flag.Flag) {
+		if _, short := f.shorthands[fl.Name]; short {
+			return
+		}
+		env := envName(fl.Name)
+		v, ok := os.LookupEnv(env)
+		if !ok {
+			return
+		}
+		if v == "" {
+			if ev, ok := fl.Value.(envFlag); !ok || ev.kindName() != "string" {
+				return // an empty variable leaves a non-string flag at its default
+			}
+		}
+		f.bad = nil
+		if err := fl.Value.Set(v); err != nil {
+			why := err.Error()
+			if f.bad != nil {
+				why = f.bad.Error()
+			}
+			envErrs[fl.Name] = fmt.Errorf("%s=%s: %s", env, v, why)
+			return
+		}
+		f.setBy[fl.Name] = "$" + env
+	})
+	var pos []string
+	for {
+		f.bad = nil
+		if err := f.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				f.printUsage(f.stdout)
+				return nil, flag.ErrHelp
+			}
+			if f.bad != nil {
+				return nil, &usageError{msg: f.bad.Error()}
+			}
+			msg := strings.Replace(err.Error(), "flag provided but not defined: ", "unknown flag ", 1)
+			return nil, usageErrorf("%s: %s (see 'pdplane %s -h')", f.name, msg, f.name)
+		}
+		args = f.Args()
+		if len(args) == 0 {
+			break
+		}
+		if args[0] == "--" {
+			pos = append(pos, args[1:]...)
+			break
+		}
+		pos, args = append(pos, args[0]), args[1:]
+	}
+	f.Visit(func(fl *flag.Flag) {
+		name := fl.Name
+		if long, ok := f.shorthands[name]; ok {
+			name = long
+		}
+		f.setBy[name] = "flag"
+		delete(envErrs, name)
+	})
+	if len(envErrs) > 0 {
+		names := make([]string, 0, len(envErrs))
+		for n := range envErrs {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		errs := make([]error, len(names))
+		for i, n := range names {
+			errs[i] = envErrs[n]
+		}
+		return nil, &usageError{msg: errors.Join(errs...).Error()}
+	}
+	for name, repl := range f.deprecated {
+		if by, ok := f.setBy[name]; ok {
+			what := "--" + name
+			if by != "flag" {
+				what = by
+			}
+			fmt.Fprintf(f.stderr, "pdplane: warning: %s is deprecated: use --%s ($%s)\n", what, repl, envName(repl))
+		}
+	}
+	if parseHook != nil {
+		if err := parseHook(f); err != nil {
+			return nil, err
+		}
+	}
+	return pos, nil
+}
+
+// printUsage writes the synopsis and every flag with its variable and
+// default.
+func (f *flagSet) printUsage(w io.Writer) {
+	fmt.Fprintln(w, "Usage:")
+	syn := f.synopsis
+	if syn == "" {
+		syn = "pdplane " + f.name + " [flags]"
+	}
+	for _, l := range strings.Split(strings.TrimRight(syn, "\n"), "\n") {
+		fmt.Fprintln(w, "  "+l)
+	}
+	if f.about != "" {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, strings.TrimRight(f.about, "\n"))
+	}
+	fmt.Fprintln(w, "\nFlags:")
+	short := map[string]string{}
+	for s, l := range f.shorthands {
+		short[l] = s
+	}
+	f.VisitAll(func(fl *flag.Flag) {
+		if _, ok := f.shorthands[fl.Name]; ok {
+			return
+		}
+		names := "--" + fl.Name
+		if s, ok := short[fl.Name]; ok {
+			names = "-" + s + ", " + names
+		}
+		kind := "value"
+		if ev, ok := fl.Value.(envFlag); ok {
+			kind = ev.kindName()
+		}
+		if kind != "bool" {
+			names += " " + kind
+		}
+		help := fl.Usage
+		env := "($" + envName(fl.Name) + ")"
+		if !strings.Contains(help, env) {
+			help += " " + env
+		}
+		if fl.DefValue != "" && fl.DefValue != "false" && fl.DefValue != "0" {
+			help += fmt.Sprintf(" (default %q)", fl.DefValue)
+		}
+		fmt.Fprintf(w, "  %s\n        %s\n", names, help)
+	})
+	fmt.Fprintln(w, "  -h, --help\n        this help")
 }
 
 // firstToken is the token an agent presents from a comma-separated list

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -24,49 +25,70 @@ Usage:
   pdplane sim      [flags]   a simulated SGLang/vLLM engine (prefill or decode), with its agent
   pdplane agent    [flags]   host agent for a real engine described by a spec file
   pdplane migrate  [flags]   apply database migrations and exit
-  pdplane peers    list|show|drain|stale|rm   CLI over the REST API
+  pdplane peers    list|show|drain|stale|rm   the peers; a peer is named by its name or its id
   pdplane pairs    list|lift                  pairs and their verdicts; lift a quarantine
+  pdplane events   [--peer P] [--follow]      the event log, or its live stream
   pdplane version            print the version
 
 Run 'pdplane COMMAND -h' for a command's flags. Every flag can also be set
-with the PDPLANE_* environment variable named beside it.
+with the PDPLANE_* environment variable named beside it; a flag given on the
+command line wins. The read commands take -o table|json|yaml.
 `
 
+// commands are pdplane's subcommands.
+var commands = map[string]func(context.Context, []string) error{
+	"serve":       runServe,
+	"dev":         runDev,
+	"sim":         runSim,
+	"agent":       runAgent,
+	"migrate":     runMigrate,
+	"peers":       runPeers,
+	"pairs":       runPairs,
+	"healthcheck": runHealthcheck,
+	"events":      runEvents,
+}
+
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
-	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
-	case "serve":
-		err = runServe(ctx, args)
-	case "dev":
-		err = runDev(ctx, args)
-	case "sim":
-		err = runSim(ctx, args)
-	case "agent":
-		err = runAgent(ctx, args)
-	case "migrate":
-		err = runMigrate(ctx, args)
-	case "peers":
-		err = runPeers(ctx, args)
-	case "pairs":
-		err = runPairs(ctx, args)
-	case "healthcheck":
-		err = runHealthcheck(ctx, args)
-	case "version", "--version", "-v":
-		fmt.Println("pdplane", version)
-	case "help", "-h", "--help":
-		fmt.Print(usage)
-	default:
-		fmt.Fprintf(os.Stderr, "pdplane: unknown command %q\n\n%s", cmd, usage)
-		os.Exit(2)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs one command line and returns the exit status: 0, 1 when the
+// command failed, 2 when the command line is wrong.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
 	}
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "pdplane:", err)
-		os.Exit(1)
+	var err error
+	switch cmd, args := args[0], args[1:]; cmd {
+	case "version", "--version", "-v":
+		fmt.Fprintln(stdout, "pdplane", version)
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, usage)
+	default:
+		f, ok := commands[cmd]
+		if !ok {
+			fmt.Fprintf(stderr, "pdplane: unknown command %q\n\n%s", cmd, usage)
+			return 2
+		}
+		err = f(ctx, args)
+	}
+	return exitStatus(err, stderr)
+}
+
+func exitStatus(err error, stderr io.Writer) int {
+	var ue *usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintln(stderr, "pdplane:", err)
+		return 2
+	default:
+		fmt.Fprintln(stderr, "pdplane:", err)
+		return 1
 	}
 }

@@ -2,167 +2,203 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
-	"text/tabwriter"
-	"time"
+	"sort"
+	"strings"
 
 	"github.com/pdplane/pdplane/server/api"
 )
 
-const peersUsage = `Usage:
-  pdplane peers list  [--role R] [--state S] [--model M]
-  pdplane peers show  ID [--full]
-  pdplane peers drain ID
-  pdplane peers stale ID --reason TEXT [--error TEXT]
-  pdplane peers rm    ID
-
-Flags common to all: --server URL ($PDPLANE_SERVER), --token T ($PDPLANE_TOKEN).
-`
-
-// runPeers is a small CLI over the generated client.
+// runPeers is the CLI over the peers of GET/POST/DELETE /api/v1/peers.
 func runPeers(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, peersUsage)
-		return errors.New("peers: a subcommand is required")
-	}
-	sub, args := args[0], args[1:]
-	var serverURL, token, role, state, model, reason, errText string
+	return peersGroup(os.Stdout).run(ctx, args)
+}
+
+func peersGroup(out io.Writer) *group {
+	var role, state, model, reason, errText string
 	var full bool
-	fs := newFlagSet("peers " + sub)
-	fs.str(&serverURL, "server", "http://127.0.0.1:8080", "control plane base URL")
-	fs.str(&token, "token", "", "bearer token (admin for drain and rm)")
-	switch sub {
-	case "list":
-		fs.StringVar(&role, "role", "", "filter by role")
-		fs.StringVar(&state, "state", "", "filter by state")
-		fs.StringVar(&model, "model", "", "filter by model")
-	case "show":
-		fs.BoolVar(&full, "full", false, "the full registration (KV pointers, agent metadata, transfer secrets); needs the admin token or a peer credential")
-	case "stale":
-		fs.StringVar(&reason, "reason", "", "why the peer is stale (required)")
-		fs.StringVar(&errText, "error", "", "the error text that revealed it")
+	return &group{
+		name:   "peers",
+		about:  "PEER is a peer's name or its id.",
+		legacy: true,
+		out:    out,
+		subs: []subcommand{{
+			name: "list", args: "", summary: "the peers, filtered by role, state or model", read: true,
+			setup: func(fs *flagSet) {
+				fs.choice(&role, "role", "", []string{"prefill", "decode", "both"}, "only peers of this role")
+				fs.choice(&state, "state", "", []string{"pending", "ready", "unhealthy", "draining", "stale", "failed"}, "only peers in this state")
+				fs.str(&model, "model", "", "only peers serving this model")
+			},
+			run: func(ctx context.Context, c *client, _ []string) error {
+				return listPeersCmd(ctx, c, role, state, model)
+			},
+		}, {
+			name: "show", args: "PEER", nargs: 1, summary: "one peer; --full: its whole registration (admin)", read: true,
+			setup: func(fs *flagSet) {
+				fs.boolean(&full, "full", false, "the full registration (KV pointers, agent metadata, transfer secrets); needs the admin token")
+			},
+			run: func(ctx context.Context, c *client, args []string) error {
+				return showPeer(ctx, c, args[0], full)
+			},
+		}, {
+			name: "drain", args: "PEER", nargs: 1, summary: "take the peer out of routing; requests in flight finish (admin)", read: true,
+			run: func(ctx context.Context, c *client, args []string) error {
+				p, err := c.resolvePeer(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				resp, err := c.DrainPeerWithResponse(ctx, p.Id)
+				if err != nil {
+					return err
+				}
+				return printPeerChange(c, "drained", resp.StatusCode(), resp.Body, resp.JSON200)
+			},
+		}, {
+			name: "stale", args: "PEER", nargs: 1, summary: "mark the peer stale, which starts its heal (admin)", read: true,
+			synopsis: "pdplane peers stale PEER --reason TEXT [--error TEXT] [flags]",
+			setup: func(fs *flagSet) {
+				fs.str(&reason, "reason", "", "why the peer is stale (required)")
+				fs.str(&errText, "error", "", "the error text that revealed it")
+			},
+			run: func(ctx context.Context, c *client, args []string) error {
+				if reason == "" {
+					return usageErrorf("peers stale: --reason is required")
+				}
+				p, err := c.resolvePeer(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				body := api.StaleReport{Reason: reason}
+				if errText != "" {
+					body.Error = &errText
+				}
+				resp, err := c.MarkPeerStaleWithResponse(ctx, p.Id, body)
+				if err != nil {
+					return err
+				}
+				return printPeerChange(c, "marked stale", resp.StatusCode(), resp.Body, resp.JSON200)
+			},
+		}, {
+			name: "rm", args: "PEER", nargs: 1, summary: "remove the peer from the registry (admin)",
+			run: func(ctx context.Context, c *client, args []string) error {
+				p, err := c.resolvePeer(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				resp, err := c.DeletePeerWithResponse(ctx, p.Id)
+				if err != nil {
+					return err
+				}
+				if resp.StatusCode() != http.StatusNoContent {
+					return answerError(resp.StatusCode(), resp.Body)
+				}
+				fmt.Fprintf(c.out, "removed %s (%s)\n", p.Name, p.Id)
+				return nil
+			},
+		}},
 	}
-	// Accept the ID before or after the flags.
-	var id string
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
-		id, args = args[0], args[1:]
+}
+
+func listPeersCmd(ctx context.Context, c *client, role, state, model string) error {
+	params := &api.ListPeersParams{}
+	if role != "" {
+		r := api.Role(role)
+		params.Role = &r
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
+	if state != "" {
+		s := api.State(state)
+		params.State = &s
 	}
-	if id == "" && fs.NArg() > 0 {
-		id = fs.Arg(0)
+	if model != "" {
+		params.Model = &model
 	}
-	opts := []api.ClientOption{api.WithHTTPClient(&http.Client{Timeout: 15 * time.Second})}
-	if token != "" {
-		opts = append(opts, api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
-			r.Header.Set("Authorization", "Bearer "+token)
-			return nil
-		}))
-	}
-	c, err := api.NewClientWithResponses(serverURL, opts...)
+	resp, err := c.ListPeersWithResponse(ctx, params)
 	if err != nil {
 		return err
 	}
-	if sub != "list" && id == "" {
-		return fmt.Errorf("peers %s: a peer ID is required", sub)
+	if resp.JSON200 == nil {
+		return answerError(resp.StatusCode(), resp.Body)
 	}
-	switch sub {
-	case "list":
-		params := &api.ListPeersParams{}
-		if role != "" {
-			r := api.Role(role)
-			params.Role = &r
+	return c.print(resp.Body, func(w io.Writer) error {
+		fmt.Fprintln(w, "NAME\tROLE\tENGINE\tMODEL\tSTATE\tGEN\tURL\tID")
+		for _, p := range resp.JSON200.Peers {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", p.Name, p.Role, p.Engine, p.Model, p.State, p.Generation, p.Url, p.Id)
 		}
-		if state != "" {
-			s := api.State(state)
-			params.State = &s
-		}
-		if model != "" {
-			params.Model = &model
-		}
-		resp, err := c.ListPeersWithResponse(ctx, params)
+		return nil
+	})
+}
+
+func showPeer(ctx context.Context, c *client, nameOrID string, full bool) error {
+	p, err := c.resolvePeer(ctx, nameOrID)
+	if err != nil {
+		return err
+	}
+	if full {
+		resp, err := c.GetPeerRegistrationWithResponse(ctx, p.Id)
 		if err != nil {
 			return err
 		}
 		if resp.JSON200 == nil {
 			return answerError(resp.StatusCode(), resp.Body)
 		}
-		w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ID\tNAME\tROLE\tENGINE\tMODEL\tSTATE\tGEN\tURL")
-		for _, p := range resp.JSON200.Peers {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", p.Id, p.Name, p.Role, p.Engine, p.Model, p.State, p.Generation, p.Url)
+		if c.output == "table" {
+			c.output = "yaml" // a registration is too deep for a table
 		}
-		return w.Flush()
-	case "show":
-		if full {
-			resp, err := c.GetPeerRegistrationWithResponse(ctx, id)
-			if err != nil {
-				return err
-			}
-			return printJSON(resp.StatusCode(), resp.Body, resp.JSON200 != nil)
-		}
-		resp, err := c.GetPeerWithResponse(ctx, id)
-		if err != nil {
-			return err
-		}
-		return printJSON(resp.StatusCode(), resp.Body, resp.JSON200 != nil)
-	case "drain":
-		resp, err := c.DrainPeerWithResponse(ctx, id)
-		if err != nil {
-			return err
-		}
-		return printJSON(resp.StatusCode(), resp.Body, resp.JSON200 != nil)
-	case "stale":
-		if reason == "" {
-			return errors.New("peers stale: --reason is required")
-		}
-		body := api.StaleReport{Reason: reason}
-		if errText != "" {
-			body.Error = &errText
-		}
-		resp, err := c.MarkPeerStaleWithResponse(ctx, id, body)
-		if err != nil {
-			return err
-		}
-		return printJSON(resp.StatusCode(), resp.Body, resp.JSON200 != nil)
-	case "rm":
-		resp, err := c.DeletePeerWithResponse(ctx, id)
-		if err != nil {
-			return err
-		}
-		if resp.StatusCode() != http.StatusNoContent {
-			return answerError(resp.StatusCode(), resp.Body)
-		}
-		fmt.Println("removed", id)
-		return nil
+		return c.print(resp.Body, nil)
 	}
-	fmt.Fprint(os.Stderr, peersUsage)
-	return fmt.Errorf("peers: unknown subcommand %q", sub)
-}
-
-func printJSON(status int, body []byte, ok bool) error {
-	if !ok {
-		return answerError(status, body)
-	}
-	var v any
-	if err := json.Unmarshal(body, &v); err != nil {
+	resp, err := c.GetPeerWithResponse(ctx, p.Id)
+	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if resp.JSON200 == nil {
+		return answerError(resp.StatusCode(), resp.Body)
+	}
+	return c.print(resp.Body, func(w io.Writer) error { return peerTable(w, resp.JSON200) })
 }
 
-// answerError prints the problem detail of a refused call.
-func answerError(status int, body []byte) error {
-	var p api.Problem
-	if json.Unmarshal(body, &p) == nil && p.Detail != "" {
-		return fmt.Errorf("%d %s: %s", status, p.Title, p.Detail)
+// peerTable is one peer as NAME: value lines.
+func peerTable(w io.Writer, p *api.PeerSummary) error {
+	row := func(k, v string) { fmt.Fprintf(w, "%s:\t%s\n", k, v) }
+	row("name", p.Name)
+	row("id", p.Id)
+	row("role", string(p.Role))
+	row("engine", string(p.Engine))
+	row("model", p.Model)
+	state := string(p.State)
+	if p.StateReason != nil && *p.StateReason != "" {
+		state += " (" + *p.StateReason + ")"
 	}
-	return fmt.Errorf("control plane answered %d: %s", status, body)
+	row("state", state)
+	row("url", p.Url)
+	row("generation", fmt.Sprint(p.Generation))
+	row("instance", p.InstanceId)
+	row("load", fmt.Sprintf("%d running, %d queued, KV %.0f%%", p.Load.Running, p.Load.Queued, 100*p.Load.KvUsage))
+	row("last heartbeat", timeOrDash(p.LastHeartbeat))
+	row("lease expiry", timeOrDash(&p.LeaseExpiry))
+	if h := p.Heal; h != nil {
+		row("heal", fmt.Sprintf("%s from generation %d, until %s %s", h.Phase, h.FromGeneration, timeOrDash(&h.Deadline), orDash(h.Reason)))
+	}
+	if p.Labels != nil && len(*p.Labels) > 0 {
+		var ls []string
+		for k, v := range *p.Labels {
+			ls = append(ls, k+"="+v)
+		}
+		sort.Strings(ls)
+		row("labels", strings.Join(ls, ","))
+	}
+	return nil
+}
+
+// printPeerChange prints the peer a drain or stale mark answered with.
+func printPeerChange(c *client, did string, status int, body []byte, p *api.PeerSummary) error {
+	if p == nil {
+		return answerError(status, body)
+	}
+	return c.print(body, func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "%s %s (%s): now %s\n", did, p.Name, p.Id, p.State)
+		return err
+	})
 }

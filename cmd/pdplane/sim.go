@@ -31,11 +31,11 @@ func runSim(ctx context.Context, args []string) error {
 	var role, engine, controlPlane, token, legacyToken, logLevel, sharedSecret string
 	fs := newFlagSet("sim")
 	simFlags(fs, &c, &role, &engine)
-	fs.IntVar(&c.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill (0 picks a free one)")
+	fs.int(&c.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill (0 picks a free one)")
 	fs.str(&controlPlane, "control-plane", "", "base URL of pdplane serve to register with, or several replicas' URLs "+
 		"separated by commas (failover in order); empty runs the engine alone")
 	fs.str(&token, "join-token", "", "join token of the control plane (or its admin token)")
-	fs.str(&legacyToken, "token", "", "deprecated: the same as --join-token")
+	fs.deprecatedStr(&legacyToken, "token", "join-token")
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.str(&sharedSecret, "transfer-secret", "", "without --control-plane: the TCP transfer secret (16 to 64 bytes) shared by "+
 		"the sims that move KV between them, e.g. behind another router; prefer the environment variable, which ps does not show")
@@ -91,8 +91,8 @@ func runDev(ctx context.Context, args []string) error {
 	var prefillTime, decodeTime time.Duration
 	fs := newFlagSet("dev")
 	c.flags(fs)
-	fs.IntVar(&prefills, "prefills", 1, "simulated prefill engines")
-	fs.IntVar(&decodes, "decodes", 1, "simulated decode engines")
+	fs.int(&prefills, "prefills", 1, "simulated prefill engines")
+	fs.int(&decodes, "decodes", 1, "simulated decode engines")
 	fs.str(&engine, "engine", "sglang", "protocol the simulators speak: sglang or vllm")
 	fs.str(&transferName, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
 	fs.str(&model, "model", sim.DefaultModel, "model the simulators serve")
