@@ -271,6 +271,12 @@ func (d *dispatch) run(v *view, mv *modelView) {
 				": no healthy pair: every compatible pair is failing or has its circuit breaker open", codeNoRoute), outcomeNoRoute)
 			return
 		}
+		if d.lastFail != nil {
+			// Counted here, when another pair is actually tried: a failure
+			// with no pair left, or a client gone during the backoff, is
+			// not a retry.
+			rt.m.retries.WithLabelValues(d.lastFail.kind.String()).Inc()
+		}
 		d.attempts = attempt
 		d.prefill, d.decode = pr.p.peer.Name, pr.d.peer.Name
 		f := d.attempt(&pr)
@@ -292,7 +298,6 @@ func (d *dispatch) run(v *view, mv *modelView) {
 			d.respondFailure(f)
 			return
 		}
-		rt.m.retries.WithLabelValues(f.kind.String()).Inc()
 		if f.leg == legPrefill && f.kind != failMemKind && f.kind != failPair {
 			d.ex.add(pr.p.peer.ID)
 		} else {
