@@ -155,7 +155,8 @@ type dispatch struct {
 
 	committed bool // headers (and maybe bytes) went to the client
 	ttftSeen  bool
-	abort     bool // the response must be cut, not ended
+	usage     usageTap // token counts read from the answer as it is relayed
+	abort     bool     // the response must be cut, not ended
 	attempts  int
 	prefill   string
 	decode    string
@@ -197,6 +198,7 @@ func (d *dispatch) serve() {
 		return
 	}
 	d.q = q
+	d.usage.stream = q.stream
 	v := rt.currentView()
 	mv, aerr := d.resolveModel(v)
 	if aerr != nil {
@@ -527,9 +529,10 @@ func (d *dispatch) write(b []byte) error {
 	if _, err := d.w.Write(b); err != nil {
 		return err
 	}
+	d.usage.feed(b)
 	if !d.ttftSeen {
 		d.ttftSeen = true
-		d.rt.m.ttft.WithLabelValues(d.route.label()).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
+		d.rt.m.ttft.WithLabelValues(d.route.label(), d.q.model).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
 	}
 	if d.q.stream {
 		if err := d.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
@@ -672,7 +675,19 @@ func (d *dispatch) finish() {
 	if d.status == 0 {
 		d.status = http.StatusOK
 	}
+	elapsed := rt.cfg.Now().Sub(d.start)
 	rt.m.requests.WithLabelValues(d.route.label(), d.outcome).Inc()
+	if !d.dispatched.IsZero() {
+		// The model is one the snapshot serves: a bounded label.
+		route, model := d.route.label(), d.q.model
+		rt.m.duration.WithLabelValues(route, model).Observe(elapsed.Seconds())
+		if d.outcome == outcomeOK {
+			if u := &d.usage; u.seenP || u.seenC {
+				rt.m.promptTokens.WithLabelValues(route, model).Add(float64(u.prompt))
+				rt.m.completionTokens.WithLabelValues(route, model).Add(float64(u.completion))
+			}
+		}
+	}
 	var ev *zerolog.Event
 	switch d.outcome {
 	case outcomeOK:
