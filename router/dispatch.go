@@ -31,7 +31,7 @@ const (
 	logStatus         = "status"
 	logOutcome        = "outcome"
 	logAttempts       = "attempts"
-	logDuration       = "duration"
+	logDuration       = "duration_ms" // durations are logged as milliseconds (float), the unit in the key
 	logLeg            = "leg"
 	logUpstreamStatus = "upstream_status"
 	logFailure        = "failure"
@@ -704,7 +704,10 @@ func (d *dispatch) finish() {
 		}
 		ev.Str(logRequestID, d.rid).Str(logRoute, d.route.label()).Str(logModel, model).
 			Int(logStatus, d.status).Str(logOutcome, d.outcome).Int(logAttempts, d.attempts).
-			Str(logPrefill, d.prefill).Str(logDecode, d.decode).Dur(logDuration, rt.cfg.Now().Sub(d.start))
+			Str(logPrefill, d.prefill).Str(logDecode, d.decode).Float64(logDuration, durationMS(elapsed))
+		if u := &d.usage; d.outcome == outcomeOK && (u.seenP || u.seenC) {
+			ev.Int64("prompt_tokens", u.prompt).Int64("completion_tokens", u.completion)
+		}
 		if f := d.lastFail; f != nil && d.outcome != outcomeOK {
 			ev.Str(logFailure, f.kind.String()).Str(logLeg, f.leg.String())
 			if f.err != nil {
@@ -716,6 +719,11 @@ func (d *dispatch) finish() {
 	if d.abort {
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// durationMS is a duration as logged: milliseconds, to the microsecond.
+func durationMS(d time.Duration) float64 {
+	return float64(d.Microseconds()) / 1e3
 }
 
 // readBody reads the client's body, refusing one over MaxBodyBytes. The
