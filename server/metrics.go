@@ -21,7 +21,7 @@ type serverMetrics struct {
 	rejected      *prometheus.CounterVec
 }
 
-func newServerMetrics(reg prometheus.Registerer, snaps Snapshots) *serverMetrics {
+func newServerMetrics(reg prometheus.Registerer, snaps Snapshots, version string) *serverMetrics {
 	m := &serverMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdplane_api_requests_total", Help: "Control-plane API requests by route and status code.",
@@ -43,14 +43,18 @@ func newServerMetrics(reg prometheus.Registerer, snaps Snapshots) *serverMetrics
 		}, []string{"reason"}),
 	}
 	reg.MustRegister(m.requests, m.registrations, m.heartbeats, m.staleMarks, m.eventStreams, m.rejected,
-		&snapshotCollector{snaps: snaps}, buildInfo())
+		&snapshotCollector{snaps: snaps}, buildInfo(version))
 	return m
 }
 
-// buildInfo is pdplane_build_info: 1, labelled with the build's version,
-// VCS revision and Go version.
-func buildInfo() prometheus.Collector {
+// buildInfo is pdplane_build_info: 1, labelled with the build's version
+// (the given one, else what the build information says), VCS revision and
+// Go version.
+func buildInfo(given string) prometheus.Collector {
 	version, revision := buildVersion(debug.ReadBuildInfo())
+	if given != "" {
+		version = given
+	}
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "pdplane_build_info",
 		Help: "Always 1; its labels name the running build: version, VCS revision and Go version.",
@@ -62,8 +66,9 @@ func buildInfo() prometheus.Collector {
 	return g
 }
 
-// ldflagsVersion finds the -X main.version=V that release builds (the
-// Dockerfile) link in, as the binary's build settings record it.
+// ldflagsVersion finds a -X main.version=V in the build settings, which
+// record -ldflags only for builds without -trimpath (the Dockerfile's has
+// it: there the caller passes Config.Version).
 var ldflagsVersion = regexp.MustCompile(`-X[= ]'?main\.version=([^'\s]+)`)
 
 // buildVersion reads the version and revision of the running binary: the

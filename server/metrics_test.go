@@ -26,7 +26,7 @@ func TestSnapshotGauges(t *testing.T) {
 	snaps := &swapSnapshots{}
 	snaps.set(registry.NewSnapshot(1, nil, nil, time.Now()))
 	reg := prometheus.NewRegistry()
-	newServerMetrics(reg, snaps)
+	newServerMetrics(reg, snaps, "")
 
 	check := func(q, trial, draining, verifying float64) {
 		t.Helper()
@@ -97,4 +97,30 @@ func TestBuildVersion(t *testing.T) {
 			t.Errorf("%s: version %q revision %q, want %q %q", tc.name, v, r, tc.version, tc.revision)
 		}
 	}
+}
+
+// TestBuildInfoVersion: a version the caller gives wins over the build
+// information's.
+func TestBuildInfoVersion(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	newServerMetrics(reg, &swapSnapshots{s: registry.NewSnapshot(1, nil, nil, time.Now())}, "1.2.3")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "pdplane_build_info" {
+			continue
+		}
+		labels := map[string]string{}
+		for _, l := range mf.GetMetric()[0].GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["version"] != "1.2.3" || labels["revision"] == "" || labels["go_version"] == "" || mf.GetMetric()[0].GetGauge().GetValue() != 1 {
+			t.Fatalf("pdplane_build_info %v = %v", labels, mf.GetMetric()[0].GetGauge().GetValue())
+		}
+		return
+	}
+	t.Fatal("no pdplane_build_info")
 }

@@ -59,6 +59,11 @@ type Config struct {
 	// bootstrap_host may name; the zero value refuses link-local,
 	// metadata-service and unspecified addresses.
 	PeerNetworks registry.PeerNetworkPolicy
+	// Version is pdplane_build_info's version label: the binary's own
+	// version (main.version, linked in with -X). Empty: read from the build
+	// information (a non-trimpath build's -X main.version, else the module
+	// version), else "dev".
+	Version string
 }
 
 // WithDefaults fills in unset fields.
@@ -183,7 +188,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log, access: access,
 		reports: newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now)}
-	s.metrics = newServerMetrics(deps.Registry, deps.Snaps)
+	s.metrics = newServerMetrics(deps.Registry, deps.Snaps, cfg.Version)
 
 	r := chi.NewRouter()
 	s.mux = r
