@@ -327,6 +327,13 @@ func (s *Snapshot) OnTrial(prefillID, decodeID string) bool {
 	return ok && q.Trial
 }
 
+// QuarantineCounts returns how many pairs are quarantined (kept out of
+// routing) and how many are on trial (routable again until their next
+// transfer decides).
+func (s *Snapshot) QuarantineCounts() (active, trial int) {
+	return len(s.quarantined) - s.trials, s.trials
+}
+
 // Trials returns the quarantines on trial, in no particular order.
 func (s *Snapshot) Trials() []Quarantine {
 	if s.trials == 0 {

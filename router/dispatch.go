@@ -31,7 +31,7 @@ const (
 	logStatus         = "status"
 	logOutcome        = "outcome"
 	logAttempts       = "attempts"
-	logDuration       = "duration"
+	logDuration       = "duration_ms" // durations are logged as milliseconds (float), the unit in the key
 	logLeg            = "leg"
 	logUpstreamStatus = "upstream_status"
 	logFailure        = "failure"
@@ -155,7 +155,8 @@ type dispatch struct {
 
 	committed bool // headers (and maybe bytes) went to the client
 	ttftSeen  bool
-	abort     bool // the response must be cut, not ended
+	usage     usageTap // token counts read from the answer as it is relayed
+	abort     bool     // the response must be cut, not ended
 	attempts  int
 	prefill   string
 	decode    string
@@ -197,6 +198,7 @@ func (d *dispatch) serve() {
 		return
 	}
 	d.q = q
+	d.usage.stream = q.stream
 	v := rt.currentView()
 	mv, aerr := d.resolveModel(v)
 	if aerr != nil {
@@ -271,6 +273,12 @@ func (d *dispatch) run(v *view, mv *modelView) {
 				": no healthy pair: every compatible pair is failing or has its circuit breaker open", codeNoRoute), outcomeNoRoute)
 			return
 		}
+		if d.lastFail != nil {
+			// Counted here, when another pair is actually tried: a failure
+			// with no pair left, or a client gone during the backoff, is
+			// not a retry.
+			rt.m.retries.WithLabelValues(d.lastFail.kind.String()).Inc()
+		}
 		d.attempts = attempt
 		d.prefill, d.decode = pr.p.peer.Name, pr.d.peer.Name
 		f := d.attempt(&pr)
@@ -292,7 +300,6 @@ func (d *dispatch) run(v *view, mv *modelView) {
 			d.respondFailure(f)
 			return
 		}
-		rt.m.retries.WithLabelValues(f.kind.String()).Inc()
 		if f.leg == legPrefill && f.kind != failMemKind && f.kind != failPair {
 			d.ex.add(pr.p.peer.ID)
 		} else {
@@ -522,9 +529,10 @@ func (d *dispatch) write(b []byte) error {
 	if _, err := d.w.Write(b); err != nil {
 		return err
 	}
+	d.usage.feed(b)
 	if !d.ttftSeen {
 		d.ttftSeen = true
-		d.rt.m.ttft.WithLabelValues(d.route.label()).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
+		d.rt.m.ttft.WithLabelValues(d.route.label(), d.q.model).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
 	}
 	if d.q.stream {
 		if err := d.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
@@ -667,7 +675,19 @@ func (d *dispatch) finish() {
 	if d.status == 0 {
 		d.status = http.StatusOK
 	}
+	elapsed := rt.cfg.Now().Sub(d.start)
 	rt.m.requests.WithLabelValues(d.route.label(), d.outcome).Inc()
+	if !d.dispatched.IsZero() {
+		// The model is one the snapshot serves: a bounded label.
+		route, model := d.route.label(), d.q.model
+		rt.m.duration.WithLabelValues(route, model).Observe(elapsed.Seconds())
+		if d.outcome == outcomeOK {
+			if u := &d.usage; u.seenP || u.seenC {
+				rt.m.promptTokens.WithLabelValues(route, model).Add(float64(u.prompt))
+				rt.m.completionTokens.WithLabelValues(route, model).Add(float64(u.completion))
+			}
+		}
+	}
 	var ev *zerolog.Event
 	switch d.outcome {
 	case outcomeOK:
@@ -684,7 +704,10 @@ func (d *dispatch) finish() {
 		}
 		ev.Str(logRequestID, d.rid).Str(logRoute, d.route.label()).Str(logModel, model).
 			Int(logStatus, d.status).Str(logOutcome, d.outcome).Int(logAttempts, d.attempts).
-			Str(logPrefill, d.prefill).Str(logDecode, d.decode).Dur(logDuration, rt.cfg.Now().Sub(d.start))
+			Str(logPrefill, d.prefill).Str(logDecode, d.decode).Float64(logDuration, durationMS(elapsed))
+		if u := &d.usage; d.outcome == outcomeOK && (u.seenP || u.seenC) {
+			ev.Int64("prompt_tokens", u.prompt).Int64("completion_tokens", u.completion)
+		}
 		if f := d.lastFail; f != nil && d.outcome != outcomeOK {
 			ev.Str(logFailure, f.kind.String()).Str(logLeg, f.leg.String())
 			if f.err != nil {
@@ -696,6 +719,11 @@ func (d *dispatch) finish() {
 	if d.abort {
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// durationMS is a duration as logged: milliseconds, to the microsecond.
+func durationMS(d time.Duration) float64 {
+	return float64(d.Microseconds()) / 1e3
 }
 
 // readBody reads the client's body, refusing one over MaxBodyBytes. The

@@ -32,9 +32,13 @@ type peerState struct {
 	// baseline its own traffic since that heartbeat is measured from.
 	loadAt, inflightAt atomic.Int64
 
+	// gauge is the peer's breaker_state series, under its current name.
+	gauge atomic.Pointer[prometheus.Gauge]
+
 	// Touched only while building a view (under Router.viewMu).
-	gen int64
-	ep  *endpoint
+	gen  int64
+	ep   *endpoint
+	name string // the name gauge is labelled with
 }
 
 // endpoint is what the router derives from a peer's spec, once per spec.
@@ -108,6 +112,7 @@ type paddedCounter struct {
 type viewBuilder struct {
 	mu     sync.Mutex
 	states map[string]*peerState
+	names  map[string]bool       // the peers' names in the last view: their series exist
 	trials map[pairKey]time.Time // pairs on trial in the last view, by quarantine start (trial.go)
 }
 
@@ -147,6 +152,12 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 			st.breaker.reset()
 		}
 		st.gen = p.Generation
+		if st.name != p.Name {
+			g := rt.m.breakerState.WithLabelValues(p.Name)
+			g.Set(float64(st.breaker.current()))
+			st.gauge.Store(&g)
+			st.name = p.Name
+		}
 		if st.ep == nil || !st.ep.sameSpec(p) {
 			st.ep = rt.newEndpoint(p)
 		}
@@ -155,6 +166,7 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		v.refs[p] = &peerRef{peer: p, state: st, ep: st.ep}
 	}
 	b.states = states
+	rt.forgetGonePeers(b, peers)
 	rt.armTrials(s, b)
 	for _, name := range s.Models() {
 		routes := s.Routes(name)
@@ -180,12 +192,30 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 	return v
 }
 
-func (rt *Router) newPeerState(p *registry.Peer) *peerState {
+// forgetGonePeers deletes the per-peer series of the names that were in the
+// last view and are not in this one. A peer renamed under the same ID loses
+// its old name's series too.
+func (rt *Router) forgetGonePeers(b *viewBuilder, peers []*registry.Peer) {
+	names := make(map[string]bool, len(peers))
+	for _, p := range peers {
+		names[p.Name] = true
+	}
+	for name := range b.names {
+		if !names[name] {
+			rt.m.forgetPeer(name)
+		}
+	}
+	b.names = names
+}
+
+// newPeerState starts tracking a peer; buildView labels its breaker gauge.
+func (rt *Router) newPeerState(*registry.Peer) *peerState {
 	st := &peerState{}
-	gauge := rt.m.breakerState.WithLabelValues(p.Name)
 	count := rt.m.transitionCounter("peer")
 	st.breaker.onChange = func(_, to breakerState) {
-		gauge.Set(float64(to))
+		if g := st.gauge.Load(); g != nil {
+			(*g).Set(float64(to))
+		}
 		count(to)
 	}
 	return st

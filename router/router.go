@@ -76,7 +76,8 @@ func (a *admission) release() { a.n.Add(-1) }
 
 // New builds a Router. reporter may be nil (stale marks and quarantines are
 // then only logged); reg may be nil (metrics are then kept in a private
-// registry).
+// registry). log is used as given: the caller names the component (serve
+// adds component=router), so that the field appears once per line.
 func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger, reg prometheus.Registerer) (*Router, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -96,7 +97,7 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 		cfg:      cfg,
 		snaps:    snaps,
 		reporter: reporter,
-		log:      log.With().Str("component", "router").Logger(),
+		log:      log,
 		m:        m,
 	}
 	rt.admit.max = int64(cfg.MaxInflight)
@@ -168,6 +169,17 @@ func (rt *Router) Mount(r chi.Router) {
 	r.Get("/health", rt.serveHealth)
 }
 
+// LoggedRoutes are the paths whose requests the router logs itself, one
+// "request" line each with its outcome, pair and duration: an access log in
+// front of the router should not log them again.
+func (rt *Router) LoggedRoutes() []string {
+	out := make([]string, 0, numRoutes)
+	for r := range numRoutes {
+		out = append(out, r.path())
+	}
+	return out
+}
+
 // Routes returns a handler serving only the router's routes, for a
 // standalone server or tests.
 func (rt *Router) Routes() http.Handler {
@@ -193,12 +205,16 @@ func (rt *Router) requireAPIKey(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !rt.validKey(r.Header.Get("Authorization")) {
+			if i := routeOf(r.URL.Path); i >= 0 {
+				// A generation request: counted and logged here, as
+				// dispatch does for the others.
+				rt.m.requests.WithLabelValues(route(i).label(), outcomeUnauthorized).Inc()
+				rt.log.Info().Str(logRequestID, requestID(w, r)).Str(logRoute, route(i).label()).
+					Int(logStatus, http.StatusUnauthorized).Str(logOutcome, outcomeUnauthorized).Msg("request")
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pdplane"`)
 			(&apiError{Status: http.StatusUnauthorized, Message: "missing or invalid API key; send it as 'Authorization: Bearer <key>'",
 				Type: "invalid_request_error", Code: codeInvalidAPIKey}).write(w)
-			if i := routeOf(r.URL.Path); i >= 0 {
-				rt.m.requests.WithLabelValues(route(i).label(), outcomeUnauthorized).Inc()
-			}
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -1,6 +1,10 @@
 package server
 
 import (
+	"regexp"
+	"runtime"
+	"runtime/debug"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pdplane/pdplane/registry"
@@ -17,7 +21,7 @@ type serverMetrics struct {
 	rejected      *prometheus.CounterVec
 }
 
-func newServerMetrics(reg prometheus.Registerer, snaps Snapshots) *serverMetrics {
+func newServerMetrics(reg prometheus.Registerer, snaps Snapshots, version string) *serverMetrics {
 	m := &serverMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdplane_api_requests_total", Help: "Control-plane API requests by route and status code.",
@@ -39,8 +43,63 @@ func newServerMetrics(reg prometheus.Registerer, snaps Snapshots) *serverMetrics
 		}, []string{"reason"}),
 	}
 	reg.MustRegister(m.requests, m.registrations, m.heartbeats, m.staleMarks, m.eventStreams, m.rejected,
-		&snapshotCollector{snaps: snaps})
+		&snapshotCollector{snaps: snaps}, buildInfo(version))
 	return m
+}
+
+// buildInfo is pdplane_build_info: 1, labelled with the build's version
+// (the given one, else what the build information says), VCS revision and
+// Go version.
+func buildInfo(given string) prometheus.Collector {
+	version, revision := buildVersion(debug.ReadBuildInfo())
+	if given != "" {
+		version = given
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pdplane_build_info",
+		Help: "Always 1; its labels name the running build: version, VCS revision and Go version.",
+		ConstLabels: prometheus.Labels{
+			"version": version, "revision": revision, "go_version": runtime.Version(),
+		},
+	})
+	g.Set(1)
+	return g
+}
+
+// ldflagsVersion finds a -X main.version=V in the build settings, which
+// record -ldflags only for builds without -trimpath (the Dockerfile's has
+// it: there the caller passes Config.Version).
+var ldflagsVersion = regexp.MustCompile(`-X[= ]'?main\.version=([^'\s]+)`)
+
+// buildVersion reads the version and revision of the running binary: the
+// version linked in with -X main.version (what `pdplane version` prints),
+// else the module version Go stamped, else "dev"; the revision is the VCS
+// revision Go stamped ("unknown" without one), "-dirty" when modified.
+func buildVersion(bi *debug.BuildInfo, ok bool) (version, revision string) {
+	version, revision = "dev", "unknown"
+	if !ok || bi == nil {
+		return version, revision
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		version = v
+	}
+	dirty := false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "-ldflags":
+			if m := ldflagsVersion.FindStringSubmatch(s.Value); m != nil {
+				version = m[1]
+			}
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if dirty && revision != "unknown" {
+		revision += "-dirty"
+	}
+	return version, revision
 }
 
 // snapshotCollector reports the fleet as the router sees it, read from the
@@ -52,12 +111,21 @@ var (
 		[]string{"role", "state"}, nil)
 	snapshotVersionDesc = prometheus.NewDesc("pdplane_snapshot_version", "Version of the routing snapshot (rebuilds since start).", nil, nil)
 	routableDesc        = prometheus.NewDesc("pdplane_routable", "1 when at least one compatible pair of ready peers exists.", nil, nil)
+	quarantinedDesc     = prometheus.NewDesc("pdplane_pairs_quarantined",
+		"(prefill, decode) pairs quarantined in the routing snapshot: kept out of routing after a deterministic transfer failure.", nil, nil)
+	onTrialDesc = prometheus.NewDesc("pdplane_pairs_on_trial",
+		"(prefill, decode) pairs whose quarantine expired in the routing snapshot: routable again, their next transfer decides.", nil, nil)
+	healingDesc = prometheus.NewDesc("pdplane_peers_healing",
+		"Peers with a heal plan running in the routing snapshot, by phase (draining, verifying).", []string{"phase"}, nil)
 )
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- peersDesc
 	ch <- snapshotVersionDesc
 	ch <- routableDesc
+	ch <- quarantinedDesc
+	ch <- onTrialDesc
+	ch <- healingDesc
 }
 
 func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
@@ -68,9 +136,19 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			counts[[2]string{string(role), string(st)}] = 0
 		}
 	}
+	heals := map[registry.HealPhase]int{registry.HealDraining: 0, registry.HealVerifying: 0}
 	for _, p := range s.Peers() {
 		counts[[2]string{string(p.Role), string(p.State)}]++
+		if p.Heal.Active() {
+			heals[p.Heal.Phase]++
+		}
 	}
+	for phase, n := range heals {
+		ch <- prometheus.MustNewConstMetric(healingDesc, prometheus.GaugeValue, float64(n), string(phase))
+	}
+	active, trial := s.QuarantineCounts()
+	ch <- prometheus.MustNewConstMetric(quarantinedDesc, prometheus.GaugeValue, float64(active))
+	ch <- prometheus.MustNewConstMetric(onTrialDesc, prometheus.GaugeValue, float64(trial))
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(n), k[0], k[1])
 	}

@@ -60,6 +60,11 @@ type Config struct {
 	// bootstrap_host may name; the zero value refuses link-local,
 	// metadata-service and unspecified addresses.
 	PeerNetworks registry.PeerNetworkPolicy
+	// Version is pdplane_build_info's version label: the binary's own
+	// version (main.version, linked in with -X). Empty: read from the build
+	// information (a non-trimpath build's -X main.version, else the module
+	// version), else "dev".
+	Version string
 }
 
 // WithDefaults fills in unset fields.
@@ -133,6 +138,13 @@ type Mounter interface {
 	Mount(r chi.Router)
 }
 
+// selfLogger is a Mounter that logs some of its routes' requests itself
+// (the router's generation routes, with their outcome and pair): the
+// access log counts those but does not log them again.
+type selfLogger interface {
+	LoggedRoutes() []string
+}
+
 // Deps are the server's collaborators.
 type Deps struct {
 	Store    registry.Store
@@ -161,6 +173,8 @@ type Server struct {
 	// shuttingDown is closed by BeginShutdown (shutdown.go).
 	shuttingDown chan struct{}
 	shutdownOnce sync.Once
+	// selfLogged are the route patterns whose handler logs each request.
+	selfLogged map[string]bool
 }
 
 // New builds the server and its routes.
@@ -179,7 +193,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log, access: access,
 		reports:      newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now),
 		shuttingDown: make(chan struct{})}
-	s.metrics = newServerMetrics(deps.Registry, deps.Snaps)
+	s.metrics = newServerMetrics(deps.Registry, deps.Snaps, cfg.Version)
 
 	r := chi.NewRouter()
 	s.mux = r
@@ -213,6 +227,12 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	r.MethodNotAllowed(s.methodNotAllowed)
 	if deps.Routes != nil {
 		deps.Routes.Mount(r)
+		if sl, ok := deps.Routes.(selfLogger); ok {
+			s.selfLogged = map[string]bool{}
+			for _, p := range sl.LoggedRoutes() {
+				s.selfLogged[p] = true
+			}
+		}
 	}
 	if deps.Web != nil {
 		// Only the paths the status page serves, and only GET and HEAD, so
@@ -320,7 +340,10 @@ func requestID(next http.Handler) http.Handler {
 	})
 }
 
-// accessLog logs each request once it is done and counts it by route.
+// accessLog logs each request once it is done and counts it by route. A
+// request that reached a route whose handler logs it (the router's
+// generation routes) is counted but not logged twice; one refused before
+// routing (route "unmatched") is logged here.
 func (s *Server) accessLog(next http.Handler) http.Handler {
 	return hlog.AccessHandler(func(r *http.Request, status, size int, d time.Duration) {
 		route := "unmatched"
@@ -328,10 +351,14 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			route = rc.RoutePattern()
 		}
 		s.metrics.requests.WithLabelValues(route, fmt.Sprint(status)).Inc()
+		if s.selfLogged[route] {
+			return
+		}
 		ev := hlog.FromRequest(r).Debug()
 		if status >= 500 && route != "/readyz" { // not ready is an answer, not a failure
 			ev = hlog.FromRequest(r).Warn()
 		}
-		ev.Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).Dur("duration", d).Msg("request")
+		ev.Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).
+			Float64("duration_ms", float64(d.Microseconds())/1e3).Msg("request")
 	})(next)
 }

@@ -865,7 +865,7 @@ func fakeRouterTraffic(t *testing.T, reg *prometheus.Registry) (stop func()) {
 				}
 				requests.WithLabelValues(route, "ok").Inc()
 				// Log-normal around 140 ms, slower while the load peaks.
-				ttft.WithLabelValues(route).Observe(0.14 * (1 + 0.3*math.Sin(s/3)) * math.Exp(0.45*rand.NormFloat64()))
+				ttft.WithLabelValues(route, "sim-model").Observe(0.14 * (1 + 0.3*math.Sin(s/3)) * math.Exp(0.45*rand.NormFloat64()))
 			}
 		}
 	}()

@@ -234,7 +234,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 		return nil, fmt.Errorf("--allow-peer-networks: %w", err)
 	}
 	srv, err := server.New(server.Config{
-		AdminToken: c.adminToken, JoinTokens: c.tokens(),
+		AdminToken: c.adminToken, JoinTokens: c.tokens(), Version: version,
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
 		BodyTimeout: c.bodyTimeout, MaxEventStreams: c.maxEventStreams, AllowedHosts: splitList(c.allowedHosts),
 		PeerNetworks: registry.PeerNetworkPolicy{Allow: peerNets},
