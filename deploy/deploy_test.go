@@ -62,7 +62,7 @@ type command struct {
 }
 
 var (
-	flagLine = regexp.MustCompile(`^  -([a-z0-9][a-z0-9-]*)(?: (\S+))?$`)
+	flagLine = regexp.MustCompile(`^  --?([a-z0-9][a-z0-9-]*)(?: (\S+))?$`)
 	envRef   = regexp.MustCompile(`\(\$(PDPLANE_[A-Z0-9_]+)\)`)
 )
 
@@ -70,7 +70,7 @@ var (
 func helpFlags(t *testing.T, sub string) command {
 	t.Helper()
 	out, _ := exec.Command(pdplaneBin, sub, "-h").CombinedOutput() // -h may exit non-zero
-	if !strings.Contains(string(out), "Usage of "+sub) {
+	if !strings.Contains(string(out), "pdplane "+sub+" [flags]") {
 		t.Fatalf("pdplane %s -h printed no usage:\n%s", sub, out)
 	}
 	return parseHelp(t, sub, string(out))
