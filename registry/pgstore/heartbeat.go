@@ -220,9 +220,13 @@ SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id
 		_, err = pgx.ForEachRow(rows, []any{&id, &name, &state, &reason, &instance, &generation, &heal}, func() error {
 			prev := registry.Peer{ID: id, State: registry.State(state), StateReason: reason, Generation: generation}
 			prev.Name, prev.InstanceID = name, instance
-			var err error
-			if prev.Heal, err = decodeHeal(heal); err != nil {
-				return fmt.Errorf("decode heal plan of peer %s: %w", id, err)
+			if prev.State == registry.StateStale {
+				// Only a stale peer's heartbeat reads its heal plan: the
+				// rest of the batch skips the decode.
+				var err error
+				if prev.Heal, err = decodeHeal(heal); err != nil {
+					return fmt.Errorf("decode heal plan of peer %s: %w", id, err)
+				}
 			}
 			next, reply, events := registry.ApplyHeartbeat(prev, last[id].hb, now, s.cfg.LeaseTTL, s.cfg.Heal)
 			replies[id] = reply
