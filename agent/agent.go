@@ -167,6 +167,9 @@ type Agent struct {
 	// healErr is a failed heal action's report, sent with the next
 	// heartbeat.
 	healErr string
+	// peerByAgent caches PeerOfAgent's answers: an agent name belongs to
+	// one peer for its whole life.
+	peerByAgent map[string]string
 }
 
 // New returns an agent for eng.

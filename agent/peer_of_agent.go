@@ -15,7 +15,16 @@ import (
 // the decode's transfer secret, finds the peer this way. Peers of the
 // opposite role are searched (a prefill asks about decodes and the other
 // way round); an agent no registered peer has is an error.
+//
+// Answers are cached (an agent name names one peer for its life), so that a
+// burst of failed transfers to one decode costs one listing, not one each.
 func (a *Agent) PeerOfAgent(ctx context.Context, agentName string) (string, error) {
+	a.mu.Lock()
+	id, ok := a.peerByAgent[agentName]
+	a.mu.Unlock()
+	if ok {
+		return id, nil
+	}
 	role := api.Decode
 	if p := a.Peer(); p.Role == api.Decode {
 		role = api.Prefill
@@ -39,9 +48,22 @@ func (a *Agent) PeerOfAgent(ctx context.Context, agentName string) (string, erro
 	for _, p := range resp.JSON200.Peers {
 		for _, r := range apiconv.Deref(p.Ranks) {
 			if r.AgentName == agentName {
+				a.rememberPeer(agentName, p.Id)
 				return p.Id, nil
 			}
 		}
 	}
 	return "", fmt.Errorf("no registered %s peer has the agent %s", role, agentName)
+}
+
+// maxPeerByAgent bounds the cache; it starts over when full.
+const maxPeerByAgent = 4096
+
+func (a *Agent) rememberPeer(agentName, id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.peerByAgent == nil || len(a.peerByAgent) >= maxPeerByAgent {
+		a.peerByAgent = map[string]string{}
+	}
+	a.peerByAgent[agentName] = id
 }
