@@ -74,15 +74,10 @@ func StartEngine(ctx context.Context, cfg EngineConfig, log zerolog.Logger) (*En
 		go func() {
 			rctx, cancel := context.WithTimeout(ctx, reportTimeout)
 			defer cancel()
-			decodeID := peerID
-			if decodeID == "" {
-				// SGLang's bootstrap plane names the decode by its NIXL
-				// agent only.
-				var lerr error
-				if decodeID, lerr = e.agent.PeerOfAgent(rctx, agentName); lerr != nil {
-					log.Warn().Err(lerr).Str("decode_agent", agentName).Msg("report stale peer: no registered decode has the agent")
-					return
-				}
+			decodeID, lerr := e.peerOf(rctx, peerID, agentName)
+			if lerr != nil {
+				log.Warn().Err(lerr).Str("decode_agent", agentName).Msg("report stale peer: no registered decode has the agent")
+				return
 			}
 			r := agent.ReportFor(err, decodeID, e.agent.Peer().Id, e.Sim().AgentName())
 			if rerr := e.agent.ReportTransferFailure(rctx, r); rerr != nil {
@@ -97,11 +92,9 @@ func StartEngine(ctx context.Context, cfg EngineConfig, log zerolog.Logger) (*En
 			if e.agent == nil {
 				return nil, errors.New("no agent to ask the control plane")
 			}
-			if peerID == "" {
-				var err error
-				if peerID, err = e.agent.PeerOfAgent(ctx, agentName); err != nil {
-					return nil, err
-				}
+			peerID, err := e.peerOf(ctx, peerID, agentName)
+			if err != nil {
+				return nil, err
 			}
 			return e.agent.TransferSecret(ctx, peerID, agentName)
 		}
@@ -140,6 +133,16 @@ func StartEngine(ctx context.Context, cfg EngineConfig, log zerolog.Logger) (*En
 		close(e.done)
 	}()
 	return e, nil
+}
+
+// peerOf is peerID, or, when the engine protocol did not name the peer
+// (SGLang's bootstrap plane names only the NIXL agent), the peer the
+// control plane knows agentName by.
+func (e *Engine) peerOf(ctx context.Context, peerID, agentName string) (string, error) {
+	if peerID != "" {
+		return peerID, nil
+	}
+	return e.agent.PeerOfAgent(ctx, agentName)
 }
 
 // Sim is the running simulator; a heal replaces it.
