@@ -71,6 +71,13 @@ type Config struct {
 	DType string
 	// Pages is the number of pages in the KV pool; default 512.
 	Pages int
+	// CheapTransfer keeps the PD protocol (bootstrap, rooms, the transfer
+	// with its notification, the per-token times) but computes no KV,
+	// verifies none and moves one page per request instead of the
+	// prompt's: for load tests where the engines must not be the
+	// bottleneck. Transfers still fail as they would (a missing memory
+	// kind, an unknown agent); a corrupt-kv fault goes unnoticed.
+	CheapTransfer bool
 
 	// PrefillTimePerToken is how long a prefill "computes" per prompt
 	// token.
