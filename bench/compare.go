@@ -242,7 +242,7 @@ func compareWith(ctx context.Context, cfg Config, p Peer) (*Comparison, error) {
 	}
 	defer slow.close()
 	for i, t := range slow.targets() {
-		h, err := measureHeld(ctx, cfg, slow.load(t, Stream), t)
+		h, err := measureHeld(ctx, cfg, slow.load(t, Stream, heldTokens), t)
 		if err != nil {
 			return nil, err
 		}
@@ -289,7 +289,7 @@ type fleet struct {
 }
 
 func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fleet, err error) {
-	f = &fleet{engine: p.engine(), maxTokens: cfg.MaxTokens, progress: cfg.Progress}
+	f = &fleet{engine: p.engine(), progress: cfg.Progress}
 	defer func() {
 		if err != nil {
 			f.close()
@@ -337,7 +337,7 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 	client := newClient(1)
 	defer client.CloseIdleConnections()
 	for _, t := range f.targets() {
-		if err := sendUntilOK(ctx, client, f.load(t, Stream), startTimeout); err != nil {
+		if err := sendUntilOK(ctx, client, f.load(t, Stream, 1), startTimeout); err != nil {
 			return nil, fmt.Errorf("%s: %w\n%s", t.name, err, tail(t.proc.Output(), 4000))
 		}
 	}
@@ -379,9 +379,9 @@ func (f *fleet) targets() []target {
 
 // load is the request sent through t: an OpenAI chat completion, which
 // every router and engine here serves.
-func (f *fleet) load(t target, mode Mode) Load {
+func (f *fleet) load(t target, mode Mode, maxTokens int) Load {
 	body := `{"model":"sim-model","messages":[{"role":"user","content":"hello there, how are you"}],"max_tokens":` +
-		strconv.Itoa(f.maxTokens)
+		strconv.Itoa(maxTokens)
 	if mode == Stream {
 		body += `,"stream":true`
 	}
@@ -402,7 +402,7 @@ func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (R
 				return Row{}, fmt.Errorf("%s: %w", t.name, err)
 			}
 			start := time.Now()
-			res := runWindow(ctx, client, f.load(t, mode), conc, cfg.Window)
+			res := runWindow(ctx, client, f.load(t, mode, cfg.MaxTokens), conc, cfg.Window)
 			elapsed := time.Since(start)
 			after, err := ReadUsage(t.proc.PID())
 			client.CloseIdleConnections()
@@ -435,6 +435,10 @@ func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (R
 	}
 	return row, nil
 }
+
+// heldTokens is the length of a held stream: at one token a second, it
+// outlasts the measurement by far (the streams are closed after it).
+const heldTokens = 3600
 
 // heldOpenTimeout bounds how long the held streams may take to open.
 const heldOpenTimeout = 2 * time.Minute

@@ -29,7 +29,7 @@ func runBench(ctx context.Context, args []string) error {
 
 func benchCmd(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return usageErrorf("bench: which one?\n\n%s", benchUsage)
+		return usageErrorf("bench: a verb is required\n\n%s", benchUsage)
 	}
 	switch args[0] {
 	case "compare":
