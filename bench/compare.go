@@ -147,6 +147,8 @@ func (s Stats) CPUPerRequest() time.Duration {
 // Held is one router's memory and descriptors per held stream.
 type Held struct {
 	Opened, Held int
+	// FirstError is why the first stream that was not held failed.
+	FirstError string
 	// RSSBase and FDsBase are the router's before the streams opened.
 	RSSBase int64
 	FDsBase int
@@ -461,7 +463,7 @@ func measureHeld(ctx context.Context, cfg Config, l Load, t target) (*Held, erro
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", t.name, err)
 	}
-	h := &Held{Opened: cfg.HeldStreams, Held: hs.Held, RSSBase: base.RSS, FDsBase: base.FDs}
+	h := &Held{Opened: cfg.HeldStreams, Held: hs.Held, FirstError: hs.FirstError, RSSBase: base.RSS, FDsBase: base.FDs}
 	if hs.Held > 0 {
 		d := with.Sub(base)
 		h.RSSPerStream = float64(d.RSS) / float64(hs.Held)

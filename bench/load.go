@@ -169,7 +169,8 @@ func sendUntilOK(ctx context.Context, client *http.Client, l Load, within time.D
 // heldStreams are streams opened and kept open: each has received its
 // first event and reads the rest until release.
 type heldStreams struct {
-	Held   int
+	Held       int
+	FirstError string // why the first stream that failed did
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -179,12 +180,12 @@ type heldStreams struct {
 func holdStreams(ctx context.Context, client *http.Client, l Load, n int, within time.Duration) (*heldStreams, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	h := &heldStreams{cancel: cancel}
-	first := make(chan bool, n)
+	first := make(chan error, n)
 	for range n {
 		h.wg.Go(func() {
 			resp, err := post(ctx, client, l)
 			if err != nil {
-				first <- false
+				first <- err
 				return
 			}
 			defer resp.Body.Close()
@@ -194,14 +195,14 @@ func holdStreams(ctx context.Context, client *http.Client, l Load, n int, within
 				line, err := r.ReadSlice('\n')
 				if !got && bytes.HasPrefix(line, []byte("data:")) {
 					got = true
-					first <- true
+					first <- nil
 				}
 				if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+					if !got {
+						first <- fmt.Errorf("stream ended before its first event: %w", err)
+					}
 					break
 				}
-			}
-			if !got {
-				first <- false
 			}
 		})
 	}
@@ -209,9 +210,11 @@ func holdStreams(ctx context.Context, client *http.Client, l Load, n int, within
 	defer timer.Stop()
 	for range n {
 		select {
-		case ok := <-first:
-			if ok {
+		case err := <-first:
+			if err == nil {
 				h.Held++
+			} else if h.FirstError == "" {
+				h.FirstError = err.Error()
 			}
 		case <-timer.C:
 			return h, nil

@@ -61,6 +61,11 @@ func (r *Report) Print(w io.Writer) {
 				fmt.Fprintf(w, "%s, %s %d clients, first failure: %s\n", peer, row.Mode, row.Concurrency, row.Peer.FirstError)
 			}
 		}
+		for who, h := range map[string]*Held{"pdplane": c.HeldPdplane, peer: c.HeldPeer} {
+			if h != nil && h.FirstError != "" {
+				fmt.Fprintf(w, "%s, held streams, first failure: %s\n", who, h.FirstError)
+			}
+		}
 		fmt.Fprintln(w)
 	}
 }
