@@ -171,8 +171,8 @@ func sendUntilOK(ctx context.Context, client *http.Client, l Load, within time.D
 type heldStreams struct {
 	Held       int
 	FirstError string // why the first stream that failed did
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
 }
 
 // holdStreams opens n streams of l at once and returns when each has
