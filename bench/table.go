@@ -115,4 +115,10 @@ func fmtDur(d time.Duration) string {
 	}
 }
 
-func kib(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
+// kib prints a byte count in KiB, or MiB from 10 MiB up.
+func kib(b float64) string {
+	if b >= 10<<20 {
+		return fmt.Sprintf("%.1f MiB", b/(1<<20))
+	}
+	return fmt.Sprintf("%.1f KiB", b/1024)
+}
