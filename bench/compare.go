@@ -264,9 +264,11 @@ func peerName(p Peer) string {
 	return p.Name
 }
 
-// kvPages sizes the engines' KV pools for n requests at once (one page
-// each under cheap transfer, doubled for the decode's held rooms).
-func kvPages(n int) int { return max(4096, 2*n) }
+// kvPages sizes the engines' KV pools for n requests at once: one page
+// each under cheap transfer (the prompt is short), doubled for pages still
+// held while the next request starts. The simulator maps and touches the
+// whole pool up front (32 KiB a page), so it is not oversized.
+func kvPages(n int) int { return max(512, 2*n) }
 
 // fleetSpec is how a fleet's engines run.
 type fleetSpec struct {
