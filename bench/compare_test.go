@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,20 +15,14 @@ import (
 var pdplaneBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "pdplane-bench-")
+	bin, remove, err := bench.BuildPdplane("../cmd/pdplane")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	pdplaneBin = filepath.Join(dir, "pdplane")
-	build := exec.Command("go", "build", "-o", pdplaneBin, "../cmd/pdplane")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build pdplane:", err)
-		os.Exit(1)
-	}
+	pdplaneBin = bin
 	code := m.Run()
-	_ = os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"time"
 )
@@ -136,4 +137,23 @@ func tail(s string, n int) string {
 		return s
 	}
 	return "…" + s[len(s)-n:]
+}
+
+// BuildPdplane builds the pdplane command at pkg (a package path such as
+// "../cmd/pdplane") into a temporary directory, for tests that run it as a
+// process. It returns the binary and a function that removes it.
+func BuildPdplane(pkg string) (bin string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "pdplane-bin-")
+	if err != nil {
+		return "", nil, fmt.Errorf("build pdplane: %w", err)
+	}
+	remove = func() { _ = os.RemoveAll(dir) }
+	bin = filepath.Join(dir, "pdplane")
+	build := exec.Command("go", "build", "-o", bin, pkg)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		remove()
+		return "", nil, fmt.Errorf("build pdplane: %w", err)
+	}
+	return bin, remove, nil
 }
