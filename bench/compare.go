@@ -119,10 +119,10 @@ func (c Config) validate() error {
 // Stats is one router's figures for one (mode, concurrency), over all its
 // windows.
 type Stats struct {
-	Requests   int           // completed by the end of their window
+	Requests   int           // served (a window's last ones finish after its end)
 	Failed     int           // answered with an error
 	FirstError string        // the first failure's text
-	Elapsed    time.Duration // the windows' total length
+	Elapsed    time.Duration // the windows' total length, until their last request ended
 	CPU        time.Duration // router CPU over the windows
 	TTFT50     time.Duration // client-side time to first token, p50
 	TTFT99     time.Duration // and p99
@@ -422,11 +422,11 @@ func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (R
 			if s.FirstError == "" {
 				s.FirstError = res.FirstError
 			}
-			s.Elapsed += min(elapsed, cfg.Window)
+			s.Elapsed += elapsed
 			s.CPU += after.CPU - before.CPU
 			ttfts[i] = append(ttfts[i], res.TTFT...)
 			fmt.Fprintf(f.progress, "bench: %s %s c=%d round %d: %d ok, %d failed, %.0f req/s, CPU %v\n",
-				t.name, mode, conc, round+1, res.OK, res.Failed, float64(res.OK)/cfg.Window.Seconds(), after.CPU-before.CPU)
+				t.name, mode, conc, round+1, res.OK, res.Failed, float64(res.OK)/elapsed.Seconds(), after.CPU-before.CPU)
 		}
 	}
 	for i := range ts {

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -36,6 +37,9 @@ func Start(name string, env []string, argv ...string) (*Process, error) {
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	p.cmd.Env = append(append(os.Environ(), "NO_COLOR=1", "RUST_LOG_STYLE=never"), env...)
+	// Its own process group, so that Stop ends whatever it started too
+	// (a Python launcher's server, for one).
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
@@ -62,9 +66,15 @@ func (p *Process) Exited() (bool, error) {
 	}
 }
 
-// Stop kills the process and waits for it. It is idempotent.
+// Stop kills the process and its process group and waits for it. It is
+// idempotent.
 func (p *Process) Stop() {
-	_ = p.cmd.Process.Kill()
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
 	<-p.done
 }
 
