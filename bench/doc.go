@@ -6,7 +6,9 @@
 // kind (SGLang engines for SMG, vLLM engines for vllm-router), registers them
 // with a `pdplane serve` and puts the peer router in front of the same
 // engines, then drives the same load through pdplane and the peer in
-// alternating windows. The load generator runs in the calling process; only
+// alternating windows. Held streams are measured on a second set of engines
+// whose decode generates one token a second, with fresh routers in front.
+// The load generator runs in the calling process; only
 // the router processes (each with its children) are measured: CPU from
 // /proc/<pid>/stat divided by the requests served, resident memory and open
 // file descriptors per held stream, client-side time to first byte.

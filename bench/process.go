@@ -20,7 +20,7 @@ const outputTail = 64 << 10
 // Process is a child process whose output is kept (its last 64 KiB) for
 // the report when something goes wrong.
 type Process struct {
-	Name string
+	Name string // names the process in errors and logs
 	cmd  *exec.Cmd
 	out  tailBuffer
 	done chan struct{}
