@@ -209,17 +209,10 @@ vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.75
 // runSimAgent runs an agent for a started sim, probing it every 10ms.
 func runSimAgent(t *testing.T, cpURL string, s *sim.Sim) *agent.Agent {
 	t.Helper()
-	a, err := agent.New(agent.Config{ControlPlane: cpURL, JoinToken: "tok", MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+	a, _, _ := startAgent(t, agent.Config{ControlPlane: cpURL, JoinToken: "tok", MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		OnRegistered: func(p api.Peer) { s.SetPeerID(p.Id) },
 		Probe:        agent.ProbeConfig{Interval: 10 * time.Millisecond, Timeout: 2 * time.Second}},
-		s, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+		s, testLog(t))
 	return a
 }
 
