@@ -217,20 +217,7 @@ func freeAddr(t *testing.T) string {
 // waitHTTP waits until GET url answers 200.
 func waitHTTP(t *testing.T, url string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer 200 within %s (last: %v)", url, within, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitHTTPStatus(t, url, http.StatusOK, within)
 }
 
 // apiPeer is what the test reads of GET /api/v1/peers.
@@ -546,7 +533,7 @@ func waitHTTPStatus(t *testing.T, url string, status int, within time.Duration) 
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer %d within %s", url, status, within)
+			t.Fatalf("%s did not answer %d within %s (last: %v)", url, status, within, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
