@@ -217,6 +217,15 @@ func (s *suite) connected(t *testing.T, aSize, bSize int) (a, b *Agent) {
 	return a, b
 }
 
+// checkLanded fails the test unless page j (of page bytes) of b's buffer
+// holds what page i of a's does.
+func checkLanded(t *testing.T, a, b *Agent, page, i, j int) {
+	t.Helper()
+	if !bytes.Equal(a.Buf.Bytes()[i*page:(i+1)*page], b.Buf.Bytes()[j*page:(j+1)*page]) {
+		t.Fatalf("page %d did not land on page %d", i, j)
+	}
+}
+
 // pageLists lists pages pages of page bytes in a's buffer and, in the same
 // order, the pages of b's they go to: page i to page to(i).
 func pageLists(a, b *Agent, page, pages int, to func(i int) int) (l, d transfer.DescList) {
@@ -285,10 +294,7 @@ func (s *suite) scatteredPages(t *testing.T) {
 	}
 	WaitNotif(t, b.B, a.B.AgentName(), []byte("scatter"), s.opts.Timeout)
 	for i := range pages {
-		j := scatter(i)
-		if !bytes.Equal(a.Buf.Bytes()[i*page:(i+1)*page], b.Buf.Bytes()[j*page:(j+1)*page]) {
-			t.Fatalf("page %d did not land on page %d", i, j)
-		}
+		checkLanded(t, a, b, page, i, scatter(i))
 	}
 	checkHandles(t, a, b)
 }
@@ -317,9 +323,7 @@ func (s *suite) prepared(t *testing.T) {
 	}
 	WaitNotif(t, b.B, a.B.AgentName(), []byte("prepped"), s.opts.Timeout)
 	for k := range li {
-		if !bytes.Equal(a.Buf.Bytes()[li[k]*page:(li[k]+1)*page], b.Buf.Bytes()[ri[k]*page:(ri[k]+1)*page]) {
-			t.Fatalf("page %d did not land on page %d", li[k], ri[k])
-		}
+		checkLanded(t, a, b, page, li[k], ri[k])
 	}
 	if _, err := p.Post(ctx, transfer.OpWrite, []int{0}, []int{pages}, nil); !errors.Is(err, transfer.ErrOutOfRange) {
 		t.Fatalf("index past the prepared list: got %v, want ErrOutOfRange", err)
