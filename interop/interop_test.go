@@ -310,22 +310,27 @@ func TestSMGDrivesSGLangSims(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, "smg", args...)
-	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	serveMovingKV(t, "SMG", "http://127.0.0.1:"+strconv.Itoa(port), p, d, []request{
+		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
+		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
+		{"/generate", `{"text":"native generate","sampling_params":{"max_new_tokens":8}}`},
+		{"/generate", `{"text":"native generate streamed","sampling_params":{"max_new_tokens":8},"stream":true}`},
+	})
+}
 
+// serveMovingKV waits until the router named router at base answers a chat
+// completion, then serves cases through it, and checks that the sims p and
+// d moved KV once for each of those requests.
+func serveMovingKV(t *testing.T, router, base string, p, d sim, cases []request) {
+	t.Helper()
 	before := transfers(t, p, d)
 	chat := `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}`
 	if got := completionText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second)); got == "" {
 		t.Fatal("empty chat completion")
 	}
-	cases := []request{
-		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
-		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
-		{"/generate", `{"text":"native generate","sampling_params":{"max_new_tokens":8}}`},
-		{"/generate", `{"text":"native generate streamed","sampling_params":{"max_new_tokens":8},"stream":true}`},
-	}
 	serveAll(t, base, cases)
 	if got, want := transfers(t, p, d)-before, 1+len(cases); got != want {
-		t.Fatalf("sims counted %d KV transfers for %d requests through SMG", got, want)
+		t.Fatalf("sims counted %d KV transfers for %d requests through %s", got, want, router)
 	}
 }
 
@@ -344,22 +349,11 @@ func TestVLLMRouterDrivesVLLMSims(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, "vllm-router", args...)
-	base := "http://127.0.0.1:" + strconv.Itoa(port)
-
-	before := transfers(t, p, d)
-	chat := `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}`
-	if got := completionText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second)); got == "" {
-		t.Fatal("empty chat completion")
-	}
-	cases := []request{
+	serveMovingKV(t, "vllm-router", "http://127.0.0.1:"+strconv.Itoa(port), p, d, []request{
 		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
 		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8}`},
 		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
-	}
-	serveAll(t, base, cases)
-	if got, want := transfers(t, p, d)-before, 1+len(cases); got != want {
-		t.Fatalf("sims counted %d KV transfers for %d requests through vllm-router", got, want)
-	}
+	})
 }
 
 // TestPdplaneBehindSMG puts a whole pdplane (`pdplane dev`: control plane,

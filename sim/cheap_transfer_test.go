@@ -1,7 +1,6 @@
 package sim_test
 
 import (
-	"net/http"
 	"strings"
 	"testing"
 
@@ -21,21 +20,7 @@ func TestSimCheapTransferKeepsProtocolMovesOnePage(t *testing.T) {
 		t.Run(string(engine), func(t *testing.T) {
 			t.Parallel()
 			p, d := simtest.Pair(t, engine, func(c *sim.Config) { c.CheapTransfer = true; c.Pages = 64 })
-			c := simtest.NewClient()
-			body := chatBody(long, 5, false)
-			var dr simtest.Response
-			var err error
-			if engine == registry.EngineSGLang {
-				_, dr, err = c.SGLang(t.Context(), p, d, "/v1/chat/completions", body, simtest.Room())
-			} else {
-				_, dr, err = c.VLLM(t.Context(), p, d, "/v1/chat/completions", body)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if dr.Status != http.StatusOK {
-				t.Fatalf("decode %d %s", dr.Status, dr.Body)
-			}
+			_, dr := pdOK(t, p, d, "/v1/chat/completions", chatBody(long, 5, false))
 			if n := len(strings.Fields(decodeAnswer(t, dr).Choices[0].Message.Content)); n != 5 {
 				t.Fatalf("%d words, want 5", n)
 			}
