@@ -97,7 +97,6 @@ func (b *bundle) send(t *testing.T, ctx context.Context, path, body string, hdr 
 	return resp
 }
 
-// metric returns the value of a counter or gauge with the labels.
 // waitMetric waits for a metric to reach want.
 func (b *bundle) waitMetric(t *testing.T, name string, labels map[string]string, want float64) {
 	t.Helper()
@@ -114,12 +113,37 @@ func (b *bundle) waitMetric(t *testing.T, name string, labels map[string]string,
 	}
 }
 
+// metric returns the value of the first series of name whose labels
+// include labels: a counter's or gauge's value, a histogram's count; 0 when
+// there is none.
 func (b *bundle) metric(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	if v := b.samples(t, name, labels); len(v) > 0 {
+		return v[0]
+	}
+	return 0
+}
+
+// total sums a counter (or a histogram's count) over every series of name
+// whose labels include labels.
+func (b *bundle) total(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	sum := 0.0
+	for _, v := range b.samples(t, name, labels) {
+		sum += v
+	}
+	return sum
+}
+
+// samples returns, for each series of name whose labels include labels, a
+// counter's or gauge's value or a histogram's count.
+func (b *bundle) samples(t *testing.T, name string, labels map[string]string) []float64 {
 	t.Helper()
 	mfs, err := b.prom.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var out []float64
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -133,15 +157,15 @@ func (b *bundle) metric(t *testing.T, name string, labels map[string]string) flo
 			}
 			switch {
 			case m.Counter != nil:
-				return m.Counter.GetValue()
+				out = append(out, m.Counter.GetValue())
 			case m.Gauge != nil:
-				return m.Gauge.GetValue()
+				out = append(out, m.Gauge.GetValue())
 			case m.Histogram != nil:
-				return float64(m.Histogram.GetSampleCount())
+				out = append(out, float64(m.Histogram.GetSampleCount()))
 			}
 		}
 	}
-	return 0
+	return out
 }
 
 func hasLabel(m *dto.Metric, k, v string) bool {
