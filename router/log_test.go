@@ -62,31 +62,35 @@ func (l *logLines) takeDecoded(t *testing.T) []map[string]any {
 	return out
 }
 
-// loggedControlPlane registers the sims with a test registry and serves a
-// router built with cfg behind the control plane, with the loggers serve
-// gives them, both writing to the returned lines.
-func loggedControlPlane(t *testing.T, cfg router.Config, sims ...*sim.Sim) (*router.Router, *server.Server, *logLines) {
+// controlPlane registers the sims with a test registry and serves a router
+// built with cfg behind the control plane, as serve wires them: both
+// register their metrics with prom and log to log, each as its component.
+func controlPlane(t *testing.T, cfg router.Config, prom *prometheus.Registry, log zerolog.Logger, sims ...*sim.Sim) (*router.Router, *server.Server) {
 	t.Helper()
 	reg := newTestRegistry(t)
-	for _, sm := range sims {
-		spec, err := sm.Spec(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		reg.register(t, spec)
+	for _, s := range sims {
+		reg.registerSim(t, s)
 	}
-	logs := &logLines{}
-	log := zerolog.New(logs).Level(zerolog.DebugLevel).With().Timestamp().Logger()
-	rt, err := router.New(cfg, reg.mirror, reg.store, log.With().Str("component", "router").Logger(), prometheus.NewRegistry())
+	rt, err := router.New(cfg, reg.mirror, reg.store, log.With().Str("component", "router").Logger(), prom)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(rt.Close)
-	srv, err := server.New(server.Config{}, server.Deps{Store: reg.store, Snaps: reg.mirror, Registry: prometheus.NewRegistry(), Routes: rt},
+	srv, err := server.New(server.Config{}, server.Deps{Store: reg.store, Snaps: reg.mirror, Registry: prom, Routes: rt},
 		log.With().Str("component", "server").Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rt, srv
+}
+
+// loggedControlPlane is controlPlane logging at debug level to the returned
+// lines.
+func loggedControlPlane(t *testing.T, cfg router.Config, sims ...*sim.Sim) (*router.Router, *server.Server, *logLines) {
+	t.Helper()
+	logs := &logLines{}
+	log := zerolog.New(logs).Level(zerolog.DebugLevel).With().Timestamp().Logger()
+	rt, srv := controlPlane(t, cfg, prometheus.NewRegistry(), log, sims...)
 	return rt, srv, logs
 }
 
