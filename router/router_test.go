@@ -267,11 +267,35 @@ func TestMemKindTextInASuccessfulAnswerIsNotAnError(t *testing.T) {
 func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	snaps := newTestRegistry(t).mirror
-	if _, err := router.New(router.Config{PrefillPolicy: "fastest"}, snaps, nil, zerolog.Nop(), nil); err == nil || !strings.Contains(err.Error(), "PrefillPolicy") {
-		t.Fatalf("err %v", err)
-	}
-	if _, err := router.New(router.Config{APIKeys: []string{""}}, snaps, nil, zerolog.Nop(), nil); err == nil || !strings.Contains(err.Error(), "APIKeys[0]") {
-		t.Fatalf("err %v", err)
+	// Each bound names its own field.
+	for _, tc := range []struct {
+		field string
+		cfg   router.Config
+	}{
+		{"PrefillPolicy", router.Config{PrefillPolicy: "fastest"}},
+		{"DecodePolicy", router.Config{DecodePolicy: "fastest"}},
+		{"MaxBodyBytes", router.Config{MaxBodyBytes: -1}},
+		{"MaxInflight", router.Config{MaxInflight: -1}},
+		{"MaxResponseBytes", router.Config{MaxResponseBytes: -1}},
+		{"MaxAttempts", router.Config{MaxAttempts: -1}},
+		{"RetryBackoff", router.Config{RetryBackoff: -time.Second}},
+		{"RetryBackoffMax", router.Config{RetryBackoffMax: -time.Second}},
+		{"BreakerFailures", router.Config{BreakerFailures: -1}},
+		{"BreakerCooldown", router.Config{BreakerCooldown: -time.Second}},
+		{"ConnectTimeout", router.Config{ConnectTimeout: -time.Second}},
+		{"PrefillTimeout", router.Config{PrefillTimeout: -time.Second}},
+		{"DecodeFirstByteTimeout", router.Config{DecodeFirstByteTimeout: -time.Second}},
+		{"MaxIdleConnsPerHost", router.Config{MaxIdleConnsPerHost: -1}},
+		{"CacheAwarePrefixBytes", router.Config{CacheAwarePrefixBytes: -1}},
+		{"CacheAwareBalanceAbs", router.Config{CacheAwareBalanceAbs: -1}},
+		{"CacheAwareBalanceRel", router.Config{CacheAwareBalanceRel: 0.5}},
+		{"CacheAwareVirtualNodes", router.Config{CacheAwareVirtualNodes: -1}},
+		{"CacheAwareVirtualNodes", router.Config{CacheAwareVirtualNodes: 1025}},
+		{"APIKeys[0]", router.Config{APIKeys: []string{""}}},
+	} {
+		if _, err := router.New(tc.cfg, snaps, nil, zerolog.Nop(), nil); err == nil || !strings.Contains(err.Error(), " "+tc.field+":") {
+			t.Errorf("%s out of bounds: err %v, want one naming %s", tc.field, err, tc.field)
+		}
 	}
 	reg := prometheus.NewRegistry()
 	if _, err := router.New(router.Config{}, snaps, nil, zerolog.Nop(), reg); err != nil {
