@@ -141,15 +141,7 @@ func TestMemKindAgainAfterReregistrationQuarantines(t *testing.T) {
 	b.reg.waitStale(t, "d0")
 	// The decode's agent re-registers it, as a stale mark asks; the defect
 	// comes back with the fresh agent.
-	ctx := context.Background()
-	if err := d.Reregister(ctx, "marked stale"); err != nil {
-		t.Fatal(err)
-	}
-	spec, err := d.Spec(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g := b.reg.register(t, spec).Generation; g != 2 {
+	if g := b.reg.reregisterSim(t, d, "marked stale").Generation; g != 2 {
 		t.Fatalf("generation %d after re-registering", g)
 	}
 	setFault(t, d, sim.FaultMissingMemKind)
@@ -496,14 +488,7 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	}); err != nil || out != registry.OutcomeStale {
 		t.Fatalf("first failure: %v %v", out, err)
 	}
-	if err := d.Reregister(ctx, "marked stale"); err != nil {
-		t.Fatal(err)
-	}
-	spec, err := d.Spec(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.reg.register(t, spec)
+	b.reg.reregisterSim(t, d, "marked stale")
 	// The fresh agent's registration with p1 (only) goes wrong again: one
 	// request by hand through p1 while the fault holds.
 	setFault(t, d, sim.FaultMissingMemKind)
