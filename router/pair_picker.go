@@ -21,16 +21,19 @@ import (
 // peerState is what the router tracks about one peer across snapshots, keyed
 // by peer ID: requests in flight, the circuit breaker, and the generation it
 // has itself reported stale.
+//
+// The fields a pick reads come first, so that eligibility and load cost one
+// cache line: staleGen, the breaker's state word and the load baseline.
 type peerState struct {
-	inflight atomic.Int64
-	breaker  breaker
 	// staleGen is 1 + the generation this router reported stale; the peer is
 	// skipped until the snapshot shows a newer generation. 0 when none.
 	staleGen atomic.Int64
+	inflight atomic.Int64
 	// loadAt is the time (Unix ns) of the heartbeat whose load this router
 	// last saw for the peer, and inflightAt its in-flight count then: the
 	// baseline its own traffic since that heartbeat is measured from.
 	loadAt, inflightAt atomic.Int64
+	breaker            breaker // its state word first
 
 	// gauge is the peer's breaker_state series, under its current name.
 	gauge atomic.Pointer[prometheus.Gauge]
@@ -75,17 +78,25 @@ func bootstrapHost(p *registry.Peer) string {
 	return h
 }
 
-// peerRef is one peer as one view sees it.
+// peerRef is one peer as one view sees it. A view holds its refs in one
+// array, in snapshot order, and its candidate lists point into it: a pick
+// follows pointers from a list to a ref to the peer's state, and never looks
+// up a map.
 type peerRef struct {
-	peer  *registry.Peer
 	state *peerState
-	ep    *endpoint
+	// decodes are the decodes this peer may send KV to when it is the
+	// prefill (registry.ModelRoutes.DecodesFor, resolved once per view);
+	// lists of prefills of one compatibility class share one array.
+	decodes []*peerRef
+	peer    *registry.Peer
+	ep      *endpoint
 }
 
 // view is the router's routing state derived from one registry snapshot.
 // It is immutable once published, except for the atomic counters.
 type view struct {
 	snap   *registry.Snapshot
+	peers  []peerRef // in snapshot order; every *peerRef of the view points here
 	refs   map[*registry.Peer]*peerRef
 	byID   map[string]*peerState
 	models map[string]*modelView
@@ -137,12 +148,13 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 	peers := s.Peers()
 	v := &view{
 		snap:   s,
+		peers:  make([]peerRef, len(peers)),
 		refs:   make(map[*registry.Peer]*peerRef, len(peers)),
 		byID:   make(map[string]*peerState, len(peers)),
 		models: make(map[string]*modelView, len(s.Models())),
 	}
 	states := make(map[string]*peerState, len(peers))
-	for _, p := range peers {
+	for i, p := range peers {
 		st, known := b.states[p.ID]
 		if !known {
 			st = rt.newPeerState(p)
@@ -163,19 +175,21 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		}
 		states[p.ID] = st
 		v.byID[p.ID] = st
-		v.refs[p] = &peerRef{peer: p, state: st, ep: st.ep}
+		v.peers[i] = peerRef{peer: p, state: st, ep: st.ep}
+		v.refs[p] = &v.peers[i]
 	}
 	b.states = states
 	rt.forgetGonePeers(b, peers)
 	rt.armTrials(s, b)
+	resolved := map[decodeList][]*peerRef{}
 	for _, name := range s.Models() {
 		routes := s.Routes(name)
 		mv := &modelView{name: name, routes: routes, prefills: make([]*peerRef, len(routes.Prefills))}
 		for i, p := range routes.Prefills {
-			mv.prefills[i] = v.refs[p]
-			if !mv.pairable && len(routes.DecodesFor(p.ID)) > 0 {
-				mv.pairable = true
-			}
+			r := v.refs[p]
+			mv.prefills[i] = r
+			r.decodes = v.resolve(routes.DecodesFor(p.ID), resolved)
+			mv.pairable = mv.pairable || len(r.decodes) > 0
 		}
 		if rt.cfg.PrefillPolicy == PolicyCacheAware && len(mv.prefills) > 0 {
 			var prev *hashRing
@@ -190,6 +204,32 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 	}
 	rt.view.Store(v)
 	return v
+}
+
+// decodeList names one decode list of a snapshot by its array: prefills of
+// one compatibility class share it.
+type decodeList struct {
+	first **registry.Peer
+	n     int
+}
+
+// resolve returns the view's refs of the decodes, converting each list the
+// snapshot shares between prefills once, so that their prefills share the
+// result too.
+func (v *view) resolve(decodes []*registry.Peer, resolved map[decodeList][]*peerRef) []*peerRef {
+	if len(decodes) == 0 {
+		return nil
+	}
+	k := decodeList{&decodes[0], len(decodes)}
+	if refs, ok := resolved[k]; ok {
+		return refs
+	}
+	refs := make([]*peerRef, len(decodes))
+	for i, d := range decodes {
+		refs[i] = v.refs[d]
+	}
+	resolved[k] = refs
+	return refs
 }
 
 // forgetGonePeers deletes the per-peer series of the names that were in the
@@ -240,14 +280,25 @@ func (rt *Router) newEndpoint(p *registry.Peer) *endpoint {
 
 // hashRing is a consistent-hash ring over a model's prefills: each peer
 // owns vnodes points, and a key belongs to the first point at or after its
-// hash. Removing a peer moves only the keys it owned; lookups are a binary
-// search, O(log n).
+// hash. Removing a peer moves only the keys it owned.
+//
+// A lookup is O(1): the hash's top bits select a bucket, and starts says
+// where the bucket's points begin, so only the few points of one bucket are
+// searched instead of O(log n) cache lines of the whole ring.
 type hashRing struct {
 	names  []string // the prefills' names in snapshot order, to reuse the ring
 	points []uint64 // sorted
 	owners []int32  // index into the prefills, per point
 	vnodes int
+	// starts[b] is the index of the first point at or after b<<shift, for
+	// each of the 1<<(64-shift) buckets, then len(points).
+	starts []uint32
+	shift  uint
 }
+
+// ringPointsPerBucket is how many points a bucket of the ring's index holds
+// on average: a few, to keep the index a quarter of the ring's size.
+const ringPointsPerBucket = 4
 
 func buildRing(prefills []*registry.Peer, vnodes int, prev *hashRing) *hashRing {
 	if prev != nil && prev.vnodes == vnodes && len(prev.names) == len(prefills) {
@@ -291,12 +342,29 @@ func buildRing(prefills []*registry.Peer, vnodes int, prev *hashRing) *hashRing 
 	for i, pt := range pts {
 		r.points[i], r.owners[i] = pt.h, pt.owner
 	}
+	r.index()
 	return r
+}
+
+// index builds starts: buckets enough for ringPointsPerBucket points each.
+func (r *hashRing) index() {
+	b := bits.Len(uint(len(r.points) / ringPointsPerBucket)) // 1<<b buckets
+	r.shift = uint(64 - b)
+	r.starts = make([]uint32, 1<<b+1)
+	i := 0
+	for k := range 1 << b {
+		for i < len(r.points) && r.points[i]>>r.shift < uint64(k) {
+			i++
+		}
+		r.starts[k] = uint32(i)
+	}
+	r.starts[1<<b] = uint32(len(r.points))
 }
 
 // locate returns the index of the first point at or after h, wrapping.
 func (r *hashRing) locate(h uint64) int {
-	i, j := 0, len(r.points)
+	k := h >> r.shift // the bucket (0 when shift is 64: one bucket)
+	i, j := int(r.starts[k]), int(r.starts[k+1])
 	for i < j {
 		m := int(uint(i+j) >> 1)
 		if r.points[m] < h {
@@ -343,6 +411,9 @@ func (e *exclusions) add(id string) {
 	e.more = append(e.more, id)
 }
 
+// empty reports whether nothing is excluded, without reading any ID.
+func (e *exclusions) empty() bool { return e.n == 0 && len(e.more) == 0 }
+
 func (e *exclusions) has(id string) bool {
 	for i := 0; i < e.n; i++ {
 		if e.ids[i] == id {
@@ -350,28 +421,6 @@ func (e *exclusions) has(id string) bool {
 		}
 	}
 	return len(e.more) > 0 && slices.Contains(e.more, id)
-}
-
-// candidates is the list one role picks from: a model's prefills, or the
-// decodes compatible with the chosen prefill.
-type candidates struct {
-	refs  []*peerRef       // prefills
-	peers []*registry.Peer // decodes, resolved through lookup
-	look  map[*registry.Peer]*peerRef
-}
-
-func (c *candidates) len() int {
-	if c.refs != nil {
-		return len(c.refs)
-	}
-	return len(c.peers)
-}
-
-func (c *candidates) at(i int) *peerRef {
-	if c.refs != nil {
-		return c.refs[i]
-	}
-	return c.look[c.peers[i]]
 }
 
 // pickCtx is what eligibility depends on during one pick.
@@ -424,7 +473,7 @@ func (rt *Router) eligible(pc *pickCtx, r *peerRef) bool {
 	if sg := r.state.staleGen.Load(); sg != 0 && r.peer.Generation < sg {
 		return false
 	}
-	if pc.ex.has(r.peer.ID) {
+	if !pc.ex.empty() && pc.ex.has(r.peer.ID) { // the common pick reads no ID
 		return false
 	}
 	if !r.state.breaker.available(pc.now, rt.cfg.BreakerCooldown) {
@@ -439,8 +488,8 @@ func (rt *Router) eligible(pc *pickCtx, r *peerRef) bool {
 }
 
 // pick chooses one candidate by policy, or nil when none is eligible.
-func (rt *Router) pick(c *candidates, policy Policy, rr *atomic.Uint64, ring *hashRing, key uint64, pc *pickCtx) *peerRef {
-	n := c.len()
+func (rt *Router) pick(c []*peerRef, policy Policy, rr *atomic.Uint64, ring *hashRing, key uint64, pc *pickCtx) *peerRef {
+	n := len(c)
 	if n == 0 {
 		return nil
 	}
@@ -448,13 +497,13 @@ func (rt *Router) pick(c *candidates, policy Policy, rr *atomic.Uint64, ring *ha
 	case PolicyRoundRobin:
 		start := int(rr.Add(1) - 1)
 		for k := 0; k < min(n, maxProbes); k++ {
-			if r := c.at((start + k) % n); rt.eligible(pc, r) {
+			if r := c[(start+k)%n]; rt.eligible(pc, r) {
 				return r
 			}
 		}
 	case PolicyRandom:
 		for range min(n, maxProbes) {
-			if r := c.at(rand.IntN(n)); rt.eligible(pc, r) {
+			if r := c[rand.IntN(n)]; rt.eligible(pc, r) {
 				return r
 			}
 		}
@@ -476,11 +525,11 @@ func (rt *Router) pick(c *candidates, policy Policy, rr *atomic.Uint64, ring *ha
 
 // scan looks at every candidate from a random start: the fallback when the
 // policy's few probes found none eligible.
-func (rt *Router) scan(c *candidates, pc *pickCtx) *peerRef {
-	n := c.len()
+func (rt *Router) scan(c []*peerRef, pc *pickCtx) *peerRef {
+	n := len(c)
 	start := rand.IntN(n)
 	for k := range n {
-		if r := c.at((start + k) % n); rt.eligible(pc, r) {
+		if r := c[(start+k)%n]; rt.eligible(pc, r) {
 			return r
 		}
 	}
@@ -488,10 +537,10 @@ func (rt *Router) scan(c *candidates, pc *pickCtx) *peerRef {
 }
 
 // powerOfTwo draws two distinct candidates and keeps the less loaded.
-func (rt *Router) powerOfTwo(c *candidates, pc *pickCtx) *peerRef {
-	n := c.len()
+func (rt *Router) powerOfTwo(c []*peerRef, pc *pickCtx) *peerRef {
+	n := len(c)
 	if n == 1 {
-		if r := c.at(0); rt.eligible(pc, r) {
+		if r := c[0]; rt.eligible(pc, r) {
 			return r
 		}
 		return nil
@@ -502,7 +551,7 @@ func (rt *Router) powerOfTwo(c *candidates, pc *pickCtx) *peerRef {
 		if j >= i {
 			j++
 		}
-		a, b := c.at(i), c.at(j)
+		a, b := c[i], c[j]
 		okA, okB := rt.eligible(pc, a), rt.eligible(pc, b)
 		switch {
 		case okA && okB:
@@ -525,14 +574,14 @@ const leastLoadWindow = maxProbes
 // leastLoad keeps the least loaded eligible candidate of a window: all of
 // them in a small fleet, leastLoadWindow consecutive ones from a random
 // start in a large one. The random start also breaks ties at random.
-func (rt *Router) leastLoad(c *candidates, pc *pickCtx) *peerRef {
-	n := c.len()
+func (rt *Router) leastLoad(c []*peerRef, pc *pickCtx) *peerRef {
+	n := len(c)
 	start := rand.IntN(n)
 	var best *peerRef
 	var bestReqs int64
 	var bestKV float64
 	for k := range min(n, leastLoadWindow) {
-		r := c.at((start + k) % n)
+		r := c[(start+k)%n]
 		if !rt.eligible(pc, r) {
 			continue
 		}
@@ -545,13 +594,13 @@ func (rt *Router) leastLoad(c *candidates, pc *pickCtx) *peerRef {
 
 // cacheAware favours the peer the key hashes to, unless it is markedly busier
 // than a power-of-two alternative.
-func (rt *Router) cacheAware(c *candidates, ring *hashRing, key uint64, pc *pickCtx) *peerRef {
-	n := c.len()
+func (rt *Router) cacheAware(c []*peerRef, ring *hashRing, key uint64, pc *pickCtx) *peerRef {
+	n := len(c)
 	var fav *peerRef
-	if ring != nil && c.refs != nil && len(ring.points) > 0 {
+	if ring != nil && len(ring.points) > 0 { // prefills only
 		idx := ring.locate(key)
 		for k := 0; k < maxProbes && k < len(ring.points); k++ {
-			if r := c.at(int(ring.owners[(idx+k)%len(ring.points)])); rt.eligible(pc, r) {
+			if r := c[ring.owners[(idx+k)%len(ring.points)]]; rt.eligible(pc, r) {
 				fav = r
 				break
 			}
@@ -559,7 +608,7 @@ func (rt *Router) cacheAware(c *candidates, ring *hashRing, key uint64, pc *pick
 	} else {
 		idx := jumpHash(key, n)
 		for k := 0; k < min(n, maxProbes); k++ {
-			if r := c.at((idx + k) % n); rt.eligible(pc, r) {
+			if r := c[(idx+k)%n]; rt.eligible(pc, r) {
 				fav = r
 				break
 			}
@@ -595,16 +644,14 @@ func (rt *Router) pickPair(v *view, mv *modelView, key uint64, ex *exclusions) (
 	skip := *ex // prefills without an eligible decode, for this pick only
 	skip.more = slices.Clone(ex.more)
 	pc.ex = &skip
-	prefills := candidates{refs: mv.prefills}
 	for range maxProbes {
 		pc.prefill = nil
-		p := rt.pick(&prefills, rt.cfg.PrefillPolicy, &mv.rr[0].Uint64, mv.ring, key, &pc)
+		p := rt.pick(mv.prefills, rt.cfg.PrefillPolicy, &mv.rr[0].Uint64, mv.ring, key, &pc)
 		if p == nil {
 			return pair{}, false
 		}
 		pc.prefill = p
-		decodes := candidates{peers: mv.routes.DecodesFor(p.peer.ID), look: v.refs}
-		d := rt.pick(&decodes, rt.cfg.DecodePolicy, &mv.rr[1].Uint64, nil, bits.RotateLeft64(key, 17), &pc)
+		d := rt.pick(p.decodes, rt.cfg.DecodePolicy, &mv.rr[1].Uint64, nil, bits.RotateLeft64(key, 17), &pc)
 		if d == nil {
 			skip.add(p.peer.ID)
 			continue

@@ -2,7 +2,10 @@ package router
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -343,6 +346,114 @@ func BenchmarkPickPair(b *testing.B) {
 					i++
 				}
 			})
+		}
+	}
+}
+
+// TestViewDecodeListsMatchSnapshot: the decode list a view resolves for each
+// prefill holds exactly the snapshot's compatible, unquarantined decodes, in
+// its order; prefills of one class share one list; and after a rebuild the
+// lists follow the new snapshot while each peer keeps its state, so a
+// breaker opened or a request counted through the old view is seen by picks
+// through the new one.
+func TestViewDecodeListsMatchSnapshot(t *testing.T) {
+	t.Parallel()
+	peers := fleet(12) // prefills 0, 2, ..; decodes 1, 3, ..
+	for _, i := range []int{8, 9, 10, 11} {
+		peers[i].KV.PageSize = 32 // a second class, incompatible with the first
+	}
+	peers[6].Role = registry.RoleBoth
+	rt, snaps := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyRoundRobin, BreakerFailures: 1, BreakerCooldown: time.Hour}, peers)
+	quarantine := []registry.Quarantine{{PrefillID: "id-peer-00002", DecodeID: "id-peer-00003", At: time.Now()}}
+	snaps.cur.Store(registry.NewSnapshot(snaps.version.Add(1), append([]registry.Peer(nil), peers...), quarantine, time.Now()))
+	v := checkDecodeLists(t, rt)
+	if got := names(v.refs[v.snap.Peers()[2]].decodes); got != "peer-00001 peer-00005 peer-00006 peer-00007" {
+		t.Fatalf("quarantined prefill peer-00002 pairs with %s", got)
+	}
+	if a, b := v.refs[v.snap.Peers()[0]].decodes, v.refs[v.snap.Peers()[4]].decodes; &a[0] != &b[0] {
+		t.Fatal("prefills of one class resolved two lists")
+	}
+
+	// Through the old view: open peer-00001's breaker, count a request to
+	// peer-00005. Then drop peer-00007 and the quarantine.
+	v.byID["id-peer-00001"].breaker.failure(false, 1, time.Now())
+	v.byID["id-peer-00005"].inflight.Add(3)
+	snaps.Set(append(append([]registry.Peer(nil), peers[:7]...), peers[8:]...)...)
+	nv := checkDecodeLists(t, rt)
+	if nv == v {
+		t.Fatal("the view was not rebuilt")
+	}
+	if got := names(nv.refs[nv.snap.Peers()[2]].decodes); got != "peer-00001 peer-00003 peer-00005 peer-00006" {
+		t.Fatalf("peer-00002 pairs with %s after the rebuild", got)
+	}
+	if n := nv.byID["id-peer-00005"].inflight.Load(); n != 3 {
+		t.Fatalf("requests in flight to peer-00005 after the rebuild: %d, want 3", n)
+	}
+	_, d := pickN(t, rt, 40, func(int) uint64 { return 0 })
+	if d["peer-00001"] != 0 || d["peer-00007"] != 0 {
+		t.Fatalf("decode picks %v: the open breaker's or the removed peer's decode was chosen", d)
+	}
+}
+
+// checkDecodeLists asserts that the current view's decode list of every
+// prefill is the snapshot's, resolved to the view's own refs, and returns
+// the view.
+func checkDecodeLists(t *testing.T, rt *Router) *view {
+	t.Helper()
+	v := rt.currentView()
+	for _, name := range v.snap.Models() {
+		for _, p := range v.snap.Routes(name).Prefills {
+			want := v.snap.Routes(name).DecodesFor(p.ID)
+			got := v.refs[p].decodes
+			if len(got) != len(want) {
+				t.Fatalf("prefill %s: %d decodes, snapshot has %d", p.Name, len(got), len(want))
+			}
+			for i, d := range want {
+				if got[i] != v.refs[d] || got[i] != &v.peers[slices.Index(v.snap.Peers(), d)] {
+					t.Fatalf("prefill %s: decode %d is not the view's ref of %s", p.Name, i, d.Name)
+				}
+			}
+		}
+	}
+	return v
+}
+
+// names lists the refs' peer names, space-separated.
+func names(refs []*peerRef) string {
+	out := make([]string, len(refs))
+	for i, r := range refs {
+		out[i] = r.peer.Name
+	}
+	return strings.Join(out, " ")
+}
+
+// TestRingLocateMatchesBinarySearch: the ring's bucket index finds the same
+// point as a binary search over the whole ring, for rings of one point to
+// thousands, at every point, next to it, at the ends, and at random hashes.
+func TestRingLocateMatchesBinarySearch(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ prefills, vnodes int }{{1, 1}, {1, 3}, {3, 1}, {5, 32}, {200, 32}} {
+		peers := fleet(2 * tc.prefills)
+		prefills := make([]*registry.Peer, tc.prefills)
+		for i := range prefills {
+			prefills[i] = &peers[2*i]
+		}
+		r := buildRing(prefills, tc.vnodes, nil)
+		hashes := []uint64{0, 1, math.MaxUint64}
+		for _, p := range r.points {
+			hashes = append(hashes, p-1, p, p+1)
+		}
+		for i := range 5000 {
+			hashes = append(hashes, xxhash.Sum64String(strconv.Itoa(i)))
+		}
+		for _, h := range hashes {
+			want, _ := slices.BinarySearch(r.points, h)
+			if want == len(r.points) {
+				want = 0
+			}
+			if got := r.locate(h); got != want {
+				t.Fatalf("%d prefills × %d: locate(%#x) = %d, want %d", tc.prefills, tc.vnodes, h, got, want)
+			}
 		}
 	}
 }
