@@ -60,4 +60,8 @@ func TestMirrorRefreshesLoads(t *testing.T) {
 	if m.Snapshot() != snap {
 		t.Fatalf("a load-only heartbeat rebuilt the snapshot")
 	}
+	// The router keeps the record's load and asks for a newer one.
+	if l, ok := snap.NewerLoad(p.ReportedLoad()); !ok || l.Load != hb.Load {
+		t.Fatalf("NewerLoad of the record's load = %+v, %t; want the refreshed %+v", l.Load, ok, hb.Load)
+	}
 }

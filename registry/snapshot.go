@@ -301,13 +301,29 @@ func (s *Snapshot) Verdict(prefill, decode *Peer) Verdict {
 // it, whichever heartbeat is newer. ok is false for a peer that never
 // heartbeated.
 func (s *Snapshot) Load(p *Peer) (l PeerLoad, ok bool) {
-	if p.LastHeartbeat != nil {
-		l, ok = PeerLoad{PeerID: p.ID, Load: p.Load, At: *p.LastHeartbeat}, true
-	}
-	if t, found := s.loads.Get(p.ID); found && (!ok || t.At.After(l.At)) {
-		l, ok = t, true
+	l, ok = p.ReportedLoad()
+	return s.NewerLoad(l, ok)
+}
+
+// NewerLoad returns l, the load a peer's record carries (ok false: none,
+// l.PeerID set all the same), or the load table's load of that peer,
+// whichever heartbeat is newer: Load for callers that keep the record's load
+// at hand rather than the peer.
+func (s *Snapshot) NewerLoad(l PeerLoad, ok bool) (PeerLoad, bool) {
+	if t, found := s.loads.Get(l.PeerID); found && (!ok || t.At.After(l.At)) {
+		return t, true
 	}
 	return l, ok
+}
+
+// ReportedLoad returns the load the peer's record carries, from its last
+// heartbeat as the record was read; ok is false (and only PeerID set) when
+// the record has none.
+func (p *Peer) ReportedLoad() (l PeerLoad, ok bool) {
+	if p.LastHeartbeat == nil {
+		return PeerLoad{PeerID: p.ID}, false
+	}
+	return PeerLoad{PeerID: p.ID, Load: p.Load, At: *p.LastHeartbeat}, true
 }
 
 // Quarantined returns the quarantine record of a pair, if any.

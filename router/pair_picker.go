@@ -81,16 +81,29 @@ func bootstrapHost(p *registry.Peer) string {
 // peerRef is one peer as one view sees it. A view holds its refs in one
 // array, in snapshot order, and its candidate lists point into it: a pick
 // follows pointers from a list to a ref to the peer's state, and never looks
-// up a map.
+// up a map. What a pick reads comes first, and a ref is two cache lines
+// (peerRefSize), so that a candidate costs two misses at most: its ref and
+// its state.
 type peerRef struct {
 	state *peerState
+	// reported is the load the snapshot's record of the peer carries
+	// (registry.Peer.ReportedLoad; its PeerID is set even when hasReported
+	// is false), copied here so that load reads no peer record.
+	reported    registry.PeerLoad
+	hasReported bool
 	// decodes are the decodes this peer may send KV to when it is the
 	// prefill (registry.ModelRoutes.DecodesFor, resolved once per view);
 	// lists of prefills of one compatibility class share one array.
 	decodes []*peerRef
 	peer    *registry.Peer
 	ep      *endpoint
+	_       [8]byte // to peerRefSize
 }
+
+// peerRefSize is a peerRef's size: two cache lines, which the allocator
+// aligns in a view's array of them, so that no ref's hot fields straddle a
+// third.
+const peerRefSize = 128
 
 // view is the router's routing state derived from one registry snapshot.
 // It is immutable once published, except for the atomic counters.
@@ -176,6 +189,7 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		states[p.ID] = st
 		v.byID[p.ID] = st
 		v.peers[i] = peerRef{peer: p, state: st, ep: st.ep}
+		v.peers[i].reported, v.peers[i].hasReported = p.ReportedLoad()
 		v.refs[p] = &v.peers[i]
 	}
 	b.states = states
@@ -441,7 +455,7 @@ func (pc *pickCtx) load(r *peerRef) (reqs int64, kv float64) {
 	if pc.snap == nil {
 		return in, 0
 	}
-	pl, ok := pc.snap.Load(r.peer)
+	pl, ok := pc.snap.NewerLoad(r.reported, r.hasReported)
 	if !ok {
 		return in, 0
 	}

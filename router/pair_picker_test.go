@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/rs/zerolog"
@@ -455,5 +456,22 @@ func TestRingLocateMatchesBinarySearch(t *testing.T) {
 				t.Fatalf("%d prefills × %d: locate(%#x) = %d, want %d", tc.prefills, tc.vnodes, h, got, want)
 			}
 		}
+	}
+}
+
+// TestPickLayout: a view's ref is two cache lines, and what eligibility and
+// load read of a peer's state (the stale generation, the load baseline and
+// the breaker's state word) lies in the state's first line.
+func TestPickLayout(t *testing.T) {
+	t.Parallel()
+	if got := unsafe.Sizeof(peerRef{}); got != peerRefSize {
+		t.Fatalf("peerRef is %d bytes, want %d", got, peerRefSize)
+	}
+	var st peerState
+	if end := unsafe.Offsetof(st.breaker) + unsafe.Offsetof(st.breaker.state) + unsafe.Sizeof(st.breaker.state); end > 64 {
+		t.Fatalf("the breaker's state word of a peer's state ends at byte %d, past the first cache line", end)
+	}
+	if size := unsafe.Sizeof(st); size%64 != 0 {
+		t.Fatalf("peerState is %d bytes: not a size the allocator aligns to a cache line", size)
 	}
 }
