@@ -12,6 +12,16 @@ type PeerLoad struct {
 	At     time.Time // the heartbeat that carried it
 }
 
+// ReportedLoad returns the load the peer's record carries, from its last
+// heartbeat as the record was read; ok is false (and only PeerID set) when
+// the record has none.
+func (p *Peer) ReportedLoad() (l PeerLoad, ok bool) {
+	if p.LastHeartbeat == nil {
+		return PeerLoad{PeerID: p.ID}, false
+	}
+	return PeerLoad{PeerID: p.ID, Load: p.Load, At: *p.LastHeartbeat}, true
+}
+
 // LoadTable holds the latest load of every peer, replaced as a whole on
 // each refresh; snapshots share it, so a load refresh costs no snapshot
 // rebuild. Reads are lock-free.

@@ -316,16 +316,6 @@ func (s *Snapshot) NewerLoad(l PeerLoad, ok bool) (PeerLoad, bool) {
 	return l, ok
 }
 
-// ReportedLoad returns the load the peer's record carries, from its last
-// heartbeat as the record was read; ok is false (and only PeerID set) when
-// the record has none.
-func (p *Peer) ReportedLoad() (l PeerLoad, ok bool) {
-	if p.LastHeartbeat == nil {
-		return PeerLoad{PeerID: p.ID}, false
-	}
-	return PeerLoad{PeerID: p.ID, Load: p.Load, At: *p.LastHeartbeat}, true
-}
-
 // Quarantined returns the quarantine record of a pair, if any.
 func (s *Snapshot) Quarantined(prefillID, decodeID string) (Quarantine, bool) {
 	q, ok := s.quarantined[[2]string{prefillID, decodeID}]
