@@ -3,12 +3,14 @@ package tracing
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -136,4 +138,21 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 		return fmt.Errorf("flush traces: %w", err)
 	}
 	return nil
+}
+
+// ContinueTrace returns next, run in the trace context of the caller's
+// W3C traceparent and tracestate headers when tp is set, so that the spans
+// a request causes (registry writes) join the caller's trace; with tp nil
+// (tracing off) it returns next itself.
+func ContinueTrace(next http.Handler, tp trace.TracerProvider) http.Handler {
+	if tp == nil {
+		return next
+	}
+	var tc propagation.TraceContext
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Traceparent") != "" {
+			r = r.WithContext(tc.Extract(r.Context(), propagation.HeaderCarrier(r.Header)))
+		}
+		next.ServeHTTP(w, r)
+	})
 }
