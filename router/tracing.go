@@ -51,8 +51,13 @@ const (
 
 // traceContext is W3C Trace Context: traceparent and tracestate, which
 // SGLang and vLLM read from a request's headers when their own tracing is
-// on (vllm/tracing.py extract_trace_context; SGLang's
-// python/sglang/srt/tracing), so that their spans join the router's trace.
+// on, so that their spans join the router's trace. SGLang (--enable-trace
+// --otlp-traces-endpoint): TokenizerManager._trace_request_start in
+// python/sglang/srt/managers/tokenizer_manager.py passes
+// extract_trace_headers(request.headers) to trace_req_start as the
+// request's external_trace_header. vLLM (--otlp-traces-endpoint): the
+// OpenAI server reads them with extract_trace_headers in vllm/tracing.py
+// and starts its llm_request span under extract_trace_context's parent.
 var traceContext propagation.TraceContext
 
 // startSpan opens the request's server span, continuing the client's trace
