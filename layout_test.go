@@ -166,6 +166,13 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry", "sim", "agent", "server/api"),
 	},
 	{
+		// bench knows pdplane as a binary, as it knows SMG and
+		// vllm-router: it measures processes from outside.
+		name:    "the harness drives processes from outside: bench imports no pdplane package",
+		applies: is("bench"),
+		allowed: onlyInternal(),
+	},
+	{
 		name:    "server/api is the wire between control plane and its clients: only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it",
 		applies: func(p string) bool { return !is("server", "server/api/apiconv", "agent", "devfleet", "cmd/pdplane")(p) },
 		allowed: func(_, imp string) bool { return imp != module+"/server/api" },
@@ -206,7 +213,7 @@ var everywhereRules = []layerRule{
 // package must be placed in the layout (and given a rule) before it lands.
 var governed = []string{
 	"", // the module root: only this test
-	"agent", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto",
+	"agent", "bench", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
 	"router", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
@@ -320,6 +327,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"agent", m("cmd/pdplane"), "nothing imports cmd/..."},
 		{"server", m("registry/registrytest"), "production code never imports a <pkg>test package"},
 		{"tracing", m("router"), "tracing builds the tracer provider and traces store writes: it imports only registry"},
+		{"bench", m("sim"), "bench imports no pdplane package"},
 	}
 	for _, c := range cases {
 		got := violations([]listedPackage{{ImportPath: m(c.pkg), Imports: []string{c.imp}}})
