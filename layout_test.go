@@ -135,6 +135,13 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry", "server/api"),
 	},
 	{
+		// The router takes a trace.TracerProvider and never this package;
+		// cmd/pdplane builds the provider and wraps the store.
+		name:    "tracing builds the tracer provider and traces store writes: it imports only registry",
+		applies: is("tracing"),
+		allowed: onlyInternal("registry"),
+	},
+	{
 		name:    "web is embedded assets: it imports no other pdplane package",
 		applies: is("web"),
 		allowed: onlyInternal(),
@@ -210,6 +217,7 @@ var governed = []string{
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
 	"router", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
+	"tracing", "tracing/tracingtest",
 	"transfer", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",
 	"web",
 }
@@ -318,6 +326,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"sim", m("devfleet"), "nothing but cmd/pdplane (and devfleet's own tests) imports devfleet"},
 		{"agent", m("cmd/pdplane"), "nothing imports cmd/..."},
 		{"server", m("registry/registrytest"), "production code never imports a <pkg>test package"},
+		{"tracing", m("router"), "tracing builds the tracer provider and traces store writes: it imports only registry"},
 		{"bench", m("sim"), "bench imports no pdplane package"},
 	}
 	for _, c := range cases {
