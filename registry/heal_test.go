@@ -92,10 +92,10 @@ func TestHealFails(t *testing.T) {
 		!strings.Contains(failed.StateReason, "unit not found") || events[0].Kind != registry.EventHealFailed {
 		t.Fatalf("action failed: %+v %+v %+v", failed, reply, events)
 	}
-	if _, _, ok := registry.ExpireHeal(p, t0.Add(time.Minute)); ok {
+	if _, _, ok := registry.ExpireHeal(p, t0.Add(time.Minute), registry.HealConfig{}); ok {
 		t.Fatal("expired before its deadline")
 	}
-	failed, events, ok := registry.ExpireHeal(p, t0.Add(time.Minute+2*time.Second))
+	failed, events, ok := registry.ExpireHeal(p, t0.Add(time.Minute+2*time.Second), registry.HealConfig{})
 	if !ok || failed.State != registry.StateFailed || !strings.Contains(failed.StateReason, "still generation 4") || events[0].Kind != registry.EventHealFailed {
 		t.Fatalf("verify deadline: %+v %+v", failed, events)
 	}
