@@ -22,7 +22,8 @@ import (
 //     load on a real fleet, and every stream on the decode must end
 //     first): the hold gathers which pairs are broken and how, while the
 //     decode keeps serving the prefills that can reach it. A decode that
-//     no other prefill can use skips the hold: it would serve nobody.
+//     no other prefill can use skips the hold, or ends it when the last
+//     one fails: it would serve nobody.
 //  1. draining: the peer is out of routing (stale); requests in flight on
 //     it finish. The step ends when a heartbeat reports the engine idle or
 //     when the drain grace is over.
@@ -118,9 +119,9 @@ func (c HealConfig) WithDefaults() HealConfig {
 const (
 	EventHealStarted  EventKind = "heal_started"
 	EventHealDraining EventKind = "heal_draining"
-	EventHealActing  EventKind = "heal_acting"
-	EventHealed      EventKind = "healed"
-	EventHealFailed  EventKind = "heal_failed"
+	EventHealActing   EventKind = "heal_acting"
+	EventHealed       EventKind = "healed"
+	EventHealFailed   EventKind = "heal_failed"
 )
 
 // recentHeals returns the heals of h that started within the hour before

@@ -199,7 +199,8 @@ func Expired(prev Peer, now time.Time) (Peer, []Event, bool) {
 // A first failure of a pair starts the decode's heal plan (heal.go) with
 // the pair quarantined and the decode still serving the others; with no
 // others, or no prefill named, the decode goes stale at once. A failure
-// of another pair while the plan holds joins it.
+// of another pair while the plan holds joins it, and drains the decode at
+// once when that leaves no other prefill to serve.
 func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now time.Time, window time.Duration, heal HealConfig, others int) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
 	if f.DecodeAgent != "" && !hasAgent(&decode.PeerSpec, f.DecodeAgent) {
 		return decode, nil, nil, nil, OutcomeOutdated
@@ -213,7 +214,13 @@ func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now
 		}
 		next = decode
 		joinHeal(&next, f.PrefillID, now)
-		return next, nil, healQuarantine(&next, f, now), pairFailure(&decode, f, now), OutcomeHealPending
+		q = healQuarantine(&next, f, now)
+		if others == 0 {
+			// No prefill can use the decode any more: holding serves
+			// nobody.
+			return next, drainHeal(&next, "no other prefill can use the decode", now, heal), q, pairFailure(&decode, f, now), OutcomeStale
+		}
+		return next, nil, q, pairFailure(&decode, f, now), OutcomeHealPending
 	}
 	if f.PrefillID != "" && last != nil && last.DecodeGeneration < decode.Generation && now.Sub(last.At) <= window {
 		return decode, nil, &Quarantine{PrefillID: f.PrefillID, DecodeID: decode.ID, At: now}, nil, OutcomeQuarantined

@@ -17,15 +17,16 @@ var Heal = registry.HealConfig{Hold: 2 * time.Second}
 
 // testHealHold: a first failure of a pair quarantines the pair and holds
 // the decode's heal plan, the decode still routable for the other
-// prefill; a failure of the other pair joins the plan; the hold's end
+// prefills; a failure of another pair joins the plan; the hold's end
 // drains the decode; the heal lifts the plan's quarantines, and a repeat
 // right after it quarantines the pair for good.
 func testHealHold(t *testing.T, s registry.Store) {
 	p0 := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
 	p1 := mustRegister(t, s, Spec("p1", registry.RolePrefill)).Peer
+	p2 := mustRegister(t, s, Spec("p2", registry.RolePrefill)).Peer
 	dspec := Spec("d0", registry.RoleDecode)
 	d := mustRegister(t, s, dspec).Peer
-	for _, p := range []registry.Peer{p0, p1, d} {
+	for _, p := range []registry.Peer{p0, p1, p2, d} {
 		mustHeartbeat(t, s, p)
 	}
 	report := func(prefillID string) (registry.Peer, registry.TransferOutcome) {
@@ -66,12 +67,12 @@ func testHealHold(t *testing.T, s registry.Store) {
 	if r := idleHeartbeat(t, s, d); r.Action != registry.ActionNone || r.State != registry.StateReady {
 		t.Fatalf("heartbeat within the hold: %+v", r)
 	}
-	// The other pair fails too: it joins the plan.
+	// Another pair fails too: it joins the plan, p2 still served.
 	if got, out := report(p1.ID); out != registry.OutcomeHealPending || !reflect.DeepEqual(got.Heal.Pairs, []string{p0.ID, p1.ID}) {
 		t.Fatalf("second pair: %s, plan %+v", out, got.Heal)
 	}
-	if qs, _ := s.Quarantines(ctx(t)); len(qs) != 2 {
-		t.Fatalf("quarantines: %+v; want both pairs", qs)
+	if qs, _ := s.Quarantines(ctx(t)); len(qs) != 2 || !slices.Equal(decodesFor(p2.ID), []string{"d0"}) {
+		t.Fatalf("quarantines: %+v, p2 → %v; want both failing pairs, p2 → [d0]", qs, decodesFor(p2.ID))
 	}
 	// The sweep at the hold's end drains the decode.
 	hold := mustGet(t, s, d.ID).Heal

@@ -106,14 +106,17 @@ func (e EventKind) Valid() bool {
 
 // Defines values for HealPlanPhase.
 const (
-	HealPlanPhaseDraining  HealPlanPhase = "draining"
-	HealPlanPhaseVerifying HealPlanPhase = "verifying"
+	HealPlanPhaseDraining    HealPlanPhase = "draining"
+	HealPlanPhaseQuarantined HealPlanPhase = "quarantined"
+	HealPlanPhaseVerifying   HealPlanPhase = "verifying"
 )
 
 // Valid indicates whether the value is a known member of the HealPlanPhase enum.
 func (e HealPlanPhase) Valid() bool {
 	switch e {
 	case HealPlanPhaseDraining:
+		return true
+	case HealPlanPhaseQuarantined:
 		return true
 	case HealPlanPhaseVerifying:
 		return true
@@ -373,11 +376,14 @@ type EventList struct {
 	NextCursor *int64 `json:"next_cursor,omitempty"`
 }
 
-// HealPlan The heal plan of a stale peer: draining (out of routing, requests in flight
-// finish), then the agent is told once to run its heal action (restart the
-// engine), then verifying (waiting for a new instance at a later generation).
-// Absent when no plan runs. A heal action that fails, or no new instance by
-// the deadline, marks the peer failed.
+// HealPlan The heal plan of a decode: quarantined (the failing pairs are out of
+// routing, the decode stays ready for the other prefills until the hold's
+// deadline), then draining (the peer is stale: out of routing, requests in
+// flight finish), then the agent is told once to run its heal action
+// (restart the engine), then verifying (waiting for a new instance at a later
+// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+// heal action that fails, or no new instance by the deadline, marks the peer
+// failed.
 type HealPlan struct {
 	// Acted when the agent was told to act
 	Acted *time.Time `json:"acted,omitempty"`
@@ -386,10 +392,13 @@ type HealPlan struct {
 	Deadline time.Time `json:"deadline"`
 
 	// FromGeneration the generation that failed
-	FromGeneration int64         `json:"from_generation"`
-	Phase          HealPlanPhase `json:"phase"`
-	Reason         *string       `json:"reason,omitempty"`
-	Started        time.Time     `json:"started"`
+	FromGeneration int64 `json:"from_generation"`
+
+	// Pairs the prefills whose pairs with the decode the plan quarantined
+	Pairs   *[]string     `json:"pairs,omitempty"`
+	Phase   HealPlanPhase `json:"phase"`
+	Reason  *string       `json:"reason,omitempty"`
+	Started time.Time     `json:"started"`
 }
 
 // HealPlanPhase defines model for HealPlan.Phase.
@@ -545,11 +554,14 @@ type Peer struct {
 	Engine     Engine  `json:"engine"`
 	Generation int64   `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
 	Id                       string    `json:"id"`
@@ -649,11 +661,14 @@ type PeerStatus struct {
 	CreatedAt  time.Time `json:"created_at"`
 	Generation int64     `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan  `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64    `json:"heartbeat_interval_seconds"`
 	Id                       string     `json:"id"`
@@ -677,11 +692,14 @@ type PeerSummary struct {
 	Engine        Engine    `json:"engine"`
 	Generation    int64     `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
 	Id                       string    `json:"id"`
@@ -5850,140 +5868,141 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3/c9u2su+/guG7M5HOo2TZkdNE/sknSXtymzY5dtLemSpXgkRI4jEFsABoRTfj//3N7gIkSFG2nNht",
-	"593zS2JRJAgsFruf/aov0VytcyWFtCYafYlyrvlaWKHx03sh9JtX8FcizFynuU2VjEbROcuF0CxNzhiX",
-	"W6bsSmhmrE7lkkm+FoZJRbd0hoNhtx/FUQrP5dyuojiCW6JRlCZRHGnxe5FqkUQjqwsRR2a+EmsOr/wP",
-	"LRbRKPo/R9UMj+hbc0QTu8Q3Rjc3NzCOyZU0guat1SwTa/hzrqQV0sKfPM+zdM5hDUc53fF//2VgQV8O",
-	"fa0bF9/YIIlkQmulY8YNu/j+JXsxPP2OudewRFieZqYf3cTRR8mveZrxWSb+yAm+uxaacTZXcpEuCy0S",
-	"lqXr1LJOr7fmn3viWkjbM1YLvjbdmCnN7EowIzQ8lxpmVoW1sMGJ2sgzZvWW8SVPJeMLKzS7EFZve+f4",
-	"txFzJRMD274SPHHMFNxRX5Dd5sgO0oql0DB3mL1bEtzwWi5TicQSslhHo98is8y4XEZxdJ1l6yiOTLqO",
-	"PsV+JOP4Io5eXzvS5lrlQtuU+IPjtYXSa/grSrgVPZuuRdQyBO5qMM3qm6WQQnMibzBaKu2zYTVSuawY",
-	"GP6wG69SmYTL1WKZGivgmACn82QLa7Y8E/jZfz2BwySMdbfVnhKf85T+SjRPpbtlra7xr98Lrrm07noh",
-	"V4JndrWlDcwmxnJNo+JHPgdGcJ+qywueZo3RJlanPKtfytIFjNW2XWthDF+KVmqDOJkQBdu/I6my8+1N",
-	"KGN+I6HjxwqfdFSvbWsMnFJNVM3+Jea25Ku3qWnhLTxI+FdqxdrcdWKJQ2/Kd3Ct+RY+S/HZTuaFNsR9",
-	"9cOcc2NA0ExnYqG0mLKFO6/wFOuoLBG6y3KgZXw3wzVI5FbQtu5/CJ69z7jcndGHlWDABSzPuGRqwThD",
-	"BkU1MGLIdCA9Oqqw8LVWBTBRzBzPGpZKtsjS5cqO5SKVqVl1Y1iSxHXxpZAWxJBVWcKUnAtmFdOFZKk1",
-	"9GLgSiVZRwtkV3hsLAWKDj/StdDpYovT2PAUpRkQjjMpNiyVxnIYmFvGWcZBklW80O2P5fnMwCw2MBQo",
-	"OFipLqTps/PaFOyKWwanwaAclao+/mw7lrCmRPAkS6WI2ZrrK4PrRKVJB6k/BgZsCK45HJ0d4m/qZNpw",
-	"RyerYEohC9wq6vyEbnnBvNAaXpGvuBG4eKaKw9+w0Go9qcvN+ovgHdX3FSVRrhwgOXFeoej0jAe6wu9+",
-	"q+zRgjtVu/OVF38H6ozGcaIp7a69Gjeg/J5Dp+1M8DZhg+w9KXXU7pnMuPEURDQinhgCKmdMyWzLNqld",
-	"MTeMk/pswTMjQHuv+ee3Qi7tKhodD06Gbdqx9mT7FJApnxg4fUk6twwIgXOB8wfHlwZ5YtgRjcM6MOFC",
-	"C8Zlwkwxnwtj4MxoYVYqSwxDpCSSbp+5M7kWXJIcgAV0uHRHARkoUYhILREATjKukIH2M4wz1Kh09Kxi",
-	"pfYDkFOUd8nqC6akYDM+v6Ij6ogyUyoTXAJVUB3u2ZRL4SSI9RKzlBpt5xdEHG3fiGgFowJdSIYArARx",
-	"Cl+pwuaF7bMPXo6khsQePR8zKQDLkdJ24A1kUWqNyBa0lmDHh4MXz2KA7FZomPh///bf43ExGAwGn/72",
-	"H22H2ws4p6WDoU5On8XROpUlM7WP28P/j7/H/777nj6++H7P6zLFk7u061u4ZwcCBPO89bxdiDzbtqDH",
-	"ebvsqhDXCDezZOtS8s9XXC5Fcsb8jSy1tBF93JYRbDdtbMgZqO5Cvcbqau1KiBweoFmnckl76UWgVLKO",
-	"Ex1g+woxaMVdFL/Em5okdyTzY7RR/cdffhBqDTbCLmVlsZ5kfCu0iRn8fXUNEicxMaw6mSTpGiVFaibr",
-	"jDOuBfMvZ4XMhDEEBmj9TrVkKYAOuxJrQB6FvJJqI1nHI44tDsNRunTP3NBjSRfwbSBQ/GMkfkhutqjt",
-	"hFZbOxPPhg9/JDw1mmbG0xM62ukaOOLkePjd8PnTZ8PvcAZ08XhHm8bR595S9aqreMaRDgF7BFIv3JnH",
-	"m0HFC4/3DgDOE5P+j3isVzQhQvm+2PFK2wl56wRenbeurieFN5oqdKKKGRqH5VyPgykOysFlsZ4RcPq9",
-	"EIVIvmK9g8NIqguJMOyRXtAgqH9bua64olMbaX8S6x+dzV2XPD+/+a+3bC3WSm8Z2Idk2fz4C0pwJfuB",
-	"mH11cf5TFEe/0H9/f/vu5Y9RHL37+3++fvkhiqPv37x93Spx3/NU724riFZuU+ckagPJKCxTgCZZpjao",
-	"Fqzm0iyQQrvHMxFzlYhDPGsXYkGnAART8+U8MIK0WBRGJGDk4OfUskTkQiaGKUmQieTjIhVZEtAKZEgc",
-	"id8Lnk1sjvrICq3o73X6WSQTI5brhh0aGPxaLNIsu8diKgfEnQ/xVP+zuvum7h1p3Yycp4i2ghtRRVyJ",
-	"3LK6wQvYFrAn6nRAbdUzzPloSJehtQuwUKc867buaKWrm9baloXTCrYJlBbMhJN42FX//rudQSuGjNlM",
-	"2RVCTEPYOS4VYkiBDqcZ+EXgVNz47QsqJNpoaRudq/fjqAbNFwJayF0I5ItMMClEIhJC/gDUTZoIlqQ0",
-	"P2DHmIn+ss80l1fmt7996l9dT9ZiPYHjbaK4ctvsEKfporn3ZAF/b/EKcALOFrD+fCXmV7A/ktFxueZZ",
-	"IXD3kdKwAtNCsKYWcYeiPOpxKEWCvW2TgMD17Q4tXMDB/iyUZi20ssryrBXZzYSG80F0In8W7iq6p+/2",
-	"VtH0/Av2Le2fteO/a6PCKE/Cwxgj+L4WcGg8A5+xUPjZldACeBrwdX/XVWNvcaPguYCtrzteD3XTgNXX",
-	"NnrpLKEDufJqYaNCfZGki5qOCKx5FEBmcvfcl0pU0ol1MEzAer1qOT1rs64n2Ih8DVwyoBC3SrMsXVjD",
-	"0sNdR+RJbhW/uyJ0VJd/jvHJ1IqdfDXkLPU6k4kUw1iovRqjKs20kGLjJnzHOXT7g85jP+92vtQ8y0SW",
-	"mnVbiMLKic1LFFpfdSIWvMjAflHM3XTGuGVrZay/0HCYPRw6Tub5BITn7rRmApAIfP91ExgcPoG76XL8",
-	"eAT4c1+f307+/JGpn/+5qw/OxB9gmfm3tZ5fQZFMnmXvFtHot0OwaOWAiG7iux+4tNwWBm9tmAdaJELa",
-	"VpH4DmRt6hyK0mzIrclZzf2B8Cg1pkDcIQCsSbEZS0B1MeNsnvF0LRIM58c0VLJOAfL3vBsplcvuqIxa",
-	"PDFjWc2qz34UIgcU25nmSZ5x6Z2bvV51V2+RZmLaPSO0O5aA0IxVHgPPOV6ZCWZWAIvIUxb6XAOXe2N7",
-	"PsWtOQtPDFsUWVajRYxBIPSgbpzfOFwxzIQyHBDxPqk0Bt5KQf1aQsL+fAmg7MePb17B9mRqI/ScGwHr",
-	"VDKd8wwmskYoEbiCBr0XvLf49OX5Ta/8e3jA38cnN61OIpjqHqQnxH2QHvBnsV5zvd0FfE2QhiPvO0Rg",
-	"ou1MZk+o9x5RXrx1/zuDo7izYa8RqKNdgWbYDAFOwjpg7lAAo3LDnqEvUSSwqf7ObjyWpU+x+tpdIgiC",
-	"rkbnYWRKx8Rlm9SImCVinnGNQUC0U8iMq/s0d4YdYdBVza/cxFhezLLUrAQeLYa+DDqEmKQTsx9/YbkC",
-	"YQgWig79HKbNjTlTygLN8slKmRaIePnDWy6XzNkhI7ZCNIKRTrBHwFacrwShq3Isn2LCLes4DUJCBZ9W",
-	"C1ZoNH9r4YSnD+EtrZaTK33Acqopw/2sMwCaeYD7/MWL591bld6z09Onp/dXt6JMfrk1jYDu2o3CNOxS",
-	"DECYKgDlGUWrObCUizGYJr0fIXxzdX3XmoKIwE0cZXwmMoLGSZLCenj2vsaezRl/+xzrxPtRbA1GBY5B",
-	"n56cPmPzFdd8jsdnk9qVKiybK2m1yoKvXCA1nOuzYYtUWqtEZI11nB6fPDzlvQhtnqiHfo+Xhbts6Bw2",
-	"bcKUUTQy9MPckfB2LSTw+/foYrxBWr+hR0+OG2opjgqZ/l4I973VhUA/Z80Ou927Ud0KKgdE88EK8wJA",
-	"e22CFFRfp9J/3vWbaJXdefgv4B40kQmYTJZaFfnjHAmnavbuqVQzlWzZXBVZwqzIsjMGUh/0l3OelBse",
-	"YrBD9/sjvb5ls08P2utCtwDmlbV5x3TZDMDYx4u3oHUqjmzIwsHw+UMflQZ4celouPOl/KepeylRF/N1",
-	"FkbRug/2OINi1GJPcCuSyX0yI++d/4hB5zs2uMwwo/sppD1BjHLNs4lLLW0Pdu0EtfZgyIwbO1mFWTWH",
-	"LTgT3IgJupi2933K2vtO/vD8hvuF5t3dk1si/UWe3JMb2vA3TaqRUFmjoVtkHLJf7e238kAbaffyvTNU",
-	"7mWu77W+d4HwAeBy9zx8I7T7AyDVvhBIC2o51FL703BBU7M+gNrfHxlF/YaGGwBGrzTjw4HCXsv6WyHB",
-	"Q2j0Rn7M1yrv5sKccv4ztOOOu+jXFbeMy62Sgq35lniSzwDic/Tm9NnPKjSgY2dar4XlCbccKyi8p8iI",
-	"uRbeVVQVpzSyhMq4zm7eLJJsZ4f+8/LdzyznduURi1oshEwwuEhp1eTDqEU8j3cinnsz+famgRWmXaLZ",
-	"1GbiFsGxY2JTXObjxRsm+RrmjUnGGTcGluQqanDyANLM6OjIeRP7ibj2RTLmKJXXPEuTns8zuJ2F8Fs/",
-	"2XJBZWCtVYc05EmLi6/mXiXX0WalDBrX7lny4syVTkQSpo60M3NDy+zolAPYvV/FgsKrteBS/auk9Wq+",
-	"7yoGIhojzNsHnpd3X133w4ynq+t+4rbk6rof5HeVn8usMrxSZrnhJ5eR5qVyW7bIhYuWNCJscFwn/rju",
-	"Sf2pn+kYTQREtyUomm1tK+yj4b0S3Ds03HDmKhAwWwH9L+5CDTk9trnOi88TWOQkE7JFu8HkcqEZLz67",
-	"5KdQ7JfkKDz8rzLPng+Hz74bDgffPf1u8OL09GQwGNzqBquZdZSF3NQU5Vxz2/BY/8ETWeZFq6Otd1zH",
-	"AWzFsSjyh/cf7x8Z6x0YGru6PmQDH3Lzjg+h2a3+DT9nv5HNlGqYKx0KxpNEC2OEOXNrQB2BCjpI0FsX",
-	"xmKqj7oWOuP5X2ihMI+DNieuYvnOT6Iky+iw/3WWU0GIlhBkfVNgaWXS5FkZySjLTBNhbCpJdYbPEeh0",
-	"QUAtjMquSXMehDd9Vud91+aj648TPy8hOYHCtgoRuM46x8+YVezZkIGKMV73dD3Wg1k+MY1oZDyWieYb",
-	"yWbboKBkoTR54SqdEzOjquuVoumP5YeVYB9evq9GnvH5lZAJ4/O5yFE5zZWUwhcnZFtXA8wl+8dP5y/H",
-	"cr4CtS+XoufLsvE0stT22YWwhZYYdc62WH8y/eH1B3bE8/To+vgII4VHX9Lk5igEVFOKRzW1bqATn9fd",
-	"ci3VSs0cYQIjgZ5uSKOGQG0c4cYRaAONoR3XBhhBL/i4QWrNPa2JlpSzGqKZINvsvpjkiOeiFpTT6rur",
-	"w5lW8OCEcrtl8HWKsqU0+nrfuvAy8RnPskrcmJBviluKrhva8xYx22L43CEe7yuv9omk3TcHVN+XWlkj",
-	"xR3plG2nonq4pH7b2QhNypAf4nbGbD0xzrXhDaOWlNaZsqtWlH9peSYuRHss91d3zNyAkxSzoatVMrtK",
-	"Mcge5Cg+Ma6Eec31VZ/BEFibtXbJ2dwlW/bKg6nx7bEvTwQhDIodE32VpPTfsdQC2zyMGGdJQR0fMMWQ",
-	"u+e9m6GqYXT1fFKxTMml0HBIUMpiMFcqu8JSag4yGgYRLhG00MKfcwOLxIRInS5X1klsLIsqo/O9qmNA",
-	"kP1oglxKaazgWAQBNHH2ejkCUSvI0mkTT+0WUUMU4ZbgzFPjCjNXnCjhallLmluul4KqaB8+RWBPDSe6",
-	"JbEQ02IKKcxNi2sqrERqOR9PbU7PTk+f3q+isuLWPXUH9L3zM1QkUQHhyurpx8wpqmIJOyXDd5uph8TE",
-	"3AvaZMalj300TQeebF0JLGGNMg0YAxP9qp43TGJzDFiGHQybkXYeS6weNvXgIJIXqwYZTZFRgbL1pdf4",
-	"EDFLt16WmZOnLujoEfbd8N09gvp1t5Ntsq/mWT3MN4VMu+ZbQNZlphKmkIcpRIYlikqnKZWoG7qtHsNb",
-	"cxNHRswLndrtJahFJzqSdSo/qCvR4qae9nr4dc/C99NRlWNOVaeGdRKRCSti6kIRB1LddM8cqhXJWG5W",
-	"QmOJdNXUCMcE4VwlLbLUJUeh2sZEcMF1mFC/sjbHGBBdb9mPeZYCl52/f8OuxJZ1YA152rsSWzPtMlcM",
-	"/i4X8vxNL6glAQ4W5mwsPWoMnyOvvOVXgioSxnIsQWcx6TLbG4RiUuG1f6nqEnpfXQYLJW2mZixVLqSv",
-	"8Flh0X5Vs1KldybieooG3dRXA6QSt1JMu86qMASG0ZluWGcX+E9jqgOJGTUh6VKUIdvwbTiPOdd6C+rw",
-	"vv73w/YNKLKf2UJ6dcAUWq95z4ica26xq5KxaFxRAVJGqaxSbNhG6auxtGopcDuSAquAONPKUouREWac",
-	"YmHChpJN++yNLYvFnVdwLMl+Q0JkPF3jdVCYpAYwKIowWhcSq886K7VhtZYIY5kpQ0ZHwNhztRYGrb1u",
-	"n/3s9lqUNc130g2m/PKWxGRggWn1vmkzJ1mjaQiWripkQmqslMvoKB1LlOTY84UbzCqhfGFHqF5AK5mE",
-	"Upwb2hDMb0YMprQ1TTRhWIfAV5Dwy6xSMYPN7WFJkkB3hh9C6C5tBfE0IpRmgnGpM2i8tCo6MWP54y/U",
-	"g6NDr9QqA9scthO9+92YbVbpfIVrrtv6WOkG0xtLZ487kq0P2q8bDPQs1O4+vaxJAFwcCB6N/gKHOY4c",
-	"5ktSw5dLLZbI/G/f/oT5nNSDYCyn7nRPvSKuCZdK73pybRvnH7cVRJBzUGC6q1VOxGgYfco6li/Z1I08",
-	"7VIDjH3Ccyw7UxA3f5vGbHrkh53GDAcBCcPTadfn5zpdgpFxJmSCwsbgG8dyqnKQ1iChXHrwbMtWXCa9",
-	"jU6tFRI/ZJ4ZEzUv1kLCGrByDDgZifQawAFWU1XkgkGn+/rBTVnHd5jrEvNgs6VZJsZyCns8jRlnq2LN",
-	"JZtSUGtKTDpF3T8Ng217QoZOG1ZVbqBSWDXVSkE5wrLCiPAqWc24wIsiE8YVP5YEZQuVZWpjnKx0AWWs",
-	"T0UDhuohBZ+vRmPJQayvFJg3GO4sO7qAtCWzzWzQbhkOTh1JJJuewxumjJrQjWUnJCIrZAJKEUk+dYf4",
-	"w8X5y9cwHgyDE0YqnPn34jOerae+iKKciUjILqy9ZzgY9tmvOkUahe8EY5Jbp8w4wyg7eq+NgK16SY0B",
-	"ex+2uRixkBccDwyPT8eyzBkHJMOA8QSlTnA202pjhKZSbJIuSqfLVGJ/nOk7/Hvq9IFbBdoNdLieUPeq",
-	"6aWY974Xdr7qXaZWjNhcK2N6JrVi2iVSPfXGMSAMILlIeitlrJkyI8AcLlmLNNT0H8rY6S7hhifHY/lT",
-	"apJUizlcu3CP1TYOtgpMTGPZq58vmRazFPm3z879e8YSiVlv/sO1Tq8FMkcqAfjAPZjOpAqazXDw3B/8",
-	"UqQCpwLcyZQBLUOFAa6qBnYuxTpIwab/1XOz7b1JpiM3BsK8J1RY4ivkMUkEHlELyiQ+PnnOcp1KMk7O",
-	"L1++eROkD1dgz+R8LgDnlMHCcvPPyNmLjZJYppZUv0JS+wleGUtYGZYTFzm1eWSZWBpqaBC03Op4oxJl",
-	"Fgr5ruNRXBOqpjevSMqSZiGUTKkuKidpOao8KTAqbvxYemjvuq9Mv9xMnRaTuB5JvuVA+7geWd5PCvgJ",
-	"39WpI7G4iW7PWoVUTDxaQm2Svw3BhOahgSmjfTTnWYYeH8mmn3sO7faI1tO4xjDBvIVcKD0XJpDpeCzF",
-	"Zz63meNNtBtNLubAYmI9E0kCdgi8KVBwZ8wI34nziBd21V+q7oiUFUBQTFLpxmzqwQ/iUiCOo1bsUlZC",
-	"rOcCL1TihHedhUm5W9j6NEEypPMVYU5DwQIgCpgZ8EojssWU1uFwGrB69R6aFgClKTWtmsJtNOvmnGIm",
-	"udYgPXz0otwTGAanSu8ay2DeqEi7Z83lVHuHLjueZX32LmSJsXSKa+r4Yera+NSOTsguxPNTz8RT4mI4",
-	"EtvKx4adGJXKsCsgyePO+3eXH2L2/iP8c/7h5T9i9ur129cfXncrtt5lLUC2eQtqIj7Cc1F5/WpYCydP",
-	"WhCPVdACojMcPO36TmDAQHgCzuU24FNHNF4CzJAtEG47AWjY9HTwdIpv8siDTW9N1Cmq5rdT56+cBo1h",
-	"p2NJyhrYLiM8QW+sagGpiihhnffK2KUWl/98i6TKRYLA3lMGWLyQeDcKVpdQiK461KWBkYNE5lmGQl3C",
-	"KNkWBAh1ZyibdiFAJfBWU6tuQFeaSDlQkVs/NR40hKwH/eP+AHMgAWjmaTSKnvYH/afknluhr8MbxFUj",
-	"0SVFCcvT8CaJRtHb1NjXdEtca9v8207RDzYRpfUHXUXPWK2AibqHbgRmGmG35t8LgTm6rl0ztWaIwhbN",
-	"OznftyVT3MRfWsf1fR6qYV0ZWDQ6xqB1GdO+M4a97xVVv9evai/9qdFe+mQwuKVz8/06NledZNuaSmML",
-	"V8yEuy5LTYf09rZBy1kGjaDjyPgQJBrgOBJhBNputkg1brrlS2CfyEmb6FMcNYVSNELOxWHrfHpEmGIv",
-	"u17i14cxLBwnvnVrLiMVqWFpUk62bZvxzm9j0F0fO3pxiWhpAppYsg4u41IVei4QrKNNjw4Mhxq7Z2yT",
-	"Sh+NdNPCKZN4q+b8lhvbw/F6b159w9zv5lErPtujsM13axduE/RU3+lwfnn5mtGzZ4w8X8hL2HgDQdTx",
-	"KTPYjpAoAvoFLHjXESrbVrFeV/VpVoU12FI8rkJS5chjL0R3GpCPo684C3F0Onh69/1hg/b6+flZbEqu",
-	"9GZSD/G8u9ohRgF5Qx3VY4a+SC4Z7nH3649Z2YZnrzZ47zrhNM7W/WXujtS9U+4+poQsOxO18KRv3fPN",
-	"kpFsAG/7xKXhQ416AEmltuxg+42bePTFvebm6Au95+bo90Z/oky0xbRe+940O+2KWGe3XVGXYQesufCN",
-	"pxxM8Q6bMqwbtMWpqrWfmEpVsKXAtJ+dLu7uFudOAovJXU9tnw0HQzrvLv7ge9L6aJMzQXyXnkb7sH4U",
-	"7/D4wgZ9nHZYbtjucQ6IlBo3P8cux/cSHsNDhEft/uH97j8+vSf7OkMEj3kYIvvt0038BQ5lxeBAPMZ3",
-	"GedgXsbxfd3MXtUdRqXv9Rsh7T8RUuV/PMjvhLQqeOfIfoDZljkqDzLZT6Hc8J059gt/IQ4V/q7a4LBJ",
-	"USHRPmDtS/wOG6vsDdw+mK9mqAZrVsJ/c6Hto+op31dln57CgN436il4AY0UM6PQMzbbMpendR+lFEd5",
-	"aw+Pc3QuYjiRrH/yJDmfSmfXbeQ9LzWXKPWwdh6hMORHTtoyyyh4TyMW6d5U8/SgizuYDXp4Mp6uCX6j",
-	"ye66ataCoGOpCttn57KK6j0x9Yh+3UECs6z5XMay4Yf0Ls9OplQ+4/Mr9JVXIe9u4NYkt0D9yF44GmAP",
-	"KRIYwti/q2T7oPxYbzhVT6pxFfGPeh72/VLS59QglEeJuuGGuZpf1kEfGojhwCU9K9Y5kN7bDmU/deyE",
-	"H6aMOV9NF4/ZCen3x11MGav/Knvk8SHI83ve/+KekOXpI0KcOBqenHwDJAryOBAR7SQo0NU7kJM/qtQF",
-	"ssww8D71TpEboa0Xw4dbeGU3/pumosf097odUJcer/B6KTvuQsEX9DtP/1tA7z3xbCuk+kHYdvI+rHws",
-	"q7z3Q4YnxqdN9e9P35t7g4I6fGx7TXWLQ6zRLlSlAg5Mt2v+quA9Rq0wSoP9Ydy/yPbETKpN+fNW/z5i",
-	"LUesnTlq/Ve+mUEa9bVl3Ko1KNkKY3f9DeXvwDwiSKt+2+kPRmeNH7lp4fBffcY94Suzwlq8RGEM6S+K",
-	"doaPi47+0mjnHuDmsOOL/Vb2nF7daJ+5bCtk/N57+KpD2OyuWnkdfW5kM8txLNHMcwmOlCqJuQFoy614",
-	"tqAUlvevmMmz1MY+AbEMyY8lZVKOGG/PoORMi7Wy4ompsodxWu5mzFvRAtMrg0zLFG1K7ywKxAt6S4eD",
-	"p22GnwMWF/XeZ3+4EebV1/+HCuurQH6AtnbSd1nnljTzeCfJ/HALIBfuRwsfEnRR4cjD69QPLek1a66v",
-	"WJnJg2/us/OdXCPqn5Mrbf2PzcVkTFG1225JlyozK8jEcgkmVQGZT2etCqSmQXyRyvMobYVytEn6jOWb",
-	"V90z5nO/dzO98ZfDGone5RisMzx5Qdl44a8ddysRRnUlZUhE1OfQJg1+4vrKdRrLxCNBjLAu8k9wAR2A",
-	"oYPIr+OJDpIyphQe59QJ6oTppg03YQllzFRh0YuEz4W/ROPDTN1/w5Y/HbbA/S/+aPH+EwqqQEydVT8A",
-	"Uhoi3oeN3uDgtxIPdee4ExZHZVlBNPpCH+0EIcjE1Vv4i5RBEF6lAsDah/9xn/DnW+bGf2qOh0WE/t7d",
-	"ga+Pj+YrbpHYmbCuZNx/03YR34CfG1uApMUXkGbBtm1YVDI6Ojo++a4/6A/6x6Png+eDKECbX3ycx9MR",
-	"9s1dorqL+hUDKu7/BQAA//8=",
+	"7L1tcxu3ki/+VVD8b5XI8x9SlE05NvVKx3ZyvHFiH8nJ2arQK4KcJomjITABMKK5Ln33W90AZjDDoUTZ",
+	"VpK6d98k1nCIh0aj+9eP/NyZq3WuJEhrOuPPnZxrvgYLmv56D6DfvMJ/pWDmWuRWKNkZd85ZDqCZSM8Y",
+	"l1um7Ao0M1YLuWSSr8Ewqdwr3dFw1Bt0ko7A7+XcrjpJB1/pjDsi7SQdDb8XQkPaGVtdQNIx8xWsOU75",
+	"HxoWnXHn/zuuVnjsPjXHbmGXNGPn9vYWxzG5kgbcurWaZbDGf86VtCAt/pPneSbmHPdwnLs3/v9/G9zQ",
+	"50On9ePSjA2SSAZaK50wbtjF9y/Zi9Hpd8xPw1KwXGRm0LlNOr9IfsNFxmcZ/JELfHcDmnE2V3IhloWG",
+	"lGViLSzr9vtr/qkPNyBt31gNfG16CVOa2RUwAxq/Jwwzq8JaPOBUbeQZs3rL+JILyfjCgmYXYPW2f07/",
+	"NjBXMjV47CvgqWem6I36huw2J3aQFpagce24er8lfOG1XApJxAJZrDvj3zpmmXG57CSdmyxbd5KOEevO",
+	"xySMZDxfJJ3XN560uVY5aCscf3B6tlB6jf/qpNxC34o1dFqGoFONlll9sgQJmjvyRqMJaZ+NqpHKbSXI",
+	"8Ie9eC1kGm9Xw1IYC3hNkNN5usU9W54B/R0+vsLLBMb612rfgk+5cP9KNRfSv7JWN/Sv3wuuubT+eSFX",
+	"wDO72roDzK6M5dqNSn/yOTKC/6t6vOAia4x2ZbXgWf1RJhY4VttxrcEYvoRWaqM4uXIUbP/MSZWdT29j",
+	"GfObEzphrPibnuq1Y02QU6qFqtm/YW5LvnorTAtv0UWifwkLa3PfjXUcelvOwbXmW/xbwid7NS+0cdxX",
+	"v8w5NwYFzXQGC6Vhyhb+vuK3WFdlKegey5GWyf0M1yCR30Hbvv8BPHufcbm7og8rYMgFLM+4ZGrBOEth",
+	"rlIYs4i5WBcXiYyCkiTnQhvGNTBVWKYWE6lVgayV0F7c95mxfGsYcX25Tadxcg0LkWWGFdKKjD5YqSw9",
+	"MhOZAk8zIaFHQ0lGTI9z0gKc9jKMrtDYz87Kyf01MkzIiVxkYrmybCGkMKswHA7ClyAtjmJVljIl58Cs",
+	"YrqQTFjjaIEXRcmJ7GqgK0TfA5JmYaQb0GKxpZVtuCABi5vkTMKGCWksx4G5ZZxl3IKeyIo/z5iwDK+T",
+	"oYGR8kcmIrfpDdj5zOAyNzgXKmU8HV1IM2DnExktktkVt3QyhoS/VPUVzLb+TBxdE7bm+trPC7gsd/sH",
+	"E7w1DWk7x/u+wzGbOiE33FPSKlxSzLd3yuewojsmmBda4xT5ihug3eORHzzDQqv1VV3Y1yfCOarPK0qS",
+	"MDxA3NM9aB+2ZPHNShnwN2Yj7Cq+IeHwWV2Ml/JnZ0dNWUOEiRVOfaBweVDfBnZtld8auIcrOx8FFXKg",
+	"3m2IJLfA3aOoxo0YYY/g0nYGvE1g0328KvX8rlzLuAkHSogOjowDe2dMyWzrzsMP4zUnW/DMACKgNf/0",
+	"FuTSrjrjk+GTURvCqH2zfQl0R44MiotUzC1DQtBaUGCgvHGDHBl27MZhXVxwoYFxmTJTzOdgzETalQaD",
+	"QtIwQpuQVjJiDVw6wYUb6HLpbybxc6oI1VtHgN4AL3xmgCGCMIx7+UyC1SpWIggEikX5lqw+YEoCm/H5",
+	"tZMYnigzpTLgEqlCkGLPoVyCl2g2aJ1SiLWJE5TJ7vjGjlY4KtIF6QEMoTnKf/xIFTYv7IB9iLQEyWn3",
+	"/YRJQDzsgI8HwLPtRAprIFu4vUQnPhq+eIb321rQuPD//u2/J5NiOBwOP/7tP9pkTZC3HulEQz05fZZ0",
+	"1kKWzNQ+bp/+f/I9/e+7792fL77fM12meHofQnmL7+zAqGidd963C8izbQsCn7eL0gq1jiNleWQqRTRf",
+	"cbmE9IyFF1EJ0kEM6FjGeNzuYGPOIP18hx6+BsjxC27VQi7dWQaBKJWsY20Per9ADFq4j+KX9FKT5J5k",
+	"YYw2qv/46w+g1mhn7VJWFuurjG9Bm4Thv69vUOKkJsFdp1epWJOkEOZqnXECZWFyVsgMDN2DiXT795ou",
+	"E8ZhjzUTeLevpdpIglh0Fbc0DCfp0jvzQ0+ke0CzoUAJX3Pix8nNFhSRut3W7sSz0be/EoEaTVPt6RN3",
+	"tcUaOeLJyei70fOnz0bf0Qrcw5Md5Z50PvWXql89pTtOdIjYI5J68ck83goqXni8OdD4uDLif+CxpmhC",
+	"hHK+xPNK2w156wVenbeub66KYHhW6EQVMzKwy7WeREscloPLYj1zOO73AgpIv2C/w8NIqgtJMOyRJmgQ",
+	"NMxW7iup6NRG2p9g/aP3W9Qlz89v/ustW8Na6S1DG9tZhz/+ShJcyUEkZl9dnP/USTq/uv/9/e27lz92",
+	"ks67v//n65cfOknn+zdvX7dK3Pdc6N1jRdHKrfCOtjbMTsJSIDTJMrUhtWA1l2ZBFNq9ng5wH+KdvICF",
+	"uwUomJqT88go07AoDKRoc9HfwrIUcpCpYUo6yOTk40JAlka0QhmSdOD3gmdXNid9ZEEr9++1+ATplYHl",
+	"umHLR04TZ1o8YDOVVXDvl7jQ/6zevq17mNotHS4IbcXeAlQR15DbhoWO2BaxJ+l0RG3Vd5j3czldRuY5",
+	"wkIteNZrPdFKVzeNR2fwhmVFx4RKC1fCnXjYVf/hs51BK4ZM2EzZFUFM79tISoVY85dwt4KwCVqKH799",
+	"Q4UkG0200bma31uSaL44oEXcRUC+yIBJgBRSh/wRqBuRAkuFWx+yY8JgsBwwzeW1+e1vHwfXN1drWF/h",
+	"9TYPMj0fvFjE31t6gpxAq0WsP1/B/BrPRzJ3XW54VgCdPlEad2BaCNbUIv5SlFc9iaVIdLZtEhC5vt0p",
+	"WFr4B/kESZq10Moqy7NWZDcDjffD0cn5BOlUycV/v8fPLS9MsG9r/6xd/10bFUep+Z8SAt83gJcmMPAZ",
+	"i4WfXYEG5GnE14Ndz5G9w6tD9wKPvu6sONRrhFZf2+il78ZdyFVQCxsV64tULGo6IrLmSQCZq/vXvlRQ",
+	"SSfWpVAL6/er7fStzXqBYGPna+CSIYW4Vdq7/sThniznjW8Vv7sidFyXf57xnamVePlqnMM56EwGghyz",
+	"pL0aoyrNNEjY+AXfcw/9+ZADPqy7nS81zzLIhFm3hXmsvLJ5iULru05hwYsM7RfF/EtnjFu2VsaGBw3/",
+	"3bdDx+k8v0LhubusGSASwc+/bAHDwxdwP11OHo8Af+70+d3kzx+Z+vmfu/voTvwBllmYrfX+gosG8yx7",
+	"t+iMfzsEi1YOiM5tcv8XLi23haFXG+aBhhSkbRWJ71DWCu9QlGbj3Jqc1dwfBI+EMQXhDkCwJmEzkYjq",
+	"EsbZPONiDSmlRLiQFk/XAiF/P7iRhFz2xmUU5chMZLWqAfsRIEcU253maZ5xGZyb/X71Vn8hMpj2zhza",
+	"nUhEaMaqgIHnnJ7MgJkVwiLnKYt9rpHLvXE8H5PWvI8jwxZFltVokVDUijyoG+83jneMK/ExO0S8R5XG",
+	"oFddYkQtqWN/zglS9pdf3rzC48nUBvScG8B9KinmPMOFrAlKRK6gYf8F7y8+fn5+2y//PTrg3ydPblud",
+	"RLjUPUgP4CFID/mzWK+53u4CviZIo5H3XSI00XYWsydc/oBIOb26f87oKu4c2GsC6mRXkBk2I4CTsi6a",
+	"Oy6AUblhz8iXCCkeanizl0xk6VOsPvaPHAQhV6P3MDKlE8dlG2EgYSnMM64pJkl2ijPj6j7NnWHHjOP1",
+	"mV/7hbG8mGXCrICuFiNfhruElOiUsB9/ZblCYYgWio79HKbNjTlTyiLN8quVMi0Q8fKHt1wuQ9xvzFaE",
+	"RqpYnwY+X4FDV+VYIU2HW9b1GmTsw+GGDOdCk/lbCyc8/Rbe0mo7udIHbKdaMr7PukOkWQC4z1+8eN67",
+	"U+k9Oz19evpwdQtlAtGdqRjurd0oTMMupQCEqQJQgVG0miNL+RiDadL7EcI31zf37SmKCNwmnYzPIHPQ",
+	"OE0F7odn72vs2Vzx16+xTrwfYesyPk5Qnz45fcbmK675nK7PRtiVKiybK2m1yqKPfCA1XuuzUYtUWqsU",
+	"ssY+Tk+efHvKBxHavFHfep4gC3fZ0Dts2oQpc9HI2A9zT9LgDUjk9+/JxXhLtH7jvvrkpKGWkk4hxe8F",
+	"+M+tLoD8nDU77G7vRvUqqhwUzQcrzAsE7bUFuqD6Wsjw967fRKvs3st/ge+QieyAydVSqyJ/nCvhVc3e",
+	"M5VqptItm6siS5mFLDtjKPVRf3nnSXngMQY79Lx/cdO3HPbpQWdd6BbAvLI275oemyEY++XiLWqdiiMb",
+	"snA4ev6tr0oDvPiUPjr5Uv67pQcpURfzdRYm0boP9niDYtxiT3AL6dVDsksfnENKQed7DrjM0nPvu5D2",
+	"FWGUG55d+fTc9mDXTlBrD4bMuLFXqzir5rANZ8ANXJGLafvQb1n70MUfnt/wsNC8f/vqjkh/kacP5IY2",
+	"/O0W1UhKrdHQbzKJ2a82+5080EbavXzvDZUHmet7re9dIHwAuNy9D18J7f4ASLUvBNKCWg611P40XLCT",
+	"OPj1an9/ZJT0GxluCBiD0kwOBwp7LeuvhQTfQqM38mO+VHk3N+aV85+hHXfcRf9accu43CoJbM23jif5",
+	"DCE+J2/OgP2sYgM68ab1GixPueVUhRI8RQbmGoKrqCrwaWQJlXGd3TReItnOCf3n5bufWc7tKiAWtViA",
+	"TCm46PLAnQ+jFvE82Yl47s3k25sGVph2iWaFzeAOwbFjYru4zC8Xb5jka1w35Txn3Bjckq9KosUjSDPj",
+	"42PvTRykcBMKjcyxkDc8E2k/5BnczUL0aVhsuaEysNaqQxrypMXFV3OvOteRT3wuv+u8OHOlU0jj1JF2",
+	"Zm5omR2dcgC7D6pYUPy0Flyqf5S2Ps33PaVARGOEefvA8/Lt65tBnPF0fTNI/ZFc3wyi/K7y7zKrjJ6U",
+	"WW70l89IC1K5LVvkwkdLGhE2vK5X4bruSf2p3+mETARCtyUomm1tK+xzwwcluHdofOHMl0xQtgL5X/yD",
+	"GnJ6bHOdF5+ucJNXGcgW7YaLy0EzXnzyyU+x2C/JUQT4X2WePR+Nnn03Gg2/e/rd8MXp6ZPhcHinG6xm",
+	"1rks5KamKNea24bH+g9eyDIvWh1t/ZM6DmArToWlP7z/5eGRsf6BobHrm0MO8Fse3skhNLvTvxHWHA6y",
+	"mVKNa3WXgvE01WAMmDO/B9IRpKCjBL11YSyl+qgb0BnP/0IbxXUcdDhJFcv3fhIlWeYu+19nOxWEaAlB",
+	"1g8Ft1YmTZ6VkYyyVDcFY4V0qjP+ngOdPgiowajsxmnOg/BmyOp86N5CdP1x4uclJHegsK1CBJ+z7skz",
+	"ZhV7NmKoYkzQPb2A9XCVR6YRjUwmMtV8I0PNm1MyC6WdF67SOQkzqnpeKZrBRH5YAfvw8n018ozPr0Gm",
+	"jM/nkJNymispIRQnZFtfR80l+8dP5y8ncr5CtS+X0A+l7XQbmbADdgG20JKiztmW6k+mP7z+wI55Lo5v",
+	"To4pUnj8WaS3xzGgmrp4VFPrRjrxed0t11Kt1MwRdmAk0tMNadQQqI0r3LgCbaAxtuPaACPqhRA3ENY8",
+	"0JpoSTmrIZorYpvdiZ0cCVzUgnJafXd1ONMKHrxQbrcMvkxRtpSX3+zbFz12fMazrBI3Juab4o7C9Yb2",
+	"vEPMthg+94jHh8qrfSJpd+aI6vtSK2ukuCedsu1WVF8uqd92N2KTMuaHpJ0xW2+Md20Ew6glpXWm7KoV",
+	"5V9ansEFtMdy/+WvmR/wSlA2dLVLZleCguxRjuKRL7KmcuEBwyGoNmvtk7O5T7bslxdT0+xJKE9EIYyK",
+	"nRJ9lXTpvxOpgVpljBlnaeG6ZlCKIfffD26GqobR1/NJxTIll6DxkpCUpWCuVHZFtd8cZTQOAj4RtNAQ",
+	"7rnBTVJCpKaacCexqSyqjM73q64LcSV2lEspjQVORRBIE2+vlyM4akVZOm3iqd0iaogiOhJauTC+MHPF",
+	"HSV8LWtJc8v1ElwV7bdPEdhTw0luSSrEtJRCimvTcOMKK13ps/Px1Nb07PT06cMqKituvbPC2vsZKpKo",
+	"iHBlMfdj5hRVsYSdkuH7zdRDYmJ+gjaZcRliH03TgadbXwLrsEaZBkyBiUFVzxsnsXkGLMMOhs2cdp5I",
+	"qh429eAgkdc1ZnBLZK5A2YbSa/qSY5ZevSwzd566qCtK3LskdEiJ6tf9SbbJvppn9TDfFDHtmm8RWZeZ",
+	"SpRCHqcQGZYqVzrtUol6sdvqMbw1t0nHwLzQwm4vUS160ZGuhfygrqHFTT3t9+njvsXPp+Mqx9xVnRrW",
+	"TSEDC4nrpJFEUt30zjyqhXQiNyvQVCJdNYaiMVE4V0mLTPjkKFLblAgOXMcJ9Strc4oBuect5zHPBHLZ",
+	"+fs37Bq2rIt7yEX/GrZm2mO+GPxdDvL8TT+qJUEOBnM2kQE1xt9zXnnLr8FVJEzkRKLOYtJntjcIxaSi",
+	"Z/9W1SPyvvoMFpe0KcxEqhxkqPBZUdF+VbNSpXemcDMlg24aqgGEpKOEac9bFcaBYXKmG9bdBf7TxNWB",
+	"JMw1cum5KEO24dt4HXOu9RbV4UP974edG1JkP7PF9OqiKbRe876BnGtuqTOVsWRcuQKkzKWyStiwjdLX",
+	"E2nVEug40oKqgDjTytLF7I0p45QKEzYu2XTA3tiyWNx7BSfS2W9EiIyLNT1HhenUAAVFCUbrQlL1WXel",
+	"NqzWEmEiM2Wc0REx9lytwZC11xuwn/1ZQ1nTfC/dcMkv70hMRhaYVvNNmznJmkxDtHRVIVOnxkq5TI7S",
+	"iSRJTk1quFm5PjhKQ+oJ1Y9oJdNYinPjDoTymwmDKW1NE00Y1nXgK0r4ZVaphOHh9qkkCcidEYYA3XNH",
+	"4XiaEEozwbjUGW48URWdmIn88VfXg6PrptQqQ9scj5O8+72EbVZivqI91219qnTD5U2kt8c9ydYHndct",
+	"BXoWavecXtYkAG0OBY8mf4HHHMce86XC8OVSw5KY/+3bnyif0/UgmMipv93ToIhrwqXSu4Fc28b9p2NF",
+	"EeQdFJTuapUXMRpHn7Ku5Us29SNPe64Bxj7hOZHdKYqbv00TNj0Ow04TRoOghOFi2gv5uV6XUGScgUxJ",
+	"2BiacSKnKkdpjRLKpwfPtmzFZdrfaGEtSPojC8yYqnmxBol7oMox5GQi0msEB1RNVZELB53u66k3Zd3Q",
+	"pa/nmIejTptlMJFTPONpwjhbFWsu2dQFtaaOSaek+6dxsG1PyNBrw6rKDVUKq5ZaKShPWFYYiJ86q5k2",
+	"eFFkYHzxY0lQtlBZpjbGy0ofUKb6VDJgXD0k8PlqPJEcxfpKoXlD4c6yowtKW2e2mQ3ZLaPhqSeJZNNz",
+	"nGHKXCO/iezGRGSFTFEpEsmn/hJ/uDh/+RrHw2FowUSFszAvfSew9TQUUZQrgdTZhbV5RsPRgP1LC6JR",
+	"PCcak9x6ZcYZRdnJe20Aj+qla67Y/7DNYcxiXvA8MDo5ncgyZxyRDEPGA5c6wdlMq40B7UqxnXRRWiyF",
+	"pP4403f076nXB34XZDe4y3XkmmlNL2He/x7sfNW/FBbGbK6VMX0jLEx7jlRPg3GMCANJDml/pYw1U2YA",
+	"zeGStZyGmv5DGTvdJdzoyclE/iRMKjTM8dmF/1rt4PCo0MQ0lr36+ZJpmAni3wE7D/NMJBGz3vyHay1u",
+	"gJhDSAQ++A6lM6nCrWY0fB4ufilSkVMR7mTKoJZxhQG+qgZPTlAdJLDpf/X9avtv0unYj0Ew78gVloQK",
+	"eUoSwa+ohcskPnnynOVaSGecnF++fPMmSh+uwJ7J+RwQ55TBwvLwz5yzlxolsUz5JnROah/Rk4nEnVE5",
+	"cZG7Vpksg6VxDQ2iDmDdYFSSzCIh3/M8Snsi1fTmlZOyTrM4lOy74eVOWo4rTwqOSgc/kQHa++4r08+3",
+	"U6/FJO1HOt9ypH18j6zgJ0X8RHN160gsaaLbs1YhlTgeLaG2k78NwUTmIXUtI/tozrOMPD6STT/1Pdrt",
+	"O1pPkxrDROsGuVB6DiaS6XQt4ROf28zzJtmNJoc5shisZ5CmaIfgTJGCO2MGQjfTY17Y1WCpemOnrBCC",
+	"UpJKL2HTAH4IlyJxPLUSn7ISYz0feHElTvTWWZyUu8WjFymRQcxXDnMaFyxAoqCZgVMayBbTqjGhZ/Vq",
+	"HrcsBEpT17Rqiq+5VTfXlDDJtUbpEaIX5ZngMLRUN9dERusmRdo7a26nOjty2fEsG7B3MUu4jo14Qp4f",
+	"pr6NT+3qxOzieH4amHjquBivxLbysVGbR6Uyg/LIyePu+3eXHxL2/hf8z/mHl/9I2KvXb19/eN2r2HqX",
+	"tRDZ5i2oyfER3YvK61fDWrR4pwXpWkUtILqj4dNe6ASGDEQ34FxuIz71ROMlwIzZguC2F4CGTU+HT6c0",
+	"U0AebHpnok5RNRCeen/lNGquO6W+jqgjNyuROTzhZqxqAV0VUcq675WxSw2X/3xLpMohJWAfKIMsXkh6",
+	"mwSrTygkVx3p0sjIISLzLCOhLnGUbIsCxHVnKJt2EUB14K2mVv2AvjTR5UB1/P5d40HjkPVwcDIYUg4k",
+	"As1cdMadp4Ph4Klzz63I1xEM4qoZ69JFCcvb8CbtjDtvhbGv3StJrfX1bztFP9SI1e0/6sx6xmoFTK4D",
+	"6wYo04g6Xv9eAOXo+pbXrjVDJ25zvZPzfVcyxW3yuXXc0OehGtaXgXXGJxS0LmPa98aw901R9cz9ohbd",
+	"Hxstup8Mh3d0v35Y1+uqG29bY25qg0uZcDdlqenIzd42aLnKqJl20jEhBEkGOI3kMII7brYQmg7d8iWy",
+	"T8dLm87HpNMUSp0xcS4NW+fTY4cp9rLrJX18GMPideJbv+cyUiEME2m52LZjpje/jkF3fezkxXVEEylq",
+	"Ysm6tI1LVeg5EFgnm54cGB419s7YRsgQjfTLoiU78Vat+S03tk/j9d+8+oq138+jFj7Z47hVemsncxP1",
+	"pd/pEn95+Zq5754x5/kiXqLGGwSiTk6ZoXaEjiKoX9CC9x2hsm0V6/VVn2ZVWENt2ZMqJFWOPAlCdKeJ",
+	"+6TzBXch6ZwOn97/ftzkvn5/foZNyZXBTOoTnvdPu45RUN64rvQJI18kl4zOuPfl16xsw7NXG7z3nXAa",
+	"d+vhMndH6t4rdx9TQpadiVp4MrTu+WrJ6GyAYPskpeHjGvUgkhK27GD7lYd4/NlPc3v82c1ze/x7oz9R",
+	"Bm0xrdehN81OuyLW3W1X1GPUAWsOofGUhynBYVOGdaO2OFW19pGpVAVbAqX97HTC9694dxJaTP65sAM2",
+	"Go7cfffxh9CTNkSbvAkSuvQ02ocNOskOjy9s1Mdph+VG7R7niEjC+PV5djl5kPAYHSI8au+PHvb+yekD",
+	"2dcbInTN4xDZbx9vk894KSsGR+Ixvss4B/MyjR/qZvaq7jgq/aDfWWn/mZUq/+Ob/NZKq4L3juxvsNoy",
+	"R+WbLPZjLDdCZ479wh/gUOHvqw0OW5QrJNoHrEOJ32Fjlb2B2wcL1QzVYM1K+K8utH1UPRX6quzTUxTQ",
+	"+0o9hRO4kRJmFHnGZlvm87QeopSSTt7aw+OcnIsUTnTWv/MkeZ9Kd9dtFDwvNZeo62HtPUJxyM85acss",
+	"o2ieRizSz1Tz9JCLO1oNeXgyLtYOfpPJ7rtq1oKgE6kKO2DnsorqHZl6RL/uIMFV1nwuE9nwQwaXZzdT",
+	"Kp/x+TX5yquQdy9yazq3QP3KXngaUA8pJzDA2L+rdPtN+bHecKqeVOMr4h/1Puz7talPwhCUJ4m64Yb5",
+	"ml/WJR8aiuHIJT0r1jmSPtgOZT916oQfp4x5X02PrtkTp98fdzNlrP6L7JHHhyDPH/j+iwdClqePCHGS",
+	"zujJk6+ARFEeByGinQQF9/Qe5BSuqusCWWYYBJ96t8gNaBvE8OEWXtmN/7ap6Cn9vW4H1KXHK3peyo77",
+	"UPCF+62s/1dA7wPxbCuk+gFsO3m/rXwsq7z3Q4YjE9KmBg+n7+2DQUEdPrZNU73iEWtnF6q6Ag5Kt2v+",
+	"MuMDRq0wSoP9cdy/yPEkTKpN+RNd/3vFWq5YO3PU+q98NYM06mvLuFVrULIVxu76G8rfgXlEkFb9ttMf",
+	"jM4aP3LTwuH/Chn3Dl+ZFdXipYpiSH9RtDN6XHT0l0Y7DwA3h11f6rey5/bqRvvMZVsh4/fBw1ddwmZ3",
+	"1crrGHIjm1mOE0lmnk9wdKmS1c8orni2cCks718xk2fCJiEBsQzJT6TLpBwz3p5ByZmGtbJwZKrsYVqW",
+	"f5nyVjRQemWUaSnIpgzOoki8kLd0NHzaZvh5YHFR7332hxthQX39X6iwvgjkR2hrJ32Xde9IM092kswP",
+	"twByCL+h+A1Blysc+fY69UNLes2a62tWZvLQzAN2vpNr5Prn5Erb8GNziTOmXLXbbkmXKjMrnInlE0yq",
+	"ArKQzloVSE2j+KIrz3NpKy5H20mfiXzzqnfGQu73bqY3/XJYI9G7HIN1R09euGy8+Beje5UIc3UlZUgE",
+	"6mtokwY/cX3tO41l8EgQI66L/BNcQAdg6Cjy63miS6RMXAqPd+pEdcLupQ03cQllwlRhyYtE34t/iSaE",
+	"mXr/C1v+dNiC77/4o8X7TySoIjF1Vv0ASGmIBB82eYOj30o81J3jb1jSKcsKOuPP7k97RRDkytdbhIcu",
+	"gyB+6goAa3/8j/+Lfr5lbsJfzfGoiDC8uzvwzcnxfMUtETsD60vGwydtD2kG+rtxBERamsBpFmrbRkUl",
+	"4+PjkyffDYaD4eBk/Hz4fNiJ0ObnEOcJdMRz849c3UX9iUEV938CAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
