@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -232,24 +234,41 @@ type counters struct {
 	ignoredKVArgs   atomic.Int64
 	foreignMessages atomic.Int64
 	roomTimeouts    atomic.Int64
+
+	fromMu sync.Mutex
+	from   map[string]int64 // KV received by an SGLang decode, by prefill
+}
+
+// received counts a transfer an SGLang decode received from the prefill
+// whose bootstrap server is at addr.
+func (c *counters) received(addr string) {
+	c.fromMu.Lock()
+	defer c.fromMu.Unlock()
+	if c.from == nil {
+		c.from = map[string]int64{}
+	}
+	c.from[addr]++
 }
 
 // Stats is what a simulator has done, for tests and GET /_sim/stats.
 type Stats struct {
-	Name            string `json:"name"`
-	Role            string `json:"role"`
-	Engine          string `json:"engine"`
-	Agent           string `json:"agent"`
-	Generation      int64  `json:"generation"`
-	Fault           Fault  `json:"fault"`
-	Requests        int64  `json:"requests"`
-	Errors          int64  `json:"errors"`
-	VerifyFailures  int64  `json:"verify_failures"`
-	Transfers       int64  `json:"transfers"`
-	TransferErrors  int64  `json:"transfer_errors"`
-	MissingMemKind  int64  `json:"missing_mem_kind"`
-	BytesMoved      int64  `json:"bytes_moved"`
-	Reregistrations int64  `json:"reregistrations"`
+	Name           string `json:"name"`
+	Role           string `json:"role"`
+	Engine         string `json:"engine"`
+	Agent          string `json:"agent"`
+	Generation     int64  `json:"generation"`
+	Fault          Fault  `json:"fault"`
+	Requests       int64  `json:"requests"`
+	Errors         int64  `json:"errors"`
+	VerifyFailures int64  `json:"verify_failures"`
+	Transfers      int64  `json:"transfers"`
+	// TransfersFrom counts the transfers an SGLang decode received, by
+	// the bootstrap address (host:port) of the prefill that sent them.
+	TransfersFrom   map[string]int64 `json:"transfers_from,omitempty"`
+	TransferErrors  int64            `json:"transfer_errors"`
+	MissingMemKind  int64            `json:"missing_mem_kind"`
+	BytesMoved      int64            `json:"bytes_moved"`
+	Reregistrations int64            `json:"reregistrations"`
 	// IgnoredKVArgs counts KV-args registrations an SGLang prefill ignored
 	// because it knew the agent name ("Peer … was already registered,
 	// ignoring.").
@@ -288,6 +307,9 @@ func (s *Sim) Stats() Stats {
 		Running: l.Running, Queued: l.Queued, KVUsage: l.KVUsage,
 		Remotes: []RemoteAgent{},
 	}
+	c.fromMu.Lock()
+	st.TransfersFrom = maps.Clone(c.from)
+	c.fromMu.Unlock()
 	if cur := s.state.Load(); cur != nil {
 		var keys []string
 		if cur.worker != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -202,6 +203,7 @@ func (s *Sim) decodeRoom(ctx context.Context, st *agentState, rid string, seeds 
 		return release, abortErr("KV cache verification failed: the received KV does not match the prompt", err)
 	}
 	s.counters.transfers.Add(1)
+	s.counters.received(net.JoinHostPort(bs.host, strconv.Itoa(bs.port)))
 	s.counters.bytesMoved.Add(int64(len(pages) * s.pool.itemLen * s.pool.regions))
 	return release, nil
 }

@@ -49,11 +49,11 @@ type Sim struct {
 
 	peerID atomic.Pointer[string]
 
-	faultMu     sync.Mutex
-	fault       Fault
+	faultMu sync.Mutex
+	fault   Fault
 	// faultPort, when not zero, limits the missing-mem-kind fault to the
 	// pair with the prefill whose bootstrap server listens on it.
-	faultPort int
+	faultPort   int
 	crashCtx    context.Context // cancelled while crashed
 	crashCancel context.CancelFunc
 
