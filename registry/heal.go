@@ -171,8 +171,8 @@ func holdHeal(next *Peer, prefillID, reason string, now time.Time, cfg HealConfi
 	}
 	next.UpdatedAt = now
 	return []Event{{Kind: EventHealStarted, Message: fmt.Sprintf(
-		"heal %d of %d this hour: pair with prefill %s quarantined; the decode keeps serving its healthy pairs for %s, then drains",
-		len(next.Heal.Recent), cfg.MaxPerHour, prefillID, cfg.Hold)}}, true
+		"heal %d of %d this hour: the failing pair is quarantined; the decode keeps serving its healthy pairs for %s, then drains",
+		len(next.Heal.Recent), cfg.MaxPerHour, cfg.Hold)}}, true
 }
 
 // joinHeal adds the pair with prefillID to next's quarantined plan.
@@ -256,10 +256,11 @@ func HealedPairs(prev, next Peer) []string {
 	return prev.Heal.Pairs
 }
 
-// HealedLift is the event of a quarantine that a heal lifted.
-func HealedLift(prefillID string, generation int64) Event {
+// HealedLift is the event of a quarantine that a heal lifted, of the pair
+// with the prefill named prefillName.
+func HealedLift(prefillName string, generation int64) Event {
 	return Event{Kind: EventQuarantineLifted, Message: fmt.Sprintf(
-		"quarantine of the pair with prefill %s lifted: the heal brought generation %d, a new agent without the broken entry", prefillID, generation)}
+		"quarantine of the pair with prefill %s lifted: the heal brought generation %d, a new agent without the broken entry", prefillName, generation)}
 }
 
 // ExpireHeal moves a heal plan whose step ran out of time: a quarantined

@@ -246,13 +246,13 @@ func pairFailure(decode *Peer, f TransferFailure, now time.Time) *PairFailure {
 // healQuarantine is the quarantine of f's pair that decode's heal plan
 // makes; the caller sets its expiry.
 func healQuarantine(decode *Peer, f TransferFailure, now time.Time) *Quarantine {
-	errText := f.Error
-	if errText == "" {
-		errText = "transfer failed"
+	what := ReportedBy(f.Reason, f.Reporter)
+	if what == "" {
+		what = "transfer failed"
 	}
 	return &Quarantine{PrefillID: f.PrefillID, DecodeID: decode.ID, At: now, Detail: fmt.Sprintf(
 		"heal pending: %s; the pair stays out of routing until the decode restarts with a fresh agent, while other prefills keep using it",
-		errText)}
+		what)}
 }
 
 // OtherPrefills counts the prefills, among prefills and other than

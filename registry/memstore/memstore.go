@@ -201,7 +201,11 @@ func (s *Store) liftHealed(prefills []string, decodeID string, generation int64)
 		key := [2]string{pid, decodeID}
 		if _, ok := s.quarantines[key]; ok {
 			delete(s.quarantines, key)
-			events = append(events, registry.HealedLift(pid, generation))
+			name := pid
+			if p, ok := s.byID[pid]; ok {
+				name = p.Name
+			}
+			events = append(events, registry.HealedLift(name, generation))
 		}
 	}
 	return events

@@ -91,19 +91,21 @@ func liftHealed(ctx context.Context, tx pgx.Tx, prefills []string, decodeID stri
 	if len(prefills) == 0 {
 		return nil, nil
 	}
-	rows, err := tx.Query(ctx, `DELETE FROM pair_quarantines WHERE decode_id = $1 AND prefill_id = ANY($2::uuid[]) RETURNING prefill_id::text`,
+	rows, err := tx.Query(ctx, `DELETE FROM pair_quarantines q WHERE q.decode_id = $1 AND q.prefill_id = ANY($2::uuid[])
+		RETURNING q.prefill_id::text, COALESCE((SELECT name FROM peers WHERE id = q.prefill_id), q.prefill_id::text)`,
 		decodeID, prefills)
 	if err != nil {
 		return nil, err
 	}
-	gone, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
+	gone := map[string]string{}
+	var id, name string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &name}, func() error { gone[id] = name; return nil }); err != nil {
 		return nil, err
 	}
 	var events []registry.Event
 	for _, pid := range prefills { // in the plan's order
-		if slices.Contains(gone, pid) {
-			events = append(events, registry.HealedLift(pid, generation))
+		if name, ok := gone[pid]; ok {
+			events = append(events, registry.HealedLift(name, generation))
 		}
 	}
 	return events, nil
