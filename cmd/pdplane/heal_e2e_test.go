@@ -74,15 +74,16 @@ type healOpts struct {
 type healPeer struct {
 	ID            string     `json:"id"`
 	Name          string     `json:"name"`
-	Heal          *struct {
-		Phase string   `json:"phase"`
-		Pairs []string `json:"pairs"`
-	} `json:"heal"`
 	State         string     `json:"state"`
 	StateReason   string     `json:"state_reason"`
 	Generation    int64      `json:"generation"`
 	InstanceID    string     `json:"instance_id"`
 	LastHeartbeat *time.Time `json:"last_heartbeat"`
+	// Heal is the peer's heal plan; nil when none runs.
+	Heal *struct {
+		Phase string   `json:"phase"`
+		Pairs []string `json:"pairs"`
+	} `json:"heal"`
 }
 
 type healEvent struct {
