@@ -113,3 +113,36 @@ func testHealHold(t *testing.T, s registry.Store) {
 		t.Fatalf("quarantine after the heal: %+v", q)
 	}
 }
+
+// CheckHoldEndsOnHeartbeat checks, on a store that runs on clock with the
+// heal config Heal, that the decode's heartbeat ends its plan's hold: it
+// keeps the decode ready within the hold and drains it once the hold is
+// over, with the heal_draining event, even with no lease sweep.
+func CheckHoldEndsOnHeartbeat(t *testing.T, s registry.Store, clock *Clock) {
+	t.Helper()
+	p0 := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	p1 := mustRegister(t, s, Spec("p1", registry.RolePrefill)).Peer
+	dspec := Spec("d0", registry.RoleDecode)
+	d := mustRegister(t, s, dspec).Peer
+	for _, p := range []registry.Peer{p0, p1, d} {
+		mustHeartbeat(t, s, p)
+	}
+	if _, out, err := s.ReportTransferFailure(ctx(t), registry.TransferFailure{DecodeID: d.ID, DecodeAgent: dspec.Ranks[0].AgentName,
+		PrefillID: p0.ID, Reason: "transfer failed", Error: "Missing NIXL destination KV memory kind"}); err != nil || out != registry.OutcomeHealPending {
+		t.Fatalf("first failure: %s, %v; want heal_pending", out, err)
+	}
+	clock.Advance(Heal.Hold / 2)
+	if r := mustHeartbeat(t, s, d); r.State != registry.StateReady || r.Action != registry.ActionNone {
+		t.Fatalf("heartbeat within the hold: %+v", r)
+	}
+	clock.Advance(Heal.Hold)
+	if r := mustHeartbeat(t, s, d); r.State != registry.StateStale || r.Action != registry.ActionNone {
+		t.Fatalf("heartbeat after the hold: %+v; want stale", r)
+	}
+	if got := mustGet(t, s, d.ID); got.Heal.Phase != registry.HealDraining || !reflect.DeepEqual(got.Heal.Pairs, []string{p0.ID}) {
+		t.Fatalf("plan after the hold: %+v", got.Heal)
+	}
+	if k := lastKind(t, s, d.ID); k != registry.EventHealDraining {
+		t.Fatalf("last event %s, want %s", k, registry.EventHealDraining)
+	}
+}
