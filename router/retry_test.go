@@ -480,12 +480,13 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	ctx := context.Background()
 
 	// Another replica reported the pair's first failure: the registry
-	// marked the decode stale and it re-registered with a fresh agent.
+	// quarantined the pair and held the decode's heal plan (p2 still
+	// uses it), and the decode re-registered with a fresh agent.
 	first := b.reg.peer(t, "d1")
 	if _, out, err := b.reg.store.ReportTransferFailure(ctx, registry.TransferFailure{
 		PrefillID: b.reg.id(t, "p1"), DecodeID: first.ID, DecodeAgent: first.Ranks[0].AgentName,
 		Reason: "prefill p1 could not send KV", Error: "Missing NIXL destination KV memory kind", Reporter: "router:elsewhere",
-	}); err != nil || out != registry.OutcomeStale {
+	}); err != nil || out != registry.OutcomeHealPending {
 		t.Fatalf("first failure: %v %v", out, err)
 	}
 	b.reg.reregisterSim(t, d, "marked stale")
@@ -517,8 +518,8 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 		resp, _ := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`)
 		return resp.StatusCode == http.StatusOK
 	})
-	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
-		t.Fatalf("%d stale marks, want only the other replica's; the registry decided on a quarantine", n)
+	if n := len(b.reg.staleEvents(t, "d1")); n != 0 {
+		t.Fatalf("%d stale marks, want none: the first failure held the heal plan (p2 kept the decode), the repeat quarantined the pair", n)
 	}
 	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
 		t.Fatalf("decode %s after the quarantine of one pair", got)

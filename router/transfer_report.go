@@ -46,17 +46,28 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string, sc trac
 		switch out {
 		case registry.OutcomeStale:
 			rt.m.staleMarks.WithLabelValues(causeMissingMemKind).Inc()
+		case registry.OutcomeHealPending:
+			// The pair is quarantined and the decode's heal plan holds:
+			// the decode keeps serving the other prefills until it
+			// drains (the snapshot then carries its stale state).
+			rt.keepPairOut(pr, prevSkip)
+			log.Warn().Msg("registry quarantined the pair and holds the decode's heal plan; other prefills keep using the decode")
 		case registry.OutcomeQuarantined:
-			// The decode is not stale and will not re-register: stop
-			// skipping it, and keep this pair out of this router's picks
-			// until the snapshot carries the quarantine.
-			d.state.staleGen.CompareAndSwap(d.peer.Generation+1, prevSkip)
-			rt.pairs.getOrCreate(p.peer.ID, d.peer.ID).forceOpen(rt.cfg.Now())
+			// The decode is not stale and will not re-register.
+			rt.keepPairOut(pr, prevSkip)
 			rt.m.quarantines.Inc()
 			log.Warn().Str(logDetail, registry.GeometryDiff(&p.peer.PeerSpec, &d.peer.PeerSpec)).
 				Msg("registry quarantined the pair: it failed with missing KV memory kind again after the decode re-registered")
 		}
 	})
+}
+
+// keepPairOut undoes this router's skip of the whole decode (back to
+// prevSkip) and keeps only the pair out of its picks until the snapshot
+// carries the pair's quarantine.
+func (rt *Router) keepPairOut(pr *pair, prevSkip int64) {
+	pr.d.state.staleGen.CompareAndSwap(pr.d.peer.Generation+1, prevSkip)
+	rt.pairs.getOrCreate(pr.p.peer.ID, pr.d.peer.ID).forceOpen(rt.cfg.Now())
 }
 
 // reportFailure sends f to the registry in the background; then, when set,

@@ -114,6 +114,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.dur(&c.bodyTimeout, "body-timeout", 30*time.Second, "how long a client may take to send a request body")
 	fs.int(&c.maxInflight, "max-inflight", 4096, "generation requests served at once; more get 503 with Retry-After")
 	fs.int(&c.maxEventStreams, "max-event-streams", 256, "event streams (/api/v1/events/stream) open at once; more get 503 with Retry-After")
+	fs.dur(&c.heal.Hold, "heal-hold", registry.DefaultHealHold,
+		"how long a decode whose pair failed keeps serving its healthy pairs (the failing ones quarantined) before it drains for its heal")
 	fs.dur(&c.heal.DrainGrace, "heal-drain-grace", registry.DefaultHealDrainGrace,
 		"how long requests in flight on a stale decode may take to finish before its agent runs the heal action")
 	fs.dur(&c.heal.VerifyTimeout, "heal-verify-timeout", registry.DefaultHealVerifyTimeout,

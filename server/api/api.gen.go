@@ -106,14 +106,17 @@ func (e EventKind) Valid() bool {
 
 // Defines values for HealPlanPhase.
 const (
-	HealPlanPhaseDraining  HealPlanPhase = "draining"
-	HealPlanPhaseVerifying HealPlanPhase = "verifying"
+	HealPlanPhaseDraining    HealPlanPhase = "draining"
+	HealPlanPhaseQuarantined HealPlanPhase = "quarantined"
+	HealPlanPhaseVerifying   HealPlanPhase = "verifying"
 )
 
 // Valid indicates whether the value is a known member of the HealPlanPhase enum.
 func (e HealPlanPhase) Valid() bool {
 	switch e {
 	case HealPlanPhaseDraining:
+		return true
+	case HealPlanPhaseQuarantined:
 		return true
 	case HealPlanPhaseVerifying:
 		return true
@@ -373,11 +376,14 @@ type EventList struct {
 	NextCursor *int64 `json:"next_cursor,omitempty"`
 }
 
-// HealPlan The heal plan of a stale peer: draining (out of routing, requests in flight
-// finish), then the agent is told once to run its heal action (restart the
-// engine), then verifying (waiting for a new instance at a later generation).
-// Absent when no plan runs. A heal action that fails, or no new instance by
-// the deadline, marks the peer failed.
+// HealPlan The heal plan of a decode: quarantined (the failing pairs are out of
+// routing, the decode stays ready for the other prefills until the hold's
+// deadline), then draining (the peer is stale: out of routing, requests in
+// flight finish), then the agent is told once to run its heal action
+// (restart the engine), then verifying (waiting for a new instance at a later
+// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+// heal action that fails, or no new instance by the deadline, marks the peer
+// failed.
 type HealPlan struct {
 	// Acted when the agent was told to act
 	Acted *time.Time `json:"acted,omitempty"`
@@ -386,10 +392,13 @@ type HealPlan struct {
 	Deadline time.Time `json:"deadline"`
 
 	// FromGeneration the generation that failed
-	FromGeneration int64         `json:"from_generation"`
-	Phase          HealPlanPhase `json:"phase"`
-	Reason         *string       `json:"reason,omitempty"`
-	Started        time.Time     `json:"started"`
+	FromGeneration int64 `json:"from_generation"`
+
+	// Pairs the prefills whose pairs with the decode the plan quarantined
+	Pairs   *[]string     `json:"pairs,omitempty"`
+	Phase   HealPlanPhase `json:"phase"`
+	Reason  *string       `json:"reason,omitempty"`
+	Started time.Time     `json:"started"`
 }
 
 // HealPlanPhase defines model for HealPlan.Phase.
@@ -545,11 +554,14 @@ type Peer struct {
 	Engine     Engine  `json:"engine"`
 	Generation int64   `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
 	Id                       string    `json:"id"`
@@ -649,11 +661,14 @@ type PeerStatus struct {
 	CreatedAt  time.Time `json:"created_at"`
 	Generation int64     `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan  `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64    `json:"heartbeat_interval_seconds"`
 	Id                       string     `json:"id"`
@@ -677,11 +692,14 @@ type PeerSummary struct {
 	Engine        Engine    `json:"engine"`
 	Generation    int64     `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
 	Id                       string    `json:"id"`
@@ -797,10 +815,13 @@ type Role string
 
 // StaleReport Without prefill_id or agent_name this is an operator's stale mark. With
 // them it is a failed-transfer report, applied by one rule on every
-// replica: a duplicate or a report about an agent the peer no longer has
-// changes nothing, and a repeat failure of the same pair right after the
-// decode re-registered quarantines the pair instead of marking the
-// decode stale again.
+// replica: a first failure of a pair quarantines the pair and starts the
+// decode's heal plan, which keeps the decode ready for the other prefills
+// until its hold is over (at once stale when no other prefill can use it,
+// or without prefill_id); a duplicate or a report about an agent the peer
+// no longer has changes nothing, and a repeat failure of the same pair
+// right after the decode re-registered quarantines the pair instead of
+// marking the decode stale again.
 type StaleReport struct {
 	// AgentName the NIXL agent name of this peer that the failed transfer targeted
 	AgentName *string `json:"agent_name,omitempty"`
@@ -5850,140 +5871,142 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3/c9u2su+/guG7M5HOo2TZkdNE/sknSXtymzY5dtLemSpXgkRI4jEFsABoRTfj//3N7gIkSFG2nNht",
-	"593zS2JRJAgsFruf/aov0VytcyWFtCYafYlyrvlaWKHx03sh9JtX8FcizFynuU2VjEbROcuF0CxNzhiX",
-	"W6bsSmhmrE7lkkm+FoZJRbd0hoNhtx/FUQrP5dyuojiCW6JRlCZRHGnxe5FqkUQjqwsRR2a+EmsOr/wP",
-	"LRbRKPo/R9UMj+hbc0QTu8Q3Rjc3NzCOyZU0guat1SwTa/hzrqQV0sKfPM+zdM5hDUc53fF//2VgQV8O",
-	"fa0bF9/YIIlkQmulY8YNu/j+JXsxPP2OudewRFieZqYf3cTRR8mveZrxWSb+yAm+uxaacTZXcpEuCy0S",
-	"lqXr1LJOr7fmn3viWkjbM1YLvjbdmCnN7EowIzQ8lxpmVoW1sMGJ2sgzZvWW8SVPJeMLKzS7EFZve+f4",
-	"txFzJRMD274SPHHMFNxRX5Dd5sgO0oql0DB3mL1bEtzwWi5TicQSslhHo98is8y4XEZxdJ1l6yiOTLqO",
-	"PsV+JOP4Io5eXzvS5lrlQtuU+IPjtYXSa/grSrgVPZuuRdQyBO5qMM3qm6WQQnMibzBaKu2zYTVSuawY",
-	"GP6wG69SmYTL1WKZGivgmACn82QLa7Y8E/jZfz2BwySMdbfVnhKf85T+SjRPpbtlra7xr98Lrrm07noh",
-	"V4JndrWlDcwmxnJNo+JHPgdGcJ+qywueZo3RJlanPKtfytIFjNW2XWthDF+KVmqDOJkQBdu/I6my8+1N",
-	"KGN+I6HjxwqfdFSvbWsMnFJNVM3+Jea25Ku3qWnhLTxI+FdqxdrcdWKJQ2/Kd3Ct+RY+S/HZTuaFNsR9",
-	"9cOcc2NA0ExnYqG0mLKFO6/wFOuoLBG6y3KgZXw3wzVI5FbQtu5/CJ69z7jcndGHlWDABSzPuGRqwThD",
-	"BkU1MGLIdCA9Oqqw8LVWBTBRzBzPGpZKtsjS5cqO5SKVqVl1Y1iSxHXxpZAWxJBVWcKUnAtmFdOFZKk1",
-	"9GLgSiVZRwtkV3hsLAWKDj/StdDpYovT2PAUpRkQjjMpNiyVxnIYmFvGWcZBklW80O2P5fnMwCw2MBQo",
-	"OFipLqTps/PaFOyKWwanwaAclao+/mw7lrCmRPAkS6WI2ZrrK4PrRKVJB6k/BgZsCK45HJ0d4m/qZNpw",
-	"RyerYEohC9wq6vyEbnnBvNAaXpGvuBG4eKaKw9+w0Go9qcvN+ovgHdX3FSVRrhwgOXFeoej0jAe6wu9+",
-	"q+zRgjtVu/OVF38H6ozGcaIp7a69Gjeg/J5Dp+1M8DZhg+w9KXXU7pnMuPEURDQinhgCKmdMyWzLNqld",
-	"MTeMk/pswTMjQHuv+ee3Qi7tKhodD06Gbdqx9mT7FJApnxg4fUk6twwIgXOB8wfHlwZ5YtgRjcM6MOFC",
-	"C8Zlwkwxnwtj4MxoYVYqSwxDpCSSbp+5M7kWXJIcgAV0uHRHARkoUYhILREATjKukIH2M4wz1Kh09Kxi",
-	"pfYDkFOUd8nqC6akYDM+v6Ij6ogyUyoTXAJVUB3u2ZRL4SSI9RKzlBpt5xdEHG3fiGgFowJdSIYArARx",
-	"Cl+pwuaF7bMPXo6khsQePR8zKQDLkdJ24A1kUWqNyBa0lmDHh4MXz2KA7FZomPh///bf43ExGAwGn/72",
-	"H22H2ws4p6WDoU5On8XROpUlM7WP28P/j7/H/777nj6++H7P6zLFk7u061u4ZwcCBPO89bxdiDzbtqDH",
-	"ebvsqhDXCDezZOtS8s9XXC5Fcsb8jSy1tBF93JYRbDdtbMgZqO5Cvcbqau1KiBweoFmnckl76UWgVLKO",
-	"Ex1g+woxaMVdFL/Em5okdyTzY7RR/cdffhBqDTbCLmVlsZ5kfCu0iRn8fXUNEicxMaw6mSTpGiVFaibr",
-	"jDOuBfMvZ4XMhDEEBmj9TrVkKYAOuxJrQB6FvJJqI1nHI44tDsNRunTP3NBjSRfwbSBQ/GMkfkhutqjt",
-	"hFZbOxPPhg9/JDw1mmbG0xM62ukaOOLkePjd8PnTZ8PvcAZ08XhHm8bR595S9aqreMaRDgF7BFIv3JnH",
-	"m0HFC4/3DgDOE5P+j3isVzQhQvm+2PFK2wl56wRenbeurieFN5oqdKKKGRqH5VyPgykOysFlsZ4RcPq9",
-	"EIVIvmK9g8NIqguJMOyRXtAgqH9bua64olMbaX8S6x+dzV2XPD+/+a+3bC3WSm8Z2Idk2fz4C0pwJfuB",
-	"mH11cf5TFEe/0H9/f/vu5Y9RHL37+3++fvkhiqPv37x93Spx3/NU724riFZuU+ckagPJKCxTgCZZpjao",
-	"Fqzm0iyQQrvHMxFzlYhDPGsXYkGnAART8+U8MIK0WBRGJGDk4OfUskTkQiaGKUmQieTjIhVZEtAKZEgc",
-	"id8Lnk1sjvrICq3o73X6WSQTI5brhh0aGPxaLNIsu8diKgfEnQ/xVP+zuvum7h1p3Yycp4i2ghtRRVyJ",
-	"3LK6wQvYFrAn6nRAbdUzzPloSJehtQuwUKc867buaKWrm9baloXTCrYJlBbMhJN42FX//rudQSuGjNlM",
-	"2RVCTEPYOS4VYkiBDqcZ+EXgVNz47QsqJNpoaRudq/fjqAbNFwJayF0I5ItMMClEIhJC/gDUTZoIlqQ0",
-	"P2DHmIn+ss80l1fmt7996l9dT9ZiPYHjbaK4ctvsEKfporn3ZAF/b/EKcALOFrD+fCXmV7A/ktFxueZZ",
-	"IXD3kdKwAtNCsKYWcYeiPOpxKEWCvW2TgMD17Q4tXMDB/iyUZi20ssryrBXZzYSG80F0In8W7iq6p+/2",
-	"VtH0/Av2Le2fteO/a6PCKE/Cwxgj+L4WcGg8A5+xUPjZldACeBrwdX/XVWNvcaPguYCtrzteD3XTgNXX",
-	"NnrpLKEDufJqYaNCfZGki5qOCKx5FEBmcvfcl0pU0ol1MEzAer1qOT1rs64n2Ih8DVwyoBC3SrMsXVjD",
-	"0sNdR+RJbhW/uyJ0VJd/jvHJ1IqdfDXkLPU6k4kUw1iovRqjKs20kGLjJnzHOXT7g85jP+92vtQ8y0SW",
-	"mnVbiMLKic1LFFpfdSIWvMjAflHM3XTGuGVrZay/0HCYPRw6Tub5BITn7rRmApAIfP91ExgcPoG76XL8",
-	"eAT4c1+f307+/JGpn/+5qw/OxB9gmfm3tZ5fQZFMnmXvFtHot0OwaOWAiG7iux+4tNwWBm9tmAdaJELa",
-	"VpH4DmRt6hyK0mzIrclZzf2B8Cg1pkDcIQCsSbEZS0B1MeNsnvF0LRIM58c0VLJOAfL3vBsplcvuqIxa",
-	"PDFjWc2qz34UIgcU25nmSZ5x6Z2bvV51V2+RZmLaPSO0O5aA0IxVHgPPOV6ZCWZWAIvIUxb6XAOXe2N7",
-	"PsWtOQtPDFsUWVajRYxBIPSgbpzfOFwxzIQyHBDxPqk0Bt5KQf1aQsL+fAmg7MePb17B9mRqI/ScGwHr",
-	"VDKd8wwmskYoEbiCBr0XvLf49OX5Ta/8e3jA38cnN61OIpjqHqQnxH2QHvBnsV5zvd0FfE2QhiPvO0Rg",
-	"ou1MZk+o9x5RXrx1/zuDo7izYa8RqKNdgWbYDAFOwjpg7lAAo3LDnqEvUSSwqf7ObjyWpU+x+tpdIgiC",
-	"rkbnYWRKx8Rlm9SImCVinnGNQUC0U8iMq/s0d4YdYdBVza/cxFhezLLUrAQeLYa+DDqEmKQTsx9/YbkC",
-	"YQgWig79HKbNjTlTygLN8slKmRaIePnDWy6XzNkhI7ZCNIKRTrBHwFacrwShq3Isn2LCLes4DUJCBZ9W",
-	"C1ZoNH9r4YSnD+EtrZaTK33Acqopw/2sMwCaeYD7/MWL591bld6z09Onp/dXt6JMfrk1jYDu2o3CNOxS",
-	"DECYKgDlGUWrObCUizGYJr0fIXxzdX3XmoKIwE0cZXwmMoLGSZLCenj2vsaezRl/+xzrxPtRbA1GBY5B",
-	"n56cPmPzFdd8jsdnk9qVKiybK2m1yoKvXCA1nOuzYYtUWqtEZI11nB6fPDzlvQhtnqiHfo+Xhbts6Bw2",
-	"bcKUUTQy9MPckfB2LSTw+/foYrxBWr+hR0+OG2opjgqZ/l4I973VhUA/Z80Ou927Ud0KKgdE88EK8wJA",
-	"e22CFFRfp9J/3vWbaJXdefgv4B40kQmYTJZaFfnjHAmnavbuqVQzlWzZXBVZwqzIsjMGUh/0l3OelBse",
-	"YrBD9/sjvb5ls08P2utCtwDmlbV5x3TZDMDYx4u3oHUqjmzIwsHw+UMflQZ4celouPOl/KepeylRF/N1",
-	"FkbRug/2OINi1GJPcCuSyX0yI++d/4hB5zs2uMwwo/sppD1BjHLNs4lLLW0Pdu0EtfZgyIwbO1mFWTWH",
-	"LTgT3IgJupi2933K2vtO/vD8hvuF5t3dk1si/UWe3JMb2vA3TaqRUFmjoVtkHLJf7e238kAbaffyvTNU",
-	"7mWu77W+d4HwAeBy9zx8I7T7AyDVvhBIC2o51FL703BBU7M+gNrfHxlF/YaGGwBGrzTjw4HCXsv6WyHB",
-	"Q2j0Rn7M1yrv5sKccv4ztOOOu+jXFbeMy62Sgq35lniSzwDic/Tm9NnPKjSgY2dar4XlCbccKyi8p8iI",
-	"uRbeVVQVpzSyhMq4zm7eLJJsZ4f+8/LdzyznduURi1oshEwwuEhp1eTDqEU8j3cinnsz+famgRWmXaLZ",
-	"1GbiFsGxY2JTXObjxRsm+RrmjUnGGTcGluQqanDyANLM6OjIeRP7ibj2RTLmKJXXPEuTns8zuJ2F8Fs/",
-	"2XJBZWCtVYc05EmLi6/mXiXX0WalDBrX7lny4syVTkQSpo60M3NDy+zolAPYvV/FgsKrteBS/auk9Wq+",
-	"7yoGIhojzNsHnpd3X133w4ynq+t+4rbk6rof5HeVn8usMrxSZrnhJ5eR5qVyW7bIhYuWNCJscFwn/rju",
-	"Sf2pn+kYTQREtyUomm1tK+yj4b0S3Ds03HDmKhAwWwH9L+5CDTk9trnOi88TWOQkE7JFu8HkcqEZLz67",
-	"5KdQ7JfkKDz8rzLPng+Hz74bDgffPf1u8OL09GQwGNzqBquZdZSF3NQU5Vxz2/BY/8ETWeZFq6Otd1zH",
-	"AWzFsSjyh/cf7x8Z6x0YGru6PmQDH3Lzjg+h2a3+DT9nv5HNlGqYKx0KxpNEC2OEOXNrQB2BCjpI0FsX",
-	"xmKqj7oWOuP5X2ihMI+DNieuYvnOT6Iky+iw/3WWU0GIlhBkfVNgaWXS5FkZySjLTBNhbCpJdYbPEeh0",
-	"QUAtjMquSXMehDd9Vud91+aj648TPy8hOYHCtgoRuM46x8+YVezZkIGKMV73dD3Wg1k+MY1oZDyWieYb",
-	"yWbboKBkoTR54SqdEzOjquuVoumP5YeVYB9evq9GnvH5lZAJ4/O5yFE5zZWUwhcnZFtXA8wl+8dP5y/H",
-	"cr4CtS+XoufLsvE0stT22YWwhZYYdc62WH8y/eH1B3bE8/To+vgII4VHX9Lk5igEVFOKRzW1bqATn9fd",
-	"ci3VSs0cYQIjgZ5uSKOGQG0c4cYRaAONoR3XBhhBL/i4QWrNPa2JlpSzGqKZINvsvpjkiOeiFpTT6rur",
-	"w5lW8OCEcrtl8HWKsqU0+nrfuvAy8RnPskrcmJBviluKrhva8xYx22L43CEe7yuv9omk3TcHVN+XWlkj",
-	"xR3plG2nonq4pH7b2QhNypAf4nbGbD0xzrXhDaOWlNaZsqtWlH9peSYuRHss91d3zNyAkxSzoatVMrtK",
-	"Mcge5Cg+Ma6Eec31VZ/BEFibtXbJ2dwlW/bKg6nx7bEvTwQhDIodE32VpPTfsdQC2zyMGGdJQR0fMMWQ",
-	"u+e9m6GqYXT1fFKxTMml0HBIUMpiMFcqu8JSag4yGgYRLhG00MKfcwOLxIRInS5X1klsLIsqo/O9qmNA",
-	"kP1oglxKaazgWAQBNHH2ejkCUSvI0mkTT+0WUUMU4ZbgzFPjCjNXnCjhallLmluul4KqaB8+RWBPDSe6",
-	"JbEQ02IKKcxNi2sqrERqOR9PbU7PTk+f3q+isuLWPXUH9L3zM1QkUQHhyurpx8wpqmIJOyXDd5uph8TE",
-	"3AvaZMalj300TQeebF0JLGGNMg0YAxP9qp43TGJzDFiGHQybkXYeS6weNvXgIJIXqwYZTZFRgbL1pdf4",
-	"EDFLt16WmZOnLujoEfbd8N09gvp1t5Ntsq/mWT3MN4VMu+ZbQNZlphKmkIcpRIYlikqnKZWoG7qtHsNb",
-	"cxNHRswLndrtJahFJzqSdSo/qCvR4qae9nr4dc/C99NRlWNOVaeGdRKRCSti6kIRB1LddM8cqhXJWG5W",
-	"QmOJdNXUCMcE4VwlLbLUJUeh2sZEcMF1mFC/sjbHGBBdb9mPeZYCl52/f8OuxJZ1YA152rsSWzPtMlcM",
-	"/i4X8vxNL6glAQ4W5mwsPWoMnyOvvOVXgioSxnIsQWcx6TLbG4RiUuG1f6nqEnpfXQYLJW2mZixVLqSv",
-	"8Flh0X5Vs1KldybieooG3dRXA6QSt1JMu86qMASG0ZluWGcX+E9jqgOJGTUh6VKUIdvwbTiPOdd6C+rw",
-	"vv73w/YNKLKf2UJ6dcAUWq95z4ica26xq5KxaFxRAVJGqaxSbNhG6auxtGopcDuSAquAONPKUouREWac",
-	"YmHChpJN++yNLYvFnVdwLMl+Q0JkPF3jdVCYpAYwKIowWhcSq886K7VhtZYIY5kpQ0ZHwNhztRYGrb1u",
-	"n/3s9lqUNc130g2m/PKWxGRggWn1vmkzJ1mjaQiWripkQmqslMvoKB1LlOTY84UbzCqhfGFHqF5AK5mE",
-	"Upwb2hDMb0YMprQ1TTRhWIfAV5Dwy6xSMYPN7WFJkkB3hh9C6C5tBfE0IpRmgnGpM2i8tCo6MWP54y/U",
-	"g6NDr9QqA9scthO9+92YbVbpfIVrrtv6WOkG0xtLZ487kq0P2q8bDPQs1O4+vaxJAFwcCB6N/gKHOY4c",
-	"5ktSw5dLLZbI/G/f/oT5nNSDYCyn7nRPvSKuCZdK73pybRvnH7cVRJBzUGC6q1VOxGgYfco6li/Z1I08",
-	"7VIDjH3Ccyw7UxA3f5vGbHrkh53GDAcBCcPTadfn5zpdgpFxJmSCwsbgG8dyqnKQ1iChXHrwbMtWXCa9",
-	"jU6tFRI/ZJ4ZEzUv1kLCGrByDDgZifQawAFWU1XkgkGn+/rBTVnHd5jrEvNgs6VZJsZyCns8jRlnq2LN",
-	"JZtSUGtKTDpF3T8Ng217QoZOG1ZVbqBSWDXVSkE5wrLCiPAqWc24wIsiE8YVP5YEZQuVZWpjnKx0AWWs",
-	"T0UDhuohBZ+vRmPJQayvFJg3GO4sO7qAtCWzzWzQbhkOTh1JJJuewxumjJrQjWUnJCIrZAJKEUk+dYf4",
-	"w8X5y9cwHgyDE0YqnPn34jOerae+iKKciUjILqy9ZzgY9tmvOkUahe8EY5Jbp8w4wyg7eq+NgK16SY0B",
-	"ex+2uRixkBccDwyPT8eyzBkHJMOA8QSlTnA202pjhKZSbJIuSqfLVGJ/nOk7/Hvq9IFbBdoNdLieUPeq",
-	"6aWY974Xdr7qXaZWjNhcK2N6JrVi2iVSPfXGMSAMILlIeitlrJkyI8AcLlmLNNT0H8rY6S7hhifHY/lT",
-	"apJUizlcu3CP1TYOtgpMTGPZq58vmRazFPm3z879e8YSiVlv/sO1Tq8FMkcqAfjAPZjOpAqazXDw3B/8",
-	"UqQCpwLcyZQBLUOFAa6qBnYuxTpIwab/1XOz7b1JpiM3BsK8J1RY4ivkMUkEHlELyiQ+PnnOcp1KMk7O",
-	"L1++eROkD1dgz+R8LgDnlMHCcvPPyNmLjZJYppZUv0JS+wleGUtYGZYTFzm1eWSZWBpqaBC03Op4oxJl",
-	"Fgr5ruNRXBOqpjevSMqSZiGUTKkuKidpOao8KTAqbvxYemjvuq9Mv9xMnRaTuB5JvuVA+7geWd5PCvgJ",
-	"39WpI7G4iW7PWoVUTDxaQm2Svw3BhOahgSmjfTTnWYYeH8mmn3sO7faI1tO4xjDBvIVcKD0XJpDpeCzF",
-	"Zz63meNNtBtNLubAYmI9E0kCdgi8KVBwZ8wI34nziBd21V+q7oiUFUBQTFLpxmzqwQ/iUiCOo1bsUlZC",
-	"rOcCL1TihHedhUm5W9j6NEEypPMVYU5DwQIgCpgZ8EojssWU1uFwGrB69R6aFgClKTWtmsJtNOvmnGIm",
-	"udYgPXz0otwTGAanSu8ay2DeqEi7Z83lVHuHLjueZX32LmSJsXSKa+r4Yera+NSOTsguxPNTz8RT4mI4",
-	"EtvKx4adGJXKsCsgyePO+3eXH2L2/iP8c/7h5T9i9ur129cfXncrtt5lLUC2eQtqIj7Cc1F5/WpYCydP",
-	"WhCPVdACojMcPO36TmDAQHgCzuU24FNHNF4CzJAtEG47AWjY9HTwdIpv8siDTW9N1Cmq5rdT56+cBo1h",
-	"p2NJyhrYLiM8QW+sagGpiihhnffK2KUWl/98i6TKRYLA3lMGWLyQeDcKVpdQiK461KWBkYNE5lmGQl3C",
-	"KNkWBAh1ZyibdiFAJfBWU6tuQFeaSDlQkVs/NR40hKwH/eP+AHMgAWjmaTSKnvYH/afknluhr8MbxFUj",
-	"0SVFCcvT8CaJRtHb1NjXdEtca9v8207RDzYRpfUHXUXPWK2AibqHbgRmGmG35t8LgTm6rl0ztWaIwhbN",
-	"OznftyVT3MRfWsf1fR6qYV0ZWDQ6xqB1GdO+M4a97xVVv9evai/9qdFe+mQwuKVz8/06NledZNuaSmML",
-	"V8yEuy5LTYf09rZBy1kGjaDjyPgQJBrgOBJhBNputkg1brrlS2CfyEmb6FMcNYVSNELOxWHrfHpEmGIv",
-	"u17i14cxLBwnvnVrLiMVqWFpUk62bZvxzm9j0F0fO3pxiWhpAppYsg4u41IVei4QrKNNjw4Mhxq7Z2yT",
-	"Sh+NdNPCKZN4q+b8lhvbw/F6b159w9zv5lErPtujsM13axduE/RU3+lwfnn5mtGzZ4w8X8hL2HgDQdTx",
-	"KTPYjpAoAvoFLHjXESrbVrFeV/VpVoU12FI8rkJS5chjL0R3GpCPo684C3F0Onh69/1hg/b6+flZbEqu",
-	"9GZSD/G8u9ohRgF5Qx3VY4a+SC4Z7nH3649Z2YZnrzZ47zrhNM7W/WXujtS9U+4+poQsOxO18KRv3fPN",
-	"kpFsAG/7xKXhQ416AEmltuxg+42bePTFvebm6Au95+bo90Z/oky0xbRe+940O+2KWGe3XVGXYQesufCN",
-	"pxxM8Q6bMqwbtMWpqrWfmEpVsKXAtJ+dLu7uFudOAovJXU9tnw0HQzrvLv7ge9L6aJMzQXyXnkb7sH4U",
-	"7/D4wgZ9nHZYbtjucQ6IlBo3P8cux/cSHsNDhEft/uH97j8+vSf7OkMEj3kYIvvt0038BQ5lxeBAPMZ3",
-	"GedgXsbxfd3MXtUdRqXv9Rsh7T8RUuV/PMjvhLQqeOfIfoDZljkqDzLZT6Hc8J059gt/IQ4V/q7a4LBJ",
-	"USHRPmDtS/wOG6vsDdw+mK9mqAZrVsJ/c6Hto+op31dln57CgN436il4AY0UM6PQMzbbMpendR+lFEd5",
-	"aw+Pc3QuYjiRrH/yJDmfSmfXbeQ9LzWXKPWwdh6hMORHTtoyyyh4TyMW6d5U8/SgizuYDXp4Mp6uCX6j",
-	"ye66ataCoGOpCttn57KK6j0x9Yh+3UECs6z5XMay4Yf0Ls9OplQ+4/Mr9JVXIe9u4NYkt0D9yF44GmAP",
-	"KRIYwti/q2T7oPxYbzhVT6pxFfGPeh72/VLS59QglEeJuuGGuZpf1kEfGojhwCU9K9Y5kN7bDmU/deyE",
-	"H6aMOV9NF4/ZCen3x11MGav/Knvk8SHI83ve/+KekOXpI0KcOBqenHwDJAryOBAR7SQo0NU7kJM/qtQF",
-	"ssww8D71TpEboa0Xw4dbeGU3/pumosf097odUJcer/B6KTvuQsEX9DtP/1tA7z3xbCuk+kHYdvI+rHws",
-	"q7z3Q4YnxqdN9e9P35t7g4I6fGx7TXWLQ6zRLlSlAg5Mt2v+quA9Rq0wSoP9Ydy/yPbETKpN+fNW/z5i",
-	"LUesnTlq/Ve+mUEa9bVl3Ko1KNkKY3f9DeXvwDwiSKt+2+kPRmeNH7lp4fBffcY94Suzwlq8RGEM6S+K",
-	"doaPi47+0mjnHuDmsOOL/Vb2nF7daJ+5bCtk/N57+KpD2OyuWnkdfW5kM8txLNHMcwmOlCqJuQFoy614",
-	"tqAUlvevmMmz1MY+AbEMyY8lZVKOGG/PoORMi7Wy4ompsodxWu5mzFvRAtMrg0zLFG1K7ywKxAt6S4eD",
-	"p22GnwMWF/XeZ3+4EebV1/+HCuurQH6AtnbSd1nnljTzeCfJ/HALIBfuRwsfEnRR4cjD69QPLek1a66v",
-	"WJnJg2/us/OdXCPqn5Mrbf2PzcVkTFG1225JlyozK8jEcgkmVQGZT2etCqSmQXyRyvMobYVytEn6jOWb",
-	"V90z5nO/dzO98ZfDGone5RisMzx5Qdl44a8ddysRRnUlZUhE1OfQJg1+4vrKdRrLxCNBjLAu8k9wAR2A",
-	"oYPIr+OJDpIyphQe59QJ6oTppg03YQllzFRh0YuEz4W/ROPDTN1/w5Y/HbbA/S/+aPH+EwqqQEydVT8A",
-	"Uhoi3oeN3uDgtxIPdee4ExZHZVlBNPpCH+0EIcjE1Vv4i5RBEF6lAsDah/9xn/DnW+bGf2qOh0WE/t7d",
-	"ga+Pj+YrbpHYmbCuZNx/03YR34CfG1uApMUXkGbBtm1YVDI6Ojo++a4/6A/6x6Png+eDKECbX3ycx9MR",
-	"9s1dorqL+hUDKu7/BQAA//8=",
+	"7L1rcxu3kjf+VVD8b5XI8x9SlE05NvVKx3ZyvHFiH8nJ2arQK4KcJjlHQ2ACYERzXfruT3U3MDcOJcq2",
+	"ktTz7JvEGg5xaTS6f33l585crzOtQDnbGX/uZNLINTgw9Nd7APPmFf4rBjs3SeYSrTrjzrnIAIxI4jMh",
+	"1VZotwIjrDOJWgol12CF0vxKdzQc9QadqJPg9zLpVp2og690xp0k7kQdA7/niYG4M3Ymh6hj5ytYS5zy",
+	"PwwsOuPO/3dcrvCYP7XHvLBLmrFze3uL49hMKwu8bqNnKazxn3OtHCiH/5RZliZziXs4zviN///fFjf0",
+	"+dBp/bg0Y4MkSoAx2kRCWnHx/UvxYnT6nfDTiBicTFI76NxGnV+UvJFJKmcp/JELfHcDRkgx12qRLHMD",
+	"sUiTdeJEt99fy099uAHl+tYZkGvbi4Q2wq1AWDD4vcQKu8qdwwOO9UadCWe2Qi5looRcODDiApzZ9s/p",
+	"3xbmWsUWj30FMvbMVHmjviG3zYgdlIMlGFw7rt5vCV94rZaJImKByted8W8du0ylWnaizk2arjtRxybr",
+	"zscojGQ9X0Sd1zeetJnRGRiXMH9IerbQZo3/6sTSQd8la+i0DEGnWllm+ckSFBjJ5K2Mlij3bFSOVGwr",
+	"QoY/7MXrRMXV7RpYJtYBXhPkdBlvcc9OpkB/h4+v8DKBdf612rfgU5bwv2IjE+VfWesb+tfvuTRSOf88",
+	"VyuQqVtt+QDTK+uk4VHpTzlHRvB/lY8XMkkbo105k8i0/ihNFjhW23GtwVq5hFZqozi5Ygq2f8ZSZefT",
+	"26qM+Y2FThir+k1P9dqxRsgp5UL17N8wdwVfvU1sC2/RRaJ/JQ7W9r4byxx6W8whjZFb/FvBJ3c1z41l",
+	"7qtf5kxai4JmOoOFNjAVC39f8Vuiq9MYTE9kSMvofoZrkMjvoG3f/wCZvk+l2l3RhxUI5AKRpVIJvRBS",
+	"xDDXMYxFhblEFxeJjIKSJJOJsUIaEDp3Qi8myugcWSuivfD3hXVyawVxfbFN1jiZgUWSplbkyiUpfbDS",
+	"aXxkJyoGGaeJgh4NpQQxPc5JC2DtZQVdobGfXRST+2tkRaImapEmy5UTi0QldhWGw0HkEpTDUZxOY6HV",
+	"HITTwuRKJM4yLfCiaDVRXQN0heh7QNIsjHQDJllsaWUbmZCAxU1KoWAjEmWdxIGlE1Kk0oGZqJI/z0Ti",
+	"BF4nSwMj5Y9shdy2NxDnM4vL3OBcqJTxdEyu7ECcT1RlkcKtpKOTsST8la6vYLb1Z8J0jcRamms/L+Cy",
+	"+PYPJnhrGtJ2jvd9h2M2dUJupKek07ikKt/eKZ/Diu6YYJ4bg1NkK2mBdo9HfvAMC6PXV3VhX58I5yg/",
+	"LylJwvAAcU/3oH3YgsU3K23B35hN4lbVGxIOX9TFeCF/dnbUlDVEmKrCqQ8ULg/q28CurfLbgPRwZeej",
+	"oEIO1LsNkcQL3D2KctwKI+wRXMbNQLYJbLqPV4We35VrqbThQAnRwZFlsHcmtEq3fB5+GK85xUKmFhAB",
+	"reWnt6CWbtUZnwyfjNoQRu2b7UugO3JkUVzEydwJJAStBQUGyhse5MiKYx5HdHHBuQEhVSxsPp+DtRPl",
+	"VgYsCkkrCG1CXMqINUjFggs30JXK30zi51gTqndMgN4AL3xqQSCCsEJ6+UyC1WlRIAgEinnxlio/EFqB",
+	"mMn5NUsMT5SZ1ilIhVQhSLHnUC7BSzQXtE4hxNrECcpkPr4x0wpHRbogPUAgNEf5jx/p3GW5G4gPFS1B",
+	"cpq/HwkFiIcZ+HgAPNtOVOIspAveS+XER8MXz/B+OwcGF/7fv/33ZJIPh8Phx7/9R5usCfLWI53KUE9O",
+	"n0WddaIKZmoft0//P/me/vfd9/zni+/3TJdqGd+HUN7iOzswqrLOO+/bBWTptgWBz9tFaYlaxxVleWRL",
+	"RTRfSbWE+EyEF1EJ0kEM6FjGeNx8sFXOIP18hx6+BsjwC7zqRC35LINAVFrVsbYHvV8gBh3cR/FLeqlJ",
+	"ck+yMEYb1X/89QfQa7Szdimr8vVVKrdgbCTw39c3KHFiG+Gu46s4WZOkSOzVOpUEysLkIlcpWLoHE8X7",
+	"95ouTSxjj7VI8G5fK71RBLHoKm5pGEnSpXfmh54ofkCzoUAJX2Pxw3KzBUXEvNvanXg2+vZXIlCjaao9",
+	"fcJXO1kjRzw5GX03ev702eg7WgE/PNlR7lHnU3+p++VTuuNEhwp7VKRe9WQebwUlLzzeHGh8XNnkf+Cx",
+	"pmhChGK+yPNK2w156wVenbeub67yYHiW6ETnMzKwi7WeVJY4LAZX+XrGOO73HHKIv2C/w8NIanJFMOyR",
+	"JmgQNMxW7Csq6dRG2p9g/aP3W9Qlz89v/uutWMNam61AG5utwx9/JQmu1aAiZl9dnP/UiTq/8v/+/vbd",
+	"yx87Uefd3//z9csPnajz/Zu3r1sl7nuZmN1jRdEqXeIdbW2YnYRlgtAkTfWG1IIzUtkFUWj3ejLgPsQ7",
+	"eQELvgUomJqTy4pRZmCRW4jR5qK/EydiyEDFVmjFkInl4yKBNK7QCmVI1IHfc5leuYz0kQOj+d/r5BPE",
+	"VxaW64YtX3GasGnxgM2UVsG9X5KJ+Wf59m3dw9Ru6ciE0FbVW4Aq4hoy17DQEdsi9iSdjqit/I7wfi7W",
+	"ZWSeIyw0iUx7rSda6uqm8cgGb1hW5ZhQaeFKJIuHXfUfPtsZtGTISMy0WxHE9L6NqFCINX+J5BWETdBS",
+	"/PjtG8oV2WhJG53L+b0lieYLAy3iLgLyeQpCAcQQM/JHoG6TGESc8PqQHSMBg+VAGKmu7W9/+zi4vrla",
+	"w/oKr7d9kOn54MUi/t7SE+QEWi1i/fkK5td4PkrwdbmRaQ50+kRp3IFtIVhTi/hLUVz1qCpFKmfbJgGR",
+	"69udgoWFf5BPkKRZC62cdjJtRXYzMHg/mE7sE6RTJRf//R4/Xl6YYN/W/lm7/rs2Ko5S8z9FBL5vAC9N",
+	"YOAzURV+bgUGkKcRXw92PUfuDq8O3Qs8+rqz4lCvEVp9baMXvhu+kKugFja6qi/iZFHTERVrngSQvbp/",
+	"7UsNpXQSXQq1iH6/3E7fubQXCDZmX4NUAikknTbe9Zcc7slib3yr+N0VoeO6/POMz6ZW5OWrZYdz0JkC",
+	"EnLMkvZqjKqNMKBg4xd8zz3050MO+LDudr40Mk0hTey6Lczj1JXLChRa33UMC5mnaL9o4V86E9KJtbYu",
+	"PGj4774dOo7n2RUKz91lzQCRCH7+ZQsYHr6A++ly8ngE+HOnz+4mf/bI1M/+3N1X7sQfYJmF2VrvL3A0",
+	"WKbpu0Vn/NshWLR0QHRuo/u/cOmkyy292jAPDMSgXKtIfIeyNvEORWU37NaUoub+IHiUWJsT7gAEawo2",
+	"E4WoLhJSzFOZrCGmlAgOacl4nSDk7wc3UqKWvXERRTmyE1WuaiB+BMgQxXanWZylUgXnZr9fvtVfJClM",
+	"e2eMdicKEZp1OmDguaQnMxB2hbCIPWVVn2vF5d44no9Ra97HkRWLPE1rtIgoakUe1I33G1d3jCvxMTtE",
+	"vEelxqBXOTGiltSxP+cEKfvLL29e4fGkegNmLi3gPrVK5jLFhawJSlRcQcP+C9lffPz8/LZf/Ht0wL9P",
+	"nty2OolwqXuQHsBDkB7yZ75eS7PdBXxNkEYj77tEaKLtLGZPuPwBkXJ6df+clau4c2CvCaiTXUFm2IwA",
+	"Tiy6aO5wAKN0w56RLxFiPNTwZi+aqMKnWH7sHzEEIVej9zAKbSLmsk1iIRIxzFNpKCZJdgqbcXWf5s6w",
+	"YyHx+syv/cJEls/SxK6ArpYgXwZfQkp0isSPv4pMozBEC8VU/Ry2zY0509ohzbKrlbYtEPHyh7dSLUPc",
+	"byxWhEbKWJ8BOV8Bo6tirJCmI53oeg0y9uFwS4Zzbsj8rYUTnn4Lb2m5nUybA7ZTLhnfF90h0iwA3Ocv",
+	"Xjzv3an0np2ePj19uLqFIoHozlQMfms3CtOwSykAYcsAVGAUo+fIUj7GYJv0foTwzfXNfXuqRARuo04q",
+	"Z5AyNI7jBPcj0/c19myu+OvXWCfej7DljI8T1KdPTp+J+UoaOafrs0ncSudOzLVyRqeVj3wgtbrWZ6MW",
+	"qbTWMaSNfZyePPn2lA8itHmjvvU8QRbusqF32LQJU8HRyKof5p6kwRtQyO/fk4vxlmj9hr/65KShlqJO",
+	"rpLfc/CfO5MD+Tlrdtjd3o3yVVQ5KJoPVpgXCNprC+Sg+jpR4e9dv4nR6b2X/wLfIROZgcnV0ug8e5wr",
+	"4VXN3jNVeqbjrZjrPI2FgzQ9Eyj1UX9550lx4FUMduh5/8LTtxz26UFnnZsWwLxyLuvanpghGPvl4i1q",
+	"nZIjG7JwOHr+ra9KA7z4lD46+UL+89KDlKiL+ToLk2jdB3u8QTFusSekg/jqIdmlD84hpaDzPQdcZOnx",
+	"+xzSviKMciPTK5+e2x7s2glq7cGQqbTualXNqjlswylIC1fkYto+9FvOPXTxh+c3PCw079++uiPSn2fx",
+	"A7mhDX/zohpJqTUa+k1GVfarzX4nD7SRdi/fe0PlQeb6Xut7FwgfAC5378NXQrs/AFLtC4G0oJZDLbU/",
+	"DRfsJA5+vdrfHxkl/UaGGwLGoDSjw4HCXsv6ayHBt9DojfyYL1XezY155fxnaMcdd9G/VtIJqbZagVjL",
+	"LfOknCHEl+TNGYifddWAjrxpvQYnY+kkVaEET5GFuYHgKioLfBpZQkVcZzeNl0i2c0L/efnuZ5FJtwqI",
+	"RS8WoGIKLnIeOPswahHPk52I595Mvr1pYLltl2gucSncITh2TGyOy/xy8UYoucZ1U85zKq3FLfmqJFo8",
+	"gjQ7Pj723sRBDDeh0MgeJ+pGpkncD3kGd7MQfRoWW2yoCKy16pCGPGlx8dXcq+w68onPxXfZizPXJoa4",
+	"mjrSzswNLbOjUw5g90EZC6o+rQWX6h/FrU+zfU8pENEYYd4+8Lx4+/pmUM14ur4ZxP5Irm8Glfyu4u8i",
+	"q4yeFFlu9JfPSAtSuS1b5MJHSxoRNryuV+G67kn9qd/piEwEQrcFKJptXSvs4+GDEtw7NL5w5ksmKFuB",
+	"/C/+QQ05Pba5LvNPV7jJqxRUi3bDxWVghMw/+eSnqtgvyJEH+F9mnj0fjZ59NxoNv3v63fDF6emT4XB4",
+	"pxusZtZxFnJTUxRrzVzDY/0HL2SZ5a2Otv5JHQeIlaTC0h/e//LwyFj/wNDY9c0hB/gtD+/kEJrd6d8I",
+	"aw4H2UypxrXypRAyjg1YC/bM74F0BCnoSoLeOreOUn30DZhUZn+hjeI6DjqcqIzlez+JViLly/7X2U4J",
+	"IVpCkPVDwa0VSZNnRSSjKNWNwbpEseqsfo9Bpw8CGrA6vWHNeRDeDFmdD91biK4/Tvy8gOQMCtsqRPC5",
+	"6J48E06LZyOBKsYG3dMLWA9XeWQb0choomIjNyrUvLGSWWjDXrhS50TC6vJ5qWgGE/VhBeLDy/flyDM5",
+	"vwYVCzmfQ0bKaa6VglCckG59HbVU4h8/nb+cqPkK1b5aQj+UttNtFIkbiAtwuVEUdU63VH8y/eH1B3Es",
+	"s+T45uSYIoXHn5P49rgKqKYcj2pq3YpOfF53y7VUKzVzhBmMVPR0Qxo1BGrjCjeuQBtorNpxbYAR9UKI",
+	"GyTOPtCaaEk5qyGaK2Kb3YlZjgQuakE5rb67OpxpBQ9eKLdbBl+mKFvKy2/27YseM5/JNC3Fja3yTX5H",
+	"4XpDe94hZlsMn3vE40Pl1T6RtDtzher7UitrpLgnnbLtVpRfLqjfdjeqJmWVH6J2xmy9Md61EQyjlpTW",
+	"mXarVpR/6WQKF9Aey/2Xv2Z+wKuEsqHLXQq3SijIXslRPPJF1lQuPBA4BNVmrX1ytvTJlv3iYhqaPQrl",
+	"iSiEUbFToq9WnP47UQaoVcYYB0iML8/MDXBtASUtVuqgy0xGKoZk84DKmZgkR7asXY/EZpXMV1QQZhuR",
+	"970V6BPFJehU+a19wgPeoi4lUM/BUyGUYde+LeZSidyCSFD1aFPIs5LQPTRv4pzbg1AupfSECv6Uslgz",
+	"FGQrLVKtlmBIHISotdJuRUXuSAkaBGSNetT1A08T6TVRhqrfWTfViNEv20u0kxoNapAx1fXj6QfPRFnW",
+	"H7JJW4vG7zD9GjKXeI9WnlhfgbqSTAlftFswl5NmCVwu/O1zIfYUq5L/lSpOHeXK4toM3HAFKdd4szOr",
+	"tqZnp6dPH1Y6WnLLnaXk3qFSkkRXCFdUrT9m8lQZNNmpjb7fHj8k+OcnaBOOlyHI07SR8G5zrS+DqiLf",
+	"mSIwg7JwuZqt5xmwiK9YMWMYMlFUJm3rUVAiL3eg4CUKrsR2ocacvsTM0qvXn2bskqy0f6k2aQmtYCqF",
+	"+v4k24R8zYV8mBOOmHYtt2hCFClZlCtfzZWyItZcI845U72qf+4x3FK3UcfCPDeJ216i/veiI14n6oO+",
+	"hhZ//LTfp4/7Dj+fjstkei6vtaIbQwoOIm4ZElXUl0UpTPAd4onarMBQLXjZAYvGROFcZmeKxGeBET6h",
+	"jHeQplo5sHIuo2AXP285j3maIJedv38jrmEruriHLOlfw9ZOe8JXvb/LQJ2/6VeKZpCDwZ5NVFAn1e9x",
+	"+MHJa+DSi4maKFTOQvkU/gahBOqlab//b10+IjezT9Xh7NTETpTOQIVSphV1JyiLc8o81hhupmS5TkPZ",
+	"Q6LoKGHa8+aTZdRPeteK7q6FM4244CUS3LGmx+GUdCO31XXMpTFbVLoPDTQcdm5Ikf3MVqVXF22+9Vr2",
+	"LWTSSEctuKwjK5IrrVLO2VWwERttrifK6SXQccQ5lTtJYbSji9kbU2otVWBsOKt2IN64oireuz8nig1V",
+	"IkQqkzU9R4XJaoCivwQQTK6ozK670htR6/0wUam2bF1VGHuu12DJrO0NxM/+rKEo3r6Xbrjkl3dkYCML",
+	"TMv5ps3ka0M2MJr0Olcxq7FCLpNHeKJIkhMmk3bFDX+0gdgTql+hlYqrUlxaPhBK5CawqRExNtCEFV0G",
+	"X5XMZuG0jgQebp9qr4D8NmEIMD0+CuZpQijNTOpCZ/B4SVldYyfqx1+52UiXpzQ6hYjRGoUxegG84p7r",
+	"Tg0q6cPlTZR3PHiSrQ86r1uKaC307jm9rEkA2hwKHkNI2WOOY4/54sTK5dLAkpj/7dufKHGVmy1M1NTf",
+	"7mlQxDXhUurdQK5t4/7TsaII8p4Yyut12osYg6NPRdfJpZj6kac97vSxT3hOVHeK4uZv00hMj8Ow00jQ",
+	"IChhZDLthURkr0soBUCAiknYWJpxoqY6Q2mNEsrnQc+2YiVV3N+YxDlQ9EcamDHW83wNCvdAJXLIyUSk",
+	"1wgOqGysJBcOOt3XPHAquqEdYY+ZR6JOm6UwUVM842kkpFjla6nElKN3U2bSKen+aTWquCc26rVhWc6H",
+	"KkWUSy0VlCcsmTuVp+weoA1e5ClYX+VZEFQsdJrqjfWy0kfOqRCXDBgu/AQ5X40nSqJYX+mYDEG3KlvX",
+	"oLRl+9RuyG4ZDU89SZSYnuMMU8EdCyeqWyWiyFWMSpFIPvWX+MPF+cvXOB4OQwsmKpyFeek7ga2noVqk",
+	"WAnEbADX5hkNRwPxL5MQjapzotUsnVdmUlA6AbnpLeBRveQukv0P2wzGosoLngdGJ6cTVSTHkz2JjAec",
+	"IyLFzOiNBcM15yxdtEmWiaJGQNN39O+p1wd+F2Q38OU64q5h00uY978HN1/1LxMHYzE32tq+TRxMe0yq",
+	"p8ELgAgDSQ5xf6Wts1NhAe3+grVYQ03/oa2b7hJu9ORkon5KbJwYmOOzC/+12sHhUaGJaZ149fOlMDBL",
+	"iH8H4jzMM1FEzHqXI2lMcgPEHIlC4IPvUN6Wznk1o+HzcPELkYqcinAn1Ra1DFdA+PIhPLmECj5BTP+r",
+	"71fbfxNPx34MgnlHXEETWgFQNgx+RS84ZfrkyXORmUSxcXJ++fLNm0qedAn2bCbngDiniIoWh3/GXm3q",
+	"CCVS7bvtsdQ+oicThTujuuk8456gIoWlZe9KpdVZNxiVJLNIyPc8j9KeSDW9ecVSljULo2Tf9i9jaTku",
+	"XUY4Kh38RAVo79vMTD/fTr0WU7QfxU70ivbxzcCCAwXxE83VrSOxqIluz1qFVMQ8WkBtlr8NwUTmIbVn",
+	"I/toLtOUXFtKTD/1PdrtM62nUY1hKusGtdBmDrYi0+lawic5d6nnTbIbbQZzZDFYzyCO0Q7BmSoK7kxY",
+	"CG1bj2XuVoOl7o1ZWSEEpWycXiSmAfwQLkXieGpFPjenivW8z4trueits2r28RaPPomJDMl8xZjTclQE",
+	"iYJmBk5pIV1Myw6MntXLeXhZCJSm3J1riq/xqptrioSSxqD0CGGa4kxwGFoqzzVRlXWTIu2dNbdTnh35",
+	"JmWaDsS7Kktwa0o8Ic8PU9+vqHZ1quzCPD8NTDxlLsYrsS19bORN1Dq1KI9YHnffv7v8EIn3v+B/zj+8",
+	"/EckXr1++/rD617J1rushcg2a0FNzEd0L0qvXw1r0eJZC9K1qvS66I6GT3uh5RkyEN2Ac7Wt8KknmiwA",
+	"ZpUtCG57AWjF9HT4dEozBeQhpndmJOVlp+Sp91dOK12Ep9TAEnXkZpWkjCd4xrLokculYtF9r61bGrj8",
+	"51siVQYxAftAGWTxXNHbJFh95iS56kiXVowcIrJMUxLqCkdJtyhANoWblbqTEUBl8FZTq35AX4PJyV4d",
+	"v3/usGgZWQ8HJ4MhJXsi0MySzrjzdDAcPGX33Ip8HcEgLrvOLjkcWtyGN3Fn3HmbWPeaX4lqPb5/26lu",
+	"oo6zvP9KC9ozUavU4lazG6CUKmrt/XsOlIzse3tzD4pOtZ/3TnL7XVkjt9Hn1nFDQ4tyWF/v1hmfUHS+",
+	"CN7fG6zfN0XZHPiLepF/bPQifzIc3tHm+2Htvcu2w20dyKnfL6X83RQ1tSOevW3QYpWVruFRx4ZYKxng",
+	"NBJjBD5ujrYg48olsk/HS5vOx6jTFEqdMXEuDVvn02PGFHvZ9ZI+Poxh8TrJrd9zEahIrEjiYrFtx0xv",
+	"fh2D7vrYyYvLREti1MRKdGkblzo3cyCwTjY9OTA8auydiU2iQtjVL4uWzOKtXPNbaV2fxuu/efUVa7+f",
+	"Rx18csfVnvCtLdttpQH/Tjv8y8vXgr97JtjzRbxEHUYIRJ2cCuvDbEgR1C9owfvWV+m2DGr78la7yp2l",
+	"/vNRJSIVRp4EIbrTrX7S+YK7EHVOh0/vf7/azb9+f36GTcGVwUzqE573T7vMKChvuP1+JMgXKZWgM+59",
+	"+TUr+g3t1Qbvfcufxt16uMzdkbr3yt3HlJBFC6YWngw9ir5aMrINEGyfqDB8uCMRIqnEFa16v/IQjz/7",
+	"aW6PP/M8t8e/NxoxpdAW03odmvDs9GUS3d2+TD3hI9Whw5aHKcFhU0bQy/4/ZTT3yJaqQiyB8pt2Wv77",
+	"V7w7CS0m/zxxAzEajvi++/hDaL4bok3eBAntiBp90gadaIfHF67SsGqH5UbtHucKkRLr1+fZ5eRBwmN0",
+	"iPCovT962Psnpw9kX2+I0DWvhsh++3gbfcZLWTI4Es+nUdQY52BepvFDgdBe1V2NSj/oB2Xaf0+mTHT5",
+	"Jj8q06rgvSP7G6y2SMb5Jov9WJUboQXJfuEPcKjw92UVhy2KK6b2AetQy3jYWEUT5PbBQtlGOViz5P+r",
+	"K4ofVU+FBjL79BQF9L5ST+EEPFIkrCbP2GwrfELaQ5RS1Mlam5Wck3ORwols/bMnyftUurtuo+B5qblE",
+	"uVm39whVQ37spC2yjCrzNGKRfqaap4dc3JXVkIcnlcma4TeZ7L59aC0IOlE6dwNxrsqo3pGtR/TrDhJc",
+	"Zc3nMlENP2RweXZTrbOZnF+Tr7wMefcqbk12C9Sv7IWnATXLYoEB1v1dx9tvyo/1zlr1pBpf+v+o92Hf",
+	"z2p9SixBeZKoG2mFL24WXfKhoRiuuKRn+TpD0gfboWgcTy3/qylj3lfTo2v2hPX7426miNV/kT3y+BDk",
+	"+QPff/FAyPL0ESFO1Bk9efIVkKiSx0GIaCdBgZ/eg5zCVeV2l0WGQfCpd/PMgnFBDB9u4RU/O3DbVPSU",
+	"51+3A+rS4xU9L2THfSj4gn8U7P8V0PtAPNsKqX4A107ebysfi3L2/ZDhyIa0qcHD6Xv7YFBQh49t05Sv",
+	"eMTa2YWqXKlC6XbNn6B8wKglRmmwP477FzmeSCi9KX6L7H+vWMsVa2eOWqOZr2aQRiFxEbdqDUq2wthd",
+	"f0PxgzePCNLKH7H6g9FZ49d8Wjj8XyHjnvGVXVHRYawphvQXRTujx0VHf2m08wBwc9j1pcYye26vafQJ",
+	"XbZVbH4fPHzlJWy2kS29jiE3spnlOFFk5vkER06VLKt1VjJdcArL+1fCZmniopCAWITkJ4ozKcdCtmdQ",
+	"SmFgrR0c2TJ7mJblX6a8FQOUXlnJtEzIpgzOoop4IW/paPi0zfDzwOKi3uTtDzfCgvr6v1BhfRHIr6Ct",
+	"nfRd0b0jzTzaSTI/3ALIIPxY5DcEXVw48u116oeW9Jq1NNeiyOShmQfifCfXiBsFZdq48Kt6ERtTXO22",
+	"W9Kli8wKNrF8gklZQBbSWcsCqWklvsh1iJy2wjnaLH0m6s2r3pkIud+7md70E2mNRO9iDNEdPXnB2XjV",
+	"n8bulSKM60qKkAjU19AmDX6S5tq3VEvhkSBGtQD0T3ABHYChK5FfzxNdImXEKTzeqVMpiOaXNtJWSygj",
+	"oXNHXiT6XvUnd0KYqfe/sOVPhy34/os/Wrz/RIKqIqbOyl86KQyR4MMmb3DlRyEPdef4GxZ1irKCzvgz",
+	"/+muCIJc+XqL8JAzCKpPuQCw9sf/+L/od2rmNvzVHI+KCMO7uwPfnBzPV9IRsVNwvjY+fNL2kGagvxtH",
+	"QKSlCVizUH86KioZHx+fPPluMBwMByfj58Pnw04FbX4OcZ5ARzw3/4jrLupPLKq4/xMAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
