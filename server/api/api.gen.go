@@ -23,6 +23,27 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for BreakerState.
+const (
+	Closed   BreakerState = "closed"
+	HalfOpen BreakerState = "half_open"
+	Open     BreakerState = "open"
+)
+
+// Valid indicates whether the value is a known member of the BreakerState enum.
+func (e BreakerState) Valid() bool {
+	switch e {
+	case Closed:
+		return true
+	case HalfOpen:
+		return true
+	case Open:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Engine.
 const (
 	Sglang Engine = "sglang"
@@ -104,6 +125,24 @@ func (e EventKind) Valid() bool {
 	}
 }
 
+// Defines values for FleetSummaryStore.
+const (
+	Memory   FleetSummaryStore = "memory"
+	Postgres FleetSummaryStore = "postgres"
+)
+
+// Valid indicates whether the value is a known member of the FleetSummaryStore enum.
+func (e FleetSummaryStore) Valid() bool {
+	switch e {
+	case Memory:
+		return true
+	case Postgres:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for HealPlanPhase.
 const (
 	HealPlanPhaseDraining  HealPlanPhase = "draining"
@@ -172,22 +211,46 @@ func (e MemKind) Valid() bool {
 
 // Defines values for PairPath.
 const (
-	EqualTp       PairPath = "equal_tp"
-	HeteroTp      PairPath = "hetero_tp"
-	MixedSegments PairPath = "mixed_segments"
-	Mla           PairPath = "mla"
+	PairPathEqualTp       PairPath = "equal_tp"
+	PairPathHeteroTp      PairPath = "hetero_tp"
+	PairPathMixedSegments PairPath = "mixed_segments"
+	PairPathMla           PairPath = "mla"
 )
 
 // Valid indicates whether the value is a known member of the PairPath enum.
 func (e PairPath) Valid() bool {
 	switch e {
-	case EqualTp:
+	case PairPathEqualTp:
 		return true
-	case HeteroTp:
+	case PairPathHeteroTp:
 		return true
-	case MixedSegments:
+	case PairPathMixedSegments:
 		return true
-	case Mla:
+	case PairPathMla:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PairGroupPath.
+const (
+	PairGroupPathEqualTp       PairGroupPath = "equal_tp"
+	PairGroupPathHeteroTp      PairGroupPath = "hetero_tp"
+	PairGroupPathMixedSegments PairGroupPath = "mixed_segments"
+	PairGroupPathMla           PairGroupPath = "mla"
+)
+
+// Valid indicates whether the value is a known member of the PairGroupPath enum.
+func (e PairGroupPath) Valid() bool {
+	switch e {
+	case PairGroupPathEqualTp:
+		return true
+	case PairGroupPathHeteroTp:
+		return true
+	case PairGroupPathMixedSegments:
+		return true
+	case PairGroupPathMla:
 		return true
 	default:
 		return false
@@ -347,6 +410,39 @@ func (e UnknownField) Valid() bool {
 	}
 }
 
+// Defines values for ListPeersParamsView.
+const (
+	Full    ListPeersParamsView = "full"
+	Summary ListPeersParamsView = "summary"
+)
+
+// Valid indicates whether the value is a known member of the ListPeersParamsView enum.
+func (e ListPeersParamsView) Valid() bool {
+	switch e {
+	case Full:
+		return true
+	case Summary:
+		return true
+	default:
+		return false
+	}
+}
+
+// Breaker The circuit breaker that the answering replica's router keeps for a peer
+// or a pair: its own observation of requests, not registry state, so two
+// replicas may disagree. Absent when that router tracks none (the peer is
+// not in its routing snapshot, or the pair never failed).
+type Breaker struct {
+	// Since when it last opened; absent while closed
+	Since *time.Time `json:"since,omitempty"`
+
+	// State open: refused until the cool-down ends; half_open: one probe request is let through
+	State BreakerState `json:"state"`
+}
+
+// BreakerState open: refused until the cool-down ends; half_open: one probe request is let through
+type BreakerState string
+
 // Engine defines model for Engine.
 type Engine string
 
@@ -371,6 +467,85 @@ type EventList struct {
 
 	// NextCursor pass as `before` for the next (older) page
 	NextCursor *int64 `json:"next_cursor,omitempty"`
+}
+
+// FleetBreakers the answering replica router's breakers that are not closed; absent without a router
+type FleetBreakers struct {
+	// PairsOpen pair breakers open or half-open
+	PairsOpen int `json:"pairs_open"`
+
+	// PeersOpen peer breakers open or half-open
+	PeersOpen int `json:"peers_open"`
+}
+
+// FleetModel defines model for FleetModel.
+type FleetModel struct {
+	// Decodes decode-capable peers
+	Decodes int    `json:"decodes"`
+	Model   string `json:"model"`
+	Peers   int    `json:"peers"`
+
+	// Prefills prefill-capable peers
+	Prefills int `json:"prefills"`
+	Ready    int `json:"ready"`
+}
+
+// FleetPairs defines model for FleetPairs.
+type FleetPairs struct {
+	// Quarantined pairs under an active quarantine
+	Quarantined int `json:"quarantined"`
+	Routable    int `json:"routable"`
+
+	// Total every (prefill, decode) pair
+	Total int `json:"total"`
+}
+
+// FleetSummary Counts over the answering replica's routing snapshot, computed without
+// reading ranks: cheap at any fleet size. The status page's header and
+// summary.
+type FleetSummary struct {
+	// Breakers the answering replica router's breakers that are not closed; absent without a router
+	Breakers *FleetBreakers `json:"breakers,omitempty"`
+
+	// ByRole peers by role (prefill, decode, both)
+	ByRole map[string]int `json:"by_role"`
+
+	// ByState peers by state
+	ByState map[string]int `json:"by_state"`
+
+	// Models sorted by model
+	Models []FleetModel `json:"models"`
+	Pairs  FleetPairs   `json:"pairs"`
+	Peers  int          `json:"peers"`
+
+	// Replica the answering replica (serve --replica, default the host name)
+	Replica string `json:"replica"`
+
+	// SnapshotVersion the routing snapshot counted
+	SnapshotVersion int64 `json:"snapshot_version"`
+
+	// Store the registry store this replica reads
+	Store FleetSummaryStore `json:"store"`
+
+	// Version the running build's version
+	Version string `json:"version"`
+}
+
+// FleetSummaryStore the registry store this replica reads
+type FleetSummaryStore string
+
+// GeometryClass Peers of one class share every field a pairing rule reads (model,
+// engine protocol, transfer group, KV page size, dtype, layers, MLA,
+// PP and attention-TP sizes, memory kinds and region counts per rank,
+// what is unknown), so every pair between two classes gets the same
+// verdict. The id is stable across replicas and restarts.
+type GeometryClass struct {
+	// Id stable id of the class (hex)
+	Id    string `json:"id"`
+	Model string `json:"model"`
+
+	// Shape the class in words, e.g. "page 64 · bfloat16 · MLA · 61 layers · attn TP 2 · 2 ranks × 61 VRAM"
+	Shape string `json:"shape"`
 }
 
 // HealPlan The heal plan of a stale peer: draining (out of routing, requests in flight
@@ -453,6 +628,12 @@ type MemKind string
 
 // Pair defines model for Pair.
 type Pair struct {
+	// Breaker The circuit breaker that the answering replica's router keeps for a peer
+	// or a pair: its own observation of requests, not registry state, so two
+	// replicas may disagree. Absent when that router tracks none (the peer is
+	// not in its routing snapshot, or the pair never failed).
+	Breaker *Breaker `json:"breaker,omitempty"`
+
 	// Compatible the geometries allow the transfer
 	Compatible bool    `json:"compatible"`
 	Decode     PeerRef `json:"decode"`
@@ -482,6 +663,57 @@ type Pair struct {
 
 // PairPath absent when refused or when it depends on an unknown field
 type PairPath string
+
+// PairGroup The pairs between one class of prefills and one class of decodes of the same model.
+type PairGroup struct {
+	// Compatible the classes' geometries allow the transfer
+	Compatible bool `json:"compatible"`
+
+	// DecodeClass Peers of one class share every field a pairing rule reads (model,
+	// engine protocol, transfer group, KV page size, dtype, layers, MLA,
+	// PP and attention-TP sizes, memory kinds and region counts per rank,
+	// what is unknown), so every pair between two classes gets the same
+	// verdict. The id is stable across replicas and restarts.
+	DecodeClass GeometryClass `json:"decode_class"`
+
+	// Decodes decode-capable peers of the class
+	Decodes int `json:"decodes"`
+
+	// Pairs pairs in the group (a peer of role both never pairs with itself)
+	Pairs int            `json:"pairs"`
+	Path  *PairGroupPath `json:"path,omitempty"`
+
+	// PrefillClass Peers of one class share every field a pairing rule reads (model,
+	// engine protocol, transfer group, KV page size, dtype, layers, MLA,
+	// PP and attention-TP sizes, memory kinds and region counts per rank,
+	// what is unknown), so every pair between two classes gets the same
+	// verdict. The id is stable across replicas and restarts.
+	PrefillClass GeometryClass `json:"prefill_class"`
+
+	// Prefills prefill-capable peers of the class
+	Prefills int `json:"prefills"`
+
+	// Quarantined pairs under an active quarantine
+	Quarantined int `json:"quarantined"`
+
+	// Reason why the classes are refused
+	Reason *string `json:"reason,omitempty"`
+
+	// Routable pairs routable now: compatible, both ready, not quarantined
+	Routable int `json:"routable"`
+}
+
+// PairGroupPath defines model for PairGroup.Path.
+type PairGroupPath string
+
+// PairGroupList defines model for PairGroupList.
+type PairGroupList struct {
+	// Groups sorted by model, then prefill and decode class
+	Groups []PairGroup `json:"groups"`
+
+	// Pairs every (prefill, decode) pair, across models too (those are refused and in no group)
+	Pairs int `json:"pairs"`
+}
 
 // PairList defines model for PairList.
 type PairList struct {
@@ -534,8 +766,14 @@ type Peer struct {
 	BootstrapHost *string `json:"bootstrap_host,omitempty"`
 
 	// BootstrapPort SGLang prefill: bootstrap port (0 or absent: 8998)
-	BootstrapPort *int      `json:"bootstrap_port,omitempty"`
-	CreatedAt     time.Time `json:"created_at"`
+	BootstrapPort *int `json:"bootstrap_port,omitempty"`
+
+	// Breaker The circuit breaker that the answering replica's router keeps for a peer
+	// or a pair: its own observation of requests, not registry state, so two
+	// replicas may disagree. Absent when that router tracks none (the peer is
+	// not in its routing snapshot, or the pair never failed).
+	Breaker   *Breaker  `json:"breaker,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 
 	// Credential Only in the answer to a registration that issued one (a new
 	// peer, a claimed name, the admin re-registering): the peer's
@@ -646,6 +884,11 @@ type PeerRegistration struct {
 
 // PeerStatus defines model for PeerStatus.
 type PeerStatus struct {
+	// Breaker The circuit breaker that the answering replica's router keeps for a peer
+	// or a pair: its own observation of requests, not registry state, so two
+	// replicas may disagree. Absent when that router tracks none (the peer is
+	// not in its routing snapshot, or the pair never failed).
+	Breaker    *Breaker  `json:"breaker,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
 	Generation int64     `json:"generation"`
 
@@ -671,11 +914,17 @@ type PeerStatus struct {
 
 // PeerSummary What anyone may read about a peer. No KV pointers, agent metadata or transfer secrets.
 type PeerSummary struct {
-	BootstrapHost *string   `json:"bootstrap_host,omitempty"`
-	BootstrapPort *int      `json:"bootstrap_port,omitempty"`
-	CreatedAt     time.Time `json:"created_at"`
-	Engine        Engine    `json:"engine"`
-	Generation    int64     `json:"generation"`
+	BootstrapHost *string `json:"bootstrap_host,omitempty"`
+	BootstrapPort *int    `json:"bootstrap_port,omitempty"`
+
+	// Breaker The circuit breaker that the answering replica's router keeps for a peer
+	// or a pair: its own observation of requests, not registry state, so two
+	// replicas may disagree. Absent when that router tracks none (the peer is
+	// not in its routing snapshot, or the pair never failed).
+	Breaker    *Breaker  `json:"breaker,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	Engine     Engine    `json:"engine"`
+	Generation int64     `json:"generation"`
 
 	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
 	// finish), then the agent is told once to run its heal action (restart the
@@ -846,6 +1095,12 @@ type StreamEventsParams struct {
 // ListPairsParams defines parameters for ListPairs.
 type ListPairsParams struct {
 	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// PrefillClass only pairs whose prefill is of this class (a GeometryClass id); with decode_class
+	PrefillClass *string `form:"prefill_class,omitempty" json:"prefill_class,omitempty"`
+
+	// DecodeClass only pairs whose decode is of this class; with prefill_class
+	DecodeClass *string `form:"decode_class,omitempty" json:"decode_class,omitempty"`
 }
 
 // ListPeersParams defines parameters for ListPeers.
@@ -853,7 +1108,13 @@ type ListPeersParams struct {
 	Role  *Role   `form:"role,omitempty" json:"role,omitempty"`
 	State *State  `form:"state,omitempty" json:"state,omitempty"`
 	Model *string `form:"model,omitempty" json:"model,omitempty"`
+
+	// View summary leaves every peer's ranks out (no per-region lists): what a fleet-wide view polls
+	View *ListPeersParamsView `form:"view,omitempty" json:"view,omitempty"`
 }
+
+// ListPeersParamsView defines parameters for ListPeers.
+type ListPeersParamsView string
 
 // RegisterPeerJSONRequestBody defines body for RegisterPeer for application/json ContentType.
 type RegisterPeerJSONRequestBody = PeerRegistration
@@ -948,10 +1209,25 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/events/stream (the `StreamEvents` operationId).
 	StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetFleet Fleet counts, and which replica, store and version answer
+	//
+	// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+	GetFleet(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListPairs Every (prefill, decode) pair with its verdict
 	//
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListPairGroups The pairs grouped by geometry class and model, with counts
+	//
+	// One group per (prefill class, decode class) of the same model that
+	// holds at least one pair; cost grows with the number of classes, not
+	// with prefills × decodes. Drill into a group with
+	// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+	//
+	// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+	ListPairGroups(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// LiftQuarantine Lift a pair's quarantine
 	//
@@ -1079,11 +1355,46 @@ func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, r
 	return c.Client.Do(req)
 }
 
+// GetFleet Fleet counts, and which replica, store and version answer
+//
+// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+func (c *Client) GetFleet(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListPairs Every (prefill, decode) pair with its verdict
 //
 // Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 func (c *Client) ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListPairsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListPairGroups The pairs grouped by geometry class and model, with counts
+//
+// One group per (prefill class, decode class) of the same model that
+// holds at least one pair; cost grows with the number of classes, not
+// with prefills × decodes. Drill into a group with
+// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+//
+// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+func (c *Client) ListPairGroups(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListPairGroupsRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -1456,6 +1767,33 @@ func NewStreamEventsRequest(server string, params *StreamEventsParams) (*http.Re
 	return req, nil
 }
 
+// NewGetFleetRequest constructs an http.Request for the GetFleet method
+func NewGetFleetRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/fleet")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListPairsRequest constructs an http.Request for the ListPairs method
 func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request, error) {
 	var err error
@@ -1496,10 +1834,61 @@ func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request,
 
 		}
 
+		if params.PrefillClass != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "prefill_class", *params.PrefillClass, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.DecodeClass != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "decode_class", *params.DecodeClass, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
 		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewListPairGroupsRequest constructs an http.Request for the ListPairGroups method
+func NewListPairGroupsRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/pairs/groups")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -1606,6 +1995,18 @@ func NewListPeersRequest(server string, params *ListPeersParams) (*http.Request,
 		if params.Model != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "model", *params.Model, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.View != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "view", *params.View, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -1957,12 +2358,31 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/events/stream (the `StreamEvents` operationId).
 	StreamEventsWithResponse(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*StreamEventsResponse, error)
 
+	// GetFleetWithResponse Fleet counts, and which replica, store and version answer
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+	GetFleetWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetResponse, error)
+
 	// ListPairsWithResponse Every (prefill, decode) pair with its verdict
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairsWithResponse(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*ListPairsResponse, error)
+
+	// ListPairGroupsWithResponse The pairs grouped by geometry class and model, with counts
+	//
+	// One group per (prefill class, decode class) of the same model that
+	// holds at least one pair; cost grows with the number of classes, not
+	// with prefills × decodes. Drill into a group with
+	// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+	ListPairGroupsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListPairGroupsResponse, error)
 
 	// LiftQuarantineWithResponse Lift a pair's quarantine
 	//
@@ -2177,6 +2597,47 @@ func (r StreamEventsResponse) ContentType() string {
 	return ""
 }
 
+type GetFleetResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetSummary
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetFleetResponse) GetJSON200() *FleetSummary {
+	return r.JSON200
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type ListPairsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -2219,6 +2680,47 @@ func (r ListPairsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListPairsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ListPairGroupsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PairGroupList
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListPairGroupsResponse) GetJSON200() *PairGroupList {
+	return r.JSON200
+}
+
+// GetBody returns the raw response body bytes
+func (r ListPairGroupsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListPairGroupsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListPairGroupsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListPairGroupsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2914,6 +3416,19 @@ func (c *ClientWithResponses) StreamEventsWithResponse(ctx context.Context, para
 	return ParseStreamEventsResponse(rsp)
 }
 
+// GetFleetWithResponse Fleet counts, and which replica, store and version answer
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+func (c *ClientWithResponses) GetFleetWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetResponse, error) {
+	rsp, err := c.GetFleet(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetResponse(rsp)
+}
+
 // ListPairsWithResponse Every (prefill, decode) pair with its verdict
 //
 // Returns a wrapper object for the known response body format(s).
@@ -2925,6 +3440,24 @@ func (c *ClientWithResponses) ListPairsWithResponse(ctx context.Context, params 
 		return nil, err
 	}
 	return ParseListPairsResponse(rsp)
+}
+
+// ListPairGroupsWithResponse The pairs grouped by geometry class and model, with counts
+//
+// One group per (prefill class, decode class) of the same model that
+// holds at least one pair; cost grows with the number of classes, not
+// with prefills × decodes. Drill into a group with
+// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+func (c *ClientWithResponses) ListPairGroupsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListPairGroupsResponse, error) {
+	rsp, err := c.ListPairGroups(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListPairGroupsResponse(rsp)
 }
 
 // LiftQuarantineWithResponse Lift a pair's quarantine
@@ -3187,6 +3720,32 @@ func ParseStreamEventsResponse(rsp *http.Response) (*StreamEventsResponse, error
 	return response, nil
 }
 
+// ParseGetFleetResponse parses an HTTP response from a GetFleetWithResponse call
+func ParseGetFleetResponse(rsp *http.Response) (*GetFleetResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetSummary
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseListPairsResponse parses an HTTP response from a ListPairsWithResponse call
 func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -3214,6 +3773,32 @@ func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON400 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseListPairGroupsResponse parses an HTTP response from a ListPairGroupsWithResponse call
+func ParseListPairGroupsResponse(rsp *http.Response) (*ListPairGroupsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListPairGroupsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PairGroupList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
 
 	}
 
@@ -3762,9 +4347,15 @@ type ServerInterface interface {
 	// StreamEvents New events as server-sent events (event peer-event, data an Event)
 	// (GET /api/v1/events/stream)
 	StreamEvents(w http.ResponseWriter, r *http.Request, params StreamEventsParams)
+	// GetFleet Fleet counts, and which replica, store and version answer
+	// (GET /api/v1/fleet)
+	GetFleet(w http.ResponseWriter, r *http.Request)
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams)
+	// ListPairGroups The pairs grouped by geometry class and model, with counts
+	// (GET /api/v1/pairs/groups)
+	ListPairGroups(w http.ResponseWriter, r *http.Request)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
@@ -3810,9 +4401,21 @@ func (_ Unimplemented) StreamEvents(w http.ResponseWriter, r *http.Request, para
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// GetFleet Fleet counts, and which replica, store and version answer
+// (GET /api/v1/fleet)
+func (_ Unimplemented) GetFleet(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ListPairs Every (prefill, decode) pair with its verdict
 // (GET /api/v1/pairs)
 func (_ Unimplemented) ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListPairGroups The pairs grouped by geometry class and model, with counts
+// (GET /api/v1/pairs/groups)
+func (_ Unimplemented) ListPairGroups(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3988,6 +4591,20 @@ func (siw *ServerInterfaceWrapper) StreamEvents(w http.ResponseWriter, r *http.R
 	handler.ServeHTTP(w, r)
 }
 
+// GetFleet operation middleware
+func (siw *ServerInterfaceWrapper) GetFleet(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetFleet(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListPairs operation middleware
 func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Request) {
 
@@ -4010,8 +4627,48 @@ func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Requ
 		return
 	}
 
+	// ------------- Optional query parameter "prefill_class" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "prefill_class", r.URL.Query(), &params.PrefillClass, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "prefill_class"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill_class", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "decode_class" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "decode_class", r.URL.Query(), &params.DecodeClass, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "decode_class"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "decode_class", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListPairs(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListPairGroups operation middleware
+func (siw *ServerInterfaceWrapper) ListPairGroups(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListPairGroups(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4100,6 +4757,19 @@ func (siw *ServerInterfaceWrapper) ListPeers(w http.ResponseWriter, r *http.Requ
 			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "model"})
 		} else {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "model", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "view" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "view", r.URL.Query(), &params.View, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "view"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "view", Err: err})
 		}
 		return
 	}
@@ -4426,6 +5096,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/api/v1/pairs", wrapper.ListPairs)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/pairs/groups", wrapper.ListPairGroups)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/fleet", wrapper.GetFleet)
+	})
+	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/quarantine", wrapper.LiftQuarantine)
 	})
 	r.Group(func(r chi.Router) {
@@ -4573,6 +5249,27 @@ func (response StreamEvents503ApplicationProblemPlusJSONResponse) VisitStreamEve
 	return err
 }
 
+type GetFleetRequestObject struct {
+}
+
+type GetFleetResponseObject interface {
+	VisitGetFleetResponse(w http.ResponseWriter) error
+}
+
+type GetFleet200JSONResponse FleetSummary
+
+func (response GetFleet200JSONResponse) VisitGetFleetResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListPairsRequestObject struct {
 	Params ListPairsParams
 }
@@ -4607,6 +5304,27 @@ func (response ListPairs400ApplicationProblemPlusJSONResponse) VisitListPairsRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPairGroupsRequestObject struct {
+}
+
+type ListPairGroupsResponseObject interface {
+	VisitListPairGroupsResponse(w http.ResponseWriter) error
+}
+
+type ListPairGroups200JSONResponse PairGroupList
+
+func (response ListPairGroups200JSONResponse) VisitListPairGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5442,9 +6160,15 @@ type StrictServerInterface interface {
 	// StreamEvents New events as server-sent events (event peer-event, data an Event)
 	// (GET /api/v1/events/stream)
 	StreamEvents(ctx context.Context, request StreamEventsRequestObject) (StreamEventsResponseObject, error)
+	// GetFleet Fleet counts, and which replica, store and version answer
+	// (GET /api/v1/fleet)
+	GetFleet(ctx context.Context, request GetFleetRequestObject) (GetFleetResponseObject, error)
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(ctx context.Context, request ListPairsRequestObject) (ListPairsResponseObject, error)
+	// ListPairGroups The pairs grouped by geometry class and model, with counts
+	// (GET /api/v1/pairs/groups)
+	ListPairGroups(ctx context.Context, request ListPairGroupsRequestObject) (ListPairGroupsResponseObject, error)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(ctx context.Context, request LiftQuarantineRequestObject) (LiftQuarantineResponseObject, error)
@@ -5565,6 +6289,30 @@ func (sh *strictHandler) StreamEvents(w http.ResponseWriter, r *http.Request, pa
 	}
 }
 
+// GetFleet operation middleware
+func (sh *strictHandler) GetFleet(w http.ResponseWriter, r *http.Request) {
+	var request GetFleetRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetFleet(ctx, request.(GetFleetRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetFleet")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetFleetResponseObject); ok {
+		if err := validResponse.VisitGetFleetResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListPairs operation middleware
 func (sh *strictHandler) ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams) {
 	var request ListPairsRequestObject
@@ -5584,6 +6332,30 @@ func (sh *strictHandler) ListPairs(w http.ResponseWriter, r *http.Request, param
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListPairsResponseObject); ok {
 		if err := validResponse.VisitListPairsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListPairGroups operation middleware
+func (sh *strictHandler) ListPairGroups(w http.ResponseWriter, r *http.Request) {
+	var request ListPairGroupsRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListPairGroups(ctx, request.(ListPairGroupsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListPairGroups")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListPairGroupsResponseObject); ok {
+		if err := validResponse.VisitListPairGroupsResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -5850,140 +6622,165 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3/c9u2su+/guG7M5HOo2TZkdNE/sknSXtymzY5dtLemSpXgkRI4jEFsABoRTfj//3N7gIkSFG2nNht",
-	"593zS2JRJAgsFruf/aov0VytcyWFtCYafYlyrvlaWKHx03sh9JtX8FcizFynuU2VjEbROcuF0CxNzhiX",
-	"W6bsSmhmrE7lkkm+FoZJRbd0hoNhtx/FUQrP5dyuojiCW6JRlCZRHGnxe5FqkUQjqwsRR2a+EmsOr/wP",
-	"LRbRKPo/R9UMj+hbc0QTu8Q3Rjc3NzCOyZU0guat1SwTa/hzrqQV0sKfPM+zdM5hDUc53fF//2VgQV8O",
-	"fa0bF9/YIIlkQmulY8YNu/j+JXsxPP2OudewRFieZqYf3cTRR8mveZrxWSb+yAm+uxaacTZXcpEuCy0S",
-	"lqXr1LJOr7fmn3viWkjbM1YLvjbdmCnN7EowIzQ8lxpmVoW1sMGJ2sgzZvWW8SVPJeMLKzS7EFZve+f4",
-	"txFzJRMD274SPHHMFNxRX5Dd5sgO0oql0DB3mL1bEtzwWi5TicQSslhHo98is8y4XEZxdJ1l6yiOTLqO",
-	"PsV+JOP4Io5eXzvS5lrlQtuU+IPjtYXSa/grSrgVPZuuRdQyBO5qMM3qm6WQQnMibzBaKu2zYTVSuawY",
-	"GP6wG69SmYTL1WKZGivgmACn82QLa7Y8E/jZfz2BwySMdbfVnhKf85T+SjRPpbtlra7xr98Lrrm07noh",
-	"V4JndrWlDcwmxnJNo+JHPgdGcJ+qywueZo3RJlanPKtfytIFjNW2XWthDF+KVmqDOJkQBdu/I6my8+1N",
-	"KGN+I6HjxwqfdFSvbWsMnFJNVM3+Jea25Ku3qWnhLTxI+FdqxdrcdWKJQ2/Kd3Ct+RY+S/HZTuaFNsR9",
-	"9cOcc2NA0ExnYqG0mLKFO6/wFOuoLBG6y3KgZXw3wzVI5FbQtu5/CJ69z7jcndGHlWDABSzPuGRqwThD",
-	"BkU1MGLIdCA9Oqqw8LVWBTBRzBzPGpZKtsjS5cqO5SKVqVl1Y1iSxHXxpZAWxJBVWcKUnAtmFdOFZKk1",
-	"9GLgSiVZRwtkV3hsLAWKDj/StdDpYovT2PAUpRkQjjMpNiyVxnIYmFvGWcZBklW80O2P5fnMwCw2MBQo",
-	"OFipLqTps/PaFOyKWwanwaAclao+/mw7lrCmRPAkS6WI2ZrrK4PrRKVJB6k/BgZsCK45HJ0d4m/qZNpw",
-	"RyerYEohC9wq6vyEbnnBvNAaXpGvuBG4eKaKw9+w0Go9qcvN+ovgHdX3FSVRrhwgOXFeoej0jAe6wu9+",
-	"q+zRgjtVu/OVF38H6ozGcaIp7a69Gjeg/J5Dp+1M8DZhg+w9KXXU7pnMuPEURDQinhgCKmdMyWzLNqld",
-	"MTeMk/pswTMjQHuv+ee3Qi7tKhodD06Gbdqx9mT7FJApnxg4fUk6twwIgXOB8wfHlwZ5YtgRjcM6MOFC",
-	"C8Zlwkwxnwtj4MxoYVYqSwxDpCSSbp+5M7kWXJIcgAV0uHRHARkoUYhILREATjKukIH2M4wz1Kh09Kxi",
-	"pfYDkFOUd8nqC6akYDM+v6Ij6ogyUyoTXAJVUB3u2ZRL4SSI9RKzlBpt5xdEHG3fiGgFowJdSIYArARx",
-	"Cl+pwuaF7bMPXo6khsQePR8zKQDLkdJ24A1kUWqNyBa0lmDHh4MXz2KA7FZomPh///bf43ExGAwGn/72",
-	"H22H2ws4p6WDoU5On8XROpUlM7WP28P/j7/H/777nj6++H7P6zLFk7u061u4ZwcCBPO89bxdiDzbtqDH",
-	"ebvsqhDXCDezZOtS8s9XXC5Fcsb8jSy1tBF93JYRbDdtbMgZqO5Cvcbqau1KiBweoFmnckl76UWgVLKO",
-	"Ex1g+woxaMVdFL/Em5okdyTzY7RR/cdffhBqDTbCLmVlsZ5kfCu0iRn8fXUNEicxMaw6mSTpGiVFaibr",
-	"jDOuBfMvZ4XMhDEEBmj9TrVkKYAOuxJrQB6FvJJqI1nHI44tDsNRunTP3NBjSRfwbSBQ/GMkfkhutqjt",
-	"hFZbOxPPhg9/JDw1mmbG0xM62ukaOOLkePjd8PnTZ8PvcAZ08XhHm8bR595S9aqreMaRDgF7BFIv3JnH",
-	"m0HFC4/3DgDOE5P+j3isVzQhQvm+2PFK2wl56wRenbeurieFN5oqdKKKGRqH5VyPgykOysFlsZ4RcPq9",
-	"EIVIvmK9g8NIqguJMOyRXtAgqH9bua64olMbaX8S6x+dzV2XPD+/+a+3bC3WSm8Z2Idk2fz4C0pwJfuB",
-	"mH11cf5TFEe/0H9/f/vu5Y9RHL37+3++fvkhiqPv37x93Spx3/NU724riFZuU+ckagPJKCxTgCZZpjao",
-	"Fqzm0iyQQrvHMxFzlYhDPGsXYkGnAART8+U8MIK0WBRGJGDk4OfUskTkQiaGKUmQieTjIhVZEtAKZEgc",
-	"id8Lnk1sjvrICq3o73X6WSQTI5brhh0aGPxaLNIsu8diKgfEnQ/xVP+zuvum7h1p3Yycp4i2ghtRRVyJ",
-	"3LK6wQvYFrAn6nRAbdUzzPloSJehtQuwUKc867buaKWrm9baloXTCrYJlBbMhJN42FX//rudQSuGjNlM",
-	"2RVCTEPYOS4VYkiBDqcZ+EXgVNz47QsqJNpoaRudq/fjqAbNFwJayF0I5ItMMClEIhJC/gDUTZoIlqQ0",
-	"P2DHmIn+ss80l1fmt7996l9dT9ZiPYHjbaK4ctvsEKfporn3ZAF/b/EKcALOFrD+fCXmV7A/ktFxueZZ",
-	"IXD3kdKwAtNCsKYWcYeiPOpxKEWCvW2TgMD17Q4tXMDB/iyUZi20ssryrBXZzYSG80F0In8W7iq6p+/2",
-	"VtH0/Av2Le2fteO/a6PCKE/Cwxgj+L4WcGg8A5+xUPjZldACeBrwdX/XVWNvcaPguYCtrzteD3XTgNXX",
-	"NnrpLKEDufJqYaNCfZGki5qOCKx5FEBmcvfcl0pU0ol1MEzAer1qOT1rs64n2Ih8DVwyoBC3SrMsXVjD",
-	"0sNdR+RJbhW/uyJ0VJd/jvHJ1IqdfDXkLPU6k4kUw1iovRqjKs20kGLjJnzHOXT7g85jP+92vtQ8y0SW",
-	"mnVbiMLKic1LFFpfdSIWvMjAflHM3XTGuGVrZay/0HCYPRw6Tub5BITn7rRmApAIfP91ExgcPoG76XL8",
-	"eAT4c1+f307+/JGpn/+5qw/OxB9gmfm3tZ5fQZFMnmXvFtHot0OwaOWAiG7iux+4tNwWBm9tmAdaJELa",
-	"VpH4DmRt6hyK0mzIrclZzf2B8Cg1pkDcIQCsSbEZS0B1MeNsnvF0LRIM58c0VLJOAfL3vBsplcvuqIxa",
-	"PDFjWc2qz34UIgcU25nmSZ5x6Z2bvV51V2+RZmLaPSO0O5aA0IxVHgPPOV6ZCWZWAIvIUxb6XAOXe2N7",
-	"PsWtOQtPDFsUWVajRYxBIPSgbpzfOFwxzIQyHBDxPqk0Bt5KQf1aQsL+fAmg7MePb17B9mRqI/ScGwHr",
-	"VDKd8wwmskYoEbiCBr0XvLf49OX5Ta/8e3jA38cnN61OIpjqHqQnxH2QHvBnsV5zvd0FfE2QhiPvO0Rg",
-	"ou1MZk+o9x5RXrx1/zuDo7izYa8RqKNdgWbYDAFOwjpg7lAAo3LDnqEvUSSwqf7ObjyWpU+x+tpdIgiC",
-	"rkbnYWRKx8Rlm9SImCVinnGNQUC0U8iMq/s0d4YdYdBVza/cxFhezLLUrAQeLYa+DDqEmKQTsx9/YbkC",
-	"YQgWig79HKbNjTlTygLN8slKmRaIePnDWy6XzNkhI7ZCNIKRTrBHwFacrwShq3Isn2LCLes4DUJCBZ9W",
-	"C1ZoNH9r4YSnD+EtrZaTK33Acqopw/2sMwCaeYD7/MWL591bld6z09Onp/dXt6JMfrk1jYDu2o3CNOxS",
-	"DECYKgDlGUWrObCUizGYJr0fIXxzdX3XmoKIwE0cZXwmMoLGSZLCenj2vsaezRl/+xzrxPtRbA1GBY5B",
-	"n56cPmPzFdd8jsdnk9qVKiybK2m1yoKvXCA1nOuzYYtUWqtEZI11nB6fPDzlvQhtnqiHfo+Xhbts6Bw2",
-	"bcKUUTQy9MPckfB2LSTw+/foYrxBWr+hR0+OG2opjgqZ/l4I973VhUA/Z80Ou927Ud0KKgdE88EK8wJA",
-	"e22CFFRfp9J/3vWbaJXdefgv4B40kQmYTJZaFfnjHAmnavbuqVQzlWzZXBVZwqzIsjMGUh/0l3OelBse",
-	"YrBD9/sjvb5ls08P2utCtwDmlbV5x3TZDMDYx4u3oHUqjmzIwsHw+UMflQZ4celouPOl/KepeylRF/N1",
-	"FkbRug/2OINi1GJPcCuSyX0yI++d/4hB5zs2uMwwo/sppD1BjHLNs4lLLW0Pdu0EtfZgyIwbO1mFWTWH",
-	"LTgT3IgJupi2933K2vtO/vD8hvuF5t3dk1si/UWe3JMb2vA3TaqRUFmjoVtkHLJf7e238kAbaffyvTNU",
-	"7mWu77W+d4HwAeBy9zx8I7T7AyDVvhBIC2o51FL703BBU7M+gNrfHxlF/YaGGwBGrzTjw4HCXsv6WyHB",
-	"Q2j0Rn7M1yrv5sKccv4ztOOOu+jXFbeMy62Sgq35lniSzwDic/Tm9NnPKjSgY2dar4XlCbccKyi8p8iI",
-	"uRbeVVQVpzSyhMq4zm7eLJJsZ4f+8/LdzyznduURi1oshEwwuEhp1eTDqEU8j3cinnsz+famgRWmXaLZ",
-	"1GbiFsGxY2JTXObjxRsm+RrmjUnGGTcGluQqanDyANLM6OjIeRP7ibj2RTLmKJXXPEuTns8zuJ2F8Fs/",
-	"2XJBZWCtVYc05EmLi6/mXiXX0WalDBrX7lny4syVTkQSpo60M3NDy+zolAPYvV/FgsKrteBS/auk9Wq+",
-	"7yoGIhojzNsHnpd3X133w4ynq+t+4rbk6rof5HeVn8usMrxSZrnhJ5eR5qVyW7bIhYuWNCJscFwn/rju",
-	"Sf2pn+kYTQREtyUomm1tK+yj4b0S3Ds03HDmKhAwWwH9L+5CDTk9trnOi88TWOQkE7JFu8HkcqEZLz67",
-	"5KdQ7JfkKDz8rzLPng+Hz74bDgffPf1u8OL09GQwGNzqBquZdZSF3NQU5Vxz2/BY/8ETWeZFq6Otd1zH",
-	"AWzFsSjyh/cf7x8Z6x0YGru6PmQDH3Lzjg+h2a3+DT9nv5HNlGqYKx0KxpNEC2OEOXNrQB2BCjpI0FsX",
-	"xmKqj7oWOuP5X2ihMI+DNieuYvnOT6Iky+iw/3WWU0GIlhBkfVNgaWXS5FkZySjLTBNhbCpJdYbPEeh0",
-	"QUAtjMquSXMehDd9Vud91+aj648TPy8hOYHCtgoRuM46x8+YVezZkIGKMV73dD3Wg1k+MY1oZDyWieYb",
-	"yWbboKBkoTR54SqdEzOjquuVoumP5YeVYB9evq9GnvH5lZAJ4/O5yFE5zZWUwhcnZFtXA8wl+8dP5y/H",
-	"cr4CtS+XoufLsvE0stT22YWwhZYYdc62WH8y/eH1B3bE8/To+vgII4VHX9Lk5igEVFOKRzW1bqATn9fd",
-	"ci3VSs0cYQIjgZ5uSKOGQG0c4cYRaAONoR3XBhhBL/i4QWrNPa2JlpSzGqKZINvsvpjkiOeiFpTT6rur",
-	"w5lW8OCEcrtl8HWKsqU0+nrfuvAy8RnPskrcmJBviluKrhva8xYx22L43CEe7yuv9omk3TcHVN+XWlkj",
-	"xR3plG2nonq4pH7b2QhNypAf4nbGbD0xzrXhDaOWlNaZsqtWlH9peSYuRHss91d3zNyAkxSzoatVMrtK",
-	"Mcge5Cg+Ma6Eec31VZ/BEFibtXbJ2dwlW/bKg6nx7bEvTwQhDIodE32VpPTfsdQC2zyMGGdJQR0fMMWQ",
-	"u+e9m6GqYXT1fFKxTMml0HBIUMpiMFcqu8JSag4yGgYRLhG00MKfcwOLxIRInS5X1klsLIsqo/O9qmNA",
-	"kP1oglxKaazgWAQBNHH2ejkCUSvI0mkTT+0WUUMU4ZbgzFPjCjNXnCjhallLmluul4KqaB8+RWBPDSe6",
-	"JbEQ02IKKcxNi2sqrERqOR9PbU7PTk+f3q+isuLWPXUH9L3zM1QkUQHhyurpx8wpqmIJOyXDd5uph8TE",
-	"3AvaZMalj300TQeebF0JLGGNMg0YAxP9qp43TGJzDFiGHQybkXYeS6weNvXgIJIXqwYZTZFRgbL1pdf4",
-	"EDFLt16WmZOnLujoEfbd8N09gvp1t5Ntsq/mWT3MN4VMu+ZbQNZlphKmkIcpRIYlikqnKZWoG7qtHsNb",
-	"cxNHRswLndrtJahFJzqSdSo/qCvR4qae9nr4dc/C99NRlWNOVaeGdRKRCSti6kIRB1LddM8cqhXJWG5W",
-	"QmOJdNXUCMcE4VwlLbLUJUeh2sZEcMF1mFC/sjbHGBBdb9mPeZYCl52/f8OuxJZ1YA152rsSWzPtMlcM",
-	"/i4X8vxNL6glAQ4W5mwsPWoMnyOvvOVXgioSxnIsQWcx6TLbG4RiUuG1f6nqEnpfXQYLJW2mZixVLqSv",
-	"8Flh0X5Vs1KldybieooG3dRXA6QSt1JMu86qMASG0ZluWGcX+E9jqgOJGTUh6VKUIdvwbTiPOdd6C+rw",
-	"vv73w/YNKLKf2UJ6dcAUWq95z4ica26xq5KxaFxRAVJGqaxSbNhG6auxtGopcDuSAquAONPKUouREWac",
-	"YmHChpJN++yNLYvFnVdwLMl+Q0JkPF3jdVCYpAYwKIowWhcSq886K7VhtZYIY5kpQ0ZHwNhztRYGrb1u",
-	"n/3s9lqUNc130g2m/PKWxGRggWn1vmkzJ1mjaQiWripkQmqslMvoKB1LlOTY84UbzCqhfGFHqF5AK5mE",
-	"Upwb2hDMb0YMprQ1TTRhWIfAV5Dwy6xSMYPN7WFJkkB3hh9C6C5tBfE0IpRmgnGpM2i8tCo6MWP54y/U",
-	"g6NDr9QqA9scthO9+92YbVbpfIVrrtv6WOkG0xtLZ487kq0P2q8bDPQs1O4+vaxJAFwcCB6N/gKHOY4c",
-	"5ktSw5dLLZbI/G/f/oT5nNSDYCyn7nRPvSKuCZdK73pybRvnH7cVRJBzUGC6q1VOxGgYfco6li/Z1I08",
-	"7VIDjH3Ccyw7UxA3f5vGbHrkh53GDAcBCcPTadfn5zpdgpFxJmSCwsbgG8dyqnKQ1iChXHrwbMtWXCa9",
-	"jU6tFRI/ZJ4ZEzUv1kLCGrByDDgZifQawAFWU1XkgkGn+/rBTVnHd5jrEvNgs6VZJsZyCns8jRlnq2LN",
-	"JZtSUGtKTDpF3T8Ng217QoZOG1ZVbqBSWDXVSkE5wrLCiPAqWc24wIsiE8YVP5YEZQuVZWpjnKx0AWWs",
-	"T0UDhuohBZ+vRmPJQayvFJg3GO4sO7qAtCWzzWzQbhkOTh1JJJuewxumjJrQjWUnJCIrZAJKEUk+dYf4",
-	"w8X5y9cwHgyDE0YqnPn34jOerae+iKKciUjILqy9ZzgY9tmvOkUahe8EY5Jbp8w4wyg7eq+NgK16SY0B",
-	"ex+2uRixkBccDwyPT8eyzBkHJMOA8QSlTnA202pjhKZSbJIuSqfLVGJ/nOk7/Hvq9IFbBdoNdLieUPeq",
-	"6aWY974Xdr7qXaZWjNhcK2N6JrVi2iVSPfXGMSAMILlIeitlrJkyI8AcLlmLNNT0H8rY6S7hhifHY/lT",
-	"apJUizlcu3CP1TYOtgpMTGPZq58vmRazFPm3z879e8YSiVlv/sO1Tq8FMkcqAfjAPZjOpAqazXDw3B/8",
-	"UqQCpwLcyZQBLUOFAa6qBnYuxTpIwab/1XOz7b1JpiM3BsK8J1RY4ivkMUkEHlELyiQ+PnnOcp1KMk7O",
-	"L1++eROkD1dgz+R8LgDnlMHCcvPPyNmLjZJYppZUv0JS+wleGUtYGZYTFzm1eWSZWBpqaBC03Op4oxJl",
-	"Fgr5ruNRXBOqpjevSMqSZiGUTKkuKidpOao8KTAqbvxYemjvuq9Mv9xMnRaTuB5JvuVA+7geWd5PCvgJ",
-	"39WpI7G4iW7PWoVUTDxaQm2Svw3BhOahgSmjfTTnWYYeH8mmn3sO7faI1tO4xjDBvIVcKD0XJpDpeCzF",
-	"Zz63meNNtBtNLubAYmI9E0kCdgi8KVBwZ8wI34nziBd21V+q7oiUFUBQTFLpxmzqwQ/iUiCOo1bsUlZC",
-	"rOcCL1TihHedhUm5W9j6NEEypPMVYU5DwQIgCpgZ8EojssWU1uFwGrB69R6aFgClKTWtmsJtNOvmnGIm",
-	"udYgPXz0otwTGAanSu8ay2DeqEi7Z83lVHuHLjueZX32LmSJsXSKa+r4Yera+NSOTsguxPNTz8RT4mI4",
-	"EtvKx4adGJXKsCsgyePO+3eXH2L2/iP8c/7h5T9i9ur129cfXncrtt5lLUC2eQtqIj7Cc1F5/WpYCydP",
-	"WhCPVdACojMcPO36TmDAQHgCzuU24FNHNF4CzJAtEG47AWjY9HTwdIpv8siDTW9N1Cmq5rdT56+cBo1h",
-	"p2NJyhrYLiM8QW+sagGpiihhnffK2KUWl/98i6TKRYLA3lMGWLyQeDcKVpdQiK461KWBkYNE5lmGQl3C",
-	"KNkWBAh1ZyibdiFAJfBWU6tuQFeaSDlQkVs/NR40hKwH/eP+AHMgAWjmaTSKnvYH/afknluhr8MbxFUj",
-	"0SVFCcvT8CaJRtHb1NjXdEtca9v8207RDzYRpfUHXUXPWK2AibqHbgRmGmG35t8LgTm6rl0ztWaIwhbN",
-	"OznftyVT3MRfWsf1fR6qYV0ZWDQ6xqB1GdO+M4a97xVVv9evai/9qdFe+mQwuKVz8/06NledZNuaSmML",
-	"V8yEuy5LTYf09rZBy1kGjaDjyPgQJBrgOBJhBNputkg1brrlS2CfyEmb6FMcNYVSNELOxWHrfHpEmGIv",
-	"u17i14cxLBwnvnVrLiMVqWFpUk62bZvxzm9j0F0fO3pxiWhpAppYsg4u41IVei4QrKNNjw4Mhxq7Z2yT",
-	"Sh+NdNPCKZN4q+b8lhvbw/F6b159w9zv5lErPtujsM13axduE/RU3+lwfnn5mtGzZ4w8X8hL2HgDQdTx",
-	"KTPYjpAoAvoFLHjXESrbVrFeV/VpVoU12FI8rkJS5chjL0R3GpCPo684C3F0Onh69/1hg/b6+flZbEqu",
-	"9GZSD/G8u9ohRgF5Qx3VY4a+SC4Z7nH3649Z2YZnrzZ47zrhNM7W/WXujtS9U+4+poQsOxO18KRv3fPN",
-	"kpFsAG/7xKXhQ416AEmltuxg+42bePTFvebm6Au95+bo90Z/oky0xbRe+940O+2KWGe3XVGXYQesufCN",
-	"pxxM8Q6bMqwbtMWpqrWfmEpVsKXAtJ+dLu7uFudOAovJXU9tnw0HQzrvLv7ge9L6aJMzQXyXnkb7sH4U",
-	"7/D4wgZ9nHZYbtjucQ6IlBo3P8cux/cSHsNDhEft/uH97j8+vSf7OkMEj3kYIvvt0038BQ5lxeBAPMZ3",
-	"GedgXsbxfd3MXtUdRqXv9Rsh7T8RUuV/PMjvhLQqeOfIfoDZljkqDzLZT6Hc8J059gt/IQ4V/q7a4LBJ",
-	"USHRPmDtS/wOG6vsDdw+mK9mqAZrVsJ/c6Hto+op31dln57CgN436il4AY0UM6PQMzbbMpendR+lFEd5",
-	"aw+Pc3QuYjiRrH/yJDmfSmfXbeQ9LzWXKPWwdh6hMORHTtoyyyh4TyMW6d5U8/SgizuYDXp4Mp6uCX6j",
-	"ye66ataCoGOpCttn57KK6j0x9Yh+3UECs6z5XMay4Yf0Ls9OplQ+4/Mr9JVXIe9u4NYkt0D9yF44GmAP",
-	"KRIYwti/q2T7oPxYbzhVT6pxFfGPeh72/VLS59QglEeJuuGGuZpf1kEfGojhwCU9K9Y5kN7bDmU/deyE",
-	"H6aMOV9NF4/ZCen3x11MGav/Knvk8SHI83ve/+KekOXpI0KcOBqenHwDJAryOBAR7SQo0NU7kJM/qtQF",
-	"ssww8D71TpEboa0Xw4dbeGU3/pumosf097odUJcer/B6KTvuQsEX9DtP/1tA7z3xbCuk+kHYdvI+rHws",
-	"q7z3Q4YnxqdN9e9P35t7g4I6fGx7TXWLQ6zRLlSlAg5Mt2v+quA9Rq0wSoP9Ydy/yPbETKpN+fNW/z5i",
-	"LUesnTlq/Ve+mUEa9bVl3Ko1KNkKY3f9DeXvwDwiSKt+2+kPRmeNH7lp4fBffcY94Suzwlq8RGEM6S+K",
-	"doaPi47+0mjnHuDmsOOL/Vb2nF7daJ+5bCtk/N57+KpD2OyuWnkdfW5kM8txLNHMcwmOlCqJuQFoy614",
-	"tqAUlvevmMmz1MY+AbEMyY8lZVKOGG/PoORMi7Wy4ompsodxWu5mzFvRAtMrg0zLFG1K7ywKxAt6S4eD",
-	"p22GnwMWF/XeZ3+4EebV1/+HCuurQH6AtnbSd1nnljTzeCfJ/HALIBfuRwsfEnRR4cjD69QPLek1a66v",
-	"WJnJg2/us/OdXCPqn5Mrbf2PzcVkTFG1225JlyozK8jEcgkmVQGZT2etCqSmQXyRyvMobYVytEn6jOWb",
-	"V90z5nO/dzO98ZfDGone5RisMzx5Qdl44a8ddysRRnUlZUhE1OfQJg1+4vrKdRrLxCNBjLAu8k9wAR2A",
-	"oYPIr+OJDpIyphQe59QJ6oTppg03YQllzFRh0YuEz4W/ROPDTN1/w5Y/HbbA/S/+aPH+EwqqQEydVT8A",
-	"Uhoi3oeN3uDgtxIPdee4ExZHZVlBNPpCH+0EIcjE1Vv4i5RBEF6lAsDah/9xn/DnW+bGf2qOh0WE/t7d",
-	"ga+Pj+YrbpHYmbCuZNx/03YR34CfG1uApMUXkGbBtm1YVDI6Ojo++a4/6A/6x6Png+eDKECbX3ycx9MR",
-	"9s1dorqL+hUDKu7/BQAA//8=",
+	"7H3tkhO5kuirKHw3Avts2f1Bw4A7Nm5wgJnDDgwcmpmzEWPWlqtkW6fLUo2kauMl+jn2Ue7/uy92IzOl",
+	"+rLc7QZ65sTd/QNtu0pKpVL5nanPvVSvC62EcrY3/twruOFr4YTBT++EMK9ewF+ZsKmRhZNa9ca9Z6wQ",
+	"wjCZnTOutky7lTDMOiPVkim+FpYpTY/0z47PBqNe0pPwXsHdqpf04JHeuCezXtIz4rdSGpH1xs6UIunZ",
+	"dCXWHKb8JyMWvXHvfx3VEB7Rr/aIALvAGXvX19cwji20soLgNnqeizX8mWrlhHLwJy+KXKYc1nBU0BP/",
+	"/HcLC/p86LR+XJyxgxLFhDHaJIxb9v775+zp2aPvmJ+GZcJxmdtR7zrp/az4FZc5n+fi9wTw7ZUwjLNU",
+	"q4VclkZkLJdr6Vh/OFzzT0NxJZQbWmcEX9tBwrRhbiWYFQbek5bZVekcbHCmN+qcObNlfMmlYnzhhGHv",
+	"hTPb4TP824pUq8zCtq8EzzwxNZ5oL8htCyQH5cRSGIAdoPdLggf+bAS/pLfaa/qwEiyVJi2lY3N6iLkV",
+	"dwg6V3YjkCSNQLw+sMzoEgC8FKKwbKEBIUCmE0V/cmnGTDrL9EYxPYfF424wvWBAqMI6mzClHTNiKS3g",
+	"wDruRMKsZm6jJ8pPZdmab1kmLV8aIUbs2dwK5dhmJRQB6AFxhqeXcFqUYH0Ams6VnSiYRCoEBp6FZVjF",
+	"C7vSrtocgJcpARu04DIX2WA0Ub2kVxhdCOMkHQYrVSp2cYewSMdybh3ThVACTnOAU+aCpbm2As7oQps1",
+	"d71xL+NODJ1ci14Sds36M5j0EBO788DQY2bEorQiY6VyMkfgU63zIdASEyqz52zF88WUHgZsAP2LgHSg",
+	"v1zAthpdLoGFCFWue+NfexWM8CbQWxil93EHxOsmt/nVw1s/pud/F6mDlbxUS6lwKWEau8y5WvaS3lWe",
+	"r3tJz8p1ZIKk9/LKH+X2FnD87jA0IhdpHIv6l6VQwnBCa2M0qdzjs3qk6hglwGAPe/BSqqy5XKJuYQRx",
+	"aJ5te7i/ucDP4eep3x7/WOst8amQ9FdmuFT+kbW+wr9+K7nhyvnvS7USPHerLTGMfGodNzQqfuQp0L//",
+	"VH9NNN8abeqM5Hn7q1wuYKzYdq2FtXwpotiGkzglDMZ/Iyn2+RYqQyEXxmq+6bHe2tYEKCVKkUBXr6WN",
+	"0BYybvxLOrG2t0kIotDrag5uDN/CZyU+uWlaGqsjjLbg1oJgm83FQhsxQ94JpxjeYn2dZ8IMWAG4TG4n",
+	"uA6K/Api6/4+F8J59m93wYqyec9bH9ggEiyxXG4Esm5iGTWvk26lS8fCezv8E7isJZ4SwYs09TTwDPBm",
+	"YEJDz5B2DxuQwN7xgP3fabwOLhuDJ03I9yL3jc5EvktVmUh1JiIopx+GKS9AgUF5ZaPLXIeBo6fHxgQ/",
+	"YF4sZJ5H5vW/HDAx8auYXtFGFQEYwKn5XAVDUmFhL/beAYZ3sddkb1GasaxUGehjigFzuxKsfiW+KF26",
+	"oDHu/uq04/nuTKAZbFnfLyhhtJwB6g23kxIN2pi6zbb34uSiXK+52e6C81yXCnSrK2FuVNDaug7wsNKJ",
+	"LBxU0LF4hm9xdWnHLF0JXjA44GrLFgABs/I/xIiBdghCvrTImR5YRtoo4yqbKEtgxjSmeYPh3MRL29zp",
+	"OunNt1OjaZN4lklYN8/ftcbe3bxdDmDZfMtgoJ29S9hcu9WgF8H9fDutNLCvnpxGisyChyZyPK0GgQ2v",
+	"hmN1kDRqsKCISCrC6bp1CDqHN/MWT2SHSpE+mj5sOPRfwBYseJmTcbHS1qGpO4iqwp56p1fCWK+v7c7Z",
+	"pXWWwgFpa9z7dTbrtBF7Bq6NE20Ecytpa+EoeGYbCvRarLVBtqetW5oWs6sXdPM6SqVgHfNS5tkDy8LD",
+	"tyngYUPCWuppIhis+XQ4ZA2Sr+gy0EyMOf0g9BpM0Oc5txEKfoe0rxdofaTwDLMr0BmIiy6kyDNvIyKZ",
+	"lLkgZLI+Tp5MlEC7AUwXp1OdJ2DeKbsQhi2NLouE/fgLciLkTwnLAMSE5XwrjE3Ym9fPkol69w7YE+PO",
+	"CQWQDT+8w8dtwmirGKiNFh+CfdaKyMayQhhkiclEbUDfkSBkLpXeqAHap7QO0liE2wgwRTealiosWwpn",
+	"yeTnazFRV8JkMnXERWWGHgAUA4ynRtuKoAIkqLLbGDeVERnoh5IZIBytQUR4fyU+RQ/UfmXCrnix5xjQ",
+	"mFKxjTaZTZgYLUds0sMdeHzG/u//YfNFrrk7eQx/v3n9DP57fOI3BD5w5xT78I6dwodTEjjsv/4THvrl",
+	"/bM3k96tNI5Kf2CJBGuMNv8ieP4u5yru4gBrhxU5Rz8EZ2iIoQI0ZmhcAT32QYfVi8BUkspfAQhY5HK5",
+	"chO1kEra1SABlCuSwUvQgaVlTucZ0yoVzGk40eh5wIlBQdGK9f0ew2uB1MNIV8LIxRbB2HCJTI2cK0ps",
+	"mFTWcRgYRDTLuYPzUNk8g9FENb0jStNKTansiD1rgYBqPFh9Fl0gSrfHn28nCtaUCZ7lUomErbm5JKJG",
+	"xZoMxhiN8tTFVLVNG00b7vHkNIB0sGckAHTDBGlpDExRrLhFjmqZLg+fYWH0etr2D+yeh/r3GpOHShuE",
+	"q+kiCIRHXJt2Pyo6jODehRnzGBmP90OW2TV1EKTdtdfjNjC/59AZNxc8ZlQjeU8rX8zumUS3GWGQfFUP",
+	"LDmAz5lW+Ra1VeaH8d4NtuC5FSNgCPzTa6GWbtUbnxyfnsW8QK034yAgUZK8BVbNABEIC5w/OL40yAPL",
+	"jmgc1geASyOQZ9syTYW1cGaMsCudg1QpilyKbFB5LNeCK+IDsIA+2Ct4FJCAMo2efkcIgJOMK2RrfSUs",
+	"I11jS0fPaVZ5ec6ZM2X1lKp/QNE75+klHVGPlLnWueAKsIJunz2bciEq/6rocI3Y+QUWR9tHHl8clSwD",
+	"eMFxmQM7RWdw6YrSS0LvnyW2R+8n3gVLzinvFAdeJJ0V+YLW0tjxs+Onj0FPcU4YAPzff/33yaQ8Pj4+",
+	"/vinf4od7sDgvDeqMdTpo8dJby1VRUzxcYf4/8n3+N9339PHp9/vmS7XPLtN6X4Nz+zIugacN56396LI",
+	"txEvaRrnXbVncYybWZF1xfnTFVdLkZ2z8CCTjjZihNsyhu2mjW1SBoq7plxjbbF2KUQBLxDUUi1pLwML",
+	"VFq1/aHeMfkFbJDMtpswfoEPdVHuUZbc4Mz+8Zeg+O5iVpXraVA/4e/LK+A4oCvBf9NMrpFTSDtd5xwd",
+	"aGFyVqpcWEvKgLc3SLTk0pIiuQbNw2ugGNzAo7jFYcj3Njj3Q0+Ud8bBbMBQwmvEfohvRsR2RqttnYnH",
+	"Z9/+SARsdN3pD0/paMs1UMTpydl3Z08ePj77DiGgL092pGnS+zRc6mH9LZ5xxEODPBpcr7kz9wdBTQv3",
+	"Nweo3lOwZu5riq6KUM2XeFqJnZDXnuG1aevyalqG4ECtneiSPGEVrCcNEI+rwVW5npPi9FspSpF9wXqP",
+	"D0OpN77va4Kuye5nq9aV1HiKofaNWP/oY0ttzvPTq3973TRoybL58Rdv044abPbF+2dveknvF/rvz6/f",
+	"Pv+xl/Te/vlfXz7/0Et63796/TLKcd9xaXa3dV7Hkm9ityHkfJ1gggR30jtfY2o1slcJykye6w0KkmD5",
+	"R9UY8uUdkuPwXizo3AAr607OG2ZTiK9qw0JgNxOFUJllWpGSRRwV/RhN/0/O4dNvJc+nrkAJ5oTR9Pda",
+	"fhLZ1IrluhOhaTjzyUF5h8U0PN23vcSl+Wv99HVys2O9ColL23CnZyhULkXhWNtEBm0YtFXUAkDPq99h",
+	"PnpJ0g/tY1AkjeT5ILqjtXTv2ndb1gSrsU2YRVC71ncVhobHvz1oTZDkDqZYCGnbSSVCmxjok9+qWgSC",
+	"4sePL6hUaNXJGJ7r+RnFMsDgIdUMqQtV/zIXTAmRiYxsBVDtrcwEyyTBB+TofTLoV/n1Tx9Hl1fTtVhP",
+	"0cPVdCHvIKfrKb4zsLUzrHLmgXWQrkR6CfujGB2XK56XAncfMQ0rsBGEdeWOPxTVUW9xkcbexngmUP0P",
+	"RpdF3OqjVQQPXu2s1AsWIldIA61ffCAreNssXwty1I92dKrb2J33Fz74Yr43TYMD9qaz3/bWXid3i0i2",
+	"3Ipxh0aILcSCc5KsRvTa4uEBqw85Ry6IEMjko6fR1Cdjb7BnLmLf35jnfiEi7xhjvR2V9xDtvIWdBp81",
+	"WSTIUu/GQgmq8DtTejNmO2zVM9QOMz0gBt/ang7ZR+PLgRz3sYnbI68V04gniSAl3x6283avhxDZCIFY",
+	"7f5BUb2ag90U1Ds8Vp2EmANFeZjTGgxKbUWTAkhYowcZlzu4fac8Wm6KGsFa4jitFnIwTmLo2BO6JwMC",
+	"mbrn9wsK5QlK2zyACj1F0QT7lvbXljIWlzYPmqpREo6wrtWJRt4gGflGgIahtBK78oXcrXvc4KilgCBu",
+	"H7hD3eyOyzw2euXsJvVoFYTVRjelWCYXLcnV8MaiOmint8O+1KLWFesYcr2coXP5ICBsTL5irhhgiDtt",
+	"WC4XzjJ5uOufMt6ionpXoR23tdHA/9BVlnht11JSVxW7FBLTu9GW6IyqDTNCiY0H+BatyO8PJrkFuON0",
+	"aXiei1zadSyV0qmpKyovQlcXwBA9sAjmHzpn3LG1ti580Ql4fDvvRpYWU1Bld8GaC9CP4PcvA+D4cABu",
+	"x8vJ/SHgj52+uBn9xT1jv/hjV984E7+DZy3MFj2/gvwrPM/fLnrjXw/xDNQO5N51cvsLF5jWhY92rBcj",
+	"MqFclCW+BV7rVXvK98FALmu5rx2lTthSkAnVxyD2RIEunDAOipBciwxzfxIaKltLxYwYhjCAVMvBuIo6",
+	"P7ATVUM1Yj8KUTDpWH9WZEXOVQhODYf1U8OFzMVscE6+ByoGwBwZUnJSjt/MBbMrMFIp0jGJZ9x0tudj",
+	"Eq3leWDZoszzFi4SDOKHcgiEsrliNDJRNKCd8KCWGPgoFbu0CnX21xEBZn/++dUL2J5cb4RJuRWwTq1k",
+	"ynMAZI2qRMOVfzx8yoeLj5+fXA+rv88O+Pvk9Drq5AdQ92h6IansME0P6NPnQO4ofLF03b2H6D1M8jma",
+	"TrMD/R2y0fHR/XM2juLOhr1s5EJJ60tkRMb6YCtRALoOo51jLEigUh6eHCQTVcWE6p/9V6SCoA3iI0RM",
+	"m4SobCOtQLMg5waTOCgbB51q7ZjUzrBjTJrR6SULGVrlPJd2JfBoMfRF0yHE4jXK09LADMH8Na3Eq2i+",
+	"qNYOcFZMV9pGVMSLH15ztQxm1ZiSBylTBY0rI3i6EqRdVWOF0ivuWN9LkHGdeqgXrDTojGyFgx9+i2hX",
+	"vZxCmwOWU4MMz7P+MeAsKLhPnj59MrhR6D1+9Ojho7uLW1EV6dxY7kBP7UbRO15CDCDbOoGgTuVLBSa7",
+	"UX5bF9/3EH6/vLptTY2I7nXSy/ncZ+Tuy/rtQvz1MLaR96PYkivmBOTp6aPHLF1xw1M8PqG8ItXKGZ03",
+	"fvKJME1YH5/tSznurOPRyem3x3xgod0T9a3nCbxwlwy9+zzGTL2D8WAXjNFXQgG9f48Bn2vE9St69fSk",
+	"I5aSXqnkb6XwvztTCvTUtOywm70b9aMgcoA1Hyww34PS3gKQkqLWUoXPu36TkGd/48DwDJrIpJhMl8Gt",
+	"/u2PhBc1e/dU6bnOtizVZZ4xJ/L8nAHXB/nlnSfVhjd1sEP3+2eaPrLZjw7a69JEFOaVc0XfDtgclLGf",
+	"378OrmDPetu88Pjsybc+Kh3lxZfN+eTvCggAvc6xbbL5Ngkja92n9niD4luEi43gTmTTu9R83rmyE9OM",
+	"boGpyimm5ymJaYpazRXPp75IO57esJPGsEfrzLl101Uzj/KwBeeCWzFFp9T2rm85d1fgD89ou1syln96",
+	"ekNuV1lkd6SGmMYeqhxaWa4tHPpFtsivNfuNNBBD7d6TUpd3HW7g77XXd1XnA9TR3fPwlcrg76CE7Qth",
+	"R/ScQ227P0yT2A3pfLWisD+zBSUimnqgYgYxmxyuWuy1xb9WifgWOkAnI/JLxX13YV6c/xHydMfB9LcV",
+	"1WZqJbArBtIkn1PNdSGEGbGfdNPkTrwxvhaOZ9xxbHcRfEtWpEYE51Ld5qVbvRwiQbuVEoiynR3614u3",
+	"P7GCu1XQcfRiIRSVmfoeFPhmK2PlZCdjZW/u9t7E33JPtaKTLhc3MI4do5wiOT+/f8UUXwPcdQmUXoTe",
+	"NAg8qHV2fHTk/Y+jTFyFdjP2SKornstsGPLEbiYh/DUAWy2oCsVFZUiHn0Scgi2HLDmbNhjtLap3ye+T",
+	"apOJrJksGCfmjpTZkSkHkPuojh41v22Fo9o/ZdFvi33fYuiiM0IaHzitnr68GjVzXC+vRpnfksurUSOj",
+	"t/pc5RHjN1VeM37yOciBK8cyT977+EonJgfHdRqO655kz/aZTtCoQO22UormWxdV+2j4IAT3Dg0PnPua",
+	"M8w2Q4+N/6KlOd23gc/LT1NY5DQXKiLdsL2NMIyXn3y6a5PtV+gog/pf5xo/OTt7/N3Z2fF3D787fvro",
+	"0enx8fGNjrOWIUh1J11JUcFauI6P+3cGZFmUUdfc8KStB7AVx/ZiP7z7+e6xtOGBwbTLq0M28Ftu3skh",
+	"OLvRIxJgDhvZLaLBWmEqdeFZZoS1wp77NVSFz82U7HVpHWY/6Sthcl78Ay0U4Dhoc5I6+u89K1qxnA77",
+	"P85yahUiErRsbwosrUqTP69iH1VPsExYJxWJzuZ7pHT6sKERVudXJDkP0jdDHv9d1xbi8fcTca9UclIK",
+	"YzWB8D3rnzxmTrPHZwxEjA2yZxB0PYDyge3EL5OJygzfKDbfNkoIF9qQ366WOVhcX31fC5rRRH1YCfbh",
+	"+bt65DlPL4XKGE9TUaBwSrVSIpSj5VvfTY8r9pc3z55PVLoCsa+WYhgaHFL/FOlG7L1wpVEYp863WHE4",
+	"++HlB3bEC3l0dXKEscWjzzK7PmoqVDOKYHWlbkMmPmk78iL1qd2qEFJGGnK6w406DLVzhDtHIKY0Nu24",
+	"mMIIciFEGqSzd7QmIklqLY1mimSzOzHxkUBFES0n6rtrqzNR5cEz5bhl8GWCMtL07WrfuvBrojOe5zW7",
+	"sU26KW9oJ9eRnjew2Yjhcwt7vCu/2seSYlnHFdb3JWO2UHFLAmbsVNQvV9iPnY2mSdmkhyROmNET410b",
+	"wTCKlCTMtVtFtfwLx3PxXsSjv3/zxyxkOUusZqlXSe1mpG1mNT6wvmnFmpvLEYMhsBp37YtruE/PHFYH",
+	"0+DsSShIByYMgh0LNbSi8o2q2+aYcZaV1DsVkxK5fz+4GeqqdV/BrTTLtVoKA4cEuSyGf5V2K2yegS1Y",
+	"YBDhU0dLI1rFE5hCaeRy5TzHxkLYKp4/rHshNvIlbSP7UlknOJa9AU68vV6NQNhq5PXE2FPcIuqwItwS",
+	"hFxaX4ofGqT67gUVzh03S0F9E759UsGeqn10S2LpvcOkU+yNKq6olB6x5X08LZgeP3r08G419DW17qkb",
+	"8ynv5GeoUaIbiKv6ZdxnFlIdS9hpEnG7mXpIFM1PEOMZF/EOrtTGgZoekK5RJQ5jYGJUd3Bopr15AqzC",
+	"DpbNSTpPFPaLsO1wIqKXmuASiIxaUrjQbIM6wiKxDNqF+AV56ho9/JodRUPf0kbHEr+TMd7X8qwe5ptC",
+	"ol3zLWjWVW4TJp03k44syzQ1y6Dko0HTbXUf3prrpGdFWhrpthcgFj3ryNZSfdCXse6Ts+EQfx46+H02",
+	"rrPSqc+AZf1M5MKJhPoOJQ2ubgfnXqsV2URtVsJghVTdHhzHBOZcpzky6dOpUGxj6rjgppmCv3IOi0j8",
+	"95H9SHMJVPbs3St2KbasD2so5PBSbO1swHz7j7eFUM9eDRu1gNjr055PVNAam++RV97xS0E1DBM1USCz",
+	"mPK58B1EMaXxu7/r+itqcUw5L5TmKe1EYUdPX6G5wjYtdc1hnRCaiasZGnSzUD8gFW6lmA28VeG7F4YO",
+	"ZLuK/yyhypGEUXvVAUUZ8g3fNuFIuTFbEId39b8ftm+Akf3E1sRXH0yh9ZoPrSi44Q77k1tHnbWxgDSn",
+	"5FclNmyjzeVEOb0UuB1ZiVWcnBntqKnUGHNUsZRhQ+mpI/bKVe1BvFdwosh+Q0TkXK7xexCYJAYwKIpq",
+	"tCkVVg/3V3rDWk1wJirXloyOBmGnei0sWnuDEfvJ77WouljcijcA+fkNqcxAArN6vlk3i9mgaQiWri5V",
+	"RmKs4svoKJ0o5OTY5YvbFfV300ZkHlHDBq5U1uTi3PfTxYxo1MG0cbarTVjWJ+WrkSLMnNYJg80dYhGT",
+	"QHdGGEKYQeKbyXHP93dSkiuZQePJukzFTtSPv1ApZp+mNDoH27wqdR0kbLOSKZZqdmx9rFQG8CbK2+Me",
+	"ZeuD9usaAz0LHWt52uQAuDhq/L7QJugcR17nw27xSyOWSPyvX7/BDFDqOjNRM3+6Z0EQt5hLLXer5o+d",
+	"84/bCizIOygwQdZpz2IMjD5jfceXbOZHng2o5dE+5jlR/Rmwmz/NEjY7CsPOEoaDAIfhcjYIGb1elmBk",
+	"nAmVIbOxOONEzXQB3Bo4lE8onm/ZiqtsuDHSOaHwQx6IMdNpuRYK1oC1ZkDJiKSXoBxg/VWNLhh0tu9m",
+	"hRnrh7saBkQ83Lc5nKgZ7PEsYZytyjVXbEZBrRkR6Qxl/6wZbNsTMvTSsK6LA5HCalBrAeURy0ormt+S",
+	"1YwLfF/mwvri9QqhbKHzXG+s55U+oEy3FBSYDYImE09X44niwNZXmlpZulXdwwu4LZltdoN2y9nxI48S",
+	"xWbPYIaZb6A7Uf0mEn11L6F85g/xh/fPnr+E8WAYBBixcB7mxXcCWc9C2UUFicjILmzNc3Z8NmJ/MxJx",
+	"1JwTjEnuvDDjDKPs6L22ArbqOV2xMfywLcSYNWnB08DZyaOJqrLMQZNhQHiCUic4mxu9scJQKw3iLtrI",
+	"pVTYEW32Fv+eeXngV4F2Ax2uB9SvcHYh0uH3wqWr4YV0YsywqHVopROzAaHqYTCOQcMAlItsuNLW2Rmz",
+	"AszhirRIQs3+oq2b7SLu7PRkot5Im0kjUvjuvX+ttXGwVWBiWsde/HTBjJhLpN8RexbmmShEZrvdGzdG",
+	"XgkkDqlA8YFnMJ1JlwTN2fGTcPArlgqUCuoOtl8fMSol8HU4sHMSKycFm/3b0EM7fJXNxn4MVPMeUClK",
+	"6HCCSSLwil5Q7vHJ6RNWGKnIOHl28fzVq0bCca3s2YKnAvScKlhYbf45OXuxNR7L9ZIqXqqW8rleThSs",
+	"DCvEy4IuTGG5WFpqYdNostjfraMeeBrFNaFoevWCuCxJFtKSKdVFF8Qtx7UnBUbFjZ+ooNr7fluzz9cz",
+	"L8XwMhGg1I7+6bsi1n20/Vz9tiaWdLXb8yiTSohGK1Wb+G+HMaF5aAFktI9Snufo8VFs9mnotd0h4XqW",
+	"tAimAbdQC21SYRs8HY+l+MRTl3vaRLvRFiIFEhPrucgysENgpoaAO2dWhDttjnjpVqOlHoxJWIEKikkq",
+	"g4TNgvKDeikgx2Mr8SkrTV3PB16oKAqfOmetLsyZSGWGaJDpinROS8ECQAqYGTClFfliVl8C40m9nofA",
+	"AkVpRm0KZ/AYQd2FKWGKGwPcI0Qvqj2BYRBUmmuiGnCjIB2cd5dT7x267Hiej9jbJklMlBdcM08PM9+4",
+	"rXV0muRCND8LRDwjKoYjsa19bHjHhNY59oElftx/9/biQ8Le/Qz/PPvw/C8Je/Hy9csPLwc1We+SFmi2",
+	"RURrIjrCc1F7/Vq6FgJPUhCPVaOFT//s+OEg9H4EAsIT8ExtG3TqkcYrBXO3OTcxQMtmj44fznCmoHmw",
+	"2Y2JOmV9jdTM+ytnjSuWZhPlu93TZT6IVZyxrh6kuqOM9d9R7++Lv75GVBUiQ8U+YAZIvFT4NDJWn1CI",
+	"rjqUpQ0jB5HM8xyZuoJR8i0wEOquU7VpRAWVlLeWWPUD+mJGyoHq+fU3GoSPe8ejk9Ex5kCColnI3rj3",
+	"cHQ8ekjuuRX6OoJBXF+RsqQoYXUaXmW9ce+1tO4lPZK0LkD7dadMCK9HofU37ks5Z62SJ7oXZSMw0wjv",
+	"PfutFJij6y8+o2YOveZlZzs53zclU1wnn6Pjhs4Q9bC+cKw3PsGgdRXTvjWGvW+K+iabL7qo7WPnorbT",
+	"4+Mb7kC7291n9R05sevZqPG6XgRzCEjnjGaPDVpB2bhSLenZEIJEAxxHIh2BtpstpMFNd3xp8XYq4ja9",
+	"j0mvy5T8zVg4bJtOj0in2EuuF/jzYQQLx4lv/ZqrSIW0TGYVsLFtxie/jkB3fezoxSWkyQwksWJ9XMaF",
+	"Lk0qUFlHmx4dGF5rHJyzjVQhGunBQpCJvdUwv+bWDXG84asXXwH77TTqxCd31LwwL3qfnW3cTrhzV+DF",
+	"xUtG754z8nwhLWGrDlSiTh4x6++pk3Q/G1rwvqNfvq1jvb5O1K5KZ/FyvqQOSVUjTwIT3bnKb9L7grOQ",
+	"9B4dP7z9+eZVh+3z85PYVFQZzKQh6vP+2z4RCvAbupswYeiL5IrhHg++/JjhHTF7j9cPwuGVIr17ZFWt",
+	"e3IiBNLw8I46iMNX/ZUPpLGQU6u6pSSoFVm4h8OrGF+Or6rR0V7p+c73GurworvLqB0pdYic6uZ/5dvQ",
+	"mM0nDZMVJm0VB/W3TXDWao7GZIbcxq1Yp2VXVBJ2unzVC+o0I45EC/85Gqa7dSXeUdhdiIe5C1AM6M66",
+	"vhrm+5TnVeetPQcEMfO1cvzlDW3HqsZ+ocP+Vx6ho7oL2zKWrfZWhZaDhTC19wA3K2k1YhvsNnL0ziff",
+	"xt9h7IKcIzD3OUu1dTD6xvcrRCW1ymvxDfWw2R25Sepmkv/1n6F95Ii9MHiSFPZNIVi9ydIKQMFq/3eL",
+	"Hv9lUh4fnz5u0t+/+Ey0ODv5IbRmu1f6qlvm7SEy2rJRRPujg4m/k5ntO4ltPXcBDuyb6iE+iWV/LQl9",
+	"9li9PvpMuLw++q3Twi0XsSD+y9C+a6ejG+vvdnQbMGzZmorQKbV1t2Ijj6XROaxuaPHA1rox3SvE2c6F",
+	"nP4R7z/frDTz30s3YmfHZ6Tg+IBruHYhhNebF+B652ejY9woQlUL99dmz8kOVZ3FQ2wNJEnr4fMc5+RO",
+	"2tLZIdpS6/mzuz1/8uiOHNB7XlBON3MCfv14nXwGvl5TOyDP33zVIpyDaRnHD4WCe22VZhrOna4Xj98u",
+	"Xie8fZMrxqMWjefJ3wDaKinvmwD7sck3QvOi/dqbv1jtAO3Nl1cdBhRVTu7zJISa5sPGqq6/iA9W3bAV",
+	"U2iwWcjX9yLY6Z3qUzBywa+qoJx33VLBKmYM4OabYSg9kNbZwZhhehCn6yqHG5kJdiXFhhWaGsPG1ggP",
+	"xBXn3qJEQg/ZRP5jOMEff2e9LfTR2qe3YTrGV+ptMAGNlLC6ia3Psr2LhKWLD2OZRUpsKBmEfLcUB/Ae",
+	"8f6u0z/4zVsBLbpzxhNFM2GDQmxVjmhjnk4miZ+p5afHAGUDGvTP51yuyXmCDlff076VwjJRunQj9kzV",
+	"ORkPbDsfq+3eBihbHvOJ6kSRQsCqn2tdzHl6iZHOOmFp0AhKxdS99x4H2DOQuJ+w7s+abvD9ZvTYbjDY",
+	"Ton0HVDu9Tzs8QKJT9KiIwbFw4Zb5js2sD5q9iBTGgHFebkGXbPy/FT3H2lTJyUhKXlP+wCP2SkpK/e7",
+	"mCrT6ou8SfevTz254/NP76h/PbxHfS3pnZ2efoV+18jCQ/VuJ72Mvr1FDQxHlbr+VvlhISLaLwsrjAts",
+	"+HD/XHV71nVXa8HipbZR0+YeL/D7infcptK/F2t99d9Hg7+jcr7PGxpH77flj7f4Qr2kql2id8Xv9Z2V",
+	"grYuHJumfsSr371dvZvK7zBZmlrGf9GotY7SIX8Y9x9kexKm9Ka6jvZ/jljkiMWJo9U966sJpNMdoco6",
+	"iKaURNXYXedJdW/jPSpp9V2sv7N21rmUMkLhfwv1UqRf2RVWUmcaMwD+QbWds/vVjv6htZ07KDeHHV/s",
+	"lrXn9JpOu+SoY//74K6sD2G3m3btQg2Z7d0c9YlCM8+np1OiO2Z2oS234vmCEhDfvWC2yKVLQvp441J3",
+	"yoMfMx7Pf+fMiLV24oGtaz8QLP8wZh0agcnxjTx5iTZl8Hw12Au6fs+OH8YMP69YvG/3uvzdjbAgvv4/",
+	"FFhfpOQ3tK2d4gvWv6FIKNkpETrcAihEuCfrGypdVPb37WXqh0hy5JqbS1blYeLMI/ZsJ1OUup8V2rhw",
+	"OXRCxhTVKu8W5OoqL45MLB9rq8t/QzFCXd46a2SHUHE1JR1ShQ1xn4l69WJwzkLlzm6dDt6q1CnTqcZg",
+	"/bPTpz5I2Eg4HNQsjKoCq/iOaMMQ4wZvuLn0fSJzcU8qRrOq/Q9wAR2gQzfydjxN9BGVCSVgeqdOo8sD",
+	"PbThtlkAnzBdOvQi4XvNeyBDzGzwP2rLH662wPNPf2/2/gYZVYNNndcXPlWGSPBhoze4cbf5oe4cf8KS",
+	"XlUU1ht/po9uiirI1FfLhS8p/6v5LZVvtz78h/+E13WlNnzqjocl4OHZ3YGvTo7SFXeI7Fw43/Aj/BL7",
+	"ki6dg8+dLUDU4gQkWbDpJpYEjo+OTk6/Gx2Pjkcn4yfHT457DW3zcwjoBDzCvvmvqGqu/Y0FEff/AgAA",
+	"//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
