@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 )
@@ -210,16 +211,24 @@ func (s *Snapshot) pairGroup(ms []classMembers, pc, dc int) (PairGroup, bool) {
 }
 
 // PairsBetween lists the pairs whose prefill is of class prefillClass and
-// whose decode is of class decodeClass (GeometryClass IDs), at most limit
-// of them (all when limit <= 0), by prefill and then decode name, and
-// their total count. Unknown classes hold no pair.
+// whose decode is of class decodeClass (GeometryClass IDs) as a square
+// block for a matrix: those of the first ⌊√limit⌋ prefills and decodes by
+// name (every pair when limit <= 0), and the group's total count. Unknown
+// classes hold no pair.
 func (s *Snapshot) PairsBetween(prefillClass, decodeClass string, limit int) ([]PairView, int) {
 	pc, dc := s.classIndex(prefillClass), s.classIndex(decodeClass)
 	if pc < 0 || dc < 0 {
 		return nil, 0
 	}
 	ms := s.members()
-	return s.pairs(ms[pc].prefills, ms[dc].decodes, limit)
+	P, D := ms[pc].prefills, ms[dc].decodes
+	_, total := s.pairs(P, D, 1)
+	if limit > 0 {
+		side := max(1, int(math.Sqrt(float64(limit))))
+		P, D = P[:min(side, len(P))], D[:min(side, len(D))]
+	}
+	out, _ := s.pairs(P, D, limit)
+	return out, total
 }
 
 func (s *Snapshot) classIndex(id string) int {
