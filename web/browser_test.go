@@ -68,7 +68,17 @@ type fixture struct {
 	back atomic.Int64
 }
 
-func newFixture(t *testing.T) *fixture {
+// fixtureOption changes how newFixture wires the server.
+type fixtureOption func(*registry.MirrorConfig)
+
+// mirrorDebounce gathers the registry's changes for d before the mirror
+// rebuilds its snapshot: a fleet registered all at once is rebuilt a few
+// times a second, not once per registration.
+func mirrorDebounce(d time.Duration) fixtureOption {
+	return func(c *registry.MirrorConfig) { c.Debounce = d }
+}
+
+func newFixture(t *testing.T, opts ...fixtureOption) *fixture {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -77,7 +87,11 @@ func newFixture(t *testing.T) *fixture {
 	// shows its lease as expired but keeps its state.
 	f := &fixture{t: t}
 	store := memstore.New(memstore.Config{Now: func() time.Time { return time.Now().Add(-time.Duration(f.back.Load())) }})
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	var mcfg registry.MirrorConfig
+	for _, o := range opts {
+		o(&mcfg)
+	}
+	mirror := registry.NewMirror(mcfg, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ const (
 // size of GET /api/v1/peers?view=summary.
 func TestStatusPageFleetOf10000(t *testing.T) {
 	chromium := chromiumPath(t)
-	f := newFixture(t)
+	f := newFixture(t, mirrorDebounce(250*time.Millisecond))
 	const n = 10000
 	specs := make([]registry.PeerSpec, n)
 	for i := range specs {

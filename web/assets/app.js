@@ -24,6 +24,7 @@
   const PATCH_MAX = 20;
   const POLL_PAIRS_MS = 15000;
   const REFRESH_DEBOUNCE_MS = 150;
+  const SNAPSHOT_FOLLOW_UP_MS = 1000;
   const BACKOFF_MIN_MS = 1000;
   const BACKOFF_MAX_MS = 30000;
   const EVENTS_PAGE = 50;
@@ -339,11 +340,13 @@
 
   // patchPeers applies changes to a few peers by reading those peers alone,
   // so that one peer's event does not reload a fleet-wide list.
+  // A full load that was sent before a patch came back keeps the patched
+  // peers (patchedAt: performance.now() of the patch, by peer ID).
+  const patchedAt = new Map();
+
   async function patchPeers(ids) {
-    const n = seq.peers; // a full load started meanwhile wins
     const got = await Promise.all(ids.map((id) => api(API + 'peers/' + encodeURIComponent(id))
       .then((p) => [id, p], (err) => [id, err.status === 404 ? null : undefined])));
-    if (n !== seq.peers) return;
     let added = false;
     for (const [id, p] of got) {
       if (p === undefined) { state.fullReload = true; continue; } // retried by the next refresh
@@ -354,6 +357,7 @@
         continue;
       }
       delete p.ranks; // the list holds summaries; the detail view reads its own
+      patchedAt.set(id, performance.now());
       if (i >= 0) state.peers[i] = p;
       else { state.peers.push(p); added = true; }
       if (id !== state.openPeerId) state.peersById.set(id, p);
@@ -365,10 +369,13 @@
 
   async function loadPeers() {
     const n = ++seq.peers;
+    const sent = performance.now();
     try {
       const data = await api(API + 'peers?view=summary');
       if (n !== seq.peers) return;
-      state.peers = data.peers || [];
+      const kept = new Map(state.peers.filter((p) => patchedAt.get(p.id) > sent).map((p) => [p.id, p]));
+      for (const [id, at] of patchedAt) if (at <= sent) patchedAt.delete(id);
+      state.peers = (data.peers || []).map((p) => kept.get(p.id) || p);
       state.peersById = new Map(state.peers.map((p) => [p.id, p]));
       state.peersLoaded = true;
       loadOK('peers');
@@ -428,6 +435,7 @@
   }
 
   let refreshTimer = 0;
+  let followUpTimer = 0;
   // scheduleRefresh reloads soon, once for a burst of events. Events name
   // their peer (peerID): a burst about a few peers reads those peers alone;
   // a refresh without one, or about many peers, reloads the list.
@@ -445,6 +453,11 @@
       else patchPeers(ids);
       loadFleet();
       loadPairs();
+      // Counts and pairs come from the replica's routing snapshot, which
+      // may take in a change a little after its event arrived here: read
+      // them once more a moment later.
+      clearTimeout(followUpTimer);
+      followUpTimer = setTimeout(() => { loadFleet(); loadPairs(); }, SNAPSHOT_FOLLOW_UP_MS);
     }, REFRESH_DEBOUNCE_MS);
   }
 
