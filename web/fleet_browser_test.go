@@ -19,12 +19,15 @@ import (
 )
 
 // Bounds of the 10,000-peer test. They are functional deadlines (the page
-// must get there at all, without a reload), not performance targets: on the
-// 2-core machine the page loaded in about LOAD s and showed one peer's
-// change in about UPDATE s; each bound is about five times that.
+// must get there at all, without a reload), not performance targets. On the
+// 2-core machine, without -race and with little else running, the page
+// loaded in 1.7 to 2.7 s and showed one peer's change in 1.0 to 1.4 s
+// (registration took 3 to 15 s); the machine is shared, and with the load
+// average at 20 the same load took 8.6 s, so the bounds allow about 20
+// times the quiet figures.
 const (
-	fleetLoadBound   = 30 * time.Second
-	fleetUpdateBound = 10 * time.Second
+	fleetLoadBound   = 60 * time.Second
+	fleetUpdateBound = 30 * time.Second
 )
 
 // TestStatusPageFleetOf10000 registers 10,000 peers through the API (two
@@ -50,18 +53,21 @@ func TestStatusPageFleetOf10000(t *testing.T) {
 		}
 		specs[i] = s
 	}
+	// Every tenth peer heartbeats and is ready; the others stay pending.
+	ready := func(i int) bool { return i%10 == 0 || i%10 == 1 }
 	start := time.Now()
-	ids := f.registerAll(specs)
-	t.Logf("registered and heartbeated %d peers through the API in %s", n, time.Since(start).Round(time.Millisecond))
+	ids := f.registerAll(specs, ready)
+	t.Logf("registered %d peers (and heartbeated %d) through the API in %s", n, n/5, time.Since(start).Round(time.Millisecond))
 
-	summaryBytes := f.bodySize("/api/v1/peers?view=summary")
-	fullBytes := f.bodySize("/api/v1/peers")
-	t.Logf("GET /api/v1/peers?view=summary at %d peers: %d bytes (%.1f MiB); with rank regions (view=full): %d bytes",
-		n, summaryBytes, float64(summaryBytes)/(1<<20), fullBytes)
-	if summaryBytes >= fullBytes {
-		t.Errorf("the summary view (%d bytes) is not smaller than the full one (%d bytes)", summaryBytes, fullBytes)
+	var list struct {
+		Peers []peerSummary `json:"peers"`
 	}
-	for _, p := range f.peerSummaries()[:3] {
+	summaryBytes := f.getJSON("/api/v1/peers?view=summary", &list)
+	t.Logf("GET /api/v1/peers?view=summary at %d peers: %d bytes (%.1f MiB)", n, summaryBytes, float64(summaryBytes)/(1<<20))
+	if len(list.Peers) != n {
+		t.Fatalf("view=summary lists %d peers, want %d", len(list.Peers), n)
+	}
+	for _, p := range list.Peers {
 		if p.Ranks != nil {
 			t.Fatalf("view=summary lists %s's ranks", p.Name)
 		}
@@ -71,7 +77,7 @@ func TestStatusPageFleetOf10000(t *testing.T) {
 	start = time.Now()
 	b.do(t, chromedp.Navigate(f.url+"/"))
 	b.waitFor(t, "the fleet of 10,000 loaded", `(document.querySelector('#summary [data-count=peers] strong') || {}).textContent === '10,000' && `+
-		`(document.querySelector('#summary [data-count=state-ready] strong') || {}).textContent === '10,000' && `+
+		`(document.querySelector('#summary [data-count=state-ready] strong') || {}).textContent === '2,000' && `+
 		`document.querySelectorAll('#peer-groups tr[data-peer-id]').length > 0 && `+
 		`document.querySelectorAll('#pair-groups tr[data-group-row]').length === 8 && `+
 		`document.getElementById('conn-text').textContent === 'live'`, fleetLoadBound)
@@ -81,9 +87,9 @@ func TestStatusPageFleetOf10000(t *testing.T) {
 
 	// 5,000 × 5,000 pairs: the counts come from the groups, no matrix is
 	// drawn until a group is chosen.
-	want := 2500*2500*2 - 0 // same-model pairs; cross-model pairs are refused and in no group
-	if got := eval[string](t, b, `document.querySelector('#summary [data-count=pairs] strong').textContent`); got != fmt.Sprintf("%s", commas(routablePairs())) {
-		t.Errorf("routable pairs in the summary = %s, want %s (of %d same-model pairs)", got, commas(routablePairs()), want)
+	want := commas(routablePairs(specs, ready))
+	if got := eval[string](t, b, `document.querySelector('#summary [data-count=pairs] strong').textContent`); got != want {
+		t.Errorf("routable pairs in the summary = %s, want %s", got, want)
 	}
 	if eval[bool](t, b, `!!document.querySelector('#pair-matrix table.matrix')`) {
 		t.Error("a matrix is drawn for 25 million pairs")
@@ -108,11 +114,30 @@ func TestStatusPageFleetOf10000(t *testing.T) {
 	b.checkClean(t, "10,000 peers")
 }
 
-// routablePairs is how many pairs of the test's fleet are routable: per
-// model 2,500 prefills and 2,500 decodes, of which 2,000 each have page 16
-// and 500 page 32; pairs of equal page size are compatible.
-func routablePairs() int {
-	return 2 * (2000*2000 + 500*500)
+// routablePairs counts the pairs of ready peers of the test's fleet with
+// the same model and page size (its only differences), one by one.
+func routablePairs(specs []registry.PeerSpec, ready func(int) bool) int {
+	type class struct {
+		model string
+		page  int
+	}
+	prefills, decodes := map[class]int{}, map[class]int{}
+	for i, s := range specs {
+		if !ready(i) {
+			continue
+		}
+		c := class{s.Model, s.KV.PageSize}
+		if s.Role == registry.RolePrefill {
+			prefills[c]++
+		} else {
+			decodes[c]++
+		}
+	}
+	n := 0
+	for c, p := range prefills {
+		n += p * decodes[c]
+	}
+	return n
 }
 
 // commas writes n as toLocaleString does in en-US.
@@ -128,9 +153,10 @@ func commas(n int) string {
 	return b.String()
 }
 
-// registerAll registers and then heartbeats every spec through the API,
-// several at a time, and returns the peers' ids in the specs' order.
-func (f *fixture) registerAll(specs []registry.PeerSpec) []string {
+// registerAll registers every spec through the API, several at a time, and
+// heartbeats those whose index ready accepts (they turn ready); it returns
+// the peers' ids in the specs' order.
+func (f *fixture) registerAll(specs []registry.PeerSpec, ready func(int) bool) []string {
 	f.t.Helper()
 	const workers = 16
 	ids := make([]string, len(specs))
@@ -177,6 +203,8 @@ func (f *fixture) registerAll(specs []registry.PeerSpec) []string {
 				err := post("/api/v1/peers", apiconv.Registration(&specs[i]), http.StatusCreated, &p)
 				if err == nil {
 					ids[i] = p.ID
+				}
+				if err == nil && ready(i) {
 					l := apiconv.Load(registry.Load{})
 					err = post("/api/v1/peers/"+p.ID+"/heartbeat", api.Heartbeat{InstanceId: specs[i].InstanceID, Load: &l}, http.StatusOK, nil)
 				}

@@ -189,8 +189,8 @@ func (f *fixture) peerID(name string) string {
 	}
 }
 
-// bodySize is the byte size of a GET answer.
-func (f *fixture) bodySize(path string) int {
+// getJSON decodes a GET answer into out and returns its size in bytes.
+func (f *fixture) getJSON(path string, out any) int {
 	f.t.Helper()
 	res, err := http.Get(f.url + path)
 	if err != nil {
@@ -201,8 +201,11 @@ func (f *fixture) bodySize(path string) int {
 	if _, err := io.Copy(&buf, res.Body); err != nil {
 		f.t.Fatal(err)
 	}
-	if res.StatusCode != http.StatusOK || !json.Valid(buf.Bytes()) {
+	if res.StatusCode != http.StatusOK {
 		f.t.Fatalf("GET %s = %d: %.200s", path, res.StatusCode, buf.String())
+	}
+	if err := json.Unmarshal(buf.Bytes(), out); err != nil {
+		f.t.Fatalf("GET %s: %v", path, err)
 	}
 	return buf.Len()
 }
