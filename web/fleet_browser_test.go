@@ -19,15 +19,15 @@ import (
 )
 
 // Bounds of the 10,000-peer test. They are functional deadlines (the page
-// must get there at all, without a reload), not performance targets. On the
-// 2-core machine, without -race and with little else running, the page
-// loaded in 1.7 to 2.7 s and showed one peer's change in 1.0 to 1.4 s
-// (registration took 3 to 15 s); the machine is shared, and with the load
-// average at 20 the same load took 8.6 s, so the bounds allow about 20
-// times the quiet figures.
+// must get there at all, without a reload), not performance targets.
+// Measured on the 2-core machine, shared with other work (load average 13
+// to 24): without -race the page loaded in 1.7 to 3.2 s and showed one
+// peer's change in 1.0 to 3.0 s; with -race (as scripts/test.sh runs it)
+// in 6.5 to 10.6 s and 7.8 to 23 s. The bounds are about five times the
+// -race figures at the low end and twice at the high end.
 const (
 	fleetLoadBound   = 60 * time.Second
-	fleetUpdateBound = 30 * time.Second
+	fleetUpdateBound = 45 * time.Second
 )
 
 // TestStatusPageFleetOf10000 registers 10,000 peers through the API (two

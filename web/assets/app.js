@@ -24,7 +24,7 @@
   const PATCH_MAX = 20;
   const POLL_PAIRS_MS = 15000;
   const REFRESH_DEBOUNCE_MS = 150;
-  const SNAPSHOT_FOLLOW_UP_MS = 1000;
+  const SNAPSHOT_FOLLOW_UP_MS = [1000, 3000];
   const BACKOFF_MIN_MS = 1000;
   const BACKOFF_MAX_MS = 30000;
   const EVENTS_PAGE = 50;
@@ -435,7 +435,7 @@
   }
 
   let refreshTimer = 0;
-  let followUpTimer = 0;
+  let followUpTimers = [];
   // scheduleRefresh reloads soon, once for a burst of events. Events name
   // their peer (peerID): a burst about a few peers reads those peers alone;
   // a refresh without one, or about many peers, reloads the list.
@@ -455,9 +455,9 @@
       loadPairs();
       // Counts and pairs come from the replica's routing snapshot, which
       // may take in a change a little after its event arrived here: read
-      // them once more a moment later.
-      clearTimeout(followUpTimer);
-      followUpTimer = setTimeout(() => { loadFleet(); loadPairs(); }, SNAPSHOT_FOLLOW_UP_MS);
+      // them again a moment later, and once more after that.
+      followUpTimers.forEach(clearTimeout);
+      followUpTimers = SNAPSHOT_FOLLOW_UP_MS.map((ms) => setTimeout(() => { loadFleet(); loadPairs(); }, ms));
     }, REFRESH_DEBOUNCE_MS);
   }
 
