@@ -44,8 +44,8 @@ const (
 	fixtureReplica = "replica-under-test"
 	fixtureVersion = "v9.9.9-test"
 	adminToken     = "admin-secret"
-	hostile    = `<img src=x onerror=alert(1)>`
-	nixlError  = "RuntimeError: Missing NIXL destination KV memory kind"
+	hostile        = `<img src=x onerror=alert(1)>`
+	nixlError      = "RuntimeError: Missing NIXL destination KV memory kind"
 )
 
 // ---------------------------------------------------------------- server
