@@ -33,8 +33,9 @@ const (
 // TestStatusPageFleetOf10000 registers 10,000 peers through the API (two
 // models, two geometry classes each) and drives the page: it loads, counts
 // the fleet from the summary read, groups the 25 million pairs by class
-// instead of drawing them, drills into one group's matrix, and shows one
-// peer's change without reloading the list. It logs the load time and the
+// instead of drawing them, drills into one group's matrix, lifts a
+// quarantine from it, and shows one peer's change without reloading the
+// list. It logs the load time and the
 // size of GET /api/v1/peers?view=summary.
 func TestStatusPageFleetOf10000(t *testing.T) {
 	chromium := chromiumPath(t)
@@ -99,6 +100,31 @@ func TestStatusPageFleetOf10000(t *testing.T) {
 		b.do(t, chromedp.Click(chromedp.CSS(`#pair-groups [data-group]`)))
 		b.waitFor(t, "the group's 40×40 matrix", `document.querySelectorAll('#pair-matrix table.matrix tbody tr').length === 40 && `+
 			`document.querySelectorAll('#pair-matrix table.matrix tbody tr:first-child td.v').length === 40`, 10*time.Second)
+	})
+
+	t.Run("lift a quarantine from the group's matrix", func(t *testing.T) {
+		// peer-00000 (prefill) and peer-00001 (decode) head the first
+		// group's matrix. The decode fails, re-registers and fails again
+		// with the same prefill: the registry quarantines the pair.
+		p, d, ds := ids[0], ids[1], specs[1]
+		report := func(agent string) {
+			f.call(http.MethodPost, "/api/v1/peers/"+d+"/stale", adminToken, map[string]string{
+				"reason": "peer-00000 answered HTTP 500", "error": nixlError, "prefill_id": p, "agent_name": agent}, http.StatusOK, nil)
+		}
+		report(ds.Ranks[0].AgentName)
+		ds.Ranks[0].AgentName += "-g2"
+		f.reregister(ds)
+		f.heartbeat(d, ds.InstanceID, registry.Load{})
+		report(ds.Ranks[0].AgentName)
+		cell := `#pair-matrix td.v-quarantined button[data-pair="` + p + ` ` + d + `"]`
+		b.waitFor(t, "the quarantined pair in the group's matrix", `!!document.querySelector('`+cell+`')`, fleetUpdateBound)
+		b.do(t, chromedp.Click(chromedp.CSS(cell)))
+		b.do(t, chromedp.SendKeys(chromedp.ID("token"), adminToken), chromedp.Click(chromedp.CSS(`#token-form button[type=submit]`)))
+		b.waitFor(t, "the lift button", `!!document.querySelector('#pair-detail [data-lift-pair]')`, 10*time.Second)
+		b.do(t, chromedp.Click(chromedp.CSS(`#pair-detail [data-lift-pair]`)))
+		b.waitFor(t, "the pair out of quarantine", `!document.querySelector('`+cell+`') && `+
+			`!!document.querySelector('#pair-matrix button[data-pair="`+p+` `+d+`"]') && `+
+			`!!document.querySelector('#event-list .kind-quarantine_lifted')`, fleetUpdateBound)
 	})
 
 	t.Run("one peer's change shows", func(t *testing.T) {
