@@ -97,7 +97,7 @@ func TestStatusPageFleetOf10000(t *testing.T) {
 	}
 
 	t.Run("drill into a group", func(t *testing.T) {
-		b.do(t, chromedp.Click(chromedp.CSS(`#pair-groups [data-group]`)))
+		b.clickWhenThere(t, "a group's matrix button", `#pair-groups [data-group]`, fleetUpdateBound)
 		b.waitFor(t, "the group's 40×40 matrix", `document.querySelectorAll('#pair-matrix table.matrix tbody tr').length === 40 && `+
 			`document.querySelectorAll('#pair-matrix table.matrix tbody tr:first-child td.v').length === 40`, 10*time.Second)
 	})
@@ -117,11 +117,9 @@ func TestStatusPageFleetOf10000(t *testing.T) {
 		f.heartbeat(d, ds.InstanceID, registry.Load{})
 		report(ds.Ranks[0].AgentName)
 		cell := `#pair-matrix td.v-quarantined button[data-pair="` + p + ` ` + d + `"]`
-		b.waitFor(t, "the quarantined pair in the group's matrix", `!!document.querySelector('`+cell+`')`, fleetUpdateBound)
-		b.do(t, chromedp.Click(chromedp.CSS(cell)))
+		b.clickWhenThere(t, "the quarantined pair in the group's matrix", cell, fleetUpdateBound)
 		b.do(t, chromedp.SendKeys(chromedp.ID("token"), adminToken), chromedp.Click(chromedp.CSS(`#token-form button[type=submit]`)))
-		b.waitFor(t, "the lift button", `!!document.querySelector('#pair-detail [data-lift-pair]')`, 10*time.Second)
-		b.do(t, chromedp.Click(chromedp.CSS(`#pair-detail [data-lift-pair]`)))
+		b.clickWhenThere(t, "the lift button", `#pair-detail [data-lift-pair]`, fleetUpdateBound)
 		b.waitFor(t, "the pair out of quarantine", `!document.querySelector('`+cell+`') && `+
 			`!!document.querySelector('#pair-matrix button[data-pair="`+p+` `+d+`"]') && `+
 			`!!document.querySelector('#event-list .kind-quarantine_lifted')`, fleetUpdateBound)
@@ -138,6 +136,14 @@ func TestStatusPageFleetOf10000(t *testing.T) {
 		}
 	})
 	b.checkClean(t, "10,000 peers")
+}
+
+// clickWhenThere clicks the element selector names, from inside the page,
+// once it is there: at 10,000 peers live re-renders are frequent, and one
+// may replace the element between a DevTools query and its click.
+func (b *browser) clickWhenThere(t *testing.T, what, selector string, timeout time.Duration) {
+	t.Helper()
+	b.waitFor(t, what, `(() => { const e = document.querySelector(`+jsString(selector)+`); if (!e) return false; e.click(); return true; })()`, timeout)
 }
 
 // routablePairs counts the pairs of ready peers of the test's fleet with
