@@ -15,9 +15,11 @@
   const ROLES = ['prefill', 'decode', 'both'];
   const STATES = ['pending', 'ready', 'unhealthy', 'stale', 'draining', 'failed'];
   // Heartbeats change load and leases without events, so the peer list is
-  // polled: every 5 s, or once a millisecond per peer for large fleets (10 s
-  // at 10,000 peers), always without rank regions (view=summary).
+  // polled: every 5 s, or every 3 ms per peer for large fleets (30 s at
+  // 10,000 peers, whose list is about 7 MB even without rank regions);
+  // heartbeat ages and leases are counted down here between polls.
   const POLL_PEERS_MS = 5000;
+  const POLL_PEERS_MS_PER_PEER = 3;
   const POLL_FLEET_MS = 5000;
   // A burst of events about at most this many peers is applied by reading
   // those peers alone; a larger one reloads the list.
@@ -1362,7 +1364,7 @@
     const pollPeers = () => setTimeout(async () => {
       if (!document.hidden) await loadPeers();
       pollPeers();
-    }, Math.max(POLL_PEERS_MS, state.peers.length));
+    }, Math.max(POLL_PEERS_MS, state.peers.length * POLL_PEERS_MS_PER_PEER));
     pollPeers();
     setInterval(visible(loadFleet), POLL_FLEET_MS);
     setInterval(visible(loadPairs), POLL_PAIRS_MS);
