@@ -17,6 +17,7 @@ type Snapshot struct {
 	peers       []*Peer // sorted by name
 	byID        map[string]*Peer
 	class       map[string]int // peer ID -> index into keys
+	classKeys   []string       // compatKey of each class, by index
 	verdicts    map[[2]int]Verdict
 	quarantined map[[2]string]Quarantine // (prefill ID, decode ID), active or on trial
 	trials      int                      // how many of them are on trial
@@ -74,6 +75,7 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 			c = len(reps)
 			keys[k] = c
 			reps = append(reps, p)
+			s.classKeys = append(s.classKeys, k)
 		}
 		s.class[p.ID] = c
 	}
@@ -254,10 +256,22 @@ func (s *Snapshot) Pairs(limit int) ([]PairView, int) {
 			decodes = append(decodes, p)
 		}
 	}
+	return s.pairs(prefills, decodes, limit)
+}
+
+// pairs lists the pairs of distinct peers from prefills × decodes, at most
+// limit of them (all when limit <= 0), and their total count.
+func (s *Snapshot) pairs(prefills, decodes []*Peer, limit int) ([]PairView, int) {
 	total := len(prefills) * len(decodes)
-	for _, p := range prefills {
-		if p.Role.Decodes() {
-			total-- // a peer of role both is in both lists but never pairs with itself
+	if len(prefills) > 0 && len(decodes) > 0 {
+		inDecodes := make(map[string]bool, len(decodes))
+		for _, d := range decodes {
+			inDecodes[d.ID] = true
+		}
+		for _, p := range prefills {
+			if inDecodes[p.ID] {
+				total-- // a peer of role both is in both lists but never pairs with itself
+			}
 		}
 	}
 	var out []PairView

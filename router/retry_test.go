@@ -258,6 +258,16 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	if state() != 1 {
 		t.Fatalf("breaker state %v after 2 failures, want open (1)", state())
 	}
+	// What the control plane shows of it: the same state, and when it opened.
+	if st, since, ok := b.rt.PeerBreaker(b.reg.id(t, "p1")); st != "open" || since.IsZero() || !ok {
+		t.Errorf("PeerBreaker(p1) = %q since %v (%v), want open with its time", st, since, ok)
+	}
+	if st, _, ok := b.rt.PeerBreaker(b.reg.id(t, "p2")); st != "closed" || !ok {
+		t.Errorf("PeerBreaker(p2) = %q (%v), want closed", st, ok)
+	}
+	if peers, _ := b.rt.OpenBreakers(); peers != 1 {
+		t.Errorf("OpenBreakers counts %d peers, want 1", peers)
+	}
 	for range 6 {
 		if s := req(); s != http.StatusOK {
 			t.Fatalf("status %d while p1's breaker is open", s)
@@ -283,6 +293,9 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	}
 	if state() != 0 {
 		t.Fatalf("state %v after a good probe", state())
+	}
+	if st, since, _ := b.rt.PeerBreaker(b.reg.id(t, "p1")); st != "closed" || !since.IsZero() {
+		t.Errorf("PeerBreaker(p1) after a good probe = %q since %v, want closed", st, since)
 	}
 	for range 4 {
 		req()

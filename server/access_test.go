@@ -92,6 +92,8 @@ func TestEmbeddedAccessTable(t *testing.T) {
 		"POST /api/v1/peers/{id}/heartbeat":                  accessSelf,
 		"POST /api/v1/peers/{id}/stale":                      accessReport,
 		"GET /api/v1/pairs":                                  accessOpen,
+		"GET /api/v1/pairs/groups":                           accessOpen,
+		"GET /api/v1/fleet":                                  accessOpen,
 		"DELETE /api/v1/pairs/{prefill}/{decode}/quarantine": accessAdmin,
 		"GET /api/v1/events":                                 accessOpen,
 		"GET /api/v1/events/stream":                          accessOpen,

@@ -71,9 +71,20 @@ func (h handlers) ListPeers(ctx context.Context, req api.ListPeersRequestObject)
 	if err != nil {
 		return nil, fmt.Errorf("list peers: %w", err)
 	}
+	view := api.Full
+	if v := req.Params.View; v != nil {
+		if !v.Valid() {
+			return nil, malformed("view", fmt.Sprintf("unknown view %q (want full or summary)", *v))
+		}
+		view = *v
+	}
 	out := api.ListPeers200JSONResponse{Peers: make([]api.PeerSummary, len(peers))}
 	for i := range peers {
 		out.Peers[i] = apiconv.PeerSummary(&peers[i], h.timing())
+		if view == api.Summary {
+			out.Peers[i].Ranks = nil
+		}
+		out.Peers[i].Breaker = h.peerBreaker(peers[i].ID)
 	}
 	return out, nil
 }
@@ -83,7 +94,9 @@ func (h handlers) GetPeer(ctx context.Context, req api.GetPeerRequestObject) (ap
 	if err != nil {
 		return nil, err
 	}
-	return api.GetPeer200JSONResponse(apiconv.PeerSummary(&p, h.timing())), nil
+	out := apiconv.PeerSummary(&p, h.timing())
+	out.Breaker = h.peerBreaker(p.ID)
+	return api.GetPeer200JSONResponse(out), nil
 }
 
 // GetPeerRegistration returns the full registration; auth.go admits only
@@ -176,7 +189,19 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		}
 		limit = *l
 	}
-	pairs, total := h.snaps.Snapshot().Pairs(limit)
+	pc, dc := apiconv.Deref(req.Params.PrefillClass), apiconv.Deref(req.Params.DecodeClass)
+	var pairs []registry.PairView
+	var total int
+	switch {
+	case pc == "" && dc == "":
+		pairs, total = h.snaps.Snapshot().Pairs(limit)
+	case pc == "":
+		return nil, malformed("prefill_class", "prefill_class is required with decode_class")
+	case dc == "":
+		return nil, malformed("decode_class", "decode_class is required with prefill_class")
+	default:
+		pairs, total = h.snaps.Snapshot().PairsBetween(pc, dc, limit)
+	}
 	out := api.ListPairs200JSONResponse{Pairs: make([]api.Pair, len(pairs)), Total: total}
 	for i, p := range pairs {
 		ap := api.Pair{
@@ -210,6 +235,7 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 			reason = fmt.Sprintf("not both ready (prefill %s, decode %s)", p.Prefill.State, p.Decode.State)
 		}
 		ap.Reason = apiconv.Opt(reason)
+		ap.Breaker = h.pairBreaker(p.Prefill.ID, p.Decode.ID)
 		out.Pairs[i] = ap
 	}
 	return out, nil

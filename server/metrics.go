@@ -51,10 +51,7 @@ func newServerMetrics(reg prometheus.Registerer, snaps Snapshots, version string
 // (the given one, else what the build information says), VCS revision and
 // Go version.
 func buildInfo(given string) prometheus.Collector {
-	version, revision := buildVersion(debug.ReadBuildInfo())
-	if given != "" {
-		version = given
-	}
+	version, revision := runningVersion(given)
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "pdplane_build_info",
 		Help: "Always 1; its labels name the running build: version, VCS revision and Go version.",
@@ -64,6 +61,16 @@ func buildInfo(given string) prometheus.Collector {
 	})
 	g.Set(1)
 	return g
+}
+
+// runningVersion is the given version, else what the build information
+// says, and the VCS revision.
+func runningVersion(given string) (version, revision string) {
+	version, revision = buildVersion(debug.ReadBuildInfo())
+	if given != "" {
+		version = given
+	}
+	return version, revision
 }
 
 // ldflagsVersion finds a -X main.version=V in the build settings, which

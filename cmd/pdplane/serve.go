@@ -254,7 +254,8 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
 		BodyTimeout: c.bodyTimeout, MaxEventStreams: c.maxEventStreams, AllowedHosts: splitList(c.allowedHosts),
 		PeerNetworks: registry.PeerNetworkPolicy{Allow: peerNets},
-	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Web: web.Handler()},
+		Replica:      c.replica, StoreKind: storeKind(c),
+	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Breakers: cp.router, Web: web.Handler()},
 		log.With().Str("component", "server").Logger())
 	if err != nil {
 		return nil, err
@@ -447,6 +448,14 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// storeKind names the store openStore opens, for the status page.
+func storeKind(c serveConfig) string {
+	if c.databaseURL == "" {
+		return "memory"
+	}
+	return "postgres"
 }
 
 func openStore(ctx context.Context, c serveConfig, log zerolog.Logger) (registry.Store, error) {

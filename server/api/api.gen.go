@@ -23,6 +23,27 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for BreakerState.
+const (
+	Closed   BreakerState = "closed"
+	HalfOpen BreakerState = "half_open"
+	Open     BreakerState = "open"
+)
+
+// Valid indicates whether the value is a known member of the BreakerState enum.
+func (e BreakerState) Valid() bool {
+	switch e {
+	case Closed:
+		return true
+	case HalfOpen:
+		return true
+	case Open:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Engine.
 const (
 	Sglang Engine = "sglang"
@@ -104,6 +125,24 @@ func (e EventKind) Valid() bool {
 	}
 }
 
+// Defines values for FleetSummaryStore.
+const (
+	Memory   FleetSummaryStore = "memory"
+	Postgres FleetSummaryStore = "postgres"
+)
+
+// Valid indicates whether the value is a known member of the FleetSummaryStore enum.
+func (e FleetSummaryStore) Valid() bool {
+	switch e {
+	case Memory:
+		return true
+	case Postgres:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for HealPlanPhase.
 const (
 	HealPlanPhaseDraining    HealPlanPhase = "draining"
@@ -175,22 +214,46 @@ func (e MemKind) Valid() bool {
 
 // Defines values for PairPath.
 const (
-	EqualTp       PairPath = "equal_tp"
-	HeteroTp      PairPath = "hetero_tp"
-	MixedSegments PairPath = "mixed_segments"
-	Mla           PairPath = "mla"
+	PairPathEqualTp       PairPath = "equal_tp"
+	PairPathHeteroTp      PairPath = "hetero_tp"
+	PairPathMixedSegments PairPath = "mixed_segments"
+	PairPathMla           PairPath = "mla"
 )
 
 // Valid indicates whether the value is a known member of the PairPath enum.
 func (e PairPath) Valid() bool {
 	switch e {
-	case EqualTp:
+	case PairPathEqualTp:
 		return true
-	case HeteroTp:
+	case PairPathHeteroTp:
 		return true
-	case MixedSegments:
+	case PairPathMixedSegments:
 		return true
-	case Mla:
+	case PairPathMla:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PairGroupPath.
+const (
+	PairGroupPathEqualTp       PairGroupPath = "equal_tp"
+	PairGroupPathHeteroTp      PairGroupPath = "hetero_tp"
+	PairGroupPathMixedSegments PairGroupPath = "mixed_segments"
+	PairGroupPathMla           PairGroupPath = "mla"
+)
+
+// Valid indicates whether the value is a known member of the PairGroupPath enum.
+func (e PairGroupPath) Valid() bool {
+	switch e {
+	case PairGroupPathEqualTp:
+		return true
+	case PairGroupPathHeteroTp:
+		return true
+	case PairGroupPathMixedSegments:
+		return true
+	case PairGroupPathMla:
 		return true
 	default:
 		return false
@@ -350,6 +413,39 @@ func (e UnknownField) Valid() bool {
 	}
 }
 
+// Defines values for ListPeersParamsView.
+const (
+	Full    ListPeersParamsView = "full"
+	Summary ListPeersParamsView = "summary"
+)
+
+// Valid indicates whether the value is a known member of the ListPeersParamsView enum.
+func (e ListPeersParamsView) Valid() bool {
+	switch e {
+	case Full:
+		return true
+	case Summary:
+		return true
+	default:
+		return false
+	}
+}
+
+// Breaker The circuit breaker that the answering replica's router keeps for a peer
+// or a pair: its own observation of requests, not registry state, so two
+// replicas may disagree. Absent when that router tracks none (the peer is
+// not in its routing snapshot, or the pair never failed).
+type Breaker struct {
+	// Since when it last opened; absent while closed
+	Since *time.Time `json:"since,omitempty"`
+
+	// State open: refused until the cool-down ends; half_open: one probe request is let through
+	State BreakerState `json:"state"`
+}
+
+// BreakerState open: refused until the cool-down ends; half_open: one probe request is let through
+type BreakerState string
+
 // Engine defines model for Engine.
 type Engine string
 
@@ -374,6 +470,85 @@ type EventList struct {
 
 	// NextCursor pass as `before` for the next (older) page
 	NextCursor *int64 `json:"next_cursor,omitempty"`
+}
+
+// FleetBreakers the answering replica router's breakers that are not closed; absent without a router
+type FleetBreakers struct {
+	// PairsOpen pair breakers open or half-open
+	PairsOpen int `json:"pairs_open"`
+
+	// PeersOpen peer breakers open or half-open
+	PeersOpen int `json:"peers_open"`
+}
+
+// FleetModel defines model for FleetModel.
+type FleetModel struct {
+	// Decodes decode-capable peers
+	Decodes int    `json:"decodes"`
+	Model   string `json:"model"`
+	Peers   int    `json:"peers"`
+
+	// Prefills prefill-capable peers
+	Prefills int `json:"prefills"`
+	Ready    int `json:"ready"`
+}
+
+// FleetPairs defines model for FleetPairs.
+type FleetPairs struct {
+	// Quarantined pairs under an active quarantine
+	Quarantined int `json:"quarantined"`
+	Routable    int `json:"routable"`
+
+	// Total every (prefill, decode) pair
+	Total int `json:"total"`
+}
+
+// FleetSummary Counts over the answering replica's routing snapshot, computed without
+// reading ranks: cheap at any fleet size. The status page's header and
+// summary.
+type FleetSummary struct {
+	// Breakers the answering replica router's breakers that are not closed; absent without a router
+	Breakers *FleetBreakers `json:"breakers,omitempty"`
+
+	// ByRole peers by role (prefill, decode, both)
+	ByRole map[string]int `json:"by_role"`
+
+	// ByState peers by state
+	ByState map[string]int `json:"by_state"`
+
+	// Models sorted by model
+	Models []FleetModel `json:"models"`
+	Pairs  FleetPairs   `json:"pairs"`
+	Peers  int          `json:"peers"`
+
+	// Replica the answering replica (serve --replica, default the host name)
+	Replica string `json:"replica"`
+
+	// SnapshotVersion the routing snapshot counted
+	SnapshotVersion int64 `json:"snapshot_version"`
+
+	// Store the registry store this replica reads
+	Store FleetSummaryStore `json:"store"`
+
+	// Version the running build's version
+	Version string `json:"version"`
+}
+
+// FleetSummaryStore the registry store this replica reads
+type FleetSummaryStore string
+
+// GeometryClass Peers of one class share every field a pairing rule reads (model,
+// engine protocol, transfer group, KV page size, dtype, layers, MLA,
+// PP and attention-TP sizes, memory kinds and region counts per rank,
+// what is unknown), so every pair between two classes gets the same
+// verdict. The id is stable across replicas and restarts.
+type GeometryClass struct {
+	// Id stable id of the class (hex)
+	Id    string `json:"id"`
+	Model string `json:"model"`
+
+	// Shape the class in words, e.g. "page 64 · bfloat16 · MLA · 61 layers · attn TP 2 · 2 ranks × 61 VRAM"
+	Shape string `json:"shape"`
 }
 
 // HealPlan The heal plan of a decode: quarantined (the failing pairs are out of
@@ -462,6 +637,12 @@ type MemKind string
 
 // Pair defines model for Pair.
 type Pair struct {
+	// Breaker The circuit breaker that the answering replica's router keeps for a peer
+	// or a pair: its own observation of requests, not registry state, so two
+	// replicas may disagree. Absent when that router tracks none (the peer is
+	// not in its routing snapshot, or the pair never failed).
+	Breaker *Breaker `json:"breaker,omitempty"`
+
 	// Compatible the geometries allow the transfer
 	Compatible bool    `json:"compatible"`
 	Decode     PeerRef `json:"decode"`
@@ -491,6 +672,57 @@ type Pair struct {
 
 // PairPath absent when refused or when it depends on an unknown field
 type PairPath string
+
+// PairGroup The pairs between one class of prefills and one class of decodes of the same model.
+type PairGroup struct {
+	// Compatible the classes' geometries allow the transfer
+	Compatible bool `json:"compatible"`
+
+	// DecodeClass Peers of one class share every field a pairing rule reads (model,
+	// engine protocol, transfer group, KV page size, dtype, layers, MLA,
+	// PP and attention-TP sizes, memory kinds and region counts per rank,
+	// what is unknown), so every pair between two classes gets the same
+	// verdict. The id is stable across replicas and restarts.
+	DecodeClass GeometryClass `json:"decode_class"`
+
+	// Decodes decode-capable peers of the class
+	Decodes int `json:"decodes"`
+
+	// Pairs pairs in the group (a peer of role both never pairs with itself)
+	Pairs int            `json:"pairs"`
+	Path  *PairGroupPath `json:"path,omitempty"`
+
+	// PrefillClass Peers of one class share every field a pairing rule reads (model,
+	// engine protocol, transfer group, KV page size, dtype, layers, MLA,
+	// PP and attention-TP sizes, memory kinds and region counts per rank,
+	// what is unknown), so every pair between two classes gets the same
+	// verdict. The id is stable across replicas and restarts.
+	PrefillClass GeometryClass `json:"prefill_class"`
+
+	// Prefills prefill-capable peers of the class
+	Prefills int `json:"prefills"`
+
+	// Quarantined pairs under an active quarantine
+	Quarantined int `json:"quarantined"`
+
+	// Reason why the classes are refused
+	Reason *string `json:"reason,omitempty"`
+
+	// Routable pairs routable now: compatible, both ready, not quarantined
+	Routable int `json:"routable"`
+}
+
+// PairGroupPath defines model for PairGroup.Path.
+type PairGroupPath string
+
+// PairGroupList defines model for PairGroupList.
+type PairGroupList struct {
+	// Groups sorted by model, then prefill and decode class
+	Groups []PairGroup `json:"groups"`
+
+	// Pairs every (prefill, decode) pair, across models too (those are refused and in no group)
+	Pairs int `json:"pairs"`
+}
 
 // PairList defines model for PairList.
 type PairList struct {
@@ -686,11 +918,17 @@ type PeerStatus struct {
 
 // PeerSummary What anyone may read about a peer. No KV pointers, agent metadata or transfer secrets.
 type PeerSummary struct {
-	BootstrapHost *string   `json:"bootstrap_host,omitempty"`
-	BootstrapPort *int      `json:"bootstrap_port,omitempty"`
-	CreatedAt     time.Time `json:"created_at"`
-	Engine        Engine    `json:"engine"`
-	Generation    int64     `json:"generation"`
+	BootstrapHost *string `json:"bootstrap_host,omitempty"`
+	BootstrapPort *int    `json:"bootstrap_port,omitempty"`
+
+	// Breaker The circuit breaker that the answering replica's router keeps for a peer
+	// or a pair: its own observation of requests, not registry state, so two
+	// replicas may disagree. Absent when that router tracks none (the peer is
+	// not in its routing snapshot, or the pair never failed).
+	Breaker    *Breaker  `json:"breaker,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	Engine     Engine    `json:"engine"`
+	Generation int64     `json:"generation"`
 
 	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
 	// routing, the decode stays ready for the other prefills until the hold's
@@ -721,7 +959,7 @@ type PeerSummary struct {
 	Observed    *[]ProvenanceField `json:"observed,omitempty"`
 	Parallelism Parallelism        `json:"parallelism"`
 
-	// Ranks absent when the ranks are unknown
+	// Ranks absent when the ranks are unknown, and in GET /api/v1/peers?view=summary
 	Ranks *[]RankSummary `json:"ranks,omitempty"`
 	Role  Role           `json:"role"`
 
@@ -867,6 +1105,12 @@ type StreamEventsParams struct {
 // ListPairsParams defines parameters for ListPairs.
 type ListPairsParams struct {
 	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// PrefillClass only pairs whose prefill is of this class (a GeometryClass id), with decode_class: then the pairs of the first ⌊√limit⌋ prefills and decodes of the two classes by name, a square block for a matrix; total counts the whole group
+	PrefillClass *string `form:"prefill_class,omitempty" json:"prefill_class,omitempty"`
+
+	// DecodeClass only pairs whose decode is of this class; with prefill_class
+	DecodeClass *string `form:"decode_class,omitempty" json:"decode_class,omitempty"`
 }
 
 // ListPeersParams defines parameters for ListPeers.
@@ -874,7 +1118,13 @@ type ListPeersParams struct {
 	Role  *Role   `form:"role,omitempty" json:"role,omitempty"`
 	State *State  `form:"state,omitempty" json:"state,omitempty"`
 	Model *string `form:"model,omitempty" json:"model,omitempty"`
+
+	// View summary leaves every peer's ranks out (no per-region lists): what a fleet-wide view polls
+	View *ListPeersParamsView `form:"view,omitempty" json:"view,omitempty"`
 }
+
+// ListPeersParamsView defines parameters for ListPeers.
+type ListPeersParamsView string
 
 // RegisterPeerJSONRequestBody defines body for RegisterPeer for application/json ContentType.
 type RegisterPeerJSONRequestBody = PeerRegistration
@@ -969,10 +1219,25 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/events/stream (the `StreamEvents` operationId).
 	StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetFleet Fleet counts, and which replica, store and version answer
+	//
+	// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+	GetFleet(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListPairs Every (prefill, decode) pair with its verdict
 	//
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListPairGroups The pairs grouped by geometry class and model, with counts
+	//
+	// One group per (prefill class, decode class) of the same model that
+	// holds at least one pair; cost grows with the number of classes, not
+	// with prefills × decodes. Drill into a group with
+	// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+	//
+	// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+	ListPairGroups(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// LiftQuarantine Lift a pair's quarantine
 	//
@@ -1100,11 +1365,46 @@ func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, r
 	return c.Client.Do(req)
 }
 
+// GetFleet Fleet counts, and which replica, store and version answer
+//
+// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+func (c *Client) GetFleet(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListPairs Every (prefill, decode) pair with its verdict
 //
 // Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 func (c *Client) ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListPairsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListPairGroups The pairs grouped by geometry class and model, with counts
+//
+// One group per (prefill class, decode class) of the same model that
+// holds at least one pair; cost grows with the number of classes, not
+// with prefills × decodes. Drill into a group with
+// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+//
+// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+func (c *Client) ListPairGroups(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListPairGroupsRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -1477,6 +1777,33 @@ func NewStreamEventsRequest(server string, params *StreamEventsParams) (*http.Re
 	return req, nil
 }
 
+// NewGetFleetRequest constructs an http.Request for the GetFleet method
+func NewGetFleetRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/fleet")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListPairsRequest constructs an http.Request for the ListPairs method
 func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request, error) {
 	var err error
@@ -1517,10 +1844,61 @@ func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request,
 
 		}
 
+		if params.PrefillClass != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "prefill_class", *params.PrefillClass, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.DecodeClass != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "decode_class", *params.DecodeClass, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
 		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewListPairGroupsRequest constructs an http.Request for the ListPairGroups method
+func NewListPairGroupsRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/pairs/groups")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -1627,6 +2005,18 @@ func NewListPeersRequest(server string, params *ListPeersParams) (*http.Request,
 		if params.Model != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "model", *params.Model, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.View != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "view", *params.View, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -1978,12 +2368,31 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/events/stream (the `StreamEvents` operationId).
 	StreamEventsWithResponse(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*StreamEventsResponse, error)
 
+	// GetFleetWithResponse Fleet counts, and which replica, store and version answer
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+	GetFleetWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetResponse, error)
+
 	// ListPairsWithResponse Every (prefill, decode) pair with its verdict
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairsWithResponse(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*ListPairsResponse, error)
+
+	// ListPairGroupsWithResponse The pairs grouped by geometry class and model, with counts
+	//
+	// One group per (prefill class, decode class) of the same model that
+	// holds at least one pair; cost grows with the number of classes, not
+	// with prefills × decodes. Drill into a group with
+	// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+	ListPairGroupsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListPairGroupsResponse, error)
 
 	// LiftQuarantineWithResponse Lift a pair's quarantine
 	//
@@ -2198,6 +2607,47 @@ func (r StreamEventsResponse) ContentType() string {
 	return ""
 }
 
+type GetFleetResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetSummary
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetFleetResponse) GetJSON200() *FleetSummary {
+	return r.JSON200
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type ListPairsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -2240,6 +2690,47 @@ func (r ListPairsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListPairsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ListPairGroupsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PairGroupList
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListPairGroupsResponse) GetJSON200() *PairGroupList {
+	return r.JSON200
+}
+
+// GetBody returns the raw response body bytes
+func (r ListPairGroupsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListPairGroupsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListPairGroupsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListPairGroupsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2935,6 +3426,19 @@ func (c *ClientWithResponses) StreamEventsWithResponse(ctx context.Context, para
 	return ParseStreamEventsResponse(rsp)
 }
 
+// GetFleetWithResponse Fleet counts, and which replica, store and version answer
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+func (c *ClientWithResponses) GetFleetWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetResponse, error) {
+	rsp, err := c.GetFleet(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetResponse(rsp)
+}
+
 // ListPairsWithResponse Every (prefill, decode) pair with its verdict
 //
 // Returns a wrapper object for the known response body format(s).
@@ -2946,6 +3450,24 @@ func (c *ClientWithResponses) ListPairsWithResponse(ctx context.Context, params 
 		return nil, err
 	}
 	return ParseListPairsResponse(rsp)
+}
+
+// ListPairGroupsWithResponse The pairs grouped by geometry class and model, with counts
+//
+// One group per (prefill class, decode class) of the same model that
+// holds at least one pair; cost grows with the number of classes, not
+// with prefills × decodes. Drill into a group with
+// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+func (c *ClientWithResponses) ListPairGroupsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListPairGroupsResponse, error) {
+	rsp, err := c.ListPairGroups(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListPairGroupsResponse(rsp)
 }
 
 // LiftQuarantineWithResponse Lift a pair's quarantine
@@ -3208,6 +3730,32 @@ func ParseStreamEventsResponse(rsp *http.Response) (*StreamEventsResponse, error
 	return response, nil
 }
 
+// ParseGetFleetResponse parses an HTTP response from a GetFleetWithResponse call
+func ParseGetFleetResponse(rsp *http.Response) (*GetFleetResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetSummary
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseListPairsResponse parses an HTTP response from a ListPairsWithResponse call
 func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -3235,6 +3783,32 @@ func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON400 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseListPairGroupsResponse parses an HTTP response from a ListPairGroupsWithResponse call
+func ParseListPairGroupsResponse(rsp *http.Response) (*ListPairGroupsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListPairGroupsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PairGroupList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
 
 	}
 
@@ -3783,9 +4357,15 @@ type ServerInterface interface {
 	// StreamEvents New events as server-sent events (event peer-event, data an Event)
 	// (GET /api/v1/events/stream)
 	StreamEvents(w http.ResponseWriter, r *http.Request, params StreamEventsParams)
+	// GetFleet Fleet counts, and which replica, store and version answer
+	// (GET /api/v1/fleet)
+	GetFleet(w http.ResponseWriter, r *http.Request)
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams)
+	// ListPairGroups The pairs grouped by geometry class and model, with counts
+	// (GET /api/v1/pairs/groups)
+	ListPairGroups(w http.ResponseWriter, r *http.Request)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
@@ -3831,9 +4411,21 @@ func (_ Unimplemented) StreamEvents(w http.ResponseWriter, r *http.Request, para
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// GetFleet Fleet counts, and which replica, store and version answer
+// (GET /api/v1/fleet)
+func (_ Unimplemented) GetFleet(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ListPairs Every (prefill, decode) pair with its verdict
 // (GET /api/v1/pairs)
 func (_ Unimplemented) ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListPairGroups The pairs grouped by geometry class and model, with counts
+// (GET /api/v1/pairs/groups)
+func (_ Unimplemented) ListPairGroups(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -4009,6 +4601,20 @@ func (siw *ServerInterfaceWrapper) StreamEvents(w http.ResponseWriter, r *http.R
 	handler.ServeHTTP(w, r)
 }
 
+// GetFleet operation middleware
+func (siw *ServerInterfaceWrapper) GetFleet(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetFleet(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListPairs operation middleware
 func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Request) {
 
@@ -4031,8 +4637,48 @@ func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Requ
 		return
 	}
 
+	// ------------- Optional query parameter "prefill_class" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "prefill_class", r.URL.Query(), &params.PrefillClass, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "prefill_class"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill_class", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "decode_class" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "decode_class", r.URL.Query(), &params.DecodeClass, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "decode_class"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "decode_class", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListPairs(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListPairGroups operation middleware
+func (siw *ServerInterfaceWrapper) ListPairGroups(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListPairGroups(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4121,6 +4767,19 @@ func (siw *ServerInterfaceWrapper) ListPeers(w http.ResponseWriter, r *http.Requ
 			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "model"})
 		} else {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "model", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "view" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "view", r.URL.Query(), &params.View, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "view"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "view", Err: err})
 		}
 		return
 	}
@@ -4447,6 +5106,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/api/v1/pairs", wrapper.ListPairs)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/pairs/groups", wrapper.ListPairGroups)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/fleet", wrapper.GetFleet)
+	})
+	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/quarantine", wrapper.LiftQuarantine)
 	})
 	r.Group(func(r chi.Router) {
@@ -4594,6 +5259,27 @@ func (response StreamEvents503ApplicationProblemPlusJSONResponse) VisitStreamEve
 	return err
 }
 
+type GetFleetRequestObject struct {
+}
+
+type GetFleetResponseObject interface {
+	VisitGetFleetResponse(w http.ResponseWriter) error
+}
+
+type GetFleet200JSONResponse FleetSummary
+
+func (response GetFleet200JSONResponse) VisitGetFleetResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListPairsRequestObject struct {
 	Params ListPairsParams
 }
@@ -4628,6 +5314,27 @@ func (response ListPairs400ApplicationProblemPlusJSONResponse) VisitListPairsRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPairGroupsRequestObject struct {
+}
+
+type ListPairGroupsResponseObject interface {
+	VisitListPairGroupsResponse(w http.ResponseWriter) error
+}
+
+type ListPairGroups200JSONResponse PairGroupList
+
+func (response ListPairGroups200JSONResponse) VisitListPairGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5463,9 +6170,15 @@ type StrictServerInterface interface {
 	// StreamEvents New events as server-sent events (event peer-event, data an Event)
 	// (GET /api/v1/events/stream)
 	StreamEvents(ctx context.Context, request StreamEventsRequestObject) (StreamEventsResponseObject, error)
+	// GetFleet Fleet counts, and which replica, store and version answer
+	// (GET /api/v1/fleet)
+	GetFleet(ctx context.Context, request GetFleetRequestObject) (GetFleetResponseObject, error)
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(ctx context.Context, request ListPairsRequestObject) (ListPairsResponseObject, error)
+	// ListPairGroups The pairs grouped by geometry class and model, with counts
+	// (GET /api/v1/pairs/groups)
+	ListPairGroups(ctx context.Context, request ListPairGroupsRequestObject) (ListPairGroupsResponseObject, error)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(ctx context.Context, request LiftQuarantineRequestObject) (LiftQuarantineResponseObject, error)
@@ -5586,6 +6299,30 @@ func (sh *strictHandler) StreamEvents(w http.ResponseWriter, r *http.Request, pa
 	}
 }
 
+// GetFleet operation middleware
+func (sh *strictHandler) GetFleet(w http.ResponseWriter, r *http.Request) {
+	var request GetFleetRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetFleet(ctx, request.(GetFleetRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetFleet")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetFleetResponseObject); ok {
+		if err := validResponse.VisitGetFleetResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListPairs operation middleware
 func (sh *strictHandler) ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams) {
 	var request ListPairsRequestObject
@@ -5605,6 +6342,30 @@ func (sh *strictHandler) ListPairs(w http.ResponseWriter, r *http.Request, param
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListPairsResponseObject); ok {
 		if err := validResponse.VisitListPairsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListPairGroups operation middleware
+func (sh *strictHandler) ListPairGroups(w http.ResponseWriter, r *http.Request) {
+	var request ListPairGroupsRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListPairGroups(ctx, request.(ListPairGroupsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListPairGroups")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListPairGroupsResponseObject); ok {
+		if err := validResponse.VisitListPairGroupsResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -5871,142 +6632,169 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L1rcxu3kjf+VVD8b5XI8x9SlE05NvVKx3ZyvHFiH8nJ2arQK4KcJjlHQ2ACYERzXfruT3U3MDcOJcq2",
-	"ktTz7JvEGg5xaTS6f33l585crzOtQDnbGX/uZNLINTgw9Nd7APPmFf4rBjs3SeYSrTrjzrnIAIxI4jMh",
-	"1VZotwIjrDOJWgol12CF0vxKdzQc9QadqJPg9zLpVp2og690xp0k7kQdA7/niYG4M3Ymh6hj5ytYS5zy",
-	"PwwsOuPO/3dcrvCYP7XHvLBLmrFze3uL49hMKwu8bqNnKazxn3OtHCiH/5RZliZziXs4zviN///fFjf0",
-	"+dBp/bg0Y4MkSoAx2kRCWnHx/UvxYnT6nfDTiBicTFI76NxGnV+UvJFJKmcp/JELfHcDRkgx12qRLHMD",
-	"sUiTdeJEt99fy099uAHl+tYZkGvbi4Q2wq1AWDD4vcQKu8qdwwOO9UadCWe2Qi5looRcODDiApzZ9s/p",
-	"3xbmWsUWj30FMvbMVHmjviG3zYgdlIMlGFw7rt5vCV94rZaJImKByted8W8du0ylWnaizk2arjtRxybr",
-	"zscojGQ9X0Sd1zeetJnRGRiXMH9IerbQZo3/6sTSQd8la+i0DEGnWllm+ckSFBjJ5K2Mlij3bFSOVGwr",
-	"QoY/7MXrRMXV7RpYJtYBXhPkdBlvcc9OpkB/h4+v8DKBdf612rfgU5bwv2IjE+VfWesb+tfvuTRSOf88",
-	"VyuQqVtt+QDTK+uk4VHpTzlHRvB/lY8XMkkbo105k8i0/ihNFjhW23GtwVq5hFZqozi5Ygq2f8ZSZefT",
-	"26qM+Y2FThir+k1P9dqxRsgp5UL17N8wdwVfvU1sC2/RRaJ/JQ7W9r4byxx6W8whjZFb/FvBJ3c1z41l",
-	"7qtf5kxai4JmOoOFNjAVC39f8Vuiq9MYTE9kSMvofoZrkMjvoG3f/wCZvk+l2l3RhxUI5AKRpVIJvRBS",
-	"xDDXMYxFhblEFxeJjIKSJJOJsUIaEDp3Qi8myugcWSuivfD3hXVyawVxfbFN1jiZgUWSplbkyiUpfbDS",
-	"aXxkJyoGGaeJgh4NpQQxPc5JC2DtZQVdobGfXRST+2tkRaImapEmy5UTi0QldhWGw0HkEpTDUZxOY6HV",
-	"HITTwuRKJM4yLfCiaDVRXQN0heh7QNIsjHQDJllsaWUbmZCAxU1KoWAjEmWdxIGlE1Kk0oGZqJI/z0Ti",
-	"BF4nSwMj5Y9shdy2NxDnM4vL3OBcqJTxdEyu7ECcT1RlkcKtpKOTsST8la6vYLb1Z8J0jcRamms/L+Cy",
-	"+PYPJnhrGtJ2jvd9h2M2dUJupKek07ikKt/eKZ/Diu6YYJ4bg1NkK2mBdo9HfvAMC6PXV3VhX58I5yg/",
-	"LylJwvAAcU/3oH3YgsU3K23B35hN4lbVGxIOX9TFeCF/dnbUlDVEmKrCqQ8ULg/q28CurfLbgPRwZeej",
-	"oEIO1LsNkcQL3D2KctwKI+wRXMbNQLYJbLqPV4We35VrqbThQAnRwZFlsHcmtEq3fB5+GK85xUKmFhAB",
-	"reWnt6CWbtUZnwyfjNoQRu2b7UugO3JkUVzEydwJJAStBQUGyhse5MiKYx5HdHHBuQEhVSxsPp+DtRPl",
-	"VgYsCkkrCG1CXMqINUjFggs30JXK30zi51gTqndMgN4AL3xqQSCCsEJ6+UyC1WlRIAgEinnxlio/EFqB",
-	"mMn5NUsMT5SZ1ilIhVQhSLHnUC7BSzQXtE4hxNrECcpkPr4x0wpHRbogPUAgNEf5jx/p3GW5G4gPFS1B",
-	"cpq/HwkFiIcZ+HgAPNtOVOIspAveS+XER8MXz/B+OwcGF/7fv/33ZJIPh8Phx7/9R5usCfLWI53KUE9O",
-	"n0WddaIKZmoft0//P/me/vfd9/zni+/3TJdqGd+HUN7iOzswqrLOO+/bBWTptgWBz9tFaYlaxxVleWRL",
-	"RTRfSbWE+EyEF1EJ0kEM6FjGeNx8sFXOIP18hx6+BsjwC7zqRC35LINAVFrVsbYHvV8gBh3cR/FLeqlJ",
-	"ck+yMEYb1X/89QfQa7Szdimr8vVVKrdgbCTw39c3KHFiG+Gu46s4WZOkSOzVOpUEysLkIlcpWLoHE8X7",
-	"95ouTSxjj7VI8G5fK71RBLHoKm5pGEnSpXfmh54ofkCzoUAJX2Pxw3KzBUXEvNvanXg2+vZXIlCjaao9",
-	"fcJXO1kjRzw5GX03ev702eg7WgE/PNlR7lHnU3+p++VTuuNEhwp7VKRe9WQebwUlLzzeHGh8XNnkf+Cx",
-	"pmhChGK+yPNK2w156wVenbeub67yYHiW6ETnMzKwi7WeVJY4LAZX+XrGOO73HHKIv2C/w8NIanJFMOyR",
-	"JmgQNMxW7Csq6dRG2p9g/aP3W9Qlz89v/uutWMNam61AG5utwx9/JQmu1aAiZl9dnP/UiTq/8v/+/vbd",
-	"yx87Uefd3//z9csPnajz/Zu3r1sl7nuZmN1jRdEqXeIdbW2YnYRlgtAkTfWG1IIzUtkFUWj3ejLgPsQ7",
-	"eQELvgUomJqTy4pRZmCRW4jR5qK/EydiyEDFVmjFkInl4yKBNK7QCmVI1IHfc5leuYz0kQOj+d/r5BPE",
-	"VxaW64YtX3GasGnxgM2UVsG9X5KJ+Wf59m3dw9Ru6ciE0FbVW4Aq4hoy17DQEdsi9iSdjqit/I7wfi7W",
-	"ZWSeIyw0iUx7rSda6uqm8cgGb1hW5ZhQaeFKJIuHXfUfPtsZtGTISMy0WxHE9L6NqFCINX+J5BWETdBS",
-	"/PjtG8oV2WhJG53L+b0lieYLAy3iLgLyeQpCAcQQM/JHoG6TGESc8PqQHSMBg+VAGKmu7W9/+zi4vrla",
-	"w/oKr7d9kOn54MUi/t7SE+QEWi1i/fkK5td4PkrwdbmRaQ50+kRp3IFtIVhTi/hLUVz1qCpFKmfbJgGR",
-	"69udgoWFf5BPkKRZC62cdjJtRXYzMHg/mE7sE6RTJRf//R4/Xl6YYN/W/lm7/rs2Ko5S8z9FBL5vAC9N",
-	"YOAzURV+bgUGkKcRXw92PUfuDq8O3Qs8+rqz4lCvEVp9baMXvhu+kKugFja6qi/iZFHTERVrngSQvbp/",
-	"7UsNpXQSXQq1iH6/3E7fubQXCDZmX4NUAikknTbe9Zcc7slib3yr+N0VoeO6/POMz6ZW5OWrZYdz0JkC",
-	"EnLMkvZqjKqNMKBg4xd8zz3050MO+LDudr40Mk0hTey6Lczj1JXLChRa33UMC5mnaL9o4V86E9KJtbYu",
-	"PGj4774dOo7n2RUKz91lzQCRCH7+ZQsYHr6A++ly8ngE+HOnz+4mf/bI1M/+3N1X7sQfYJmF2VrvL3A0",
-	"WKbpu0Vn/NshWLR0QHRuo/u/cOmkyy292jAPDMSgXKtIfIeyNvEORWU37NaUoub+IHiUWJsT7gAEawo2",
-	"E4WoLhJSzFOZrCGmlAgOacl4nSDk7wc3UqKWvXERRTmyE1WuaiB+BMgQxXanWZylUgXnZr9fvtVfJClM",
-	"e2eMdicKEZp1OmDguaQnMxB2hbCIPWVVn2vF5d44no9Ra97HkRWLPE1rtIgoakUe1I33G1d3jCvxMTtE",
-	"vEelxqBXOTGiltSxP+cEKfvLL29e4fGkegNmLi3gPrVK5jLFhawJSlRcQcP+C9lffPz8/LZf/Ht0wL9P",
-	"nty2OolwqXuQHsBDkB7yZ75eS7PdBXxNkEYj77tEaKLtLGZPuPwBkXJ6df+clau4c2CvCaiTXUFm2IwA",
-	"Tiy6aO5wAKN0w56RLxFiPNTwZi+aqMKnWH7sHzEEIVej9zAKbSLmsk1iIRIxzFNpKCZJdgqbcXWf5s6w",
-	"YyHx+syv/cJEls/SxK6ArpYgXwZfQkp0isSPv4pMozBEC8VU/Ry2zY0509ohzbKrlbYtEPHyh7dSLUPc",
-	"byxWhEbKWJ8BOV8Bo6tirJCmI53oeg0y9uFwS4Zzbsj8rYUTnn4Lb2m5nUybA7ZTLhnfF90h0iwA3Ocv",
-	"Xjzv3an0np2ePj19uLqFIoHozlQMfms3CtOwSykAYcsAVGAUo+fIUj7GYJv0foTwzfXNfXuqRARuo04q",
-	"Z5AyNI7jBPcj0/c19myu+OvXWCfej7DljI8T1KdPTp+J+UoaOafrs0ncSudOzLVyRqeVj3wgtbrWZ6MW",
-	"qbTWMaSNfZyePPn2lA8itHmjvvU8QRbusqF32LQJU8HRyKof5p6kwRtQyO/fk4vxlmj9hr/65KShlqJO",
-	"rpLfc/CfO5MD+Tlrdtjd3o3yVVQ5KJoPVpgXCNprC+Sg+jpR4e9dv4nR6b2X/wLfIROZgcnV0ug8e5wr",
-	"4VXN3jNVeqbjrZjrPI2FgzQ9Eyj1UX9550lx4FUMduh5/8LTtxz26UFnnZsWwLxyLuvanpghGPvl4i1q",
-	"nZIjG7JwOHr+ra9KA7z4lD46+UL+89KDlKiL+ToLk2jdB3u8QTFusSekg/jqIdmlD84hpaDzPQdcZOnx",
-	"+xzSviKMciPTK5+e2x7s2glq7cGQqbTualXNqjlswylIC1fkYto+9FvOPXTxh+c3PCw079++uiPSn2fx",
-	"A7mhDX/zohpJqTUa+k1GVfarzX4nD7SRdi/fe0PlQeb6Xut7FwgfAC5378NXQrs/AFLtC4G0oJZDLbU/",
-	"DRfsJA5+vdrfHxkl/UaGGwLGoDSjw4HCXsv6ayHBt9DojfyYL1XezY155fxnaMcdd9G/VtIJqbZagVjL",
-	"LfOknCHEl+TNGYifddWAjrxpvQYnY+kkVaEET5GFuYHgKioLfBpZQkVcZzeNl0i2c0L/efnuZ5FJtwqI",
-	"RS8WoGIKLnIeOPswahHPk52I595Mvr1pYLltl2gucSncITh2TGyOy/xy8UYoucZ1U85zKq3FLfmqJFo8",
-	"gjQ7Pj723sRBDDeh0MgeJ+pGpkncD3kGd7MQfRoWW2yoCKy16pCGPGlx8dXcq+w68onPxXfZizPXJoa4",
-	"mjrSzswNLbOjUw5g90EZC6o+rQWX6h/FrU+zfU8pENEYYd4+8Lx4+/pmUM14ur4ZxP5Irm8Glfyu4u8i",
-	"q4yeFFlu9JfPSAtSuS1b5MJHSxoRNryuV+G67kn9qd/piEwEQrcFKJptXSvs4+GDEtw7NL5w5ksmKFuB",
-	"/C/+QQ05Pba5LvNPV7jJqxRUi3bDxWVghMw/+eSnqtgvyJEH+F9mnj0fjZ59NxoNv3v63fDF6emT4XB4",
-	"pxusZtZxFnJTUxRrzVzDY/0HL2SZ5a2Otv5JHQeIlaTC0h/e//LwyFj/wNDY9c0hB/gtD+/kEJrd6d8I",
-	"aw4H2UypxrXypRAyjg1YC/bM74F0BCnoSoLeOreOUn30DZhUZn+hjeI6DjqcqIzlez+JViLly/7X2U4J",
-	"IVpCkPVDwa0VSZNnRSSjKNWNwbpEseqsfo9Bpw8CGrA6vWHNeRDeDFmdD91biK4/Tvy8gOQMCtsqRPC5",
-	"6J48E06LZyOBKsYG3dMLWA9XeWQb0choomIjNyrUvLGSWWjDXrhS50TC6vJ5qWgGE/VhBeLDy/flyDM5",
-	"vwYVCzmfQ0bKaa6VglCckG59HbVU4h8/nb+cqPkK1b5aQj+UttNtFIkbiAtwuVEUdU63VH8y/eH1B3Es",
-	"s+T45uSYIoXHn5P49rgKqKYcj2pq3YpOfF53y7VUKzVzhBmMVPR0Qxo1BGrjCjeuQBtorNpxbYAR9UKI",
-	"GyTOPtCaaEk5qyGaK2Kb3YlZjgQuakE5rb67OpxpBQ9eKLdbBl+mKFvKy2/27YseM5/JNC3Fja3yTX5H",
-	"4XpDe94hZlsMn3vE40Pl1T6RtDtzher7UitrpLgnnbLtVpRfLqjfdjeqJmWVH6J2xmy9Md61EQyjlpTW",
-	"mXarVpR/6WQKF9Aey/2Xv2Z+wKuEsqHLXQq3SijIXslRPPJF1lQuPBA4BNVmrX1ytvTJlv3iYhqaPQrl",
-	"iSiEUbFToq9WnP47UQaoVcYYB0iML8/MDXBtASUtVuqgy0xGKoZk84DKmZgkR7asXY/EZpXMV1QQZhuR",
-	"970V6BPFJehU+a19wgPeoi4lUM/BUyGUYde+LeZSidyCSFD1aFPIs5LQPTRv4pzbg1AupfSECv6Uslgz",
-	"FGQrLVKtlmBIHISotdJuRUXuSAkaBGSNetT1A08T6TVRhqrfWTfViNEv20u0kxoNapAx1fXj6QfPRFnW",
-	"H7JJW4vG7zD9GjKXeI9WnlhfgbqSTAlftFswl5NmCVwu/O1zIfYUq5L/lSpOHeXK4toM3HAFKdd4szOr",
-	"tqZnp6dPH1Y6WnLLnaXk3qFSkkRXCFdUrT9m8lQZNNmpjb7fHj8k+OcnaBOOlyHI07SR8G5zrS+DqiLf",
-	"mSIwg7JwuZqt5xmwiK9YMWMYMlFUJm3rUVAiL3eg4CUKrsR2ocacvsTM0qvXn2bskqy0f6k2aQmtYCqF",
-	"+v4k24R8zYV8mBOOmHYtt2hCFClZlCtfzZWyItZcI845U72qf+4x3FK3UcfCPDeJ216i/veiI14n6oO+",
-	"hhZ//LTfp4/7Dj+fjstkei6vtaIbQwoOIm4ZElXUl0UpTPAd4onarMBQLXjZAYvGROFcZmeKxGeBET6h",
-	"jHeQplo5sHIuo2AXP285j3maIJedv38jrmEruriHLOlfw9ZOe8JXvb/LQJ2/6VeKZpCDwZ5NVFAn1e9x",
-	"+MHJa+DSi4maKFTOQvkU/gahBOqlab//b10+IjezT9Xh7NTETpTOQIVSphV1JyiLc8o81hhupmS5TkPZ",
-	"Q6LoKGHa8+aTZdRPeteK7q6FM4244CUS3LGmx+GUdCO31XXMpTFbVLoPDTQcdm5Ikf3MVqVXF22+9Vr2",
-	"LWTSSEctuKwjK5IrrVLO2VWwERttrifK6SXQccQ5lTtJYbSji9kbU2otVWBsOKt2IN64oireuz8nig1V",
-	"IkQqkzU9R4XJaoCivwQQTK6ozK670htR6/0wUam2bF1VGHuu12DJrO0NxM/+rKEo3r6Xbrjkl3dkYCML",
-	"TMv5ps3ka0M2MJr0Olcxq7FCLpNHeKJIkhMmk3bFDX+0gdgTql+hlYqrUlxaPhBK5CawqRExNtCEFV0G",
-	"X5XMZuG0jgQebp9qr4D8NmEIMD0+CuZpQijNTOpCZ/B4SVldYyfqx1+52UiXpzQ6hYjRGoUxegG84p7r",
-	"Tg0q6cPlTZR3PHiSrQ86r1uKaC307jm9rEkA2hwKHkNI2WOOY4/54sTK5dLAkpj/7dufKHGVmy1M1NTf",
-	"7mlQxDXhUurdQK5t4/7TsaII8p4Yyut12osYg6NPRdfJpZj6kac97vSxT3hOVHeK4uZv00hMj8Ow00jQ",
-	"IChhZDLthURkr0soBUCAiknYWJpxoqY6Q2mNEsrnQc+2YiVV3N+YxDlQ9EcamDHW83wNCvdAJXLIyUSk",
-	"1wgOqGysJBcOOt3XPHAquqEdYY+ZR6JOm6UwUVM842kkpFjla6nElKN3U2bSKen+aTWquCc26rVhWc6H",
-	"KkWUSy0VlCcsmTuVp+weoA1e5ClYX+VZEFQsdJrqjfWy0kfOqRCXDBgu/AQ5X40nSqJYX+mYDEG3KlvX",
-	"oLRl+9RuyG4ZDU89SZSYnuMMU8EdCyeqWyWiyFWMSpFIPvWX+MPF+cvXOB4OQwsmKpyFeek7ga2noVqk",
-	"WAnEbADX5hkNRwPxL5MQjapzotUsnVdmUlA6AbnpLeBRveQukv0P2wzGosoLngdGJ6cTVSTHkz2JjAec",
-	"IyLFzOiNBcM15yxdtEmWiaJGQNN39O+p1wd+F2Q38OU64q5h00uY978HN1/1LxMHYzE32tq+TRxMe0yq",
-	"p8ELgAgDSQ5xf6Wts1NhAe3+grVYQ03/oa2b7hJu9ORkon5KbJwYmOOzC/+12sHhUaGJaZ149fOlMDBL",
-	"iH8H4jzMM1FEzHqXI2lMcgPEHIlC4IPvUN6Wznk1o+HzcPELkYqcinAn1Ra1DFdA+PIhPLmECj5BTP+r",
-	"71fbfxNPx34MgnlHXEETWgFQNgx+RS84ZfrkyXORmUSxcXJ++fLNm0qedAn2bCbngDiniIoWh3/GXm3q",
-	"CCVS7bvtsdQ+oicThTujuuk8456gIoWlZe9KpdVZNxiVJLNIyPc8j9KeSDW9ecVSljULo2Tf9i9jaTku",
-	"XUY4Kh38RAVo79vMTD/fTr0WU7QfxU70ivbxzcCCAwXxE83VrSOxqIluz1qFVMQ8WkBtlr8NwUTmIbVn",
-	"I/toLtOUXFtKTD/1PdrtM62nUY1hKusGtdBmDrYi0+lawic5d6nnTbIbbQZzZDFYzyCO0Q7BmSoK7kxY",
-	"CG1bj2XuVoOl7o1ZWSEEpWycXiSmAfwQLkXieGpFPjenivW8z4trueits2r28RaPPomJDMl8xZjTclQE",
-	"iYJmBk5pIV1Myw6MntXLeXhZCJSm3J1riq/xqptrioSSxqD0CGGa4kxwGFoqzzVRlXWTIu2dNbdTnh35",
-	"JmWaDsS7Kktwa0o8Ic8PU9+vqHZ1quzCPD8NTDxlLsYrsS19bORN1Dq1KI9YHnffv7v8EIn3v+B/zj+8",
-	"/EckXr1++/rD617J1rushcg2a0FNzEd0L0qvXw1r0eJZC9K1qvS66I6GT3uh5RkyEN2Ac7Wt8KknmiwA",
-	"ZpUtCG57AWjF9HT4dEozBeQhpndmJOVlp+Sp91dOK12Ep9TAEnXkZpWkjCd4xrLokculYtF9r61bGrj8",
-	"51siVQYxAftAGWTxXNHbJFh95iS56kiXVowcIrJMUxLqCkdJtyhANoWblbqTEUBl8FZTq35AX4PJyV4d",
-	"v3/usGgZWQ8HJ4MhJXsi0MySzrjzdDAcPGX33Ip8HcEgLrvOLjkcWtyGN3Fn3HmbWPeaX4lqPb5/26lu",
-	"oo6zvP9KC9ozUavU4lazG6CUKmrt/XsOlIzse3tzD4pOtZ/3TnL7XVkjt9Hn1nFDQ4tyWF/v1hmfUHS+",
-	"CN7fG6zfN0XZHPiLepF/bPQifzIc3tHm+2Htvcu2w20dyKnfL6X83RQ1tSOevW3QYpWVruFRx4ZYKxng",
-	"NBJjBD5ujrYg48olsk/HS5vOx6jTFEqdMXEuDVvn02PGFHvZ9ZI+Poxh8TrJrd9zEahIrEjiYrFtx0xv",
-	"fh2D7vrYyYvLREti1MRKdGkblzo3cyCwTjY9OTA8auydiU2iQtjVL4uWzOKtXPNbaV2fxuu/efUVa7+f",
-	"Rx18csfVnvCtLdttpQH/Tjv8y8vXgr97JtjzRbxEHUYIRJ2cCuvDbEgR1C9owfvWV+m2DGr78la7yp2l",
-	"/vNRJSIVRp4EIbrTrX7S+YK7EHVOh0/vf7/azb9+f36GTcGVwUzqE573T7vMKChvuP1+JMgXKZWgM+59",
-	"+TUr+g3t1Qbvfcufxt16uMzdkbr3yt3HlJBFC6YWngw9ir5aMrINEGyfqDB8uCMRIqnEFa16v/IQjz/7",
-	"aW6PP/M8t8e/NxoxpdAW03odmvDs9GUS3d2+TD3hI9Whw5aHKcFhU0bQy/4/ZTT3yJaqQiyB8pt2Wv77",
-	"V7w7CS0m/zxxAzEajvi++/hDaL4bok3eBAntiBp90gadaIfHF67SsGqH5UbtHucKkRLr1+fZ5eRBwmN0",
-	"iPCovT962Psnpw9kX2+I0DWvhsh++3gbfcZLWTI4Es+nUdQY52BepvFDgdBe1V2NSj/oB2Xaf0+mTHT5",
-	"Jj8q06rgvSP7G6y2SMb5Jov9WJUboQXJfuEPcKjw92UVhy2KK6b2AetQy3jYWEUT5PbBQtlGOViz5P+r",
-	"K4ofVU+FBjL79BQF9L5ST+EEPFIkrCbP2GwrfELaQ5RS1Mlam5Wck3ORwols/bMnyftUurtuo+B5qblE",
-	"uVm39whVQ37spC2yjCrzNGKRfqaap4dc3JXVkIcnlcma4TeZ7L59aC0IOlE6dwNxrsqo3pGtR/TrDhJc",
-	"Zc3nMlENP2RweXZTrbOZnF+Tr7wMefcqbk12C9Sv7IWnATXLYoEB1v1dx9tvyo/1zlr1pBpf+v+o92Hf",
-	"z2p9SixBeZKoG2mFL24WXfKhoRiuuKRn+TpD0gfboWgcTy3/qylj3lfTo2v2hPX7426miNV/kT3y+BDk",
-	"+QPff/FAyPL0ESFO1Bk9efIVkKiSx0GIaCdBgZ/eg5zCVeV2l0WGQfCpd/PMgnFBDB9u4RU/O3DbVPSU",
-	"51+3A+rS4xU9L2THfSj4gn8U7P8V0PtAPNsKqX4A107ebysfi3L2/ZDhyIa0qcHD6Xv7YFBQh49t05Sv",
-	"eMTa2YWqXKlC6XbNn6B8wKglRmmwP477FzmeSCi9KX6L7H+vWMsVa2eOWqOZr2aQRiFxEbdqDUq2wthd",
-	"f0PxgzePCNLKH7H6g9FZ49d8Wjj8XyHjnvGVXVHRYawphvQXRTujx0VHf2m08wBwc9j1pcYye26vafQJ",
-	"XbZVbH4fPHzlJWy2kS29jiE3spnlOFFk5vkER06VLKt1VjJdcArL+1fCZmniopCAWITkJ4ozKcdCtmdQ",
-	"SmFgrR0c2TJ7mJblX6a8FQOUXlnJtEzIpgzOoop4IW/paPi0zfDzwOKi3uTtDzfCgvr6v1BhfRHIr6Ct",
-	"nfRd0b0jzTzaSTI/3ALIIPxY5DcEXVw48u116oeW9Jq1NNeiyOShmQfifCfXiBsFZdq48Kt6ERtTXO22",
-	"W9Kli8wKNrF8gklZQBbSWcsCqWklvsh1iJy2wjnaLH0m6s2r3pkIud+7md70E2mNRO9iDNEdPXnB2XjV",
-	"n8bulSKM60qKkAjU19AmDX6S5tq3VEvhkSBGtQD0T3ABHYChK5FfzxNdImXEKTzeqVMpiOaXNtJWSygj",
-	"oXNHXiT6XvUnd0KYqfe/sOVPhy34/os/Wrz/RIKqIqbOyl86KQyR4MMmb3DlRyEPdef4GxZ1irKCzvgz",
-	"/+muCIJc+XqL8JAzCKpPuQCw9sf/+L/od2rmNvzVHI+KCMO7uwPfnBzPV9IRsVNwvjY+fNL2kGagvxtH",
-	"QKSlCVizUH86KioZHx+fPPluMBwMByfj58Pnw04FbX4OcZ5ARzw3/4jrLupPLKq4/xMAAP//",
+	"7H3dchs5luarILgTIbInSf1YdtlUdEy4bVe1p+yy23JVT0TRI4KZIIlWEmABSNEch+43dud+IvZF9n7n",
+	"TfpJNs45QP6CEmVbVRW7c2OLZCZ+Dg4OvvOLT71Ur9ZaCeVsb/ypt+aGr4QTBj+9FcK8fA5/ZcKmRq6d",
+	"1Ko37j1layEMk9kZ42rLtFsKw6wzUi2Y4ithmdL0SP/06HQw6iU9Ce+tuVv2kh480hv3ZNZLekb8Ukgj",
+	"st7YmUIkPZsuxYpDl/9gxLw37v23w2qEh/SrPaSBnWOPvevra2jHrrWygsZt9CwXK/gz1coJ5eBPvl7n",
+	"MuUwh8M1PfGPf7MwoU/7duvbxR5bJFFMGKNNwrhl7759xp6cPvyG+W5YJhyXuR31rpPej4pfcZnzWS5+",
+	"zQG+uRKGcZZqNZeLwoiM5XIlHesPhyv+cSiuhHJD64zgKztImDbMLQWzwsB70jK7LJyDBc70Rp0xZ7aM",
+	"L7hUjM+dMOydcGY7fIp/W5FqlVlY9qXgmWem2hPNCbntGtlBObEQBsYOo/dTggf+ZAS/pLeac3q/FCyV",
+	"Ji2kYzN6iLkldzh0ruxGIEsagXQ9sMzoAgZ4KcTasrkGggCbThT9yaUZM+ks0xvF9Awmj6vB9JwBowrr",
+	"bMKUdsyIhbRAA+u4EwmzmrmNnijflWUrvmWZtHxhhBixpzMrlGObpVA0QD8QZ3h6CbtFCdaHQdO+shMF",
+	"nUiFg4FnYRpW8bVdalcuDoyXKQELNOcyF9lgNFG9pLc2ei2Mk7QZrFSp6NIOxyIdy7l1TK+FErCbwzhl",
+	"Lliaaytgj861WXHXG/cy7sTQyZXoJWHVrN+DSQ8p0e0Hmh4zI+aFFRkrlJM5Dj7VOh8CLzGhMnvGljyf",
+	"X9DDQA3gfxGIDvyXC1hWo4sFiBChilVv/HOvHCO8CfwWWul96Azxui5tfvbjrR7Ts7+J1MFMXqiFVDiV",
+	"0I1d5FwteknvKs9XvaRn5SrSQdJ7ceW3cnMJOH63HxlRitS2RfXLQihhOJG11ppU7tFp1VK5jRIQsPs9",
+	"eClVVp8ucbcwgiQ0z7Y9XN9c4Ofw84VfHv9Y4y3xcS3pr8xwqfwjK32Ff/1ScMOV898Xail47pZbEhj5",
+	"hXXcUKv4kafA//5T9TXxfKO1C2ckz5tf5XIObcWWayWs5QsRpTbsxAuiYPw3OsU+3cJleMiFtupveqo3",
+	"ljUBTolyJPDVK2kjvIWCG/+STqzsbScEceh12Qc3hm/hsxIf3UVaGKsjgnbNrYWDbToTc23EFGUn7GJ4",
+	"i/V1ngkzYGugZXI7w7VI5GcQm/e3uRDOi3/bHVZUzHvZemDDkWBJ5HIjUHSTyKhknXRLXTgW3uvIT5Cy",
+	"lmRKhC7SVN3AMyCbQQgNvUDqbjZggZ3tgfi/U3stWtYaT+oj30nc1zoTeZerMpHqTERITj8MU74GAIPn",
+	"lY1OcxUaju4eGzv4gfJiLvM80q//ZY+OSV7FcEWTVDTAMJxKzpVjSEoq7KTeW6Bwl3p18RblGcsKlQEe",
+	"UwyE25Vg1SvxSenCBcTY/dVpx/NuT4AMtqzvJ5Qwms4AccPtrESN1rpuiu2dNDkvVitutt3hPNOFAmx1",
+	"JcyNAK2JdUCGFU5kYaMCxuIZvsXVpR2zdCn4msEGV1s2hxEwK/9NjBigQzjkC4uS6cAyQqOMq2yiLA0z",
+	"hphmNYFzkyxtSqfrpDfbXhhNi8SzTMK8ef620XZ38boSwLLZlkFDnbVL2Ey75aAXof1se1EisC/unFqK",
+	"9IKbJrI9rYYDG14N22qv06gmgiJH0jrsrluboH14s2zxTLbvKdJH1YcNh/4LWII5L3JSLpbaOlR1B1Eo",
+	"7Ln34koY6/Fat882r7MUNkgTce/GbNZpI3Y0XCkn2gjmltJWh6Pgma0B6JVYaYNiT1u3MA1hV03o5nkU",
+	"SsE8ZoXMswPLwsO3AfCwIGEuVTcRClZyOmyyGsuXfBl4JiacvhN6BSros5zbCAe/Rd7Xc9Q+UniG2SVg",
+	"BpKicynyzOuIyCZFLoiYrI+dJxMlUG8A1cXpVOcJqHfKzoVhC6OLdcK+/wklEcqnhGUwxITlfCuMTdjr",
+	"V0+TiXr7FsQT484JBSMbvn+Lj9uE0VIxgI0WH4J11orYxrK1MCgSk4naAN6RcMhcKr1RA9RPaR6EWITb",
+	"CFBFN5qmKixbCGdJ5ecrMVFXwmQydSRFZYYWADwGGE+NtiVDhZEgZLcxaSojZ6BvSmZAcNQGkeD9pfgY",
+	"3VC7wYRd8vWObUBtSsU22mQ2YWK0GLFJD1fg0Sn7P/+bzea55u74Efz9+tVT+O/RsV8Q+MCdU+z9W3YC",
+	"H07owGH/+R/w0E/vnr6e9G7lcQT9QSTSWGO8+WfB87c5V3ETB2g7bJ1ztENwfxSMa5AhI+MBKETAm4Qw",
+	"gHcB2Or5RHlRkyCt6X1Yzq1FFt6WcJ4seQEB1bT1pYatPVGZ4FkulRhgU4qhcgd91q0XDFXFse+dlZ0H",
+	"EwqTaqLmuVwsHZtLJe0yNIeieAGwXFrmdJ4xrVLBnAYhg8YQpAVgJq0mqu/5Dt+j3RdauhJGzrc4sg2X",
+	"KGfJ3qPEhkllHYeGATWwnDthJqrSw87QLiLnfkMA5Q9sjdx20LToKE2rYwplR+zpRNUGSboHrIxFu43S",
+	"zRHMtn5NiK4JW3Fz6ftFyxRpubGNxVMXw5ebJiE33FPSaRjS3uacMKIbOkgLY6CL9ZJbPAYsLPnePcyN",
+	"Xl00jRrdTVz9XlFy3yOyxA/dZksW3yy1FX7HAMKs75Cw+KxpriiRTWdGHQADhKkbVpoNhc1DJx+xa/T4",
+	"NYJ7M3DM6mY8G+xD9ba6iAPsLkXVbo0Rdggu42aCxwwTuB8vSntWV66h6ZEWlOx9B5aM6GdMq3xL6+Gb",
+	"8RYiNue5FSMQqvzjK6EWbtkbHx+dnMYsaY0340PAPUKYBY47BoTAsYDAAHlDjRxYdkjtsD4MuDACzz1b",
+	"pKmwdqLc0ggLQtIytOKLrJIRK8EVCS6YQB90PtyZyM+ZRm+JIwIMRrDhcyvYSl8Jy7iXzyhYnWalpeyM",
+	"OVOUT6nqB4QvM55eksTwRJlpnQuugCpoOtuxKOeitFEL1hRiMXECMpmWj6zm2CppV/CC4zIH+Y8G9cKt",
+	"C48mwimBcpreT7wZmwx83rEw206UdFbkc5pLbcVPj548gv3tnDAw8H/9+V8nk+Lo6Ojowx/+ISZrgrz1",
+	"Fr1aUycPHyW9lVQlM8XbHeL/x9/if998Sx+ffLuju1zz7DbF5RU808ELtXHeuN/eiXW+jVia07gorayz",
+	"49pheWCrgyhdcrUQ2RkLD8IhiAsxwmUZw3LTwtY5A8/nG87hSyHW8AKNWqoFrWUQiEqrpk3ZG3c/QwyS",
+	"6nsTxc/xoTbJPcmSGxwC3/8UlIcuZVWxuggQHv6+vAKJA3gT/rvI5AolhbQXq5wjKAuds0LlwuI+mCiv",
+	"s9FJl0tL2GMF8NWjeIRYuBW32AzZLwdnvumJ8gZN6A0ESniNxA/JzQiKyGi2jT3x6PTrb4lAjbZL4sEJ",
+	"bW25Ao44OT795vTxg0en3+AI6MvjzuGe9D4OF3pYfYt7HOlQY4+a1KuvzP2NoOKF++sD1JcL0Ajvq4s2",
+	"RCj7SzyvxHbIKy/wmrx1eXVRBAdLhU50QdbEcqzHtSEelY2rYjUjHPdLIQqRfcZ8j/YjqTdg3FcHbbOH",
+	"762cV1LRKUba12L1vffPNSXPDy//5VXdKEDa4fc/ebvAqCZmn797+rqX9H6i//706s2z73tJ782f/vnF",
+	"s/e9pPfty1cvohL3LZemu6yzyh9/k7gNbvvrBINMuJPegB1D+SheJYCZPNcbPEiC9SQKYwii7xMn8k7M",
+	"ad+AKGt3zmtqXPBRa8OCczwTa6Eyy7QikEUSFW1BdRtazuHTLwXPL9waTzAnjKa/V/KjyC6sWKxaXq6a",
+	"Q4SUkTtMpuYtuO0lLs1fqqevk5udE2VYgbQN+wIcKpdi7Vo6PaBhQKuIAgDnVe8w7wGm0w8VegCSRvJ8",
+	"EF3R6nRvq5tbVh9WbZkwEqNyT3QBQ81r0my0YkgyqZM/idB2Uh6hDQsL2f7KSeBQfPvxCRUKtToZo3PV",
+	"v9c9QeEhaIbchdC/yAVTQmQiI10BoL2VmWCZpPEBO3q7Ftqmfv7Dh9Hl1cVKrC7QSngnZfXOg60MiqVB",
+	"FLSDdCnSS1gfxWi7XPG8ELj6SGmYgY0QrH3u+E1RbvWGFKmtbUxmAtd/Z3Sxjmt9NItgBa0MvnpeGQaA",
+	"Bxq/eGdgsFhavhLk7Bh1MNVt4s7bXA8+W+5dpMGIfdPeb1q8r5O7eXUbptm72FeIupK0RrR84+YBrQ8l",
+	"Ry6IEUjlq5leSNkb7OiLxPdXlrmfScg7+qlvJ+U9eIxvEafB7k8aCYrUu4lQGlX4nSm9GbOOWPUCtSVM",
+	"94hjaCxPi+2jPvrAjrvExO3e61JoxANtkJNvd316vdePEMWINyeGwe/lGa0k2E2O0f39/Unw25CnjDmt",
+	"QaHUVtQ5gA5rtGjjdAe3r5Qny02eN5hLnKblRPamSYwcO8IfSIFAoe7l/ZzcoYJCX/fgQs9R1MGuqf2l",
+	"Acbip03Df5CELawrOFGLvSQl3whAGEor0T1fyNy6wyqPKAUO4uaG29fq77jMY62XtneCR8twWG10/RTL",
+	"5LxxctWssQgH7cXtY19oUWHFyg9fTWfoXD4IBBuTrZgrBhTiThvvupH7eyIoajB6VHcB7biJRoP8Q1NZ",
+	"4tGupcC40v8rJDrWUJdotaoNM0KJjR/wLajIrw8GCoZxx/nS8DwXubSrWDiqUxduXVoR2lgAwxxARDD/",
+	"0Bnjjq20deGLlv/l61k3snR9AVC2O6yZAHwEv3/eAI72H8DtdDm+PwL8tt2vbyb/+p6pv/5tZ1/bE7+C",
+	"ZS30Ft2/guwrPM/fzHvjn/exDFQG5N51cvsL5xgah4+2tBcjMqFcVCS+AVnroT3FTKFfmTXM147CT2wh",
+	"SIXqo9d9ogALJ4wDEJIrkWH8FIUk8GwlFTNiGNwAUi0G49ILfmAnqhrViH0vxJpJx/rTdbbOuQrOqeGw",
+	"emo4l7mYDs7I9kAJFRhnRCAn5fjNTDC7BCWVPB2TeNRSa3k+JNF8qAPL5kWeN2iRYNRBSCnBUdZnjEom",
+	"xVyAnnBQnRj4KCUMNZKddudiAWV//PHlc1ieXG+ESbkVME+tZMpzGMgKoUTNlH80fMKH8w+fHl8Py79P",
+	"9/j7+OQ6auSHoe5AeiEwbz+kB/zp40g7gC8W8rxzE72DTj5FQ5I6o79DRD8+urvP2lbsLNiLWjyZtD7N",
+	"SGSsD7oSOaArN9oZ+oIEgvLw5CCZqNInVP3svyIIgjqI9xAxbRLiso20AtWCnBuMKaGIJjSqNX1SnWbH",
+	"jMP2SS9ZiHIrZrm0S4Fbi6EtmjYhJgBSrJsGYQjqr2kEr0VjbrV2QLP1xVLbCEQ8/+4VV4ugVo0pALMW",
+	"q2EET5eC0FXZVkhf4471/QkyrsI39ZwVBo2RDXfwg6/h7aqms9Zmj+lUQ4bnWf8IaBYA7uMnTx4Pbjz0",
+	"Hj18+ODh3Y9bUSY63ZgyQk91vegtKyE6kG0VQFCFQ6YCAwYpRrBN73twv19e3Tanmkf3OunlfOajmndF",
+	"TrdH/OVjbBLve7ElU8wxnKcnDx+xdMkNT3H7hBSVVCtndF77yQfC1Mf66HRX2HZrHg+PT74+5YMIbe+o",
+	"r91PkIVdNvTm85gw9QbGvU0wRl8JBfz+LTp8rpHWL+nVk+PWsZT0CiV/KYT/3ZlCoKWmoYfdbN2oHoUj",
+	"B0Tz3gfmOwDtjQFSUNRKqvC5azcJuQo3NgzPoIpMwORiEczqX39L+KNm55oqPdPZlqW6yDPmRJ6fMZD6",
+	"cH5540m54HUMtu96/0jdRxb74V5rXZgIYF46t+7bAZsBGPvx3atgCvaitykLj04ff+2t0gIvPvXQB9CX",
+	"g4ChV3HKdTHfZGEUrbtgj1coxhF9gjuRXdwlC/bOua4YNHTLApdR1vQ8hSRdIEa54vmFT1uPByt0ghJ2",
+	"YMicW3exrEdF7jfhXHArLtDEtL3rW87ddfD7x6fdLbTKP31xQ6RWsc7uyA0x/B3yPhoxqw0a+kkmdfZr",
+	"9H4jD8RIu5Pvq4S3/dX1ndp3FwjvAS67++HuMRpfCAZ/BRC2y4UdwTn76na/GZLounS+GCjsjmzBExFV",
+	"PYCYDUVRKvbdi/fskK/l4dXxISrT/3QlxeaPPkFy3zkCAtmpsn8p1vgaUKEVOPm5qKA9MX/q/xbHbscO",
+	"9dclpcFqJbAACbIun1F6OyztiP2g65p54nX2lXA8445jZZFggrIiNSLYoKqKOu1E8eAw6uZ3IMk6K/TP",
+	"529+YGvulgEK6flcKMro9eU+8M1GYMtxJ7BlZ4j3zvjgYkdiqJMuFzfIl47uTg6fH9+9ZIqvYNxVtpme",
+	"hzJAOHhAf3Z8eOjNlKNMXIXKPvZQqiuey2wYwsluZiH8NQy2nFDpsYseTi2xE7EdNuy2ZJPyGTHlu2Qe",
+	"SrXJRFaPKYwzc+v46hxWe7D7qHIy1b9teK2aP2XRb9e7vkUPR6uFNN5wWj59eTWqh8JeXo0yvySXV6Na",
+	"4G/5uQw3xm/K8Gf85EOVg/COBai8826YlusOtutF2K47YkKbezpB3QNhc4m2ZlsXxZPUfDgrdzYND5z5",
+	"XDoMSkPDjv+iAcnu2w7Ai48XMMmLXKjIIYiVhIRhvPjoo2LrYr8kRxH0iiok+fHp6aNvTk+PvnnwzdGT",
+	"hw9Pjo6ObrSvNfRFSk9pnxTlWNeuZQr/lQeyWBdRC97wuAkX2JJjJbfv3v54d5fbcE+f2+XVPgv4NRfv",
+	"eB+a3Wg4CWMOC9nOtcG0bMqI4VlmhLXCnvk5lDnm9cjtVWEdBknpK2Fyvv4dTRTGsdfiJFWQgDfAaMVy",
+	"2uy/n+lUECLi22wuCkytjKY/K10kZfm1TFgnFR2d9fcIdHrvohFW51d0cu6FN0O4/13nFtz29+OYLyE5",
+	"gcJY6iB8z/rHj5jT7NEpgyPGhrNnELAejPLAttycyURlhm9USIamQ2auDZn3qjMH6xiU31cHzWii3i8F",
+	"e//sbdXyjKeXQmWMp6lY4+GUaqVEyFrLt75wIVfsz6+fPpuodAnHvlqIYaglSaVqpBuxd8IVRqE7O99i",
+	"YuK0ozUdfpLZ9WEdUE3J0dU+dWtn4uOmvS+SxtpOHiEwUjunW9KoJVBbW7i1BWKgsa7HxQAjnAvBISGd",
+	"vaM2EYllayCaC2SbbsckRwIXRVBO1CjYhDNR8OCFclwz+LyDMlJf72rXvPBr4jOe55W4sXW+KW6o3Nc6",
+	"PW8QsxHF5xbxeFd5tUskxYKTS6rvitlskOKWOM3YrqheLqkf2xt1lbLOD0mcMaM7xps2gmIUyVyYabeM",
+	"ovxzx3PxTsSdxH/12ywEQ0tMeqlmSZV9pK0HPx746htYR2LEoAlM2l35HBzuoziH5cY02HsS8tZBCMPB",
+	"jvkcWlGWR1nYdAwNSOPz9gsjKOkMoyFrBTKqEEnMkif1APNciSQHtipqkrDNUqZLX5S16dLfWZpkoqg2",
+	"CZYE0T6SAnZRH/NkUuGpEOpzNN5mKVessIJJOHq0KeVZRegBqDdZQfV4MUiTe0IFe0qVxR8qdSjNcq0W",
+	"wqA4CO5wpd0Sq59gWR9oRPAG9cpkEqDXRBksi0JnU4MYw6q+ZpzUoFALnmHBF1j9YJmo6r2EMNVoNZEb",
+	"VL+WzEXew5FL60sThKK7vppDyVyOm4WgOhJfP8hiRxUDNNNiKQKHQbhYb1dcUWkBKv5BxqzGmB49fPjg",
+	"bjUFKm65scaIN6hUJNE1wpXlTO4zKqvyxnSKZtyuj+/jVfQdxITjebwqMO1tKgJBoKoMpEbXzqiqaFEP",
+	"A/QMWDpuLJsRDJkorJ9hm+5VJC+VJqIhMirR4ULxEaoyjMwyaBYmWJNJslYXsl6lNtTCrVVw8SsZE/IN",
+	"E/J+Rjhk2hXfggpRxnphEH49CMuyTFPxEArGGtTtc/dhlrpOelakhZFuew7nvxcd2Uqq9/oyVtF0Ohzi",
+	"z0MHv0/HVZQ+1V2wrJ+JXDiRUC2ppHZ8WZDCCN9FNlGbpTCYMVaVnMc2QThXYZ9M+vAyxCcYSi+4qack",
+	"LJ3DpBr/fWQ90lwClz19+5Jdii3rwxzWcngptnY6YL4cypu1UE9fDmu5kVg/1p5NVDhO6u+R+8HxS0E5",
+	"HRM1UXA4M+VzA1qEYnAuTYfDv+nqKyqbTTFAFPYq7URhlVifsbrEsjVVDmYVIJuJqylqrtOQTyEVLqWY",
+	"Drz65B0+oapdV8OZJpRJkzAq2Tsgd0q+4dv6OFJuzBYO3bs6GvZbN6DIbmar06sPOt9qxYdWrLnhDmve",
+	"W0fV2jGhNqdgYCU2bKPN5UQ5vRC4HFmBWa2cGe1wYw7GGLOLqR0bCtcdsZeuLJfizZ8TRYoqEiLncoXf",
+	"w4FJxwC6lREgmEJhNnV/qTesURRoonJtSbuqMXaqV8KiWjsYsR/8WouyqsetdIMhP7shtBtYYFr1N21H",
+	"dRvUgUGl14XK6Bgr5TJahCcKJTliMm6XVAlOG5F5Qg1rtFJZXYpzX6MZI8QRbGpAjC00YVmfwFctZJo5",
+	"rRMGizvEpC6BdpvQhDCDxBco5F7ud0K0yzOD2pNV2o6dqO9/otTUPnVpdC6SWurvIIBXmHPTqIGZ2zC8",
+	"ifKGB0+y1V7rdY0erbmOldGtSwCcHF0mAEjZY45Dj/nwBoKFEQtk/levXmNELFXhmaip393TcBA3hEt1",
+	"7pYFRVv7H5cVRJC3xGDAsNNexBhofcr6ji/Y1Lc8HVAJqF3Cc6L6UxA3f5gmbHoYmp0mDBsBCcPldBAi",
+	"nP1ZgpECTKgMhY3FHidqqtcgrUFC+QDr2ZYtucqGGyOdEwo/5IEZM50WK6FgDph7B5yMRHoB4ADz0Spy",
+	"QaPTXbd1TFk/3P8xIObhvnTmRE1hjacJ42xZrLhiU/LeTYlJp3j2T+texR2+UX8aVnmCcKSwaqjVAeUJ",
+	"i+pO7VsyD+AE3xW5sD6ZvyQom+s81xvrZaX3nNPNF2uMp0HdkKfL8URxEOtLTeVR3bKqaQbSlvRTu0G9",
+	"5fTooSeJYtOn0MPUF2WeqH6diD7bmUg+9Zv4/bunz15Ae9AMDhipcBb6xXcCW09DGko5EpGRAtzo5/To",
+	"dMT+aiTSqN4naM3c+cOMMwwnQDO9FbBUz+jaluH77VqMWZ0XPA+cHj+cqDLqHvVJYDxBoSSczYzeWGGo",
+	"tAhJF23kQiqsEDd9g39P/XngZ4F6A22uAyonOT0X6fBb4dLl8Fw6MWaY5Du00onpgEj1IFgBAGEAyUU2",
+	"XGrr7JRZAXp/yVp0Qk3/rK2bdgl3enI8Ua+lzaQRKXz3zr/WWDhYKlAxrWPPfzhnRswk8u+IPQ39TBQS",
+	"s1n+jhsjrwQyh1QAfOAZDAjTBY3m9Ohx2PilSAVOBbiDJf1HjFIrfF4SrJzETFLBpv8y9KMdvsymY98G",
+	"wrwDSs0JFV8waAZe0XOKxT4+eczWRipSTp6eP3v5shaAXYE9u+apAJxTekXLxT8jqzaWCmS59mVYy2sK",
+	"cr2YKJgZZswXa7qEh+ViYcm6UquB2e/mlQ88j+Kc8Gh6+ZykLJ0shJJ9Pdg1SctxZTKCVnHhJypAe19/",
+	"bPrpeupPMbygBji1hT99lciqNrvvq99EYkkb3Z5FhVRCPFpCbZK/LcGE6iHW7UT9KOV5jqYtxaYfhx7t",
+	"DonW06TBMLVxCzXXJhW2JtNxW4qPPHW5503UG+1apMBiYjUTWQZ6CPRUO+DOmBXhnqRDXrjlaKEHYzqs",
+	"AIJiNM4gYdMAfhCXAnE8tRIfm1PHet7mRUli+NQZa1T2zkQqMySDTJeEOS15RYAooGZAl1bk82lVmtez",
+	"etUPDQuA0pTKNk7hMRp1e0wJU9wYkB7BTVOuCTSDQ6W+Jqo2bjxIB2ft6VRrh7ZJnucj9qbOElSzGFbI",
+	"88PUF7JrbJ06uxDPTwMTT4mLYUtsKxsbWhO1zi3II5LH/bdvzt8n7O2P8M/T98/+nLDnL169eP9iULF1",
+	"l7UA2a4jqIn4CPdFZfVrYC0cPJ2CuK1qJY36p0cPBqEWJjAQ7oCnalvjU080XgLMbsF3EoCWTR8ePZhi",
+	"TwF5sOmNEUlFdTXZ1Nsrp7Vru6ZY2RjOSLogCqmKPVbZlJSHlbH+W6onf/6XV0iqtcgQ2AfKAIsXCp9G",
+	"weoDLNFUh2dpTclBIvM8R6GuoJV8CwJkU5pZsWwlAlQCb41j1Tfokzsp2Kvn518rOj/uHY2OR0cYEwpA",
+	"cy17496D0dHoAZnnlmjrCApxde3Ogtyh5W54mfXGvVfSuhf0SNK4VO/nTtoUXrlD86/dwXPGGilgdNfO",
+	"RmBIFd6l90shMDjTX6ZHxS169Qv0OlHzN0WNXCefou2GShlVsz6Rrjc+Ru986by/1Vm/q4vqdqTPuvzv",
+	"Q+vyv5Ojoxvu1bvbfXrVvUuxK/+omL+eB3UIWOeUeo81Wo6ydk1f0gthtqSAY0uEEWi5ydsCjMsXFm88",
+	"I2nT+5D02kLJ37aGzTb59JAwxU52Pcef92NY2E586+dcOiqkZTIrBxtbZnzyyxi0a2NHKy4RTWZwEivW",
+	"x2mc68KkAsE66vRowPCocXDGNlIFt6sfFg6ZxFs15lfcuiG2N3z5/AvGfjuPOvHRHdYvYYzekWhrN152",
+	"7p88P3/B6N0zRpYv5CUsXYIg6vghs97NJunOP9TgfYXDfFs5tX3erF0WzuKFj0nNIxVangQh2rkectL7",
+	"jL2Q9B4ePbj9+fr1mc3984PYlFwZ1KQh4nn/bZ8YBeQN3XeZMLRFcsVwjQefv83w3qGd2+s74fCamt49",
+	"iqrG3UsRBqlZeEctwuGr/hoRQixk1CpvvgmwIgt3u3iI8fn0Kgs/7Tw93/raSy1ZdPczqnNK7XNOtQPd",
+	"8m0oVOejo0kLk7b0g/obTDhrFItjMhskBPbqJczG1XUXvqLi3Nd+NNaxv//7//j7f/9fOKu///v/bJYk",
+	"bFUhrN/gMtv6ICnO7C8FqHuzXKeX/t6LFXdGfjxjWMsq3BkDTWyWOvd1+nZI7nYxtorOrZrRESfmP0a9",
+	"h7cS2Nsv2/Q9I1K2BxQbdKti3BeP+T5hRlkgbce+Rcp8Kbx4cUN1uLL+YrgI4Qt39mFVLG8RixZ8o0Jl",
+	"yLUwlVEDFytp1MsbdOttepuYv23BoUuFbDbQ9xlLtXXQ+qZ2o0cVV+R3C9YkJOtNtcH+8z/C/hqx5wY3",
+	"uMLyNjRWr0k1/GIw239q8OMfJ8XR0cmjOv/90UcCxqXcd6GC3r3yV1XZcAeT0ZKNIqCUNib+Ttq/L/i2",
+	"9UIP5JKvfYj0JOHypSz0yVP1+vAT0fL68JdWpb1cxGILXoQqa53Ce6zfLbw3YD5iKBS0bVwjWo9kqgq8",
+	"VVE1B7aC7HSFFmedu2f9I96sv1lq5r+XbsROj04Jd3k/cLgdI3j963c9e5tsrbDfKMJVc/eXemnQFled",
+	"xj1/NSJJ68fnJc7xnUDc6T4grvH86d2eP354RwnoDUIIH+qhCj9/uE4+gVyvuB2I58PZGoyzNy9j+yGf",
+	"c6cKVY8OutNN+vGL9KuAw69ym35U0fIy+SuMtgyK/CqD/VCXG6HG1G5Q6e8Q3ANU+vS2/QZFmau7DBwh",
+	"WX2/tspbSuKNlZfJxQAN1nT58pIRnRK3PjIkF/yq9BV6izLlFWMgAy6+GYbUD2mdHYwZRi1xupl1uJGZ",
+	"YFdSbNhaU/3e2BzhgTie780LZPQQ5OQ/hh384VfGbaHc2S7chlEiX4jboANqKWFVrWEf5XyXE5bu+IwF",
+	"PCmxoRgVMimTe8Ib6vtdX0Qw5zf8bHQ1kGeKehwJef7K0NVaP60AF99Tw32AftPaaNBtkHO5IpsO2oH9",
+	"1QONyJqJ0oUbsaeqChU5sM0wsabVHUbZMORPVMu5Ffxo/Vzr9Yynl+iAreKoBjVfWQzuvfM0wNKOJP2E",
+	"dX/SdFn1V+PHZh3IZqSmL1Rzr/thh3FKfJQW7UN4PGy4Zb4UB+sjsoczpebnnBUrwJqlQaq8pkqbKlYK",
+	"Wck7AAa4zU4IrNzvZMoAsM8yct0/nnp8x+ef3BF/PbhHvJb0Tk9OvgDf1YIDEd51ot7o21tgYNiqVJy5",
+	"DFsLjtp+sbbCuCCG9zcblpecXbdRCyaPNZWapvR4jt+XsuM2SP9OrPTV/z8I/o7gfJeRNk7erysfbzHR",
+	"+pOqstTelb7XdwYFTSwc66Z6xMPvXhd3U/ojxnBTZf/ParXCKC32h3Z/J8uTMKU35c3H/7XFIlsszhyN",
+	"smhfzCCt6hRlMEQ00iUKY7vGk/J6zXsEadWVub8yOmvdHRrh8L+GNC7CV3aJmeyZxsCE3ynaOb1fdPS7",
+	"Rjt3ADf7bV8sarZj95pWVeuoYf/bYK6sNmG76HllQg0B9+3Q+YlCNc9HzVP8fZUCuuT5nOIi3z5ndp1L",
+	"l4So9tJRMFEUnj9mPB6Wz5kRK+3Ega1SUnBY/mEMhjQCY/Zr4fsSdcpg+aqJFzT9nh49iCl+Hli8a5Yk",
+	"/dWVsHB8/T94YH0WyK+hrU5OCOvfkLuUdDKX9tcA1iJcZ/YVQRdlI379M/V9JGZzxc0lK8NDsecRe9oJ",
+	"YKXqc2ttXLjDOyFlilKou3nCugzXIxXL+9qqrOSQI1Fl3U5rQSuU3E6xkJT4Q9Jnol4+H5yxkFDUTR/C",
+	"y69a2UNlG6x/evLEOwlrcZCDSoRRsmLp3xHNMcSkwWtuLn0B0FzcE8SoVxX4DUxAe2DoWjiR54k+kjKh",
+	"uFBv1KlV2aCHNtzW8/ITpguHViR8r35dZ/CZDf4LtvzmsAWef/Jri/fXKKhqYuqsuperVESCDRutwbUr",
+	"6Pc15/gdlvTKXLXe+BN9dBcIQS58El/4ksLS6t9SVnnjw7/5T3irWmrDp3Z7mJkenu02fHV8mC65Q2Ln",
+	"wvmCK+GX2Jd0NyB8bi0BkhY7oJMFi55ipuL48PD45JvR0ehodDx+fPT4qFdDm5+CQyfQEdbNf0XJfM1v",
+	"LBxx/zcAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
