@@ -68,17 +68,7 @@ type fixture struct {
 	back atomic.Int64
 }
 
-// fixtureOption changes how newFixture wires the server.
-type fixtureOption func(*registry.MirrorConfig)
-
-// mirrorDebounce gathers the registry's changes for d before the mirror
-// rebuilds its snapshot: a fleet registered all at once is rebuilt a few
-// times a second, not once per registration.
-func mirrorDebounce(d time.Duration) fixtureOption {
-	return func(c *registry.MirrorConfig) { c.Debounce = d }
-}
-
-func newFixture(t *testing.T, opts ...fixtureOption) *fixture {
+func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -87,11 +77,7 @@ func newFixture(t *testing.T, opts ...fixtureOption) *fixture {
 	// shows its lease as expired but keeps its state.
 	f := &fixture{t: t}
 	store := memstore.New(memstore.Config{Now: func() time.Time { return time.Now().Add(-time.Duration(f.back.Load())) }})
-	var mcfg registry.MirrorConfig
-	for _, o := range opts {
-		o(&mcfg)
-	}
-	mirror := registry.NewMirror(mcfg, store, log)
+	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/server/api"
@@ -30,6 +32,42 @@ const (
 	fleetUpdateBound = 45 * time.Second
 )
 
+// newServeFixture runs a real `pdplane serve` process on the embedded store,
+// built without the race detector: the fleet-scale test measures the page
+// against the binary an operator runs, and a server slowed tenfold by the
+// race detector would measure the detector. The lease is an hour, so the
+// fleet's states hold still while the page is read.
+func newServeFixture(t *testing.T) *fixture {
+	t.Helper()
+	bin, remove, err := bench.BuildPdplane("../cmd/pdplane")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(remove)
+	port, err := bench.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	p, err := bench.Start("pdplane serve", nil, bin, "serve", "--addr", addr, "--admin-token", adminToken,
+		"--replica", fixtureReplica, "--lease-ttl", "1h", "--log-level", "warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("pdplane serve output:\n%s", p.Output())
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := bench.WaitHTTP(ctx, "http://"+addr+"/healthz", p); err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{t: t, url: "http://" + addr}
+}
+
 // TestStatusPageFleetOf10000 registers 10,000 peers through the API (two
 // models, two geometry classes each) and drives the page: it loads, counts
 // the fleet from the summary read, groups the 25 million pairs by class
@@ -39,7 +77,7 @@ const (
 // size of GET /api/v1/peers?view=summary.
 func TestStatusPageFleetOf10000(t *testing.T) {
 	chromium := chromiumPath(t)
-	f := newFixture(t, mirrorDebounce(250*time.Millisecond))
+	f := newServeFixture(t)
 	const n = 10000
 	specs := make([]registry.PeerSpec, n)
 	for i := range specs {
