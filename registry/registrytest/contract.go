@@ -51,6 +51,7 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"MalformedHeartbeatFlood", testMalformedHeartbeatFlood},
 		{"Credentials", testCredentials},
 		{"TransferSecretRoundTrip", testTransferSecret},
+		{"Preflight", testPreflight},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
