@@ -17,3 +17,19 @@ CREATE TABLE pair_preflights (
     PRIMARY KEY (prefill_id, decode_id)
 );
 CREATE INDEX pair_preflights_decode_idx ON pair_preflights (decode_id);
+
+-- Each peer's probe region, as its agent publishes it for preflights
+-- (addresses stored bit for bit in bigint, as kv_data_ptrs are).
+CREATE TABLE peer_probes (
+    peer_id          uuid PRIMARY KEY REFERENCES peers (id) ON DELETE CASCADE,
+    agent_name       text NOT NULL,
+    backend          text NOT NULL,
+    mem_kind         smallint NOT NULL,
+    metadata         bytea NOT NULL,
+    addr             bigint NOT NULL,
+    len              bigint NOT NULL,
+    dev_id           bigint NOT NULL,
+    transfer_secret  bytea,
+    generation       bigint NOT NULL,
+    updated_at       timestamptz NOT NULL
+);

@@ -99,4 +99,57 @@ type PreflightStore interface {
 	// Preflights lists the last preflight of every pair whose peers both
 	// exist.
 	Preflights(ctx context.Context) ([]Preflight, error)
+	// PublishProbe records the peer's probe, replacing the previous one,
+	// stamped with the peer's generation. Unknown peer: ErrNotFound.
+	PublishProbe(ctx context.Context, p Probe) (Probe, error)
+	// Probe returns the peer's probe; none published: ErrNotFound.
+	Probe(ctx context.Context, peerID string) (Probe, error)
+}
+
+// Probe is what a peer's agent publishes about its probe region so that
+// other agents can preflight it: its transfer agent, the agent's metadata,
+// the registered region, and (TCP backend) the agent's transfer secret,
+// which the control plane hands only to authenticated peers.
+type Probe struct {
+	PeerID         string
+	AgentName      string
+	Backend        string
+	MemKind        MemKind
+	Metadata       []byte
+	Addr           uint64
+	Len            uint64
+	DevID          uint64
+	TransferSecret []byte
+	// Generation is the peer's generation when the probe was published;
+	// the store sets it, and UpdatedAt.
+	Generation int64
+	UpdatedAt  time.Time
+}
+
+// Probe field limits.
+const (
+	maxProbeMetadata = 1 << 20
+	maxProbeAgent    = 253
+)
+
+// ValidateProbe checks a published probe, naming the bad field as the API
+// spells it.
+func ValidateProbe(p Probe) error {
+	switch {
+	case !IsPeerID(p.PeerID):
+		return fieldErr("id", "not a peer id")
+	case p.AgentName == "" || len(p.AgentName) > maxProbeAgent:
+		return fieldErr("agent_name", "required, at most %d bytes", maxProbeAgent)
+	case p.Backend == "" || len(p.Backend) > maxPreflightBackend:
+		return fieldErr("backend", "required, at most %d bytes", maxPreflightBackend)
+	case !p.MemKind.Valid():
+		return fieldErr("mem_kind", "unknown memory kind %d", int(p.MemKind))
+	case len(p.Metadata) == 0 || len(p.Metadata) > maxProbeMetadata:
+		return fieldErr("metadata", "required, at most %d bytes", maxProbeMetadata)
+	case p.Len == 0 || p.Addr+p.Len < p.Addr:
+		return fieldErr("region.len", "must be positive and not wrap around")
+	case len(p.TransferSecret) != 0 && (len(p.TransferSecret) < MinTransferSecret || len(p.TransferSecret) > MaxTransferSecret):
+		return fieldErr("transfer_secret", "must be %d to %d bytes", MinTransferSecret, MaxTransferSecret)
+	}
+	return nil
 }

@@ -58,6 +58,7 @@ type Store struct {
 	quarantines map[[2]string]registry.Quarantine
 	failures    map[[2]string]registry.PairFailure
 	preflights  map[[2]string]registry.Preflight
+	probes      map[string]registry.Probe
 }
 
 var _ registry.Store = (*Store)(nil)
@@ -71,6 +72,7 @@ func New(cfg Config) *Store {
 		quarantines: map[[2]string]registry.Quarantine{},
 		failures:    map[[2]string]registry.PairFailure{},
 		preflights:  map[[2]string]registry.Preflight{},
+		probes:      map[string]registry.Probe{},
 	}
 }
 

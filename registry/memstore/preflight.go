@@ -1,7 +1,9 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 
 	"github.com/pdplane/pdplane/registry"
 )
@@ -46,4 +48,33 @@ func (s *Store) Preflights(context.Context) ([]registry.Preflight, error) {
 		out = append(out, pf)
 	}
 	return out, nil
+}
+
+// PublishProbe implements registry.Store.
+func (s *Store) PublishProbe(_ context.Context, pr registry.Probe) (registry.Probe, error) {
+	if err := registry.ValidateProbe(pr); err != nil {
+		return registry.Probe{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := s.find(pr.PeerID)
+	if err != nil {
+		return registry.Probe{}, err
+	}
+	pr.Generation, pr.UpdatedAt = p.Generation, s.now()
+	pr.Metadata, pr.TransferSecret = bytes.Clone(pr.Metadata), bytes.Clone(pr.TransferSecret)
+	s.probes[pr.PeerID] = pr
+	return pr, nil
+}
+
+// Probe implements registry.Store.
+func (s *Store) Probe(_ context.Context, peerID string) (registry.Probe, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pr, ok := s.probes[peerID]
+	if _, err := s.find(peerID); err != nil || !ok {
+		return registry.Probe{}, fmt.Errorf("probe of peer %s: %w", peerID, registry.ErrNotFound)
+	}
+	pr.Metadata, pr.TransferSecret = bytes.Clone(pr.Metadata), bytes.Clone(pr.TransferSecret)
+	return pr, nil
 }

@@ -52,6 +52,7 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"Credentials", testCredentials},
 		{"TransferSecretRoundTrip", testTransferSecret},
 		{"Preflight", testPreflight},
+		{"Probe", testProbe},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -111,3 +111,37 @@ func testPreflight(t *testing.T, s registry.Store) {
 		t.Fatalf("preflights after the decode was removed: %+v, %v", pfs, err)
 	}
 }
+
+// testProbe: a probe round-trips (addresses above 2^63 too) stamped with the
+// peer's generation, a republish replaces it, bad fields are refused by
+// name, and an unknown peer or one without a probe is ErrNotFound.
+func testProbe(t *testing.T, s registry.Store) {
+	d := mustRegister(t, s, Spec("d0", registry.RoleDecode)).Peer
+	if _, err := s.Probe(ctx(t), d.ID); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("probe before any was published: %v", err)
+	}
+	pr := registry.Probe{PeerID: d.ID, AgentName: "d0-probe", Backend: "nixl", MemKind: registry.DRAM,
+		Metadata: []byte("md"), Addr: 1<<63 + 4096, Len: 2 << 20, TransferSecret: []byte("0123456789abcdef")}
+	got, err := s.PublishProbe(ctx(t), pr)
+	if err != nil || got.Generation != d.Generation || got.UpdatedAt.IsZero() {
+		t.Fatalf("publish: %+v, %v", got, err)
+	}
+	pr.AgentName, pr.Backend, pr.TransferSecret = "d0-probe-2", "tcp", nil
+	if _, err := s.PublishProbe(ctx(t), pr); err != nil {
+		t.Fatal(err)
+	}
+	back, err := s.Probe(ctx(t), d.ID)
+	if err != nil || back.AgentName != "d0-probe-2" || back.Backend != "tcp" || back.Addr != pr.Addr || back.Len != pr.Len ||
+		string(back.Metadata) != "md" || len(back.TransferSecret) != 0 {
+		t.Fatalf("probe: %+v, %v", back, err)
+	}
+	bad := pr
+	bad.Len = 0
+	_, err = s.PublishProbe(ctx(t), bad)
+	wantFieldError(t, "empty region", err, "region.len")
+	bad = pr
+	bad.PeerID = "6f1c3c55-1111-4222-8333-444455556666"
+	if _, err := s.PublishProbe(ctx(t), bad); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("probe of an unknown peer: %v", err)
+	}
+}
