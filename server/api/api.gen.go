@@ -194,6 +194,24 @@ func (e PairPath) Valid() bool {
 	}
 }
 
+// Defines values for PairPreflightState.
+const (
+	PairPreflightStateFailed PairPreflightState = "failed"
+	PairPreflightStatePassed PairPreflightState = "passed"
+)
+
+// Valid indicates whether the value is a known member of the PairPreflightState enum.
+func (e PairPreflightState) Valid() bool {
+	switch e {
+	case PairPreflightStateFailed:
+		return true
+	case PairPreflightStatePassed:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ProvenanceField.
 const (
 	ProvenanceFieldBootstrapHost         ProvenanceField = "bootstrap_host"
@@ -461,6 +479,9 @@ type Pair struct {
 	Path    *PairPath `json:"path,omitempty"`
 	Prefill PeerRef   `json:"prefill"`
 
+	// Preflight The pair's last preflight: the prefill's agent wrote a pattern into the decode agent's probe region with a notification, read it back and compared it byte for byte, over a size ladder. Absent when the pair was never preflighted.
+	Preflight *PairPreflight `json:"preflight,omitempty"`
+
 	// Quarantine The pair's quarantine, active or on trial; absent when there is none.
 	Quarantine *PairQuarantine `json:"quarantine,omitempty"`
 
@@ -470,7 +491,7 @@ type Pair struct {
 	// Reason why the pair is refused or not routable
 	Reason *string `json:"reason,omitempty"`
 
-	// Routable compatible, both peers ready, and not quarantined (a pair on trial is routable)
+	// Routable compatible, both peers ready, not quarantined (a pair on trial is routable), and no failed preflight of the current registrations
 	Routable bool `json:"routable"`
 
 	// Unverified compatible pairs only: the fields a rule needed that one side did not know, e.g. ranks[*].kv_mem_kinds
@@ -490,6 +511,32 @@ type PairList struct {
 	// Total number of pairs before the limit
 	Total int `json:"total"`
 }
+
+// PairPreflight The pair's last preflight: the prefill's agent wrote a pattern into the decode agent's probe region with a notification, read it back and compared it byte for byte, over a size ladder. Absent when the pair was never preflighted.
+type PairPreflight struct {
+	// Backend the transfer backend: nixl or tcp
+	Backend   string    `json:"backend"`
+	CheckedAt time.Time `json:"checked_at"`
+
+	// Current the preflight was of both peers' current registrations; a failed current preflight keeps the pair out of routing, one from before a re-registration (a heal) does not
+	Current *bool `json:"current,omitempty"`
+
+	// Error failed only: the backend's error (e.g. the NIXL status), the pair's reason
+	Error *string `json:"error,omitempty"`
+
+	// Gbps throughput at the largest size that passed (bytes written and read back over the time both took), 10^9 bytes/s
+	Gbps float64 `json:"gbps"`
+
+	// LatencyUs fastest WRITE of the smallest size, in microseconds
+	LatencyUs float64 `json:"latency_us"`
+
+	// MemKind NIXL memory kind of a KV region.
+	MemKind MemKind            `json:"mem_kind"`
+	State   PairPreflightState `json:"state"`
+}
+
+// PairPreflightState defines model for PairPreflight.State.
+type PairPreflightState string
 
 // PairQuarantine The pair's quarantine, active or on trial; absent when there is none.
 type PairQuarantine struct {
@@ -719,6 +766,30 @@ type PeerSummary struct {
 	Url       string          `json:"url"`
 }
 
+// Probe A peer's probe region, as its agent publishes it: the transfer agent that holds it, the agent's metadata and the registered region, for other agents to preflight.
+type Probe struct {
+	Addr      uint64 `json:"addr"`
+	AgentName string `json:"agent_name"`
+
+	// Backend nixl or tcp
+	Backend string  `json:"backend"`
+	DevId   *uint64 `json:"dev_id,omitempty"`
+
+	// Generation the peer's generation when the probe was published
+	Generation *int64 `json:"generation,omitempty"`
+	Len        uint64 `json:"len"`
+
+	// MemKind NIXL memory kind of a KV region.
+	MemKind MemKind `json:"mem_kind"`
+
+	// Metadata the transfer agent's metadata, base64 (at most 1 MiB)
+	Metadata []byte `json:"metadata"`
+
+	// TransferSecret TCP backend: the agent's transfer secret (16 to 64 bytes), handed only to authenticated peers
+	TransferSecret *[]byte    `json:"transfer_secret,omitempty"`
+	UpdatedAt      *time.Time `json:"updated_at,omitempty"`
+}
+
 // Problem defines model for Problem.
 type Problem struct {
 	Detail string `json:"detail"`
@@ -855,11 +926,17 @@ type ListPeersParams struct {
 	Model *string `form:"model,omitempty" json:"model,omitempty"`
 }
 
+// ReportPreflightJSONRequestBody defines body for ReportPreflight for application/json ContentType.
+type ReportPreflightJSONRequestBody = PairPreflight
+
 // RegisterPeerJSONRequestBody defines body for RegisterPeer for application/json ContentType.
 type RegisterPeerJSONRequestBody = PeerRegistration
 
 // HeartbeatPeerJSONRequestBody defines body for HeartbeatPeer for application/json ContentType.
 type HeartbeatPeerJSONRequestBody = Heartbeat
+
+// PublishProbeJSONRequestBody defines body for PublishProbe for application/json ContentType.
+type PublishProbeJSONRequestBody = Probe
 
 // MarkPeerStaleJSONRequestBody defines body for MarkPeerStale for application/json ContentType.
 type MarkPeerStaleJSONRequestBody = StaleReport
@@ -953,6 +1030,24 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ReportPreflightWithBody Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflightWithBody(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ReportPreflight Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflight(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// LiftQuarantine Lift a pair's quarantine
 	//
 	// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
@@ -1011,6 +1106,31 @@ type ClientInterface interface {
 	//
 	// Needs the peer's own credential (or the admin token).
 	HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetProbe Read a peer's probe region, to preflight it
+	//
+	// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+	//
+	// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+	GetProbe(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PublishProbeWithBody Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbeWithBody(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PublishProbe Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbe(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	//
@@ -1084,6 +1204,44 @@ func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, r
 // Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 func (c *Client) ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListPairsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ReportPreflightWithBody Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *Client) ReportPreflightWithBody(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReportPreflightRequestWithBody(c.Server, prefill, decode, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ReportPreflight Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *Client) ReportPreflight(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReportPreflightRequest(c.Server, prefill, decode, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1233,6 +1391,61 @@ func (c *Client) HeartbeatPeerWithBody(ctx context.Context, id PeerID, contentTy
 // Needs the peer's own credential (or the admin token).
 func (c *Client) HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewHeartbeatPeerRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetProbe Read a peer's probe region, to preflight it
+//
+// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+//
+// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+func (c *Client) GetProbe(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetProbeRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PublishProbeWithBody Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *Client) PublishProbeWithBody(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPublishProbeRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PublishProbe Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *Client) PublishProbe(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPublishProbeRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1506,6 +1719,60 @@ func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request,
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewReportPreflightRequest calls the generic ReportPreflight builder with application/json body
+func NewReportPreflightRequest(server string, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewReportPreflightRequestWithBody(server, prefill, decode, "application/json", bodyReader)
+}
+
+// NewReportPreflightRequestWithBody constructs an http.Request for the ReportPreflight method, with any body, and a specified content type
+func NewReportPreflightRequestWithBody(server string, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "prefill", prefill, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "decode", decode, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/pairs/%s/%s/preflight", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -1818,6 +2085,87 @@ func NewHeartbeatPeerRequestWithBody(server string, id PeerID, contentType strin
 	return req, nil
 }
 
+// NewGetProbeRequest constructs an http.Request for the GetProbe method
+func NewGetProbeRequest(server string, id PeerID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/peers/%s/probe", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPublishProbeRequest calls the generic PublishProbe builder with application/json body
+func NewPublishProbeRequest(server string, id PeerID, body PublishProbeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPublishProbeRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPublishProbeRequestWithBody constructs an http.Request for the PublishProbe method, with any body, and a specified content type
+func NewPublishProbeRequestWithBody(server string, id PeerID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/peers/%s/probe", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetPeerRegistrationRequest constructs an http.Request for the GetPeerRegistration method
 func NewGetPeerRegistrationRequest(server string, id PeerID) (*http.Request, error) {
 	var err error
@@ -1964,6 +2312,24 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairsWithResponse(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*ListPairsResponse, error)
 
+	// ReportPreflightWithBodyWithResponse Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflightWithBodyWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error)
+
+	// ReportPreflightWithResponse Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflightWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error)
+
 	// LiftQuarantineWithResponse Lift a pair's quarantine
 	//
 	// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
@@ -2034,6 +2400,33 @@ type ClientWithResponsesInterface interface {
 	//
 	// Needs the peer's own credential (or the admin token).
 	HeartbeatPeerWithResponse(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*HeartbeatPeerResponse, error)
+
+	// GetProbeWithResponse Read a peer's probe region, to preflight it
+	//
+	// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+	GetProbeWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetProbeResponse, error)
+
+	// PublishProbeWithBodyWithResponse Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbeWithBodyWithResponse(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error)
+
+	// PublishProbeWithResponse Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbeWithResponse(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error)
 
 	// GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	//
@@ -2219,6 +2612,96 @@ func (r ListPairsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListPairsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ReportPreflightResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PairPreflight
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ReportPreflightResponse) GetJSON200() *PairPreflight {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON422() *Problem {
+	return r.ApplicationproblemJSON422
+}
+
+// GetBody returns the raw response body bytes
+func (r ReportPreflightResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ReportPreflightResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ReportPreflightResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ReportPreflightResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2715,6 +3198,158 @@ func (r HeartbeatPeerResponse) ContentType() string {
 	return ""
 }
 
+type GetProbeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Probe
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetProbeResponse) GetJSON200() *Probe {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetProbeResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetProbeResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetProbeResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetProbeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetProbeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetProbeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetProbeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PublishProbeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Probe
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PublishProbeResponse) GetJSON200() *Probe {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON422() *Problem {
+	return r.ApplicationproblemJSON422
+}
+
+// GetBody returns the raw response body bytes
+func (r PublishProbeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PublishProbeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PublishProbeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PublishProbeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type GetPeerRegistrationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -2927,6 +3562,36 @@ func (c *ClientWithResponses) ListPairsWithResponse(ctx context.Context, params 
 	return ParseListPairsResponse(rsp)
 }
 
+// ReportPreflightWithBodyWithResponse Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *ClientWithResponses) ReportPreflightWithBodyWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error) {
+	rsp, err := c.ReportPreflightWithBody(ctx, prefill, decode, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReportPreflightResponse(rsp)
+}
+
+// ReportPreflightWithResponse Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *ClientWithResponses) ReportPreflightWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error) {
+	rsp, err := c.ReportPreflight(ctx, prefill, decode, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReportPreflightResponse(rsp)
+}
+
 // LiftQuarantineWithResponse Lift a pair's quarantine
 //
 // Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
@@ -3050,6 +3715,51 @@ func (c *ClientWithResponses) HeartbeatPeerWithResponse(ctx context.Context, id 
 		return nil, err
 	}
 	return ParseHeartbeatPeerResponse(rsp)
+}
+
+// GetProbeWithResponse Read a peer's probe region, to preflight it
+//
+// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+func (c *ClientWithResponses) GetProbeWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetProbeResponse, error) {
+	rsp, err := c.GetProbe(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetProbeResponse(rsp)
+}
+
+// PublishProbeWithBodyWithResponse Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *ClientWithResponses) PublishProbeWithBodyWithResponse(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error) {
+	rsp, err := c.PublishProbeWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePublishProbeResponse(rsp)
+}
+
+// PublishProbeWithResponse Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *ClientWithResponses) PublishProbeWithResponse(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error) {
+	rsp, err := c.PublishProbe(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePublishProbeResponse(rsp)
 }
 
 // GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
@@ -3214,6 +3924,81 @@ func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON400 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseReportPreflightResponse parses an HTTP response from a ReportPreflightWithResponse call
+func ParseReportPreflightResponse(rsp *http.Response) (*ReportPreflightResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ReportPreflightResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PairPreflight
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
 
 	}
 
@@ -3611,6 +4396,128 @@ func ParseHeartbeatPeerResponse(rsp *http.Response) (*HeartbeatPeerResponse, err
 	return response, nil
 }
 
+// ParseGetProbeResponse parses an HTTP response from a GetProbeWithResponse call
+func ParseGetProbeResponse(rsp *http.Response) (*GetProbeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetProbeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Probe
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePublishProbeResponse parses an HTTP response from a PublishProbeWithResponse call
+func ParsePublishProbeResponse(rsp *http.Response) (*PublishProbeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PublishProbeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Probe
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseGetPeerRegistrationResponse parses an HTTP response from a GetPeerRegistrationWithResponse call
 func ParseGetPeerRegistrationResponse(rsp *http.Response) (*GetPeerRegistrationResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -3765,6 +4672,9 @@ type ServerInterface interface {
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams)
+	// ReportPreflight Record the pair's preflight
+	// (PUT /api/v1/pairs/{prefill}/{decode}/preflight)
+	ReportPreflight(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
@@ -3786,6 +4696,12 @@ type ServerInterface interface {
 
 	// (POST /api/v1/peers/{id}/heartbeat)
 	HeartbeatPeer(w http.ResponseWriter, r *http.Request, id PeerID)
+	// GetProbe Read a peer's probe region, to preflight it
+	// (GET /api/v1/peers/{id}/probe)
+	GetProbe(w http.ResponseWriter, r *http.Request, id PeerID)
+	// PublishProbe Publish the peer's probe region for preflights
+	// (PUT /api/v1/peers/{id}/probe)
+	PublishProbe(w http.ResponseWriter, r *http.Request, id PeerID)
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	// (GET /api/v1/peers/{id}/registration)
 	GetPeerRegistration(w http.ResponseWriter, r *http.Request, id PeerID)
@@ -3813,6 +4729,12 @@ func (_ Unimplemented) StreamEvents(w http.ResponseWriter, r *http.Request, para
 // ListPairs Every (prefill, decode) pair with its verdict
 // (GET /api/v1/pairs)
 func (_ Unimplemented) ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ReportPreflight Record the pair's preflight
+// (PUT /api/v1/pairs/{prefill}/{decode}/preflight)
+func (_ Unimplemented) ReportPreflight(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3851,6 +4773,18 @@ func (_ Unimplemented) DrainPeer(w http.ResponseWriter, r *http.Request, id Peer
 
 // (POST /api/v1/peers/{id}/heartbeat)
 func (_ Unimplemented) HeartbeatPeer(w http.ResponseWriter, r *http.Request, id PeerID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetProbe Read a peer's probe region, to preflight it
+// (GET /api/v1/peers/{id}/probe)
+func (_ Unimplemented) GetProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PublishProbe Publish the peer's probe region for preflights
+// (PUT /api/v1/peers/{id}/probe)
+func (_ Unimplemented) PublishProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -4012,6 +4946,41 @@ func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListPairs(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ReportPreflight operation middleware
+func (siw *ServerInterfaceWrapper) ReportPreflight(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "prefill" -------------
+	var prefill PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "prefill", chi.URLParam(r, "prefill"), &prefill, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "decode" -------------
+	var decode PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "decode", chi.URLParam(r, "decode"), &decode, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "decode", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ReportPreflight(w, r, prefill, decode)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4233,6 +5202,58 @@ func (siw *ServerInterfaceWrapper) HeartbeatPeer(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// GetProbe operation middleware
+func (siw *ServerInterfaceWrapper) GetProbe(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PeerID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetProbe(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PublishProbe operation middleware
+func (siw *ServerInterfaceWrapper) PublishProbe(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PeerID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PublishProbe(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetPeerRegistration operation middleware
 func (siw *ServerInterfaceWrapper) GetPeerRegistration(w http.ResponseWriter, r *http.Request) {
 
@@ -4429,6 +5450,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Delete(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/quarantine", wrapper.LiftQuarantine)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/peers/{id}/probe", wrapper.GetProbe)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/api/v1/peers/{id}/probe", wrapper.PublishProbe)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/preflight", wrapper.ReportPreflight)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/events", wrapper.ListEvents)
 	})
 	r.Group(func(r chi.Router) {
@@ -4607,6 +5637,130 @@ func (response ListPairs400ApplicationProblemPlusJSONResponse) VisitListPairsRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflightRequestObject struct {
+	Prefill PeerIDString `json:"prefill"`
+	Decode  PeerIDString `json:"decode"`
+	Body    *ReportPreflightJSONRequestBody
+}
+
+type ReportPreflightResponseObject interface {
+	VisitReportPreflightResponse(w http.ResponseWriter) error
+}
+
+type ReportPreflight200JSONResponse PairPreflight
+
+func (response ReportPreflight200JSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight400ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response ReportPreflight400ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight401ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight401ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight403ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight403ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight404ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight404ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight413ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight413ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight415ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight415ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight422ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight422ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5203,6 +6357,195 @@ func (response HeartbeatPeer422ApplicationProblemPlusJSONResponse) VisitHeartbea
 	return err
 }
 
+type GetProbeRequestObject struct {
+	Id PeerID `json:"id"`
+}
+
+type GetProbeResponseObject interface {
+	VisitGetProbeResponse(w http.ResponseWriter) error
+}
+
+type GetProbe200JSONResponse Probe
+
+func (response GetProbe200JSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetProbe401ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response GetProbe401ApplicationProblemPlusJSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetProbe403ApplicationProblemPlusJSONResponse Problem
+
+func (response GetProbe403ApplicationProblemPlusJSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetProbe404ApplicationProblemPlusJSONResponse Problem
+
+func (response GetProbe404ApplicationProblemPlusJSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbeRequestObject struct {
+	Id   PeerID `json:"id"`
+	Body *PublishProbeJSONRequestBody
+}
+
+type PublishProbeResponseObject interface {
+	VisitPublishProbeResponse(w http.ResponseWriter) error
+}
+
+type PublishProbe200JSONResponse Probe
+
+func (response PublishProbe200JSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe400ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response PublishProbe400ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe401ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe401ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe403ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe403ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe404ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe404ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe413ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe413ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe415ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe415ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe422ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe422ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetPeerRegistrationRequestObject struct {
 	Id PeerID `json:"id"`
 }
@@ -5445,6 +6788,9 @@ type StrictServerInterface interface {
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(ctx context.Context, request ListPairsRequestObject) (ListPairsResponseObject, error)
+	// ReportPreflight Record the pair's preflight
+	// (PUT /api/v1/pairs/{prefill}/{decode}/preflight)
+	ReportPreflight(ctx context.Context, request ReportPreflightRequestObject) (ReportPreflightResponseObject, error)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(ctx context.Context, request LiftQuarantineRequestObject) (LiftQuarantineResponseObject, error)
@@ -5466,6 +6812,12 @@ type StrictServerInterface interface {
 
 	// (POST /api/v1/peers/{id}/heartbeat)
 	HeartbeatPeer(ctx context.Context, request HeartbeatPeerRequestObject) (HeartbeatPeerResponseObject, error)
+	// GetProbe Read a peer's probe region, to preflight it
+	// (GET /api/v1/peers/{id}/probe)
+	GetProbe(ctx context.Context, request GetProbeRequestObject) (GetProbeResponseObject, error)
+	// PublishProbe Publish the peer's probe region for preflights
+	// (PUT /api/v1/peers/{id}/probe)
+	PublishProbe(ctx context.Context, request PublishProbeRequestObject) (PublishProbeResponseObject, error)
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	// (GET /api/v1/peers/{id}/registration)
 	GetPeerRegistration(ctx context.Context, request GetPeerRegistrationRequestObject) (GetPeerRegistrationResponseObject, error)
@@ -5584,6 +6936,40 @@ func (sh *strictHandler) ListPairs(w http.ResponseWriter, r *http.Request, param
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListPairsResponseObject); ok {
 		if err := validResponse.VisitListPairsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ReportPreflight operation middleware
+func (sh *strictHandler) ReportPreflight(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
+	var request ReportPreflightRequestObject
+
+	request.Prefill = prefill
+	request.Decode = decode
+
+	var body ReportPreflightJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ReportPreflight(ctx, request.(ReportPreflightRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ReportPreflight")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ReportPreflightResponseObject); ok {
+		if err := validResponse.VisitReportPreflightResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -5786,6 +7172,65 @@ func (sh *strictHandler) HeartbeatPeer(w http.ResponseWriter, r *http.Request, i
 	}
 }
 
+// GetProbe operation middleware
+func (sh *strictHandler) GetProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
+	var request GetProbeRequestObject
+
+	request.Id = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetProbe(ctx, request.(GetProbeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetProbe")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetProbeResponseObject); ok {
+		if err := validResponse.VisitGetProbeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// PublishProbe operation middleware
+func (sh *strictHandler) PublishProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
+	var request PublishProbeRequestObject
+
+	request.Id = id
+
+	var body PublishProbeJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.PublishProbe(ctx, request.(PublishProbeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "PublishProbe")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(PublishProbeResponseObject); ok {
+		if err := validResponse.VisitPublishProbeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetPeerRegistration operation middleware
 func (sh *strictHandler) GetPeerRegistration(w http.ResponseWriter, r *http.Request, id PeerID) {
 	var request GetPeerRegistrationRequestObject
@@ -5850,140 +7295,155 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3/c9u2su+/guG7M5HOo2TZkdNE/sknSXtymzY5dtLemSpXgkRI4jEFsABoRTfj//3N7gIkSFG2nNht",
-	"593zS2JRJAgsFruf/aov0VytcyWFtCYafYlyrvlaWKHx03sh9JtX8FcizFynuU2VjEbROcuF0CxNzhiX",
-	"W6bsSmhmrE7lkkm+FoZJRbd0hoNhtx/FUQrP5dyuojiCW6JRlCZRHGnxe5FqkUQjqwsRR2a+EmsOr/wP",
-	"LRbRKPo/R9UMj+hbc0QTu8Q3Rjc3NzCOyZU0guat1SwTa/hzrqQV0sKfPM+zdM5hDUc53fF//2VgQV8O",
-	"fa0bF9/YIIlkQmulY8YNu/j+JXsxPP2OudewRFieZqYf3cTRR8mveZrxWSb+yAm+uxaacTZXcpEuCy0S",
-	"lqXr1LJOr7fmn3viWkjbM1YLvjbdmCnN7EowIzQ8lxpmVoW1sMGJ2sgzZvWW8SVPJeMLKzS7EFZve+f4",
-	"txFzJRMD274SPHHMFNxRX5Dd5sgO0oql0DB3mL1bEtzwWi5TicQSslhHo98is8y4XEZxdJ1l6yiOTLqO",
-	"PsV+JOP4Io5eXzvS5lrlQtuU+IPjtYXSa/grSrgVPZuuRdQyBO5qMM3qm6WQQnMibzBaKu2zYTVSuawY",
-	"GP6wG69SmYTL1WKZGivgmACn82QLa7Y8E/jZfz2BwySMdbfVnhKf85T+SjRPpbtlra7xr98Lrrm07noh",
-	"V4JndrWlDcwmxnJNo+JHPgdGcJ+qywueZo3RJlanPKtfytIFjNW2XWthDF+KVmqDOJkQBdu/I6my8+1N",
-	"KGN+I6HjxwqfdFSvbWsMnFJNVM3+Jea25Ku3qWnhLTxI+FdqxdrcdWKJQ2/Kd3Ct+RY+S/HZTuaFNsR9",
-	"9cOcc2NA0ExnYqG0mLKFO6/wFOuoLBG6y3KgZXw3wzVI5FbQtu5/CJ69z7jcndGHlWDABSzPuGRqwThD",
-	"BkU1MGLIdCA9Oqqw8LVWBTBRzBzPGpZKtsjS5cqO5SKVqVl1Y1iSxHXxpZAWxJBVWcKUnAtmFdOFZKk1",
-	"9GLgSiVZRwtkV3hsLAWKDj/StdDpYovT2PAUpRkQjjMpNiyVxnIYmFvGWcZBklW80O2P5fnMwCw2MBQo",
-	"OFipLqTps/PaFOyKWwanwaAclao+/mw7lrCmRPAkS6WI2ZrrK4PrRKVJB6k/BgZsCK45HJ0d4m/qZNpw",
-	"RyerYEohC9wq6vyEbnnBvNAaXpGvuBG4eKaKw9+w0Go9qcvN+ovgHdX3FSVRrhwgOXFeoej0jAe6wu9+",
-	"q+zRgjtVu/OVF38H6ozGcaIp7a69Gjeg/J5Dp+1M8DZhg+w9KXXU7pnMuPEURDQinhgCKmdMyWzLNqld",
-	"MTeMk/pswTMjQHuv+ee3Qi7tKhodD06Gbdqx9mT7FJApnxg4fUk6twwIgXOB8wfHlwZ5YtgRjcM6MOFC",
-	"C8Zlwkwxnwtj4MxoYVYqSwxDpCSSbp+5M7kWXJIcgAV0uHRHARkoUYhILREATjKukIH2M4wz1Kh09Kxi",
-	"pfYDkFOUd8nqC6akYDM+v6Ij6ogyUyoTXAJVUB3u2ZRL4SSI9RKzlBpt5xdEHG3fiGgFowJdSIYArARx",
-	"Cl+pwuaF7bMPXo6khsQePR8zKQDLkdJ24A1kUWqNyBa0lmDHh4MXz2KA7FZomPh///bf43ExGAwGn/72",
-	"H22H2ws4p6WDoU5On8XROpUlM7WP28P/j7/H/777nj6++H7P6zLFk7u061u4ZwcCBPO89bxdiDzbtqDH",
-	"ebvsqhDXCDezZOtS8s9XXC5Fcsb8jSy1tBF93JYRbDdtbMgZqO5Cvcbqau1KiBweoFmnckl76UWgVLKO",
-	"Ex1g+woxaMVdFL/Em5okdyTzY7RR/cdffhBqDTbCLmVlsZ5kfCu0iRn8fXUNEicxMaw6mSTpGiVFaibr",
-	"jDOuBfMvZ4XMhDEEBmj9TrVkKYAOuxJrQB6FvJJqI1nHI44tDsNRunTP3NBjSRfwbSBQ/GMkfkhutqjt",
-	"hFZbOxPPhg9/JDw1mmbG0xM62ukaOOLkePjd8PnTZ8PvcAZ08XhHm8bR595S9aqreMaRDgF7BFIv3JnH",
-	"m0HFC4/3DgDOE5P+j3isVzQhQvm+2PFK2wl56wRenbeurieFN5oqdKKKGRqH5VyPgykOysFlsZ4RcPq9",
-	"EIVIvmK9g8NIqguJMOyRXtAgqH9bua64olMbaX8S6x+dzV2XPD+/+a+3bC3WSm8Z2Idk2fz4C0pwJfuB",
-	"mH11cf5TFEe/0H9/f/vu5Y9RHL37+3++fvkhiqPv37x93Spx3/NU724riFZuU+ckagPJKCxTgCZZpjao",
-	"Fqzm0iyQQrvHMxFzlYhDPGsXYkGnAART8+U8MIK0WBRGJGDk4OfUskTkQiaGKUmQieTjIhVZEtAKZEgc",
-	"id8Lnk1sjvrICq3o73X6WSQTI5brhh0aGPxaLNIsu8diKgfEnQ/xVP+zuvum7h1p3Yycp4i2ghtRRVyJ",
-	"3LK6wQvYFrAn6nRAbdUzzPloSJehtQuwUKc867buaKWrm9baloXTCrYJlBbMhJN42FX//rudQSuGjNlM",
-	"2RVCTEPYOS4VYkiBDqcZ+EXgVNz47QsqJNpoaRudq/fjqAbNFwJayF0I5ItMMClEIhJC/gDUTZoIlqQ0",
-	"P2DHmIn+ss80l1fmt7996l9dT9ZiPYHjbaK4ctvsEKfporn3ZAF/b/EKcALOFrD+fCXmV7A/ktFxueZZ",
-	"IXD3kdKwAtNCsKYWcYeiPOpxKEWCvW2TgMD17Q4tXMDB/iyUZi20ssryrBXZzYSG80F0In8W7iq6p+/2",
-	"VtH0/Av2Le2fteO/a6PCKE/Cwxgj+L4WcGg8A5+xUPjZldACeBrwdX/XVWNvcaPguYCtrzteD3XTgNXX",
-	"NnrpLKEDufJqYaNCfZGki5qOCKx5FEBmcvfcl0pU0ol1MEzAer1qOT1rs64n2Ih8DVwyoBC3SrMsXVjD",
-	"0sNdR+RJbhW/uyJ0VJd/jvHJ1IqdfDXkLPU6k4kUw1iovRqjKs20kGLjJnzHOXT7g85jP+92vtQ8y0SW",
-	"mnVbiMLKic1LFFpfdSIWvMjAflHM3XTGuGVrZay/0HCYPRw6Tub5BITn7rRmApAIfP91ExgcPoG76XL8",
-	"eAT4c1+f307+/JGpn/+5qw/OxB9gmfm3tZ5fQZFMnmXvFtHot0OwaOWAiG7iux+4tNwWBm9tmAdaJELa",
-	"VpH4DmRt6hyK0mzIrclZzf2B8Cg1pkDcIQCsSbEZS0B1MeNsnvF0LRIM58c0VLJOAfL3vBsplcvuqIxa",
-	"PDFjWc2qz34UIgcU25nmSZ5x6Z2bvV51V2+RZmLaPSO0O5aA0IxVHgPPOV6ZCWZWAIvIUxb6XAOXe2N7",
-	"PsWtOQtPDFsUWVajRYxBIPSgbpzfOFwxzIQyHBDxPqk0Bt5KQf1aQsL+fAmg7MePb17B9mRqI/ScGwHr",
-	"VDKd8wwmskYoEbiCBr0XvLf49OX5Ta/8e3jA38cnN61OIpjqHqQnxH2QHvBnsV5zvd0FfE2QhiPvO0Rg",
-	"ou1MZk+o9x5RXrx1/zuDo7izYa8RqKNdgWbYDAFOwjpg7lAAo3LDnqEvUSSwqf7ObjyWpU+x+tpdIgiC",
-	"rkbnYWRKx8Rlm9SImCVinnGNQUC0U8iMq/s0d4YdYdBVza/cxFhezLLUrAQeLYa+DDqEmKQTsx9/YbkC",
-	"YQgWig79HKbNjTlTygLN8slKmRaIePnDWy6XzNkhI7ZCNIKRTrBHwFacrwShq3Isn2LCLes4DUJCBZ9W",
-	"C1ZoNH9r4YSnD+EtrZaTK33Acqopw/2sMwCaeYD7/MWL591bld6z09Onp/dXt6JMfrk1jYDu2o3CNOxS",
-	"DECYKgDlGUWrObCUizGYJr0fIXxzdX3XmoKIwE0cZXwmMoLGSZLCenj2vsaezRl/+xzrxPtRbA1GBY5B",
-	"n56cPmPzFdd8jsdnk9qVKiybK2m1yoKvXCA1nOuzYYtUWqtEZI11nB6fPDzlvQhtnqiHfo+Xhbts6Bw2",
-	"bcKUUTQy9MPckfB2LSTw+/foYrxBWr+hR0+OG2opjgqZ/l4I973VhUA/Z80Ou927Ud0KKgdE88EK8wJA",
-	"e22CFFRfp9J/3vWbaJXdefgv4B40kQmYTJZaFfnjHAmnavbuqVQzlWzZXBVZwqzIsjMGUh/0l3OelBse",
-	"YrBD9/sjvb5ls08P2utCtwDmlbV5x3TZDMDYx4u3oHUqjmzIwsHw+UMflQZ4celouPOl/KepeylRF/N1",
-	"FkbRug/2OINi1GJPcCuSyX0yI++d/4hB5zs2uMwwo/sppD1BjHLNs4lLLW0Pdu0EtfZgyIwbO1mFWTWH",
-	"LTgT3IgJupi2933K2vtO/vD8hvuF5t3dk1si/UWe3JMb2vA3TaqRUFmjoVtkHLJf7e238kAbaffyvTNU",
-	"7mWu77W+d4HwAeBy9zx8I7T7AyDVvhBIC2o51FL703BBU7M+gNrfHxlF/YaGGwBGrzTjw4HCXsv6WyHB",
-	"Q2j0Rn7M1yrv5sKccv4ztOOOu+jXFbeMy62Sgq35lniSzwDic/Tm9NnPKjSgY2dar4XlCbccKyi8p8iI",
-	"uRbeVVQVpzSyhMq4zm7eLJJsZ4f+8/LdzyznduURi1oshEwwuEhp1eTDqEU8j3cinnsz+famgRWmXaLZ",
-	"1GbiFsGxY2JTXObjxRsm+RrmjUnGGTcGluQqanDyANLM6OjIeRP7ibj2RTLmKJXXPEuTns8zuJ2F8Fs/",
-	"2XJBZWCtVYc05EmLi6/mXiXX0WalDBrX7lny4syVTkQSpo60M3NDy+zolAPYvV/FgsKrteBS/auk9Wq+",
-	"7yoGIhojzNsHnpd3X133w4ynq+t+4rbk6rof5HeVn8usMrxSZrnhJ5eR5qVyW7bIhYuWNCJscFwn/rju",
-	"Sf2pn+kYTQREtyUomm1tK+yj4b0S3Ds03HDmKhAwWwH9L+5CDTk9trnOi88TWOQkE7JFu8HkcqEZLz67",
-	"5KdQ7JfkKDz8rzLPng+Hz74bDgffPf1u8OL09GQwGNzqBquZdZSF3NQU5Vxz2/BY/8ETWeZFq6Otd1zH",
-	"AWzFsSjyh/cf7x8Z6x0YGru6PmQDH3Lzjg+h2a3+DT9nv5HNlGqYKx0KxpNEC2OEOXNrQB2BCjpI0FsX",
-	"xmKqj7oWOuP5X2ihMI+DNieuYvnOT6Iky+iw/3WWU0GIlhBkfVNgaWXS5FkZySjLTBNhbCpJdYbPEeh0",
-	"QUAtjMquSXMehDd9Vud91+aj648TPy8hOYHCtgoRuM46x8+YVezZkIGKMV73dD3Wg1k+MY1oZDyWieYb",
-	"yWbboKBkoTR54SqdEzOjquuVoumP5YeVYB9evq9GnvH5lZAJ4/O5yFE5zZWUwhcnZFtXA8wl+8dP5y/H",
-	"cr4CtS+XoufLsvE0stT22YWwhZYYdc62WH8y/eH1B3bE8/To+vgII4VHX9Lk5igEVFOKRzW1bqATn9fd",
-	"ci3VSs0cYQIjgZ5uSKOGQG0c4cYRaAONoR3XBhhBL/i4QWrNPa2JlpSzGqKZINvsvpjkiOeiFpTT6rur",
-	"w5lW8OCEcrtl8HWKsqU0+nrfuvAy8RnPskrcmJBviluKrhva8xYx22L43CEe7yuv9omk3TcHVN+XWlkj",
-	"xR3plG2nonq4pH7b2QhNypAf4nbGbD0xzrXhDaOWlNaZsqtWlH9peSYuRHss91d3zNyAkxSzoatVMrtK",
-	"Mcge5Cg+Ma6Eec31VZ/BEFibtXbJ2dwlW/bKg6nx7bEvTwQhDIodE32VpPTfsdQC2zyMGGdJQR0fMMWQ",
-	"u+e9m6GqYXT1fFKxTMml0HBIUMpiMFcqu8JSag4yGgYRLhG00MKfcwOLxIRInS5X1klsLIsqo/O9qmNA",
-	"kP1oglxKaazgWAQBNHH2ejkCUSvI0mkTT+0WUUMU4ZbgzFPjCjNXnCjhallLmluul4KqaB8+RWBPDSe6",
-	"JbEQ02IKKcxNi2sqrERqOR9PbU7PTk+f3q+isuLWPXUH9L3zM1QkUQHhyurpx8wpqmIJOyXDd5uph8TE",
-	"3AvaZMalj300TQeebF0JLGGNMg0YAxP9qp43TGJzDFiGHQybkXYeS6weNvXgIJIXqwYZTZFRgbL1pdf4",
-	"EDFLt16WmZOnLujoEfbd8N09gvp1t5Ntsq/mWT3MN4VMu+ZbQNZlphKmkIcpRIYlikqnKZWoG7qtHsNb",
-	"cxNHRswLndrtJahFJzqSdSo/qCvR4qae9nr4dc/C99NRlWNOVaeGdRKRCSti6kIRB1LddM8cqhXJWG5W",
-	"QmOJdNXUCMcE4VwlLbLUJUeh2sZEcMF1mFC/sjbHGBBdb9mPeZYCl52/f8OuxJZ1YA152rsSWzPtMlcM",
-	"/i4X8vxNL6glAQ4W5mwsPWoMnyOvvOVXgioSxnIsQWcx6TLbG4RiUuG1f6nqEnpfXQYLJW2mZixVLqSv",
-	"8Flh0X5Vs1KldybieooG3dRXA6QSt1JMu86qMASG0ZluWGcX+E9jqgOJGTUh6VKUIdvwbTiPOdd6C+rw",
-	"vv73w/YNKLKf2UJ6dcAUWq95z4ica26xq5KxaFxRAVJGqaxSbNhG6auxtGopcDuSAquAONPKUouREWac",
-	"YmHChpJN++yNLYvFnVdwLMl+Q0JkPF3jdVCYpAYwKIowWhcSq886K7VhtZYIY5kpQ0ZHwNhztRYGrb1u",
-	"n/3s9lqUNc130g2m/PKWxGRggWn1vmkzJ1mjaQiWripkQmqslMvoKB1LlOTY84UbzCqhfGFHqF5AK5mE",
-	"Upwb2hDMb0YMprQ1TTRhWIfAV5Dwy6xSMYPN7WFJkkB3hh9C6C5tBfE0IpRmgnGpM2i8tCo6MWP54y/U",
-	"g6NDr9QqA9scthO9+92YbVbpfIVrrtv6WOkG0xtLZ487kq0P2q8bDPQs1O4+vaxJAFwcCB6N/gKHOY4c",
-	"5ktSw5dLLZbI/G/f/oT5nNSDYCyn7nRPvSKuCZdK73pybRvnH7cVRJBzUGC6q1VOxGgYfco6li/Z1I08",
-	"7VIDjH3Ccyw7UxA3f5vGbHrkh53GDAcBCcPTadfn5zpdgpFxJmSCwsbgG8dyqnKQ1iChXHrwbMtWXCa9",
-	"jU6tFRI/ZJ4ZEzUv1kLCGrByDDgZifQawAFWU1XkgkGn+/rBTVnHd5jrEvNgs6VZJsZyCns8jRlnq2LN",
-	"JZtSUGtKTDpF3T8Ng217QoZOG1ZVbqBSWDXVSkE5wrLCiPAqWc24wIsiE8YVP5YEZQuVZWpjnKx0AWWs",
-	"T0UDhuohBZ+vRmPJQayvFJg3GO4sO7qAtCWzzWzQbhkOTh1JJJuewxumjJrQjWUnJCIrZAJKEUk+dYf4",
-	"w8X5y9cwHgyDE0YqnPn34jOerae+iKKciUjILqy9ZzgY9tmvOkUahe8EY5Jbp8w4wyg7eq+NgK16SY0B",
-	"ex+2uRixkBccDwyPT8eyzBkHJMOA8QSlTnA202pjhKZSbJIuSqfLVGJ/nOk7/Hvq9IFbBdoNdLieUPeq",
-	"6aWY974Xdr7qXaZWjNhcK2N6JrVi2iVSPfXGMSAMILlIeitlrJkyI8AcLlmLNNT0H8rY6S7hhifHY/lT",
-	"apJUizlcu3CP1TYOtgpMTGPZq58vmRazFPm3z879e8YSiVlv/sO1Tq8FMkcqAfjAPZjOpAqazXDw3B/8",
-	"UqQCpwLcyZQBLUOFAa6qBnYuxTpIwab/1XOz7b1JpiM3BsK8J1RY4ivkMUkEHlELyiQ+PnnOcp1KMk7O",
-	"L1++eROkD1dgz+R8LgDnlMHCcvPPyNmLjZJYppZUv0JS+wleGUtYGZYTFzm1eWSZWBpqaBC03Op4oxJl",
-	"Fgr5ruNRXBOqpjevSMqSZiGUTKkuKidpOao8KTAqbvxYemjvuq9Mv9xMnRaTuB5JvuVA+7geWd5PCvgJ",
-	"39WpI7G4iW7PWoVUTDxaQm2Svw3BhOahgSmjfTTnWYYeH8mmn3sO7faI1tO4xjDBvIVcKD0XJpDpeCzF",
-	"Zz63meNNtBtNLubAYmI9E0kCdgi8KVBwZ8wI34nziBd21V+q7oiUFUBQTFLpxmzqwQ/iUiCOo1bsUlZC",
-	"rOcCL1TihHedhUm5W9j6NEEypPMVYU5DwQIgCpgZ8EojssWU1uFwGrB69R6aFgClKTWtmsJtNOvmnGIm",
-	"udYgPXz0otwTGAanSu8ay2DeqEi7Z83lVHuHLjueZX32LmSJsXSKa+r4Yera+NSOTsguxPNTz8RT4mI4",
-	"EtvKx4adGJXKsCsgyePO+3eXH2L2/iP8c/7h5T9i9ur129cfXncrtt5lLUC2eQtqIj7Cc1F5/WpYCydP",
-	"WhCPVdACojMcPO36TmDAQHgCzuU24FNHNF4CzJAtEG47AWjY9HTwdIpv8siDTW9N1Cmq5rdT56+cBo1h",
-	"p2NJyhrYLiM8QW+sagGpiihhnffK2KUWl/98i6TKRYLA3lMGWLyQeDcKVpdQiK461KWBkYNE5lmGQl3C",
-	"KNkWBAh1ZyibdiFAJfBWU6tuQFeaSDlQkVs/NR40hKwH/eP+AHMgAWjmaTSKnvYH/afknluhr8MbxFUj",
-	"0SVFCcvT8CaJRtHb1NjXdEtca9v8207RDzYRpfUHXUXPWK2AibqHbgRmGmG35t8LgTm6rl0ztWaIwhbN",
-	"OznftyVT3MRfWsf1fR6qYV0ZWDQ6xqB1GdO+M4a97xVVv9evai/9qdFe+mQwuKVz8/06NledZNuaSmML",
-	"V8yEuy5LTYf09rZBy1kGjaDjyPgQJBrgOBJhBNputkg1brrlS2CfyEmb6FMcNYVSNELOxWHrfHpEmGIv",
-	"u17i14cxLBwnvnVrLiMVqWFpUk62bZvxzm9j0F0fO3pxiWhpAppYsg4u41IVei4QrKNNjw4Mhxq7Z2yT",
-	"Sh+NdNPCKZN4q+b8lhvbw/F6b159w9zv5lErPtujsM13axduE/RU3+lwfnn5mtGzZ4w8X8hL2HgDQdTx",
-	"KTPYjpAoAvoFLHjXESrbVrFeV/VpVoU12FI8rkJS5chjL0R3GpCPo684C3F0Onh69/1hg/b6+flZbEqu",
-	"9GZSD/G8u9ohRgF5Qx3VY4a+SC4Z7nH3649Z2YZnrzZ47zrhNM7W/WXujtS9U+4+poQsOxO18KRv3fPN",
-	"kpFsAG/7xKXhQ416AEmltuxg+42bePTFvebm6Au95+bo90Z/oky0xbRe+940O+2KWGe3XVGXYQesufCN",
-	"pxxM8Q6bMqwbtMWpqrWfmEpVsKXAtJ+dLu7uFudOAovJXU9tnw0HQzrvLv7ge9L6aJMzQXyXnkb7sH4U",
-	"7/D4wgZ9nHZYbtjucQ6IlBo3P8cux/cSHsNDhEft/uH97j8+vSf7OkMEj3kYIvvt0038BQ5lxeBAPMZ3",
-	"GedgXsbxfd3MXtUdRqXv9Rsh7T8RUuV/PMjvhLQqeOfIfoDZljkqDzLZT6Hc8J059gt/IQ4V/q7a4LBJ",
-	"USHRPmDtS/wOG6vsDdw+mK9mqAZrVsJ/c6Hto+op31dln57CgN436il4AY0UM6PQMzbbMpendR+lFEd5",
-	"aw+Pc3QuYjiRrH/yJDmfSmfXbeQ9LzWXKPWwdh6hMORHTtoyyyh4TyMW6d5U8/SgizuYDXp4Mp6uCX6j",
-	"ye66ataCoGOpCttn57KK6j0x9Yh+3UECs6z5XMay4Yf0Ls9OplQ+4/Mr9JVXIe9u4NYkt0D9yF44GmAP",
-	"KRIYwti/q2T7oPxYbzhVT6pxFfGPeh72/VLS59QglEeJuuGGuZpf1kEfGojhwCU9K9Y5kN7bDmU/deyE",
-	"H6aMOV9NF4/ZCen3x11MGav/Knvk8SHI83ve/+KekOXpI0KcOBqenHwDJAryOBAR7SQo0NU7kJM/qtQF",
-	"ssww8D71TpEboa0Xw4dbeGU3/pumosf097odUJcer/B6KTvuQsEX9DtP/1tA7z3xbCuk+kHYdvI+rHws",
-	"q7z3Q4YnxqdN9e9P35t7g4I6fGx7TXWLQ6zRLlSlAg5Mt2v+quA9Rq0wSoP9Ydy/yPbETKpN+fNW/z5i",
-	"LUesnTlq/Ve+mUEa9bVl3Ko1KNkKY3f9DeXvwDwiSKt+2+kPRmeNH7lp4fBffcY94Suzwlq8RGEM6S+K",
-	"doaPi47+0mjnHuDmsOOL/Vb2nF7daJ+5bCtk/N57+KpD2OyuWnkdfW5kM8txLNHMcwmOlCqJuQFoy614",
-	"tqAUlvevmMmz1MY+AbEMyY8lZVKOGG/PoORMi7Wy4ompsodxWu5mzFvRAtMrg0zLFG1K7ywKxAt6S4eD",
-	"p22GnwMWF/XeZ3+4EebV1/+HCuurQH6AtnbSd1nnljTzeCfJ/HALIBfuRwsfEnRR4cjD69QPLek1a66v",
-	"WJnJg2/us/OdXCPqn5Mrbf2PzcVkTFG1225JlyozK8jEcgkmVQGZT2etCqSmQXyRyvMobYVytEn6jOWb",
-	"V90z5nO/dzO98ZfDGone5RisMzx5Qdl44a8ddysRRnUlZUhE1OfQJg1+4vrKdRrLxCNBjLAu8k9wAR2A",
-	"oYPIr+OJDpIyphQe59QJ6oTppg03YQllzFRh0YuEz4W/ROPDTN1/w5Y/HbbA/S/+aPH+EwqqQEydVT8A",
-	"Uhoi3oeN3uDgtxIPdee4ExZHZVlBNPpCH+0EIcjE1Vv4i5RBEF6lAsDah/9xn/DnW+bGf2qOh0WE/t7d",
-	"ga+Pj+YrbpHYmbCuZNx/03YR34CfG1uApMUXkGbBtm1YVDI6Ojo++a4/6A/6x6Png+eDKECbX3ycx9MR",
-	"9s1dorqL+hUDKu7/BQAA//8=",
+	"7H17cxs3su9XQfGeKpN7h5RkS45N/eW1nV2fOLFXcpJTFXpFkAOSWA2BCYARzePSd7/V3cAM5kGJsiUn",
+	"tXf/scXhEM9G96+f+Nyb63WulVDO9safezk3fC2cMPjpvRDmzSv4KxV2bmTupFa9ce8Fy4UwTKanjKst",
+	"024lDLPOSLVkiq+FZUrTK/3jw+PBqJf0JPwu527VS3rwSm/ck2kv6RnxeyGNSHtjZwqR9Ox8JdYcuvwv",
+	"Ixa9ce//HFQjPKBv7QEN7Bx77F1fX0M7NtfKChq30bNMrOHPuVZOKAd/8jzP5JzDHA5yeuP//svChD7v",
+	"261vF3tsLIliwhhtEsYtO/v+JXt+fPId892wVDguMzvqXSe9nxW/4jLjs0x8ywG+uxKGcTbXaiGXhREp",
+	"y+RaOtYfDtf801BcCeWG1hnB13aQMG2YWwlmhYHfScvsqnAONjjVG3XKnNkyvuRSMb5wwrAz4cx2+AL/",
+	"tmKuVWph21eCp56YojfqE3LbHMlBObEUBsYOo/dTghdeq6VUuFhCFeve+LeeXWZcLXtJ7yrL1r2kZ+W6",
+	"9zEJLVlPF0nv9ZVf2tzoXBgniT44Pltos4a/eil3YujkWvQ6msBdjYZZfbMUShhOyxu1JpV7ely1VE4r",
+	"AYLf78VLqdJ4ukYspXUCjglQOk+3MGfHM4Gfw9cXcJiEdf612q/Ep1zSX6nhUvlX1voK//q94IYr558X",
+	"aiV45lZb2sDswjpuqFX8yOdACP5T9XjBZdZo7cIZybP6o0wuoK2u7VoLa/lSdK42sJMLWsHu74irtL69",
+	"jnnMb8R0QlvxL/2q17Y1AUqpBqpn/xJzV9LVW2k7aAsPEv4lnVjb204sUeh12Qc3hm/hsxKf3MW8MJao",
+	"r36Yc24tMJrpTCy0EVO28OcVfsX6OkuFGbAc1jK5neAaS+Rn0DXvvwuevc+4ao/ow0owoAKWZ1wxvWCc",
+	"IYGiGBgzJDrgHn1dOPja6AKIKGGeZi2Tii0yuVy5iVpIJe1qkMCUFM6LL4VywIaczlKm1Vwwp5kpFJPO",
+	"UsdAlVqxvhFIrvCziRLIOkJLV8LIxRaHseESuRksHGdKbJhU1nFomDvGWcaBk1W0MBhN1IuZhVFsoCkQ",
+	"cDBTUyg7Yi9qQ3Ar7hicBot8VOl6+7PtRMGcUsHTTCqRsDU3lxbniUKTDtJoAgTYYFxzODqtxd/Ul2nD",
+	"/To5DUOKSeBGVhcGdEMH88IY6CJfcStw8kwX+/ewMHp9Ueeb9Y6gj+r7aiWRr+zBOXFcMesMhAeyIux+",
+	"J+8xgntR2/oqsL89ZUbjONGQ2nOv2o1WfsehM24meBezQfK+KGVU+0xm3IYVRDQiHlkCKqdMq2zLNtKt",
+	"mG/Gc3224JkVIL3X/NNboZZu1RsfHT4+7pKOtV92DwGJ8pGF05fKuWOwEDgWOH9wfKmRR5YdUDusDwMu",
+	"jGBcpcwW87mwFs6MEXals9QyREoiHYyYP5NrwRXxAZhAnyt/FJCAUo2I1NECwEnGGTKQfpZxhhKVjp7T",
+	"rJR+AHKK8i1VfcG0EmzG55d0RP2izLTOBFewKigOd2zKufAcxAWOWXKNrvMLLI62b0xrBa3CuhAPAVgJ",
+	"7BS+0oXLCzdiHwIfkZbYHv0+YUoAliOh7cEb8CLprMgWNJdox48Pnz9NALI7YWDg//ztn5NJcXh4ePjx",
+	"L//VdbgDg/NSOmrq8cnTpLeWqiSm7naH+P/R9/jfd9/Tx+ff7+gu0zy9Tbq+hXdaECAa543n7Uzk2bYD",
+	"Pc67eVeFuMa4mSVZl5x/vuJqKdJTFl5k0tFGjHBbxrDdtLExZaC4i+Uaq4u1SyFy+AGNWqol7WVggUqr",
+	"Ok70gO0L2KATt634Ob7UXHK/ZKGNrlX/4Ze/Cb0GHaG9sqpYX2R8K4xNGPx9eQUcJ7UJzDq9SOUaOYW0",
+	"F+uMM24EC52zQmXCWgIDNH8vWjIJoMOtxBqQR6Euld4o1g+IY4vNcOQug1Pf9ETRA+wNGEr4GbEf4psd",
+	"Yjul2dbOxNPj+z8SYTWaasaTx3S05Roo4vHR8XfHz548Pf4OR0APj1rSNOl9Gi71sHqKZxzXISKPiOvF",
+	"O/NwI6ho4eH6AOB8YeX/iofqogkRyv4STytdJ+StZ3h12rq8uiiC0lShE13MUDksx3oUDfGwbFwV6xkB",
+	"p98LUYj0C+Z7uN+SmkIhDHugDhoLGnor55VU69S1tD+K9Q9e565znp/e/M9bthZrbbYM9EPSbH74BTm4",
+	"VqOIzb46e/FjL+n9Qv/99e27lz/0kt67v/7365cfeknv+zdvX3dy3Pdcmva2AmvlTnojURdIRmYpAZpk",
+	"md6gWHCGK7vAFWofz1TMdSr2saydiQWdAmBMzc55pAQZsSisSEHJwc/SsVTkQqWWaUWQifjjQoosjdYK",
+	"eEjSE78XPLtwOcojJ4ymv9fyk0gvrFiuG3popPAbsZBZdpfJGEHa5a2/4dK8L1++jk0X+/z0H9Xb13W7",
+	"Suc25lwiToteROFyKXLH6qoyoGJArYgGAO9Vv2HeukNSEPVkAJRG8mzQSQuVlG/qeVsWDyvaYBB3MBJO",
+	"jKUNHMJ3rUYrUk7YTLsVglNLqDvBduPZ9zn1HiaAw/BtDxIveSuNxm8UrFOsn8ai3nYuQaFQH5RdO1ON",
+	"GMdiUVUiUIeUjEpDkQmmhEhFSloGKAVWpoKlksABkH7CxGg5YoarS/vbXz6OLq8u1mJ9AawEhlWaiFrL",
+	"2TQH3XmwgPW3+ARoB0cLesV8JeaXsKOK0dG84lkhkF5wb2AGXQvWlFj+AJZsJYk5VkQNXdwWzkm38Qwn",
+	"sLftDDlnx1o57XjWiSJnwgCl0DqR7Qx3FU3ht1vGaHihg11Tex+zmrY6DI08sqSYl/RLxOVX9ZENiqDR",
+	"TjA4EIgMmVROMzIdwaKXmjXqtV4kkUbPgQLlwnsTEjxswBlAa8UzhLsFLAMebp1AQxj8kTBNngLAIyzj",
+	"aSpMqWaXiiseUaAn0inLeYh01EK/0KdQOxhgEFnMvzVmSn7K0P0wz+sK6ZPHTcTcOjWeui/uYuD3LGMH",
+	"fy4ZDExWLyIG9qib2ZwyHrhTaSwrGwFNzVYL2LSFAgtB64gnTc6MGNa0lj5HzXBQ2jS8Q+CdAk2VXGht",
+	"XrfDFOGHWTE3vwfBRMT6yLzgG8RBoLwVlrTOQMZektQ26vHh8bOOhV7Octu1ykYXy1VeOMZJuc24WQrr",
+	"iACRtebcghTqA31atjHSOaGQjJGukaiRapGi5FrQNjmtLwcJOzr853MkbXtga5bKEiTfBIwz7oSaby8K",
+	"27WA1sFIfz178+F1EEF2zbMsjD8B5XIt50Z7p9jdBxDkxW3cMGDYWFMPeIsWEPomW+rH24yW1EJSnt1o",
+	"GH4jaytTO3m7+OI/akBqJ2OswECCBpArAdwgwIFTxuusyAhACEor0eY83N1gyi5ZWN35ta+p3HGZdbVe",
+	"GqwJq6wCNN/oGLOnclHD6ZFFFaGcvbh97EstKpzH+uiqZcNhNZ2hc9kgLNiY7L1cMVgh7rRhmVw4y+T+",
+	"5nvy5nUyyjYYHdeRpAcEZO5KPFK15LAqhYCQGEqAGkSjVW2YEUps/IBvwSd+f9CBF8bdTZcGTmsm7brL",
+	"TezUhctLS0B91qlY8CJzloFMppdOgYWttXXhQcNpcX8WinSeXwCobA9rJkAbhO+/bACH+w/g9nU5ergF",
+	"+GO7z29e/vyBVz//Y2cfnYlvYB0LvXWeX0HRJDzL3i1649/2sQdUcKp3ndz+g3NEPfhqw0RjRCqU62SJ",
+	"gMdA9KNTR9kNuZZ4DSoStpHWFgjCBIA7JTYTBfAyYZzNMy7XIsWQKgJdPF1LVYFCAYx5MC49x4/sRFWj",
+	"GrEfhMgB4PeneZpnXAUH03BYvTVcyExMB6dkN5go0Fyt08GaMOf4ZCaYXYG6SN6K2O8VIYjG9nxMOuPG",
+	"Hlm2KLKsthYJ6h/oxdp43108YxgJRZl56F1KDHyVAqtqQWG7Y9ZgZX/++c0r2J5Mb4SZcytgnlrJOc9g",
+	"IGuEEpE5/nD4nA8XHz8/ux6Wfx/v8ffR4+tOQz0MdYcGLMRdNGCgz2K95mbbVoSbyiu2vOsQnUEnzcHs",
+	"CLe5Q6QNvrq7z+gotjbsNRow0N6CBq0ZApyU9RHzo5pUucJO0Z8D6qwq3xwkE1X6daqv/SOCIOju8V4e",
+	"pk1CVLaRViSgZGegIo8mCu03ZBCr+5VazY4x8EXPL/3AWF7MMmlXAo8W6VF0CDFQMmE//MJyDczQWMA4",
+	"ka3ZdrmSZlo7WLP8YqVtB0Q8/9tbrpbBkjBmK0QjlcnACD5fCUJXZVshzI871vcShJgK/lovWGHQkFhz",
+	"6T65D49VNZ1cmz2mUw0Z3mf9Q1izAHCfPX/+bHCj0Ht6cvLk5O7iVpQBiDeGctFbbU94w16HTmBb2VIC",
+	"oRg9B5Lyfl7bXO8HcKFfXt02p8gri7rwTGQEjdNUwnx49r5Gns0Rf/0Y64v3g9ha9MwegTx9fPKUzVfc",
+	"8Dken410K104NtfKGZ1FX/lglnisT487uNJapyJrzOPk6PH9r3xgoc0Tdd/9BF7YYbsgQ3YXM2UUERLb",
+	"p28JOr4SCuj9e3TzXONav6GfPj5qiKWkVyj5eyH8984UAn1NNT3sZqtv9SqIHGDNewvMMwDttQFSYNNa",
+	"qvC5bU82Orv18J/BO6giEzC5WBpd5A9zJLyo2bmnSs90umVzXWQpcyLLThlwfZBf3nhSbniMwfbd75+p",
+	"+47NPtlrrwvTAZhXzuV9O2AzAGM/n70N1jTPejvsi/d7VBrgxYcE486X/J+GHrhEnc3XSRhZ6y7Y4xWK",
+	"cYc+wd0djdd3jkHHwJ9bNriM8qX3KazoAjHKFc8ugiWzM+CgZb7cgSEzbt3FKo5s3G/CmeBWXKCJaXvX",
+	"Xzl318HvH2N2t/Ao//bFDdFWRZ7ekRq68Hew49biTmtr6CeZxORX6/1GGuha2p107xWVO6nrO7XvNhDe",
+	"A1y2z8NXQrtvAKl2uYY7UMu+mtofhguakvUexP7u6BSUb6i4AWAMQjPZHyjs1Ky/FhLch0RvxCh+qfBu",
+	"TswL5z9COrbMRb+uuGNcbbUSbM23RJN8BhCfozVnxH7SsQKdeNV6LRxPuePoRg6WIivmRgRTkdEzsctG",
+	"1HCoY0afdMEnX+rzTHoluW6LIqsehanLYMTyfvpyXN70wKoUrbKzhTbe1EWmLdBzSgdyh4srTU1NQBRB",
+	"9lehf8+Oj59+d3x8+N2T7w6fn5w8Pjw8vFEHvk562PfFflpKm+/ucvh/jWs/FVcXjQS6+5nqbekoniSi",
+	"rJTKDYdksuG2pIrONJUdDvpoDJlQXzezo65Wv8BzHCj0lmCNJkEniNufHrN+cIAdsR/lX2vGmNnW7XAq",
+	"evZIB7TDN/zyfRUdEh+nxtFm/aOncFqeHpO3f5CwFVepj3BA+3vhVkI5OQdsQ6bkjhFGdPmsrmd0psDs",
+	"AdR2EMAO7hqdvR0O+HKXEjr/RECduKvKhG6EpJcO7HaSFsqG1jb89/m7n1jO3SqoZnqxECrF6DLK4SNj",
+	"bS3k7agV8rYzbWRnzkFhu6Gbky4TNyCkli2RHNA/n71hiq9h3BgxmHGLkT0+fRsHD9qoHR8ceLfJKBVX",
+	"ISPbHkh1xTOZDkNQ6827id+GwZYTKiMIdmxaDTh1yKmaH4ls5JuVtsiS/G/JXD3XJqWgrDKZuFNqN+B0",
+	"CzzvIddHldM7flrzote/Sjuf5rueose10cK8u+F5+fbl1SgOr7+8GqV+Sy6vRlEyQfm5TGHAJ2VKBX7y",
+	"6Q8BfnaFJp95t3BDTOOZ3s1dI79Ak6fuw0Pr4npn0/DCqU93xXBVNDT7BzUV8aHtkrz4dAGTvMiE6oDx",
+	"MLgc5EzxyQOjGN/eMwCo7FeU8taExOVYc9dwzX3jgSzzotOjMDyqKzxsxbECx9/e/3z3EIDhnjEAl1f7",
+	"bOB9bt7RPmt2oyE3jDlsZDN/D+NnKcsO5KqwVthTPweUEaiJRNkg68I6jPXWV8JkPP8TTRTGsdfmJFXQ",
+	"0qoMIs7osP95plNBiI5Yi/qmwNTKDJ3T0mVb1jRJhXVSkeiMf0fatY92MMLq7Iok516KdQyi7zK3EEb0",
+	"MIFCt4Lr807oHGTPIGA9GGWMuClCY6JSwzeKzbZR9jIosOhuqGROwqyunleCZjRRH1aCAcBvxoEzPp+L",
+	"HIXTXCslQiZstvUFZ7hif//xxcuJmq9A7KulGIYaQBQLLN2InQlXGBU0gNl2oqZ/e/2BHfBcHlwdHaAG",
+	"cPBZptcHMaCakuP9q/SCZkIagZEatK9xowZDbRzhxhHoAo2xwaoLMIJcCA5S6ewdzSYdhocaorlAsml3",
+	"THwkUFEHyundbn3oBA+eKXdrBl8mKDvq8FztmhdFolOmRJZV7KamTxY3VPhpSM8b2GyH4nMLe7wrv9rF",
+	"kto9R6u+K7emthS35NN0nYrqx+Xqd52NWKWM6SHpJszOE+NtuGWQfDunaabdqhPlnzueiTPRHbTyqz9m",
+	"vsELiQl01SyZW0mMJoqCsR9ZXy9nzc3liEETWAhg7fP5QlLJsDyYBntPQi0MYMIg2DHTSyvK/5ooI7Cm",
+	"2JhxlhZUXgxjqbn/fbCnVgUzfPEIpVmm1VIYOCTIZTFqRWm3wlwVDjwaGhE+4r0wokyBgEli5LfBtBfi",
+	"2JiDX4YhDSPbZxXmHSXHgJ4pOGbcwpp4fb1sgVYrCkfsYk/dGlGDFeGW4Mil9VVAVj4VxWfIlGvuuFkK",
+	"Ktly/7FQO7J00P+C6TgOY+VhbEZcURWPYIXMxLo+pqcnJ0/uVr6jotbdqVAyy7ydoVoSHS1cWarnIYMn",
+	"K6dpqz7N7WrqPs5/30EXzzgPTt6m6sDTra+3QlijzHdAD+yoKh4TR+t6Aiz9q5bNSDpPFJqWbT0KApcX",
+	"S1T4tCvvZnChzg/Zo5FYBvUaIDlZ6qLycXGRt1BKLiqWtDNRKOnVXEj72aaQaNd8C8i6DMnEXJk4VtKy",
+	"VFOdHrKmD2Kz1UNYa66TnhXzwki3PQexGFwqa6k+6EvR4RCYDof49dDB99NxlUxDJU4s66ciE04kVPIs",
+	"ibi6HZx6VCvSidqshMHcyaqCJrYJzLmKzmbSR4Gi2MaMF8FNnDm0ci5Hpws979iPeSaByl68f8MuxZb1",
+	"YQ65HF6KrZ0OmK889C4X6sWbYZRMDBQs7OlEBdQY/47cj45fCkq9mqiJApnFlE/haSwUUxqf/UtXj9D6",
+	"6kP1KDpd2onSuU/t85IGTlVIWq7i2FNxNUWFbhrSnqTCrRTTgdcqLIFh9Bpa1m8D/2lCicAJo4p3A3Kn",
+	"Zhu+jccx58ZsQRze1dG4377Biuwmtni9+qAKrdd8aEXODbowMmkdKleUgZ5RzL4SG7bR5nKinF4K3I60",
+	"wDRwzox2VM9ujKH1mIG1IVfIiL1xpUfSWwUnivQ3XIiMyzU+B4FJYgCjPxBGm0JhPmt/pTesVn9rojJt",
+	"SemICHuu18KitjcYsZ/8XouygM6t6wZDfnlDBgaQwLTqb9pMvjCoGoKmqwuVMp9Y7fkyGkonCjk5Fhjk",
+	"FsPnKDHCL9QwWiuVxlycW5+3KoRJEINp42wTTVjWJ/AVZTYwp3XCYHOHmJOObioTmhDGV0AgmkaE0syk",
+	"KGUGtSer7Do7UT/8QunhferS6Ax0c9hOtO4PErZZyfkK59xwayshoEs9UV4f90u23mu/rtHRs9DtfXpZ",
+	"4wA4OWA8Bu0FHnMceMyXSsuXSyOWSPxv3/6IgetU8Gqipv50T4MgrjGXSu6G5do2zj9uK7Agb6DAuH6n",
+	"PYsx0PqU9R1fsqlveTqgamu7mOdE9afAbv4yTdj0IDQ7TRg2AhyGy+mgjAYgWYIhQEyoFJmNxR4naqpz",
+	"4NbAoXwexGyL7s1hSIeGD1kgxlTPi7VQMAdMkQVKxkV6DeAA00ar5YJGp7uKD09ZP5QzHoTaAhahzURN",
+	"YY+nCeNsVay5YlNyak2JSKco+6exs22Hy9BLwyqdF0QKq4ZaCSi/sKywIn5KWjNO8KzIhPXVL8oFZQud",
+	"ZXpjPa/0kTNY0gQVGCqIIfh8NZ4oDmx9pVMqvLCqygcCtyW1zW5Qbzk+PPFLotj0BfQwZVTxeKL68SKy",
+	"QqUgFHHJp/4Qfzh78fI1tAfN4IBxFU5Dv/ibQNbTkC1WjkSkpBfW+jk+PB6xX43ENYr7BGWSOy/MOMNw",
+	"IrReWwFb9ZKqUA8/bHMxZjEteBo4PjqZqDI5BpAM5uH7egWczYzeWGGo7g9xF23kUiosxjh9h39PvTzw",
+	"s0C9gQ7XIyqVOj0X8+H3ws1Xw3PpxJjNjbZ2aKUT0wEt1ZOgHAPCgCUX6XClrbNTZgWowyVpkYSa/l1b",
+	"N20v3PHjo4n6UdpUGjGHZ2f+Z7WNg60CFdM69uqnc2bETCL9jtiL0M9E4WLWK01yY+SVQOKQCoAPvIPh",
+	"ALqg0RwfPgsHv2SpQKkAdzJtQcpQBpRPH4Sdk5jwLdj0f4Z+tMM36XTs20CY94gy6EI5JoyGg5/oBaVM",
+	"HD1+xnIjFSknL85fvnkT5UlUYM/mfC4A55TOwnLzT8nYi1U5WaaXFONEXPsRPpkomBnWYChyqinOMrG0",
+	"VD0riqTpB6USeRYy+YGnUZwTiqY3r4jLkmQhlEwxfTonbjmuLCkUn6Mt/NhDe1/qb/r5euqlmML5KLIt",
+	"R9LHF2QNdlLAT9hXv47Ekia6Pe1kUgnRaAm1if82GBOqhxaGjPrRnGcZWnwUm34aerQ7pLWeJjWCicYt",
+	"1EKbubART8djKT7xucs8baLeaHMxBxIT65lIU9BDoKdIwJ0yK0LZ9wNeuNVoqQdjElYAQTEab5CwaQA/",
+	"iEthcfxqJT42L8Z63vFCuZz41mmcfbCFrZcpLoOcrwhzWnIWwKKAmgFdWpEtpjQPj9OA1Kt+aFgAlKZU",
+	"IXUKr9Gom2NKmOLGAPcI3otyT6AZHCr1NVHRuFGQDk6b06n2Dk12PMtG7F1MEhPlBdfU08PU14ysHZ2Y",
+	"XIjmp4GIp0TFcCS2lY0Ny35rnWEJauLH/ffvzj8k7P3P8M+LDy//nrBXr9++/vB6UJF1m7QA2eYdqIno",
+	"CM9FZfWrYS0cPElBPFZR1bD+8eGTQSg7CwSEJ+CF2kZ06heNlwAzJguE254BWjY9OXwyxZ4C8mDTGwN1",
+	"iuqmham3V06jWwimE0XCGsguIzxBPVZJz5QumbL+e23d0ojzf7zFpcpFisA+rAyQeKHwbWSsPnIaTXUo",
+	"SyMlBxeZZxkydQWtZFtgIFSeq6wQiwCVwFtNrPoGfQ42xUD1/PypyrUlZH04OhodYrA3AM1c9sa9J6PD",
+	"0RMyz63Q1hEU4qpq/ZK8hOVpeJP2xr230rrX9EpSuyPkt1Z2I1asp/lHJexPWS1Tk0rVbwRGGuHVIL8X",
+	"ApMR/N0gVACpF98H0gqrvCmY4jr53NluKPRVNevzXXvjI3Ralz7tW33Yu7qoLhf4ortMPjbuMnl8eHjD",
+	"NSF3ux6kurag6wYTvC8AI+Guypz6Y+q9q9FylNGtI0nPBhckKuDYEmEE2m62kAY33fElkE/Pc5vex6TX",
+	"ZEq9MVIuNlun0wPCFDvJ9Ry/3o9g4TjxrZ9z6amQlsm0HGzXNuObX0egbRs7WnFp0WQKklixPk7jXBdm",
+	"LhCso06PBgyPGgenbCNV8Eb6YeGQib1VY37LrRtie8M3r75i7LfTqBOf3EF8p0znlS82usCndZ3O+flr",
+	"Rr89ZWT5QlrCCkMIoo5OmPUV1WBFQL6ABu/Lj2bbytfr09vtqnAW769JKpdU2fIkMNHWbTeT3hechaR3",
+	"cvjk9vfj24Dq5+cnsSmpMqhJQ8Tz/mmfCAX4DV3fkzCfXMBwjwdffszKOow7pcF7XwqxcbbuznNbXPdW",
+	"vvuQHLIsTdlBk6FG2VdzRtIBgu6TlIoPVSQDJCVdeV3CV27iwWffzfXBZ+rn+qBWC/dG5hj7/e505Vf3",
+	"jV+Vh/1erv3qZKHeVHgPoy2jAO5lsB+TXl7sKgla1v2sKzReZ5Opr4NouGK1qpSDDtUKVIFWedwbC0+W",
+	"4QIBWyYVFfr7Jmy75mPCCuVkhtYqLM+I0QcgTeeCOHJZz81bXSuD+aiXNHgKxVJUpVNp1YV1f9Xp9l6P",
+	"d1Tcue749enpD8pbGp13kwJtGY/D979A/BwfHt3x/Sd3fP/4bu8f3bH9o5O7vf/48R0Zsletke813Um/",
+	"fQT2EruC8Qkc44qRn+H+xEcjjwh4P7YNHe/Htn9v1M/MRFcowutQO7FVTpP12+U0BwwrV8/FuM4Bgp29",
+	"5BhR2caKyz6yFcJnS4HRmq2b3vwr3guwWWnmn0s3YseHxwTTYk4hbRkk4NlbqCLZKBbeZiNv5cJFdUZb",
+	"p/m4mwFHiyStH9/oz3mITr6CyG8hZ1g8xtuEszctY/shr/s/oOIbgIqYb4TKcbsxu0943AOz+ySx/QZF",
+	"ie677CGhBMV+bZX3B3U3FpLQqsaalZq+uhDMg6oXoe7fLumPcRhfqV5AB9RSwqxGh8Zsy3x47V10iaSX",
+	"d9aYe4E+IYwCIaMtOQC8KbzfhqTBYF7zZNE9V96QH0dqkG+tDA6N+mmEkPieagZ69ExGo0HDfMblmqwm",
+	"aGn192fUYlcmShduxF6oKhjjka0HYtXt2jDKmql8ohruo+Cp6mda5zM+v0QXZxWpNIi8UWTNbUJiWgOs",
+	"cfpAeLhVEPUbQ2ICP523KX+SFpUT5KgbbplPtGZ9dH0AG448ibNincPSB5NPeeca3pYXR/p6E/sAj9lj",
+	"ku8PO5kyxOpPiuOf3fH95/9GuD8KvyPI/4WKgL/PT9f03OAK7Re5FcYFNry/Ya68se+6Kegxa6muB9S5",
+	"xyt8XvKO21DwGd0F/f8L6L0jnu2EVH8Trnt575c/llWIdkOGRzZEu47uvr7XdwYFdfjY1U31ikesvTZU",
+	"pbw7jJLusEPu22qFURrkD+3+SbYnYUpvyiuw/3PEOo5YN3HU6gN+NYE0yiKU4QadsSSdMLZtbyjvin1A",
+	"kFbd//yN0VnjItwOCv81JEoRvrIrTKFONbr+/z2slndFR/8uVs79ji/WA9xxevNQZG0p3M56/NGJo6D2",
+	"cAcA5TKRvVHbMrWQ1LMVzxbh2uv3r5jNM0mJ52VkFBoKWJ9TVeh6hPwg6XSblLbIMlC8rOpV3i/URgA4",
+	"yYeUMdjBTm+Bnok/oUC5J+s6Tz2CbpXki4vi+QuB7mBtT75CmBT3JUvYWfCVeYPoldSFDVvaJLX3RIoV",
+	"uT2AMaCitG9oAbiVvP/jCPvzO8I8dcZHoHYnZcjlwfNqe/chXUzj8pBOIfN98B9Vx7J5t0zl0woJU83U",
+	"p4lCI6LPeqL8qbYo4qUgSkJWUimNJorSq8aMd6dVcWbEWjvRqhHqX8ZgdiMw5ypKv5JosQyuiIjhoC/u",
+	"+PBJl1nRq61n9crv39zEF5Sjf0N16IuOUKTLt3L6WP+G3NOklXk6+FbisPtkUjb5/WtsHzpi7tfcXLIy",
+	"vB97HrE2tKTqwbk2bqKoiHVCpjoqgdGu86DLcGsy4Pmo86qqRMhxq6omTKOgQ6rZQbHslLhJ3Gei3rwa",
+	"nLKQENpO/+RGtLI/yzZY//jxc0rRYVEc+6BiYZRsXjrcRX0MXdzgR24ufZ317KGARVws5Q9wMOxhoYnC",
+	"QT1N9HEpE4rr9y6DqHgQvbThNq6rkjBdOPRR4O/iW81DEMPgP0rxH4544P3n35q9/4iMKmJTp9X1p6WZ",
+	"K3hI0ddY2v73dxb4E5b0ylzj3vgzfXQXCEEufBJ2eEhhxfFTqgpS+/C//hNeXju34VOzPawsEt5tN3x1",
+	"dDBfcYeLnQnn60iFb7oeYg/4ubEFuLTYAUkWLFqPmebjg4Ojx9+NDkeHo6Pxs8Nnh73IlvE5RBGEdYR9",
+	"848oGbv+xIKI+38BAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
