@@ -23,11 +23,11 @@ type Snapshot struct {
 	// preflightBlocked holds the pairs whose last preflight, of the peers'
 	// current generations, failed.
 	preflightBlocked map[[2]string]bool
-	trials      int                      // how many of them are on trial
-	models      map[string]*ModelRoutes
-	modelNames  []string
-	unhealthy   []*Peer // sorted by name; named by Routable
-	loads       *LoadTable
+	trials           int // how many of them are on trial
+	models           map[string]*ModelRoutes
+	modelNames       []string
+	unhealthy        []*Peer // sorted by name; named by Routable
+	loads            *LoadTable
 }
 
 // ModelRoutes is what the router needs to serve one model: the ready
