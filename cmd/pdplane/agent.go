@@ -84,9 +84,11 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// A worker that cannot start (a transport setting UCX refuses, say)
+	// costs the preflights, not the engine's registration.
 	w, err := pre.start(a, log)
 	if err != nil {
-		return err
+		log.Error().Err(err).Msg("preflight worker not started; this peer's pairs are not preflighted")
 	}
 	if w != nil {
 		defer w.close()

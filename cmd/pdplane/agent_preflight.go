@@ -11,13 +11,14 @@ import (
 
 	"github.com/pdplane/pdplane/agent"
 	"github.com/pdplane/pdplane/transfer"
+	"github.com/pdplane/pdplane/transfer/cuda"
 	"github.com/pdplane/pdplane/transfer/nixl"
 	"github.com/pdplane/pdplane/transfer/tcp"
 )
 
 // preflightFlags are the agent's --preflight* flags.
 type preflightFlags struct {
-	backend, ucxTLS, listen, advertise, fault string
+	backend, ucxTLS, listen, advertise, fault, mem string
 	maxSize                                   int
 	cfg                                       agent.PreflightConfig
 }
@@ -37,6 +38,9 @@ func (p *preflightFlags) register(fs *flagSet) {
 	fs.dur(&p.cfg.FailedInterval, "preflight-failed-interval", 0, "how soon a failed pair is checked again (default 30s)")
 	fs.dur(&p.cfg.Gap, "preflight-gap", 0, "least time between two preflights this agent starts: the per-host rate limit (default 1s)")
 	fs.dur(&p.cfg.Ladder.Timeout, "preflight-timeout", 0, "deadline of one preflight (default 10s)")
+	fs.choice(&p.mem, "preflight-mem", "dram", []string{"dram", "vram"}, "memory kind of the probe regions, the one the engine's KV "+
+		"uses: vram allocates them on GPU 0 through the CUDA runtime (libcudart.so, or $PDPLANE_CUDART_LIB); without one the agent "+
+		"says why and probes DRAM")
 	fs.str(&p.ucxTLS, "preflight-ucx-tls", "", "--preflight nixl: UCX transports (UCX_TLS), e.g. tcp on a host without RDMA")
 	fs.str(&p.listen, "preflight-listen", "127.0.0.1:0", "--preflight tcp: address the transfer worker listens on")
 	fs.str(&p.advertise, "preflight-advertise", "", "--preflight tcp: address other agents dial (default: the listener's)")
@@ -47,10 +51,47 @@ func (p *preflightFlags) register(fs *flagSet) {
 // preflightWorker is what --preflight starts: the backend, its registered
 // regions and the agent's preflighter.
 type preflightWorker struct {
-	backend      transfer.Backend
-	host         *transfer.ProbeHost
-	hostBuf, loc *transfer.HostBuffer
-	p            *agent.Preflighter
+	backend transfer.Backend
+	host    *transfer.ProbeHost
+	local   transfer.ProbeMemory // the initiator's region, registered
+	frees   []func() error       // frees the regions' memory, after the backend is closed
+	p       *agent.Preflighter
+}
+
+// vram allocates and registers both regions on GPU 0.
+func (w *preflightWorker) vram(maxSize int) error {
+	rt, err := cuda.Load()
+	if err != nil {
+		return err
+	}
+	if n, err := rt.DeviceCount(); err != nil || n == 0 {
+		return fmt.Errorf("%s sees no CUDA device (%d, %v)", rt.Path(), n, err)
+	}
+	hostBuf, err := rt.Alloc(0, probeSlots*maxSize)
+	if err != nil {
+		return err
+	}
+	w.frees = append(w.frees, hostBuf.Free)
+	loc, err := rt.Alloc(0, 2*maxSize)
+	if err != nil {
+		return err
+	}
+	w.frees = append(w.frees, loc.Free)
+	return w.register(hostBuf, loc)
+}
+
+// register registers the initiator's region and makes the probe host.
+func (w *preflightWorker) register(probe, local transfer.ProbeMemory) error {
+	if err := w.backend.RegisterMemory(local.Region()); err != nil {
+		return fmt.Errorf("register preflight region: %w", err)
+	}
+	w.local = local
+	host, err := transfer.NewProbeHost(w.backend, probe)
+	if err != nil {
+		return err
+	}
+	w.host = host
+	return nil
 }
 
 // start builds the transfer worker for a; nil when --preflight is off.
@@ -79,35 +120,41 @@ func (p *preflightFlags) start(a *agent.Agent, log zerolog.Logger) (*preflightWo
 		}
 		w.backend, secret = b, b.Secret()
 	}
-	if err := w.regions(p.cfg.Ladder.MaxSize, p.fault == "deregister-probe"); err != nil {
-		w.close()
-		return nil, err
+	if p.mem == "vram" {
+		if err := w.vram(p.cfg.Ladder.MaxSize); err != nil {
+			log.Warn().Err(err).Msg("no VRAM probe region; probing DRAM")
+		}
 	}
-	w.p = a.NewPreflighter(p.cfg, w.host, transfer.HostProbe{HostBuffer: w.loc}, secret)
+	if w.host == nil {
+		if err := w.regions(p.cfg.Ladder.MaxSize); err != nil {
+			w.close()
+			return nil, err
+		}
+	}
+	if p.fault == "deregister-probe" {
+		if err := w.host.Deregister(); err != nil {
+			w.close()
+			return nil, err
+		}
+	}
+	w.p = a.NewPreflighter(p.cfg, w.host, w.local, secret)
 	return w, nil
 }
 
 // regions allocates and registers the probe region and the initiator's
-// region (DRAM); with deregister, the probe region is deregistered again at
-// once (a fault drill).
-func (w *preflightWorker) regions(maxSize int, deregister bool) error {
-	var err error
-	if w.hostBuf, err = transfer.AllocHost(probeSlots * maxSize); err != nil {
+// region in DRAM.
+func (w *preflightWorker) regions(maxSize int) error {
+	hostBuf, err := transfer.AllocHost(probeSlots * maxSize)
+	if err != nil {
 		return err
 	}
-	if w.loc, err = transfer.AllocHost(2 * maxSize); err != nil {
+	w.frees = append(w.frees, hostBuf.Free)
+	loc, err := transfer.AllocHost(2 * maxSize)
+	if err != nil {
 		return err
 	}
-	if err := w.backend.RegisterMemory(w.loc.Region()); err != nil {
-		return fmt.Errorf("register preflight region: %w", err)
-	}
-	if w.host, err = transfer.NewProbeHost(w.backend, transfer.HostProbe{HostBuffer: w.hostBuf}); err != nil {
-		return err
-	}
-	if deregister {
-		return w.host.Deregister()
-	}
-	return nil
+	w.frees = append(w.frees, loc.Free)
+	return w.register(transfer.HostProbe{HostBuffer: hostBuf}, transfer.HostProbe{HostBuffer: loc})
 }
 
 // close releases the worker: registrations, backend, then memory.
@@ -115,16 +162,14 @@ func (w *preflightWorker) close() {
 	if w.host != nil {
 		_ = w.host.Close()
 	}
-	if w.loc != nil && w.backend != nil {
-		_ = w.backend.DeregisterMemory(w.loc.Region())
+	if w.local != nil && w.backend != nil {
+		_ = w.backend.DeregisterMemory(w.local.Region())
 	}
 	if w.backend != nil {
 		_ = w.backend.Close()
 	}
-	for _, b := range []*transfer.HostBuffer{w.hostBuf, w.loc} {
-		if b != nil {
-			_ = b.Free()
-		}
+	for _, free := range w.frees {
+		_ = free()
 	}
 }
 
