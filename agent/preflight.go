@@ -34,8 +34,8 @@ type PreflightConfig struct {
 	// per-host rate limit (one preflight at a time, at most one per Gap);
 	// default 1s.
 	Gap time.Duration
-	// Poll is how often the agent looks for due pairs and drains its probe
-	// notifications; default 2s.
+	// Poll is how often the agent looks for due pairs (one listing of its
+	// own pairs) and drains its probe notifications; default 10s.
 	Poll time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
@@ -54,7 +54,7 @@ func (c PreflightConfig) WithDefaults() PreflightConfig {
 		c.Gap = time.Second
 	}
 	if c.Poll <= 0 {
-		c.Poll = 2 * time.Second
+		c.Poll = 10 * time.Second
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -181,7 +181,7 @@ func (p *Preflighter) due(ctx context.Context, self string) ([]string, error) {
 	var resp *api.ListPairsResponse
 	err := p.a.cps.call(ctx, "list pairs", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
 		var err error
-		resp, err = c.ListPairsWithResponse(ctx, &api.ListPairsParams{Limit: apiconv.Opt(100000)})
+		resp, err = c.ListPairsWithResponse(ctx, &api.ListPairsParams{Limit: apiconv.Opt(100000), Prefill: &self})
 		if err != nil {
 			return nil, err
 		}

@@ -267,8 +267,24 @@ func (s *Snapshot) unhealthyNote(model string, serves func(Role) bool) string {
 // with its verdict, at most limit of them (all when limit <= 0), and the
 // total count.
 func (s *Snapshot) Pairs(limit int) ([]PairView, int) {
+	return s.pairs(limit, "")
+}
+
+// PairsOf is Pairs narrowed to the pairs of one prefill: O(decodes), so
+// that each prefill's agent can list what it preflights in a large fleet.
+func (s *Snapshot) PairsOf(prefillID string, limit int) ([]PairView, int) {
+	return s.pairs(limit, prefillID)
+}
+
+func (s *Snapshot) pairs(limit int, prefillID string) ([]PairView, int) {
 	var prefills, decodes []*Peer
 	for _, p := range s.peers {
+		if prefillID != "" && p.ID != prefillID {
+			if p.Role.Decodes() {
+				decodes = append(decodes, p)
+			}
+			continue
+		}
 		if p.Role.Prefills() {
 			prefills = append(prefills, p)
 		}

@@ -176,7 +176,13 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		}
 		limit = *l
 	}
-	pairs, total := h.snaps.Snapshot().Pairs(limit)
+	var pairs []registry.PairView
+	var total int
+	if pf := req.Params.Prefill; pf != nil {
+		pairs, total = h.snaps.Snapshot().PairsOf(*pf, limit)
+	} else {
+		pairs, total = h.snaps.Snapshot().Pairs(limit)
+	}
 	out := api.ListPairs200JSONResponse{Pairs: make([]api.Pair, len(pairs)), Total: total}
 	for i, p := range pairs {
 		ap := api.Pair{

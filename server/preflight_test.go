@@ -79,6 +79,10 @@ func TestProbeAndPreflight(t *testing.T) {
 		t.Fatalf("pair after a failed preflight: %v", pair)
 	}
 
+	if code, out, _ := b.do(t, "GET", "/api/v1/pairs?prefill="+p1id, "", nil); code != 200 || out["total"] != float64(1) ||
+		out["pairs"].([]any)[0].(map[string]any)["prefill"].(map[string]any)["id"] != p1id {
+		t.Fatalf("pairs of one prefill: %d %v", code, out)
+	}
 	passed := map[string]any{"state": "passed", "backend": "nixl", "mem_kind": "DRAM", "gbps": 1.25, "latency_us": 80.5,
 		"checked_at": "2026-12-01T10:01:00Z"}
 	if code, out, _ := b.do(t, "PUT", reportPath, b.cred(pid), passed); code != 200 {

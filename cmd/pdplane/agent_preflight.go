@@ -37,6 +37,7 @@ func (p *preflightFlags) register(fs *flagSet) {
 	fs.dur(&p.cfg.Interval, "preflight-interval", 0, "how old a passed preflight may grow before the pair is checked again (default 10m)")
 	fs.dur(&p.cfg.FailedInterval, "preflight-failed-interval", 0, "how soon a failed pair is checked again (default 30s)")
 	fs.dur(&p.cfg.Gap, "preflight-gap", 0, "least time between two preflights this agent starts: the per-host rate limit (default 1s)")
+	fs.dur(&p.cfg.Poll, "preflight-poll", 0, "how often a prefill's agent lists its pairs for due preflights (default 10s)")
 	fs.dur(&p.cfg.Ladder.Timeout, "preflight-timeout", 0, "deadline of one preflight (default 10s)")
 	fs.choice(&p.mem, "preflight-mem", "dram", []string{"dram", "vram"}, "memory kind of the probe regions, the one the engine's KV "+
 		"uses: vram allocates them on GPU 0 through the CUDA runtime (libcudart.so, or $PDPLANE_CUDART_LIB); without one the agent "+

@@ -81,7 +81,7 @@ func testPairPreflight(t *testing.T, backend string, env []string) {
 	for _, name := range names {
 		args := []string{"agent", "--control-plane", cp.BaseURL, "--join-token", "peer-tok", "--engine", "sglang",
 			"--engine-url", sims[name].URL(), "--name", name, "--preflight", backend, "--preflight-ucx-tls", "tcp",
-			"--preflight-gap", "10ms", "--preflight-failed-interval", "1h", "--log-level", "debug"}
+			"--preflight-gap", "10ms", "--preflight-poll", "300ms", "--preflight-failed-interval", "1h", "--log-level", "debug"}
 		if name == "broken" {
 			args = append(args, "--preflight-fault", "deregister-probe")
 		}

@@ -917,6 +917,9 @@ type StreamEventsParams struct {
 // ListPairsParams defines parameters for ListPairs.
 type ListPairsParams struct {
 	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Prefill only the pairs of this prefill (an agent listing the decodes it preflights)
+	Prefill *PeerIDString `form:"prefill,omitempty" json:"prefill,omitempty"`
 }
 
 // ListPeersParams defines parameters for ListPeers.
@@ -1700,6 +1703,18 @@ func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request,
 		if params.Limit != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Prefill != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "prefill", *params.Prefill, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -4944,6 +4959,19 @@ func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Requ
 		return
 	}
 
+	// ------------- Optional query parameter "prefill" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "prefill", r.URL.Query(), &params.Prefill, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "prefill"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListPairs(w, r, params)
 	}))
@@ -7417,33 +7445,33 @@ var swaggerSpec = []string{
 	"ZEq9MVIuNlun0wPCFDvJ9Ry/3o9g4TjxrZ9z6amQlsm0HGzXNuObX0egbRs7WnFp0WQKklixPk7jXBdm",
 	"LhCso06PBgyPGgenbCNV8Eb6YeGQib1VY37LrRtie8M3r75i7LfTqBOf3EF8p0znlS82usCndZ3O+flr",
 	"Rr89ZWT5QlrCCkMIoo5OmPUV1WBFQL6ABu/Lj2bbytfr09vtqnAW769JKpdU2fIkMNHWbTeT3hechaR3",
-	"cvjk9vfj24Dq5+cnsSmpMqhJQ8Tz/mmfCAX4DV3fkzCfXMBwjwdffszKOow7pcF7XwqxcbbuznNbXPdW",
-	"vvuQHLIsTdlBk6FG2VdzRtIBgu6TlIoPVSQDJCVdeV3CV27iwWffzfXBZ+rn+qBWC/dG5hj7/e505Vf3",
-	"jV+Vh/1erv3qZKHeVHgPoy2jAO5lsB+TXl7sKgla1v2sKzReZ5Opr4NouGK1qpSDDtUKVIFWedwbC0+W",
-	"4QIBWyYVFfr7Jmy75mPCCuVkhtYqLM+I0QcgTeeCOHJZz81bXSuD+aiXNHgKxVJUpVNp1YV1f9Xp9l6P",
-	"d1Tcue749enpD8pbGp13kwJtGY/D979A/BwfHt3x/Sd3fP/4bu8f3bH9o5O7vf/48R0Zsletke813Um/",
-	"fQT2EruC8Qkc44qRn+H+xEcjjwh4P7YNHe/Htn9v1M/MRFcowutQO7FVTpP12+U0BwwrV8/FuM4Bgp29",
-	"5BhR2caKyz6yFcJnS4HRmq2b3vwr3guwWWnmn0s3YseHxwTTYk4hbRkk4NlbqCLZKBbeZiNv5cJFdUZb",
-	"p/m4mwFHiyStH9/oz3mITr6CyG8hZ1g8xtuEszctY/shr/s/oOIbgIqYb4TKcbsxu0943AOz+ySx/QZF",
-	"ie677CGhBMV+bZX3B3U3FpLQqsaalZq+uhDMg6oXoe7fLumPcRhfqV5AB9RSwqxGh8Zsy3x47V10iaSX",
-	"d9aYe4E+IYwCIaMtOQC8KbzfhqTBYF7zZNE9V96QH0dqkG+tDA6N+mmEkPieagZ69ExGo0HDfMblmqwm",
-	"aGn192fUYlcmShduxF6oKhjjka0HYtXt2jDKmql8ohruo+Cp6mda5zM+v0QXZxWpNIi8UWTNbUJiWgOs",
-	"cfpAeLhVEPUbQ2ICP523KX+SFpUT5KgbbplPtGZ9dH0AG448ibNincPSB5NPeeca3pYXR/p6E/sAj9lj",
-	"ku8PO5kyxOpPiuOf3fH95/9GuD8KvyPI/4WKgL/PT9f03OAK7Re5FcYFNry/Ya68se+6Kegxa6muB9S5",
-	"xyt8XvKO21DwGd0F/f8L6L0jnu2EVH8Trnt575c/llWIdkOGRzZEu47uvr7XdwYFdfjY1U31ikesvTZU",
-	"pbw7jJLusEPu22qFURrkD+3+SbYnYUpvyiuw/3PEOo5YN3HU6gN+NYE0yiKU4QadsSSdMLZtbyjvin1A",
-	"kFbd//yN0VnjItwOCv81JEoRvrIrTKFONbr+/z2slndFR/8uVs79ji/WA9xxevNQZG0p3M56/NGJo6D2",
-	"cAcA5TKRvVHbMrWQ1LMVzxbh2uv3r5jNM0mJ52VkFBoKWJ9TVeh6hPwg6XSblLbIMlC8rOpV3i/URgA4",
-	"yYeUMdjBTm+Bnok/oUC5J+s6Tz2CbpXki4vi+QuB7mBtT75CmBT3JUvYWfCVeYPoldSFDVvaJLX3RIoV",
-	"uT2AMaCitG9oAbiVvP/jCPvzO8I8dcZHoHYnZcjlwfNqe/chXUzj8pBOIfN98B9Vx7J5t0zl0woJU83U",
-	"p4lCI6LPeqL8qbYo4qUgSkJWUimNJorSq8aMd6dVcWbEWjvRqhHqX8ZgdiMw5ypKv5JosQyuiIjhoC/u",
-	"+PBJl1nRq61n9crv39zEF5Sjf0N16IuOUKTLt3L6WP+G3NOklXk6+FbisPtkUjb5/WtsHzpi7tfcXLIy",
-	"vB97HrE2tKTqwbk2bqKoiHVCpjoqgdGu86DLcGsy4Pmo86qqRMhxq6omTKOgQ6rZQbHslLhJ3Gei3rwa",
-	"nLKQENpO/+RGtLI/yzZY//jxc0rRYVEc+6BiYZRsXjrcRX0MXdzgR24ufZ317KGARVws5Q9wMOxhoYnC",
-	"QT1N9HEpE4rr9y6DqHgQvbThNq6rkjBdOPRR4O/iW81DEMPgP0rxH4544P3n35q9/4iMKmJTp9X1p6WZ",
-	"K3hI0ddY2v73dxb4E5b0ylzj3vgzfXQXCEEufBJ2eEhhxfFTqgpS+/C//hNeXju34VOzPawsEt5tN3x1",
-	"dDBfcYeLnQnn60iFb7oeYg/4ubEFuLTYAUkWLFqPmebjg4Ojx9+NDkeHo6Pxs8Nnh73IlvE5RBGEdYR9",
-	"848oGbv+xIKI+38BAAD//w==",
+	"cvjk9vfj24Dq5+cnsSmpMqhJQ8Tz/mmfCAX4DV3fkzCfXMBwjwdffszKOow7pcF7XwqxcbbuznNbXHcf",
+	"vtuMZ8qqsqW2cuV53aK6DQAgVJDApG0g6ZTpFXaw47BXruE/HU8vi2l2nKJQVe2reTlpLUFbS0pVjWqo",
+	"AfaTrrzg4SvJ7uCz7+b64DP1c31Qq957IzuPPZV3uqSs+46yauPv5aKyTqbvjZv3MNoybuFeBvsx6eXF",
+	"riKmZaXSugrmtUyZ+sqNhitWq6M56FAGQXlpFfS9sVRmGeAQ0HBSUaG/IcO2q1QmrFBOZmhfw4KSGC8B",
+	"8n9OjECXFei8nbgy8Y96SYMLUvRHVeyVVl1Y91edbu/1eEflqOuuap9Q/6C8pdF5NynQlvE44eALBObx",
+	"4dEd339yx/eP7/b+0R3bPzq52/uPH9+RIXtjAPK9pgPst4/AXmLnNT6BY1wx8jPcn/ho5BEB78e2oeP9",
+	"2PbvjYqfmegKnngdqj22CoCyfrsA6IBhre25GNc5QPAMlBwjKjRZcdlHttJJ2FJgfGnrbjr/ivdbbFaa",
+	"+efSjdjx4TEBy5hTSFuGNXj2FupeNsqbt9nIW7lwUWXU1mk+7mbA0SJJ68c3+nMeopOvIPJbyBkWj/E2",
+	"4exNy9h+yET/D6j4BqAi5huh1t1uLcOnaO6hZfi0tv0GRan5uyw4oWjGfm2VNx51NxbS5qrGmrWlvrp0",
+	"zYOqF6FS4S7pj5EjX6leQAfUUsKsRhfMbMt8QPBddImkl3dWxXuBXiyMWyEzM7ksvPG+34akwcRf873R",
+	"zVze9RDHlpA3sAxnjfppBL34nmouBfSlRqNBV0LG5ZrsPGgb9jd+1KJtJkoXbsReqCp85JGth47VLfEw",
+	"yppxf6IaDq/gW+tnWuczPr9Ep2wVWzWI/Gdkf25CYloDrMr6QHi4VcL1G0NiAj+d9z9/8uYF5KgbbplP",
+	"DWd9dNYAG458n7NincPSByNVeUsc3u8XxyZ7p8AAj9ljku8PO5kyKOxPiuOf3fH95/9GuD8KGCTI/4WK",
+	"gL+BUNf03OC87Re5FcYFNry/KbG8Y/C6Kegxz6quB9S5xyt8XvKO21DwGd1e/f8L6L0jnu2EVH8Trnt5",
+	"75c/lnWTdkOGRzbE547uvr7XdwYFdfjY1U31ikesvTZUpUxBjOvusEPu22qFURrkD+3+SbYnYUpvyku7",
+	"/3PEOo5YN3HUKhp+NYE0CjmUARKd0S+dMLZtbyhvt31AkFbdWP2N0Vnj6t4OCv81pHYRvrIrTPpONQYr",
+	"/HtYLe+Kjv5drJz7HV+sYLjj9OahLNxSuJ03CEQnjsLww60FlH1F9kZty2RIUs9WPFuEi7rfv2I2zySl",
+	"ypexXGgoYH1OdazrMf2DpNNtUtoiy9D2sg5ZeSNSGwHgJB9SxmAHO70Feib+hALlnqzrPPUIulVEMC7j",
+	"568wuoO1PfkKYVLclyxhZ8FX5g2iV1IXNmxpk9TeEylW5PYAxoCK0r6hBeBW8v6PI+zP7wjz1Bkfgdot",
+	"miH7iOJCevchXUzjupNOIfN98B9Vx7J5G07l0wopXs1krYlCI6LP06KMr7Yo4qUgSkIeVSmNJooSwsaM",
+	"dyeCcWbEWjvRqmrqX8bweyMwSyxKGJNosQyuiIjhoC/u+PBJl1nRq61n9Vr139zEF5Sjf0N16IuOUKTL",
+	"t7IQWf+GbNmklSs7+FbisPtkUv77/WtsHzqyBNbcXLIyIQF7HrE2tKR6x7k2bqKo7HZCpjoq2tGuTKHL",
+	"AHEy4Pk4+aoORsjKq+o8TKMwSaoyQtH3lGpK3Gei3rwanLKQwtpOWOVGtPJVyzZY//jxc0oqYlHk/aBi",
+	"YZQeXzrcRX0MXdzgR24ufWX47KGARVze5Q9wMOxhoYkCWD1N9HEpE8pE8C6DqNwRvbThNq4EkzBdOPRR",
+	"4O/ie9hDEMPgP0rxH4544P3n35q9/4iMKmJTp9WFraWZK3hI0ddY2v73dxb4E5b0yuzo3vgzfXQXCEEu",
+	"fNp4eEiB0PFTqmNS+/C//hNetzu34VOzPayFEt5tN3x1dDBfcYeLnQnnK1+Fb7oeYg/4ubEFuLTYAUkW",
+	"LLOPufHjg4Ojx9+NDkeHo6Pxs8Nnh73IlvE5RBGEdYR9848ofbz+xIKI+38BAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
