@@ -185,7 +185,8 @@ func RunPreflight(ctx context.Context, b Backend, local ProbeMemory, peer Prefli
 		return res
 	}
 	defer b.InvalidateRemote(peer.Agent)
-	run := preflightRun{b: b, local: local, peer: peer, cfg: cfg, slot: peerSlot(b.AgentName(), peer, cfg.MaxSize)}
+	run := preflightRun{b: b, local: local, peer: peer, cfg: cfg, slot: peerSlot(b.AgentName(), peer, cfg.MaxSize),
+		pattern: make([]byte, cfg.MaxSize), back: make([]byte, cfg.MaxSize), zero: make([]byte, cfg.MaxSize)}
 	var seed [8]byte
 	rand.Read(seed[:])
 	run.seed = binary.LittleEndian.Uint64(seed[:])
@@ -251,6 +252,10 @@ type preflightRun struct {
 	slot  uint64 // offset of this initiator's slot in the peer's region
 	seed  uint64
 	round uint64
+	// pattern, back and zero are host scratch of MaxSize, reused by every
+	// round: the pattern written, the bytes read back, and zeros that
+	// clear the read-back region first.
+	pattern, back, zero []byte
 }
 
 // rung runs cfg.Rounds round trips of size bytes and keeps the fastest.
@@ -275,16 +280,15 @@ func (r *preflightRun) rung(ctx context.Context, size int) (PreflightRung, error
 func (r *preflightRun) roundTrip(ctx context.Context, size int) (time.Duration, time.Duration, error) {
 	r.round++
 	seed := r.seed + r.round
-	pattern := make([]byte, size)
+	pattern, back := r.pattern[:size], r.back[:size]
 	FillPattern(pattern, seed)
-	back := make([]byte, size)
 	fail := func(stage string, err error) (time.Duration, time.Duration, error) {
 		return 0, 0, &PreflightError{Stage: stage, Size: size, Err: err}
 	}
 	if err := r.local.WriteAt(pattern, 0); err != nil {
 		return fail(StageProbe, err)
 	}
-	if err := r.local.WriteAt(make([]byte, size), r.cfg.MaxSize); err != nil {
+	if err := r.local.WriteAt(r.zero[:size], r.cfg.MaxSize); err != nil {
 		return fail(StageProbe, err)
 	}
 	lr, rr := r.local.Region(), r.peer.Region
