@@ -331,9 +331,7 @@ func FillPattern(b []byte, seed uint64) {
 	x := seed*0x9E3779B97F4A7C15 + 1
 	i := 0
 	for ; i+8 <= len(b); i += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
+		x = xorshift(x)
 		binary.LittleEndian.PutUint64(b[i:], x)
 	}
 	for ; i < len(b); i++ {
@@ -341,14 +339,35 @@ func FillPattern(b []byte, seed uint64) {
 	}
 }
 
-// CheckPattern checks that b holds FillPattern's pattern for seed; the
-// error wraps ErrPatternMismatch and names the first byte that differs.
+func xorshift(x uint64) uint64 {
+	x ^= x << 13
+	x ^= x >> 7
+	x ^= x << 17
+	return x
+}
+
+// CheckPattern checks that b holds FillPattern's pattern for seed, without
+// allocating; the error wraps ErrPatternMismatch and names the first byte
+// that differs.
 func CheckPattern(b []byte, seed uint64) error {
-	want := make([]byte, len(b))
-	FillPattern(want, seed)
-	for i := range b {
-		if b[i] != want[i] {
-			return fmt.Errorf("byte %d of %d is %#x, want %#x: %w", i, len(b), b[i], want[i], ErrPatternMismatch)
+	x := seed*0x9E3779B97F4A7C15 + 1
+	var want [8]byte
+	for i := 0; i < len(b); i += 8 {
+		if i+8 <= len(b) {
+			x = xorshift(x)
+			if binary.LittleEndian.Uint64(b[i:]) == x {
+				continue
+			}
+			binary.LittleEndian.PutUint64(want[:], x)
+		} else {
+			for j := i; j < len(b); j++ {
+				want[j-i] = byte(seed + uint64(j))
+			}
+		}
+		for j := i; j < len(b) && j < i+8; j++ {
+			if b[j] != want[j-i] {
+				return fmt.Errorf("byte %d of %d is %#x, want %#x: %w", j, len(b), b[j], want[j-i], ErrPatternMismatch)
+			}
 		}
 	}
 	return nil

@@ -2,7 +2,9 @@ package transfer_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pdplane/pdplane/transfer"
@@ -28,14 +30,16 @@ func TestPreflightLadder(t *testing.T) {
 
 func TestCheckPatternNamesTheByte(t *testing.T) {
 	t.Parallel()
-	b := make([]byte, 100)
-	transfer.FillPattern(b, 7)
-	if err := transfer.CheckPattern(b, 7); err != nil {
-		t.Fatal(err)
-	}
-	b[97] ^= 1
-	err := transfer.CheckPattern(b, 7)
-	if !errors.Is(err, transfer.ErrPatternMismatch) || err.Error()[:11] != "byte 97 of " {
-		t.Fatalf("CheckPattern = %v, want the mismatch at byte 97", err)
+	for _, at := range []int{0, 50, 97} { // first word, mid-word, the unaligned tail
+		b := make([]byte, 100)
+		transfer.FillPattern(b, 7)
+		if err := transfer.CheckPattern(b, 7); err != nil {
+			t.Fatal(err)
+		}
+		b[at] ^= 1
+		err := transfer.CheckPattern(b, 7)
+		if !errors.Is(err, transfer.ErrPatternMismatch) || !strings.HasPrefix(err.Error(), fmt.Sprintf("byte %d of 100 ", at)) {
+			t.Fatalf("CheckPattern = %v, want the mismatch at byte %d", err, at)
+		}
 	}
 }
