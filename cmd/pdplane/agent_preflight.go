@@ -19,8 +19,8 @@ import (
 // preflightFlags are the agent's --preflight* flags.
 type preflightFlags struct {
 	backend, ucxTLS, listen, advertise, fault, mem string
-	maxSize                                   int
-	cfg                                       agent.PreflightConfig
+	maxSize                                        int
+	cfg                                            agent.PreflightConfig
 }
 
 // probeSlots is how many initiators' slots of --preflight-max-size the
