@@ -47,6 +47,14 @@ func TestProbeAndPreflight(t *testing.T) {
 		t.Fatalf("anonymous probe read: %d %v", code, out)
 	}
 
+	routes := func(prefill string) int {
+		r := b.mirror.Snapshot().Routes("m")
+		if r == nil {
+			return 0
+		}
+		return len(r.DecodesFor(prefill))
+	}
+	waitFor(t, "both prefills routed to the decode", func() bool { return routes(pid) == 1 && routes(p1id) == 1 })
 	const nixlErr = "preflight write of 4096 bytes: nixl_capi_check_remote_md: not found (-6)"
 	failed := map[string]any{"state": "failed", "backend": "nixl", "mem_kind": "DRAM", "gbps": 0, "latency_us": 0,
 		"checked_at": "2026-12-01T10:00:00Z", "error": nixlErr}
@@ -61,13 +69,6 @@ func TestProbeAndPreflight(t *testing.T) {
 	failed["state"] = "failed"
 	if code, out, _ := b.do(t, "PUT", reportPath, b.cred(pid), failed); code != 200 || out["current"] != true {
 		t.Fatalf("report failed preflight: %d %v", code, out)
-	}
-	routes := func(prefill string) int {
-		r := b.mirror.Snapshot().Routes("m")
-		if r == nil {
-			return 0
-		}
-		return len(r.DecodesFor(prefill))
 	}
 	waitFor(t, "the failed preflight in the snapshot", func() bool { return routes(pid) == 0 })
 	if routes(p1id) != 1 {
