@@ -135,6 +135,13 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry", "server/api"),
 	},
 	{
+		// The router takes a trace.TracerProvider and never this package;
+		// cmd/pdplane builds the provider and wraps the store.
+		name:    "tracing builds the tracer provider and traces store writes: it imports only registry",
+		applies: is("tracing"),
+		allowed: onlyInternal("registry"),
+	},
+	{
 		name:    "web is embedded assets: it imports no other pdplane package",
 		applies: is("web"),
 		allowed: onlyInternal(),
@@ -157,6 +164,13 @@ var layerRules = []layerRule{
 		name:    "the dev fleet runs engines against a control plane it does not build: devfleet imports only registry, sim, agent and server/api",
 		applies: is("devfleet"),
 		allowed: onlyInternal("registry", "sim", "agent", "server/api"),
+	},
+	{
+		// bench knows pdplane as a binary, as it knows SMG and
+		// vllm-router: it measures processes from outside.
+		name:    "the harness drives processes from outside: bench imports no pdplane package",
+		applies: is("bench"),
+		allowed: onlyInternal(),
 	},
 	{
 		name:    "server/api is the wire between control plane and its clients: only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it",
@@ -199,10 +213,11 @@ var everywhereRules = []layerRule{
 // package must be placed in the layout (and given a rule) before it lands.
 var governed = []string{
 	"", // the module root: only this test
-	"agent", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto",
+	"agent", "bench", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
 	"router", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
+	"tracing", "tracing/tracingtest",
 	"transfer", "transfer/cuda", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",
 	"web",
 }
@@ -311,6 +326,8 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"sim", m("devfleet"), "nothing but cmd/pdplane (and devfleet's own tests) imports devfleet"},
 		{"agent", m("cmd/pdplane"), "nothing imports cmd/..."},
 		{"server", m("registry/registrytest"), "production code never imports a <pkg>test package"},
+		{"tracing", m("router"), "tracing builds the tracer provider and traces store writes: it imports only registry"},
+		{"bench", m("sim"), "bench imports no pdplane package"},
 	}
 	for _, c := range cases {
 		got := violations([]listedPackage{{ImportPath: m(c.pkg), Imports: []string{c.imp}}})

@@ -8,6 +8,7 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -94,18 +95,10 @@ func (c Config) WithDefaults() Config {
 		tr.DialContext = (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 		c.HTTPClient = &http.Client{Timeout: 10 * time.Second, Transport: tr}
 	}
-	if c.MinBackoff == 0 {
-		c.MinBackoff = 100 * time.Millisecond
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = 5 * time.Second
-	}
-	if c.FailbackMin == 0 {
-		c.FailbackMin = time.Second
-	}
-	if c.FailbackMax == 0 {
-		c.FailbackMax = 30 * time.Second
-	}
+	c.MinBackoff = cmp.Or(c.MinBackoff, 100*time.Millisecond)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, 5*time.Second)
+	c.FailbackMin = cmp.Or(c.FailbackMin, time.Second)
+	c.FailbackMax = cmp.Or(c.FailbackMax, 30*time.Second)
 	if c.LookupHost == nil {
 		c.LookupHost = net.DefaultResolver.LookupHost
 	}

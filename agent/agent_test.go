@@ -106,6 +106,13 @@ func runAgentWith(t *testing.T, cfg agent.Config, eng agent.Engine) (a *agent.Ag
 func runAgentLogging(t *testing.T, cfg agent.Config, eng agent.Engine, log zerolog.Logger) (a *agent.Agent, done chan error, stop func()) {
 	t.Helper()
 	cfg.JoinToken, cfg.MinBackoff, cfg.MaxBackoff, cfg.Probe = "tok", 20*time.Millisecond, 100*time.Millisecond, noProbe
+	return startAgent(t, cfg, eng, log)
+}
+
+// startAgent runs an agent built from cfg as given until the test ends;
+// stop ends it early (an agent process that exits) and waits for it.
+func startAgent(t *testing.T, cfg agent.Config, eng agent.Engine, log zerolog.Logger) (a *agent.Agent, done chan error, stop func()) {
+	t.Helper()
 	a, err := agent.New(cfg, eng, log)
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +125,9 @@ func runAgentLogging(t *testing.T, cfg agent.Config, eng agent.Engine, log zerol
 	t.Cleanup(stop)
 	return a, done, stop
 }
+
+// testLog is a logger writing to the test's log.
+func testLog(t *testing.T) zerolog.Logger { return zerolog.New(zerolog.NewTestWriter(t)) }
 
 func waitPeer(t *testing.T, s registry.Store, name string, ok func(p registry.Peer) bool) registry.Peer {
 	t.Helper()

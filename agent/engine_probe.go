@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -55,15 +56,9 @@ const (
 
 // WithDefaults fills in unset fields.
 func (c ProbeConfig) WithDefaults() ProbeConfig {
-	if c.Timeout == 0 {
-		c.Timeout = DefaultProbeTimeout
-	}
-	if c.FailureThreshold == 0 {
-		c.FailureThreshold = DefaultProbeFailureThreshold
-	}
-	if c.SuccessThreshold == 0 {
-		c.SuccessThreshold = DefaultProbeSuccessThreshold
-	}
+	c.Timeout = cmp.Or(c.Timeout, DefaultProbeTimeout)
+	c.FailureThreshold = cmp.Or(c.FailureThreshold, DefaultProbeFailureThreshold)
+	c.SuccessThreshold = cmp.Or(c.SuccessThreshold, DefaultProbeSuccessThreshold)
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute}}
 	}

@@ -95,41 +95,6 @@ func TestProbeNon200IsFailure(t *testing.T) {
 	}
 }
 
-// busyDecode starts a pair whose decode generates slowly and keeps one
-// streamed request running on it until the test ends.
-func busyDecode(t *testing.T, engine registry.Engine, adjust func(*sim.Config)) (p, d *sim.Sim) {
-	t.Helper()
-	p, d = simtest.Pair(t, engine, func(c *sim.Config) {
-		if c.Role == registry.RoleDecode {
-			c.DecodeTimePerToken = 20 * time.Millisecond
-		}
-		if adjust != nil {
-			adjust(c)
-		}
-	})
-	keepBusy(t, p, d)
-	return p, d
-}
-
-func keepBusy(t *testing.T, p, d *sim.Sim) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
-	go func() {
-		defer close(done)
-		c := simtest.NewClient()
-		body := map[string]any{"model": "sim-model", "stream": true, "max_tokens": 4000,
-			"messages": []any{map[string]any{"role": "user", "content": "keep the decode busy"}}}
-		if d.Config().Engine == registry.EngineVLLM {
-			c.VLLM(ctx, p, d, "/v1/chat/completions", body)
-		} else {
-			c.SGLang(ctx, p, d, "/v1/chat/completions", body, simtest.Room())
-		}
-	}()
-	waitUntil(t, "the decode running the request", func() bool { return d.Load().Running == 1 })
-}
-
 // TestProbeReadsLoad reads a busy decode's load the way each engine
 // publishes it: SGLang's /v1/loads, SGLang's /get_load where /v1/loads is
 // missing (versions before it), vLLM's /metrics.
@@ -146,7 +111,7 @@ func TestProbeReadsLoad(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, d := busyDecode(t, tc.engine, nil)
+			_, d := simtest.BusyPair(t, tc.engine)
 			target := d.URL()
 			if tc.legacy {
 				u, _ := url.Parse(d.URL())
@@ -209,17 +174,10 @@ vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.75
 // runSimAgent runs an agent for a started sim, probing it every 10ms.
 func runSimAgent(t *testing.T, cpURL string, s *sim.Sim) *agent.Agent {
 	t.Helper()
-	a, err := agent.New(agent.Config{ControlPlane: cpURL, JoinToken: "tok", MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+	a, _, _ := startAgent(t, agent.Config{ControlPlane: cpURL, JoinToken: "tok", MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		OnRegistered: func(p api.Peer) { s.SetPeerID(p.Id) },
 		Probe:        agent.ProbeConfig{Interval: 10 * time.Millisecond, Timeout: 2 * time.Second}},
-		s, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+		s, testLog(t))
 	return a
 }
 
@@ -277,7 +235,7 @@ func TestHeartbeatCarriesLoad(t *testing.T) {
 		t.Run(string(engine), func(t *testing.T) {
 			t.Parallel()
 			cp := startControlPlane(t, nil)
-			p, d := busyDecode(t, engine, nil)
+			p, d := simtest.BusyPair(t, engine)
 			runSimAgent(t, cp.url, p)
 			runSimAgent(t, cp.url, d)
 			got := waitPeer(t, cp.store, "d0", func(p registry.Peer) bool { return p.Load.Running == 1 })

@@ -21,6 +21,7 @@ import (
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 const (
@@ -75,19 +76,19 @@ func startReplicaWith(t *testing.T, store registry.Store, ln net.Listener, wrap 
 	return ts
 }
 
-func runFailoverAgent(t *testing.T, urls []string, eng agent.Engine) *agent.Agent {
-	t.Helper()
-	a, err := agent.New(agent.Config{ControlPlane: strings.Join(urls, ","), JoinToken: "tok", Probe: noProbe,
+// failoverConfig is the agent configuration of the failover tests: the
+// replicas at urls, quick retries and a quick return to the first replica.
+func failoverConfig(urls ...string) agent.Config {
+	return agent.Config{ControlPlane: strings.Join(urls, ","), JoinToken: "tok", Probe: noProbe,
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-		FailbackMin: 100 * time.Millisecond, FailbackMax: 200 * time.Millisecond},
-		eng, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+		FailbackMin: 100 * time.Millisecond, FailbackMax: 200 * time.Millisecond}
+}
+
+// runFailoverAgent runs an agent built from cfg (failoverConfig, mostly)
+// until the test ends.
+func runFailoverAgent(t *testing.T, cfg agent.Config, eng agent.Engine) *agent.Agent {
+	t.Helper()
+	a, _, _ := startAgent(t, cfg, eng, testLog(t))
 	return a
 }
 
@@ -95,12 +96,7 @@ func runFailoverAgent(t *testing.T, urls []string, eng agent.Engine) *agent.Agen
 func waitUntil(t *testing.T, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for !cond() {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	simtest.WaitFor(t, what, cond)
 	return time.Since(start)
 }
 
@@ -143,7 +139,7 @@ func TestAgentFailsOverWhenReplicaDies(t *testing.T) {
 	}
 	addrA := lnA.Addr().String()
 	a, b := startReplica(t, store, lnA), startReplica(t, store, nil)
-	ag := runFailoverAgent(t, []string{a.URL, b.URL}, &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)})
+	ag := runFailoverAgent(t, failoverConfig(a.URL, b.URL), &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)})
 	waitPeer(t, store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
 	if got := ag.ControlPlane(); got != a.URL {
 		t.Fatalf("agent uses %q, want the first replica %s", got, a.URL)
@@ -182,7 +178,7 @@ func TestAgentFailsOverOn503(t *testing.T) {
 	cut, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: failoverTTL})
 	whole := registrytest.OpenPGStore(t, cfg)
 	a, b := startReplica(t, cut, nil), startReplica(t, whole, nil)
-	ag := runFailoverAgent(t, []string{a.URL, b.URL}, &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)})
+	ag := runFailoverAgent(t, failoverConfig(a.URL, b.URL), &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)})
 	waitPeer(t, whole, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
 	waitUntil(t, "the agent on the first replica", func() bool { return ag.ControlPlane() == a.URL })
 
@@ -230,15 +226,8 @@ func TestAgentRetriesWithinLease(t *testing.T) {
 	t.Parallel()
 	store, outage, _ := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: failoverTTL})
 	cp := startReplica(t, store, nil)
-	a, err := agent.New(agent.Config{ControlPlane: cp.URL, JoinToken: "tok", Probe: noProbe, MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second},
-		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runFailoverAgent(t, agent.Config{ControlPlane: cp.URL, JoinToken: "tok", Probe: noProbe, MinBackoff: 10 * time.Second, MaxBackoff: 10 * time.Second},
+		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)})
 	waitPeer(t, store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
 
 	outage.Cut()
@@ -302,22 +291,15 @@ func testFailoverAcrossAddresses(t *testing.T, scheme string) {
 	tls := scheme == "https"
 	tsA := startReplicaWith(t, cut, lnA, recordHost, tls, failoverTTL)
 	startReplicaWith(t, whole, lnB, recordHost, tls, failoverTTL)
-	a, err := agent.New(agent.Config{ControlPlane: scheme + "://" + name, JoinToken: "tok", Probe: noProbe, HTTPClient: tsA.Client(),
-		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-		FailbackMin: 100 * time.Millisecond, FailbackMax: 200 * time.Millisecond,
-		LookupHost: func(_ context.Context, host string) ([]string, error) {
-			if host != "cp.example.com" {
-				return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-			}
-			return []string{"127.0.0.1", "127.0.0.2"}, nil
-		}}, &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatal(err)
+	agentCfg := failoverConfig(scheme + "://" + name)
+	agentCfg.HTTPClient = tsA.Client()
+	agentCfg.LookupHost = func(_ context.Context, host string) ([]string, error) {
+		if host != "cp.example.com" {
+			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+		}
+		return []string{"127.0.0.1", "127.0.0.2"}, nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	a := runFailoverAgent(t, agentCfg, &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)})
 
 	first, second := scheme+"://"+name+" (127.0.0.1:"+port+")", scheme+"://"+name+" (127.0.0.2:"+port+")"
 	waitPeer(t, whole, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
@@ -356,17 +338,9 @@ func TestAgentFailsBackAfterSharedOutage(t *testing.T) {
 	cfgB.URL = viaB
 	cutB := registrytest.OpenPGStore(t, cfgB)
 	a, b := startReplica(t, cutA, nil), startReplica(t, cutB, nil)
-	ag, err := agent.New(agent.Config{ControlPlane: a.URL + "," + b.URL, JoinToken: "tok", Probe: noProbe,
-		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-		FailbackMin: 100 * time.Millisecond, FailbackMax: 10 * time.Second},
-		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ag.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	agentCfg := failoverConfig(a.URL, b.URL)
+	agentCfg.FailbackMax = 10 * time.Second
+	ag := runFailoverAgent(t, agentCfg, &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)})
 	whole := registrytest.OpenPGStore(t, cfg)
 	waitPeer(t, whole, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
 	waitUntil(t, "the agent on the first replica", func() bool { return ag.ControlPlane() == a.URL })
@@ -411,18 +385,10 @@ func TestAgentFailsOverFromHungReplica(t *testing.T) {
 	}))
 	t.Cleanup(func() { close(release); hung.Close() })
 	good := startReplicaWith(t, store, nil, nil, false, ttl)
-	ag, err := agent.New(agent.Config{ControlPlane: hung.URL + "," + good.URL, JoinToken: "tok", Probe: noProbe,
-		HTTPClient: &http.Client{Timeout: 5 * time.Second},
-		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-		FailbackMin: 200 * time.Millisecond, FailbackMax: 200 * time.Millisecond},
-		&fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)}, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ag.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	cfg := failoverConfig(hung.URL, good.URL)
+	cfg.HTTPClient = &http.Client{Timeout: 5 * time.Second}
+	cfg.FailbackMin = 200 * time.Millisecond
+	runFailoverAgent(t, cfg, &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)})
 	waitPeer(t, store, "d0", func(p registry.Peer) bool { return p.State == registry.StateReady })
 
 	watchUntil := time.Now().Add(2 * ttl)

@@ -25,21 +25,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 var testHealRequest = HealRequest{PeerID: "peer-7", Name: "decode-0", Generation: 3, Reason: "missing NIXL memory kind"}
-
-// waitFor polls cond until it holds; it fails the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 func TestParseHealAction(t *testing.T) {
 	for _, tc := range []struct {
@@ -173,7 +163,7 @@ func TestHealExecTimeoutKillsProcessGroup(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx, testHealRequest) }()
 	var pid int
-	waitFor(t, "the child's pid file", func() bool {
+	simtest.WaitFor(t, "the child's pid file", func() bool {
 		b, err := os.ReadFile(pidFile)
 		if err != nil {
 			return false
@@ -190,7 +180,7 @@ func TestHealExecTimeoutKillsProcessGroup(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "process group killed") {
 		t.Fatalf("Run = %v, want an error saying the process group was killed", err)
 	}
-	waitFor(t, "the heal command's child to die", func() bool { return processGone(pid) })
+	simtest.WaitFor(t, "the heal command's child to die", func() bool { return processGone(pid) })
 }
 
 func TestHealExecDeadline(t *testing.T) {

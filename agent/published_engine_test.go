@@ -102,6 +102,24 @@ func sglangRoutes() map[string]answer {
 	}
 }
 
+// publishedSGLang reads an SGLang engine double serving sglangRoutes, with
+// edit (when set) applied to them, through a PublishedEngine whose config
+// is cfg with the double's URL.
+func publishedSGLang(t testing.TB, edit func(r map[string]answer), cfg agent.PublishedConfig) (*engineDouble, *agent.PublishedEngine) {
+	t.Helper()
+	routes := sglangRoutes()
+	if edit != nil {
+		edit(routes)
+	}
+	d := newEngineDouble(t, routes)
+	cfg.Engine, cfg.URL = registry.EngineSGLang, d.srv.URL
+	e, err := agent.NewPublishedEngine(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, e
+}
+
 func writeModelDir(t *testing.T, dir, config string) string {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -170,15 +188,7 @@ func TestPublishedSGLang(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			routes := sglangRoutes()
-			if tc.edit != nil {
-				tc.edit(routes)
-			}
-			d := newEngineDouble(t, routes)
-			e, err := agent.NewPublishedEngine(agent.PublishedConfig{Engine: registry.EngineSGLang, URL: d.srv.URL, ModelDir: tc.modelDir})
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, e := publishedSGLang(t, tc.edit, agent.PublishedConfig{ModelDir: tc.modelDir})
 			s, err := e.Spec(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -230,15 +240,7 @@ func TestPublishedBadEngine(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			routes := sglangRoutes()
-			if tc.edit != nil {
-				tc.edit(routes)
-			}
-			d := newEngineDouble(t, routes)
-			e, err := agent.NewPublishedEngine(agent.PublishedConfig{Engine: registry.EngineSGLang, URL: d.srv.URL, ModelDir: tc.modelDir})
-			if err != nil {
-				t.Fatal(err)
-			}
+			d, e := publishedSGLang(t, tc.edit, agent.PublishedConfig{ModelDir: tc.modelDir})
 			s, err := e.Spec(context.Background())
 			if err == nil {
 				t.Fatalf("no error; spec %+v", s)
@@ -371,11 +373,7 @@ func TestPublishedVLLMRestart(t *testing.T) {
 // then up is a new instance.
 func TestPublishedHealthEpoch(t *testing.T) {
 	t.Parallel()
-	d := newEngineDouble(t, sglangRoutes())
-	e, err := agent.NewPublishedEngine(agent.PublishedConfig{Engine: registry.EngineSGLang, URL: d.srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, e := publishedSGLang(t, nil, agent.PublishedConfig{})
 	s, err := e.Spec(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -441,11 +439,7 @@ func TestPublishedHealthEpochProcessGone(t *testing.T) {
 func TestPublishedRestartBumpsGeneration(t *testing.T) {
 	t.Parallel()
 	cp := startControlPlane(t, nil)
-	d := newEngineDouble(t, sglangRoutes())
-	e, err := agent.NewPublishedEngine(agent.PublishedConfig{Engine: registry.EngineSGLang, URL: d.srv.URL, Name: "p0"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, e := publishedSGLang(t, nil, agent.PublishedConfig{Name: "p0"})
 	runAgent(t, cp.url, e)
 	first := waitPeer(t, cp.store, "p0", func(p registry.Peer) bool { return p.State == registry.StateReady })
 	d.set("/health", answer{503, "", ""})
@@ -481,27 +475,16 @@ func (b *syncBuffer) String() string {
 func TestPublishedAgentRetries(t *testing.T) {
 	t.Parallel()
 	cp := startControlPlane(t, nil)
-	routes := sglangRoutes()
-	good := routes["/server_info"]
-	routes["/server_info"] = answer{200, "text/html", "<html>proxy login</html>"}
-	d := newEngineDouble(t, routes)
-	e, err := agent.NewPublishedEngine(agent.PublishedConfig{Engine: registry.EngineSGLang, URL: d.srv.URL, Name: "p0"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	good := sglangRoutes()["/server_info"]
+	d, e := publishedSGLang(t, func(r map[string]answer) {
+		r["/server_info"] = answer{200, "text/html", "<html>proxy login</html>"}
+	}, agent.PublishedConfig{Name: "p0"})
 	var logs syncBuffer
-	a, err := agent.New(agent.Config{ControlPlane: cp.url, JoinToken: "tok", MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+	startAgent(t, agent.Config{ControlPlane: cp.url, JoinToken: "tok", MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
 		Probe: agent.ProbeConfig{Disabled: true}}, e, zerolog.New(&logs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 
 	simtest.WaitFor(t, "two failed reads", func() bool { return d.count("/server_info 200") >= 2 })
-	if peers, _ := cp.store.List(ctx, registry.Filter{}); len(peers) != 0 {
+	if peers, _ := cp.store.List(context.Background(), registry.Filter{}); len(peers) != 0 {
 		t.Fatalf("registered from an HTML answer: %+v", peers)
 	}
 	line := d.srv.URL + ": GET /server_info"
@@ -564,12 +547,7 @@ func FuzzPublishedServerInfo(f *testing.F) {
 	f.Add(`{"disaggregation_mode":"decode","page_size":0,"tp_size":1,"kv_cache_dtype":"auto","served_model_name":"meta-llama/Llama-3.1-8B-Instruct"}`)
 	f.Add(`{"disaggregation_mode":"prefill","page_size":16,"tp_size":1,"dp_size":4,"enable_dp_attention":true,"kv_cache_dtype":"fp8_e5m2","served_model_name":"meta-llama/Llama-3.1-8B-Instruct"}`)
 	f.Add(`{"disaggregation_mode":"decode","page_size":-1,"tp_size":-3,"kv_cache_dtype":"\u0000","served_model_name":"meta-llama/Llama-3.1-8B-Instruct"}`)
-	routes := sglangRoutes()
-	d := newEngineDouble(f, routes)
-	e, err := agent.NewPublishedEngine(agent.PublishedConfig{Engine: registry.EngineSGLang, URL: d.srv.URL})
-	if err != nil {
-		f.Fatal(err)
-	}
+	d, e := publishedSGLang(f, nil, agent.PublishedConfig{})
 	f.Fuzz(func(t *testing.T, body string) {
 		d.set("/server_info", jsonAnswer(body))
 		s, err := e.Spec(context.Background())

@@ -7,7 +7,10 @@ package deploy_test
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +19,62 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
+
+// startPdplane runs the built binary as `pdplane SUB --addr ADDR ARGS...` on
+// a free loopback address, without the caller's PDPLANE_* environment, and
+// returns its base URL once GET readyPath answers a status that ready
+// accepts. It fails the test, with the binary's output, if the binary exits
+// first or is not ready within wait. stop kills it and waits for it.
+func startPdplane(t *testing.T, readyPath string, ready func(status int) bool, wait time.Duration, sub string, args ...string) (base string, stop func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(pdplaneBin, append([]string{sub, "--addr", addr}, args...)...)
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "PDPLANE_") {
+			cmd.Env = append(cmd.Env, e)
+		}
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop = func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+	base = "http://" + addr
+	client := http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(wait)
+	for {
+		if resp, err := client.Get(base + readyPath); err == nil {
+			resp.Body.Close()
+			if ready(resp.StatusCode) {
+				return base, stop
+			}
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			stop()
+			t.Fatalf("pdplane %s --addr %s exited (%v):\n%s", sub, addr, err, out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			t.Fatalf("pdplane %s --addr %s was not ready within %s:\n%s", sub, addr, wait, out.String())
+		}
+	}
+}
 
 // pendingFlags lists flags being added to pdplane concurrently with these
 // artifacts, per subcommand. The artifacts already use them; until the

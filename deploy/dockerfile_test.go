@@ -106,6 +106,18 @@ func (d *dockerfile) stage(name string) *dfStage {
 	return nil
 }
 
+// loadTarget loads the Dockerfile and its stage named target, failing the
+// test when there is none.
+func loadTarget(t *testing.T, target string) (*dockerfile, *dfStage) {
+	t.Helper()
+	d := loadDockerfile(t)
+	s := d.stage(target)
+	if s == nil {
+		t.Fatalf("no %s stage", target)
+	}
+	return d, s
+}
+
 var knownInstr = []string{"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
 	"VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
 
@@ -425,11 +437,7 @@ func checkUser(t *testing.T, s *dfStage) {
 // serve port exposed and probed by a HEALTHCHECK that needs no shell.
 func TestDockerfileControlPlane(t *testing.T) {
 	t.Parallel()
-	d := loadDockerfile(t)
-	s := d.stage(controlplaneTarget)
-	if s == nil {
-		t.Fatalf("no %s stage", controlplaneTarget)
-	}
+	d, s := loadTarget(t, controlplaneTarget)
 	carriers := nixlStages(d)
 	if d.stage(s.base) != nil {
 		t.Errorf("%s is built FROM stage %s: start from a base image", s.name, s.base)
@@ -499,11 +507,7 @@ func TestDockerfileControlPlane(t *testing.T) {
 // layout of the real wheel when the repository's .venv has it.
 func TestDockerfileAgent(t *testing.T) {
 	t.Parallel()
-	d := loadDockerfile(t)
-	s := d.stage(agentTarget)
-	if s == nil {
-		t.Fatalf("no %s stage", agentTarget)
-	}
+	d, s := loadTarget(t, agentTarget)
 	checkUser(t, s)
 	env := s.env(t)
 	for _, c := range []struct{ key, file string }{

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -188,50 +187,10 @@ func (sc scrape) has(name string) bool { return sc.samples[name] }
 // pair is routable.
 func startDev(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	cmd := exec.Command(pdplaneBin, "dev", "--addr", addr, "--prefills", "2", "--decodes", "2",
-		"--prefill-policy", "round_robin", "--log-level", "warn")
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "PDPLANE_") {
-			cmd.Env = append(cmd.Env, e)
-		}
-	}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	base := "http://" + addr
-	client := http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if resp, err := client.Get(base + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return base
-			}
-		}
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("pdplane dev exited (%v):\n%s", err, out.String())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pdplane dev was not ready within 60s:\n%s", out.String())
-		}
-	}
+	base, stop := startPdplane(t, "/readyz", func(status int) bool { return status == http.StatusOK }, 60*time.Second,
+		"dev", "--prefills", "2", "--decodes", "2", "--prefill-policy", "round_robin", "--log-level", "warn")
+	t.Cleanup(stop)
+	return base
 }
 
 // TestDashboardQueriesNameExportedMetrics: every metric the Grafana

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -26,6 +25,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 )
@@ -212,30 +213,27 @@ func loadManifests(t *testing.T) *manifests {
 
 func (m *manifests) add(t *testing.T, file string, o any, seen map[string]string) {
 	t.Helper()
-	var kind, name, ns string
+	obj := o.(interface {
+		metav1.Object
+		runtime.Object
+	}) // every type newObject makes
+	kind, name, ns := obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), obj.GetNamespace()
 	switch o := o.(type) {
 	case *corev1.ServiceAccount:
-		kind, name, ns = "ServiceAccount", o.Name, o.Namespace
 		m.serviceAccounts[name] = o
 	case *corev1.Service:
-		kind, name, ns = "Service", o.Name, o.Namespace
 		m.services[name] = o
 	case *appsv1.Deployment:
-		kind, name, ns = "Deployment", o.Name, o.Namespace
 		m.deployments[name] = o
 		m.pods = append(m.pods, podTemplate{"Deployment " + name, o.Spec.Template.Labels, &o.Spec.Template.Spec})
 	case *appsv1.StatefulSet:
-		kind, name, ns = "StatefulSet", o.Name, o.Namespace
 		m.statefulSets[name] = o
 		m.pods = append(m.pods, podTemplate{"StatefulSet " + name, o.Spec.Template.Labels, &o.Spec.Template.Spec})
 	case *policyv1.PodDisruptionBudget:
-		kind, name, ns = "PodDisruptionBudget", o.Name, o.Namespace
 		m.pdbs[name] = o
 	case *rbacv1.Role:
-		kind, name, ns = "Role", o.Name, o.Namespace
 		m.roles[name] = o
 	case *rbacv1.RoleBinding:
-		kind, name, ns = "RoleBinding", o.Name, o.Namespace
 		m.roleBindings[name] = o
 	}
 	if name == "" {
@@ -626,54 +624,16 @@ func checkServe(t *testing.T, m *manifests, pt podTemplate, c *corev1.Container,
 // the readiness path must exist (503 is expected here: no pair is routable).
 func checkServeAnswersProbes(t *testing.T, where string, c *corev1.Container) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	cmd := exec.Command(pdplaneBin, "serve", "--addr", addr)
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "PDPLANE_") {
-			cmd.Env = append(cmd.Env, e)
-		}
-	}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	}()
+	base, stop := startPdplane(t, "/healthz", func(int) bool { return true }, 30*time.Second, "serve")
+	defer stop()
 	get := func(path string) (int, error) {
 		client := http.Client{Timeout: 2 * time.Second}
-		resp, err := client.Get((&url.URL{Scheme: "http", Host: addr, Path: path}).String())
+		resp, err := client.Get(base + (&url.URL{Path: path}).String())
 		if err != nil {
 			return 0, err
 		}
 		resp.Body.Close()
 		return resp.StatusCode, nil
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if _, err := get("/healthz"); err == nil {
-			break
-		}
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("pdplane serve --addr %s exited (%v):\n%s", addr, err, out.String())
-		case <-tick.C:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pdplane serve --addr %s did not answer within 30s:\n%s", addr, out.String())
-		}
 	}
 	if code, err := get(c.LivenessProbe.HTTPGet.Path); err != nil || code != http.StatusOK {
 		t.Errorf("%s: liveness probe GET %s: %d, %v; want 200", where, c.LivenessProbe.HTTPGet.Path, code, err)

@@ -7,36 +7,28 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/pdplane/pdplane/bench"
 )
 
 // pdplaneBin is the binary under test, built once by TestMain.
 var pdplaneBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "pdplane-interop-")
+	bin, remove, err := bench.BuildPdplane("../cmd/pdplane")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	pdplaneBin = filepath.Join(dir, "pdplane")
-	build := exec.Command("go", "build", "-o", pdplaneBin, "../cmd/pdplane")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build pdplane:", err)
-		os.Exit(1)
-	}
+	pdplaneBin = bin
 	code := m.Run()
-	_ = os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
@@ -59,115 +51,65 @@ func routerBin(t *testing.T, env, install string) string {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := bench.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// logBuffer keeps a process's output for the test log on failure.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	return port
 }
 
 // simTransferSecret is the TCP transfer secret the sims of one test share:
 // without a control plane, nothing else tells them each other's secret.
 const simTransferSecret = "interop shared transfer secret"
 
-// start runs a process until the test ends; its output is logged if the
-// test fails.
-func start(t *testing.T, name string, args ...string) {
-	t.Helper()
-	startEnv(t, name, nil, args...)
-}
-
-// startEnv is start with extra environment variables.
-func startEnv(t *testing.T, name string, env []string, args ...string) {
-	t.Helper()
-	var out logBuffer
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.Env = append(append(os.Environ(), "NO_COLOR=1", "RUST_LOG_STYLE=never"), env...)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
+// stopAtEnd stops p when the test ends and logs its output if the test
+// failed.
+func stopAtEnd(t *testing.T, p *bench.Process) {
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		p.Stop()
 		if t.Failed() {
-			t.Logf("--- %s output ---\n%s", name, tail(out.String(), 6000))
+			t.Logf("--- %s output ---\n%s", p.Name, p.Output())
 		}
 	})
 }
 
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
+// start runs a process until the test ends.
+func start(t *testing.T, name string, args ...string) {
+	t.Helper()
+	p, err := bench.Start(name, nil, args...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return "…" + s[len(s)-n:]
+	stopAtEnd(t, p)
 }
 
 // sim is a `pdplane sim` engine run alone (no control plane), as an
 // operator would run it behind another router.
-type sim struct {
-	url           string
-	bootstrapPort int
-}
+type sim struct{ *bench.Sim }
 
 func startSim(t *testing.T, engine, role string) sim {
 	t.Helper()
-	s := sim{url: "http://127.0.0.1:" + strconv.Itoa(freePort(t))}
-	args := []string{pdplaneBin, "sim", "--engine", engine, "--role", role, "--name", engine + "-" + role,
-		"--sim-addr", strings.TrimPrefix(s.url, "http://"), "--log-level", "warn"}
-	if engine == "sglang" && role == "prefill" {
-		s.bootstrapPort = freePort(t)
-		args = append(args, "--bootstrap-port", strconv.Itoa(s.bootstrapPort))
+	s, err := bench.StartSim(t.Context(), pdplaneBin, bench.SimSpec{Engine: engine, Role: role, TransferSecret: simTransferSecret})
+	if err != nil {
+		t.Fatal(err)
 	}
-	startEnv(t, engine+" "+role+" sim", []string{"PDPLANE_TRANSFER_SECRET=" + simTransferSecret}, args...)
-	waitHTTP(t, s.url+"/health", 30*time.Second)
-	return s
+	stopAtEnd(t, s.Process)
+	return sim{s}
 }
 
 // waitHTTP waits until GET url answers 200.
 func waitHTTP(t *testing.T, url string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	var last string
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
-		} else {
-			last = err.Error()
-		}
-		time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	defer cancel()
+	if err := bench.WaitHTTP(ctx, url, nil); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("%s never answered 200 within %v: %s", url, within, last)
 }
 
 func (s sim) stats(t *testing.T) map[string]any {
 	t.Helper()
-	resp, err := http.Get(s.url + "/_sim/stats")
+	resp, err := http.Get(s.URL + "/_sim/stats")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,12 +286,14 @@ func transfers(t *testing.T, p, d sim) int {
 	return num(ds, "transfers")
 }
 
-// smgArgs are the flags every SMG launch here shares: loopback only, its
-// metrics listener on a free loopback port instead of 0.0.0.0:29000.
+// smgArgs is SMG's command line on port, loopback only, logging warnings.
 func smgArgs(t *testing.T, bin string, port int) []string {
-	return []string{bin, "launch", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--prometheus-host", "127.0.0.1", "--prometheus-port", strconv.Itoa(freePort(t)),
-		"--log-level", "warn"}
+	t.Helper()
+	args, err := bench.SMGArgs(bin, port, "warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return args
 }
 
 // TestSMGDrivesSGLangSims runs SMG in PD mode in front of a simulated SGLang
@@ -361,25 +305,32 @@ func TestSMGDrivesSGLangSims(t *testing.T) {
 	bin := routerBin(t, "PDPLANE_SMG", "pip install smg==1.13.0")
 	p, d := startSim(t, "sglang", "prefill"), startSim(t, "sglang", "decode")
 	port := freePort(t)
-	args := append(smgArgs(t, bin, port), "--pd-disaggregation",
-		"--prefill", p.url, strconv.Itoa(p.bootstrapPort), "--decode", d.url)
+	args, err := bench.SMGPDArgs(bin, port, "warn", p.Sim, d.Sim)
+	if err != nil {
+		t.Fatal(err)
+	}
 	start(t, "smg", args...)
-	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	serveMovingKV(t, "SMG", "http://127.0.0.1:"+strconv.Itoa(port), p, d, []request{
+		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
+		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
+		{"/generate", `{"text":"native generate","sampling_params":{"max_new_tokens":8}}`},
+		{"/generate", `{"text":"native generate streamed","sampling_params":{"max_new_tokens":8},"stream":true}`},
+	})
+}
 
+// serveMovingKV waits until the router named router at base answers a chat
+// completion, then serves cases through it, and checks that the sims p and
+// d moved KV once for each of those requests.
+func serveMovingKV(t *testing.T, router, base string, p, d sim, cases []request) {
+	t.Helper()
 	before := transfers(t, p, d)
 	chat := `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}`
 	if got := completionText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second)); got == "" {
 		t.Fatal("empty chat completion")
 	}
-	cases := []request{
-		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
-		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
-		{"/generate", `{"text":"native generate","sampling_params":{"max_new_tokens":8}}`},
-		{"/generate", `{"text":"native generate streamed","sampling_params":{"max_new_tokens":8},"stream":true}`},
-	}
 	serveAll(t, base, cases)
 	if got, want := transfers(t, p, d)-before, 1+len(cases); got != want {
-		t.Fatalf("sims counted %d KV transfers for %d requests through SMG", got, want)
+		t.Fatalf("sims counted %d KV transfers for %d requests through %s", got, want, router)
 	}
 }
 
@@ -393,26 +344,16 @@ func TestVLLMRouterDrivesVLLMSims(t *testing.T) {
 	bin := routerBin(t, "PDPLANE_VLLM_ROUTER", "pip install vllm-router==0.1.17")
 	p, d := startSim(t, "vllm", "prefill"), startSim(t, "vllm", "decode")
 	port := freePort(t)
-	start(t, "vllm-router", bin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--prometheus-host", "127.0.0.1", "--prometheus-port", strconv.Itoa(freePort(t)),
-		"--log-level", "warning",
-		"--vllm-pd-disaggregation", "--prefill", p.url, "--decode", d.url)
-	base := "http://127.0.0.1:" + strconv.Itoa(port)
-
-	before := transfers(t, p, d)
-	chat := `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}`
-	if got := completionText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second)); got == "" {
-		t.Fatal("empty chat completion")
+	args, err := bench.VLLMRouterPDArgs(bin, port, "warning", p.Sim, d.Sim)
+	if err != nil {
+		t.Fatal(err)
 	}
-	cases := []request{
+	start(t, "vllm-router", args...)
+	serveMovingKV(t, "vllm-router", "http://127.0.0.1:"+strconv.Itoa(port), p, d, []request{
 		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"stream please"}],"max_tokens":8,"stream":true}`},
 		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8}`},
 		{"/v1/completions", `{"model":"sim-model","prompt":"once upon a time","max_tokens":8,"stream":true}`},
-	}
-	serveAll(t, base, cases)
-	if got, want := transfers(t, p, d)-before, 1+len(cases); got != want {
-		t.Fatalf("sims counted %d KV transfers for %d requests through vllm-router", got, want)
-	}
+	})
 }
 
 // TestPdplaneBehindSMG puts a whole pdplane (`pdplane dev`: control plane,

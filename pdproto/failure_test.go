@@ -12,6 +12,18 @@ import (
 
 const memKindPrefill = `Prefill transfer failed for request rank=0 req.rid='a1b2' req.bootstrap_room=7 with exception Missing NIXL destination KV memory kind`
 
+// checkFailure fails the test unless f is of class with status and, when
+// message is set, carries it.
+func checkFailure(t *testing.T, f Failure, class Class, status int, message string) {
+	t.Helper()
+	if f.Class != class || f.Status != status {
+		t.Fatalf("got %v/%d, want %v/%d", f.Class, f.Status, class, status)
+	}
+	if message != "" && f.Message != message {
+		t.Fatalf("message %q, want %q", f.Message, message)
+	}
+}
+
 func TestClassifyAnswer(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -103,12 +115,7 @@ func TestClassifyAnswer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			f := ClassifyAnswer(tc.engine, tc.leg, tc.status, tc.retryAfter, []byte(tc.body))
-			if f.Class != tc.class || f.Status != tc.status {
-				t.Fatalf("got %v/%d, want %v/%d", f.Class, f.Status, tc.class, tc.status)
-			}
-			if tc.message != "" && f.Message != tc.message {
-				t.Fatalf("message %q, want %q", f.Message, tc.message)
-			}
+			checkFailure(t, f, tc.class, tc.status, tc.message)
 		})
 	}
 }
@@ -187,14 +194,8 @@ func TestClassifyEvent(t *testing.T) {
 			if ok != tc.failure {
 				t.Fatalf("failure %v, want %v (%+v)", ok, tc.failure, f)
 			}
-			if !ok {
-				return
-			}
-			if f.Class != tc.class || f.Status != tc.status {
-				t.Fatalf("got %v/%d, want %v/%d", f.Class, f.Status, tc.class, tc.status)
-			}
-			if tc.message != "" && f.Message != tc.message {
-				t.Fatalf("message %q, want %q", f.Message, tc.message)
+			if ok {
+				checkFailure(t, f, tc.class, tc.status, tc.message)
 			}
 		})
 	}

@@ -1,10 +1,13 @@
 package router
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"os"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Policy names how the router picks a peer for one role of a pair.
@@ -110,6 +113,12 @@ type Config struct {
 	// MaxIdleConnsPerHost is the idle keep-alive pool per engine; 512 by
 	// default, because every request opens two upstream legs.
 	MaxIdleConnsPerHost int
+	// TracerProvider, when set, traces every routed request: a server span
+	// (continuing the client's traceparent), a span per attempt on a pair
+	// and one per leg, whose W3C trace context goes to the engines. Nil
+	// (the default) turns tracing off at no cost on the request path; the
+	// client's traceparent is then passed to the engines unchanged.
+	TracerProvider trace.TracerProvider
 	// Transport, when set, replaces the router's own tuned transport (tests).
 	Transport http.RoundTripper
 
@@ -137,67 +146,27 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	if c.Replica == "" {
 		c.Replica, _ = os.Hostname()
-		if c.Replica == "" {
-			c.Replica = "unnamed"
-		}
+		c.Replica = cmp.Or(c.Replica, "unnamed")
 	}
-	if c.PrefillPolicy == "" {
-		c.PrefillPolicy = PolicyCacheAware
-	}
-	if c.DecodePolicy == "" {
-		c.DecodePolicy = PolicyPowerOfTwo
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 32 << 20
-	}
-	if c.MaxInflight == 0 {
-		c.MaxInflight = 4096
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = 64 << 20
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 3
-	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = 5 * time.Millisecond
-	}
-	if c.RetryBackoffMax == 0 {
-		c.RetryBackoffMax = 100 * time.Millisecond
-	}
-	if c.BreakerFailures == 0 {
-		c.BreakerFailures = 5
-	}
-	if c.BreakerCooldown == 0 {
-		c.BreakerCooldown = 5 * time.Second
-	}
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = 3 * time.Second
-	}
-	if c.PrefillTimeout == 0 {
-		c.PrefillTimeout = 10 * time.Minute
-	}
-	if c.DecodeFirstByteTimeout == 0 {
-		c.DecodeFirstByteTimeout = DefaultDecodeFirstByteTimeout
-	}
-	if c.MaxIdleConnsPerHost == 0 {
-		c.MaxIdleConnsPerHost = 512
-	}
-	if c.CacheAwarePrefixBytes == 0 {
-		c.CacheAwarePrefixBytes = 512
-	}
-	if c.CacheAwareBalanceAbs == 0 {
-		c.CacheAwareBalanceAbs = 8
-	}
-	if c.CacheAwareBalanceRel == 0 {
-		c.CacheAwareBalanceRel = 1.5
-	}
-	if c.CacheAwareVirtualNodes == 0 {
-		c.CacheAwareVirtualNodes = 32
-	}
-	if c.ReportTimeout == 0 {
-		c.ReportTimeout = 5 * time.Second
-	}
+	c.PrefillPolicy = cmp.Or(c.PrefillPolicy, PolicyCacheAware)
+	c.DecodePolicy = cmp.Or(c.DecodePolicy, PolicyPowerOfTwo)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, 32<<20)
+	c.MaxInflight = cmp.Or(c.MaxInflight, 4096)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, 64<<20)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 3)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, 5*time.Millisecond)
+	c.RetryBackoffMax = cmp.Or(c.RetryBackoffMax, 100*time.Millisecond)
+	c.BreakerFailures = cmp.Or(c.BreakerFailures, 5)
+	c.BreakerCooldown = cmp.Or(c.BreakerCooldown, 5*time.Second)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, 3*time.Second)
+	c.PrefillTimeout = cmp.Or(c.PrefillTimeout, 10*time.Minute)
+	c.DecodeFirstByteTimeout = cmp.Or(c.DecodeFirstByteTimeout, DefaultDecodeFirstByteTimeout)
+	c.MaxIdleConnsPerHost = cmp.Or(c.MaxIdleConnsPerHost, 512)
+	c.CacheAwarePrefixBytes = cmp.Or(c.CacheAwarePrefixBytes, 512)
+	c.CacheAwareBalanceAbs = cmp.Or(c.CacheAwareBalanceAbs, 8)
+	c.CacheAwareBalanceRel = cmp.Or(c.CacheAwareBalanceRel, 1.5)
+	c.CacheAwareVirtualNodes = cmp.Or(c.CacheAwareVirtualNodes, 32)
+	c.ReportTimeout = cmp.Or(c.ReportTimeout, 5*time.Second)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -206,42 +175,63 @@ func (c Config) WithDefaults() Config {
 
 // validate names the first field of a defaulted config that is wrong.
 func (c *Config) validate() error {
-	switch {
-	case !c.PrefillPolicy.Valid():
-		return fmt.Errorf("PrefillPolicy: unknown policy %q (want round_robin, random, power_of_two, least_load or cache_aware)", c.PrefillPolicy)
-	case !c.DecodePolicy.Valid():
-		return fmt.Errorf("DecodePolicy: unknown policy %q (want round_robin, random, power_of_two, least_load or cache_aware)", c.DecodePolicy)
-	case c.MaxBodyBytes < 0:
-		return fmt.Errorf("MaxBodyBytes: must be positive, got %d", c.MaxBodyBytes)
-	case c.MaxInflight < 1:
-		return fmt.Errorf("MaxInflight: must be at least 1, got %d", c.MaxInflight)
-	case c.MaxResponseBytes < 0:
-		return fmt.Errorf("MaxResponseBytes: must be positive, got %d", c.MaxResponseBytes)
-	case c.MaxAttempts < 1:
-		return fmt.Errorf("MaxAttempts: must be at least 1, got %d", c.MaxAttempts)
-	case c.RetryBackoff < 0 || c.RetryBackoffMax < 0:
-		return fmt.Errorf("RetryBackoff: must not be negative")
-	case c.BreakerFailures < 1:
-		return fmt.Errorf("BreakerFailures: must be at least 1, got %d", c.BreakerFailures)
-	case c.BreakerCooldown < 0:
-		return fmt.Errorf("BreakerCooldown: must not be negative")
-	case c.ConnectTimeout < 0 || c.PrefillTimeout < 0:
-		return fmt.Errorf("ConnectTimeout, PrefillTimeout: must not be negative")
-	case c.DecodeFirstByteTimeout < 0:
-		return fmt.Errorf("DecodeFirstByteTimeout: must not be negative, got %s", c.DecodeFirstByteTimeout)
-	case c.MaxIdleConnsPerHost < 0:
-		return fmt.Errorf("MaxIdleConnsPerHost: must not be negative")
-	case c.CacheAwarePrefixBytes < 0:
-		return fmt.Errorf("CacheAwarePrefixBytes: must not be negative")
-	case c.CacheAwareBalanceAbs < 0 || c.CacheAwareBalanceRel < 1:
-		return fmt.Errorf("CacheAwareBalanceAbs, CacheAwareBalanceRel: want >= 0 and >= 1, got %d and %g", c.CacheAwareBalanceAbs, c.CacheAwareBalanceRel)
-	case c.CacheAwareVirtualNodes < 1 || c.CacheAwareVirtualNodes > 1024:
-		return fmt.Errorf("CacheAwareVirtualNodes: want 1..1024, got %d", c.CacheAwareVirtualNodes)
+	err := cmp.Or(
+		validPolicy("PrefillPolicy", c.PrefillPolicy),
+		validPolicy("DecodePolicy", c.DecodePolicy),
+		notNegative("MaxBodyBytes", c.MaxBodyBytes),
+		atLeast("MaxInflight", c.MaxInflight, 1),
+		notNegative("MaxResponseBytes", c.MaxResponseBytes),
+		atLeast("MaxAttempts", c.MaxAttempts, 1),
+		notNegative("RetryBackoff", c.RetryBackoff),
+		notNegative("RetryBackoffMax", c.RetryBackoffMax),
+		atLeast("BreakerFailures", c.BreakerFailures, 1),
+		notNegative("BreakerCooldown", c.BreakerCooldown),
+		notNegative("ConnectTimeout", c.ConnectTimeout),
+		notNegative("PrefillTimeout", c.PrefillTimeout),
+		notNegative("DecodeFirstByteTimeout", c.DecodeFirstByteTimeout),
+		notNegative("MaxIdleConnsPerHost", c.MaxIdleConnsPerHost),
+		notNegative("CacheAwarePrefixBytes", c.CacheAwarePrefixBytes),
+		notNegative("CacheAwareBalanceAbs", c.CacheAwareBalanceAbs),
+		atLeast("CacheAwareBalanceRel", c.CacheAwareBalanceRel, 1),
+		atLeast("CacheAwareVirtualNodes", c.CacheAwareVirtualNodes, 1),
+		atMost("CacheAwareVirtualNodes", c.CacheAwareVirtualNodes, 1024),
+	)
+	if err != nil {
+		return err
 	}
 	for i, k := range c.APIKeys {
 		if k == "" {
 			return fmt.Errorf("APIKeys[%d]: empty key", i)
 		}
+	}
+	return nil
+}
+
+func validPolicy(field string, p Policy) error {
+	if p.Valid() {
+		return nil
+	}
+	return fmt.Errorf("%s: unknown policy %q (want round_robin, random, power_of_two, least_load or cache_aware)", field, p)
+}
+
+func atLeast[T cmp.Ordered](field string, v, least T) error {
+	if v < least {
+		return fmt.Errorf("%s: must be at least %v, got %v", field, least, v)
+	}
+	return nil
+}
+
+func atMost[T cmp.Ordered](field string, v, most T) error {
+	if v > most {
+		return fmt.Errorf("%s: must be at most %v, got %v", field, most, v)
+	}
+	return nil
+}
+
+func notNegative[T cmp.Ordered](field string, v T) error {
+	var zero T
+	if v < zero {
+		return fmt.Errorf("%s: must not be negative, got %v", field, v)
 	}
 	return nil
 }

@@ -60,7 +60,7 @@ func scanTopObject(b []byte, ms []jsonMember) ([]jsonMember, error) {
 		}
 		return ms, synErr(i, "body is not a JSON object")
 	}
-	end, ms, err := scanObjectMembers(b, i, 1, ms)
+	end, ms, err := scanObjectMembers(b, i, 1, ms, true)
 	if err != nil {
 		return ms, err
 	}
@@ -70,9 +70,10 @@ func scanTopObject(b []byte, ms []jsonMember) ([]jsonMember, error) {
 	return ms, nil
 }
 
-// scanObjectMembers validates the object opening at b[i] and appends its
-// members to ms; it returns the index just past the closing brace.
-func scanObjectMembers(b []byte, i, depth int, ms []jsonMember) (int, []jsonMember, error) {
+// scanObjectMembers validates the object opening at b[i] and, when record is
+// set, appends its members to ms; it returns the index just past the closing
+// brace.
+func scanObjectMembers(b []byte, i, depth int, ms []jsonMember, record bool) (int, []jsonMember, error) {
 	if depth > maxJSONDepth {
 		return i, ms, synErr(i, "nesting too deep")
 	}
@@ -101,11 +102,13 @@ func scanObjectMembers(b []byte, i, depth int, ms []jsonMember) (int, []jsonMemb
 		if err != nil {
 			return ve, ms, err
 		}
-		key := b[ks+1 : ke-1]
-		if escaped {
-			key = unescapeString(b[ks:ke])
+		if record {
+			key := b[ks+1 : ke-1]
+			if escaped {
+				key = unescapeString(b[ks:ke])
+			}
+			ms = append(ms, jsonMember{key: key, start: ks, valStart: vs, end: ve})
 		}
-		ms = append(ms, jsonMember{key: key, start: ks, valStart: vs, end: ve})
 		j = skipWS(b, ve)
 		if j >= len(b) {
 			return j, ms, synErr(j, "unexpected end in object")
@@ -132,9 +135,6 @@ func scanValue(b []byte, i, depth int) (int, error) {
 		end, _, err := scanString(b, i)
 		return end, err
 	case c == '{':
-		if depth+1 > maxJSONDepth {
-			return i, synErr(i, "nesting too deep")
-		}
 		return scanObject(b, i, depth+1)
 	case c == '[':
 		return scanArray(b, i, depth+1, nil)
@@ -152,42 +152,8 @@ func scanValue(b []byte, i, depth int) (int, error) {
 
 // scanObject validates an object without recording its members.
 func scanObject(b []byte, i, depth int) (int, error) {
-	j := skipWS(b, i+1)
-	if j < len(b) && b[j] == '}' {
-		return j + 1, nil
-	}
-	for {
-		if j >= len(b) {
-			return j, synErr(j, "unexpected end in object")
-		}
-		if b[j] != '"' {
-			return j, synErr(j, "expected a member name")
-		}
-		ke, _, err := scanString(b, j)
-		if err != nil {
-			return ke, err
-		}
-		j = skipWS(b, ke)
-		if j >= len(b) || b[j] != ':' {
-			return j, synErr(j, "expected ':' after member name")
-		}
-		ve, err := scanValue(b, skipWS(b, j+1), depth)
-		if err != nil {
-			return ve, err
-		}
-		j = skipWS(b, ve)
-		if j >= len(b) {
-			return j, synErr(j, "unexpected end in object")
-		}
-		switch b[j] {
-		case ',':
-			j = skipWS(b, j+1)
-		case '}':
-			return j + 1, nil
-		default:
-			return j, synErr(j, "expected ',' or '}' in object")
-		}
-	}
+	end, _, err := scanObjectMembers(b, i, depth, nil, false)
+	return end, err
 }
 
 // span is a [start, end) range of a buffer.
@@ -381,7 +347,7 @@ func scanObjectAt(b []byte, i int, ms []jsonMember) ([]jsonMember, error) {
 	if i >= len(b) || b[i] != '{' {
 		return ms, synErr(i, "not an object")
 	}
-	_, ms, err := scanObjectMembers(b, i, 1, ms)
+	_, ms, err := scanObjectMembers(b, i, 1, ms, true)
 	return ms, err
 }
 

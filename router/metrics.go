@@ -58,85 +58,95 @@ func requestBuckets() []float64 {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	const ns, sub = "pdplane", "router"
+	r := &metricRegistrar{reg: reg}
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "requests_total",
-			Help: "Generation requests by route and outcome.",
-		}, []string{"route", "outcome"}),
-		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "ttft_seconds",
-			Help:    "Time from dispatch to the first decode byte sent to the client, retries included, by route and model.",
-			Buckets: ttftBuckets(),
-		}, []string{"route", "model"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "request_duration_seconds",
-			Help: "End-to-end time of a generation request, from its arrival to the end of its answer (the last byte of a stream), " +
+		requests: r.counterVec("requests_total", "Generation requests by route and outcome.", "route", "outcome"),
+		ttft: r.histogramVec("ttft_seconds",
+			"Time from dispatch to the first decode byte sent to the client, retries included, by route and model.",
+			ttftBuckets(), "route", "model"),
+		duration: r.histogramVec("request_duration_seconds",
+			"End-to-end time of a generation request, from its arrival to the end of its answer (the last byte of a stream), "+
 				"by route and model; requests refused before a model was resolved are not observed.",
-			Buckets: requestBuckets(),
-		}, []string{"route", "model"}),
-		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "prompt_tokens_total",
-			Help: "Prompt tokens of successful requests as the decode engine reported them (usage.prompt_tokens; meta_info.prompt_tokens on /generate), " +
+			requestBuckets(), "route", "model"),
+		promptTokens: r.counterVec("prompt_tokens_total",
+			"Prompt tokens of successful requests as the decode engine reported them (usage.prompt_tokens; meta_info.prompt_tokens on /generate), "+
 				"by route and model. A stream counts only when it reports usage (OpenAI routes: stream_options.include_usage); otherwise nothing is counted.",
-		}, []string{"route", "model"}),
-		completionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "completion_tokens_total",
-			Help: "Completion tokens of successful requests as the decode engine reported them (usage.completion_tokens; meta_info.completion_tokens on /generate), " +
+			"route", "model"),
+		completionTokens: r.counterVec("completion_tokens_total",
+			"Completion tokens of successful requests as the decode engine reported them (usage.completion_tokens; meta_info.completion_tokens on /generate), "+
 				"by route and model. A stream counts only when it reports usage (OpenAI routes: stream_options.include_usage); otherwise nothing is counted.",
-		}, []string{"route", "model"}),
-		prefillDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "prefill_duration_seconds",
-			Help:    "Duration of the prefill leg, from dispatch to the end of its answer.",
-			Buckets: latencyBuckets(),
-		}, []string{"protocol", "result"}),
-		decodeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "decode_duration_seconds",
-			Help:    "Duration of the decode leg, from dispatch to the end of its stream.",
-			Buckets: latencyBuckets(),
-		}, []string{"protocol", "result"}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "retries_total",
-			Help: "Attempts made on another pair after a failed one, by the failure that caused them; a failure with no pair left to try is not a retry.",
-		}, []string{"reason"}),
-		breakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "breaker_state",
-			Help: "Circuit breaker state per peer: 0 closed, 1 open, 2 half-open; deleted when the peer leaves the routing snapshot.",
-		}, []string{"peer"}),
-		breakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "breaker_transitions_total",
-			Help: "Circuit breaker transitions by kind (peer, pair) and new state.",
-		}, []string{"kind", "state"}),
-		pairBreakersOpen: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "pair_breakers_not_closed",
-			Help: "Pair circuit breakers currently open or half-open.",
-		}),
-		selections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "selections_total",
-			Help: "Times a peer was selected, by role; deleted when the peer leaves the routing snapshot.",
-		}, []string{"role", "peer"}),
-		staleMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "stale_marks_total",
-			Help: "Stale marks the registry applied on the router's reports, by cause.",
-		}, []string{"cause"}),
-		quarantines: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "quarantines_total",
-			Help: "Quarantines the registry decided on the router's reports.",
-		}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "inflight_requests",
-			Help: "Generation requests being served.",
-		}),
+			"route", "model"),
+		prefillDuration: r.histogramVec("prefill_duration_seconds",
+			"Duration of the prefill leg, from dispatch to the end of its answer.",
+			latencyBuckets(), "protocol", "result"),
+		decodeDuration: r.histogramVec("decode_duration_seconds",
+			"Duration of the decode leg, from dispatch to the end of its stream.",
+			latencyBuckets(), "protocol", "result"),
+		retries: r.counterVec("retries_total",
+			"Attempts made on another pair after a failed one, by the failure that caused them; a failure with no pair left to try is not a retry.",
+			"reason"),
+		breakerState: r.gaugeVec("breaker_state",
+			"Circuit breaker state per peer: 0 closed, 1 open, 2 half-open; deleted when the peer leaves the routing snapshot.",
+			"peer"),
+		breakerTransitions: r.counterVec("breaker_transitions_total",
+			"Circuit breaker transitions by kind (peer, pair) and new state.", "kind", "state"),
+		pairBreakersOpen: r.gauge("pair_breakers_not_closed", "Pair circuit breakers currently open or half-open."),
+		selections: r.counterVec("selections_total",
+			"Times a peer was selected, by role; deleted when the peer leaves the routing snapshot.", "role", "peer"),
+		staleMarks:  r.counterVec("stale_marks_total", "Stale marks the registry applied on the router's reports, by cause.", "cause"),
+		quarantines: r.counter("quarantines_total", "Quarantines the registry decided on the router's reports."),
+		inflight:    r.gauge("inflight_requests", "Generation requests being served."),
 	}
-	for _, c := range []prometheus.Collector{
-		m.requests, m.ttft, m.duration, m.promptTokens, m.completionTokens, m.prefillDuration, m.decodeDuration, m.retries, m.breakerState,
-		m.breakerTransitions, m.pairBreakersOpen, m.selections, m.staleMarks, m.quarantines, m.inflight,
-	} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register router metrics: %w", err)
-		}
+	if r.err != nil {
+		return nil, r.err
 	}
 	return m, nil
+}
+
+// metricRegistrar builds the router's series, named pdplane_router_<name>,
+// and registers each as it is built; the first registration error is kept
+// in err and later series are built but not registered.
+type metricRegistrar struct {
+	reg prometheus.Registerer
+	err error
+}
+
+func (r *metricRegistrar) opts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: "pdplane", Subsystem: "router", Name: name, Help: help}
+}
+
+// register registers c unless an earlier series failed, and returns it.
+func register[C prometheus.Collector](r *metricRegistrar, c C) C {
+	if r.err != nil {
+		return c
+	}
+	if err := r.reg.Register(c); err != nil {
+		r.err = fmt.Errorf("register router metrics: %w", err)
+	}
+	return c
+}
+
+func (r *metricRegistrar) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return register(r, prometheus.NewCounterVec(prometheus.CounterOpts(r.opts(name, help)), labels))
+}
+
+func (r *metricRegistrar) counter(name, help string) prometheus.Counter {
+	return register(r, prometheus.NewCounter(prometheus.CounterOpts(r.opts(name, help))))
+}
+
+func (r *metricRegistrar) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return register(r, prometheus.NewGaugeVec(prometheus.GaugeOpts(r.opts(name, help)), labels))
+}
+
+func (r *metricRegistrar) gauge(name, help string) prometheus.Gauge {
+	return register(r, prometheus.NewGauge(prometheus.GaugeOpts(r.opts(name, help))))
+}
+
+func (r *metricRegistrar) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	o := r.opts(name, help)
+	return register(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: o.Namespace, Subsystem: o.Subsystem, Name: o.Name, Help: o.Help, Buckets: buckets,
+	}, labels))
 }
 
 // forgetPeer deletes the series of a peer that left the routing snapshot,

@@ -14,8 +14,6 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
-	"github.com/pdplane/pdplane/server"
-	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
 
@@ -196,24 +194,8 @@ func TestPeerSeriesDeletedWhenPeerLeaves(t *testing.T) {
 func TestMetricsLint(t *testing.T) {
 	t.Parallel()
 	s := startSimsOf(t, registry.EngineSGLang, map[string]registry.Role{"p1": registry.RolePrefill, "d1": registry.RoleDecode})
-	reg := newTestRegistry(t)
-	for _, sm := range []*sim.Sim{s["p1"], s["d1"]} {
-		spec, err := sm.Spec(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		reg.register(t, spec)
-	}
 	prom := prometheus.NewRegistry()
-	rt, err := router.New(router.Config{}, reg.mirror, reg.store, zerolog.Nop(), prom)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rt.Close)
-	srv, err := server.New(server.Config{}, server.Deps{Store: reg.store, Snaps: reg.mirror, Registry: prom, Routes: rt}, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, srv := controlPlane(t, router.Config{}, prom, zerolog.Nop(), s["p1"], s["d1"])
 	h := srv.Handler()
 	req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"model":"sim-model","prompt":"x","max_tokens":2}`))
 	req.Header.Set("Content-Type", "application/json")

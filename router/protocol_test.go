@@ -138,11 +138,7 @@ func TestModelResolutionAndMissingRoles(t *testing.T) {
 	}
 
 	// Two models: the model is required; the second has no prefill.
-	spec, err := other.Spec(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.reg.register(t, spec)
+	b.reg.registerSim(t, other)
 	resp, body = b.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
 	if e := decodeError(t, body); resp.StatusCode != 400 || *e.Error.Code != "model_required" {
 		t.Fatalf("%d %s", resp.StatusCode, body)

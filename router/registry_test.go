@@ -72,6 +72,27 @@ func (r *testRegistry) reregister(t *testing.T, name string) registry.Peer {
 	return r.register(t, spec)
 }
 
+// registerSim registers the simulated engine's own spec, as its agent
+// would.
+func (r *testRegistry) registerSim(t *testing.T, s *sim.Sim) registry.Peer {
+	t.Helper()
+	spec, err := s.Spec(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.register(t, spec)
+}
+
+// reregisterSim has the simulated engine take a fresh agent, as a stale
+// mark asks, and registers its new spec: a new generation.
+func (r *testRegistry) reregisterSim(t *testing.T, s *sim.Sim, reason string) registry.Peer {
+	t.Helper()
+	if err := s.Reregister(context.Background(), reason); err != nil {
+		t.Fatal(err)
+	}
+	return r.registerSim(t, s)
+}
+
 // peer returns the store's peer named name.
 func (r *testRegistry) peer(t *testing.T, name string) registry.Peer {
 	t.Helper()

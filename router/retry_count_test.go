@@ -9,39 +9,6 @@ import (
 	"github.com/pdplane/pdplane/sim"
 )
 
-// total sums a counter (or a histogram's count) over every series of name
-// whose labels include labels.
-func (b *bundle) total(t *testing.T, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := b.prom.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				if !hasLabel(m, k, v) {
-					continue next
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.Counter.GetValue()
-			case m.Gauge != nil:
-				sum += m.Gauge.GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.Histogram.GetSampleCount())
-			}
-		}
-	}
-	return sum
-}
-
 const retries = "pdplane_router_retries_total"
 
 // TestRetriesCountOnlyRetries: a request served by its first pair counts no

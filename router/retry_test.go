@@ -141,15 +141,7 @@ func TestMemKindAgainAfterReregistrationQuarantines(t *testing.T) {
 	b.reg.waitStale(t, "d0")
 	// The decode's agent re-registers it, as a stale mark asks; the defect
 	// comes back with the fresh agent.
-	ctx := context.Background()
-	if err := d.Reregister(ctx, "marked stale"); err != nil {
-		t.Fatal(err)
-	}
-	spec, err := d.Spec(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g := b.reg.register(t, spec).Generation; g != 2 {
+	if g := b.reg.reregisterSim(t, d, "marked stale").Generation; g != 2 {
 		t.Fatalf("generation %d after re-registering", g)
 	}
 	setFault(t, d, sim.FaultMissingMemKind)
@@ -488,22 +480,16 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	ctx := context.Background()
 
 	// Another replica reported the pair's first failure: the registry
-	// marked the decode stale and it re-registered with a fresh agent.
+	// quarantined the pair and held the decode's heal plan (p2 still
+	// uses it), and the decode re-registered with a fresh agent.
 	first := b.reg.peer(t, "d1")
 	if _, out, err := b.reg.store.ReportTransferFailure(ctx, registry.TransferFailure{
 		PrefillID: b.reg.id(t, "p1"), DecodeID: first.ID, DecodeAgent: first.Ranks[0].AgentName,
 		Reason: "prefill p1 could not send KV", Error: "Missing NIXL destination KV memory kind", Reporter: "router:elsewhere",
-	}); err != nil || out != registry.OutcomeStale {
+	}); err != nil || out != registry.OutcomeHealPending {
 		t.Fatalf("first failure: %v %v", out, err)
 	}
-	if err := d.Reregister(ctx, "marked stale"); err != nil {
-		t.Fatal(err)
-	}
-	spec, err := d.Spec(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.reg.register(t, spec)
+	b.reg.reregisterSim(t, d, "marked stale")
 	// The fresh agent's registration with p1 (only) goes wrong again: one
 	// request by hand through p1 while the fault holds.
 	setFault(t, d, sim.FaultMissingMemKind)
@@ -532,8 +518,8 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 		resp, _ := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`)
 		return resp.StatusCode == http.StatusOK
 	})
-	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
-		t.Fatalf("%d stale marks, want only the other replica's; the registry decided on a quarantine", n)
+	if n := len(b.reg.staleEvents(t, "d1")); n != 0 {
+		t.Fatalf("%d stale marks, want none: the first failure held the heal plan (p2 kept the decode), the repeat quarantined the pair", n)
 	}
 	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
 		t.Fatalf("decode %s after the quarantine of one pair", got)

@@ -97,7 +97,6 @@ func (b *bundle) send(t *testing.T, ctx context.Context, path, body string, hdr 
 	return resp
 }
 
-// metric returns the value of a counter or gauge with the labels.
 // waitMetric waits for a metric to reach want.
 func (b *bundle) waitMetric(t *testing.T, name string, labels map[string]string, want float64) {
 	t.Helper()
@@ -114,12 +113,37 @@ func (b *bundle) waitMetric(t *testing.T, name string, labels map[string]string,
 	}
 }
 
+// metric returns the value of the first series of name whose labels
+// include labels: a counter's or gauge's value, a histogram's count; 0 when
+// there is none.
 func (b *bundle) metric(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	if v := b.samples(t, name, labels); len(v) > 0 {
+		return v[0]
+	}
+	return 0
+}
+
+// total sums a counter (or a histogram's count) over every series of name
+// whose labels include labels.
+func (b *bundle) total(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	sum := 0.0
+	for _, v := range b.samples(t, name, labels) {
+		sum += v
+	}
+	return sum
+}
+
+// samples returns, for each series of name whose labels include labels, a
+// counter's or gauge's value or a histogram's count.
+func (b *bundle) samples(t *testing.T, name string, labels map[string]string) []float64 {
 	t.Helper()
 	mfs, err := b.prom.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var out []float64
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -133,15 +157,15 @@ func (b *bundle) metric(t *testing.T, name string, labels map[string]string) flo
 			}
 			switch {
 			case m.Counter != nil:
-				return m.Counter.GetValue()
+				out = append(out, m.Counter.GetValue())
 			case m.Gauge != nil:
-				return m.Gauge.GetValue()
+				out = append(out, m.Gauge.GetValue())
 			case m.Histogram != nil:
-				return float64(m.Histogram.GetSampleCount())
+				out = append(out, float64(m.Histogram.GetSampleCount()))
 			}
 		}
 	}
-	return 0
+	return out
 }
 
 func hasLabel(m *dto.Metric, k, v string) bool {
@@ -243,11 +267,35 @@ func TestMemKindTextInASuccessfulAnswerIsNotAnError(t *testing.T) {
 func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	snaps := newTestRegistry(t).mirror
-	if _, err := router.New(router.Config{PrefillPolicy: "fastest"}, snaps, nil, zerolog.Nop(), nil); err == nil || !strings.Contains(err.Error(), "PrefillPolicy") {
-		t.Fatalf("err %v", err)
-	}
-	if _, err := router.New(router.Config{APIKeys: []string{""}}, snaps, nil, zerolog.Nop(), nil); err == nil || !strings.Contains(err.Error(), "APIKeys[0]") {
-		t.Fatalf("err %v", err)
+	// Each bound names its own field.
+	for _, tc := range []struct {
+		field string
+		cfg   router.Config
+	}{
+		{"PrefillPolicy", router.Config{PrefillPolicy: "fastest"}},
+		{"DecodePolicy", router.Config{DecodePolicy: "fastest"}},
+		{"MaxBodyBytes", router.Config{MaxBodyBytes: -1}},
+		{"MaxInflight", router.Config{MaxInflight: -1}},
+		{"MaxResponseBytes", router.Config{MaxResponseBytes: -1}},
+		{"MaxAttempts", router.Config{MaxAttempts: -1}},
+		{"RetryBackoff", router.Config{RetryBackoff: -time.Second}},
+		{"RetryBackoffMax", router.Config{RetryBackoffMax: -time.Second}},
+		{"BreakerFailures", router.Config{BreakerFailures: -1}},
+		{"BreakerCooldown", router.Config{BreakerCooldown: -time.Second}},
+		{"ConnectTimeout", router.Config{ConnectTimeout: -time.Second}},
+		{"PrefillTimeout", router.Config{PrefillTimeout: -time.Second}},
+		{"DecodeFirstByteTimeout", router.Config{DecodeFirstByteTimeout: -time.Second}},
+		{"MaxIdleConnsPerHost", router.Config{MaxIdleConnsPerHost: -1}},
+		{"CacheAwarePrefixBytes", router.Config{CacheAwarePrefixBytes: -1}},
+		{"CacheAwareBalanceAbs", router.Config{CacheAwareBalanceAbs: -1}},
+		{"CacheAwareBalanceRel", router.Config{CacheAwareBalanceRel: 0.5}},
+		{"CacheAwareVirtualNodes", router.Config{CacheAwareVirtualNodes: -1}},
+		{"CacheAwareVirtualNodes", router.Config{CacheAwareVirtualNodes: 1025}},
+		{"APIKeys[0]", router.Config{APIKeys: []string{""}}},
+	} {
+		if _, err := router.New(tc.cfg, snaps, nil, zerolog.Nop(), nil); err == nil || !strings.Contains(err.Error(), " "+tc.field+":") {
+			t.Errorf("%s out of bounds: err %v, want one naming %s", tc.field, err, tc.field)
+		}
 	}
 	reg := prometheus.NewRegistry()
 	if _, err := router.New(router.Config{}, snaps, nil, zerolog.Nop(), reg); err != nil {

@@ -27,14 +27,7 @@ func TestQuarantineTrial(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, out)
 	}
 	b.reg.waitStale(t, "d0")
-	if err := d.Reregister(ctx, "marked stale"); err != nil {
-		t.Fatal(err)
-	}
-	spec, err := d.Spec(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.reg.register(t, spec)
+	b.reg.reregisterSim(t, d, "marked stale")
 	setFault(t, d, sim.FaultMissingMemKind)
 	if resp, out := b.post(t, "/v1/completions", body); resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("%d %s", resp.StatusCode, out)
@@ -69,13 +62,7 @@ func TestQuarantineTrial(t *testing.T) {
 	// same geometry, which keeps the quarantine); on trial, the request
 	// succeeds and the quarantine ends.
 	setFault(t, d, sim.FaultNone)
-	if err := d.Reregister(ctx, "fixed"); err != nil {
-		t.Fatal(err)
-	}
-	if spec, err = d.Spec(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b.reg.register(t, spec)
+	b.reg.reregisterSim(t, d, "fixed")
 	if qs, _ := b.reg.store.Quarantines(ctx); len(qs) != 1 {
 		t.Fatalf("quarantines after a same-geometry re-registration: %+v", qs)
 	}

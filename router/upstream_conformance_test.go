@@ -45,6 +45,18 @@ func (c *wireConn) readRequest() (string, error) {
 
 func (c *wireConn) write(s string) { _, _ = io.WriteString(c, s) }
 
+// eachRequest reads requests until the client goes, handing answer each
+// request's index on this connection (0 for the first) and its body; answer
+// returns false to stop serving the connection.
+func (c *wireConn) eachRequest(answer func(i int, body string) bool) {
+	for i := 0; ; i++ {
+		body, err := c.readRequest()
+		if err != nil || !answer(i, body) {
+			return
+		}
+	}
+}
+
 // reset closes the connection with a TCP RST instead of a FIN.
 func (c *wireConn) reset() {
 	if tc, ok := c.Conn.(*net.TCPConn); ok {
@@ -112,6 +124,25 @@ func send(t *testing.T, tr *upstreamTransport, method, url, body string) (*http.
 	return tr.RoundTrip(req)
 }
 
+// wireTransport is a test transport whose idle connections close with the
+// test.
+func wireTransport(t *testing.T) *upstreamTransport {
+	t.Helper()
+	tr := newTestTransport()
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
+
+// mustPost sends a POST that must succeed and returns its body read to the end.
+func mustPost(t *testing.T, tr *upstreamTransport, url, body string) string {
+	t.Helper()
+	resp, err := send(t, tr, http.MethodPost, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return readAll(t, resp)
+}
+
 const nextAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext"
 
 // A framing case: the first request on the first connection gets wire;
@@ -136,22 +167,16 @@ type framingCase struct {
 func runFramingCase(t *testing.T, tc framingCase) {
 	t.Helper()
 	srv := newWireServer(t, func(c *wireConn, idx int) {
-		for i := 0; ; i++ {
-			if _, err := c.readRequest(); err != nil {
-				return
-			}
+		c.eachRequest(func(i int, _ string) bool {
 			if idx == 0 && i == 0 {
 				c.write(tc.wire)
-				if tc.close {
-					return
-				}
-				continue
+				return !tc.close
 			}
 			c.write(nextAnswer)
-		}
+			return true
+		})
 	})
-	tr := newTestTransport()
-	defer tr.CloseIdleConnections()
+	tr := wireTransport(t)
 	method := tc.method
 	if method == "" {
 		method = http.MethodPost
@@ -192,11 +217,7 @@ func runFramingCase(t *testing.T, tc framingCase) {
 		}
 	}
 
-	resp, err = send(t, tr, http.MethodPost, srv.url+"/v1/completions", "y")
-	if err != nil {
-		t.Fatalf("second request: %v", err)
-	}
-	if got := readAll(t, resp); got != "next" {
+	if got := mustPost(t, tr, srv.url+"/v1/completions", "y"); got != "next" {
 		t.Fatalf("second request: body %q: the first answer's bytes leaked into it", got)
 	}
 	want := int64(2)
@@ -380,9 +401,7 @@ func TestUpstreamConformanceOversizeHead(t *testing.T) {
 				}
 				_, _ = c.readRequest() // wait, neither closing nor sending
 			})
-			tr := newTestTransport()
-			defer tr.CloseIdleConnections()
-			resp, err := send(t, tr, http.MethodPost, srv.url, "x")
+			resp, err := send(t, wireTransport(t), http.MethodPost, srv.url, "x")
 			if err == nil {
 				resp.Body.Close()
 				t.Fatalf("a head of over %d bytes was accepted", sent.Load())
@@ -402,21 +421,14 @@ func TestUpstreamConformanceOversizeHead(t *testing.T) {
 func TestUpstreamConformanceKeepAlive(t *testing.T) {
 	t.Parallel()
 	srv := newWireServer(t, func(c *wireConn, _ int) {
-		for {
-			if _, err := c.readRequest(); err != nil {
-				return
-			}
+		c.eachRequest(func(int, string) bool {
 			c.write("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789")
-		}
+			return true
+		})
 	})
-	tr := newTestTransport()
-	defer tr.CloseIdleConnections()
+	tr := wireTransport(t)
 	for i := range 3 {
-		resp, err := send(t, tr, http.MethodPost, srv.url, "x")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := readAll(t, resp); got != "0123456789" {
+		if got := mustPost(t, tr, srv.url, "x"); got != "0123456789" {
 			t.Fatalf("request %d: %q", i, got)
 		}
 	}
@@ -433,11 +445,7 @@ func TestUpstreamConformanceKeepAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	resp, err = send(t, tr, http.MethodPost, srv.url, "x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readAll(t, resp)
+	mustPost(t, tr, srv.url, "x")
 	if n := srv.conns.Load(); n != 2 {
 		t.Fatalf("%d connections, want 2: an abandoned body's connection was reused", n)
 	}
@@ -471,27 +479,19 @@ func TestUpstreamConformanceServerClosedIdleConnection(t *testing.T) {
 			t.Parallel()
 			got := make(chan string, 4)
 			srv := newWireServer(t, func(c *wireConn, idx int) {
-				for i := 0; ; i++ {
-					body, err := c.readRequest()
-					if err != nil {
-						return
-					}
+				c.eachRequest(func(i int, body string) bool {
 					got <- body
 					if idx == 0 && i == 1 {
 						tc.after(c)
-						return
+						return false
 					}
 					c.write(ok)
-				}
+					return true
+				})
 			})
-			tr := newTestTransport()
-			defer tr.CloseIdleConnections()
-			resp, err := send(t, tr, http.MethodPost, srv.url, "first")
-			if err != nil {
-				t.Fatal(err)
-			}
-			readAll(t, resp)
-			resp, err = send(t, tr, http.MethodPost, srv.url, "second")
+			tr := wireTransport(t)
+			mustPost(t, tr, srv.url, "first")
+			resp, err := send(t, tr, http.MethodPost, srv.url, "second")
 			if !tc.retried {
 				if err == nil {
 					resp.Body.Close()
@@ -534,22 +534,15 @@ func TestUpstreamConformanceServerClosedIdleConnection(t *testing.T) {
 				close(closed)
 				return
 			}
-			for {
-				if _, err := c.readRequest(); err != nil {
-					return
-				}
+			c.eachRequest(func(int, string) bool {
 				c.write(ok)
-			}
+				return true
+			})
 		})
-		tr := newTestTransport()
-		defer tr.CloseIdleConnections()
-		resp, err := send(t, tr, http.MethodPost, srv.url, "x")
-		if err != nil {
-			t.Fatal(err)
-		}
-		readAll(t, resp)
+		tr := wireTransport(t)
+		mustPost(t, tr, srv.url, "x")
 		<-closed
-		resp, err = send(t, tr, http.MethodPost, srv.url, "x")
+		resp, err := send(t, tr, http.MethodPost, srv.url, "x")
 		if err != nil {
 			t.Fatalf("request after the server closed the idle connection: %v", err)
 		}
@@ -560,23 +553,16 @@ func TestUpstreamConformanceServerClosedIdleConnection(t *testing.T) {
 	t.Run("RetriedOnce", func(t *testing.T) {
 		t.Parallel()
 		srv := newWireServer(t, func(c *wireConn, idx int) {
-			for i := 0; ; i++ {
-				if _, err := c.readRequest(); err != nil {
-					return
-				}
+			c.eachRequest(func(i int, _ string) bool {
 				if idx > 0 || i > 0 {
-					return // close without answering
+					return false // close without answering
 				}
 				c.write(ok)
-			}
+				return true
+			})
 		})
-		tr := newTestTransport()
-		defer tr.CloseIdleConnections()
-		resp, err := send(t, tr, http.MethodPost, srv.url, "x")
-		if err != nil {
-			t.Fatal(err)
-		}
-		readAll(t, resp)
+		tr := wireTransport(t)
+		mustPost(t, tr, srv.url, "x")
 		if _, err := send(t, tr, http.MethodPost, srv.url, "x"); err == nil {
 			t.Fatal("no error when the new connection closed too")
 		}
@@ -605,9 +591,7 @@ func TestUpstreamConformanceFreshConnectionClosed(t *testing.T) {
 					tc.close(c)
 				}
 			})
-			tr := newTestTransport()
-			defer tr.CloseIdleConnections()
-			_, err := send(t, tr, http.MethodPost, srv.url, "x")
+			_, err := send(t, wireTransport(t), http.MethodPost, srv.url, "x")
 			if err == nil {
 				t.Fatal("no error from a connection closed before answering")
 			}
@@ -628,19 +612,16 @@ func TestUpstreamConformanceFreshConnectionClosed(t *testing.T) {
 func TestUpstreamConformanceNoBodyFreesConnection(t *testing.T) {
 	t.Parallel()
 	srv := newWireServer(t, func(c *wireConn, _ int) {
-		for i := 0; ; i++ {
-			if _, err := c.readRequest(); err != nil {
-				return
-			}
+		c.eachRequest(func(i int, _ string) bool {
 			if i%2 == 0 {
 				c.write("HTTP/1.1 204 No Content\r\n\r\n")
 			} else {
 				c.write("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
 			}
-		}
+			return true
+		})
 	})
-	tr := newTestTransport()
-	defer tr.CloseIdleConnections()
+	tr := wireTransport(t)
 	for range 4 {
 		resp, err := send(t, tr, http.MethodPost, srv.url, "x")
 		if err != nil {

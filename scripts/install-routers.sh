@@ -13,28 +13,12 @@
 #   PYTHON               python used to create the venv (default: python3)
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${PDPLANE_VENV:-$root/.venv}"
-python="${PYTHON:-python3}"
+# shellcheck source=venv.sh
+. "$(dirname "${BASH_SOURCE[0]}")/venv.sh" install-routers
 want=("smg==${SMG_VERSION:-1.13.0}" "vllm-router==${VLLM_ROUTER_VERSION:-0.1.17}")
 
-log() { echo "install-routers: $*" >&2; }
-
-if [ ! -x "$venv/bin/python" ]; then
-	log "creating $venv"
-	"$python" -m venv "$venv" >&2
-fi
-
-missing=()
-for spec in "${want[@]}"; do
-	name=${spec%%==*} version=${spec##*==}
-	have="$("$venv/bin/python" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)"
-	[ "$have" = "$version" ] || missing+=("$spec")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-	log "installing ${missing[*]} into $venv"
-	"$venv/bin/python" -m pip install --disable-pip-version-check -q "${missing[@]}" >&2
-fi
+ensure_venv
+pip_install_pinned "${want[@]}"
 
 for bin in smg vllm-router; do
 	if [ ! -x "$venv/bin/$bin" ]; then

@@ -11,20 +11,9 @@
 #   PYTHON               python used to create the venv (default: python3)
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${PDPLANE_VENV:-$root/.venv}"
-version="${SCHEMATHESIS_VERSION:-4.32.5}"
-python="${PYTHON:-python3}"
+# shellcheck source=venv.sh
+. "$(dirname "${BASH_SOURCE[0]}")/venv.sh" install-schemathesis
 
-log() { echo "install-schemathesis: $*" >&2; }
-
-if [ ! -x "$venv/bin/python" ]; then
-	log "creating $venv"
-	"$python" -m venv "$venv" >&2
-fi
-installed="$("$venv/bin/python" -m pip show schemathesis 2>/dev/null | sed -n 's/^Version: //p' || true)"
-if [ "$installed" != "$version" ]; then
-	log "installing schemathesis==$version into $venv"
-	"$venv/bin/python" -m pip install --disable-pip-version-check -q "schemathesis==$version" >&2
-fi
+ensure_venv
+pip_install_pinned "schemathesis==${SCHEMATHESIS_VERSION:-4.32.5}"
 echo "$venv/bin/st"

@@ -34,27 +34,26 @@ if [ -z "${PDPLANE_TEST_DATABASE_URL:-}" ]; then
   echo "PDPLANE_TEST_DATABASE_URL=$PDPLANE_TEST_DATABASE_URL"
 fi
 
-if [ -z "${PDPLANE_NIXL_LIB:-}" ] && [ -x scripts/install-nixl.sh ]; then
-  step "installing NIXL into .venv"
-  if lib=$(scripts/install-nixl.sh | tail -n 1) && [ -f "$lib" ]; then
-    export PDPLANE_NIXL_LIB=$lib
-    echo "PDPLANE_NIXL_LIB=$PDPLANE_NIXL_LIB"
+# install_tool VAR SCRIPT TEST WHAT [WHY]: unless $VAR is set, runs SCRIPT
+# (an install-*.sh) and exports VAR as the path it prints last, when
+# `test TEST path` holds; under CI=true a failed install ends the run.
+install_tool() {
+  local var=$1 script=$2 check=$3 what=$4 why=${5:-} path
+  if [ -n "${!var:-}" ] || [ ! -x "$script" ]; then
+    return 0
+  fi
+  step "installing $what into .venv${why:+ ($why)}"
+  if path=$("$script" | tail -n 1) && test "$check" "$path"; then
+    export "$var=$path"
+    echo "$var=$path"
   elif [ "${CI:-}" = true ]; then
-    echo "NIXL could not be installed; under CI=true it is required" >&2
+    echo "$what could not be installed; under CI=true it is required" >&2
     exit 1
   fi
-fi
+}
 
-if [ -z "${PDPLANE_HADOLINT:-}" ] && [ -x scripts/install-hadolint.sh ]; then
-  step "installing hadolint into .venv (Dockerfile lint)"
-  if hadolint=$(scripts/install-hadolint.sh | tail -n 1) && [ -x "$hadolint" ]; then
-    export PDPLANE_HADOLINT=$hadolint
-    echo "PDPLANE_HADOLINT=$PDPLANE_HADOLINT"
-  elif [ "${CI:-}" = true ]; then
-    echo "hadolint could not be installed; under CI=true it is required" >&2
-    exit 1
-  fi
-fi
+install_tool PDPLANE_NIXL_LIB scripts/install-nixl.sh -f NIXL
+install_tool PDPLANE_HADOLINT scripts/install-hadolint.sh -x hadolint "Dockerfile lint"
 
 if [ -z "${PDPLANE_SMG:-}" ] || [ -z "${PDPLANE_VLLM_ROUTER:-}" ]; then
   step "installing SMG and vllm-router into .venv (interop tests)"

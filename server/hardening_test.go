@@ -259,6 +259,23 @@ func TestDataAfterTheJSONBodyIsRefused(t *testing.T) {
 	}
 }
 
+// wantStreamRefused opens an event stream that must be refused: 503 with a
+// Retry-After and a problem of type problemType, the first refusal counted
+// under reason.
+func (b *bundle) wantStreamRefused(t *testing.T, what, problemType, reason string) {
+	t.Helper()
+	code, h, data := b.raw(t, "GET", "/api/v1/events/stream", "")
+	if code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
+		t.Fatalf("%s: %d, Retry-After %q: %s", what, code, h.Get("Retry-After"), data)
+	}
+	if p := problem(t, h, data); p.Type != problemType {
+		t.Fatalf("%s: problem %+v, want type %s", what, p, problemType)
+	}
+	if got := b.gauge(t, "pdplane_api_rejected_total", map[string]string{"reason": reason}); got != 1 {
+		t.Fatalf("rejected_total{%s} = %v, want 1", reason, got)
+	}
+}
+
 // gauge reads a gauge or counter from the bundle's registry.
 func (b *bundle) gauge(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
@@ -329,16 +346,7 @@ func TestEventStreamsAreCapped(t *testing.T) {
 		t.Fatalf("open streams gauge = %v, want 2", got)
 	}
 
-	code, h, data := b.raw(t, "GET", "/api/v1/events/stream", "")
-	if code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
-		t.Fatalf("third stream: %d, Retry-After %q: %s", code, h.Get("Retry-After"), data)
-	}
-	if p := problem(t, h, data); p.Type != server.ProblemTooManyStreams {
-		t.Fatalf("problem %+v", p)
-	}
-	if got := b.gauge(t, "pdplane_api_rejected_total", map[string]string{"reason": "max_event_streams"}); got != 1 {
-		t.Fatalf("rejected_total = %v, want 1", got)
-	}
+	b.wantStreamRefused(t, "third stream", server.ProblemTooManyStreams, "max_event_streams")
 
 	cancel1()
 	waitFor(t, "the first stream to end", func() bool { return b.gauge(t, "pdplane_api_event_streams", nil) == 1 })

@@ -126,7 +126,7 @@ var (
 		"GB/s of the passed preflights in the routing snapshot, per backend and memory kind: the slowest pair (min) and the mean.",
 		[]string{"backend", "mem_kind", "stat"}, nil)
 	healingDesc = prometheus.NewDesc("pdplane_peers_healing",
-		"Peers with a heal plan running in the routing snapshot, by phase (draining, verifying).", []string{"phase"}, nil)
+		"Peers with a heal plan running in the routing snapshot, by phase (quarantined, draining, verifying).", []string{"phase"}, nil)
 )
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -148,7 +148,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			counts[[2]string{string(role), string(st)}] = 0
 		}
 	}
-	heals := map[registry.HealPhase]int{registry.HealDraining: 0, registry.HealVerifying: 0}
+	heals := map[registry.HealPhase]int{registry.HealQuarantined: 0, registry.HealDraining: 0, registry.HealVerifying: 0}
 	for _, p := range s.Peers() {
 		counts[[2]string{string(p.Role), string(p.State)}]++
 		if p.Heal.Active() {

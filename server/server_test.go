@@ -503,13 +503,8 @@ func TestUnhealthyDecode(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	get := func(path string) (int, string) {
-		resp, err := http.Get(b.url + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(data)
+		code, _, data := b.raw(t, http.MethodGet, path, "")
+		return code, string(data)
 	}
 	pf, dv := registrytest.Spec("p0", registry.RolePrefill), registrytest.Spec("d0", registry.RoleDecode)
 	p, d := b.register(t, pf), b.register(t, dv)
@@ -564,13 +559,8 @@ func TestPairsAndReadiness(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	get := func(path string) (int, string) {
-		resp, err := http.Get(b.url + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(data)
+		code, _, data := b.raw(t, http.MethodGet, path, "")
+		return code, string(data)
 	}
 	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "no ready peers") {
 		t.Fatalf("readyz with nothing: %d %q", code, body)

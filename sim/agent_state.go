@@ -87,7 +87,12 @@ func (s *Sim) newAgentState(gen int64) (*agentState, error) {
 	}
 	if s.cfg.Role.Prefills() {
 		st.worker, err = transfer.NewWorker(transfer.WorkerConfig{
-			Source:  st.source,
+			Source: st.source,
+			// Every queued job holds pages of the pool, so the pool
+			// bounds the queue: one slot per page never refuses a job
+			// the engine has the memory for ("KV transfer queue full"
+			// at a few hundred concurrent requests otherwise).
+			Pool:    transfer.PoolConfig{QueueSize: max(64, s.cfg.Pages)},
 			Timeout: s.cfg.TransferTimeout,
 			Resolve: resolveDecode,
 		}, b, log)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -71,6 +72,13 @@ type Config struct {
 	DType string
 	// Pages is the number of pages in the KV pool; default 512.
 	Pages int
+	// CheapTransfer keeps the PD protocol (bootstrap, rooms, the transfer
+	// with its notification, the per-token times) but computes no KV,
+	// verifies none and moves one page per request instead of the
+	// prompt's: for load tests where the engines must not be the
+	// bottleneck. Transfers still fail as they would (a missing memory
+	// kind, an unknown agent); a corrupt-kv fault goes unnoticed.
+	CheapTransfer bool
 
 	// PrefillTimePerToken is how long a prefill "computes" per prompt
 	// token.
@@ -147,54 +155,22 @@ const (
 
 // WithDefaults returns the config with unset fields filled in.
 func (c Config) WithDefaults() Config {
-	if c.Engine == "" {
-		c.Engine = registry.EngineSGLang
-	}
-	if c.Model == "" {
-		c.Model = DefaultModel
-	}
-	if c.Addr == "" {
-		c.Addr = "127.0.0.1:0"
-	}
-	if c.Transfer == "" {
-		c.Transfer = TransferTCP
-	}
-	if c.TransferAddr == "" {
-		c.TransferAddr = "127.0.0.1:0"
-	}
-	if c.PageSize == 0 {
-		c.PageSize = DefaultPageSize
-	}
-	if c.NumLayers == 0 {
-		c.NumLayers = DefaultNumLayers
-	}
-	if c.NumKVHeads == 0 {
-		c.NumKVHeads = DefaultNumKVHeads
-	}
-	if c.HeadDim == 0 {
-		c.HeadDim = DefaultHeadDim
-	}
-	if c.DType == "" {
-		c.DType = DefaultDType
-	}
-	if c.Pages == 0 {
-		c.Pages = DefaultPages
-	}
-	if c.MaxTokensDefault == 0 {
-		c.MaxTokensDefault = DefaultMaxTokens
-	}
-	if c.MaxTokensLimit == 0 {
-		c.MaxTokensLimit = DefaultMaxTokensLimit
-	}
-	if c.RoomTimeout == 0 {
-		c.RoomTimeout = DefaultRoomTimeout
-	}
-	if c.TransferTimeout == 0 {
-		c.TransferTimeout = DefaultTransferTimeout
-	}
-	if c.NotifPollInterval == 0 {
-		c.NotifPollInterval = DefaultNotifPollInterval
-	}
+	c.Engine = cmp.Or(c.Engine, registry.EngineSGLang)
+	c.Model = cmp.Or(c.Model, DefaultModel)
+	c.Addr = cmp.Or(c.Addr, "127.0.0.1:0")
+	c.Transfer = cmp.Or(c.Transfer, TransferTCP)
+	c.TransferAddr = cmp.Or(c.TransferAddr, "127.0.0.1:0")
+	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
+	c.NumLayers = cmp.Or(c.NumLayers, DefaultNumLayers)
+	c.NumKVHeads = cmp.Or(c.NumKVHeads, DefaultNumKVHeads)
+	c.HeadDim = cmp.Or(c.HeadDim, DefaultHeadDim)
+	c.DType = cmp.Or(c.DType, DefaultDType)
+	c.Pages = cmp.Or(c.Pages, DefaultPages)
+	c.MaxTokensDefault = cmp.Or(c.MaxTokensDefault, DefaultMaxTokens)
+	c.MaxTokensLimit = cmp.Or(c.MaxTokensLimit, DefaultMaxTokensLimit)
+	c.RoomTimeout = cmp.Or(c.RoomTimeout, DefaultRoomTimeout)
+	c.TransferTimeout = cmp.Or(c.TransferTimeout, DefaultTransferTimeout)
+	c.NotifPollInterval = cmp.Or(c.NotifPollInterval, DefaultNotifPollInterval)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

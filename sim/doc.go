@@ -29,7 +29,11 @@
 // The KV a prefill computes is a pure function of the prompt's tokens, the
 // region and the position; a decode verifies every byte it received before
 // it generates, so a transfer that moved the wrong bytes is an error answer,
-// never a silent success. Generated text is deterministic too.
+// never a silent success. Generated text is deterministic too. For load
+// tests, Config.CheapTransfer keeps the protocol (bootstrap, the transfer
+// and its notification, the per-token times) but computes and verifies no KV
+// and moves one page per request, and Config.Pages sizes the pool for the
+// requests held at once.
 //
 // *Sim implements agent.Engine: Spec describes it for registration,
 // Reregister gives it a fresh transfer agent (new name, memory registered

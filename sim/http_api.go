@@ -241,6 +241,9 @@ func (s *Sim) compute(ctx context.Context, prompt []int, seeds []uint64, pages [
 	if !sleepCtx(ctx, s.prefillTime()*time.Duration(len(prompt))) {
 		return errCancelled
 	}
+	if s.cfg.CheapTransfer {
+		return nil
+	}
 	s.pool.fill(seeds, pages)
 	if s.Fault() == FaultCorruptKV {
 		s.pool.corrupt(pages)

@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/pdplane/pdplane/agent"
 	"github.com/pdplane/pdplane/registry"
-	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
 
@@ -29,32 +27,6 @@ func getJSON(t *testing.T, url string, v any) int {
 	return resp.StatusCode
 }
 
-// busyPair starts a pair whose decode generates slowly, and one streamed
-// request that keeps it running until the test ends.
-func busyPair(t *testing.T, engine registry.Engine) (p, d *sim.Sim) {
-	t.Helper()
-	p, d = simtest.Pair(t, engine, func(c *sim.Config) {
-		if c.Role == registry.RoleDecode {
-			c.DecodeTimePerToken = 20 * time.Millisecond
-		}
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
-	go func() {
-		defer close(done)
-		c := simtest.NewClient()
-		body := chatBody("keep the decode busy", 4000, true)
-		if engine == registry.EngineVLLM {
-			c.VLLM(ctx, p, d, "/v1/chat/completions", body)
-		} else {
-			c.SGLang(ctx, p, d, "/v1/chat/completions", body, simtest.Room())
-		}
-	}()
-	waitFor(t, "the decode running the request", func() bool { return d.Load().Running == 1 })
-	return p, d
-}
-
 // TestSGLangLoadEndpoints pins SGLang's load formats: GET /v1/loads
 // (python/sglang/srt/entrypoints/v1_loads.py get_loads: timestamp, version,
 // accelerator, num_accelerators, loads[]; each rank's core fields from
@@ -63,7 +35,7 @@ func busyPair(t *testing.T, engine registry.Engine) (p, d *sim.Sim) {
 // num_reqs = running + waiting). The counts are the engine's real ones.
 func TestSGLangLoadEndpoints(t *testing.T) {
 	t.Parallel()
-	p, d := busyPair(t, registry.EngineSGLang)
+	p, d := simtest.BusyPair(t, registry.EngineSGLang)
 	var loads map[string]any
 	if code := getJSON(t, d.URL()+"/v1/loads", &loads); code != http.StatusOK {
 		t.Fatalf("/v1/loads: %d", code)
@@ -117,7 +89,7 @@ func TestSGLangLoadEndpoints(t *testing.T) {
 // model_name) and that an SGLang engine has no such endpoint.
 func TestVLLMMetricsEndpoint(t *testing.T) {
 	t.Parallel()
-	_, d := busyPair(t, registry.EngineVLLM)
+	_, d := simtest.BusyPair(t, registry.EngineVLLM)
 	resp, err := http.Get(d.URL() + "/metrics")
 	if err != nil {
 		t.Fatal(err)

@@ -21,10 +21,10 @@ func nixlPair(t *testing.T, engine registry.Engine) (p, d *sim.Sim) {
 
 func TestNIXLSGLang(t *testing.T) {
 	p, d := nixlPair(t, registry.EngineSGLang)
-	_, dr := sglangPD(t, p, d, "/v1/chat/completions", chatBody("move me through NIXL please, across a few pages", 4, false))
+	_, dr := pdOK(t, p, d, "/v1/chat/completions", chatBody("move me through NIXL please, across a few pages", 4, false))
 	decodeAnswer(t, dr)
 	body := chatBody("and stream", 3, true)
-	_, dr = sglangPD(t, p, d, "/v1/chat/completions", body)
+	_, dr = pdOK(t, p, d, "/v1/chat/completions", body)
 	if evs, done := simtest.Events(dr.Body); len(evs) != 3 || !done {
 		t.Fatalf("stream %s", dr.Body)
 	}
@@ -38,7 +38,7 @@ func TestNIXLSGLang(t *testing.T) {
 
 func TestNIXLVLLM(t *testing.T) {
 	p, d := nixlPair(t, registry.EngineVLLM)
-	vllmPD(t, p, d, "/v1/completions", map[string]any{"prompt": "read me through NIXL", "max_tokens": 3})
+	pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "read me through NIXL", "max_tokens": 3})
 	missingMemKind(t, p, d, func(ctx context.Context, c *simtest.Client) (simtest.Response, simtest.Response, error) {
 		return c.VLLM(ctx, p, d, "/v1/chat/completions", chatBody("read me", 3, false))
 	})

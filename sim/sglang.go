@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -86,7 +87,7 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, rid string, promp
 	done := make(chan error, 1)
 	err = st.worker.Submit(transfer.Job{
 		Peer:  a.peer(),
-		Pages: transfer.Pages{SrcPages: pages, DstPages: dst.Pages},
+		Pages: s.movedPages(pages, dst.Pages),
 		Notif: sglangKVNotif(bs.room),
 		Room:  bs.room,
 		Done:  func(err error) { done <- err },
@@ -107,7 +108,7 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, rid string, promp
 		return e
 	}
 	s.counters.transfers.Add(1)
-	s.counters.bytesMoved.Add(int64(min(len(pages), len(dst.Pages)) * s.pool.itemLen * s.pool.regions))
+	s.counters.bytesMoved.Add(int64(len(s.movedPages(pages, dst.Pages).SrcPages) * s.pool.itemLen * s.pool.regions))
 	return nil
 }
 
@@ -156,7 +157,9 @@ func (s *Sim) decodeRoom(ctx context.Context, st *agentState, rid string, seeds 
 	if !ok {
 		return nil, errPoolFull
 	}
-	s.pool.poison(pages)
+	if !s.cfg.CheapTransfer {
+		s.pool.poison(pages)
+	}
 	room, ok := s.decRooms.add(bs.room, pages)
 	if !ok {
 		s.pool.release(pages)
@@ -197,11 +200,11 @@ func (s *Sim) decodeRoom(ctx context.Context, st *agentState, rid string, seeds 
 				strconv.FormatUint(bs.room, 10)+"): "+err.Error()), err)
 		}
 	}
-	if err := s.pool.verify(seeds, pages); err != nil {
-		s.counters.verifyFailures.Add(1)
-		return release, abortErr("KV cache verification failed: the received KV does not match the prompt", err)
+	if err := s.verifyKV(seeds, pages); err != nil {
+		return release, err
 	}
 	s.counters.transfers.Add(1)
-	s.counters.bytesMoved.Add(int64(len(pages) * s.pool.itemLen * s.pool.regions))
+	s.counters.received(net.JoinHostPort(bs.host, strconv.Itoa(bs.port)))
+	s.counters.bytesMoved.Add(int64(len(s.movedPages(pages, pages).SrcPages) * s.pool.itemLen * s.pool.regions))
 	return release, nil
 }

@@ -90,7 +90,7 @@ func TestSGLangRankSocket(t *testing.T) {
 	p := simtest.Start(t, simtest.Config("p0", registry.RolePrefill, registry.EngineSGLang))
 	d := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
 	// One real request registers d's agent with p.
-	sglangPD(t, p, d, "/v1/completions", map[string]any{"prompt": "register", "max_tokens": 1})
+	pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "register", "max_tokens": 1})
 	if s := p.Stats(); len(s.Remotes) != 1 || s.Remotes[0].Agent != d.AgentName() || s.IgnoredKVArgs != 0 {
 		t.Fatalf("after one request: %+v", s)
 	}
@@ -130,5 +130,5 @@ func TestSGLangRankSocket(t *testing.T) {
 		return s.IgnoredKVArgs == 1 && s.ForeignMessages == 1
 	})
 	// The first registration still serves.
-	sglangPD(t, p, d, "/v1/completions", map[string]any{"prompt": "still works", "max_tokens": 1})
+	pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "still works", "max_tokens": 1})
 }

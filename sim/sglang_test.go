@@ -16,25 +16,12 @@ import (
 	"github.com/pdplane/pdplane/transfer"
 )
 
-// sglangPD runs one PD request and checks both answers are 200.
-func sglangPD(t *testing.T, p, d *sim.Sim, path string, body map[string]any) (pr, dr simtest.Response) {
-	t.Helper()
-	pr, dr, err := simtest.NewClient().SGLang(context.Background(), p, d, path, body, simtest.Room())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if pr.Status != http.StatusOK || dr.Status != http.StatusOK {
-		t.Fatalf("prefill %d %s\ndecode %d %s", pr.Status, pr.Body, dr.Status, dr.Body)
-	}
-	return pr, dr
-}
-
 func TestSGLangNonStreaming(t *testing.T) {
 	t.Parallel()
 	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
 	long := strings.Repeat("the prompt spans several pages of KV ", 8)
 
-	_, dr := sglangPD(t, p, d, "/v1/chat/completions", chatBody(long, 7, false))
+	_, dr := pdOK(t, p, d, "/v1/chat/completions", chatBody(long, 7, false))
 	a := decodeAnswer(t, dr)
 	if n := len(strings.Fields(a.Choices[0].Message.Content)); n != 7 {
 		t.Fatalf("%d words, want 7: %q", n, a.Choices[0].Message.Content)
@@ -43,20 +30,20 @@ func TestSGLangNonStreaming(t *testing.T) {
 		t.Fatalf("usage %+v finish %v", a.Usage, a.Choices[0].FinishReason)
 	}
 	// Deterministic: the same prompt gives the same text.
-	_, dr2 := sglangPD(t, p, d, "/v1/chat/completions", chatBody(long, 7, false))
+	_, dr2 := pdOK(t, p, d, "/v1/chat/completions", chatBody(long, 7, false))
 	if b := decodeAnswer(t, dr2); b.Choices[0].Message.Content != a.Choices[0].Message.Content {
 		t.Fatalf("answers differ: %q vs %q", a.Choices[0].Message.Content, b.Choices[0].Message.Content)
 	}
 
 	// Completions, with the default length: finish_reason "stop".
-	_, dr = sglangPD(t, p, d, "/v1/completions", map[string]any{"model": "sim-model", "prompt": "once upon a time"})
+	_, dr = pdOK(t, p, d, "/v1/completions", map[string]any{"model": "sim-model", "prompt": "once upon a time"})
 	a = decodeAnswer(t, dr)
 	if n := len(strings.Fields(a.Choices[0].Text)); n != sim.DefaultMaxTokens || *a.Choices[0].FinishReason != "stop" {
 		t.Fatalf("completion %q finish %v", a.Choices[0].Text, *a.Choices[0].FinishReason)
 	}
 
 	// SGLang native, from token ids.
-	_, dr = sglangPD(t, p, d, "/generate", map[string]any{"input_ids": []int{5, 6, 7, 8, 9, 10}, "sampling_params": map[string]any{"max_new_tokens": 3}})
+	_, dr = pdOK(t, p, d, "/generate", map[string]any{"input_ids": []int{5, 6, 7, 8, 9, 10}, "sampling_params": map[string]any{"max_new_tokens": 3}})
 	var g struct {
 		Text      string `json:"text"`
 		OutputIDs []int  `json:"output_ids"`
@@ -126,7 +113,7 @@ func TestSGLangStreaming(t *testing.T) {
 		t.Fatalf("6 tokens spread over only %s", gap)
 	}
 	// The stream carries the same text as a non-streamed answer.
-	_, dr := sglangPD(t, p, d, "/v1/chat/completions", chatBody("stream me a few tokens", 6, false))
+	_, dr := pdOK(t, p, d, "/v1/chat/completions", chatBody("stream me a few tokens", 6, false))
 	if a := decodeAnswer(t, dr); a.Choices[0].Message.Content != text.String() {
 		t.Fatalf("streamed %q, non-streamed %q", text.String(), a.Choices[0].Message.Content)
 	}
@@ -139,7 +126,7 @@ func TestSGLangStreaming(t *testing.T) {
 func TestSGLangLogprobsAndBatch(t *testing.T) {
 	t.Parallel()
 	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
-	pr, dr := sglangPD(t, p, d, "/generate", map[string]any{"text": "four score and seven", "return_logprob": true, "sampling_params": map[string]any{"max_new_tokens": 2}})
+	pr, dr := pdOK(t, p, d, "/generate", map[string]any{"text": "four score and seven", "return_logprob": true, "sampling_params": map[string]any{"max_new_tokens": 2}})
 	type meta struct {
 		MetaInfo struct {
 			PromptTokens        int     `json:"prompt_tokens"`
@@ -251,7 +238,7 @@ func TestVerificationCatchesCorruptKV(t *testing.T) {
 	if err := p.SetFault(sim.FaultNone); err != nil {
 		t.Fatal(err)
 	}
-	sglangPD(t, p, d, "/v1/chat/completions", chatBody("corrupt me", 3, false))
+	pdOK(t, p, d, "/v1/chat/completions", chatBody("corrupt me", 3, false))
 	waitFor(t, "decode pages freed", func() bool { return d.Load().KVUsage == 0 })
 }
 
@@ -437,15 +424,15 @@ func TestSGLangRestarts(t *testing.T) {
 	p1 := simtest.Start(t, pc)
 	pc.BootstrapPort = p1.BootstrapPort()
 	d1 := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
-	sglangPD(t, p1, d1, "/v1/completions", map[string]any{"prompt": "before", "max_tokens": 2})
+	pdOK(t, p1, d1, "/v1/completions", map[string]any{"prompt": "before", "max_tokens": 2})
 	p1.Close()
 
 	p2 := simtest.Start(t, pc)
-	sglangPD(t, p2, d1, "/v1/completions", map[string]any{"prompt": "after the prefill restarted", "max_tokens": 2})
+	pdOK(t, p2, d1, "/v1/completions", map[string]any{"prompt": "after the prefill restarted", "max_tokens": 2})
 
 	d1.Close()
 	d2 := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
-	sglangPD(t, p2, d2, "/v1/completions", map[string]any{"prompt": "after the decode restarted", "max_tokens": 2})
+	pdOK(t, p2, d2, "/v1/completions", map[string]any{"prompt": "after the decode restarted", "max_tokens": 2})
 	found := false
 	for _, r := range p2.Stats().Remotes {
 		found = found || r.Agent == d2.AgentName()

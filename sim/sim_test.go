@@ -113,6 +113,27 @@ func stream(ctx context.Context, url, path string, body any, header http.Header)
 	return resp.StatusCode, evs, sc.Err()
 }
 
+// pdOK runs one PD request the way p's engine kind does (SGLang: prefill
+// and decode at once under a fresh room; vLLM: prefill, then decode with
+// its kv_transfer_params) and checks both answers are 200.
+func pdOK(t *testing.T, p, d *sim.Sim, path string, body map[string]any) (pr, dr simtest.Response) {
+	t.Helper()
+	c, ctx := simtest.NewClient(), context.Background()
+	var err error
+	if p.Config().Engine == registry.EngineVLLM {
+		pr, dr, err = c.VLLM(ctx, p, d, path, body)
+	} else {
+		pr, dr, err = c.SGLang(ctx, p, d, path, body, simtest.Room())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pr.Status != http.StatusOK || dr.Status != http.StatusOK {
+		t.Fatalf("prefill %d %s\ndecode %d %s", pr.Status, pr.Body, dr.Status, dr.Body)
+	}
+	return pr, dr
+}
+
 func testLog(t testing.TB) zerolog.Logger { return zerolog.New(zerolog.NewTestWriter(t)) }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

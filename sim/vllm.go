@@ -122,8 +122,11 @@ func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *
 		return nil, nil, errPoolFull
 	}
 	release := func() { s.pool.release(pages) }
-	s.pool.poison(pages)
-	if err := s.readKV(ctx, st, &info, pages, kv.RemoteBlockIDs, notifDone+kv.RemoteRequestID); err != nil {
+	if !s.cfg.CheapTransfer {
+		s.pool.poison(pages)
+	}
+	moved := s.movedPages(pages, kv.RemoteBlockIDs)
+	if err := s.readKV(ctx, st, &info, moved.SrcPages, moved.DstPages, notifDone+kv.RemoteRequestID); err != nil {
 		release()
 		s.releaseBlocks(*kv.RemoteHost, *kv.RemotePort, kv.RemoteRequestID)
 		if ctx.Err() != nil {
@@ -142,11 +145,10 @@ func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *
 		return nil, nil, kvLoadFailed(err)
 	}
 	s.counters.transfers.Add(1)
-	s.counters.bytesMoved.Add(int64(n * s.pool.itemLen * s.pool.regions))
-	if err := s.pool.verify(seeds, pages); err != nil {
+	s.counters.bytesMoved.Add(int64(len(moved.SrcPages) * s.pool.itemLen * s.pool.regions))
+	if err := s.verifyKV(seeds, pages); err != nil {
 		release()
-		s.counters.verifyFailures.Add(1)
-		return nil, nil, abortErr("KV cache verification failed: the received KV does not match the prompt", err)
+		return nil, nil, err
 	}
 	return &answer{seqs: []seq{q.seqFor(prompt, seeds, q.maxTokens)}}, release, nil
 }

@@ -16,23 +16,11 @@ import (
 	"github.com/pdplane/pdplane/transfer"
 )
 
-func vllmPD(t *testing.T, p, d *sim.Sim, path string, body map[string]any) (pr, dr simtest.Response) {
-	t.Helper()
-	pr, dr, err := simtest.NewClient().VLLM(context.Background(), p, d, path, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if pr.Status != http.StatusOK || dr.Status != http.StatusOK {
-		t.Fatalf("prefill %d %s\ndecode %d %s", pr.Status, pr.Body, dr.Status, dr.Body)
-	}
-	return pr, dr
-}
-
 func TestVLLM(t *testing.T) {
 	t.Parallel()
 	p, d := simtest.Pair(t, registry.EngineVLLM, nil)
 	long := strings.Repeat("pull the blocks from the prefill ", 6)
-	pr, dr := vllmPD(t, p, d, "/v1/chat/completions", chatBody(long, 5, false))
+	pr, dr := pdOK(t, p, d, "/v1/chat/completions", chatBody(long, 5, false))
 	pa, da := decodeAnswer(t, pr), decodeAnswer(t, dr)
 	kv := pa.KVTransferParams
 	if kv["do_remote_prefill"] != true || kv["do_remote_decode"] != false || kv["remote_engine_id"] != p.AgentName() ||
@@ -50,7 +38,7 @@ func TestVLLM(t *testing.T) {
 
 	// Streaming completions.
 	body := map[string]any{"model": "sim-model", "prompt": "stream it", "max_tokens": 4, "stream": true}
-	_, dr = vllmPD(t, p, d, "/v1/completions", body)
+	_, dr = pdOK(t, p, d, "/v1/completions", body)
 	evs, done := simtest.Events(dr.Body)
 	if len(evs) != 4 || !done {
 		t.Fatalf("stream %s", dr.Body)
@@ -89,13 +77,13 @@ func TestVLLMCorruptAndPrefillReregister(t *testing.T) {
 	}
 	p.SetFault(sim.FaultNone)
 	old := p.AgentName()
-	vllmPD(t, p, d, "/v1/chat/completions", chatBody("good bytes", 2, false))
+	pdOK(t, p, d, "/v1/chat/completions", chatBody("good bytes", 2, false))
 	// The prefill re-registers: its engine id changes and the decode loads
 	// the new agent.
 	if err := p.Reregister(context.Background(), "test"); err != nil {
 		t.Fatal(err)
 	}
-	pr, _ := vllmPD(t, p, d, "/v1/chat/completions", chatBody("good bytes", 2, false))
+	pr, _ := pdOK(t, p, d, "/v1/chat/completions", chatBody("good bytes", 2, false))
 	if a := decodeAnswer(t, pr); a.KVTransferParams["remote_engine_id"] == old {
 		t.Fatalf("engine id unchanged after re-registration")
 	}
@@ -153,7 +141,7 @@ func TestVLLMMissingMemKind(t *testing.T) {
 func TestVLLMRequestParams(t *testing.T) {
 	t.Parallel()
 	p, d := simtest.Pair(t, registry.EngineVLLM, nil)
-	pr, _ := vllmPD(t, p, d, "/v1/completions", map[string]any{"prompt": "abc def", "max_tokens": 2})
+	pr, _ := pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "abc def", "max_tokens": 2})
 	var a struct {
 		KV map[string]any `json:"kv_transfer_params"`
 	}

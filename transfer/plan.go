@@ -295,10 +295,7 @@ func BuildPlan(src Source, dst *Destination, pages Pages, notif string) (*Plan, 
 	case PathMixedSegments:
 		p := &Plan{Path: path}
 		for i, seg := range dst.Segments {
-			pairs := make([]regionPair, 0, seg.Count)
-			for r := seg.Start; r < seg.Start+seg.Count && r < len(src.Geometry.KVDataPtrs); r++ {
-				pairs = append(pairs, regionPair{src: r, dst: r})
-			}
+			pairs := segmentPairs(seg, len(src.Geometry.KVDataPtrs))
 			if len(pairs) == 0 {
 				continue
 			}
@@ -347,11 +344,7 @@ func BuildLayout(src Source, dst *Destination) (*Layout, error) {
 	case PathMixedSegments:
 		l := &Layout{Path: path}
 		for _, seg := range dst.Segments {
-			var pairs []regionPair
-			for r := seg.Start; r < seg.Start+seg.Count && r < len(src.Geometry.KVDataPtrs); r++ {
-				pairs = append(pairs, regionPair{src: r, dst: r})
-			}
-			lp, err := pageLists(src, dst, pairs, seg.SrcKind, seg.DstKind)
+			lp, err := pageLists(src, dst, segmentPairs(seg, len(src.Geometry.KVDataPtrs)), seg.SrcKind, seg.DstKind)
 			if err != nil {
 				return nil, err
 			}
@@ -365,6 +358,16 @@ func BuildLayout(src Source, dst *Destination) (*Layout, error) {
 		}
 		return &Layout{Path: path, Lists: []ListPair{h.lists()}}, nil
 	}
+}
+
+// segmentPairs pairs each region of seg with the same region on the other
+// side, up to the source's srcRegions regions.
+func segmentPairs(seg registry.Segment, srcRegions int) []regionPair {
+	pairs := make([]regionPair, 0, seg.Count)
+	for r := seg.Start; r < seg.Start+seg.Count && r < srcRegions; r++ {
+		pairs = append(pairs, regionPair{src: r, dst: r})
+	}
+	return pairs
 }
 
 func kindOf(g RankGeometry, pairs []regionPair) registry.MemKind {

@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"sync"
@@ -20,12 +21,8 @@ type PoolConfig struct {
 
 // WithDefaults returns the config with zero fields set to their defaults.
 func (c PoolConfig) WithDefaults() PoolConfig {
-	if c.Workers == 0 {
-		c.Workers = 2
-	}
-	if c.QueueSize == 0 {
-		c.QueueSize = 64
-	}
+	c.Workers = cmp.Or(c.Workers, 2)
+	c.QueueSize = cmp.Or(c.QueueSize, 64)
 	return c
 }
 

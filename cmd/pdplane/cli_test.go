@@ -42,13 +42,11 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestCLIAgainstControlPlane runs peers, pairs and events against an
-// in-process control plane: peers by name and by id, -o json and yaml that
-// parse back into the API's types, the event stream.
-func TestCLIAgainstControlPlane(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	store := memstore.New(memstore.Config{})
+// startCLIControlPlane serves the control-plane API over store (admin token
+// "adm", join token "join") until the test ends, with a prefill p0 and a
+// decode d0 registered and heartbeating once.
+func startCLIControlPlane(t *testing.T, ctx context.Context, store *memstore.Store) (url string, p0, d0 registry.RegisterResult) {
+	t.Helper()
 	mirror := registry.NewMirror(registry.MirrorConfig{}, store, zerolog.Nop())
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -59,26 +57,37 @@ func TestCLIAgainstControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(srv.Handler())
-	defer ts.Close()
+	t.Cleanup(ts.Close)
 	admin := registry.Claim{Admin: true}
-	pf, err := store.Register(ctx, registrytest.Spec("p0", registry.RolePrefill), admin)
+	p0, err = store.Register(ctx, registrytest.Spec("p0", registry.RolePrefill), admin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := store.Register(ctx, registrytest.Spec("d0", registry.RoleDecode), admin)
+	d0, err = store.Register(ctx, registrytest.Spec("d0", registry.RoleDecode), admin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []registry.Peer{pf.Peer, d.Peer} {
+	for _, p := range []registry.Peer{p0.Peer, d0.Peer} {
 		if _, err := store.Heartbeat(ctx, registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return ts.URL, p0, d0
+}
+
+// TestCLIAgainstControlPlane runs peers, pairs and events against an
+// in-process control plane: peers by name and by id, -o json and yaml that
+// parse back into the API's types, the event stream.
+func TestCLIAgainstControlPlane(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := memstore.New(memstore.Config{})
+	url, pf, d := startCLIControlPlane(t, ctx, store)
 	for _, k := range []string{"PDPLANE_ADMIN_TOKEN", "PDPLANE_TOKEN", "PDPLANE_SERVER", "PDPLANE_OUTPUT", "PDPLANE_ROLE", "PDPLANE_STATE", "PDPLANE_MODEL", "PDPLANE_PEER", "PDPLANE_LIMIT", "PDPLANE_FOLLOW", "PDPLANE_FULL"} {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
 	}
-	t.Setenv("PDPLANE_CONTROL_PLANE", ts.URL)
+	t.Setenv("PDPLANE_CONTROL_PLANE", url)
 
 	peers := func(args ...string) (string, error) {
 		var out bytes.Buffer
@@ -309,6 +318,14 @@ func TestHelpAndExitStatus(t *testing.T) {
 		{args: []string{"agent", "-h"}, stdout: "--join-token", noStderr: true},
 		{args: []string{"dev", "-h"}, stdout: "$PDPLANE_PREFILLS", noStderr: true},
 		{args: []string{"migrate", "-h"}, stdout: "--database-url", noStderr: true},
+		{args: []string{"sim", "--help"}, stdout: "--kv-pages int", noStderr: true},
+		{args: []string{"bench", "-h"}, stdout: "pdplane bench compare", noStderr: true},
+		{args: []string{"bench", "compare", "-h"}, stdout: "--held-streams int", noStderr: true},
+		{args: []string{"bench"}, code: 2, stderr: "bench: a verb is required", stdoutNone: true},
+		{args: []string{"bench", "bogus"}, code: 2, stderr: `bench: unknown verb "bogus"`, stdoutNone: true},
+		{args: []string{"bench", "compare", "--concurrency", "32,0"}, code: 2, stderr: `invalid value "32,0" for --concurrency`, stdoutNone: true},
+		{args: []string{"bench", "compare", "--peers", "bogus"}, code: 2, stderr: `invalid value "bogus" for --peers`, stdoutNone: true},
+		{args: []string{"bench", "compare", "--peers", "smg", "--smg", "/nonexistent/smg", "--require"}, code: 1, stderr: "smg: executable not found", stdoutNone: true},
 		{args: []string{}, code: 2, stderr: "Usage:", stdoutNone: true},
 		{args: []string{"bogus"}, code: 2, stderr: `unknown command "bogus"`, stdoutNone: true},
 		{args: []string{"peers"}, code: 2, stderr: "a verb is required", stdoutNone: true},

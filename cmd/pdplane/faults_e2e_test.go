@@ -225,20 +225,7 @@ func freeAddr(t *testing.T) string {
 // waitHTTP waits until GET url answers 200.
 func waitHTTP(t *testing.T, url string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer 200 within %s (last: %v)", url, within, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitHTTPStatus(t, url, http.StatusOK, within)
 }
 
 // apiPeer is what the test reads of GET /api/v1/peers.
@@ -250,35 +237,32 @@ type apiPeer struct {
 }
 
 func listPeers(base string) ([]apiPeer, error) {
-	resp, err := http.Get(base + "/api/v1/peers")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /api/v1/peers: %d", resp.StatusCode)
-	}
 	var out struct {
 		Peers []apiPeer `json:"peers"`
 	}
-	return out.Peers, json.NewDecoder(resp.Body).Decode(&out)
+	return out.Peers, replicaJSON(base, "/api/v1/peers", &out)
+}
+
+// replicaJSON GETs path from the replica at base and decodes its 200 answer
+// into v.
+func replicaJSON(base, path string, v any) error {
+	req, err := http.NewRequest(http.MethodGet, base+path, nil)
+	if err != nil {
+		return err
+	}
+	return fetchJSON(req, v)
 }
 
 // expiries counts lease expiries in the event log.
 func expiries(t *testing.T, base string) int {
 	t.Helper()
-	resp, err := http.Get(base + "/api/v1/events?limit=1000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var out struct {
 		Events []struct {
 			Kind string `json:"kind"`
 		} `json:"events"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /api/v1/events: %d %v", resp.StatusCode, err)
+	if err := replicaJSON(base, "/api/v1/events?limit=1000", &out); err != nil {
+		t.Fatal(err)
 	}
 	n := 0
 	for _, e := range out.Events {
@@ -557,7 +541,7 @@ func waitHTTPStatus(t *testing.T, url string, status int, within time.Duration) 
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer %d within %s", url, status, within)
+			t.Fatalf("%s did not answer %d within %s (last: %v)", url, status, within, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -26,6 +26,8 @@ func commandLines() [][]string {
 			for _, s := range pairsGroup(io.Discard).subs {
 				lines = append(lines, []string{name, s.name})
 			}
+		case "bench":
+			lines = append(lines, []string{name, "compare"})
 		default:
 			lines = append(lines, []string{name})
 		}

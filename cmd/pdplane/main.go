@@ -28,6 +28,7 @@ Usage:
   pdplane peers    list|show|drain|stale|rm   the peers; a peer is named by its name or its id
   pdplane pairs    list|lift                  pairs and their verdicts; lift a quarantine
   pdplane events   [--peer P] [--follow]      the event log, or its live stream
+  pdplane bench    compare                    pdplane's router side by side with SMG and vllm-router
   pdplane version            print the version
 
 Run 'pdplane COMMAND -h' for a command's flags. Every flag can also be set
@@ -46,6 +47,7 @@ var commands = map[string]func(context.Context, []string) error{
 	"pairs":       runPairs,
 	"healthcheck": runHealthcheck,
 	"events":      runEvents,
+	"bench":       runBench,
 }
 
 func main() {

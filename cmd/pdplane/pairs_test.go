@@ -3,45 +3,22 @@ package main
 import (
 	"bytes"
 	"context"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
-
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
-	"github.com/pdplane/pdplane/server"
 )
 
 func TestPairsListAndLift(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	store := memstore.New(memstore.Config{QuarantineTTL: time.Hour})
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, zerolog.Nop())
-	if err := mirror.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Config{AdminToken: "adm", JoinTokens: []string{"join"}},
-		server.Deps{Store: store, Snaps: mirror, Registry: prometheus.NewRegistry()}, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(srv.Handler())
-	defer ts.Close()
-
+	url, pf, d := startCLIControlPlane(t, ctx, store)
 	admin := registry.Claim{Admin: true}
-	pf, _ := store.Register(ctx, registrytest.Spec("p0", registry.RolePrefill), admin)
 	dspec := registrytest.Spec("d0", registry.RoleDecode)
-	d, _ := store.Register(ctx, dspec, admin)
-	for _, p := range []registry.Peer{pf.Peer, d.Peer} {
-		if _, err := store.Heartbeat(ctx, registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	report := registry.TransferFailure{DecodeID: d.Peer.ID, PrefillID: pf.Peer.ID, Reason: "transfer failed", Error: "Missing NIXL destination KV memory kind"}
 	store.ReportTransferFailure(ctx, report)
 	dspec.Ranks[0].AgentName += "-g2"
@@ -52,7 +29,7 @@ func TestPairsListAndLift(t *testing.T) {
 
 	run := func(args ...string) (string, error) {
 		var out bytes.Buffer
-		err := pairsCmd(ctx, append(args, "--control-plane", ts.URL), &out)
+		err := pairsCmd(ctx, append(args, "--control-plane", url), &out)
 		return out.String(), err
 	}
 	waitUntil := func(what, sub string, want bool) {

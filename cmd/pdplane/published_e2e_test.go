@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"testing"
@@ -148,21 +149,30 @@ func testRegisterFromPublished(t *testing.T, engine registry.Engine, dbURL strin
 	}
 }
 
+// getJSON GETs url as the admin and decodes its 200 answer into v.
 func getJSON(t *testing.T, url string, v any) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, url, nil)
 	req.Header.Set("Authorization", "Bearer admin-tok")
+	if err := fetchJSON(req, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fetchJSON sends req and decodes its answer, which must be a 200, into v.
+func fetchJSON(req *http.Request, v any) error {
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d", url, resp.StatusCode)
+		return fmt.Errorf("%s %s: %d", req.Method, req.URL, resp.StatusCode)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("%s %s: %w", req.Method, req.URL, err)
 	}
+	return nil
 }
 
 func stringList(v any) []string {

@@ -23,6 +23,10 @@ func simFlags(fs *flagSet, c *sim.Config, role, engine *string) {
 	fs.str(&c.Transfer, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
 	fs.dur(&c.PrefillTimePerToken, "prefill-time-per-token", 0, "simulated prefill time per prompt token")
 	fs.dur(&c.DecodeTimePerToken, "decode-time-per-token", 0, "simulated decode time per generated token")
+	fs.int(&c.Pages, "kv-pages", sim.DefaultPages, "pages in the KV pool (page_size tokens each); a request holds its prompt's pages "+
+		"until its answer ends, so held streams need as many")
+	fs.boolean(&c.CheapTransfer, "cheap-transfer", false, "keep the PD protocol (bootstrap, transfer notifications, per-token times) "+
+		"but compute and verify no KV and move one page per request: for load tests where the engine must not be the bottleneck")
 }
 
 // runSim runs one simulated engine and, with --control-plane, its agent.

@@ -41,6 +41,28 @@ func sweepUntilOK(t *testing.T, ctx context.Context, sw *registry.LeaseSweeper) 
 	}
 }
 
+// The lease TTL and sweep interval of the outage tests, on a test clock.
+const outageTTL, outageInterval = 3 * time.Second, 500 * time.Millisecond
+
+// outageContext bounds an outage test and gives it a test clock.
+func outageContext(t *testing.T) (context.Context, *registrytest.Clock) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx, &registrytest.Clock{}
+}
+
+// outageSweeper is a lease sweeper over s that sweeps every outageInterval
+// of clock.
+func outageSweeper(t *testing.T, clock *registrytest.Clock, s registry.Store) *registry.LeaseSweeper {
+	t.Helper()
+	sw, err := registry.NewLeaseSweeper(registry.SweeperConfig{Interval: outageInterval, Now: clock.Now}, s, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sw
+}
+
 // TestLeasesSurviveStoreOutage is issue 11's first failure: PostgreSQL away
 // for longer than the lease TTL, then back. Every heartbeat in between
 // failed with ErrUnavailable (the HTTP edge answers 503), so the lapsed
@@ -49,28 +71,22 @@ func sweepUntilOK(t *testing.T, ctx context.Context, sw *registry.LeaseSweeper) 
 // after it fail.
 func TestLeasesSurviveStoreOutage(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	const ttl, interval = 3 * time.Second, 500 * time.Millisecond
-	clock := &registrytest.Clock{}
-	s, outage, _ := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: ttl, Now: clock.Now})
+	ctx, clock := outageContext(t)
+	s, outage, _ := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: outageTTL, Now: clock.Now})
 	peers := readyFleet(t, ctx, s, 10)
-	sw, err := registry.NewLeaseSweeper(registry.SweeperConfig{Interval: interval, Now: clock.Now}, s, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sw := outageSweeper(t, clock, s)
 	if n := sweepUntilOK(t, ctx, sw); n != 0 {
 		t.Fatalf("first sweep expired %d", n)
 	}
 
 	outage.Cut()
-	for elapsed := time.Duration(0); elapsed < 3*ttl; elapsed += interval {
-		clock.Advance(interval)
+	for elapsed := time.Duration(0); elapsed < 3*outageTTL; elapsed += outageInterval {
+		clock.Advance(outageInterval)
 		if _, err := sw.Sweep(ctx); !errors.Is(err, registry.ErrUnavailable) {
 			t.Fatalf("sweep during the outage: %v, want ErrUnavailable", err)
 		}
 	}
-	_, err = s.Heartbeat(ctx, registry.Heartbeat{PeerID: peers[0].ID, InstanceID: peers[0].InstanceID})
+	_, err := s.Heartbeat(ctx, registry.Heartbeat{PeerID: peers[0].ID, InstanceID: peers[0].InstanceID})
 	if !errors.Is(err, registry.ErrUnavailable) {
 		t.Fatalf("heartbeat during the outage: %v, want ErrUnavailable", err)
 	}
@@ -85,8 +101,8 @@ func TestLeasesSurviveStoreOutage(t *testing.T) {
 	if n := sweepUntilOK(t, ctx, sw); n != 0 {
 		t.Fatalf("the first sweep after the outage expired %d peers; want a grace", n)
 	}
-	for elapsed := interval; elapsed < ttl; elapsed += interval {
-		clock.Advance(interval)
+	for elapsed := outageInterval; elapsed < outageTTL; elapsed += outageInterval {
+		clock.Advance(outageInterval)
 		if n, err := sw.Sweep(ctx); err != nil || n != 0 {
 			t.Fatalf("sweep %s into the grace: %d expired, %v", elapsed, n, err)
 		}
@@ -99,7 +115,7 @@ func TestLeasesSurviveStoreOutage(t *testing.T) {
 	// silent after it fail.
 	expired := 0
 	for i := 0; i < 3; i++ {
-		clock.Advance(interval)
+		clock.Advance(outageInterval)
 		n, err := sw.Sweep(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -118,30 +134,19 @@ func TestLeasesSurviveStoreOutage(t *testing.T) {
 // touches only live leases.
 func TestOutageOfOneReplica(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	const ttl, interval = 3 * time.Second, 500 * time.Millisecond
-	clock := &registrytest.Clock{}
-	a, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: ttl, Now: clock.Now})
+	ctx, clock := outageContext(t)
+	a, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: outageTTL, Now: clock.Now})
 	b := registrytest.OpenPGStore(t, cfg)
 	peers := readyFleet(t, ctx, b, 2)
-	log := zerolog.New(zerolog.NewTestWriter(t))
-	swA, err := registry.NewLeaseSweeper(registry.SweeperConfig{Interval: interval, Now: clock.Now}, a, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	swB, err := registry.NewLeaseSweeper(registry.SweeperConfig{Interval: interval, Now: clock.Now}, b, log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	swA, swB := outageSweeper(t, clock, a), outageSweeper(t, clock, b)
 	sweepUntilOK(t, ctx, swA)
 	sweepUntilOK(t, ctx, swB)
 
 	outage.Cut()
 	silent := peers[0] // its agent reaches no working replica
 	expired := 0
-	for elapsed := time.Duration(0); elapsed < 2*ttl; elapsed += interval {
-		clock.Advance(interval)
+	for elapsed := time.Duration(0); elapsed < 2*outageTTL; elapsed += outageInterval {
+		clock.Advance(outageInterval)
 		for _, p := range peers[1:] { // these agents fail over to b
 			if _, err := b.Heartbeat(ctx, registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID}); err != nil {
 				t.Fatal(err)

@@ -106,14 +106,17 @@ func (e EventKind) Valid() bool {
 
 // Defines values for HealPlanPhase.
 const (
-	HealPlanPhaseDraining  HealPlanPhase = "draining"
-	HealPlanPhaseVerifying HealPlanPhase = "verifying"
+	HealPlanPhaseDraining    HealPlanPhase = "draining"
+	HealPlanPhaseQuarantined HealPlanPhase = "quarantined"
+	HealPlanPhaseVerifying   HealPlanPhase = "verifying"
 )
 
 // Valid indicates whether the value is a known member of the HealPlanPhase enum.
 func (e HealPlanPhase) Valid() bool {
 	switch e {
 	case HealPlanPhaseDraining:
+		return true
+	case HealPlanPhaseQuarantined:
 		return true
 	case HealPlanPhaseVerifying:
 		return true
@@ -391,11 +394,14 @@ type EventList struct {
 	NextCursor *int64 `json:"next_cursor,omitempty"`
 }
 
-// HealPlan The heal plan of a stale peer: draining (out of routing, requests in flight
-// finish), then the agent is told once to run its heal action (restart the
-// engine), then verifying (waiting for a new instance at a later generation).
-// Absent when no plan runs. A heal action that fails, or no new instance by
-// the deadline, marks the peer failed.
+// HealPlan The heal plan of a decode: quarantined (the failing pairs are out of
+// routing, the decode stays ready for the other prefills until the hold's
+// deadline), then draining (the peer is stale: out of routing, requests in
+// flight finish), then the agent is told once to run its heal action
+// (restart the engine), then verifying (waiting for a new instance at a later
+// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+// heal action that fails, or no new instance by the deadline, marks the peer
+// failed.
 type HealPlan struct {
 	// Acted when the agent was told to act
 	Acted *time.Time `json:"acted,omitempty"`
@@ -404,10 +410,13 @@ type HealPlan struct {
 	Deadline time.Time `json:"deadline"`
 
 	// FromGeneration the generation that failed
-	FromGeneration int64         `json:"from_generation"`
-	Phase          HealPlanPhase `json:"phase"`
-	Reason         *string       `json:"reason,omitempty"`
-	Started        time.Time     `json:"started"`
+	FromGeneration int64 `json:"from_generation"`
+
+	// Pairs the prefills whose pairs with the decode the plan quarantined
+	Pairs   *[]string     `json:"pairs,omitempty"`
+	Phase   HealPlanPhase `json:"phase"`
+	Reason  *string       `json:"reason,omitempty"`
+	Started time.Time     `json:"started"`
 }
 
 // HealPlanPhase defines model for HealPlan.Phase.
@@ -592,11 +601,14 @@ type Peer struct {
 	Engine     Engine  `json:"engine"`
 	Generation int64   `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
 	Id                       string    `json:"id"`
@@ -696,11 +708,14 @@ type PeerStatus struct {
 	CreatedAt  time.Time `json:"created_at"`
 	Generation int64     `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan  `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64    `json:"heartbeat_interval_seconds"`
 	Id                       string     `json:"id"`
@@ -724,11 +739,14 @@ type PeerSummary struct {
 	Engine        Engine    `json:"engine"`
 	Generation    int64     `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
 	Id                       string    `json:"id"`
@@ -868,10 +886,13 @@ type Role string
 
 // StaleReport Without prefill_id or agent_name this is an operator's stale mark. With
 // them it is a failed-transfer report, applied by one rule on every
-// replica: a duplicate or a report about an agent the peer no longer has
-// changes nothing, and a repeat failure of the same pair right after the
-// decode re-registered quarantines the pair instead of marking the
-// decode stale again.
+// replica: a first failure of a pair quarantines the pair and starts the
+// decode's heal plan, which keeps the decode ready for the other prefills
+// until its hold is over (at once stale when no other prefill can use it,
+// or without prefill_id); a duplicate or a report about an agent the peer
+// no longer has changes nothing, and a repeat failure of the same pair
+// right after the decode re-registered quarantines the pair instead of
+// marking the decode stale again.
 type StaleReport struct {
 	// AgentName the NIXL agent name of this peer that the failed transfer targeted
 	AgentName *string `json:"agent_name,omitempty"`
@@ -7323,155 +7344,158 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H17cxs3su9XQfGeKpN7h5RkS45N/eW1nV2fOLFXcpJTFXpFkAOSWA2BCYARzePSd7/V3cAM5kGJsiUn",
-	"tXf/scXhEM9G96+f+Nyb63WulVDO9safezk3fC2cMPjpvRDmzSv4KxV2bmTupFa9ce8Fy4UwTKanjKst",
-	"024lDLPOSLVkiq+FZUrTK/3jw+PBqJf0JPwu527VS3rwSm/ck2kv6RnxeyGNSHtjZwqR9Ox8JdYcuvwv",
-	"Ixa9ce//HFQjPKBv7QEN7Bx77F1fX0M7NtfKChq30bNMrOHPuVZOKAd/8jzP5JzDHA5yeuP//svChD7v",
-	"261vF3tsLIliwhhtEsYtO/v+JXt+fPId892wVDguMzvqXSe9nxW/4jLjs0x8ywG+uxKGcTbXaiGXhREp",
-	"y+RaOtYfDtf801BcCeWG1hnB13aQMG2YWwlmhYHfScvsqnAONjjVG3XKnNkyvuRSMb5wwrAz4cx2+AL/",
-	"tmKuVWph21eCp56YojfqE3LbHMlBObEUBsYOo/dTghdeq6VUuFhCFeve+LeeXWZcLXtJ7yrL1r2kZ+W6",
-	"9zEJLVlPF0nv9ZVf2tzoXBgniT44Pltos4a/eil3YujkWvQ6msBdjYZZfbMUShhOyxu1JpV7ely1VE4r",
-	"AYLf78VLqdJ4ukYspXUCjglQOk+3MGfHM4Gfw9cXcJiEdf612q/Ep1zSX6nhUvlX1voK//q94IYr558X",
-	"aiV45lZb2sDswjpuqFX8yOdACP5T9XjBZdZo7cIZybP6o0wuoK2u7VoLa/lSdK42sJMLWsHu74irtL69",
-	"jnnMb8R0QlvxL/2q17Y1AUqpBqpn/xJzV9LVW2k7aAsPEv4lnVjb204sUeh12Qc3hm/hsxKf3MW8MJao",
-	"r36Yc24tMJrpTCy0EVO28OcVfsX6OkuFGbAc1jK5neAaS+Rn0DXvvwuevc+4ao/ow0owoAKWZ1wxvWCc",
-	"IYGiGBgzJDrgHn1dOPja6AKIKGGeZi2Tii0yuVy5iVpIJe1qkMCUFM6LL4VywIaczlKm1Vwwp5kpFJPO",
-	"UsdAlVqxvhFIrvCziRLIOkJLV8LIxRaHseESuRksHGdKbJhU1nFomDvGWcaBk1W0MBhN1IuZhVFsoCkQ",
-	"cDBTUyg7Yi9qQ3Ar7hicBot8VOl6+7PtRMGcUsHTTCqRsDU3lxbniUKTDtJoAgTYYFxzODqtxd/Ul2nD",
-	"/To5DUOKSeBGVhcGdEMH88IY6CJfcStw8kwX+/ewMHp9Ueeb9Y6gj+r7aiWRr+zBOXFcMesMhAeyIux+",
-	"J+8xgntR2/oqsL89ZUbjONGQ2nOv2o1WfsehM24meBezQfK+KGVU+0xm3IYVRDQiHlkCKqdMq2zLNtKt",
-	"mG/Gc3224JkVIL3X/NNboZZu1RsfHT4+7pKOtV92DwGJ8pGF05fKuWOwEDgWOH9wfKmRR5YdUDusDwMu",
-	"jGBcpcwW87mwFs6MEXals9QyREoiHYyYP5NrwRXxAZhAnyt/FJCAUo2I1NECwEnGGTKQfpZxhhKVjp7T",
-	"rJR+AHKK8i1VfcG0EmzG55d0RP2izLTOBFewKigOd2zKufAcxAWOWXKNrvMLLI62b0xrBa3CuhAPAVgJ",
-	"7BS+0oXLCzdiHwIfkZbYHv0+YUoAliOh7cEb8CLprMgWNJdox48Pnz9NALI7YWDg//ztn5NJcXh4ePjx",
-	"L//VdbgDg/NSOmrq8cnTpLeWqiSm7naH+P/R9/jfd9/Tx+ff7+gu0zy9Tbq+hXdaECAa543n7Uzk2bYD",
-	"Pc67eVeFuMa4mSVZl5x/vuJqKdJTFl5k0tFGjHBbxrDdtLExZaC4i+Uaq4u1SyFy+AGNWqol7WVggUqr",
-	"Ok70gO0L2KATt634Ob7UXHK/ZKGNrlX/4Ze/Cb0GHaG9sqpYX2R8K4xNGPx9eQUcJ7UJzDq9SOUaOYW0",
-	"F+uMM24EC52zQmXCWgIDNH8vWjIJoMOtxBqQR6Euld4o1g+IY4vNcOQug1Pf9ETRA+wNGEr4GbEf4psd",
-	"Yjul2dbOxNPj+z8SYTWaasaTx3S05Roo4vHR8XfHz548Pf4OR0APj1rSNOl9Gi71sHqKZxzXISKPiOvF",
-	"O/NwI6ho4eH6AOB8YeX/iofqogkRyv4STytdJ+StZ3h12rq8uiiC0lShE13MUDksx3oUDfGwbFwV6xkB",
-	"p98LUYj0C+Z7uN+SmkIhDHugDhoLGnor55VU69S1tD+K9Q9e565znp/e/M9bthZrbbYM9EPSbH74BTm4",
-	"VqOIzb46e/FjL+n9Qv/99e27lz/0kt67v/7365cfeknv+zdvX3dy3Pdcmva2AmvlTnojURdIRmYpAZpk",
-	"md6gWHCGK7vAFWofz1TMdSr2saydiQWdAmBMzc55pAQZsSisSEHJwc/SsVTkQqWWaUWQifjjQoosjdYK",
-	"eEjSE78XPLtwOcojJ4ymv9fyk0gvrFiuG3popPAbsZBZdpfJGEHa5a2/4dK8L1++jk0X+/z0H9Xb13W7",
-	"Suc25lwiToteROFyKXLH6qoyoGJArYgGAO9Vv2HeukNSEPVkAJRG8mzQSQuVlG/qeVsWDyvaYBB3MBJO",
-	"jKUNHMJ3rUYrUk7YTLsVglNLqDvBduPZ9zn1HiaAw/BtDxIveSuNxm8UrFOsn8ai3nYuQaFQH5RdO1ON",
-	"GMdiUVUiUIeUjEpDkQmmhEhFSloGKAVWpoKlksABkH7CxGg5YoarS/vbXz6OLq8u1mJ9AawEhlWaiFrL",
-	"2TQH3XmwgPW3+ARoB0cLesV8JeaXsKOK0dG84lkhkF5wb2AGXQvWlFj+AJZsJYk5VkQNXdwWzkm38Qwn",
-	"sLftDDlnx1o57XjWiSJnwgCl0DqR7Qx3FU3ht1vGaHihg11Tex+zmrY6DI08sqSYl/RLxOVX9ZENiqDR",
-	"TjA4EIgMmVROMzIdwaKXmjXqtV4kkUbPgQLlwnsTEjxswBlAa8UzhLsFLAMebp1AQxj8kTBNngLAIyzj",
-	"aSpMqWaXiiseUaAn0inLeYh01EK/0KdQOxhgEFnMvzVmSn7K0P0wz+sK6ZPHTcTcOjWeui/uYuD3LGMH",
-	"fy4ZDExWLyIG9qib2ZwyHrhTaSwrGwFNzVYL2LSFAgtB64gnTc6MGNa0lj5HzXBQ2jS8Q+CdAk2VXGht",
-	"XrfDFOGHWTE3vwfBRMT6yLzgG8RBoLwVlrTOQMZektQ26vHh8bOOhV7Octu1ykYXy1VeOMZJuc24WQrr",
-	"iACRtebcghTqA31atjHSOaGQjJGukaiRapGi5FrQNjmtLwcJOzr853MkbXtga5bKEiTfBIwz7oSaby8K",
-	"27WA1sFIfz178+F1EEF2zbMsjD8B5XIt50Z7p9jdBxDkxW3cMGDYWFMPeIsWEPomW+rH24yW1EJSnt1o",
-	"GH4jaytTO3m7+OI/akBqJ2OswECCBpArAdwgwIFTxuusyAhACEor0eY83N1gyi5ZWN35ta+p3HGZdbVe",
-	"GqwJq6wCNN/oGLOnclHD6ZFFFaGcvbh97EstKpzH+uiqZcNhNZ2hc9kgLNiY7L1cMVgh7rRhmVw4y+T+",
-	"5nvy5nUyyjYYHdeRpAcEZO5KPFK15LAqhYCQGEqAGkSjVW2YEUps/IBvwSd+f9CBF8bdTZcGTmsm7brL",
-	"TezUhctLS0B91qlY8CJzloFMppdOgYWttXXhQcNpcX8WinSeXwCobA9rJkAbhO+/bACH+w/g9nU5ergF",
-	"+GO7z29e/vyBVz//Y2cfnYlvYB0LvXWeX0HRJDzL3i1649/2sQdUcKp3ndz+g3NEPfhqw0RjRCqU62SJ",
-	"gMdA9KNTR9kNuZZ4DSoStpHWFgjCBIA7JTYTBfAyYZzNMy7XIsWQKgJdPF1LVYFCAYx5MC49x4/sRFWj",
-	"GrEfhMgB4PeneZpnXAUH03BYvTVcyExMB6dkN5go0Fyt08GaMOf4ZCaYXYG6SN6K2O8VIYjG9nxMOuPG",
-	"Hlm2KLKsthYJ6h/oxdp43108YxgJRZl56F1KDHyVAqtqQWG7Y9ZgZX/++c0r2J5Mb4SZcytgnlrJOc9g",
-	"IGuEEpE5/nD4nA8XHz8/ux6Wfx/v8ffR4+tOQz0MdYcGLMRdNGCgz2K95mbbVoSbyiu2vOsQnUEnzcHs",
-	"CLe5Q6QNvrq7z+gotjbsNRow0N6CBq0ZApyU9RHzo5pUucJO0Z8D6qwq3xwkE1X6daqv/SOCIOju8V4e",
-	"pk1CVLaRViSgZGegIo8mCu03ZBCr+5VazY4x8EXPL/3AWF7MMmlXAo8W6VF0CDFQMmE//MJyDczQWMA4",
-	"ka3ZdrmSZlo7WLP8YqVtB0Q8/9tbrpbBkjBmK0QjlcnACD5fCUJXZVshzI871vcShJgK/lovWGHQkFhz",
-	"6T65D49VNZ1cmz2mUw0Z3mf9Q1izAHCfPX/+bHCj0Ht6cvLk5O7iVpQBiDeGctFbbU94w16HTmBb2VIC",
-	"oRg9B5Lyfl7bXO8HcKFfXt02p8gri7rwTGQEjdNUwnx49r5Gns0Rf/0Y64v3g9ha9MwegTx9fPKUzVfc",
-	"8Dken410K104NtfKGZ1FX/lglnisT487uNJapyJrzOPk6PH9r3xgoc0Tdd/9BF7YYbsgQ3YXM2UUERLb",
-	"p28JOr4SCuj9e3TzXONav6GfPj5qiKWkVyj5eyH8984UAn1NNT3sZqtv9SqIHGDNewvMMwDttQFSYNNa",
-	"qvC5bU82Orv18J/BO6giEzC5WBpd5A9zJLyo2bmnSs90umVzXWQpcyLLThlwfZBf3nhSbniMwfbd75+p",
-	"+47NPtlrrwvTAZhXzuV9O2AzAGM/n70N1jTPejvsi/d7VBrgxYcE486X/J+GHrhEnc3XSRhZ6y7Y4xWK",
-	"cYc+wd0djdd3jkHHwJ9bNriM8qX3KazoAjHKFc8ugiWzM+CgZb7cgSEzbt3FKo5s3G/CmeBWXKCJaXvX",
-	"Xzl318HvH2N2t/Ao//bFDdFWRZ7ekRq68Hew49biTmtr6CeZxORX6/1GGuha2p107xWVO6nrO7XvNhDe",
-	"A1y2z8NXQrtvAKl2uYY7UMu+mtofhguakvUexP7u6BSUb6i4AWAMQjPZHyjs1Ky/FhLch0RvxCh+qfBu",
-	"TswL5z9COrbMRb+uuGNcbbUSbM23RJN8BhCfozVnxH7SsQKdeNV6LRxPuePoRg6WIivmRgRTkdEzsctG",
-	"1HCoY0afdMEnX+rzTHoluW6LIqsehanLYMTyfvpyXN70wKoUrbKzhTbe1EWmLdBzSgdyh4srTU1NQBRB",
-	"9lehf8+Oj59+d3x8+N2T7w6fn5w8Pjw8vFEHvk562PfFflpKm+/ucvh/jWs/FVcXjQS6+5nqbekoniSi",
-	"rJTKDYdksuG2pIrONJUdDvpoDJlQXzezo65Wv8BzHCj0lmCNJkEniNufHrN+cIAdsR/lX2vGmNnW7XAq",
-	"evZIB7TDN/zyfRUdEh+nxtFm/aOncFqeHpO3f5CwFVepj3BA+3vhVkI5OQdsQ6bkjhFGdPmsrmd0psDs",
-	"AdR2EMAO7hqdvR0O+HKXEjr/RECduKvKhG6EpJcO7HaSFsqG1jb89/m7n1jO3SqoZnqxECrF6DLK4SNj",
-	"bS3k7agV8rYzbWRnzkFhu6Gbky4TNyCkli2RHNA/n71hiq9h3BgxmHGLkT0+fRsHD9qoHR8ceLfJKBVX",
-	"ISPbHkh1xTOZDkNQ6827id+GwZYTKiMIdmxaDTh1yKmaH4ls5JuVtsiS/G/JXD3XJqWgrDKZuFNqN+B0",
-	"CzzvIddHldM7flrzote/Sjuf5rueose10cK8u+F5+fbl1SgOr7+8GqV+Sy6vRlEyQfm5TGHAJ2VKBX7y",
-	"6Q8BfnaFJp95t3BDTOOZ3s1dI79Ak6fuw0Pr4npn0/DCqU93xXBVNDT7BzUV8aHtkrz4dAGTvMiE6oDx",
-	"MLgc5EzxyQOjGN/eMwCo7FeU8taExOVYc9dwzX3jgSzzotOjMDyqKzxsxbECx9/e/3z3EIDhnjEAl1f7",
-	"bOB9bt7RPmt2oyE3jDlsZDN/D+NnKcsO5KqwVthTPweUEaiJRNkg68I6jPXWV8JkPP8TTRTGsdfmJFXQ",
-	"0qoMIs7osP95plNBiI5Yi/qmwNTKDJ3T0mVb1jRJhXVSkeiMf0fatY92MMLq7Iok516KdQyi7zK3EEb0",
-	"MIFCt4Lr807oHGTPIGA9GGWMuClCY6JSwzeKzbZR9jIosOhuqGROwqyunleCZjRRH1aCAcBvxoEzPp+L",
-	"HIXTXCslQiZstvUFZ7hif//xxcuJmq9A7KulGIYaQBQLLN2InQlXGBU0gNl2oqZ/e/2BHfBcHlwdHaAG",
-	"cPBZptcHMaCakuP9q/SCZkIagZEatK9xowZDbRzhxhHoAo2xwaoLMIJcCA5S6ewdzSYdhocaorlAsml3",
-	"THwkUFEHyundbn3oBA+eKXdrBl8mKDvq8FztmhdFolOmRJZV7KamTxY3VPhpSM8b2GyH4nMLe7wrv9rF",
-	"kto9R6u+K7emthS35NN0nYrqx+Xqd52NWKWM6SHpJszOE+NtuGWQfDunaabdqhPlnzueiTPRHbTyqz9m",
-	"vsELiQl01SyZW0mMJoqCsR9ZXy9nzc3liEETWAhg7fP5QlLJsDyYBntPQi0MYMIg2DHTSyvK/5ooI7Cm",
-	"2JhxlhZUXgxjqbn/fbCnVgUzfPEIpVmm1VIYOCTIZTFqRWm3wlwVDjwaGhE+4r0wokyBgEli5LfBtBfi",
-	"2JiDX4YhDSPbZxXmHSXHgJ4pOGbcwpp4fb1sgVYrCkfsYk/dGlGDFeGW4Mil9VVAVj4VxWfIlGvuuFkK",
-	"Ktly/7FQO7J00P+C6TgOY+VhbEZcURWPYIXMxLo+pqcnJ0/uVr6jotbdqVAyy7ydoVoSHS1cWarnIYMn",
-	"K6dpqz7N7WrqPs5/30EXzzgPTt6m6sDTra+3QlijzHdAD+yoKh4TR+t6Aiz9q5bNSDpPFJqWbT0KApcX",
-	"S1T4tCvvZnChzg/Zo5FYBvUaIDlZ6qLycXGRt1BKLiqWtDNRKOnVXEj72aaQaNd8C8i6DMnEXJk4VtKy",
-	"VFOdHrKmD2Kz1UNYa66TnhXzwki3PQexGFwqa6k+6EvR4RCYDof49dDB99NxlUxDJU4s66ciE04kVPIs",
-	"ibi6HZx6VCvSidqshMHcyaqCJrYJzLmKzmbSR4Gi2MaMF8FNnDm0ci5Hpws979iPeSaByl68f8MuxZb1",
-	"YQ65HF6KrZ0OmK889C4X6sWbYZRMDBQs7OlEBdQY/47cj45fCkq9mqiJApnFlE/haSwUUxqf/UtXj9D6",
-	"6kP1KDpd2onSuU/t85IGTlVIWq7i2FNxNUWFbhrSnqTCrRTTgdcqLIFh9Bpa1m8D/2lCicAJo4p3A3Kn",
-	"Zhu+jccx58ZsQRze1dG4377Biuwmtni9+qAKrdd8aEXODbowMmkdKleUgZ5RzL4SG7bR5nKinF4K3I60",
-	"wDRwzox2VM9ujKH1mIG1IVfIiL1xpUfSWwUnivQ3XIiMyzU+B4FJYgCjPxBGm0JhPmt/pTesVn9rojJt",
-	"SemICHuu18KitjcYsZ/8XouygM6t6wZDfnlDBgaQwLTqb9pMvjCoGoKmqwuVMp9Y7fkyGkonCjk5Fhjk",
-	"FsPnKDHCL9QwWiuVxlycW5+3KoRJEINp42wTTVjWJ/AVZTYwp3XCYHOHmJOObioTmhDGV0AgmkaE0syk",
-	"KGUGtSer7Do7UT/8QunhferS6Ax0c9hOtO4PErZZyfkK59xwayshoEs9UV4f90u23mu/rtHRs9DtfXpZ",
-	"4wA4OWA8Bu0FHnMceMyXSsuXSyOWSPxv3/6IgetU8Gqipv50T4MgrjGXSu6G5do2zj9uK7Agb6DAuH6n",
-	"PYsx0PqU9R1fsqlveTqgamu7mOdE9afAbv4yTdj0IDQ7TRg2AhyGy+mgjAYgWYIhQEyoFJmNxR4naqpz",
-	"4NbAoXwexGyL7s1hSIeGD1kgxlTPi7VQMAdMkQVKxkV6DeAA00ar5YJGp7uKD09ZP5QzHoTaAhahzURN",
-	"YY+nCeNsVay5YlNyak2JSKco+6exs22Hy9BLwyqdF0QKq4ZaCSi/sKywIn5KWjNO8KzIhPXVL8oFZQud",
-	"ZXpjPa/0kTNY0gQVGCqIIfh8NZ4oDmx9pVMqvLCqygcCtyW1zW5Qbzk+PPFLotj0BfQwZVTxeKL68SKy",
-	"QqUgFHHJp/4Qfzh78fI1tAfN4IBxFU5Dv/ibQNbTkC1WjkSkpBfW+jk+PB6xX43ENYr7BGWSOy/MOMNw",
-	"IrReWwFb9ZKqUA8/bHMxZjEteBo4PjqZqDI5BpAM5uH7egWczYzeWGGo7g9xF23kUiosxjh9h39PvTzw",
-	"s0C9gQ7XIyqVOj0X8+H3ws1Xw3PpxJjNjbZ2aKUT0wEt1ZOgHAPCgCUX6XClrbNTZgWowyVpkYSa/l1b",
-	"N20v3PHjo4n6UdpUGjGHZ2f+Z7WNg60CFdM69uqnc2bETCL9jtiL0M9E4WLWK01yY+SVQOKQCoAPvIPh",
-	"ALqg0RwfPgsHv2SpQKkAdzJtQcpQBpRPH4Sdk5jwLdj0f4Z+tMM36XTs20CY94gy6EI5JoyGg5/oBaVM",
-	"HD1+xnIjFSknL85fvnkT5UlUYM/mfC4A55TOwnLzT8nYi1U5WaaXFONEXPsRPpkomBnWYChyqinOMrG0",
-	"VD0riqTpB6USeRYy+YGnUZwTiqY3r4jLkmQhlEwxfTonbjmuLCkUn6Mt/NhDe1/qb/r5euqlmML5KLIt",
-	"R9LHF2QNdlLAT9hXv47Ekia6Pe1kUgnRaAm1if82GBOqhxaGjPrRnGcZWnwUm34aerQ7pLWeJjWCicYt",
-	"1EKbubART8djKT7xucs8baLeaHMxBxIT65lIU9BDoKdIwJ0yK0LZ9wNeuNVoqQdjElYAQTEab5CwaQA/",
-	"iEthcfxqJT42L8Z63vFCuZz41mmcfbCFrZcpLoOcrwhzWnIWwKKAmgFdWpEtpjQPj9OA1Kt+aFgAlKZU",
-	"IXUKr9Gom2NKmOLGAPcI3otyT6AZHCr1NVHRuFGQDk6b06n2Dk12PMtG7F1MEhPlBdfU08PU14ysHZ2Y",
-	"XIjmp4GIp0TFcCS2lY0Ny35rnWEJauLH/ffvzj8k7P3P8M+LDy//nrBXr9++/vB6UJF1m7QA2eYdqIno",
-	"CM9FZfWrYS0cPElBPFZR1bD+8eGTQSg7CwSEJ+CF2kZ06heNlwAzJguE254BWjY9OXwyxZ4C8mDTGwN1",
-	"iuqmham3V06jWwimE0XCGsguIzxBPVZJz5QumbL+e23d0ojzf7zFpcpFisA+rAyQeKHwbWSsPnIaTXUo",
-	"SyMlBxeZZxkydQWtZFtgIFSeq6wQiwCVwFtNrPoGfQ42xUD1/PypyrUlZH04OhodYrA3AM1c9sa9J6PD",
-	"0RMyz63Q1hEU4qpq/ZK8hOVpeJP2xr230rrX9EpSuyPkt1Z2I1asp/lHJexPWS1Tk0rVbwRGGuHVIL8X",
-	"ApMR/N0gVACpF98H0gqrvCmY4jr53NluKPRVNevzXXvjI3Ralz7tW33Yu7qoLhf4ortMPjbuMnl8eHjD",
-	"NSF3ux6kurag6wYTvC8AI+Guypz6Y+q9q9FylNGtI0nPBhckKuDYEmEE2m62kAY33fElkE/Pc5vex6TX",
-	"ZEq9MVIuNlun0wPCFDvJ9Ry/3o9g4TjxrZ9z6amQlsm0HGzXNuObX0egbRs7WnFp0WQKklixPk7jXBdm",
-	"LhCso06PBgyPGgenbCNV8Eb6YeGQib1VY37LrRtie8M3r75i7LfTqBOf3EF8p0znlS82usCndZ3O+flr",
-	"Rr89ZWT5QlrCCkMIoo5OmPUV1WBFQL6ABu/Lj2bbytfr09vtqnAW769JKpdU2fIkMNHWbTeT3hechaR3",
-	"cvjk9vfj24Dq5+cnsSmpMqhJQ8Tz/mmfCAX4DV3fkzCfXMBwjwdffszKOow7pcF7XwqxcbbuznNbXHcf",
-	"vtuMZ8qqsqW2cuV53aK6DQAgVJDApG0g6ZTpFXaw47BXruE/HU8vi2l2nKJQVe2reTlpLUFbS0pVjWqo",
-	"AfaTrrzg4SvJ7uCz7+b64DP1c31Qq957IzuPPZV3uqSs+46yauPv5aKyTqbvjZv3MNoybuFeBvsx6eXF",
-	"riKmZaXSugrmtUyZ+sqNhitWq6M56FAGQXlpFfS9sVRmGeAQ0HBSUaG/IcO2q1QmrFBOZmhfw4KSGC8B",
-	"8n9OjECXFei8nbgy8Y96SYMLUvRHVeyVVl1Y91edbu/1eEflqOuuap9Q/6C8pdF5NynQlvE44eALBObx",
-	"4dEd339yx/eP7/b+0R3bPzq52/uPH9+RIXtjAPK9pgPst4/AXmLnNT6BY1wx8jPcn/ho5BEB78e2oeP9",
-	"2PbvjYqfmegKnngdqj22CoCyfrsA6IBhre25GNc5QPAMlBwjKjRZcdlHttJJ2FJgfGnrbjr/ivdbbFaa",
-	"+efSjdjx4TEBy5hTSFuGNXj2FupeNsqbt9nIW7lwUWXU1mk+7mbA0SJJ68c3+nMeopOvIPJbyBkWj/E2",
-	"4exNy9h+yET/D6j4BqAi5huh1t1uLcOnaO6hZfi0tv0GRan5uyw4oWjGfm2VNx51NxbS5qrGmrWlvrp0",
-	"zYOqF6FS4S7pj5EjX6leQAfUUsKsRhfMbMt8QPBddImkl3dWxXuBXiyMWyEzM7ksvPG+34akwcRf873R",
-	"zVze9RDHlpA3sAxnjfppBL34nmouBfSlRqNBV0LG5ZrsPGgb9jd+1KJtJkoXbsReqCp85JGth47VLfEw",
-	"yppxf6IaDq/gW+tnWuczPr9Ep2wVWzWI/Gdkf25CYloDrMr6QHi4VcL1G0NiAj+d9z9/8uYF5KgbbplP",
-	"DWd9dNYAG458n7NincPSByNVeUsc3u8XxyZ7p8AAj9ljku8PO5kyKOxPiuOf3fH95/9GuD8KGCTI/4WK",
-	"gL+BUNf03OC87Re5FcYFNry/KbG8Y/C6Kegxz6quB9S5xyt8XvKO21DwGd1e/f8L6L0jnu2EVH8Trnt5",
-	"75c/lnWTdkOGRzbE547uvr7XdwYFdfjY1U31ikesvTZUpUxBjOvusEPu22qFURrkD+3+SbYnYUpvyku7",
-	"/3PEOo5YN3HUKhp+NYE0CjmUARKd0S+dMLZtbyhvt31AkFbdWP2N0Vnj6t4OCv81pHYRvrIrTPpONQYr",
-	"/HtYLe+Kjv5drJz7HV+sYLjj9OahLNxSuJ03CEQnjsLww60FlH1F9kZty2RIUs9WPFuEi7rfv2I2zySl",
-	"ypexXGgoYH1OdazrMf2DpNNtUtoiy9D2sg5ZeSNSGwHgJB9SxmAHO70Feib+hALlnqzrPPUIulVEMC7j",
-	"568wuoO1PfkKYVLclyxhZ8FX5g2iV1IXNmxpk9TeEylW5PYAxoCK0r6hBeBW8v6PI+zP7wjz1Bkfgdot",
-	"miH7iOJCevchXUzjupNOIfN98B9Vx7J5G07l0wopXs1krYlCI6LP06KMr7Yo4qUgSkIeVSmNJooSwsaM",
-	"dyeCcWbEWjvRqmrqX8bweyMwSyxKGJNosQyuiIjhoC/u+PBJl1nRq61n9Vr139zEF5Sjf0N16IuOUKTL",
-	"t7IQWf+GbNmklSs7+FbisPtkUv77/WtsHzqyBNbcXLIyIQF7HrE2tKR6x7k2bqKo7HZCpjoq2tGuTKHL",
-	"AHEy4Pk4+aoORsjKq+o8TKMwSaoyQtH3lGpK3Gei3rwanLKQwtpOWOVGtPJVyzZY//jxc0oqYlHk/aBi",
-	"YZQeXzrcRX0MXdzgR24ufWX47KGARVze5Q9wMOxhoYkCWD1N9HEpE8pE8C6DqNwRvbThNq4EkzBdOPRR",
-	"4O/ie9hDEMPgP0rxH4544P3n35q9/4iMKmJTp9WFraWZK3hI0ddY2v73dxb4E5b0yuzo3vgzfXQXCEEu",
-	"fNp4eEiB0PFTqmNS+/C//hNetzu34VOzPayFEt5tN3x1dDBfcYeLnQnnK1+Fb7oeYg/4ubEFuLTYAUkW",
-	"LLOPufHjg4Ojx9+NDkeHo6Pxs8Nnh73IlvE5RBGEdYR9848ofbz+xIKI+38BAAD//w==",
+	"7H17cxs3su9XQfGeKpF7h9TDkmNTf3ltZ9cnTuyVnORUhV4R5IAkVkNgAmBE87j03W91NzCDGQ4l0pac",
+	"1N79xxaHQzwb3b9+4nNnqpe5VkI52xl+7uTc8KVwwuCn90KYN6/gr1TYqZG5k1p1hp0XLBfCMJmeM67W",
+	"TLuFMMw6I9WcKb4UlilNr3RPj057g07SkfC7nLtFJ+nAK51hR6adpGPE74U0Iu0MnSlE0rHThVhy6PK/",
+	"jJh1hp3/c1iN8JC+tYc0sEvssXN7ewvt2FwrK2jcRk8ysYQ/p1o5oRz8yfM8k1MOczjM6Y3/+y8LE/q8",
+	"a7e+XeyxsSSKCWO0SRi37OL7l+z56dl3zHfDUuG4zOygc5t0flb8hsuMTzLxLQf47kYYxtlUq5mcF0ak",
+	"LJNL6Vi331/yT31xI5TrW2cEX9pewrRhbiGYFQZ+Jy2zi8I52OBUr9Q5c2bN+JxLxfjMCcMuhDPr/gv8",
+	"24qpVqmFbV8Innpiit6oT8itcyQH5cRcGBg7jN5PCV54reZS4WIJVSw7w986dp5xNe8knZssW3aSjpXL",
+	"zscktGQ9XSSd1zd+aXOjc2GcJPrg+GymzRL+6qTcib6TS9FpaQJ3NRpm9c1cKGE4LW/UmlTu6WnVUjmt",
+	"BAh+txevpUrj6Roxl9YJOCZA6Txdw5wdzwR+Dl9fwWES1vnXar8Sn3JJf6WGS+VfWeob/Ov3ghuunH9e",
+	"qIXgmVusaQOzK+u4oVbxI58CIfhP1eMZl1mjtStnJM/qjzI5g7batmsprOVz0brawE6uaAXbvyOusvHt",
+	"bcxjfiOmE9qKf+lXvbatCVBKNVA9+ZeYupKu3krbQlt4kPAv6cTS3ndiiUJvyz64MXwNn5X45K6mhbFE",
+	"ffXDnHNrgdGMJ2KmjRizmT+v8CvW1VkqTI/lsJbJ/QTXWCI/g7Z5/13w7H3G1eaIPiwEAypgecYV0zPG",
+	"WSqmOhVDFhEX68IggVCAk+RcGsu4EUwXjunZSBldAGklOBf6PbOOry1Dqi+nSRInN2Ims8yyQjmZ4RcL",
+	"naUHdqRSwdNMKtHDphRDooc+cQAkvSzDIzT0vbOyc3+MLJNqpGaZnC8cm0kl7SI0B43wuVAOWnE6S5lW",
+	"U8GcZqZQTDpLawEHRauR6hqBRwh/J5CbhZZuhJGzNY5sxSUyWJgkZ0qsmFTWcWiYO8ZZxp0wI1XR5zmT",
+	"jsFxstgwrPyBjZbb9gbsxcTCMFfQFwhl2B1TKDtgL0YqGiRzC+5wZywyf6XrI5is/Z7QuiZsyc2171fA",
+	"sOj0D0ZwahrcdgrnfYNiVvWFXHG/kk7DkGK6vZM/hxHd0cG0MAa6yBfcCpw9bPnOPcyMXl7VmX29I+ij",
+	"+r5aSWSGO7B7PAftzZYkvlpoK/yJWUm3iE9I2HxWZ+Ml/9mYUZPX4MLEAqfeUDg8IG8DubbybyO4hysb",
+	"XwURsqPcbbAkGuDmVlTtRoSwhXEZNxG8jWHjebwq5fwmX8u4DRuKiE4cWAJ750yrbE374ZvxkpPNeGYF",
+	"IKAl//RWqLlbdIbHRyenbQij9sv2IeAZObDALlI5dQwWAscCDAP4DTVyYNkhtcO6MODCCMZVymwxnQpr",
+	"R8otjLDAJC1DtCnSikcsBVfEuGACXa78yUR6TjWiekcL0BvAgc+sYIAgLOOePyNjdZqVCAKAYlG+paov",
+	"mFaCTfj0mjiGX5SJ1pngClYFIcWWTbkUnqO5IHVKJtbGToAn0/YNaa2gVVgXWA/BAJoD/4evdOHywg3Y",
+	"h0hKIJ+m3ydMCcDDBHw8AJ6sR0o6K7IZzSXa8dOj50/hfDsnDAz8n7/9czQqjo6Ojj7+5b/aeE3gtx7p",
+	"RE2dnD1NOkupSmJqb7eP/x9/j/999z19fP79lu4yzdP7EMpbeGcDRkXjvPO8XYg8W7cg8Gk7K61Q6zAS",
+	"lge2EkTTBVdzkZ6z8CIIQdyIAW7LELabNjamDJTPd8jhayFy+AGNWqo57WVgiEqrOtb2oPcL2KAT9634",
+	"Jb7UXHK/ZKGNtlX/4Ze/Cb0EPWtzZVWxvMr4WhibMPj7+gY4TmoTmHV6lcolcgppr5YZR1AWOmeFyoTF",
+	"czBSNH8v6TJpCXssmYSzfa30SiHEwqO4xmY4cpfeuW96pOgB9gYMJfyM2A/xzRYUkdJsa2fi6enDH4mw",
+	"Gk1V7ckJHW25BIo4OT797vTZk6en3+EI6OHxhnBPOp/6c92vnuIZx3WIyCPievHOPN4IKlp4vD5A+biy",
+	"8n/FY3XRhAhlf4mnlbYT8tYzvDptXd9cFUHxrNCJLiaoYJdjPY6GeFQ2rorlhHDc74UoRPoF8z3abUlN",
+	"oRCGPVIHjQUNvZXzSqp1alvaH8XyB2+3qHOen978z1u2FEtt1gx0bNIOf/gFObhWg4jNvrp48WMn6fxC",
+	"//317buXP3SSzru//vfrlx86Sef7N29ft3Lc91yazW0F1sqd9Ia2NsyOzFICNMkyvUKx4AxXdoYrtHk8",
+	"CXDvYp28EDM6BcCYmp3zSCkzYlZYkYLOhZ+lY6nIhUot04ogE/HHmRRZGq0V8JCkI34veHblcpRHThhN",
+	"fy/lJ5FeWTFfNnT5yGhCqsU+kzGCtOF7f8OleV++fBubf3b56T+qt2/rtql2HYlLxGmxnQGEy7XIXUO3",
+	"B1QMqBXRAOC96jfMW8hICqJiD4DSSJ71WmmhkvJNtZNU5TCsaINB3MFIODGWTeAQvttotCLlhE20WyA4",
+	"9VaRBNutWVk49R4mgMPwbfcSL3krjcZvFKxTrC7Hot62LkGhUB+UbTtTjdhrraAqEahDSkalocgEU0Kk",
+	"IiUtA5QCK1PBUkngAEg/YWIwHzDD1bX97S8fB9c3V0uxvAJWYvdSc/ceLGD9NT4B2sHRgl4xXYjpNeyo",
+	"YnQ0b3hWCKQX3BuYQduCNSWWP4AlW0lijhVRQxu3hXPSboAsrQk72R+Rc7asldOOZ60ociIMUAqtE9kf",
+	"cVfRnXC/dZGGFzrYNrX3MavZVIehkQNLinlJv0RcflUPbFAEjXaCwYFAZMikcjo2ngTNGvVaL5JIo+dA",
+	"gXLmPTIJHjbgDKC14hnC3QKWAQ/XTqDlDv5ImCZvC+ARlvE0FaZuiisZBNAT6ZTlPEQ62EC/0KdQWxhg",
+	"EFnMvzVkSn7K0IUzzesK6ZOTJmLeODWeuq/2cZJ4lrHdhkUMBiarZxEDO2hnNueMB+5U2u7KRkBTs9UC",
+	"No23wELQOuJJkzMj+jWtpctRM+yVNg3vVHmnQFMlN+Qmr9tiivDDrJib34NgImJdZF7wDeIgUN4KS1pn",
+	"IGMvSWobdXJ0+qxloeeTvNVSaHQxX+SFY5yU24ybubCOCBBZa84tSKEu0KdlKyOdEwrJGOkaiRqpFilK",
+	"LgVtk9P6upew46N/PkfStoe2ZjgtQfJdwDjjTqjp+qqwbQtoHYz014s3H14HEWSXPMvC+BNQLpdyarR3",
+	"LO4/gCAv7uOGAcPGmnrAW7SA0DeZdj/eZ7SkFpLy7EbD8BtZW5naydvGF/9RA1JbGWMFBhI0gNwI4AYB",
+	"DpwzXmdFRgBCUFqJTc7D3R2W9ZKF1Q3Gu1ruHZdZW+ul/ZywyiJA85WOMXsqZzWcHllUEcrZq/vHPtei",
+	"wnmsi+5u1u9X0+k7l/XCgg3J3ssVgxXiThvvfpG7exPII9rKKDfB6LCOJD0gIHNX4pGqJadfKQSEROcY",
+	"ahCNVrVhRiix8gO+B5/4/UEnaBh3O10aOK2ZtMs2V7tTVy4vLQH1WadixovMWQYymV46Bxa21NaFBw0f",
+	"ysNZKNJpfgWgcnNYEwHaIHz/ZQM42n0A96/L8eMtwB/bfX738uePvPr5Hzv76Ex8A+tY6K31/AqKyOFZ",
+	"9m7WGf62iz2gglOd2+T+H1wi6sFXGyYaI1KhXCtLBDwGoh+dOsquyLXEa1CRsI20tkAQJgDcKbEaKYCX",
+	"CeNsmnG5FCmGpRHo4ulSqgoUCmDMvWHpyT6wI1WNasB+ECIHgN8d52mecRUcTP1+9VZ/JjMx7p2T3WCk",
+	"QHO1TgdrwpTjk4lgdgHqInkrYr9XhCAa2/MxaY29O7BsVmRZbS0S1D/Qi7Xyvrt4xjASHzdB0LuUGPgq",
+	"BafVAuu2x/3Byv7885tXsD2ZXgkz5VbAPLWSU57BQJYIJSJz/FH/Oe/PPn5+dtsv/z7d4e/jk9tWQz0M",
+	"dYsGLMQ+GjDQZ7FccrPeVISbyiu2vO0QXUAnzcFsCVnaI1oJX93eZ3QUNzbsNRow0N6CBq0JApyUdRHz",
+	"o5pUucLO0Z8D6qwq3+wlI1X6daqv/SOCIOju8V4epk1CVLaSViSgZGegIg9GCu03ZBCr+5U2mh2C5uz0",
+	"9NoPjOXFJJN2IfBokR5FhxCDTRP2wy8s18AMjQWME9mabZsraaK1gzXLrxbatkDEy7+95WoeLAlDtkA0",
+	"UpkMjODThSB0VbYVQiW5Y10vQYY+JMmihloYNCTWXLpPHsJjVU0n12aH6VRDhvdZ9wjWLADcZ8+fP+vd",
+	"KfSenp09Odtf3IoyiPPOcDh6a9MT3rDXoRPYVraUQChGT4GkvJ/XNtf7EVzo1zf3zSnyyqIuPBEZQeM0",
+	"lTAfnr2vkWdzxF8/xvri/SDWFHV3DPL05Owpmy644VM8PivpFrpwbKqVMzqLvvLBLPFYn562cKWlTkXW",
+	"mMfZ8cnDr3xgoc0T9dD9BF7YYrsgQ3YbM2UUERLbp+8J3L4RCuj9e3Tz3OJav6Gfnhw3xFLSKZT8vRD+",
+	"e2cKgb6mmh52t9W3ehVEDrDmnQXmBYD22gApsGkpVfi8aU82Orv38F/AO6giEzC5mhtd5I9zJLyo2bqn",
+	"Sk90umZTXWQpcyLLzhlwfZBf3nhSbniMwXbd75+p+5bNPttprwvTApgXzuVd22MTAGM/X7wN1jTPelvs",
+	"iw97VBrgxYdV486X/J+GHrhEnc3XSRhZ6zbY4xWKYYs+wd2exuu94/gx8OeeDS4jpel9Ciu6Qoxyw7Or",
+	"YMlsDTjYMF9uwZAZt+5qEUc27jbhTHArrtDEtN73V87tO/jdY8z2C4/yb1/dEW1V5Ome1NCGv4MdtxZ3",
+	"WltDP8kkJr9a73fSQNvSbqV7r6jspa5v1b43gfAO4HLzPHwltPsGkGqba7gFteyqqf1huGAjePvrxf72",
+	"6BSUb6i4AWAMQjPZHShs1ay/FhI8hERvxCh+qfBuTswL5z9COm6Yi35dcMe4Wmsl2JKviSb5BCA+R2vO",
+	"gP2kYwU68ar1UjiecsfRjRwsRVZMjQimIqMnYpuNqOFQx6xI6YJPvtTnmfRKct0WRVY9ClOXwYjl/fTl",
+	"uLzpgVVpbmVnM228qYtMW6DnlA7kFhdXmpqagCiC7K9C/56dnj797vT06Lsn3x09Pzs7OTo6ulMHvk06",
+	"2PfVblrKJt/d5vD/Gtd+Km6uGkmIDzPV+7JjPElESTKVGw7JZMVtSRWtWTNbHPTRGDKhvm5mx22tfoHn",
+	"OFDoPcEaTYJOELc/PWXd4AA7Zj/Kv9aMMZO12+JU9OyRDmiLb/jl+yo6JD5OjaPNusdP4bQ8PSVvfy9h",
+	"C65SH+GA9vfCLYRycgrYhkzJLSOM6PJZXc9oTYHZAahtIYAt3DU6e1sc8OUuJXT+iYBacVeVTd4ISS8d",
+	"2Js5YygbNrbhvy/f/cRy7hZBNdOzmVApRpdR0iEZa2shb8cbIW9b00a25hwUth26OekycQdC2rAlkgP6",
+	"54s3TPEljBsjBjNuMbLHp8Dj4EEbtcPDQ+82GaTiJmS120Opbngm034Iar17N/HbMNhyQmUEwZZNqwGn",
+	"FjlV8yORjdxn2ZW/JXP1VJuUgrLKhOxWqd2A0xvgeQe5Pqic3vHTmhe9/lXa+jTf9hQ9ro0Wpu0NT8u3",
+	"r28GcXj99c0g9VtyfTOIkgnKz2UKAz4pUyrwk09/CPCzLTT5wruFG2Iaz/R27hr5BZo8dRceWhfXW5uG",
+	"F859fi6Gq6Kh2T+oqYiPbZfkxacrmORVJlQLjIfB5SBnik8eGMX49oEBQGW/opS3JiQux5q7hmvuGw9k",
+	"nhetHoX+cV3hYQuOVUz+9v7n/UMA+jvGAFzf7LKBD7l5x7us2Z2G3DDmsJHN/D2Mn6UsO5Crwlphz/0c",
+	"UEagJhJlgywL6zDWW98Ik/H8TzRRGMdOm5NUQUuLMog4o8P+55lOBSFaYi3qmwJTKzN0zkuXbVkXJhXW",
+	"SUWiM/4dadc+2sEIq7Mbkpw7KdYxiN5nbiGM6HEChe4F15et0DnInl7AejDKGHFThMZIpYavVCiwQEIG",
+	"FFh0N1QyJ2FWV88rQTMYqQ8LwQDgN+PAGZ9ORY7CaaqVEiETNlv7oj1csb//+OLlSE0XIPbVXPRDHSWK",
+	"BZZuwC6EK4wKGsBkPVLjv73+wA55Lg9vjg9RAzj8LNPbwxhQjcnx/lV6QTMhjcBIDdrXuFGDoTaOcOMI",
+	"tIHG2GDVBhhBLgQHqXR2T7NJi+GhhmiukGw2OyY+EqioBeV07rc+tIIHz5TbNYMvE5QttYxuts2LItEp",
+	"UyLLKnZT0yeLO6okNaTnHWy2RfG5hz3uy6+2saTNnqNV35ZbU1uKe/Jp2k5F9eNy9dvORqxSxvSQtBNm",
+	"64nxNtwySH4zp2mi3aIV5V86nokL0R608qs/Zr7BK4kJdNUsmVtIjCaKgrEPfEUfrE0zYNAEFgJY+ny+",
+	"kFTSLw+mwd6TUAsDmDAIdsz00oryv0bKCKzLNoQGpPG1QAojKJEVo7OjojtVyDZW3iD1AHPnaUkObFUo",
+	"KWGrhZwuopyWKsRoa7mjkaJ6R1hmSPvILjhFXcygmwq/CqHmT+3XbMoVK6xgEkSPNiU/qxa6B+pNWlAt",
+	"Ogwa536hguG4qgwSqv8ozTKt5sIgOwjhOUq7BSblwEpgI4LXVg9zPWA3Yb1GymCCD8mm2mL0IyNv61KD",
+	"Qi14ikWkYPeDZaKqIRXC5lsrFN2h+jV4LtIejlxaX+5k4XNufCpQSVyOm7mg2jQPH/S1JR0JHU2Yd+Qw",
+	"KQDGZsQNlSsJ5tZMLOtjenp29mS/OiUVtdxZt8gbVKol0dHClSWSHjNKtPIObxTiuV8f3yXKwXfQxhwv",
+	"gze7qSPB2abCMgSqysQOdDUPqio5cViyJ8DSkWzZhGDISKEN3dbDPXB5qdwZDdH7U1woaESGdySWXr3Y",
+	"SU4myajWYFwRMNQdjKpCbc2ISjo1X9luRjgk2iVfgwpRxp5iUlAcFGpZqqkgEbkNerF97jHMUrdJx4pp",
+	"YaRbX4L8D76jpVQf9LVo8XyM+338uu/g+/GwyhqiWi6WdVORCScSqk+XROLLAhdG+C7SkVothMEk0arc",
+	"KrYJzLkKQ2fSh7siPsHUHsFNnCK1cC5H7xI9b9mPaSaByl68f8OuxZp1YQ657F+LtR33mC+x9C4X6sWb",
+	"fpQ1DRQs7PlIBXES/478rI5fC8oxG6mRAuHMlM9VaiwUA7k07vf/patHaGb2MYkUhi/tSOnc5zB6SQOn",
+	"KmRnVwH7qbgZo+Y6DvldUuFWinHPq0+WUD/KXcu6mxrOOKGM54RRecQe+Y2zFV/H45hyY9YgdPf1qO62",
+	"b7Ai24ktXq8u6HzLJe9bkXODvppMWodaJKXaZ5ScoMSKrbS5Himn5wK3Iy0w350zox0ezN4Qcwgw1WxF",
+	"Pp8Be+NK16s3f44UKaq4EBmXS3wOApPEAIa5IEAwhcLE3e5Cr1it0NhIZdqSdhUR9lQvhUW1tjdgP/m9",
+	"FmWloHvXDYb88o5UEyCBcdXfuJllYlAHBpVeFyplPoPc82W0CI8UcnLEZNwuqLqkNiL1C9WP1kqlMRfn",
+	"1ifoCmESBJsaEGMDTVjWJfAVpXAwp3XCYHP7mHyP/jgTmhDGl3ogmkaE0kwZKWUGtSerNEI7Uj/8Qnnw",
+	"XerS6EwkhNbQjdEL4BXm3PDfKyGgSz1S3vDgl2y5037dokdrpjf36WWNA+DkgPEYRMoecxx6zJdKy+dz",
+	"I+ZI/G/f/ogR+lTZa6TG/nSPgyCuMZdK7oblWjfOP24rsCBvicEEBqc9izHQ+ph1HZ+zsW953KOyctuY",
+	"50h1x8Bu/jJO2PgwNDtOGDYCHIbLca8MeyBZgrFOTKgUmY3FHkdqrHPg1sChfMLHZI1+3H7I+4YPWSDG",
+	"VE+LpVAwB8wFBkrGRXoN4ADzY6vlgkbH2ypVj1k31L7uhSIKFqHNSI1hj8cJ42xRLLliY/LejYlIxyj7",
+	"x7FXcYtv1EvDKm8ZRAqrhloJKL+wqO5ET8k8gBO8KDJhfZmPckHZTGeZXlnPK32IENZuQQWGKn8IPl0M",
+	"R4oDW1/olCpMLKo6icBtST+1K9RbTo/O/JIoNn4BPYwZlcceqW68iKxQKQhFXPKxP8QfLl68fA3tQTM4",
+	"YFyF89Av/iaQ9TikxZUjESkpwLV+To9OB+xXI3GN4j5Ba+bOCzPOMG4KzfRWwFa9pJLl/Q/rXAxZTAue",
+	"Bk6Pz0aqzAJCfRIIzxdm4Gxi9MoKQwWOiLtoI+dSYdXJ8Tv8e+zlgZ8F6g10uA6oRO34Ukz73ws3XfQv",
+	"pRNDNjXa2r6VTox7tFRPghUAEAYsuUj7C22dHTMrQO8vSYsk1Pjv2rrx5sKdnhyP1I/SptKIKTy78D+r",
+	"bRxsFaiY1rFXP10yIyYS6XfAXoR+RgoXs15SkxsjbwQSh1QAfOAdjHvQBY3m9OhZOPglSwVKBbiTaQtS",
+	"hlK9fJ4k7JzEzHbBxv/T96Ptv0nHQ98GwrwDShUMdacw7A9+omeUG3J88ozlRipSTl5cvnzzJkoIqcCe",
+	"zflUAM4pvaLl5p+TVRvLj7JM+9LOxLUP8MlIwcyw2ESRUwF6lom5JetKFDLUDUol8ixk8j1PozgnFE1v",
+	"XhGXJclCKNnXmM6JWw4rkxEFImkLP/bQ3tc0HH++HXsppnA+iozokfTxlWeDAQXwE/bVrSOxpIluz1uZ",
+	"VEI0WkJt4r8NxoTqIdYCRv1oyrMMTVuKjT/1Pdrt01qPkxrBROMWaqbNVNiIp+OxFJ/41GWeNlFvtLmY",
+	"AomJ5USkKegh0FMk4M6ZFeGOgENeuMVgrntDElYAQTHssJewcQA/iEthcfxqJT4IMcZ63uZFSav41nmc",
+	"ZrGGrZcpLoOcLghzWvKKwKKAmgFdWpHNxlW5b0/qVT80LABKYyoFO4bXaNTNMSVMcWOAewQ3Tbkn0AwO",
+	"lfoaqWjcKEh7583pVHuHtkmeZQP2LiYJqoMOO+TpYeyLY9aOTkwuRPPjQMRjomI4EuvKxobWRK0zC/yI",
+	"+HH3/bvLDwl7/zP88+LDy78n7NXrt68/vO5VZL1JWoBs8xbURHSE56Ky+tWwFg6epCAeq6g8Wvf06Ekv",
+	"1NcFAsIT8EKtIzr1i8ZLgBmTBcJtzwAtG58dPRljTwF5sPGdEUlFdS3H2Nsrx9GVFWOslg4ycrWQGeEJ",
+	"6rHK7qa80JR132vr5kZc/uMtLlUuUgT2YWWAxAuFbyNj9SHiaKpDWRopObjIPMuQqStoJVsDA1mVZlYs",
+	"hYsAlcBbTaz6Bn2yOQV7dfz8qZy3JWR9NDgeHGFUOwDNXHaGnSeDo8ETMs8t0NYRFOLqioM5uUPL0/Am",
+	"7Qw7b6V1r+mVpHahzG8baZx4vQHNP7rv4JzVUlLpXoOVwJAqvEfm90Jg1oW/SIYqPXXiy2M24kfvihq5",
+	"TT63thsqmlXN+sTezvAYvfOl8/5eZ/22LqqbKL7o4puPjYtvTo6O7rhTZr+7ZKo7Ltquu8HLJTDk76Ys",
+	"HnBKvbc1Wo4yuqIm6djga0UFHFsijEDbTd4WIFw+B/LpeG7T+Zh0mkypM0TKxWbrdHpImGIruV7i17sR",
+	"LBwnvvZzLh0V0jKZloNt22Z88+sIdNPGjlZcWjSZgiRWrIvTuNSFmQoE66jTowHDo8beOVtJFdyuflg4",
+	"ZGJv1Zjfcuv62F7/zauvGPv9NOrEJ3cYX0DUej+QjW572rh76fLyNaPfnjOyfCEtYSklBFHHZ8x6Nxus",
+	"CMgX0OB9ndVsXTm1fR6/XRTO4mVHSeSRCi2PAhPduBpp1PmCs5B0zo6e3P9+fHVU/fz8JFYlVQY1qY94",
+	"3j/tEqEAv6G7nhLmsygY7nHvy49ZWXByqzR472s+Ns7W/jx3g+vuwnebgVtZVZ/VVq48r1tU1x4AhKq7",
+	"EZF0yjwS29ty2Csf+J+Op5dVQ1tOUSgf99W8nLSWoK0lpapGxeIA+0lX3mTxlWR3+Nl3c3v4mfq5PayV",
+	"Kb6Tnceeyr1utGu/0K7a+Ae51a6V6Xvj5gOMtgzQeJDBfkw6ebGtWmtZkrWugnktU6a+RKXhitUKhvZa",
+	"lEFQXjYqF99ZE7SM5AhoOKmo0F8FYjfLcSb+VikeKmdiYAjI/ykxAl2W2vN24srEP+gkDS5IYS5VVVta",
+	"dWHdX3W6ftDjHdXdrruqfeWAR+Utjc7bSYG2jMeZFV8gME+Pjvd8/8me75/u9/7xnu0fn+33/snJngzZ",
+	"GwOQ7zUdYL99BPYSO6/xCRzjipFf4P7ERyOPCHg3tg0d78a2f2+UNs1EW/DE61DWcqPSKetuVjrtMR8S",
+	"NaxzgOAZqEK1qoqaFZc9sJVOwuYCA2k3LjL0r3i/xWqhmX8u3YCdHp0SsIw5hbRlWINnb6HAZ6OO+yYb",
+	"eStnLioBu3GaT9sZcLRI0vrxDf6ch+jsK4j8HnKGxfPxejXC2ZmWsf2Qcv8fUPENQEXMN0JRv+1ahs9F",
+	"3UHL8Pl7uw2KahBss+CE6iC7tVVe7dTeWMgPrBprFtH66ho9j6pehJKM26Q/Ro58pXoBHVBLCbMaXTCT",
+	"NfORz/voEkknby3/9wK9WBi3QmZmcll44313E5IGE3/N90ZXkHnXQxxbQt7AMpw16qcR9OJ7qrkU0Jca",
+	"jQZdCRmXS7LzoG3YX21Si7YZKV24AXuhqvCRA1sPHatb4mGUNeP+SDUcXsG31s20zid8eo1O2Sq2qhf5",
+	"z8j+3ITEtAZYfvaR8PBGrdpvDIkJ/LReFv7JmxeQo664ZT4HnnXRWQNsOPJ9ToplDksfjFTldXh4kWEc",
+	"m+ydAj08Zick3x93MmVQ2J8Uxz/b8/3n/0a4PwoYJMj/hYqAv2pR1/Tc4LztFrkVxgU2vLspsbxM8bYp",
+	"6DGhrK4H1LnHK3xe8o77UPAFXXX+/wvo3RPPtkKqvwnXvrwPyx/LAlHbIcOBDfG5g/3X93ZvUFCHj23d",
+	"VK94xNrZhKqUEolx3S12yF1brTBKg/yh3T/J9iRM6VV5w/p/jljLEWsnjlrpxq8mkEbFijJAojX6pRXG",
+	"btobymt8HxGkVVdzf2N01rijuIXCfw2pXYSv7AKz21ONwQr/HlbLfdHRv4uVc7fji6Uat5zePNS/mwu3",
+	"9aqE6MRRGH64noGyr8jeqG2ZDEnq2YJns3Aj+ftXzOaZdGUyaBWBz7qcCnbXY/p7SavbpLRFlqHtZcG1",
+	"8uqnTQSAk3xMGYMdbPUW6In4EwqUB7Ku89Qj6I1qiXG9Qn9X0x7W9uQrhEnxULKEXQRfmTeI3khd2LCl",
+	"TVJ7T6RYkdsjGAMqSvuGFoB7yfs/jrA/vyPMU2d8BGrXhYbsI4oL6TyEdDGNe11ahcz3wX9UHcvmtT+V",
+	"TyukeDWTtUYKjYg+T4syvjZFES8FURLyqEppNFKUEDZkvD0RjDMjltqJjfKt/mUMvzcCs8SihDGJFsvg",
+	"iogYDvriTo+etJkVvdp6US/K/81NfEE5+jdUh77oCEW6/EYWIuvekS2bbOTK9r6VOGw/mZT//vAa24eW",
+	"LIElN9esTEjAngdsE1pSYedcGzdSVF88IVMdFe3YrEyhywBxMuD5OPmqDkbIyqvqPIyjMEkqp0LR95Rq",
+	"StxnpN686p2zkMK6mbDKjdjIVy3bYN3Tk+eUVMSiyPtexcIoPb50uIv6GNq4wY/cXPsS+NljAYu4js0f",
+	"4GDYwUITBbB6mujiUiaUieBdBlFdJ3ppxW1cCSZhunDoo8DfxRfOhyCG3n+U4j8c8cD7z781e/8RGVXE",
+	"ps6rm2lLM1fwkKKvsbT97+4s8Ccs6ZTZ0Z3hZ/rorhCCXPm08fCQAqHjp1THpPbhf/0nvFd4asOnZntY",
+	"CyW8u9nwzfHhdMEdLnYmnC/xFb5pe4g94OfGFuDSYgckWfA+AcyNHx4eHp98NzgaHA2Oh8+Onh11IlvG",
+	"5xBFENYR9s0/ovTx+hMLIu7/BQAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

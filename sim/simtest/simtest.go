@@ -76,6 +76,34 @@ func Pair(t testing.TB, engine registry.Engine, adjust func(*sim.Config)) (prefi
 	return Start(t, pc), Start(t, dc)
 }
 
+// BusyPair starts a Pair of engine whose decode generates slowly (20 ms a
+// token) and keeps one streamed chat completion of 4,000 tokens running on
+// it until the test ends; it returns once the decode runs that request.
+func BusyPair(t testing.TB, engine registry.Engine) (prefill, decode *sim.Sim) {
+	t.Helper()
+	p, d := Pair(t, engine, func(c *sim.Config) {
+		if c.Role == registry.RoleDecode {
+			c.DecodeTimePerToken = 20 * time.Millisecond
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		c := NewClient()
+		body := map[string]any{"model": "sim-model", "stream": true, "max_tokens": 4000,
+			"messages": []any{map[string]any{"role": "user", "content": "keep the decode busy"}}}
+		if engine == registry.EngineVLLM {
+			c.VLLM(ctx, p, d, "/v1/chat/completions", body)
+		} else {
+			c.SGLang(ctx, p, d, "/v1/chat/completions", body, Room())
+		}
+	}()
+	WaitFor(t, "the decode running the request", func() bool { return d.Load().Running == 1 })
+	return p, d
+}
+
 // Response is one engine's answer, read to the end.
 type Response struct {
 	Status int

@@ -147,8 +147,25 @@ func (b *Backend) checkOpen() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return fmt.Errorf("nixl backend %s: %w", b.cfg.AgentName, transfer.ErrClosed)
+		return b.errClosed()
 	}
+	return nil
+}
+
+// errClosed is the error of a call on a closed backend.
+func (b *Backend) errClosed() error {
+	return fmt.Errorf("nixl backend %s: %w", b.cfg.AgentName, transfer.ErrClosed)
+}
+
+// track adds k to set, one of b's sets of open handles that Close
+// releases, unless b is closed.
+func track[K comparable](b *Backend, set map[K]struct{}, k K) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return b.errClosed()
+	}
+	set[k] = struct{}{}
 	return nil
 }
 
@@ -254,7 +271,7 @@ func (b *Backend) checkRemote(agent string, dst transfer.DescList) error {
 	}
 	if err := b.agent.CheckRemoteMD(agent, &dst); err != nil {
 		if errors.Is(err, errClosed) {
-			return fmt.Errorf("nixl backend %s: %w", b.cfg.AgentName, transfer.ErrClosed)
+			return b.errClosed()
 		}
 		return fmt.Errorf("remote %s spans: %w: %w", agent, transfer.ErrOutOfRange, err)
 	}
@@ -271,7 +288,7 @@ func (b *Backend) Post(ctx context.Context, x transfer.Xfer) (transfer.Request, 
 	closed, known := b.closed, b.remotes[x.Remote]
 	b.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("nixl backend %s: %w", b.cfg.AgentName, transfer.ErrClosed)
+		return nil, b.errClosed()
 	}
 	if !known {
 		return nil, fmt.Errorf("transfer to %q: %w", x.Remote, transfer.ErrUnknownAgent)
@@ -309,14 +326,10 @@ func (b *Backend) classify(what string, err error) error {
 // start posts req and tracks it until it is released.
 func (b *Backend) start(op transfer.Op, remote string, req *XferReq, acc transfer.Access) (transfer.Request, error) {
 	r := &request{b: b, x: req, acc: acc, op: op, remote: remote}
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if err := track(b, b.live, r); err != nil {
 		r.finish()
-		return nil, fmt.Errorf("nixl backend %s: %w", b.cfg.AgentName, transfer.ErrClosed)
+		return nil, err
 	}
-	b.live[r] = struct{}{}
-	b.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st, err := req.Post()
@@ -454,14 +467,10 @@ func (b *Backend) Prepare(remote string, local, dst transfer.DescList) (transfer
 		return nil, b.classify("prepare list of "+remote, err)
 	}
 	p := &prepared{b: b, remote: remote, local: local, dst: dst, lh: lh, rh: rh}
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if err := track(b, b.prepared, p); err != nil {
 		p.Release()
-		return nil, fmt.Errorf("nixl backend %s: %w", b.cfg.AgentName, transfer.ErrClosed)
+		return nil, err
 	}
-	b.prepared[p] = struct{}{}
-	b.mu.Unlock()
 	return p, nil
 }
 
@@ -526,7 +535,7 @@ func (b *Backend) GetNotifs() ([]transfer.Notif, error) {
 	ns, err := b.agent.GetNotifs()
 	if err != nil {
 		if errors.Is(err, errClosed) {
-			return nil, fmt.Errorf("nixl backend %s: %w", b.cfg.AgentName, transfer.ErrClosed)
+			return nil, b.errClosed()
 		}
 		return nil, fmt.Errorf("get notifications: %w", err)
 	}

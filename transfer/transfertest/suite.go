@@ -207,15 +207,43 @@ func span(a *Agent, off, n int) transfer.DescList {
 	return transfer.DescList{Kind: registry.DRAM, Descs: []transfer.Desc{a.Buf.Span(off, n)}}
 }
 
+// connected makes agents a and b with buffers of aSize and bSize bytes and
+// loads b's metadata into a.
+func (s *suite) connected(t *testing.T, aSize, bSize int) (a, b *Agent) {
+	t.Helper()
+	a = NewAgent(t, s.newBackend, UniqueName("a"), aSize)
+	b = NewAgent(t, s.newBackend, UniqueName("b"), bSize)
+	Connect(t, a, b)
+	return a, b
+}
+
+// checkLanded fails the test unless page j (of page bytes) of b's buffer
+// holds what page i of a's does.
+func checkLanded(t *testing.T, a, b *Agent, page, i, j int) {
+	t.Helper()
+	if !bytes.Equal(a.Buf.Bytes()[i*page:(i+1)*page], b.Buf.Bytes()[j*page:(j+1)*page]) {
+		t.Fatalf("page %d did not land on page %d", i, j)
+	}
+}
+
+// pageLists lists pages pages of page bytes in a's buffer and, in the same
+// order, the pages of b's they go to: page i to page to(i).
+func pageLists(a, b *Agent, page, pages int, to func(i int) int) (l, d transfer.DescList) {
+	l.Kind, d.Kind = registry.DRAM, registry.DRAM
+	for i := range pages {
+		l.Descs = append(l.Descs, a.Buf.Span(i*page, page))
+		d.Descs = append(d.Descs, b.Buf.Span(to(i)*page, page))
+	}
+	return l, d
+}
+
 // writeReadSizes: WRITE A's first half into B, check B's bytes and
 // notification; READ it back into A's second half, check A's bytes and B's
 // notification.
 func (s *suite) writeReadSizes(t *testing.T) {
 	for _, size := range s.opts.Sizes {
 		t.Run(fmt.Sprintf("%dKiB", size>>10), func(t *testing.T) {
-			a := NewAgent(t, s.newBackend, UniqueName("a"), 2*size)
-			b := NewAgent(t, s.newBackend, UniqueName("b"), size)
-			Connect(t, a, b)
+			a, b := s.connected(t, 2*size, size)
 			ctx := s.ctx(t)
 			seed := uint64(size)
 			Fill(a.Buf.Bytes()[:size], seed)
@@ -257,26 +285,16 @@ func (s *suite) writeReadSizes(t *testing.T) {
 func (s *suite) scatteredPages(t *testing.T) {
 	t.Parallel()
 	const page, pages = 4 << 10, 64
-	a := NewAgent(t, s.newBackend, UniqueName("a"), page*pages)
-	b := NewAgent(t, s.newBackend, UniqueName("b"), page*pages)
-	Connect(t, a, b)
+	a, b := s.connected(t, page*pages, page*pages)
 	Fill(a.Buf.Bytes(), 7)
-	var l, d transfer.DescList
-	l.Kind, d.Kind = registry.DRAM, registry.DRAM
-	for i := range pages {
-		j := (i*37 + 11) % pages // a permutation of the pages
-		l.Descs = append(l.Descs, a.Buf.Span(i*page, page))
-		d.Descs = append(d.Descs, b.Buf.Span(j*page, page))
-	}
+	scatter := func(i int) int { return (i*37 + 11) % pages } // a permutation of the pages
+	l, d := pageLists(a, b, page, pages, scatter)
 	if err := transfer.Do(s.ctx(t), a.B, transfer.Xfer{Op: transfer.OpWrite, Remote: b.B.AgentName(), Local: l, Dst: d, Notif: []byte("scatter")}); err != nil {
 		t.Fatalf("scattered WRITE: %v", err)
 	}
 	WaitNotif(t, b.B, a.B.AgentName(), []byte("scatter"), s.opts.Timeout)
 	for i := range pages {
-		j := (i*37 + 11) % pages
-		if !bytes.Equal(a.Buf.Bytes()[i*page:(i+1)*page], b.Buf.Bytes()[j*page:(j+1)*page]) {
-			t.Fatalf("page %d did not land on page %d", i, j)
-		}
+		checkLanded(t, a, b, page, i, scatter(i))
 	}
 	checkHandles(t, a, b)
 }
@@ -285,16 +303,9 @@ func (s *suite) scatteredPages(t *testing.T) {
 func (s *suite) prepared(t *testing.T) {
 	t.Parallel()
 	const page, pages = 8 << 10, 32
-	a := NewAgent(t, s.newBackend, UniqueName("a"), page*pages*2)
-	b := NewAgent(t, s.newBackend, UniqueName("b"), page*pages)
-	Connect(t, a, b)
+	a, b := s.connected(t, page*pages*2, page*pages)
 	Fill(a.Buf.Bytes()[:page*pages], 99)
-	var l, d transfer.DescList
-	l.Kind, d.Kind = registry.DRAM, registry.DRAM
-	for i := range pages {
-		l.Descs = append(l.Descs, a.Buf.Span(i*page, page))
-		d.Descs = append(d.Descs, b.Buf.Span(i*page, page))
-	}
+	l, d := pageLists(a, b, page, pages, func(i int) int { return i })
 	p, err := a.B.Prepare(b.B.AgentName(), l, d)
 	if err != nil {
 		t.Fatalf("prepare: %v", err)
@@ -312,9 +323,7 @@ func (s *suite) prepared(t *testing.T) {
 	}
 	WaitNotif(t, b.B, a.B.AgentName(), []byte("prepped"), s.opts.Timeout)
 	for k := range li {
-		if !bytes.Equal(a.Buf.Bytes()[li[k]*page:(li[k]+1)*page], b.Buf.Bytes()[ri[k]*page:(ri[k]+1)*page]) {
-			t.Fatalf("page %d did not land on page %d", li[k], ri[k])
-		}
+		checkLanded(t, a, b, page, li[k], ri[k])
 	}
 	if _, err := p.Post(ctx, transfer.OpWrite, []int{0}, []int{pages}, nil); !errors.Is(err, transfer.ErrOutOfRange) {
 		t.Fatalf("index past the prepared list: got %v, want ErrOutOfRange", err)
@@ -332,16 +341,16 @@ func (s *suite) prepared(t *testing.T) {
 func (s *suite) concurrent(t *testing.T) {
 	t.Parallel()
 	const chunk, n = 256 << 10, 8
-	a := NewAgent(t, s.newBackend, UniqueName("a"), chunk*n)
-	b := NewAgent(t, s.newBackend, UniqueName("b"), chunk*n)
-	Connect(t, a, b)
+	a, b := s.connected(t, chunk*n, chunk*n)
 	Fill(a.Buf.Bytes(), 3)
 	ctx := s.ctx(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
+	want := make([]transfer.Notif, n)
 	for i := range n {
+		msg := []byte(fmt.Sprintf("c%d", i))
+		want[i] = transfer.Notif{Agent: a.B.AgentName(), Msg: msg}
 		wg.Go(func() {
-			msg := []byte(fmt.Sprintf("c%d", i))
 			errs <- transfer.Do(ctx, a.B, transfer.Xfer{Op: transfer.OpWrite, Remote: b.B.AgentName(), Local: span(a, i*chunk, chunk), Dst: span(b, i*chunk, chunk), Notif: msg})
 		})
 	}
@@ -352,20 +361,8 @@ func (s *suite) concurrent(t *testing.T) {
 			t.Fatalf("concurrent WRITE: %v", err)
 		}
 	}
-	got := map[string]bool{}
-	deadline := time.Now().Add(s.opts.Timeout)
-	for len(got) < n && time.Now().Before(deadline) {
-		ns, err := b.B.GetNotifs()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, x := range ns {
-			got[string(x.Msg)] = true
-		}
-		time.Sleep(time.Millisecond)
-	}
-	if len(got) != n {
-		t.Fatalf("got %d of %d notifications", len(got), n)
+	if err := AwaitNotifs(b.B, s.opts.Timeout, want...); err != nil {
+		t.Fatal(err)
 	}
 	if !bytes.Equal(a.Buf.Bytes(), b.Buf.Bytes()) {
 		t.Fatal("bytes differ after concurrent WRITEs")
@@ -417,10 +414,8 @@ func (s *suite) reRegisteredPeer(t *testing.T) {
 func (s *suite) errorCases(t *testing.T) {
 	t.Parallel()
 	const size = 64 << 10
-	a := NewAgent(t, s.newBackend, UniqueName("a"), size)
-	b := NewAgent(t, s.newBackend, UniqueName("b"), size)
+	a, b := s.connected(t, size, size)
 	c := NewAgent(t, s.newBackend, UniqueName("c"), size)
-	Connect(t, a, b)
 	ctx := s.ctx(t)
 	bName := b.B.AgentName()
 	write := func(local, dst transfer.DescList, remote string) error {
@@ -482,9 +477,7 @@ func (s *suite) errorCases(t *testing.T) {
 func (s *suite) peerVanishes(t *testing.T) {
 	t.Parallel()
 	const size = 32 << 20
-	a := NewAgent(t, s.newBackend, UniqueName("a"), size)
-	b := NewAgent(t, s.newBackend, UniqueName("b"), size)
-	Connect(t, a, b)
+	a, b := s.connected(t, size, size)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	bName := b.B.AgentName()

@@ -41,7 +41,8 @@
     drained: 'drained',
     removed: 'removed',
     quarantined: 'quarantined',
-    heal_started: 'heal: draining',
+    heal_started: 'heal started',
+    heal_draining: 'heal: draining',
     heal_acting: 'heal: restart',
     healed: 'healed',
     heal_failed: 'heal failed',
@@ -52,9 +53,10 @@
   // healLine says where a stale peer's heal plan is.
   function healLine(h) {
     if (!h) return null;
-    const words = h.phase === 'draining'
-      ? 'draining (requests in flight finish), then the agent restarts the engine'
-      : 'the agent was told to restart the engine; waiting for a new instance';
+    const words = {
+      quarantined: 'the failing pairs are quarantined; other prefills keep using this decode until it drains',
+      draining: 'draining (requests in flight finish), then the agent restarts the engine',
+    }[h.phase] || 'the agent was told to restart the engine; waiting for a new instance';
     return el('p', { class: 'callout heal', 'data-heal-phase': h.phase },
       el('strong', null, 'Heal: '), words + ' · deadline ', el('time', { datetime: h.deadline, title: stamp(h.deadline) }, stamp(h.deadline)),
       ' · from generation ' + h.from_generation);

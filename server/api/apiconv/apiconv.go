@@ -7,6 +7,7 @@ package apiconv
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
@@ -175,6 +176,10 @@ func HealPlan(h *registry.Heal) *api.HealPlan {
 	if !h.Acted.IsZero() {
 		t := h.Acted
 		out.Acted = &t
+	}
+	if len(h.Pairs) > 0 {
+		pairs := slices.Clone(h.Pairs)
+		out.Pairs = &pairs
 	}
 	return out
 }

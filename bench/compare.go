@@ -1,0 +1,493 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+)
+
+// Peers the harness knows how to run, and the engines each is compared on.
+const (
+	PeerSMG        = "smg"         // SMG, SGLang PD
+	PeerVLLMRouter = "vllm-router" // vllm-router, vLLM PD
+)
+
+// Peer is a router to compare pdplane with.
+type Peer struct {
+	Name string // PeerSMG or PeerVLLMRouter
+	Bin  string // its executable
+}
+
+// engine is the engine kind the peer routes.
+func (p Peer) engine() string {
+	if p.Name == PeerVLLMRouter {
+		return "vllm"
+	}
+	return "sglang"
+}
+
+// Mode is how the load asks for its answers.
+type Mode string
+
+// Modes.
+const (
+	Stream Mode = "stream" // SSE, time to first token is the first event
+	Unary  Mode = "unary"  // one JSON answer
+)
+
+// Config configures Compare.
+type Config struct {
+	// Pdplane is the pdplane binary (serve and sim). Required.
+	Pdplane string
+	// Peers are the routers to compare with; none measures pdplane alone.
+	Peers []Peer
+	// Window is the length of one measured window; default 8s.
+	Window time.Duration
+	// Concurrency lists the numbers of concurrent clients; default 32.
+	Concurrency []int
+	// Modes lists stream and/or unary; default stream.
+	Modes []Mode
+	// Rounds is how many windows each router gets per (mode, concurrency),
+	// alternating pdplane, peer, pdplane, peer...; default 2.
+	Rounds int
+	// HeldStreams is how many streams are held open on a slow decode to
+	// measure memory and descriptors per stream; 0 skips it.
+	HeldStreams int
+	// MaxTokens is the answer length of each request; default 16.
+	MaxTokens int
+	// Progress, when set, receives a line per step.
+	Progress io.Writer
+}
+
+// WithDefaults returns the config with unset fields filled in.
+func (c Config) WithDefaults() Config {
+	if c.Window == 0 {
+		c.Window = 8 * time.Second
+	}
+	if len(c.Concurrency) == 0 {
+		c.Concurrency = []int{32}
+	}
+	if len(c.Modes) == 0 {
+		c.Modes = []Mode{Stream}
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 2
+	}
+	if c.MaxTokens == 0 {
+		c.MaxTokens = 16
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Pdplane == "":
+		return errors.New("bench config: pdplane: the binary is required")
+	case c.Window < 100*time.Millisecond:
+		return fmt.Errorf("bench config: window: at least 100ms, got %v", c.Window)
+	case c.Rounds < 1:
+		return fmt.Errorf("bench config: rounds: at least 1, got %d", c.Rounds)
+	case c.HeldStreams < 0:
+		return fmt.Errorf("bench config: held_streams: must not be negative, got %d", c.HeldStreams)
+	case c.MaxTokens < 1:
+		return fmt.Errorf("bench config: max_tokens: at least 1, got %d", c.MaxTokens)
+	}
+	for _, n := range c.Concurrency {
+		if n < 1 {
+			return fmt.Errorf("bench config: concurrency: at least 1, got %d", n)
+		}
+	}
+	for _, m := range c.Modes {
+		if m != Stream && m != Unary {
+			return fmt.Errorf("bench config: modes: stream or unary, got %q", m)
+		}
+	}
+	for _, p := range c.Peers {
+		if p.Name != PeerSMG && p.Name != PeerVLLMRouter {
+			return fmt.Errorf("bench config: peers: %s or %s, got %q", PeerSMG, PeerVLLMRouter, p.Name)
+		}
+	}
+	return nil
+}
+
+// Stats is one router's figures for one (mode, concurrency), over all its
+// windows.
+type Stats struct {
+	Requests   int           // served (a window's last ones finish after its end)
+	Failed     int           // answered with an error
+	FirstError string        // the first failure's text
+	Elapsed    time.Duration // the windows' total length, until their last request ended
+	CPU        time.Duration // router CPU over the windows
+	TTFT50     time.Duration // client-side time to first token, p50
+	TTFT99     time.Duration // and p99
+}
+
+// ReqPerSec is requests served per second of window.
+func (s Stats) ReqPerSec() float64 {
+	if s.Elapsed <= 0 {
+		return 0
+	}
+	return float64(s.Requests) / s.Elapsed.Seconds()
+}
+
+// CPUPerRequest is router CPU time per request served.
+func (s Stats) CPUPerRequest() time.Duration {
+	if s.Requests == 0 {
+		return 0
+	}
+	return s.CPU / time.Duration(s.Requests)
+}
+
+// Held is one router's memory and descriptors per held stream.
+type Held struct {
+	Opened, Held int
+	// FirstError is why the first stream that was not held failed.
+	FirstError string
+	// RSSBase and FDsBase are the router's before the streams opened.
+	RSSBase int64
+	FDsBase int
+	// RSSPerStream and FDsPerStream are (value with Held streams −
+	// base) / Held.
+	RSSPerStream float64
+	FDsPerStream float64
+}
+
+// Row is one (mode, concurrency) of one comparison: pdplane and the peer
+// (or pdplane alone) under the same load.
+type Row struct {
+	Mode        Mode
+	Concurrency int
+	Pdplane     Stats
+	Peer        *Stats // nil without a peer
+}
+
+// Comparison is pdplane against one peer (or alone) on one engine kind.
+type Comparison struct {
+	Peer   string // "" when pdplane ran alone
+	Engine string
+	Rows   []Row
+	// HeldPdplane and HeldPeer are the held-stream figures, nil when not
+	// measured.
+	HeldPdplane, HeldPeer *Held
+}
+
+// Report is what Compare measured.
+type Report struct {
+	Config      Config
+	Comparisons []Comparison
+}
+
+// Compare runs every comparison of cfg; with no peer, pdplane alone on the
+// SGLang engines.
+func Compare(ctx context.Context, cfg Config) (*Report, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	rep := &Report{Config: cfg}
+	peers := cfg.Peers
+	if len(peers) == 0 {
+		peers = []Peer{{}}
+	}
+	for _, p := range peers {
+		c, err := compareWith(ctx, cfg, p)
+		if err != nil {
+			return rep, err
+		}
+		rep.Comparisons = append(rep.Comparisons, *c)
+	}
+	return rep, nil
+}
+
+// target is a router under measurement.
+type target struct {
+	name string
+	proc *Process
+	url  string
+}
+
+// compareWith runs the load windows, then the held streams, for pdplane
+// and peer p (p.Name "" for pdplane alone).
+func compareWith(ctx context.Context, cfg Config, p Peer) (*Comparison, error) {
+	engine := p.engine()
+	cmp := &Comparison{Peer: p.Name, Engine: engine}
+	fmt.Fprintf(cfg.Progress, "bench: %s engines, pdplane vs %s: starting\n", engine, peerName(p))
+	f, err := startFleet(ctx, cfg, p, fleetSpec{kvPages: kvPages(2 * maxOf(cfg.Concurrency)), cheap: true})
+	if err != nil {
+		return nil, err
+	}
+	defer f.close()
+	for _, mode := range cfg.Modes {
+		for _, conc := range cfg.Concurrency {
+			row, err := f.measure(ctx, cfg, mode, conc)
+			if err != nil {
+				return nil, err
+			}
+			cmp.Rows = append(cmp.Rows, row)
+		}
+	}
+	f.close()
+	if cfg.HeldStreams == 0 {
+		return cmp, nil
+	}
+	// A slow decode (one token a second) holds every stream open.
+	fmt.Fprintf(cfg.Progress, "bench: %s engines: holding %d streams on a slow decode\n", engine, cfg.HeldStreams)
+	slow, err := startFleet(ctx, cfg, p, fleetSpec{kvPages: kvPages(cfg.HeldStreams + 64), cheap: true, decodeTime: time.Second})
+	if err != nil {
+		return nil, err
+	}
+	defer slow.close()
+	for i, t := range slow.targets() {
+		h, err := measureHeld(ctx, cfg, slow.load(t, Stream, heldTokens), t)
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			cmp.HeldPdplane = h
+		} else {
+			cmp.HeldPeer = h
+		}
+	}
+	return cmp, nil
+}
+
+func peerName(p Peer) string {
+	if p.Name == "" {
+		return "nothing (pdplane alone)"
+	}
+	return p.Name
+}
+
+// kvPages sizes the engines' KV pools for n requests at once: one page
+// each under cheap transfer (the prompt is short), doubled for pages still
+// held while the next request starts. The simulator maps and touches the
+// whole pool up front (32 KiB a page), so it is not oversized.
+func kvPages(n int) int { return max(512, 2*n) }
+
+// fleetSpec is how a fleet's engines run.
+type fleetSpec struct {
+	kvPages    int
+	cheap      bool
+	decodeTime time.Duration
+}
+
+// fleet is one prefill and one decode engine registered with a pdplane
+// serve, and the peer router in front of the same engines.
+type fleet struct {
+	engine    string
+	serve     *Process
+	serveURL  string
+	prefill   *Sim
+	decode    *Sim
+	peer      *Process
+	peerURL   string
+	maxTokens int
+	procs     []*Process
+	progress  io.Writer
+}
+
+func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fleet, err error) {
+	f = &fleet{engine: p.engine(), progress: cfg.Progress}
+	defer func() {
+		if err != nil {
+			f.close()
+			f = nil
+		}
+	}()
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	f.serveURL = "http://127.0.0.1:" + strconv.Itoa(port)
+	// Room for every held stream and every client, above the default.
+	inflight := max(4096, 2*(cfg.HeldStreams+maxOf(cfg.Concurrency)))
+	if f.serve, err = Start("pdplane serve", nil, cfg.Pdplane, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port),
+		"--max-inflight", strconv.Itoa(inflight)); err != nil {
+		return nil, err
+	}
+	f.procs = append(f.procs, f.serve)
+	if err := waitStarted(ctx, f.serve, f.serveURL+"/healthz"); err != nil {
+		return nil, err
+	}
+	for _, role := range []string{"prefill", "decode"} {
+		s, err := StartSim(ctx, cfg.Pdplane, SimSpec{Engine: f.engine, Role: role, ControlPlane: f.serveURL,
+			KVPages: spec.kvPages, CheapTransfer: spec.cheap, DecodeTimePerToken: spec.decodeTime})
+		if err != nil {
+			return nil, err
+		}
+		f.procs = append(f.procs, s.Process)
+		if role == "prefill" {
+			f.prefill = s
+		} else {
+			f.decode = s
+		}
+	}
+	if err := waitStarted(ctx, f.serve, f.serveURL+"/readyz"); err != nil {
+		return nil, err
+	}
+	if p.Name != "" {
+		if err := f.startPeer(ctx, p); err != nil {
+			return nil, err
+		}
+	}
+	// The first request through each router proves the whole path (a
+	// router discovering its workers fails until it has).
+	client := newClient(1)
+	defer client.CloseIdleConnections()
+	for _, t := range f.targets() {
+		if err := sendUntilOK(ctx, client, f.load(t, Stream, 1), startTimeout); err != nil {
+			return nil, fmt.Errorf("%s: %w\n%s", t.name, err, tail(t.proc.Output(), 4000))
+		}
+	}
+	return f, nil
+}
+
+// startPeer starts the peer router in front of the fleet's engines, at its
+// default log level as pdplane runs at its own.
+func (f *fleet) startPeer(ctx context.Context, p Peer) error {
+	port, err := FreePort()
+	if err != nil {
+		return err
+	}
+	var args []string
+	if p.Name == PeerSMG {
+		args, err = SMGPDArgs(p.Bin, port, "", f.prefill, f.decode)
+	} else {
+		args, err = VLLMRouterPDArgs(p.Bin, port, "", f.prefill, f.decode)
+	}
+	if err != nil {
+		return err
+	}
+	if f.peer, err = Start(p.Name, nil, args...); err != nil {
+		return err
+	}
+	f.procs = append(f.procs, f.peer)
+	f.peerURL = "http://127.0.0.1:" + strconv.Itoa(port)
+	return nil
+}
+
+// targets are the routers in the order their windows alternate.
+func (f *fleet) targets() []target {
+	ts := []target{{name: "pdplane", proc: f.serve, url: f.serveURL}}
+	if f.peer != nil {
+		ts = append(ts, target{name: f.peer.Name, proc: f.peer, url: f.peerURL})
+	}
+	return ts
+}
+
+// load is the request sent through t: an OpenAI chat completion, which
+// every router and engine here serves.
+func (f *fleet) load(t target, mode Mode, maxTokens int) Load {
+	body := `{"model":"sim-model","messages":[{"role":"user","content":"hello there, how are you"}],"max_tokens":` +
+		strconv.Itoa(maxTokens)
+	if mode == Stream {
+		body += `,"stream":true`
+	}
+	return Load{URL: t.url + "/v1/chat/completions", Body: []byte(body + "}"), Stream: mode == Stream}
+}
+
+// measure runs cfg.Rounds windows of mode at conc clients through each
+// router in turn.
+func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (Row, error) {
+	ts := f.targets()
+	stats := make([]Stats, len(ts))
+	ttfts := make([][]time.Duration, len(ts))
+	for round := range cfg.Rounds {
+		for i, t := range ts {
+			client := newClient(conc)
+			before, err := ReadUsage(t.proc.PID())
+			if err != nil {
+				return Row{}, fmt.Errorf("%s: %w", t.name, err)
+			}
+			start := time.Now()
+			res := runWindow(ctx, client, f.load(t, mode, cfg.MaxTokens), conc, cfg.Window)
+			elapsed := time.Since(start)
+			after, err := ReadUsage(t.proc.PID())
+			client.CloseIdleConnections()
+			if err != nil {
+				return Row{}, fmt.Errorf("%s: %w", t.name, err)
+			}
+			if err := ctx.Err(); err != nil {
+				return Row{}, err
+			}
+			s := &stats[i]
+			s.Requests += res.OK
+			s.Failed += res.Failed
+			if s.FirstError == "" {
+				s.FirstError = res.FirstError
+			}
+			s.Elapsed += elapsed
+			s.CPU += after.CPU - before.CPU
+			ttfts[i] = append(ttfts[i], res.TTFT...)
+			fmt.Fprintf(f.progress, "bench: %s %s c=%d round %d: %d ok, %d failed, %.0f req/s, CPU %v\n",
+				t.name, mode, conc, round+1, res.OK, res.Failed, float64(res.OK)/elapsed.Seconds(), after.CPU-before.CPU)
+		}
+	}
+	for i := range ts {
+		stats[i].TTFT50 = percentile(ttfts[i], 50)
+		stats[i].TTFT99 = percentile(ttfts[i], 99)
+	}
+	row := Row{Mode: mode, Concurrency: conc, Pdplane: stats[0]}
+	if len(ts) > 1 {
+		row.Peer = &stats[1]
+	}
+	return row, nil
+}
+
+// heldTokens is the length of a held stream: at one token a second, it
+// outlasts the measurement by far (the streams are closed after it).
+const heldTokens = 3600
+
+// heldOpenTimeout bounds how long the held streams may take to open.
+const heldOpenTimeout = 2 * time.Minute
+
+// measureHeld opens cfg.HeldStreams streams through t, samples its memory
+// and descriptors once all have started, and closes them.
+func measureHeld(ctx context.Context, cfg Config, l Load, t target) (*Held, error) {
+	client := newClient(cfg.HeldStreams)
+	defer client.CloseIdleConnections()
+	base, err := ReadUsage(t.proc.PID())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", t.name, err)
+	}
+	hs, err := holdStreams(ctx, client, l, cfg.HeldStreams, heldOpenTimeout)
+	if err != nil {
+		return nil, err
+	}
+	defer hs.Release()
+	with, err := ReadUsage(t.proc.PID())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", t.name, err)
+	}
+	h := &Held{Opened: cfg.HeldStreams, Held: hs.Held, FirstError: hs.FirstError, RSSBase: base.RSS, FDsBase: base.FDs}
+	if hs.Held > 0 {
+		d := with.Sub(base)
+		h.RSSPerStream = float64(d.RSS) / float64(hs.Held)
+		h.FDsPerStream = float64(d.FDs) / float64(hs.Held)
+	}
+	fmt.Fprintf(cfg.Progress, "bench: %s: %d of %d streams held, RSS %+d KiB, fds %+d\n",
+		t.name, hs.Held, cfg.HeldStreams, (with.RSS-base.RSS)>>10, with.FDs-base.FDs)
+	return h, nil
+}
+
+// close stops every process of the fleet, newest first. It is idempotent.
+func (f *fleet) close() {
+	for i := len(f.procs) - 1; i >= 0; i-- {
+		f.procs[i].Stop()
+	}
+	f.procs = nil
+}
+
+func maxOf(ns []int) int {
+	m := 0
+	for _, n := range ns {
+		m = max(m, n)
+	}
+	return m
+}

@@ -1,0 +1,19 @@
+// Package bench measures pdplane's router side by side with the routers
+// users run today, SMG (PyPI `smg`) and vllm-router (PyPI `vllm-router`),
+// black-box: every party is a separate process on 127.0.0.1.
+//
+// Compare starts `pdplane sim` prefill and decode engines once per engine
+// kind (SGLang engines for SMG, vLLM engines for vllm-router), registers them
+// with a `pdplane serve` and puts the peer router in front of the same
+// engines, then drives the same load through pdplane and the peer in
+// alternating windows. Held streams are measured on a second set of engines
+// whose decode generates one token a second, with fresh routers in front.
+// The load generator runs in the calling process; only
+// the router processes (each with its children) are measured: CPU from
+// /proc/<pid>/stat divided by the requests served, resident memory and open
+// file descriptors per held stream, client-side time to first byte.
+//
+// The package also owns the command lines those processes are started with
+// (Process, SimArgs, SMGArgs, VLLMRouterArgs), which the interop tests share.
+// It imports no other pdplane package: it knows pdplane only as a binary.
+package bench

@@ -1,0 +1,148 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// SimSpec is one `pdplane sim` engine to start.
+type SimSpec struct {
+	Engine string // "sglang" or "vllm"
+	Role   string // "prefill" or "decode"
+	// ControlPlane is the `pdplane serve` to register with; empty runs the
+	// engine alone (give it TransferSecret then, shared by its peers).
+	ControlPlane   string
+	TransferSecret string
+	// KVPages sizes the KV pool (0: the simulator's default).
+	KVPages int
+	// CheapTransfer computes and verifies no KV and moves one page per
+	// request (see `pdplane sim --cheap-transfer`).
+	CheapTransfer bool
+	// DecodeTimePerToken slows generation (held streams).
+	DecodeTimePerToken time.Duration
+	LogLevel           string // default "warn"
+}
+
+// Sim is a running `pdplane sim`.
+type Sim struct {
+	*Process
+	URL string
+	// BootstrapPort is an SGLang prefill's bootstrap port, 0 otherwise.
+	BootstrapPort int
+}
+
+// StartSim starts the engine of spec with the pdplane binary bin and waits
+// until its /health answers 200.
+func StartSim(ctx context.Context, bin string, spec SimSpec) (*Sim, error) {
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Sim{URL: "http://127.0.0.1:" + strconv.Itoa(port)}
+	name := spec.Engine + "-" + spec.Role
+	level := spec.LogLevel
+	if level == "" {
+		level = "warn"
+	}
+	args := []string{bin, "sim", "--engine", spec.Engine, "--role", spec.Role, "--name", name,
+		"--sim-addr", "127.0.0.1:" + strconv.Itoa(port), "--log-level", level}
+	if spec.Engine == "sglang" && spec.Role == "prefill" {
+		if s.BootstrapPort, err = FreePort(); err != nil {
+			return nil, err
+		}
+		args = append(args, "--bootstrap-port", strconv.Itoa(s.BootstrapPort))
+	}
+	if spec.ControlPlane != "" {
+		args = append(args, "--control-plane", spec.ControlPlane)
+	}
+	if spec.KVPages > 0 {
+		args = append(args, "--kv-pages", strconv.Itoa(spec.KVPages))
+	}
+	if spec.CheapTransfer {
+		args = append(args, "--cheap-transfer")
+	}
+	if spec.DecodeTimePerToken > 0 {
+		args = append(args, "--decode-time-per-token", spec.DecodeTimePerToken.String())
+	}
+	var env []string
+	if spec.TransferSecret != "" {
+		env = append(env, "PDPLANE_TRANSFER_SECRET="+spec.TransferSecret)
+	}
+	if s.Process, err = Start(name+" sim", env, args...); err != nil {
+		return nil, err
+	}
+	if err := waitStarted(ctx, s.Process, s.URL+"/health"); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// startTimeout bounds how long a process may take to answer its first
+// health check.
+const startTimeout = 90 * time.Second
+
+// waitStarted waits for url to answer 200, stopping p when it does not.
+func waitStarted(ctx context.Context, p *Process, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if err := WaitHTTP(ctx, url, p); err != nil {
+		p.Stop()
+		return fmt.Errorf("%s: %w\n%s", p.Name, err, tail(p.Output(), 4000))
+	}
+	return nil
+}
+
+// loopback returns the flags that keep a Rust router's listeners on
+// loopback: its own port and its Prometheus listener (by default
+// 0.0.0.0:29000) on a free one.
+func loopback(port int) ([]string, error) {
+	prom, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	return []string{"--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--prometheus-host", "127.0.0.1", "--prometheus-port", strconv.Itoa(prom)}, nil
+}
+
+// SMGArgs is the command line of SMG (`smg launch`) on 127.0.0.1:port with
+// the given log level ("" keeps SMG's default); append its worker flags.
+func SMGArgs(bin string, port int, logLevel string) ([]string, error) {
+	l, err := loopback(port)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{bin, "launch"}, l...)
+	if logLevel != "" {
+		args = append(args, "--log-level", logLevel)
+	}
+	return args, nil
+}
+
+// SMGPDArgs is SMGArgs in PD mode in front of an SGLang prefill and decode,
+// as `smg launch --pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode
+// URL` runs in front of real ones.
+func SMGPDArgs(bin string, port int, logLevel string, prefill, decode *Sim) ([]string, error) {
+	args, err := SMGArgs(bin, port, logLevel)
+	if err != nil {
+		return nil, err
+	}
+	return append(args, "--pd-disaggregation",
+		"--prefill", prefill.URL, strconv.Itoa(prefill.BootstrapPort), "--decode", decode.URL), nil
+}
+
+// VLLMRouterPDArgs is the command line of vllm-router on 127.0.0.1:port in
+// PD mode (`--vllm-pd-disaggregation --prefill URL --decode URL`) with the
+// given log level ("" keeps its default).
+func VLLMRouterPDArgs(bin string, port int, logLevel string, prefill, decode *Sim) ([]string, error) {
+	l, err := loopback(port)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{bin}, l...)
+	if logLevel != "" {
+		args = append(args, "--log-level", logLevel)
+	}
+	return append(args, "--vllm-pd-disaggregation", "--prefill", prefill.URL, "--decode", decode.URL), nil
+}

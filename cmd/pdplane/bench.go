@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pdplane/pdplane/bench"
+)
+
+const benchUsage = `Usage:
+  pdplane bench compare [flags]   pdplane's router side by side with SMG and vllm-router
+
+Run 'pdplane bench compare -h' for its flags.
+`
+
+// runBench dispatches `pdplane bench VERB`.
+func runBench(ctx context.Context, args []string) error {
+	return benchCmd(ctx, args, os.Stdout)
+}
+
+func benchCmd(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 {
+		return usageErrorf("bench: a verb is required\n\n%s", benchUsage)
+	}
+	switch args[0] {
+	case "compare":
+		return benchCompare(ctx, args[1:], out)
+	case "-h", "--help", "help":
+		fmt.Fprint(out, benchUsage)
+		return nil
+	}
+	return usageErrorf("bench: unknown verb %q\n\n%s", args[0], benchUsage)
+}
+
+// benchCompare parses the flags of `pdplane bench compare`, finds the
+// routers and runs bench.Compare.
+func benchCompare(ctx context.Context, args []string, out io.Writer) error {
+	var (
+		cfg                               bench.Config
+		concurrency, mode, peers          string
+		smgBin, vllmRouterBin, pdplaneBin string
+		require, install                  bool
+	)
+	fs := newFlagSet("bench compare")
+	fs.about = `Starts pdplane sim engines once per engine kind (SGLang for SMG, vLLM for
+vllm-router), registers them with a pdplane serve, puts each peer router in
+front of the same engines, and runs the same load through pdplane and the peer
+in alternating windows. Measures the router processes only: CPU per request
+from /proc, client-side time to first token, and RSS and file descriptors per
+stream held open on a slow decode. Prints one Markdown table per peer.`
+	fs.dur(&cfg.Window, "duration", 8*time.Second, "length of one measured window")
+	fs.str(&concurrency, "concurrency", "32", "concurrent clients, or a comma-separated list of them (e.g. 32,256)")
+	fs.choice(&mode, "mode", "stream", []string{"stream", "unary", "both"}, "streamed (SSE) or unary requests, or both")
+	fs.int(&cfg.Rounds, "rounds", 2, "windows per router for each mode and concurrency, alternating pdplane, peer, pdplane, ...")
+	fs.int(&cfg.HeldStreams, "held-streams", 500, "streams held open on a slow decode to measure memory per stream (0 skips it)")
+	fs.int(&cfg.MaxTokens, "max-tokens", 16, "tokens generated per request")
+	fs.str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter, "comma-separated routers to compare with: smg, vllm-router; empty measures pdplane alone")
+	fs.str(&smgBin, "smg", "", "SMG executable (default: .venv/bin/smg, else smg on $PATH)")
+	fs.str(&vllmRouterBin, "vllm-router", "", "vllm-router executable (default: .venv/bin/vllm-router, else vllm-router on $PATH)")
+	fs.str(&pdplaneBin, "pdplane", "", "pdplane binary to run serve and sim with (default: this one)")
+	fs.boolean(&require, "require", false, "fail when a peer's executable is missing instead of skipping it")
+	fs.boolean(&install, "install", false, "first install SMG and vllm-router from PyPI into .venv with scripts/install-routers.sh")
+	if err := fs.parse(args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.Concurrency, err = parseInts(concurrency); err != nil {
+		return usageErrorf("invalid value %q for --concurrency: %v", concurrency, err)
+	}
+	cfg.Modes = []bench.Mode{bench.Mode(mode)}
+	if mode == "both" {
+		cfg.Modes = []bench.Mode{bench.Stream, bench.Unary}
+	}
+	if pdplaneBin == "" {
+		if pdplaneBin, err = os.Executable(); err != nil {
+			return fmt.Errorf("find the pdplane binary: %w", err)
+		}
+	}
+	cfg.Pdplane = pdplaneBin
+	if install {
+		if smgBin, vllmRouterBin, err = installRouters(ctx); err != nil {
+			return err
+		}
+	}
+	bins := map[string]string{bench.PeerSMG: smgBin, bench.PeerVLLMRouter: vllmRouterBin}
+	for _, name := range splitList(peers) {
+		bin, ok := bins[name]
+		if !ok {
+			return usageErrorf("invalid value %q for --peers: want smg and/or vllm-router", peers)
+		}
+		if bin = findRouter(bin, name); bin == "" {
+			if require {
+				return fmt.Errorf("%s: executable not found (set --%s, or run with --install)", name, name)
+			}
+			fmt.Fprintf(os.Stderr, "pdplane bench: skipping %s: executable not found (set --%s, or run with --install)\n", name, name)
+			continue
+		}
+		cfg.Peers = append(cfg.Peers, bench.Peer{Name: name, Bin: bin})
+	}
+	cfg.Progress = os.Stderr
+	rep, err := bench.Compare(ctx, cfg)
+	if rep != nil {
+		rep.Print(out)
+	}
+	return err
+}
+
+// parseInts parses a comma-separated list of positive integers.
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("want positive integers separated by commas, got %q", f)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("want at least one number")
+	}
+	return out, nil
+}
+
+// findRouter is the router executable: bin when set, else .venv/bin/NAME
+// under the working directory, else NAME on $PATH; "" when none exists.
+func findRouter(bin, name string) string {
+	if bin != "" {
+		if _, err := os.Stat(bin); err != nil {
+			return ""
+		}
+		return bin
+	}
+	if p, err := filepath.Abs(filepath.Join(".venv", "bin", name)); err == nil {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	p, _ := exec.LookPath(name)
+	return p
+}
+
+// installRouters runs scripts/install-routers.sh from the working
+// directory (the repository root) and returns the paths it prints.
+func installRouters(ctx context.Context) (smg, vllmRouter string, err error) {
+	cmd := exec.CommandContext(ctx, filepath.Join("scripts", "install-routers.sh"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", "", fmt.Errorf("install routers (run from the repository root): %w", err)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "PDPLANE_SMG="); ok {
+			smg = v
+		}
+		if v, ok := strings.CutPrefix(sc.Text(), "PDPLANE_VLLM_ROUTER="); ok {
+			vllmRouter = v
+		}
+	}
+	return smg, vllmRouter, nil
+}
