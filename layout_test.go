@@ -115,8 +115,8 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry"),
 	},
 	{
-		name:    "transfer backends plug into transfer: transfer/nixl and transfer/tcp import only registry and transfer",
-		applies: is("transfer/nixl", "transfer/tcp"),
+		name:    "transfer backends plug into transfer: transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer",
+		applies: is("transfer/nixl", "transfer/tcp", "transfer/cuda"),
 		allowed: onlyInternal("registry", "transfer"),
 	},
 	{
@@ -218,7 +218,7 @@ var governed = []string{
 	"router", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
 	"tracing", "tracing/tracingtest",
-	"transfer", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",
+	"transfer", "transfer/cuda", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",
 	"web",
 }
 
@@ -314,7 +314,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"router", m("registry/pgstore"), "router imports only registry and pdproto"},
 		{"router", "github.com/jackc/pgx/v5", "only it, migrations and registrytest's Postgres helpers import pgx"},
 		{"transfer", m("router"), "transfer imports only registry"},
-		{"transfer/tcp", m("registry/memstore"), "transfer/nixl and transfer/tcp import only registry and transfer"},
+		{"transfer/tcp", m("registry/memstore"), "transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer"},
 		{"server", m("router"), "server imports only registry, server/api and server/api/apiconv"},
 		{"web", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
 		{"sim", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},

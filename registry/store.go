@@ -215,6 +215,7 @@ type Store interface {
 	// or being removed, clears them.
 	Quarantines(ctx context.Context) ([]Quarantine, error)
 	QuarantineControl
+	PreflightStore
 	// ExpireLeases marks every ready or pending peer whose lease ended before
 	// now as failed and returns how many it marked.
 	ExpireLeases(ctx context.Context, now time.Time) (int, error)

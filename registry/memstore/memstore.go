@@ -57,6 +57,8 @@ type Store struct {
 	lastEvent   int64
 	quarantines map[[2]string]registry.Quarantine
 	failures    map[[2]string]registry.PairFailure
+	preflights  map[[2]string]registry.Preflight
+	probes      map[string]registry.Probe
 }
 
 var _ registry.Store = (*Store)(nil)
@@ -69,6 +71,8 @@ func New(cfg Config) *Store {
 		byName:      map[string]string{},
 		quarantines: map[[2]string]registry.Quarantine{},
 		failures:    map[[2]string]registry.PairFailure{},
+		preflights:  map[[2]string]registry.Preflight{},
+		probes:      map[string]registry.Probe{},
 	}
 }
 

@@ -52,6 +52,8 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"MalformedHeartbeatFlood", testMalformedHeartbeatFlood},
 		{"Credentials", testCredentials},
 		{"TransferSecretRoundTrip", testTransferSecret},
+		{"Preflight", testPreflight},
+		{"Probe", testProbe},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -260,6 +260,24 @@ func (e PairGroupPath) Valid() bool {
 	}
 }
 
+// Defines values for PairPreflightState.
+const (
+	PairPreflightStateFailed PairPreflightState = "failed"
+	PairPreflightStatePassed PairPreflightState = "passed"
+)
+
+// Valid indicates whether the value is a known member of the PairPreflightState enum.
+func (e PairPreflightState) Valid() bool {
+	switch e {
+	case PairPreflightStateFailed:
+		return true
+	case PairPreflightStatePassed:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ProvenanceField.
 const (
 	ProvenanceFieldBootstrapHost         ProvenanceField = "bootstrap_host"
@@ -651,6 +669,9 @@ type Pair struct {
 	Path    *PairPath `json:"path,omitempty"`
 	Prefill PeerRef   `json:"prefill"`
 
+	// Preflight The pair's last preflight: the prefill's agent wrote a pattern into the decode agent's probe region with a notification, read it back and compared it byte for byte, over a size ladder. Absent when the pair was never preflighted.
+	Preflight *PairPreflight `json:"preflight,omitempty"`
+
 	// Quarantine The pair's quarantine, active or on trial; absent when there is none.
 	Quarantine *PairQuarantine `json:"quarantine,omitempty"`
 
@@ -660,7 +681,7 @@ type Pair struct {
 	// Reason why the pair is refused or not routable
 	Reason *string `json:"reason,omitempty"`
 
-	// Routable compatible, both peers ready, and not quarantined (a pair on trial is routable)
+	// Routable compatible, both peers ready, not quarantined (a pair on trial is routable), and no failed preflight of the current registrations
 	Routable bool `json:"routable"`
 
 	// Unverified compatible pairs only: the fields a rule needed that one side did not know, e.g. ranks[*].kv_mem_kinds
@@ -731,6 +752,32 @@ type PairList struct {
 	// Total number of pairs before the limit
 	Total int `json:"total"`
 }
+
+// PairPreflight The pair's last preflight: the prefill's agent wrote a pattern into the decode agent's probe region with a notification, read it back and compared it byte for byte, over a size ladder. Absent when the pair was never preflighted.
+type PairPreflight struct {
+	// Backend the transfer backend: nixl or tcp
+	Backend   string    `json:"backend"`
+	CheckedAt time.Time `json:"checked_at"`
+
+	// Current the preflight was of both peers' current registrations; a failed current preflight keeps the pair out of routing, one from before a re-registration (a heal) does not
+	Current *bool `json:"current,omitempty"`
+
+	// Error failed only: the backend's error (e.g. the NIXL status), the pair's reason
+	Error *string `json:"error,omitempty"`
+
+	// Gbps throughput at the largest size that passed (bytes written and read back over the time both took), 10^9 bytes/s
+	Gbps float64 `json:"gbps"`
+
+	// LatencyUs fastest WRITE of the smallest size, in microseconds
+	LatencyUs float64 `json:"latency_us"`
+
+	// MemKind NIXL memory kind of a KV region.
+	MemKind MemKind            `json:"mem_kind"`
+	State   PairPreflightState `json:"state"`
+}
+
+// PairPreflightState defines model for PairPreflight.State.
+type PairPreflightState string
 
 // PairQuarantine The pair's quarantine, active or on trial; absent when there is none.
 type PairQuarantine struct {
@@ -975,6 +1022,30 @@ type PeerSummary struct {
 	Url       string          `json:"url"`
 }
 
+// Probe A peer's probe region, as its agent publishes it: the transfer agent that holds it, the agent's metadata and the registered region, for other agents to preflight.
+type Probe struct {
+	Addr      uint64 `json:"addr"`
+	AgentName string `json:"agent_name"`
+
+	// Backend nixl or tcp
+	Backend string  `json:"backend"`
+	DevId   *uint64 `json:"dev_id,omitempty"`
+
+	// Generation the peer's generation when the probe was published
+	Generation *int64 `json:"generation,omitempty"`
+	Len        uint64 `json:"len"`
+
+	// MemKind NIXL memory kind of a KV region.
+	MemKind MemKind `json:"mem_kind"`
+
+	// Metadata the transfer agent's metadata, base64 (at most 1 MiB)
+	Metadata []byte `json:"metadata"`
+
+	// TransferSecret TCP backend: the agent's transfer secret (16 to 64 bytes), handed only to authenticated peers
+	TransferSecret *[]byte    `json:"transfer_secret,omitempty"`
+	UpdatedAt      *time.Time `json:"updated_at,omitempty"`
+}
+
 // Problem defines model for Problem.
 type Problem struct {
 	Detail string `json:"detail"`
@@ -1111,6 +1182,9 @@ type ListPairsParams struct {
 
 	// DecodeClass only pairs whose decode is of this class; with prefill_class
 	DecodeClass *string `form:"decode_class,omitempty" json:"decode_class,omitempty"`
+
+	// Prefill only the pairs of this prefill (an agent listing the decodes it preflights)
+	Prefill *PeerIDString `form:"prefill,omitempty" json:"prefill,omitempty"`
 }
 
 // ListPeersParams defines parameters for ListPeers.
@@ -1126,11 +1200,17 @@ type ListPeersParams struct {
 // ListPeersParamsView defines parameters for ListPeers.
 type ListPeersParamsView string
 
+// ReportPreflightJSONRequestBody defines body for ReportPreflight for application/json ContentType.
+type ReportPreflightJSONRequestBody = PairPreflight
+
 // RegisterPeerJSONRequestBody defines body for RegisterPeer for application/json ContentType.
 type RegisterPeerJSONRequestBody = PeerRegistration
 
 // HeartbeatPeerJSONRequestBody defines body for HeartbeatPeer for application/json ContentType.
 type HeartbeatPeerJSONRequestBody = Heartbeat
+
+// PublishProbeJSONRequestBody defines body for PublishProbe for application/json ContentType.
+type PublishProbeJSONRequestBody = Probe
 
 // MarkPeerStaleJSONRequestBody defines body for MarkPeerStale for application/json ContentType.
 type MarkPeerStaleJSONRequestBody = StaleReport
@@ -1239,6 +1319,24 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
 	ListPairGroups(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ReportPreflightWithBody Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflightWithBody(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ReportPreflight Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflight(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// LiftQuarantine Lift a pair's quarantine
 	//
 	// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
@@ -1297,6 +1395,31 @@ type ClientInterface interface {
 	//
 	// Needs the peer's own credential (or the admin token).
 	HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetProbe Read a peer's probe region, to preflight it
+	//
+	// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+	//
+	// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+	GetProbe(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PublishProbeWithBody Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbeWithBody(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PublishProbe Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbe(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	//
@@ -1405,6 +1528,44 @@ func (c *Client) ListPairs(ctx context.Context, params *ListPairsParams, reqEdit
 // Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
 func (c *Client) ListPairGroups(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListPairGroupsRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ReportPreflightWithBody Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *Client) ReportPreflightWithBody(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReportPreflightRequestWithBody(c.Server, prefill, decode, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ReportPreflight Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *Client) ReportPreflight(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReportPreflightRequest(c.Server, prefill, decode, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1554,6 +1715,61 @@ func (c *Client) HeartbeatPeerWithBody(ctx context.Context, id PeerID, contentTy
 // Needs the peer's own credential (or the admin token).
 func (c *Client) HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewHeartbeatPeerRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetProbe Read a peer's probe region, to preflight it
+//
+// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+//
+// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+func (c *Client) GetProbe(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetProbeRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PublishProbeWithBody Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *Client) PublishProbeWithBody(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPublishProbeRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PublishProbe Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *Client) PublishProbe(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPublishProbeRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1868,6 +2084,18 @@ func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request,
 
 		}
 
+		if params.Prefill != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "prefill", *params.Prefill, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
@@ -1905,6 +2133,60 @@ func NewListPairGroupsRequest(server string) (*http.Request, error) {
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewReportPreflightRequest calls the generic ReportPreflight builder with application/json body
+func NewReportPreflightRequest(server string, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewReportPreflightRequestWithBody(server, prefill, decode, "application/json", bodyReader)
+}
+
+// NewReportPreflightRequestWithBody constructs an http.Request for the ReportPreflight method, with any body, and a specified content type
+func NewReportPreflightRequestWithBody(server string, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "prefill", prefill, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "decode", decode, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/pairs/%s/%s/preflight", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -2229,6 +2511,87 @@ func NewHeartbeatPeerRequestWithBody(server string, id PeerID, contentType strin
 	return req, nil
 }
 
+// NewGetProbeRequest constructs an http.Request for the GetProbe method
+func NewGetProbeRequest(server string, id PeerID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/peers/%s/probe", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPublishProbeRequest calls the generic PublishProbe builder with application/json body
+func NewPublishProbeRequest(server string, id PeerID, body PublishProbeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPublishProbeRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPublishProbeRequestWithBody constructs an http.Request for the PublishProbe method, with any body, and a specified content type
+func NewPublishProbeRequestWithBody(server string, id PeerID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/peers/%s/probe", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetPeerRegistrationRequest constructs an http.Request for the GetPeerRegistration method
 func NewGetPeerRegistrationRequest(server string, id PeerID) (*http.Request, error) {
 	var err error
@@ -2394,6 +2757,24 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
 	ListPairGroupsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListPairGroupsResponse, error)
 
+	// ReportPreflightWithBodyWithResponse Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflightWithBodyWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error)
+
+	// ReportPreflightWithResponse Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflightWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error)
+
 	// LiftQuarantineWithResponse Lift a pair's quarantine
 	//
 	// Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
@@ -2464,6 +2845,33 @@ type ClientWithResponsesInterface interface {
 	//
 	// Needs the peer's own credential (or the admin token).
 	HeartbeatPeerWithResponse(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*HeartbeatPeerResponse, error)
+
+	// GetProbeWithResponse Read a peer's probe region, to preflight it
+	//
+	// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+	GetProbeWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetProbeResponse, error)
+
+	// PublishProbeWithBodyWithResponse Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbeWithBodyWithResponse(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error)
+
+	// PublishProbeWithResponse Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbeWithResponse(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error)
 
 	// GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	//
@@ -2731,6 +3139,96 @@ func (r ListPairGroupsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListPairGroupsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ReportPreflightResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PairPreflight
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ReportPreflightResponse) GetJSON200() *PairPreflight {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON422() *Problem {
+	return r.ApplicationproblemJSON422
+}
+
+// GetBody returns the raw response body bytes
+func (r ReportPreflightResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ReportPreflightResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ReportPreflightResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ReportPreflightResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -3227,6 +3725,158 @@ func (r HeartbeatPeerResponse) ContentType() string {
 	return ""
 }
 
+type GetProbeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Probe
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetProbeResponse) GetJSON200() *Probe {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetProbeResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetProbeResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetProbeResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetProbeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetProbeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetProbeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetProbeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PublishProbeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Probe
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PublishProbeResponse) GetJSON200() *Probe {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON422() *Problem {
+	return r.ApplicationproblemJSON422
+}
+
+// GetBody returns the raw response body bytes
+func (r PublishProbeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PublishProbeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PublishProbeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PublishProbeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type GetPeerRegistrationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3470,6 +4120,36 @@ func (c *ClientWithResponses) ListPairGroupsWithResponse(ctx context.Context, re
 	return ParseListPairGroupsResponse(rsp)
 }
 
+// ReportPreflightWithBodyWithResponse Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *ClientWithResponses) ReportPreflightWithBodyWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error) {
+	rsp, err := c.ReportPreflightWithBody(ctx, prefill, decode, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReportPreflightResponse(rsp)
+}
+
+// ReportPreflightWithResponse Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *ClientWithResponses) ReportPreflightWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error) {
+	rsp, err := c.ReportPreflight(ctx, prefill, decode, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReportPreflightResponse(rsp)
+}
+
 // LiftQuarantineWithResponse Lift a pair's quarantine
 //
 // Ends the pair's quarantine (active or on trial) at once: every replica routes the pair again, and the decode's event log gets a quarantine_lifted event naming who lifted it. 404 when either peer is unknown or the pair is not quarantined.
@@ -3593,6 +4273,51 @@ func (c *ClientWithResponses) HeartbeatPeerWithResponse(ctx context.Context, id 
 		return nil, err
 	}
 	return ParseHeartbeatPeerResponse(rsp)
+}
+
+// GetProbeWithResponse Read a peer's probe region, to preflight it
+//
+// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+func (c *ClientWithResponses) GetProbeWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetProbeResponse, error) {
+	rsp, err := c.GetProbe(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetProbeResponse(rsp)
+}
+
+// PublishProbeWithBodyWithResponse Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *ClientWithResponses) PublishProbeWithBodyWithResponse(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error) {
+	rsp, err := c.PublishProbeWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePublishProbeResponse(rsp)
+}
+
+// PublishProbeWithResponse Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *ClientWithResponses) PublishProbeWithResponse(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error) {
+	rsp, err := c.PublishProbe(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePublishProbeResponse(rsp)
 }
 
 // GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
@@ -3809,6 +4534,81 @@ func ParseListPairGroupsResponse(rsp *http.Response) (*ListPairGroupsResponse, e
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseReportPreflightResponse parses an HTTP response from a ReportPreflightWithResponse call
+func ParseReportPreflightResponse(rsp *http.Response) (*ReportPreflightResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ReportPreflightResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PairPreflight
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
 
 	}
 
@@ -4206,6 +5006,128 @@ func ParseHeartbeatPeerResponse(rsp *http.Response) (*HeartbeatPeerResponse, err
 	return response, nil
 }
 
+// ParseGetProbeResponse parses an HTTP response from a GetProbeWithResponse call
+func ParseGetProbeResponse(rsp *http.Response) (*GetProbeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetProbeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Probe
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePublishProbeResponse parses an HTTP response from a PublishProbeWithResponse call
+func ParsePublishProbeResponse(rsp *http.Response) (*PublishProbeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PublishProbeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Probe
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseGetPeerRegistrationResponse parses an HTTP response from a GetPeerRegistrationWithResponse call
 func ParseGetPeerRegistrationResponse(rsp *http.Response) (*GetPeerRegistrationResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -4366,6 +5288,9 @@ type ServerInterface interface {
 	// ListPairGroups The pairs grouped by geometry class and model, with counts
 	// (GET /api/v1/pairs/groups)
 	ListPairGroups(w http.ResponseWriter, r *http.Request)
+	// ReportPreflight Record the pair's preflight
+	// (PUT /api/v1/pairs/{prefill}/{decode}/preflight)
+	ReportPreflight(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
@@ -4387,6 +5312,12 @@ type ServerInterface interface {
 
 	// (POST /api/v1/peers/{id}/heartbeat)
 	HeartbeatPeer(w http.ResponseWriter, r *http.Request, id PeerID)
+	// GetProbe Read a peer's probe region, to preflight it
+	// (GET /api/v1/peers/{id}/probe)
+	GetProbe(w http.ResponseWriter, r *http.Request, id PeerID)
+	// PublishProbe Publish the peer's probe region for preflights
+	// (PUT /api/v1/peers/{id}/probe)
+	PublishProbe(w http.ResponseWriter, r *http.Request, id PeerID)
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	// (GET /api/v1/peers/{id}/registration)
 	GetPeerRegistration(w http.ResponseWriter, r *http.Request, id PeerID)
@@ -4429,6 +5360,12 @@ func (_ Unimplemented) ListPairGroups(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ReportPreflight Record the pair's preflight
+// (PUT /api/v1/pairs/{prefill}/{decode}/preflight)
+func (_ Unimplemented) ReportPreflight(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // LiftQuarantine Lift a pair's quarantine
 // (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 func (_ Unimplemented) LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
@@ -4464,6 +5401,18 @@ func (_ Unimplemented) DrainPeer(w http.ResponseWriter, r *http.Request, id Peer
 
 // (POST /api/v1/peers/{id}/heartbeat)
 func (_ Unimplemented) HeartbeatPeer(w http.ResponseWriter, r *http.Request, id PeerID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetProbe Read a peer's probe region, to preflight it
+// (GET /api/v1/peers/{id}/probe)
+func (_ Unimplemented) GetProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PublishProbe Publish the peer's probe region for preflights
+// (PUT /api/v1/peers/{id}/probe)
+func (_ Unimplemented) PublishProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -4663,6 +5612,19 @@ func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Requ
 		return
 	}
 
+	// ------------- Optional query parameter "prefill" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "prefill", r.URL.Query(), &params.Prefill, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "prefill"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListPairs(w, r, params)
 	}))
@@ -4679,6 +5641,41 @@ func (siw *ServerInterfaceWrapper) ListPairGroups(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListPairGroups(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ReportPreflight operation middleware
+func (siw *ServerInterfaceWrapper) ReportPreflight(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "prefill" -------------
+	var prefill PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "prefill", chi.URLParam(r, "prefill"), &prefill, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "decode" -------------
+	var decode PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "decode", chi.URLParam(r, "decode"), &decode, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "decode", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ReportPreflight(w, r, prefill, decode)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4913,6 +5910,58 @@ func (siw *ServerInterfaceWrapper) HeartbeatPeer(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// GetProbe operation middleware
+func (siw *ServerInterfaceWrapper) GetProbe(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PeerID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetProbe(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PublishProbe operation middleware
+func (siw *ServerInterfaceWrapper) PublishProbe(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PeerID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PublishProbe(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetPeerRegistration operation middleware
 func (siw *ServerInterfaceWrapper) GetPeerRegistration(w http.ResponseWriter, r *http.Request) {
 
@@ -5113,6 +6162,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/quarantine", wrapper.LiftQuarantine)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/peers/{id}/probe", wrapper.GetProbe)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/api/v1/peers/{id}/probe", wrapper.PublishProbe)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/preflight", wrapper.ReportPreflight)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/events", wrapper.ListEvents)
@@ -5335,6 +6393,130 @@ func (response ListPairGroups200JSONResponse) VisitListPairGroupsResponse(w http
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflightRequestObject struct {
+	Prefill PeerIDString `json:"prefill"`
+	Decode  PeerIDString `json:"decode"`
+	Body    *ReportPreflightJSONRequestBody
+}
+
+type ReportPreflightResponseObject interface {
+	VisitReportPreflightResponse(w http.ResponseWriter) error
+}
+
+type ReportPreflight200JSONResponse PairPreflight
+
+func (response ReportPreflight200JSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight400ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response ReportPreflight400ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight401ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight401ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight403ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight403ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight404ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight404ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight413ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight413ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight415ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight415ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight422ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight422ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5931,6 +7113,195 @@ func (response HeartbeatPeer422ApplicationProblemPlusJSONResponse) VisitHeartbea
 	return err
 }
 
+type GetProbeRequestObject struct {
+	Id PeerID `json:"id"`
+}
+
+type GetProbeResponseObject interface {
+	VisitGetProbeResponse(w http.ResponseWriter) error
+}
+
+type GetProbe200JSONResponse Probe
+
+func (response GetProbe200JSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetProbe401ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response GetProbe401ApplicationProblemPlusJSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetProbe403ApplicationProblemPlusJSONResponse Problem
+
+func (response GetProbe403ApplicationProblemPlusJSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetProbe404ApplicationProblemPlusJSONResponse Problem
+
+func (response GetProbe404ApplicationProblemPlusJSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbeRequestObject struct {
+	Id   PeerID `json:"id"`
+	Body *PublishProbeJSONRequestBody
+}
+
+type PublishProbeResponseObject interface {
+	VisitPublishProbeResponse(w http.ResponseWriter) error
+}
+
+type PublishProbe200JSONResponse Probe
+
+func (response PublishProbe200JSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe400ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response PublishProbe400ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe401ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe401ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe403ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe403ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe404ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe404ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe413ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe413ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe415ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe415ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe422ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe422ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetPeerRegistrationRequestObject struct {
 	Id PeerID `json:"id"`
 }
@@ -6179,6 +7550,9 @@ type StrictServerInterface interface {
 	// ListPairGroups The pairs grouped by geometry class and model, with counts
 	// (GET /api/v1/pairs/groups)
 	ListPairGroups(ctx context.Context, request ListPairGroupsRequestObject) (ListPairGroupsResponseObject, error)
+	// ReportPreflight Record the pair's preflight
+	// (PUT /api/v1/pairs/{prefill}/{decode}/preflight)
+	ReportPreflight(ctx context.Context, request ReportPreflightRequestObject) (ReportPreflightResponseObject, error)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(ctx context.Context, request LiftQuarantineRequestObject) (LiftQuarantineResponseObject, error)
@@ -6200,6 +7574,12 @@ type StrictServerInterface interface {
 
 	// (POST /api/v1/peers/{id}/heartbeat)
 	HeartbeatPeer(ctx context.Context, request HeartbeatPeerRequestObject) (HeartbeatPeerResponseObject, error)
+	// GetProbe Read a peer's probe region, to preflight it
+	// (GET /api/v1/peers/{id}/probe)
+	GetProbe(ctx context.Context, request GetProbeRequestObject) (GetProbeResponseObject, error)
+	// PublishProbe Publish the peer's probe region for preflights
+	// (PUT /api/v1/peers/{id}/probe)
+	PublishProbe(ctx context.Context, request PublishProbeRequestObject) (PublishProbeResponseObject, error)
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	// (GET /api/v1/peers/{id}/registration)
 	GetPeerRegistration(ctx context.Context, request GetPeerRegistrationRequestObject) (GetPeerRegistrationResponseObject, error)
@@ -6366,6 +7746,40 @@ func (sh *strictHandler) ListPairGroups(w http.ResponseWriter, r *http.Request) 
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListPairGroupsResponseObject); ok {
 		if err := validResponse.VisitListPairGroupsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ReportPreflight operation middleware
+func (sh *strictHandler) ReportPreflight(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
+	var request ReportPreflightRequestObject
+
+	request.Prefill = prefill
+	request.Decode = decode
+
+	var body ReportPreflightJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ReportPreflight(ctx, request.(ReportPreflightRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ReportPreflight")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ReportPreflightResponseObject); ok {
+		if err := validResponse.VisitReportPreflightResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -6568,6 +7982,65 @@ func (sh *strictHandler) HeartbeatPeer(w http.ResponseWriter, r *http.Request, i
 	}
 }
 
+// GetProbe operation middleware
+func (sh *strictHandler) GetProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
+	var request GetProbeRequestObject
+
+	request.Id = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetProbe(ctx, request.(GetProbeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetProbe")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetProbeResponseObject); ok {
+		if err := validResponse.VisitGetProbeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// PublishProbe operation middleware
+func (sh *strictHandler) PublishProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
+	var request PublishProbeRequestObject
+
+	request.Id = id
+
+	var body PublishProbeJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.PublishProbe(ctx, request.(PublishProbeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "PublishProbe")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(PublishProbeResponseObject); ok {
+		if err := validResponse.VisitPublishProbeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetPeerRegistration operation middleware
 func (sh *strictHandler) GetPeerRegistration(w http.ResponseWriter, r *http.Request, id PeerID) {
 	var request GetPeerRegistrationRequestObject
@@ -6632,169 +8105,184 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3dchs5luarILgTIbInSf1YdtlUdEy4bVe1p+yy23JVT0TRI4KZIIlWEmABSNEch+43dud+IvZF9n7n",
-	"TfpJNs45QP6CEmVbVRW7c2OLZCZ+Dg4OvvOLT71Ur9ZaCeVsb/ypt+aGr4QTBj+9FcK8fA5/ZcKmRq6d",
-	"1Ko37j1layEMk9kZ42rLtFsKw6wzUi2Y4ithmdL0SP/06HQw6iU9Ce+tuVv2kh480hv3ZNZLekb8Ukgj",
-	"st7YmUIkPZsuxYpDl/9gxLw37v23w2qEh/SrPaSBnWOPvevra2jHrrWygsZt9CwXK/gz1coJ5eBPvl7n",
-	"MuUwh8M1PfGPf7MwoU/7duvbxR5bJFFMGKNNwrhl7759xp6cPvyG+W5YJhyXuR31rpPej4pfcZnzWS5+",
-	"zQG+uRKGcZZqNZeLwoiM5XIlHesPhyv+cSiuhHJD64zgKztImDbMLQWzwsB70jK7LJyDBc70Rp0xZ7aM",
-	"L7hUjM+dMOydcGY7fIp/W5FqlVlY9qXgmWem2hPNCbntGtlBObEQBsYOo/dTggf+ZAS/pLeac3q/FCyV",
-	"Ji2kYzN6iLkldzh0ruxGIEsagXQ9sMzoAgZ4KcTasrkGggCbThT9yaUZM+ks0xvF9Awmj6vB9JwBowrr",
-	"bMKUdsyIhbRAA+u4EwmzmrmNnijflWUrvmWZtHxhhBixpzMrlGObpVA0QD8QZ3h6CbtFCdaHQdO+shMF",
-	"nUiFg4FnYRpW8bVdalcuDoyXKQELNOcyF9lgNFG9pLc2ei2Mk7QZrFSp6NIOxyIdy7l1TK+FErCbwzhl",
-	"Lliaaytgj861WXHXG/cy7sTQyZXoJWHVrN+DSQ8p0e0Hmh4zI+aFFRkrlJM5Dj7VOh8CLzGhMnvGljyf",
-	"X9DDQA3gfxGIDvyXC1hWo4sFiBChilVv/HOvHCO8CfwWWul96Azxui5tfvbjrR7Ts7+J1MFMXqiFVDiV",
-	"0I1d5FwteknvKs9XvaRn5SrSQdJ7ceW3cnMJOH63HxlRitS2RfXLQihhOJG11ppU7tFp1VK5jRIQsPs9",
-	"eClVVp8ucbcwgiQ0z7Y9XN9c4Ofw84VfHv9Y4y3xcS3pr8xwqfwjK32Ff/1ScMOV898Xail47pZbEhj5",
-	"hXXcUKv4kafA//5T9TXxfKO1C2ckz5tf5XIObcWWayWs5QsRpTbsxAuiYPw3OsU+3cJleMiFtupveqo3",
-	"ljUBTolyJPDVK2kjvIWCG/+STqzsbScEceh12Qc3hm/hsxIf3UVaGKsjgnbNrYWDbToTc23EFGUn7GJ4",
-	"i/V1ngkzYGugZXI7w7VI5GcQm/e3uRDOi3/bHVZUzHvZemDDkWBJ5HIjUHSTyKhknXRLXTgW3uvIT5Cy",
-	"lmRKhC7SVN3AMyCbQQgNvUDqbjZggZ3tgfi/U3stWtYaT+oj30nc1zoTeZerMpHqTERITj8MU74GAIPn",
-	"lY1OcxUaju4eGzv4gfJiLvM80q//ZY+OSV7FcEWTVDTAMJxKzpVjSEoq7KTeW6Bwl3p18RblGcsKlQEe",
-	"UwyE25Vg1SvxSenCBcTY/dVpx/NuT4AMtqzvJ5Qwms4AccPtrESN1rpuiu2dNDkvVitutt3hPNOFAmx1",
-	"JcyNAK2JdUCGFU5kYaMCxuIZvsXVpR2zdCn4msEGV1s2hxEwK/9NjBigQzjkC4uS6cAyQqOMq2yiLA0z",
-	"hphmNYFzkyxtSqfrpDfbXhhNi8SzTMK8ef620XZ38boSwLLZlkFDnbVL2Ey75aAXof1se1EisC/unFqK",
-	"9IKbJrI9rYYDG14N22qv06gmgiJH0jrsrluboH14s2zxTLbvKdJH1YcNh/4LWII5L3JSLpbaOlR1B1Eo",
-	"7Ln34koY6/Fat882r7MUNkgTce/GbNZpI3Y0XCkn2gjmltJWh6Pgma0B6JVYaYNiT1u3MA1hV03o5nkU",
-	"SsE8ZoXMswPLwsO3AfCwIGEuVTcRClZyOmyyGsuXfBl4JiacvhN6BSros5zbCAe/Rd7Xc9Q+UniG2SVg",
-	"BpKicynyzOuIyCZFLoiYrI+dJxMlUG8A1cXpVOcJqHfKzoVhC6OLdcK+/wklEcqnhGUwxITlfCuMTdjr",
-	"V0+TiXr7FsQT484JBSMbvn+Lj9uE0VIxgI0WH4J11orYxrK1MCgSk4naAN6RcMhcKr1RA9RPaR6EWITb",
-	"CFBFN5qmKixbCGdJ5ecrMVFXwmQydSRFZYYWADwGGE+NtiVDhZEgZLcxaSojZ6BvSmZAcNQGkeD9pfgY",
-	"3VC7wYRd8vWObUBtSsU22mQ2YWK0GLFJD1fg0Sn7P/+bzea55u74Efz9+tVT+O/RsV8Q+MCdU+z9W3YC",
-	"H07owGH/+R/w0E/vnr6e9G7lcQT9QSTSWGO8+WfB87c5V3ETB2g7bJ1ztENwfxSMa5AhI+MBKETAm4Qw",
-	"gHcB2Or5RHlRkyCt6X1Yzq1FFt6WcJ4seQEB1bT1pYatPVGZ4FkulRhgU4qhcgd91q0XDFXFse+dlZ0H",
-	"EwqTaqLmuVwsHZtLJe0yNIeieAGwXFrmdJ4xrVLBnAYhg8YQpAVgJq0mqu/5Dt+j3RdauhJGzrc4sg2X",
-	"KGfJ3qPEhkllHYeGATWwnDthJqrSw87QLiLnfkMA5Q9sjdx20LToKE2rYwplR+zpRNUGSboHrIxFu43S",
-	"zRHMtn5NiK4JW3Fz6ftFyxRpubGNxVMXw5ebJiE33FPSaRjS3uacMKIbOkgLY6CL9ZJbPAYsLPnePcyN",
-	"Xl00jRrdTVz9XlFy3yOyxA/dZksW3yy1FX7HAMKs75Cw+KxpriiRTWdGHQADhKkbVpoNhc1DJx+xa/T4",
-	"NYJ7M3DM6mY8G+xD9ba6iAPsLkXVbo0Rdggu42aCxwwTuB8vSntWV66h6ZEWlOx9B5aM6GdMq3xL6+Gb",
-	"8RYiNue5FSMQqvzjK6EWbtkbHx+dnMYsaY0340PAPUKYBY47BoTAsYDAAHlDjRxYdkjtsD4MuDACzz1b",
-	"pKmwdqLc0ggLQtIytOKLrJIRK8EVCS6YQB90PtyZyM+ZRm+JIwIMRrDhcyvYSl8Jy7iXzyhYnWalpeyM",
-	"OVOUT6nqB4QvM55eksTwRJlpnQuugCpoOtuxKOeitFEL1hRiMXECMpmWj6zm2CppV/CC4zIH+Y8G9cKt",
-	"C48mwimBcpreT7wZmwx83rEw206UdFbkc5pLbcVPj548gv3tnDAw8H/9+V8nk+Lo6Ojowx/+ISZrgrz1",
-	"Fr1aUycPHyW9lVQlM8XbHeL/x9/if998Sx+ffLuju1zz7DbF5RU808ELtXHeuN/eiXW+jVia07gorayz",
-	"49pheWCrgyhdcrUQ2RkLD8IhiAsxwmUZw3LTwtY5A8/nG87hSyHW8AKNWqoFrWUQiEqrpk3ZG3c/QwyS",
-	"6nsTxc/xoTbJPcmSGxwC3/8UlIcuZVWxuggQHv6+vAKJA3gT/rvI5AolhbQXq5wjKAuds0LlwuI+mCiv",
-	"s9FJl0tL2GMF8NWjeIRYuBW32AzZLwdnvumJ8gZN6A0ESniNxA/JzQiKyGi2jT3x6PTrb4lAjbZL4sEJ",
-	"bW25Ao44OT795vTxg0en3+AI6MvjzuGe9D4OF3pYfYt7HOlQY4+a1KuvzP2NoOKF++sD1JcL0Ajvq4s2",
-	"RCj7SzyvxHbIKy/wmrx1eXVRBAdLhU50QdbEcqzHtSEelY2rYjUjHPdLIQqRfcZ8j/YjqTdg3FcHbbOH",
-	"762cV1LRKUba12L1vffPNSXPDy//5VXdKEDa4fc/ebvAqCZmn797+rqX9H6i//706s2z73tJ782f/vnF",
-	"s/e9pPfty1cvohL3LZemu6yzyh9/k7gNbvvrBINMuJPegB1D+SheJYCZPNcbPEiC9SQKYwii7xMn8k7M",
-	"ad+AKGt3zmtqXPBRa8OCczwTa6Eyy7QikEUSFW1BdRtazuHTLwXPL9waTzAnjKa/V/KjyC6sWKxaXq6a",
-	"Q4SUkTtMpuYtuO0lLs1fqqevk5udE2VYgbQN+wIcKpdi7Vo6PaBhQKuIAgDnVe8w7wGm0w8VegCSRvJ8",
-	"EF3R6nRvq5tbVh9WbZkwEqNyT3QBQ81r0my0YkgyqZM/idB2Uh6hDQsL2f7KSeBQfPvxCRUKtToZo3PV",
-	"v9c9QeEhaIbchdC/yAVTQmQiI10BoL2VmWCZpPEBO3q7Ftqmfv7Dh9Hl1cVKrC7QSngnZfXOg60MiqVB",
-	"FLSDdCnSS1gfxWi7XPG8ELj6SGmYgY0QrH3u+E1RbvWGFKmtbUxmAtd/Z3Sxjmt9NItgBa0MvnpeGQaA",
-	"Bxq/eGdgsFhavhLk7Bh1MNVt4s7bXA8+W+5dpMGIfdPeb1q8r5O7eXUbptm72FeIupK0RrR84+YBrQ8l",
-	"Ry6IEUjlq5leSNkb7OiLxPdXlrmfScg7+qlvJ+U9eIxvEafB7k8aCYrUu4lQGlX4nSm9GbOOWPUCtSVM",
-	"94hjaCxPi+2jPvrAjrvExO3e61JoxANtkJNvd316vdePEMWINyeGwe/lGa0k2E2O0f39/Unw25CnjDmt",
-	"QaHUVtQ5gA5rtGjjdAe3r5Qny02eN5hLnKblRPamSYwcO8IfSIFAoe7l/ZzcoYJCX/fgQs9R1MGuqf2l",
-	"Acbip03Df5CELawrOFGLvSQl3whAGEor0T1fyNy6wyqPKAUO4uaG29fq77jMY62XtneCR8twWG10/RTL",
-	"5LxxctWssQgH7cXtY19oUWHFyg9fTWfoXD4IBBuTrZgrBhTiThvvupH7eyIoajB6VHcB7biJRoP8Q1NZ",
-	"4tGupcC40v8rJDrWUJdotaoNM0KJjR/wLajIrw8GCoZxx/nS8DwXubSrWDiqUxduXVoR2lgAwxxARDD/",
-	"0Bnjjq20deGLlv/l61k3snR9AVC2O6yZAHwEv3/eAI72H8DtdDm+PwL8tt2vbyb/+p6pv/5tZ1/bE7+C",
-	"ZS30Ft2/guwrPM/fzHvjn/exDFQG5N51cvsL5xgah4+2tBcjMqFcVCS+AVnroT3FTKFfmTXM147CT2wh",
-	"SIXqo9d9ogALJ4wDEJIrkWH8FIUk8GwlFTNiGNwAUi0G49ILfmAnqhrViH0vxJpJx/rTdbbOuQrOqeGw",
-	"emo4l7mYDs7I9kAJFRhnRCAn5fjNTDC7BCWVPB2TeNRSa3k+JNF8qAPL5kWeN2iRYNRBSCnBUdZnjEom",
-	"xVyAnnBQnRj4KCUMNZKddudiAWV//PHlc1ieXG+ESbkVME+tZMpzGMgKoUTNlH80fMKH8w+fHl8Py79P",
-	"9/j7+OQ6auSHoe5AeiEwbz+kB/zp40g7gC8W8rxzE72DTj5FQ5I6o79DRD8+urvP2lbsLNiLWjyZtD7N",
-	"SGSsD7oSOaArN9oZ+oIEgvLw5CCZqNInVP3svyIIgjqI9xAxbRLiso20AtWCnBuMKaGIJjSqNX1SnWbH",
-	"jMP2SS9ZiHIrZrm0S4Fbi6EtmjYhJgBSrJsGYQjqr2kEr0VjbrV2QLP1xVLbCEQ8/+4VV4ugVo0pALMW",
-	"q2EET5eC0FXZVkhf4471/QkyrsI39ZwVBo2RDXfwg6/h7aqms9Zmj+lUQ4bnWf8IaBYA7uMnTx4Pbjz0",
-	"Hj18+ODh3Y9bUSY63ZgyQk91vegtKyE6kG0VQFCFQ6YCAwYpRrBN73twv19e3Tanmkf3OunlfOajmndF",
-	"TrdH/OVjbBLve7ElU8wxnKcnDx+xdMkNT3H7hBSVVCtndF77yQfC1Mf66HRX2HZrHg+PT74+5YMIbe+o",
-	"r91PkIVdNvTm85gw9QbGvU0wRl8JBfz+LTp8rpHWL+nVk+PWsZT0CiV/KYT/3ZlCoKWmoYfdbN2oHoUj",
-	"B0Tz3gfmOwDtjQFSUNRKqvC5azcJuQo3NgzPoIpMwORiEczqX39L+KNm55oqPdPZlqW6yDPmRJ6fMZD6",
-	"cH5540m54HUMtu96/0jdRxb74V5rXZgIYF46t+7bAZsBGPvx3atgCvaitykLj04ff+2t0gIvPvXQB9CX",
-	"g4ChV3HKdTHfZGEUrbtgj1coxhF9gjuRXdwlC/bOua4YNHTLApdR1vQ8hSRdIEa54vmFT1uPByt0ghJ2",
-	"YMicW3exrEdF7jfhXHArLtDEtL3rW87ddfD7x6fdLbTKP31xQ6RWsc7uyA0x/B3yPhoxqw0a+kkmdfZr",
-	"9H4jD8RIu5Pvq4S3/dX1ndp3FwjvAS67++HuMRpfCAZ/BRC2y4UdwTn76na/GZLounS+GCjsjmzBExFV",
-	"PYCYDUVRKvbdi/fskK/l4dXxISrT/3QlxeaPPkFy3zkCAtmpsn8p1vgaUKEVOPm5qKA9MX/q/xbHbscO",
-	"9dclpcFqJbAACbIun1F6OyztiP2g65p54nX2lXA8445jZZFggrIiNSLYoKqKOu1E8eAw6uZ3IMk6K/TP",
-	"529+YGvulgEK6flcKMro9eU+8M1GYMtxJ7BlZ4j3zvjgYkdiqJMuFzfIl47uTg6fH9+9ZIqvYNxVtpme",
-	"hzJAOHhAf3Z8eOjNlKNMXIXKPvZQqiuey2wYwsluZiH8NQy2nFDpsYseTi2xE7EdNuy2ZJPyGTHlu2Qe",
-	"SrXJRFaPKYwzc+v46hxWe7D7qHIy1b9teK2aP2XRb9e7vkUPR6uFNN5wWj59eTWqh8JeXo0yvySXV6Na",
-	"4G/5uQw3xm/K8Gf85EOVg/COBai8826YlusOtutF2K47YkKbezpB3QNhc4m2ZlsXxZPUfDgrdzYND5z5",
-	"XDoMSkPDjv+iAcnu2w7Ai48XMMmLXKjIIYiVhIRhvPjoo2LrYr8kRxH0iiok+fHp6aNvTk+PvnnwzdGT",
-	"hw9Pjo6ObrSvNfRFSk9pnxTlWNeuZQr/lQeyWBdRC97wuAkX2JJjJbfv3v54d5fbcE+f2+XVPgv4NRfv",
-	"eB+a3Wg4CWMOC9nOtcG0bMqI4VlmhLXCnvk5lDnm9cjtVWEdBknpK2Fyvv4dTRTGsdfiJFWQgDfAaMVy",
-	"2uy/n+lUECLi22wuCkytjKY/K10kZfm1TFgnFR2d9fcIdHrvohFW51d0cu6FN0O4/13nFtz29+OYLyE5",
-	"gcJY6iB8z/rHj5jT7NEpgyPGhrNnELAejPLAttycyURlhm9USIamQ2auDZn3qjMH6xiU31cHzWii3i8F",
-	"e//sbdXyjKeXQmWMp6lY4+GUaqVEyFrLt75wIVfsz6+fPpuodAnHvlqIYaglSaVqpBuxd8IVRqE7O99i",
-	"YuK0ozUdfpLZ9WEdUE3J0dU+dWtn4uOmvS+SxtpOHiEwUjunW9KoJVBbW7i1BWKgsa7HxQAjnAvBISGd",
-	"vaM2EYllayCaC2SbbsckRwIXRVBO1CjYhDNR8OCFclwz+LyDMlJf72rXvPBr4jOe55W4sXW+KW6o3Nc6",
-	"PW8QsxHF5xbxeFd5tUskxYKTS6rvitlskOKWOM3YrqheLqkf2xt1lbLOD0mcMaM7xps2gmIUyVyYabeM",
-	"ovxzx3PxTsSdxH/12ywEQ0tMeqlmSZV9pK0HPx746htYR2LEoAlM2l35HBzuoziH5cY02HsS8tZBCMPB",
-	"jvkcWlGWR1nYdAwNSOPz9gsjKOkMoyFrBTKqEEnMkif1APNciSQHtipqkrDNUqZLX5S16dLfWZpkoqg2",
-	"CZYE0T6SAnZRH/NkUuGpEOpzNN5mKVessIJJOHq0KeVZRegBqDdZQfV4MUiTe0IFe0qVxR8qdSjNcq0W",
-	"wqA4CO5wpd0Sq59gWR9oRPAG9cpkEqDXRBksi0JnU4MYw6q+ZpzUoFALnmHBF1j9YJmo6r2EMNVoNZEb",
-	"VL+WzEXew5FL60sThKK7vppDyVyOm4WgOhJfP8hiRxUDNNNiKQKHQbhYb1dcUWkBKv5BxqzGmB49fPjg",
-	"bjUFKm65scaIN6hUJNE1wpXlTO4zKqvyxnSKZtyuj+/jVfQdxITjebwqMO1tKgJBoKoMpEbXzqiqaFEP",
-	"A/QMWDpuLJsRDJkorJ9hm+5VJC+VJqIhMirR4ULxEaoyjMwyaBYmWJNJslYXsl6lNtTCrVVw8SsZE/IN",
-	"E/J+Rjhk2hXfggpRxnphEH49CMuyTFPxEArGGtTtc/dhlrpOelakhZFuew7nvxcd2Uqq9/oyVtF0Ohzi",
-	"z0MHv0/HVZQ+1V2wrJ+JXDiRUC2ppHZ8WZDCCN9FNlGbpTCYMVaVnMc2QThXYZ9M+vAyxCcYSi+4qack",
-	"LJ3DpBr/fWQ90lwClz19+5Jdii3rwxzWcngptnY6YL4cypu1UE9fDmu5kVg/1p5NVDhO6u+R+8HxS0E5",
-	"HRM1UXA4M+VzA1qEYnAuTYfDv+nqKyqbTTFAFPYq7URhlVifsbrEsjVVDmYVIJuJqylqrtOQTyEVLqWY",
-	"Drz65B0+oapdV8OZJpRJkzAq2Tsgd0q+4dv6OFJuzBYO3bs6GvZbN6DIbmar06sPOt9qxYdWrLnhDmve",
-	"W0fV2jGhNqdgYCU2bKPN5UQ5vRC4HFmBWa2cGe1wYw7GGLOLqR0bCtcdsZeuLJfizZ8TRYoqEiLncoXf",
-	"w4FJxwC6lREgmEJhNnV/qTesURRoonJtSbuqMXaqV8KiWjsYsR/8WouyqsetdIMhP7shtBtYYFr1N21H",
-	"dRvUgUGl14XK6Bgr5TJahCcKJTliMm6XVAlOG5F5Qg1rtFJZXYpzX6MZI8QRbGpAjC00YVmfwFctZJo5",
-	"rRMGizvEpC6BdpvQhDCDxBco5F7ud0K0yzOD2pNV2o6dqO9/otTUPnVpdC6SWurvIIBXmHPTqIGZ2zC8",
-	"ifKGB0+y1V7rdY0erbmOldGtSwCcHF0mAEjZY45Dj/nwBoKFEQtk/levXmNELFXhmaip393TcBA3hEt1",
-	"7pYFRVv7H5cVRJC3xGDAsNNexBhofcr6ji/Y1Lc8HVAJqF3Cc6L6UxA3f5gmbHoYmp0mDBsBCcPldBAi",
-	"nP1ZgpECTKgMhY3FHidqqtcgrUFC+QDr2ZYtucqGGyOdEwo/5IEZM50WK6FgDph7B5yMRHoB4ADz0Spy",
-	"QaPTXbd1TFk/3P8xIObhvnTmRE1hjacJ42xZrLhiU/LeTYlJp3j2T+texR2+UX8aVnmCcKSwaqjVAeUJ",
-	"i+pO7VsyD+AE3xW5sD6ZvyQom+s81xvrZaX3nNPNF2uMp0HdkKfL8URxEOtLTeVR3bKqaQbSlvRTu0G9",
-	"5fTooSeJYtOn0MPUF2WeqH6diD7bmUg+9Zv4/bunz15Ae9AMDhipcBb6xXcCW09DGko5EpGRAtzo5/To",
-	"dMT+aiTSqN4naM3c+cOMMwwnQDO9FbBUz+jaluH77VqMWZ0XPA+cHj+cqDLqHvVJYDxBoSSczYzeWGGo",
-	"tAhJF23kQiqsEDd9g39P/XngZ4F6A22uAyonOT0X6fBb4dLl8Fw6MWaY5Du00onpgEj1IFgBAGEAyUU2",
-	"XGrr7JRZAXp/yVp0Qk3/rK2bdgl3enI8Ua+lzaQRKXz3zr/WWDhYKlAxrWPPfzhnRswk8u+IPQ39TBQS",
-	"s1n+jhsjrwQyh1QAfOAZDAjTBY3m9Ohx2PilSAVOBbiDJf1HjFIrfF4SrJzETFLBpv8y9KMdvsymY98G",
-	"wrwDSs0JFV8waAZe0XOKxT4+eczWRipSTp6eP3v5shaAXYE9u+apAJxTekXLxT8jqzaWCmS59mVYy2sK",
-	"cr2YKJgZZswXa7qEh+ViYcm6UquB2e/mlQ88j+Kc8Gh6+ZykLJ0shJJ9Pdg1SctxZTKCVnHhJypAe19/",
-	"bPrpeupPMbygBji1hT99lciqNrvvq99EYkkb3Z5FhVRCPFpCbZK/LcGE6iHW7UT9KOV5jqYtxaYfhx7t",
-	"DonW06TBMLVxCzXXJhW2JtNxW4qPPHW5503UG+1apMBiYjUTWQZ6CPRUO+DOmBXhnqRDXrjlaKEHYzqs",
-	"AIJiNM4gYdMAfhCXAnE8tRIfm1PHet7mRUli+NQZa1T2zkQqMySDTJeEOS15RYAooGZAl1bk82lVmtez",
-	"etUPDQuA0pTKNk7hMRp1e0wJU9wYkB7BTVOuCTSDQ6W+Jqo2bjxIB2ft6VRrh7ZJnucj9qbOElSzGFbI",
-	"88PUF7JrbJ06uxDPTwMTT4mLYUtsKxsbWhO1zi3II5LH/bdvzt8n7O2P8M/T98/+nLDnL169eP9iULF1",
-	"l7UA2a4jqIn4CPdFZfVrYC0cPJ2CuK1qJY36p0cPBqEWJjAQ7oCnalvjU080XgLMbsF3EoCWTR8ePZhi",
-	"TwF5sOmNEUlFdTXZ1Nsrp7Vru6ZY2RjOSLogCqmKPVbZlJSHlbH+W6onf/6XV0iqtcgQ2AfKAIsXCp9G",
-	"weoDLNFUh2dpTclBIvM8R6GuoJV8CwJkU5pZsWwlAlQCb41j1Tfokzsp2Kvn518rOj/uHY2OR0cYEwpA",
-	"cy17496D0dHoAZnnlmjrCApxde3Ogtyh5W54mfXGvVfSuhf0SNK4VO/nTtoUXrlD86/dwXPGGilgdNfO",
-	"RmBIFd6l90shMDjTX6ZHxS169Qv0OlHzN0WNXCefou2GShlVsz6Rrjc+Ru986by/1Vm/q4vqdqTPuvzv",
-	"Q+vyv5Ojoxvu1bvbfXrVvUuxK/+omL+eB3UIWOeUeo81Wo6ydk1f0gthtqSAY0uEEWi5ydsCjMsXFm88",
-	"I2nT+5D02kLJ37aGzTb59JAwxU52Pcef92NY2E586+dcOiqkZTIrBxtbZnzyyxi0a2NHKy4RTWZwEivW",
-	"x2mc68KkAsE66vRowPCocXDGNlIFt6sfFg6ZxFs15lfcuiG2N3z5/AvGfjuPOvHRHdYvYYzekWhrN152",
-	"7p88P3/B6N0zRpYv5CUsXYIg6vghs97NJunOP9TgfYXDfFs5tX3erF0WzuKFj0nNIxVangQh2rkectL7",
-	"jL2Q9B4ePbj9+fr1mc3984PYlFwZ1KQh4nn/bZ8YBeQN3XeZMLRFcsVwjQefv83w3qGd2+s74fCamt49",
-	"iqrG3UsRBqlZeEctwuGr/hoRQixk1CpvvgmwIgt3u3iI8fn0Kgs/7Tw93/raSy1ZdPczqnNK7XNOtQPd",
-	"8m0oVOejo0kLk7b0g/obTDhrFItjMhskBPbqJczG1XUXvqLi3Nd+NNaxv//7//j7f/9fOKu///v/bJYk",
-	"bFUhrN/gMtv6ICnO7C8FqHuzXKeX/t6LFXdGfjxjWMsq3BkDTWyWOvd1+nZI7nYxtorOrZrRESfmP0a9",
-	"h7cS2Nsv2/Q9I1K2BxQbdKti3BeP+T5hRlkgbce+Rcp8Kbx4cUN1uLL+YrgI4Qt39mFVLG8RixZ8o0Jl",
-	"yLUwlVEDFytp1MsbdOttepuYv23BoUuFbDbQ9xlLtXXQ+qZ2o0cVV+R3C9YkJOtNtcH+8z/C/hqx5wY3",
-	"uMLyNjRWr0k1/GIw239q8OMfJ8XR0cmjOv/90UcCxqXcd6GC3r3yV1XZcAeT0ZKNIqCUNib+Ttq/L/i2",
-	"9UIP5JKvfYj0JOHypSz0yVP1+vAT0fL68JdWpb1cxGILXoQqa53Ce6zfLbw3YD5iKBS0bVwjWo9kqgq8",
-	"VVE1B7aC7HSFFmedu2f9I96sv1lq5r+XbsROj04Jd3k/cLgdI3j963c9e5tsrbDfKMJVc/eXemnQFled",
-	"xj1/NSJJ68fnJc7xnUDc6T4grvH86d2eP354RwnoDUIIH+qhCj9/uE4+gVyvuB2I58PZGoyzNy9j+yGf",
-	"c6cKVY8OutNN+vGL9KuAw69ym35U0fIy+SuMtgyK/CqD/VCXG6HG1G5Q6e8Q3ANU+vS2/QZFmau7DBwh",
-	"WX2/tspbSuKNlZfJxQAN1nT58pIRnRK3PjIkF/yq9BV6izLlFWMgAy6+GYbUD2mdHYwZRi1xupl1uJGZ",
-	"YFdSbNhaU/3e2BzhgTie780LZPQQ5OQ/hh384VfGbaHc2S7chlEiX4jboANqKWFVrWEf5XyXE5bu+IwF",
-	"PCmxoRgVMimTe8Ib6vtdX0Qw5zf8bHQ1kGeKehwJef7K0NVaP60AF99Tw32AftPaaNBtkHO5IpsO2oH9",
-	"1QONyJqJ0oUbsaeqChU5sM0wsabVHUbZMORPVMu5Ffxo/Vzr9Yynl+iAreKoBjVfWQzuvfM0wNKOJP2E",
-	"dX/SdFn1V+PHZh3IZqSmL1Rzr/thh3FKfJQW7UN4PGy4Zb4UB+sjsoczpebnnBUrwJqlQaq8pkqbKlYK",
-	"Wck7AAa4zU4IrNzvZMoAsM8yct0/nnp8x+ef3BF/PbhHvJb0Tk9OvgDf1YIDEd51ot7o21tgYNiqVJy5",
-	"DFsLjtp+sbbCuCCG9zcblpecXbdRCyaPNZWapvR4jt+XsuM2SP9OrPTV/z8I/o7gfJeRNk7erysfbzHR",
-	"+pOqstTelb7XdwYFTSwc66Z6xMPvXhd3U/ojxnBTZf/ParXCKC32h3Z/J8uTMKU35c3H/7XFIlsszhyN",
-	"smhfzCCt6hRlMEQ00iUKY7vGk/J6zXsEadWVub8yOmvdHRrh8L+GNC7CV3aJmeyZxsCE3ynaOb1fdPS7",
-	"Rjt3ADf7bV8sarZj95pWVeuoYf/bYK6sNmG76HllQg0B9+3Q+YlCNc9HzVP8fZUCuuT5nOIi3z5ndp1L",
-	"l4So9tJRMFEUnj9mPB6Wz5kRK+3Ega1SUnBY/mEMhjQCY/Zr4fsSdcpg+aqJFzT9nh49iCl+Hli8a5Yk",
-	"/dWVsHB8/T94YH0WyK+hrU5OCOvfkLuUdDKX9tcA1iJcZ/YVQRdlI379M/V9JGZzxc0lK8NDsecRe9oJ",
-	"YKXqc2ttXLjDOyFlilKou3nCugzXIxXL+9qqrOSQI1Fl3U5rQSuU3E6xkJT4Q9Jnol4+H5yxkFDUTR/C",
-	"y69a2UNlG6x/evLEOwlrcZCDSoRRsmLp3xHNMcSkwWtuLn0B0FzcE8SoVxX4DUxAe2DoWjiR54k+kjKh",
-	"uFBv1KlV2aCHNtzW8/ITpguHViR8r35dZ/CZDf4LtvzmsAWef/Jri/fXKKhqYuqsuperVESCDRutwbUr",
-	"6Pc15/gdlvTKXLXe+BN9dBcIQS58El/4ksLS6t9SVnnjw7/5T3irWmrDp3Z7mJkenu02fHV8mC65Q2Ln",
-	"wvmCK+GX2Jd0NyB8bi0BkhY7oJMFi55ipuL48PD45JvR0ehodDx+fPT4qFdDm5+CQyfQEdbNf0XJfM1v",
-	"LBxx/zcAAP//",
+	"7H3tchs5kuCrIHgbYXK2SH1YdrupmNjw2O4eb9ttj+zu2YhmjwhWgSRGRYBdQInmOvT/4m7/b8S9yP2/",
+	"fZN5kovMBKpQVaBE2ZK7Y3b+2CJZBSQSifzOxMdeqldrrYSypjf+2Fvzgq+EFQV+eitE8fI5/JUJkxZy",
+	"baVWvXHvKVsLUTCZnTKutkzbpSiYsYVUC6b4ShimND3SPzk8GYx6SU/Ce2tul72kB4/0xj2Z9ZJeIX4p",
+	"ZSGy3tgWpUh6Jl2KFYcp/6kQ89649z8OaggP6FdzQIC9wxl7V1dXMI5Za2UEwV3oWS5W8GeqlRXKwp98",
+	"vc5lymENB2t64p//amBBH/ed1o2LM7ZQopgoCl0kjBt29s0z9vXJo6+Ym4ZlwnKZm1HvKun9oPgllzmf",
+	"5eJLAvjmUhSMs1SruVyUhchYLlfSsv5wuOIfhuJSKDs0thB8ZQYJ0wWzS8GMKOA9aZhZltbCBmd6o06Z",
+	"LbaML7hUjM+tKNiZsMV2+BT/NiLVKjOw7UvBM0dMwRPNBdntGslBWbEQBcAO0LslwQN/KAS/oLeaa3q/",
+	"FCyVRVpKy2b0ELNLbhF0rsxGIEkWAvH6wLBClwDghRBrw+YaEAJkOlH0J5fFmElrmN4opmeweNwNpucM",
+	"CFUYaxKmtGWFWEgDODCWW5Ewo5nd6IlyUxm24luWScMXhRAj9nRmhLJssxSKAHSA2IKnF3BalGB9AJrO",
+	"lZkomEQqBAaehWUYxddmqW21OQAvUwI2aM5lLrLBaKJ6SW9d6LUorKTDYKRKRRd3CIu0LOfGMr0WSsBp",
+	"9nDKXLA010bAGZ3rYsVtb9zLuBVDK1eil/hdM+4MJj3ERHceGHrMCjEvjchYqazMEfhU63wItMSEyswp",
+	"W/J8fk4PAzaA/oVHOtBfLmBbC10ugIUIVa564596FYzwJtCbH6X3cwfEq5Db/OTgrR/Ts7+K1MJKXqiF",
+	"VLgUP41Z5FwteknvMs9XvaRn5CoyQdJ7cemOcnMLOH63HxqRiwTHov5lIZQoOKE1GE0q+/ikHqk6Rgkw",
+	"2P0evJAqC5dL1C0KQRyaZ9se7m8u8LP/+dxtj3us8Zb4sJb0V1ZwqdwjK32Jf/1S8oIr674v1VLw3C63",
+	"xDDyc2N5QaPiR54C/btP9ddE843Rzm0hed78KpdzGCu2XSthDF+IKLbhJJ4TBuO/kRT7eAOVoZDzY4Vv",
+	"Oqw3tjUBSolSJNDVK2kitIWMG/+SVqzMTRKCKPSqmoMXBd/CZyU+2PO0LIyOMNo1NwYE23Qm5roQU+Sd",
+	"cIrhLdbXeSaKAVsDLpObCa6FIreC2Lq/yYWwjv2bLlhRNu946wPjRYIhlssLgaybWEbN66Rd6tIy/16H",
+	"fwKXNcRTIniRRT0NPAO8GZjQ0DGk7mEDEtg5HrD/W43XwmUweBJCvhO5r3Um8i5VZSLVmYignH4YpnwN",
+	"CgzKKxNd5soPHD09Jib4AfNiLvM8Mq/7ZY+JiV/F9IomqghAD07N5yoYkgoLO7H3FjDcxV7I3qI0Y1ip",
+	"MtDHFAPmdilY/Up8Ubq0XmPs/mq15Xl3JtAMtqzvFpQwWs4A9YabSYkGDaZusu2dOHlXrla82HbBeaZL",
+	"BbrVpSiuVdCaug7wsNKKzB9U0LF4hm9xdWHGLF0KvmZwwNWWzQECZuS/ixED7RCEfGmQMz0wjLRRxlU2",
+	"UYbAjGlMs4DhXMdLm9zpKunNtueFpk3iWSZh3Tx/2xi7u3ldDmDYbMtgoM7eJWym7XLQi+B+tj2vNLDP",
+	"npxGisyChyZyPI0GgQ2v+mO1lzQKWFBEJK396bpxCDqH1/MWR2T7SpE+mj5sOHRfwBbMeZmTcbHUxqKp",
+	"O4iqwo56zy9FYZy+1p2zTesshQPS1Lh362zG6kLsGLg2TnQhmF1KUwtHwTMTKNArsdIFsj1t7KJoMLt6",
+	"Qdevo1QK1jErZZ49MMw/fJMC7jfEr6WeJoLBmk/7QxaQfEWXnmZizOlboVdggj7LuYlQ8FukfT1H6yOF",
+	"Z5hZgs5AXHQuRZ45GxHJpMwFIZP1cfJkogTaDWC6WJ3qPAHzTpm5KNii0OU6Yd/9iJwI+VPCMgAxYTnf",
+	"isIk7PWrp8lEvX0L7Ilxa4UCyIbv3+LjJmG0VQzURoMPwT5rRWRj2FoUyBKTidqAviNByFwovVEDtE9p",
+	"HaSxCLsRYIpuNC1VGLYQ1pDJz1dioi5FkcnUEheVGXoAUAwwnhbaVATlIUGV3cS4qYzIQDeUzADhaA0i",
+	"wvtL8SF6oHYrE2bJ1zuOAY0pFdvoIjMJE6PFiE16uAOPT9j/+79sNs81t0eP4e/Xr57Cf4+P3IbAB26t",
+	"Yu/fsmP4cEwCh/3Xf8JDP549fT3p3UjjqPR7lkiwxmjzj4Lnb3Ou4i4OsHbYOufoh+BOFIwDlSEj5wEY",
+	"RECbpGEA7YJiq+cT5VhNgrim92E7twZJeFup8+TJ8xpQYK0vNRzticoEz3KpxACHUgyNO5gz9F4wNBXH",
+	"bnZWTe5dKEyqiZrncrG0bC6VNEs/HLLiBajl0jCr84xplQpmNTAZdIYgLkBn0mqi+o7u8D06fX6kS1HI",
+	"+RYh23CJfJb8PUpsmFTGchgYtAaWcyuKiartsFP0i8i5OxCA+QcmQLcZND06StPuFKUyI/Z0ogIgyfaA",
+	"nTHot1G6CcFs6/aE8JqwFS8u3LzomSIrN3aweGpj+uWmicgNd5i0GkDa253jIbpmgrQsCphiveQGxYCB",
+	"Ld97hnmhV+dNp0b3ENe/15jcV0RW+kN32IrEN0tthDsxoGGGJ8RvPmu6KyrNprOijgIDiAkdK82B/OEh",
+	"yUfkGhW/heDODRzzuhWODPbBettcRAC7W1GPGxDCDsZV2JngMccEnsfzyp/V5WvoeqQNJX/fA0NO9FOm",
+	"Vb6l/XDDOA8Rm/PciBEwVf7hlVALu+yNjw6PT2KetMabcRDwjJDOAuKOASIQFmAYwG9okAeGHdA4rA8A",
+	"l4VAuWfKNBXGTJRdFsIAkzQMvfgiq3nESnBFjAsW0AebD08m0nOmMVpiCQGDERz43Ai20pfCMO74MzJW",
+	"q1nlKTtltiirp1T9A6ovM55eEMdwSJlpnQuuACvoOtuxKe9E5aMWrMnEYuwEeDJtH3nNcVSyruAFy2UO",
+	"/B8d6qVdl06b8FIC+TS9nzg3Njn4XGBhtp0oaY3I57SWYMdPDr9+DOfbWlEA4H/56S+TSXl4eHj48+/+",
+	"KcZrPL91Hr1gqONHj5PeSqqKmOLjDvH/o2/wv6++oY9ff7Njulzz7CbD5RU809EXAjivPW9nYp1vI57m",
+	"NM5Ka+/sOBCWD0wtiNIlVwuRnTL/IAhB3IgRbssYtps2NqQMlM/XyOELIdbwAkEt1YL20jNEpVXTp+yc",
+	"u5/ABsn0vQ7j7/ChNsodypJrAgLf/eiNhy5mVbk69yo8/H1xCRwH9E347zyTK+QU0pyvco5KmZ+clSoX",
+	"Bs/BRDmbjSRdLg3pHitQX50WjyoWHsUtDkP+y8GpG3qinEMTZgOG4l8j9kN8M6JFZLTaxpl4fHL3R8Jj",
+	"ox2SeHhMR1uugCKOj06+Onny8PHJVwgBfXnUEe5J78NwoYf1t3jGEQ8BeQRcL9yZ+4OgpoX7mwPMl3Ow",
+	"CO9riraKUM2XOFqJnZBXjuE1aevi8rz0AZZaO9EleRMrWI8CEA+rwVW5mpEe90spSpF9wnoP90Opc2Dc",
+	"1wRtt4ebrVpXUuMphtrXYvWdi881Oc/3L//tVegUIOvwux+dX2AUsNnnZ09f95Lej/TfH169efZdL+m9",
+	"+cO/vnj2vpf0vnn56kWU477lsuhu66yOx1/Hbn3Y/irBJBNupXNgx7R8ZK8SlJk81xsUJN57ElVjSEXf",
+	"J0/kTMzp3AAra0/OAzPOx6h1wXxwPBNroTLDtCIlizgq+oJCH1rO4dMvJc/P7RolmBWFpr9X8oPIzo1Y",
+	"rFpRriAgQsbIbRZTCLKfb3yHy+Jt9fBV6MLf59U/1U9fJdeHNaqEBGkangkQRxdibVveANCjQc9F/QE0",
+	"xPod5mLHJDfRFQAqaCF5PojSQq0XtA3VLQvBCjYYczjqwEZX1QjiLc1Ba1ImZzxFokhPp9yQhl+GPIbV",
+	"AhAMN/YgcbK6toHcRlVeMWdgh8qBiaKgVGhBytjO1BA7OxeMK1IDkZLRzChzwZQQmcjILgEzwshMsEyS",
+	"OgGk73xo6Af76Xc/jy4uz1didY4eyVsZxrcGtnZeVs5XsETSpUgvYEcVo6N5yfNSIL3g3sAKYghryzh3",
+	"ACu20uBYATXE+DOck28LXa7jFiatwntca+eyntdOCCCDxi8u8OjpwPCVoMDKqKO/3cRanX/3wSfz2PPU",
+	"O8yv4xZN7/pVcrsIcsMNfBtfDmFXkoWKXnY8cmBhIq/JBRECmZeBm4cMy8GOuUhU3DF//0RE3jImfjMq",
+	"7yE6fQMD9jEGsn6QCd+O6RJU/nem9GbMOow4zoL3yJlobE+L7KP5AJ4cd7GJmyPlFdOIJ/UgJd8cZnU2",
+	"toMQ2YhzXXrg94rC1hzsuiDs/rkFiY8RUVSOWa3BeNVGhBRA4h2957jcwc075dByXZQP1hLHabWQvXES",
+	"Q8eOVAsyVpCpO34/p9CroDTbPajQURRNsGtpb0PFLy5sHhhyrFbaBIl6t1MPjHfkFdoKDGiiZc+ksjp0",
+	"fnvPqE/ExFAjsk4OR0zOXaZygucO9LQZTy9wU/FQgAIHX26twMgL/JFQ8gfHiCbLeZaJop0c69Q1kO6O",
+	"aft1iKwr/WBOoXaoo1X41T01Zkp+yDF7Nl03HYoPj9sejw53crrG+W2SOZ0CtzsGQeoeLFbPA3XyQVz1",
+	"O2Xc64pV7KUahJKaKwS2g2+gX6B325EmZ4UYNrxOfY6evUHlk3ZJUW9UvvXp+V0lYYcr2YFZq5puD7yL",
+	"n/VRlYRf0I6lRB3yGnoydmKlsVHHhydPIohezNbRSA/mC69Ly1xSeM6LhTCUIUSK7hpEU8b6QJ+GbQpp",
+	"rVAuqM0zIuoqZQn2mbbJan0xSNjR4V++RtI2B6YR+KqcHNc5NnJuhUq356WJIdBYgPTPZy/fv6gUwRXP",
+	"cw9/AtxzJYHVUsL97QHw2vtN3ND7IEJPq9eOCIEwN4Xm9ky8TqqzG4DhNrKBmcbJ28UX/9Qwa3cyxlos",
+	"J1610bVxFuS/EysqBNhrSivR5TzcXhMZrVhYUxHZN/Jqucxjo1fxT7Icl16J3+hQu8/kvKHRBxExNKzN",
+	"+c2wL7Sore46F6peztDafOARNqZ4HVcMMMStLlz4XO4fDabM7Sij7LoGxk273uuFGK5InN/AUHJyJQSE",
+	"xOQG9Oe0RtUFK4QSGwfwDdai2x9M1vZwx+mygNOaS7OKlQRYdW7XlSe3bSNhqhmoTsw9dAosbKWN9V+0",
+	"YuB352HO0vU5mPhdsGYC7Eb4/dMAONwfgJvxcnR/CPh1p19fj/71PWN//euuPjgTXyC64WeLnl9BPm6e",
+	"52/mvfFP+3hna3Wqd5Xc/MI71Hrw0ZZXpxCZUDbKEkEf8y4PylvF3J6Gqki6jTSmFORa6mPm00SBepkw",
+	"DgaiXIkMc1hJ6eLZSqpaKcRs2MG4ykR6YCaqhmrEvhNiDQp+f7rO1jlXPkFgOKyfGs5lLqaDU/LiUlEb",
+	"5nqS8Zdy/GYmmFnqjXLR5kk8c7S1PT8n0ZrUB4bNyzxv4CJB+8OX9SGU4YrR+UZ5b6R6VxIDH6WizUbB",
+	"6e56WMDsDz+8fA7bk+uNKFJuBKxTK5nyHABZoSoRhFMPh1/z4fznj0+uhtXfJ3v8fXR8FQ20Aqg7LGCf",
+	"HL2fBQz06XL5O4ZwrOxk5yE6g0k+RtNCO9DfoqoKH909Z3AUOxv2IsjplcaVeoIVgDo/mkl1KsMpxuMF",
+	"Oiv8k4Nkoqq4fP2z+4pUEPTNuCg900VCVLaRRqC7JAcTeTRRlFWK4YlmXkBn2DFYzlanF8xnGpezXJql",
+	"wKNFdhQdQizCpnxjDcywMKDjhAnE0boHrS3gbH2+1CaiIr779hVXC+9JGFMSfOAyKARPl4K0q2osX0LM",
+	"Les7CTKuU+j1nJUFhnUaKTkP7yLjoF7OWhd7LKcGGZ5n/UPAmVdwn3z99ZPBtULv8aNHDx/dXtyKqtj0",
+	"2rI9eqqbydSKnmASj6l9KXVKeiowaZvytNv4vocUqIvLm9YUZNWgLTxzlSW7qlfaEH8+jE3kfSe25KI+",
+	"Anl6/OgxS5e84CkeH18mmGplC50HP7lkxBDWxye7Smda63h0dHz3mPcstH2i7noezwsjvgsKK8aYqQu8",
+	"7O2aLvSlUEDv32DQ/Qpx/ZJePT5qiaWkVyr5Sync77YoBXqwG3bY9V7f+lEQOcCa9xaYZ6C0NwCkxNSV",
+	"VP5z15/s68WuHRieQROZFJPzhQ833v2RcKJm554qPdPZlqW6zDNmRZ6fMuD6IL+c86Ta8FAH23e/f6Dp",
+	"I5v9aK+9LouIwry0dt03AzYDZeyHs1fem+ZYb8S/eLdHpaW8uPJvV8RUAQGg17UiIZtvkjCy1l1qjzMo",
+	"xhF7gttbOq9v3W8AEzdv2OCq0oWep7TQc9RRLnl+7j2Z0YSxjvtyhw6Zc2PPl2Fm+n4LzgU34hxdTNvb",
+	"vmXtbYHfP0f4dumt7unza7Jly3V2S2qI6d/ej9uoG2jg0C0yCcmvMfu1NBBD7U66r4uO9zfXd1rfXUV4",
+	"D+Wyex5unyf3mcrgF1DCdqX2RPScfW27X02T6Ia6P1tR2J1diBIRTT1QMRuGolTs2xfv2QFfy4PLowM0",
+	"pv/lUorN712R+r5rBA1kp8n+ubrGXagKreT1T9UK2gtzUv/XELsdP9Sfl9SKQCuBTaCQdPmMWozA1o7Y",
+	"9zq0zBNns6+E5Rm3HOPT3gVlRFoI74Mq9Ezscj61IvXYhkxaH+yvHAVMOuu76eQidyHVL0nvHXMJABVc",
+	"zqfB6j4/1WRzXTgfGvnMwICqItOR2FmWFQ3JU3qlos4Jf3Jy8virk5PDrx5+dfj1o0fHh4eH1xrXV0kP",
+	"5z7fz/zpMvRdmQSfkzOQicvzVhemu1nqTWWTjiSC6sk6vodksuGmoopoOeWOyH8AQy7U563sKNo35vYh",
+	"aU+hN2SBtAk6QYPg8Qnr+8jaEXst/9Dw8sy2dke00rFHOqCRoPOzt3XaSXicWkeb9Y8ew2l5fEJpBIOE",
+	"LbnKXOoEOvZLuxTKyhSUpqrvTRvCgC6fNA2YaG3kHhrgDgLYwV2Ds7cjsl/tUkLnnwgoqtDV7RvbXYl8",
+	"ZLxbTIyyobMN//ruzfdsze3S23x6PheK2se43nL4ZiOz+aiT2byznnBnMVq5owuJlTYX1yhSHSclRbZ/",
+	"OHvJFF8B3HVrAz33PScReDBzzfjgwMVjRpm49G0kzYFUlzyX2dDXLly/m/irB7ZaUJWasGPTGvpVRE41",
+	"AlTkfHfl19W75AdPdZFRtlfVkS4qtVt6ekcr30Ouj+poevhtIzzf/CmLfrve9S2GclsjpPGB0+rpi8tR",
+	"WHd1cTnK3JZcXI6CKrPqc1Xbht9UtXb4ydXFeS01lqF85uLNLTGNZ3o3dw0CDm2eug8PbYrrnUPDA6eu",
+	"cQNWJaAH233RsD3v2+HJyw/nsMjzXKiIto9tK0HOlB+cYhTqt3esANSOMaqFbqvEFaxr24r5fWFAFusy",
+	"GqoYHjXtIrbk2Db427c/3D63YLhncsHF5T4beJebd7QPzq71EHuY/Ua2C7sxMZfKr0GuCmOEOXVrqBoa",
+	"hWWCq9JYzJLXl6LI+fo3tFCAY6/NSepsqGWVnZzTYf/tLKdWISJJHM1NgaVVpZunVSy46vWbCWOlItEZ",
+	"vkfWtUujKITR+SVJzr0M61CJvs3afH7S/WQg3ahcv4uqzl72DLyuB1CGGjelfkxUVvCN8p13SMiAAYtx",
+	"jFrmYNOs6vta0Iwm6v1SMFDw2wnmjKepWKNwSrVSwrdIyLeuSzZX7I+vnz6bqHQJYl8txNA3LqckY2lH",
+	"7EzYslDeAphtJ2racQ8dfJTZ1UGoUE0pov9ZdkG7UpmUkYZq3+BGLYbaOsKtIxBTGkOHVUxhBLngI6/S",
+	"mlu6TSKOh4ZGc45k052Y+IinooiW07vZ+xBVHhxTjlsGnyYoI82cL3eti1LcqQQjz2t207Any2vaRLek",
+	"5zVsNmL43MAeb8uvdrGkWHVahfVdRTsNVNxQqBM7FfXLFfZjZyM0KUN6SOKEGT0xzodbZd93S1dn2i6j",
+	"Wv47y3NxJuLZMH92x8xXw0msk65XSW0kpQmzvB+4Vm/YtGzEYAjsELNyZdu+WmVYHcwCZ098kyRgwiDY",
+	"saBXKyrzrbroj2EAWbgmUWUhqMMBpn0H3djqXHBsyUTmATZVIZQ8MHUHvYRtljJdBsUyde7Szj54E0WN",
+	"8LD/nHYpY3CK+lgonQqHBd8MrvE2S7lipRFMgujRRcXPakQPwLzJSrr8AbPRuUOUdxzXLaN8WzilWa7V",
+	"QhTIDnzej9J2idU+2EMSBhG8gb2qmhjwNVEFVg6RbGogYxg4eaOoBoNa8Ay7C8Lue89E3VzQ5+NHW9dd",
+	"Y/q1eC7SHkIujeuD5W94cDVGFXFZXiwENS27+2yyHXVOGI/CgiaL1QZ4uYO4pD5W3t2ai1UTpsePHj28",
+	"XQOrmlqubWjnHCo1SnSAuKp33n2mn9Zh506Htpvt8X3SJ9wEMeb4Ln4FBZ1t6jhGSlVVMYIx7FHdPi3M",
+	"d3YEWEWoDZuRGjJR6EM3zTwSRC/1wSQQXTzF+k535HhHYhk0u2CtySUZNCEPr0TwFy8E7QJ3llolvUas",
+	"bD8nHBLtim/BhKiSWrHaKMw2NSzT1KmOwgaD0D93H26pq6RnRFoW0m7fgfz3saOVVO/1Rax9/nQ4xJ+H",
+	"Fn6fjutyJGryZVg/E7mwIqHGpUkgvgxwYVTfRTZRm6UosPq0vt8IxwTmXOe3M+nyaFE/wZohwYuw9mpp",
+	"LVZVu+8j+5HmEqjs6duX7EJsWR/WsJbDC7E10wFzvfferIV6+nIYNMfAywrM6UR5cRK+R3FWyy8EFa9N",
+	"1ESBcGbKFUG1EMVALk2Hw7/q+iu6o4WSHSm/X5qJwisJXIexJfZIrJtw1JUAmbicouU69YVjUuFWiunA",
+	"mU8usu1bKHctnGlCpdQJo/shBhQ3zjd8G8KR8qLYgtC9bUR1v30DjOwmthBffbD5Vis+NGLNC4zV5NJY",
+	"uhoIO6rkVPWgxIZtdHExUVYvBG5HVmJbE84KbfFgDsZYnIA1bBuK+YzYS1uFXp37c6LIUEVE5Fyu8HsQ",
+	"mCQGMH8GFYSiVFgR3F/qDWt0oJyoXBuyrgLCTvVKGDRrByP2vdtrUbWQuxFvAPKza2pYgASm9XzTdvlK",
+	"gTYwmPS6VBlzpemOL6NHeKKQk6NOxs2S2g7rQmQOUcMAVyoLuTh3F4JgKQwqmxo0xpY2YViflK+gNoRZ",
+	"rRMGmzvEqn6MxxV+CFG4jj5E06ihtGtRKplB48m6PtFM1Hc/UoF9n6YsdC6SoPfLwCuvsOZW/F4JAVPq",
+	"iXKOB4ey1V77dYURrbmO3dkQcgBcHN1cBZqy0zkOnM6H110tCrFA4n/16jWm/lPLx4mautM99YK4wVxq",
+	"uVt1r2+df9xWYEHOE4OVEVY7FlPA6FPWt3zBpm7k6YD6je5inhPVnwK7+d00YdMDP+w0YTgIcBgup4Mq",
+	"7YFkCaZEMaEyZDYGZ5yoqV4DtwYO5SpJZluM4w59QTl8yD0xZjotV0LBGrDIGCgZkfQClAMsvK3RBYNO",
+	"d10NN2V9f9ncwHdnoObqEzWFPZ4mjLNlueKKTSl6NyUinaLsn4ZRxR2xUScN64JoECmsBrUWUA6xaO4E",
+	"35J7ABd4VubCuG5OFULZXOe53hjHK12KEF2ztsbEQbQNebocTxQHtr7U1IvfLusGusBtyT41G7RbTg4f",
+	"OZQoNn0KM0zdDSAT1Q+R6NrdEMqn7hC/P3v67AWMB8MgwIiFUz8vvuPJeurr7SpIREYGcGOek8OTEftz",
+	"IRFH4ZxgNXPrhBlnmDeFbnojYKue0R2Bw/fbtRizkBYcDZwcPZqoqrwI7UkgPNfxgbNZoTdGFNTHjriL",
+	"LuRCKmxHPH2Df0+dPHCrQLuBDtcD6l0+fSfS4TfCpsvhO2nFmGGXl6GRVkwHhKqH3gsAGgagXGTDpTbW",
+	"TJkRYPdXpEUSavpHbey0i7iT46OJei1NJguRwndn7rXGxsFWgYlpLHv+/TtWiJlE+h2xp36eiUJkNnst",
+	"86KQlwKJQypQfOAZzHvQJUFzcvjEH/yKpQKlgrqD90eNGNWQuQJM2DmJJfOCTf9t6KAdvsymYzcGqnkP",
+	"qAbRtxfE7EB4Rc+p6OTo+AlbF1KRcfL03bOXL4NKk1rZM2ueCtBzqqhotfmn5NXGvtQs167nf3UnVq4X",
+	"EwUrwy4W5ZpufGS5WBjyrgQpQ/1uY6GBo1FcE4qml8+Jy5JkIS3ZXT6wJm45rl1GlIikDbzsVHvX7Hb6",
+	"8WrqpBjehgiU2tI/XUvy+iIgN1e/qYklbe32NMqkEqLRStUm/ttiTGgeYpN4tI9Snufo2lJs+mHotN0h",
+	"4XqaNAgmgFuouS5SYQKejsdSfOCpzR1tot1o1iIFEhOrmcgysENgpkDAnTIj/KWcB7y0y9FCD8YkrEAF",
+	"xbTDQcKmXvlBvRSQ47CVuCTEUNdzPi+qhsWnTlnjGplMpDJDNMh0STqnoagIIAXMDJjSiHw+re+BcKRe",
+	"z0NggaI0pR7hU3iMoG7DlDDFiwK4hw/TVHsCwyCoNNdEBXCjIB2ctpdT7x36Jnmej9ibkCToggzYIUcP",
+	"U9c1uXF0QnIhmp96Ip4SFcOR2NY+NvQmap0b4EfEj/tv37x7n7C3P8A/T98/+2PCnr949eL9i0FN1l3S",
+	"As12HdGaiI7wXNRev4auhcCTFMRjFXTB7J8cPhz4xutAQHgCnqptQKcOabxSMLu3CxEDNGz66PDhFGfy",
+	"mgebXpuRVNb34E6dv3Ia3BE7xWs0QEbSbaSIVZyxLhungtOM9d/S5UXv/vQKUbUWGSr2HjNA4qXCp5Gx",
+	"ukxydNWhLA2MHEQyz3Nk6gpGybfAQDaVmxV7pKOCSspbQ6y6AV0VOyV79dz6gxuOxr3D0dHoEJPfQdFc",
+	"y96493B0OHpI7rkl+jq8QVzf8bigcGh1Gl5mvXHvlTT2BT2SNG5w/qlTH4r3O9L6gwsfT1mj1pUudtwI",
+	"TKnCi5t/KQVmobubm6mFVC+8rbmTP3pd1shV8jE6rm+VVg/rKoZ74yOMzlfB+xuD9bumqK/i/KSbpn9u",
+	"3TR9fHh4zSXOt7u8ub7kM3a/NN0cpefeHALSOaHZY4NWUAZ3Qic9X09ABjiORDoCbTdFW4Bw+cLg9brE",
+	"bXo/J702U3JX++KwTTo9IJ1iJ7m+w5/3I1g4Tnzr1lwFKqRhMquAjW0zPvl5BNr1saMXl5AmM5DEivVx",
+	"Ge90WaQClXW06dGB4bTGwSnbSOXDrg4sBJnYWw3zK27sEMcbvnz+GbDfTKNWfLAH4Y3f0Qu5TXC9euey",
+	"83fvXjB695SR5wtpCXs0oRJ19IgZF2aTdME0WvCunXa+rYParkGAWZbW4O3iSRCR8iNPPBPt3EU+6X3C",
+	"WUh6jw4f3vx8eFd78/x8LzYVVXozaYj6vPu2T4QC/IYuV0+Yq6JguMeDTz9meMnlzuP1rbB4J2LvHllV",
+	"46LPCIEEHt5RC3H4qruzjjQWcmpV1yx6tSLzFwk6FePT8VV1/twpPd+65pstXnR7GdWRUvvIqXaiW771",
+	"nYpddjRZYdJUcVB3XR5njW7BTGaDhJS9sIftuL5bzbXUnrvm34Wx7G//8b/+9j//D67qb//xv5s9qVtt",
+	"qMPrAmdblyTFmfmlBHNvluv0wl2ytuK2kB9OGTYz9RcUwhCbpc5do+YdnLvdjbfGc+uCkkgQ85+j0cMb",
+	"Eez8l238nhIq2wDFgG61DL4nmFs7KE1FGvWlUmCHNGPxyH+rYiwzuB7vv0XFqOrpu4PTIE4+VyF6cU1D",
+	"46pluL8n7DN50UHd33kRy298o3wz87UoajcMklfSaPE86LaId148dxmZxSAQeZlg7lOWamNh9E1w4V2d",
+	"CeXON7bRJn9TzRL+6z89SY3Y8wJZksLOYwSrs/0akTxY7b80TtDvJ+Xh4fHj8MT83uUuxvnyt77p873S",
+	"V92MeweR0ZaNImo0HUn8nfwVrhfn1rFp4KSuXTfik9jh55LQR4fVq4OPhMurg8atINeq1WHGiGtddhqE",
+	"uokPURcpvN0SHumfHJ5UzANb5Ed4R52oQUVjn8RLosq3o/o7gLZKlLsTYH9OeutyVzvuqud20xXmvH0y",
+	"cz2IC65YoyP0IOKUG7Gn3YtCrm36XGXU1cpVxcjcXX2m2285cde+ct8aGRP0wA5LSZboqpeqi9fVodZR",
+	"5xRTumHdtpywLoz9g6Zb+u/sBAfX3DRThlxrmHtlH63J46RAW8bDCrdPMFxODo9u+fzDWz5/crvnj245",
+	"/tGj2z1/fHxLme6cssj32okIP/0M7CVMIsJv4BjXXP0M9yc8GuuAgPdj2zDxfmz7l1bv6lzEkthe+L7F",
+	"nVbWrN9tZT1gLjV13OQAPkJbp8zWLZNrLvvA1L4huhicB/Od53JuReYecfHjzVIz9720I3ZyeEIGfsgp",
+	"6hvJPXvzHZxbd3aMIsrA3P4pvISkdZpP4gw4QJI0Dr7Rb/MQPfoMIr+BnAF5Lm+6QTh70zKO7zuk/EOp",
+	"+AJKRcg3fNfW3d4L1xNgD++Fq6PeDyjqBbPLk+7bP+03VnX3anyw6or8mOWMXRI/vwlb5zIdl4KYC35Z",
+	"JaW40CV16sGMOdz8YuhrDKWxZjBmmB7LGbrihhvQ5C6l2LC1ppuCYmuEB+KOo968REL32bTuoz/BkdTY",
+	"ezW3fQPhXaoMpiN+prkNE9BICatvNXLlNLcxjJLeOtqs9immRmAyJMUuKQ7uIsL9rn7t48aNhA668NgR",
+	"RZiwSCkmVY1EME8rk9LN1IhTY4JOAA3Gp3MuVxQ8wICjuxaxkcI5Ubq0I/ZU1TmJD0wzH7kZ3gUoGxHj",
+	"iWplUfiEjX6u9XrG0wvM9KkTdgdBUkbMSj9zOMBm6fek3Hc6q39h/Z40uVgURHxw7jYUDxtumGuswvro",
+	"kAGZEiTUzMrVGlDv3bHV5du6qJNykZRcpHmAx+yYlJX7XUyVafwbNUqe3PL5r/+OjJggC53sl0+0atzF",
+	"7rphtPuMoH65NqKwng3vH5+qrm6/amstWKXcNGqa3OM5fl/xjptU+jOx0pf/fTT4Wyrnu6KBcfTeLX+8",
+	"IRboJFUdErwtfq9urRQ0deHYNPUjTv3udfVuqrPHYqGIU3XfUWsdpUX+MO5vZHsSpvSG+RqzfxyxyBGL",
+	"E0ej0fBnE0irDVKVdRdNqYyqsV3nyR89hPeopFVzfGntrJr4TKzzKIX/2dcLk35lltgyJdOYAff34YK9",
+	"rXb09+Ky3e/4YpvgHad37ZuqRgOxTzvJ0lTb5S8TopJecp5qU1XYk3m25PkcvoGH3z5nZp1LW3UYCOK1",
+	"fe4isY1CsUESjQFVjtWqXqrq4lldVNjVAHCR9yljcIKdoQ89E79BgXJHoQKeOQ2604I3bILrbha8Regg",
+	"+QxhUt6VLGFnPvDnvLuXUpfGb2mb1N4SKdbkdg/OgJrSvqAH4Eby/kdU77cf1XPUGR6BxuXWvqSV8qR6",
+	"dyFditYtZFEh840PhtXHsn1JXR2g83XD7QrgiUInoiv+pTLirijilSBKfHFuJY0miqqMx4zHq4s5K8RK",
+	"W9HpCe4expquQmDpcVCFLNFj6eMqAcPBwOLJ4cOYW9GZrWfNK2S+uIvPG0d/h+bQJx2hwJbvlLaz/jUt",
+	"GJJOA4bBlxKH8ZNJTVXu3mJ7Hyk9W/HiglVVbjjziHVVS7otYK0LO1F0t0VCrjrqBNVtd6SrqiNy4LkE",
+	"vLq5ki/1rpsHTYPce+rRRSVd1L+AuM9EvXw+OGW+L0K3CwIvRKcJQjUG658cf+0yB4NyrkHNwqjnSpU9",
+	"IJowxLjBa15cuAtb8vtSLMLmaL9CgGEPD01QFeFooo+oTKi8zYUMgmaB9NCGm7C9WMJ0aTFGge8FWRdV",
+	"RsbgH0bxr67xwPNff2n2/hoZVcCmTut71Cs3l4+QYqyx8v3vHyxwJyzpVS03euOP9NGeowpy7nqR+C+p",
+	"uib8lppjNT78u/uEt+Cnxn9qj4cNtvyz3YEvjw7SJbeI7FxY1zfS/xL7EmfAz60tQNTiBCRZ8JIabLgy",
+	"Pjg4Ov5qdDg6HB2Nnxw+OewFvoyPPl3A4xH2zX1FPUma3xgQcf8/AAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
