@@ -115,8 +115,8 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry"),
 	},
 	{
-		name:    "transfer backends plug into transfer: transfer/nixl and transfer/tcp import only registry and transfer",
-		applies: is("transfer/nixl", "transfer/tcp"),
+		name:    "transfer backends plug into transfer: transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer",
+		applies: is("transfer/nixl", "transfer/tcp", "transfer/cuda"),
 		allowed: onlyInternal("registry", "transfer"),
 	},
 	{
@@ -133,6 +133,13 @@ var layerRules = []layerRule{
 		name:    "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry and server/api",
 		applies: is("server/api/apiconv"),
 		allowed: onlyInternal("registry", "server/api"),
+	},
+	{
+		// The router takes a trace.TracerProvider and never this package;
+		// cmd/pdplane builds the provider and wraps the store.
+		name:    "tracing builds the tracer provider and traces store writes: it imports only registry",
+		applies: is("tracing"),
+		allowed: onlyInternal("registry"),
 	},
 	{
 		name:    "web is embedded assets: it imports no other pdplane package",
@@ -210,7 +217,8 @@ var governed = []string{
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
 	"router", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
-	"transfer", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",
+	"tracing", "tracing/tracingtest",
+	"transfer", "transfer/cuda", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",
 	"web",
 }
 
@@ -306,7 +314,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"router", m("registry/pgstore"), "router imports only registry and pdproto"},
 		{"router", "github.com/jackc/pgx/v5", "only it, migrations and registrytest's Postgres helpers import pgx"},
 		{"transfer", m("router"), "transfer imports only registry"},
-		{"transfer/tcp", m("registry/memstore"), "transfer/nixl and transfer/tcp import only registry and transfer"},
+		{"transfer/tcp", m("registry/memstore"), "transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer"},
 		{"server", m("router"), "server imports only registry, server/api and server/api/apiconv"},
 		{"web", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
 		{"sim", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
@@ -318,6 +326,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"sim", m("devfleet"), "nothing but cmd/pdplane (and devfleet's own tests) imports devfleet"},
 		{"agent", m("cmd/pdplane"), "nothing imports cmd/..."},
 		{"server", m("registry/registrytest"), "production code never imports a <pkg>test package"},
+		{"tracing", m("router"), "tracing builds the tracer provider and traces store writes: it imports only registry"},
 		{"bench", m("sim"), "bench imports no pdplane package"},
 	}
 	for _, c := range cases {

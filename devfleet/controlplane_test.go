@@ -35,6 +35,9 @@ type cpConfig struct {
 	heartbeat    time.Duration
 	leaseTTL     time.Duration
 	decodePolicy router.Policy // round_robin when empty
+	// healHold is the heal plan's hold (registry.HealConfig.Hold); zero:
+	// the default.
+	healHold time.Duration
 }
 
 // controlPlane is a running control plane: its URL, and the store and
@@ -58,11 +61,12 @@ func startControlPlane(t *testing.T, c cpConfig, log zerolog.Logger) *controlPla
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	var store registry.Store = memstore.New(memstore.Config{LeaseTTL: c.leaseTTL})
+	var store registry.Store = memstore.New(memstore.Config{LeaseTTL: c.leaseTTL, Heal: registry.HealConfig{Hold: c.healHold}})
 	if c.databaseURL != "" {
 		openCtx, cancelOpen := context.WithTimeout(ctx, 30*time.Second)
 		defer cancelOpen()
-		s, err := pgstore.Open(openCtx, pgstore.Config{URL: c.databaseURL, LeaseTTL: c.leaseTTL, Migrate: true}, log)
+		s, err := pgstore.Open(openCtx, pgstore.Config{URL: c.databaseURL, LeaseTTL: c.leaseTTL, Migrate: true,
+			Heal: registry.HealConfig{Hold: c.healHold}}, log)
 		if err != nil {
 			t.Fatalf("open postgres store: %v", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -39,13 +40,18 @@ type fleetConfig struct {
 	databaseURL                 string // empty: one replica on the embedded store
 }
 
+// fleetHealHold is the fleets' heal hold: a decode whose pair failed keeps
+// serving the other prefills this long, unless they fail too, before it
+// drains (registry/heal.go).
+const fleetHealHold = time.Second
+
 func startFleet(t *testing.T, fc fleetConfig) *fleet {
 	t.Helper()
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
 	f := &fleet{failedAt: make(chan time.Time, 1000)}
 	var urls []string
 	for i := 0; i < fc.replicas; i++ {
-		cp := startControlPlane(t, cpConfig{databaseURL: fc.databaseURL}, log.With().Int("replica", i).Logger())
+		cp := startControlPlane(t, cpConfig{databaseURL: fc.databaseURL, healHold: fleetHealHold}, log.With().Int("replica", i).Logger())
 		f.replicas = append(f.replicas, cp)
 		urls = append(urls, cp.BaseURL)
 	}
@@ -227,13 +233,17 @@ func startTraffic(t *testing.T, f *fleet, workers int, stop <-chan struct{}) *tr
 
 // TestSelfHealing is the loop the product exists for: while clients stream
 // completions, one decode starts failing with SGLang's "Missing NIXL
-// destination KV memory kind". It must go stale on every replica, come back
+// destination KV memory kind". Its first failing pair is quarantined and
+// its heal plan holds; when every prefill's pair has failed, or the hold
+// (fleetHealHold) is over, it goes stale on every replica, then comes back
 // re-registered with a fresh NIXL agent, and no client request may fail.
 //
 // The test logs how long each step took (the targets are < 100 ms to stale
-// and < 2 s to routable again; run it with -v and without -race for the
-// figures). It asserts only bounds ten times looser, because a timing on a
-// loaded 2-core machine under the race detector is not a measurement.
+// once the hold's end is seen, at the decode's next heartbeat, and < 2 s
+// to routable again, both after the hold;
+// run it with -v and without -race for the figures). It asserts only
+// bounds ten times looser, because a timing on a loaded 2-core machine
+// under the race detector is not a measurement.
 func TestSelfHealing(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -302,14 +312,20 @@ func TestSelfHealing(t *testing.T) {
 			if after.Ranks[0].AgentName == before.Ranks[0].AgentName {
 				t.Errorf("re-registered under the same NIXL agent name %s", after.Ranks[0].AgentName)
 			}
+			// The store made the decode stale at once (no prefill named)
+			// or when its plan's hold ended: the replicas' figures count
+			// from then.
+			marked := firstEventAt(t, f.replicas[1].store, before.ID, registry.EventStale, registry.EventHealDraining)
+			t.Logf("the store made %s stale %v after the failed transfer (the hold is %s, its end seen at a heartbeat)",
+				victim, marked.Sub(failed).Round(time.Millisecond), fleetHealHold)
 			for i := range f.replicas {
-				t.Logf("replica %d: stale %v after the failed transfer, routable again %v after it",
-					i, staleAt[i].Sub(failed).Round(100*time.Microsecond), readyAt[i].Sub(failed).Round(time.Millisecond))
-				if d := staleAt[i].Sub(failed); d > time.Second {
-					t.Errorf("replica %d saw the stale mark %v after the failed transfer (target < 100ms)", i, d)
+				t.Logf("replica %d: stale %v after the store's mark, routable again %v after it",
+					i, staleAt[i].Sub(marked).Round(100*time.Microsecond), readyAt[i].Sub(marked).Round(time.Millisecond))
+				if d := staleAt[i].Sub(marked); d > time.Second {
+					t.Errorf("replica %d saw the stale mark %v after the store made it (target < 100ms)", i, d)
 				}
-				if d := readyAt[i].Sub(failed); d > 20*time.Second {
-					t.Errorf("replica %d had it routable again %v after the failed transfer (target < 2s)", i, d)
+				if d := readyAt[i].Sub(marked); d > 20*time.Second {
+					t.Errorf("replica %d had it routable again %v after the stale mark (target < 2s)", i, d)
 				}
 			}
 			if n := tr.failed.Load(); n > 0 {
@@ -341,8 +357,16 @@ func TestSelfHealing(t *testing.T) {
 			}
 			// The event log tells the story, on either replica.
 			kinds := eventKinds(t, f.replicas[1].store, after.ID)
-			for _, want := range []registry.EventKind{registry.EventStale, registry.EventHealStarted, registry.EventHealActing,
-				registry.EventReregistered, registry.EventHealed} {
+			// SGLang's failure names the prefill: the plan quarantines the
+			// pair and holds, then drains. vLLM's is the decode's own read
+			// failure, reported without a prefill: stale at once.
+			want := []registry.EventKind{registry.EventQuarantined, registry.EventHealStarted, registry.EventHealDraining,
+				registry.EventHealActing, registry.EventReregistered, registry.EventHealed, registry.EventQuarantineLifted}
+			if tc.engine == registry.EngineVLLM {
+				want = []registry.EventKind{registry.EventStale, registry.EventHealStarted, registry.EventHealActing,
+					registry.EventReregistered, registry.EventHealed}
+			}
+			for _, want := range want {
 				if !containsKind(kinds, want) {
 					t.Errorf("event log of %s lacks %s: %v", victim, want, kinds)
 				}
@@ -421,6 +445,24 @@ func eventKinds(t *testing.T, s registry.Store, peerID string) []registry.EventK
 		out[i] = evs[i].Kind
 	}
 	return out
+}
+
+// firstEventAt is when the first of the peer's events of one of kinds
+// happened.
+func firstEventAt(t *testing.T, s registry.Store, peerID string, kinds ...registry.EventKind) time.Time {
+	t.Helper()
+	evs, err := s.Events(context.Background(), registry.EventQuery{PeerID: peerID, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(evs, func(i, j int) bool { return evs[i].ID < evs[j].ID })
+	for _, e := range evs {
+		if slices.Contains(kinds, e.Kind) {
+			return e.At
+		}
+	}
+	t.Fatalf("no %v event of %s", kinds, peerID)
+	return time.Time{}
 }
 
 func containsKind(ks []registry.EventKind, k registry.EventKind) bool { return countKind(ks, k) > 0 }

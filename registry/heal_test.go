@@ -92,10 +92,10 @@ func TestHealFails(t *testing.T) {
 		!strings.Contains(failed.StateReason, "unit not found") || events[0].Kind != registry.EventHealFailed {
 		t.Fatalf("action failed: %+v %+v %+v", failed, reply, events)
 	}
-	if _, _, ok := registry.ExpireHeal(p, t0.Add(time.Minute)); ok {
+	if _, _, ok := registry.ExpireHeal(p, t0.Add(time.Minute), registry.HealConfig{}); ok {
 		t.Fatal("expired before its deadline")
 	}
-	failed, events, ok := registry.ExpireHeal(p, t0.Add(time.Minute+2*time.Second))
+	failed, events, ok := registry.ExpireHeal(p, t0.Add(time.Minute+2*time.Second), registry.HealConfig{})
 	if !ok || failed.State != registry.StateFailed || !strings.Contains(failed.StateReason, "still generation 4") || events[0].Kind != registry.EventHealFailed {
 		t.Fatalf("verify deadline: %+v %+v", failed, events)
 	}
@@ -126,5 +126,73 @@ func TestHealRateLimit(t *testing.T) {
 	next, _ := registry.ApplyStale(p, "failed again", "", t0.Add(61*time.Minute), healCfg)
 	if next.State != registry.StateStale || len(next.Heal.Recent) != 3 {
 		t.Fatalf("after the hour: %+v", next.Heal)
+	}
+}
+
+// TestHealHold: the first failure of a pair holds the plan with the pair
+// quarantined and the decode ready; the decode's heartbeat at the hold's
+// end drains it; the failure that leaves no other prefill drains it at
+// once; an operator's stale mark during the hold drains it keeping the
+// plan; a heal at the hour's limit fails the decode as before.
+func TestHealHold(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_700_000_000, 0)
+	cfg := healCfg
+	cfg.Hold = 5 * time.Second
+	d := registry.Peer{ID: "d", State: registry.StateReady, Generation: 4}
+	d.InstanceID = "i1"
+	d.Ranks = []registry.Rank{{AgentName: "a1"}}
+	fail := func(p registry.Peer, prefill string, others int) (registry.Peer, []registry.Event, *registry.Quarantine, registry.TransferOutcome) {
+		next, events, q, rec, out := registry.ApplyTransferFailure(p, registry.TransferFailure{DecodeID: "d", PrefillID: prefill, Error: "e"},
+			nil, t0, time.Minute, cfg, others)
+		if q != nil && (rec == nil || rec.DecodeGeneration != 4) {
+			t.Fatalf("quarantine without the pair's failure record: %+v", rec)
+		}
+		return next, events, q, out
+	}
+	held, events, q, out := fail(d, "p0", 2)
+	if out != registry.OutcomeHealPending || held.State != registry.StateReady || held.Heal.Phase != registry.HealQuarantined ||
+		q == nil || q.PrefillID != "p0" || len(events) != 1 || events[0].Kind != registry.EventHealStarted || !held.Heal.Deadline.Equal(t0.Add(5*time.Second)) {
+		t.Fatalf("first failure: %s %+v %+v %+v", out, held, q, events)
+	}
+	if _, _, q, out := fail(held, "p0", 2); out != registry.OutcomeHealPending || q != nil {
+		t.Fatalf("repeat of the pair: %s %+v", out, q)
+	}
+	// The hold's end, on the decode's heartbeat.
+	hb := registry.Heartbeat{InstanceID: "i1"}
+	if p, _, events := registry.ApplyHeartbeat(held, hb, t0.Add(4*time.Second), time.Minute, cfg); p.State != registry.StateReady || len(events) != 0 {
+		t.Fatalf("heartbeat within the hold: %+v %+v", p, events)
+	}
+	p, reply, events := registry.ApplyHeartbeat(held, hb, t0.Add(5*time.Second), time.Minute, cfg)
+	if p.State != registry.StateStale || p.Heal.Phase != registry.HealDraining || reply.Action != registry.ActionNone ||
+		len(events) != 1 || events[0].Kind != registry.EventHealDraining {
+		t.Fatalf("heartbeat at the hold's end: %+v %+v %+v", p, reply, events)
+	}
+	// The last other prefill fails: no hold left to serve anybody.
+	p, events, q, out = fail(held, "p1", 0)
+	if out != registry.OutcomeStale || p.State != registry.StateStale || p.Heal.Phase != registry.HealDraining || q == nil ||
+		len(p.Heal.Pairs) != 2 || len(events) != 1 || events[0].Kind != registry.EventHealDraining {
+		t.Fatalf("failure leaving no other prefill: %s %+v %+v %+v", out, p, q, events)
+	}
+	// No other prefill from the start: stale at once, as before.
+	if p, _, q, out := fail(d, "p0", 0); out != registry.OutcomeStale || p.Heal.Phase != registry.HealDraining || q != nil {
+		t.Fatalf("failure with no other prefill: %s %+v %+v", out, p.Heal, q)
+	}
+	// An operator's stale mark during the hold drains, keeping the plan.
+	if p, events := registry.ApplyStale(held, "by hand", "", t0, cfg); p.State != registry.StateStale || p.Heal.Phase != registry.HealDraining ||
+		p.StateReason != "by hand" || len(p.Heal.Pairs) != 1 || len(events) != 2 {
+		t.Fatalf("stale mark during the hold: %+v %+v", p, events)
+	}
+	// The hour's heals used up: the decode fails as before.
+	limited := d
+	limited.Heal.Recent = []time.Time{t0, t0, t0}
+	if p, _, _, _ := fail(limited, "p0", 2); p.State != registry.StateFailed {
+		t.Fatalf("failure past the hour's limit: %+v", p)
+	}
+	// The heal lifts the plan's quarantines.
+	healed := held
+	healed.Generation = 5
+	if got := registry.HealedPairs(held, healed); len(got) != 1 || got[0] != "p0" {
+		t.Fatalf("healed pairs: %v", got)
 	}
 }

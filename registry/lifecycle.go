@@ -2,6 +2,7 @@ package registry
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -83,6 +84,9 @@ func ApplyHeartbeat(prev Peer, hb Heartbeat, now time.Time, leaseTTL time.Durati
 	switch {
 	case hb.InstanceID != prev.InstanceID:
 		reply = HeartbeatReply{Action: ActionReregister, Reason: "instance changed: registered " + prev.InstanceID + ", heartbeat from " + hb.InstanceID}
+	case holdOver(&prev, now):
+		// The quarantined phase's hold is over: the decode drains.
+		events = drainHeal(&next, "hold over", now, heal)
 	case prev.State == StateStale:
 		reply, events = healHeartbeat(&next, hb, now, heal)
 		if next.State != prev.State || next.Heal.Phase != prev.Heal.Phase {
@@ -126,7 +130,8 @@ func UnhealthyReason(probeErr string) string {
 
 // ApplyStale marks a peer stale and starts its heal plan (heal.go), or
 // fails it when it has used up its heals for the hour. Marking a peer that
-// is already healing again only logs the new error.
+// is already healing again only logs the new error; one whose plan holds
+// in the quarantined phase drains at once, keeping its plan.
 func ApplyStale(prev Peer, reason, errText string, now time.Time, heal HealConfig) (Peer, []Event) {
 	next := prev
 	if reason == "" {
@@ -135,6 +140,11 @@ func ApplyStale(prev Peer, reason, errText string, now time.Time, heal HealConfi
 	next.State, next.StateReason, next.UpdatedAt = StateStale, reason, now
 	events := []Event{{Kind: EventStale, Message: reason, Error: errText}}
 	if prev.State == StateStale && prev.Heal.Active() {
+		return next, events
+	}
+	if prev.Heal.Phase == HealQuarantined {
+		events = append(events, drainHeal(&next, "marked stale", now, heal)...)
+		next.StateReason = reason
 		return next, events
 	}
 	return next, append(events, startHeal(&next, reason, now, heal)...)
@@ -179,25 +189,87 @@ func Expired(prev Peer, now time.Time) (Peer, []Event, bool) {
 }
 
 // ApplyTransferFailure decides what a failed transfer to decode means.
-// last is the pair's previous failure, if any. Every replica and every
-// reporter (routers reading a prefill's 500, prefill-side transfer workers)
-// goes through this one rule, so duplicates collapse and a deterministic
-// repeat quarantines the pair instead of looping through stale marks.
-func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now time.Time, window time.Duration, heal HealConfig) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
+// last is the pair's previous failure, if any; others counts the other
+// prefills that can use the decode now (OtherPrefills). Every replica and
+// every reporter (routers reading a prefill's 500, prefill-side transfer
+// workers) goes through this one rule, so duplicates collapse and a
+// deterministic repeat quarantines the pair instead of looping through
+// stale marks.
+//
+// A first failure of a pair starts the decode's heal plan (heal.go) with
+// the pair quarantined and the decode still serving the others; with no
+// others, or no prefill named, the decode goes stale at once. A failure
+// of another pair while the plan holds joins it, and drains the decode at
+// once when that leaves no other prefill to serve.
+func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now time.Time, window time.Duration, heal HealConfig, others int) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
 	if f.DecodeAgent != "" && !hasAgent(&decode.PeerSpec, f.DecodeAgent) {
 		return decode, nil, nil, nil, OutcomeOutdated
 	}
 	if decode.State == StateStale {
 		return decode, nil, nil, nil, OutcomeAlreadyStale
 	}
+	if f.PrefillID != "" && decode.Heal.Phase == HealQuarantined {
+		if slices.Contains(decode.Heal.Pairs, f.PrefillID) {
+			return decode, nil, nil, nil, OutcomeHealPending
+		}
+		next = decode
+		joinHeal(&next, f.PrefillID, now)
+		q = healQuarantine(&next, f, now)
+		if others == 0 {
+			// No prefill can use the decode any more: holding serves
+			// nobody.
+			return next, drainHeal(&next, "no other prefill can use the decode", now, heal), q, pairFailure(&decode, f, now), OutcomeStale
+		}
+		return next, nil, q, pairFailure(&decode, f, now), OutcomeHealPending
+	}
 	if f.PrefillID != "" && last != nil && last.DecodeGeneration < decode.Generation && now.Sub(last.At) <= window {
 		return decode, nil, &Quarantine{PrefillID: f.PrefillID, DecodeID: decode.ID, At: now}, nil, OutcomeQuarantined
 	}
+	if f.PrefillID != "" && others > 0 {
+		next = decode
+		if events, ok := holdHeal(&next, f.PrefillID, ReportedBy(f.Reason, f.Reporter), now, heal); ok {
+			return next, events, healQuarantine(&next, f, now), pairFailure(&decode, f, now), OutcomeHealPending
+		}
+	}
 	next, events = ApplyStale(decode, ReportedBy(f.Reason, f.Reporter), f.Error, now, heal)
 	if f.PrefillID != "" {
-		rec = &PairFailure{PrefillID: f.PrefillID, DecodeID: decode.ID, DecodeGeneration: decode.Generation, At: now}
+		rec = pairFailure(&decode, f, now)
 	}
 	return next, events, nil, rec, OutcomeStale
+}
+
+// pairFailure is the record of f's failure of the pair with decode.
+func pairFailure(decode *Peer, f TransferFailure, now time.Time) *PairFailure {
+	return &PairFailure{PrefillID: f.PrefillID, DecodeID: decode.ID, DecodeGeneration: decode.Generation, At: now}
+}
+
+// healQuarantine is the quarantine of f's pair that decode's heal plan
+// makes; the caller sets its expiry.
+func healQuarantine(decode *Peer, f TransferFailure, now time.Time) *Quarantine {
+	what := ReportedBy(f.Reason, f.Reporter)
+	if what == "" {
+		what = "transfer failed"
+	}
+	return &Quarantine{PrefillID: f.PrefillID, DecodeID: decode.ID, At: now, Detail: fmt.Sprintf(
+		"heal pending: %s; the pair stays out of routing until the decode restarts with a fresh agent, while other prefills keep using it",
+		what)}
+}
+
+// OtherPrefills counts the prefills, among prefills and other than
+// exclude, that may send to decode now: routable, a compatible pair, and
+// the pair not quarantined (quarantined reports an active quarantine).
+func OtherPrefills(decode *Peer, exclude string, prefills []Peer, quarantined func(prefillID string) bool) int {
+	n := 0
+	for i := range prefills {
+		p := &prefills[i]
+		if p.ID == exclude || p.ID == decode.ID || !p.Routable() || quarantined(p.ID) {
+			continue
+		}
+		if CheckPair(&p.PeerSpec, &decode.PeerSpec).Compatible {
+			n++
+		}
+	}
+	return n
 }
 
 func hasAgent(s *PeerSpec, name string) bool {

@@ -241,12 +241,16 @@ func (m *Mirror) rebuild(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load quarantines: %w", err)
 	}
+	pfs, err := m.store.Preflights(ctx)
+	if err != nil {
+		return fmt.Errorf("load preflights: %w", err)
+	}
 	peers := make([]Peer, 0, len(m.peers))
 	for _, p := range m.peers {
 		peers = append(peers, p)
 	}
 	m.version++
-	s := NewSnapshot(m.version, peers, qs, m.cfg.Now())
+	s := NewSnapshotWithPreflights(m.version, peers, qs, pfs, m.cfg.Now())
 	s.loads = &m.loads
 	m.cur.Store(s)
 	m.mu.Lock()

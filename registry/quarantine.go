@@ -87,9 +87,10 @@ func ExpireQuarantine(q Quarantine, now time.Time) (next Quarantine, events []Ev
 // ApplyPairTransferFailure is ApplyTransferFailure for a pair that may be
 // quarantined (cur, nil when not). A failure of a pair on trial about the
 // decode's current agent quarantines it again at once, with a fresh expiry;
-// otherwise ApplyTransferFailure decides, and a quarantine it makes expires
-// after ttl. A quarantine returned carries its detail.
-func ApplyPairTransferFailure(decode Peer, prefill *Peer, f TransferFailure, last *PairFailure, cur *Quarantine, now time.Time, window, ttl time.Duration, heal HealConfig) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
+// otherwise ApplyTransferFailure decides (others as there), and a
+// quarantine it makes expires after ttl. A quarantine returned carries its
+// detail.
+func ApplyPairTransferFailure(decode Peer, prefill *Peer, f TransferFailure, last *PairFailure, cur *Quarantine, now time.Time, window, ttl time.Duration, heal HealConfig, others int) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
 	if cur != nil && cur.Trial && f.PrefillID == cur.PrefillID && (f.DecodeAgent == "" || hasAgent(&decode.PeerSpec, f.DecodeAgent)) {
 		errText := f.Error
 		if errText == "" {
@@ -102,10 +103,10 @@ func ApplyPairTransferFailure(decode Peer, prefill *Peer, f TransferFailure, las
 		}
 		return decode, nil, &nq, nil, OutcomeQuarantined
 	}
-	next, events, q, rec, out = ApplyTransferFailure(decode, f, last, now, window, heal)
+	next, events, q, rec, out = ApplyTransferFailure(decode, f, last, now, window, heal, others)
 	if q != nil {
 		q.ExpiresAt = QuarantineExpiry(now, ttl)
-		if prefill != nil {
+		if prefill != nil && out == OutcomeQuarantined {
 			q.Detail = QuarantineDetail(prefill, &decode, f.Error)
 		}
 	}

@@ -72,7 +72,7 @@ func TestQuarantineRule(t *testing.T) {
 	d := registry.Peer{PeerSpec: spec, ID: "d", State: registry.StateReady, Generation: 2}
 	f := registry.TransferFailure{DecodeID: "d", PrefillID: "p", DecodeAgent: spec.Ranks[0].AgentName, Reason: "r", Error: "boom"}
 	later := now.Add(2 * time.Minute)
-	next, events, nq, rec, out := registry.ApplyPairTransferFailure(d, nil, f, nil, &trial, later, time.Minute, time.Hour, registry.HealConfig{})
+	next, events, nq, rec, out := registry.ApplyPairTransferFailure(d, nil, f, nil, &trial, later, time.Minute, time.Hour, registry.HealConfig{}, 0)
 	if out != registry.OutcomeQuarantined || nq == nil || nq.Trial || !nq.At.Equal(later) || !nq.ExpiresAt.Equal(later.Add(time.Hour)) ||
 		len(events) != 0 || rec != nil || next.State != registry.StateReady {
 		t.Fatalf("failure on trial: %s %+v %+v", out, nq, events)
@@ -80,7 +80,7 @@ func TestQuarantineRule(t *testing.T) {
 	// A report about an agent the decode no longer has is outdated, trial
 	// or not.
 	f.DecodeAgent = "gone"
-	if _, _, nq, _, out := registry.ApplyPairTransferFailure(d, nil, f, nil, &trial, later, time.Minute, time.Hour, registry.HealConfig{}); out != registry.OutcomeOutdated || nq != nil {
+	if _, _, nq, _, out := registry.ApplyPairTransferFailure(d, nil, f, nil, &trial, later, time.Minute, time.Hour, registry.HealConfig{}, 0); out != registry.OutcomeOutdated || nq != nil {
 		t.Fatalf("outdated report on trial: %s %+v", out, nq)
 	}
 	if _, err := registry.LiftQuarantine(nil, "p", "d", "admin"); err == nil {

@@ -17,13 +17,18 @@ type Snapshot struct {
 	peers       []*Peer // sorted by name
 	byID        map[string]*Peer
 	class       map[string]int // peer ID -> index into keys
+	classKeys   []string       // compatKey of each class, by index
 	verdicts    map[[2]int]Verdict
 	quarantined map[[2]string]Quarantine // (prefill ID, decode ID), active or on trial
-	trials      int                      // how many of them are on trial
-	models      map[string]*ModelRoutes
-	modelNames  []string
-	unhealthy   []*Peer // sorted by name; named by Routable
-	loads       *LoadTable
+	preflights  map[[2]string]Preflight  // (prefill ID, decode ID), last preflight of each pair
+	// preflightBlocked holds the pairs whose last preflight, of the peers'
+	// current generations, failed.
+	preflightBlocked map[[2]string]bool
+	trials           int // how many of them are on trial
+	models           map[string]*ModelRoutes
+	modelNames       []string
+	unhealthy        []*Peer // sorted by name; named by Routable
+	loads            *LoadTable
 }
 
 // ModelRoutes is what the router needs to serve one model: the ready
@@ -48,10 +53,22 @@ type PairView struct {
 	Verdict     Verdict
 	Routable    bool
 	Quarantined *Quarantine
+	// Preflight is the pair's last preflight, nil when it never ran;
+	// PreflightBlocks says whether it keeps the pair out of routing (failed,
+	// and of the peers' current generations).
+	Preflight       *Preflight
+	PreflightBlocks bool
 }
 
 // NewSnapshot builds a snapshot from peers and quarantines.
 func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now time.Time) *Snapshot {
+	return NewSnapshotWithPreflights(version, peers, quarantines, nil, now)
+}
+
+// NewSnapshotWithPreflights builds a snapshot from peers, quarantines and
+// the pairs' last preflights: a pair whose current preflight failed is
+// routed no more than a quarantined one.
+func NewSnapshotWithPreflights(version uint64, peers []Peer, quarantines []Quarantine, preflights []Preflight, now time.Time) *Snapshot {
 	s := &Snapshot{
 		Version:     version,
 		BuiltAt:     now,
@@ -74,6 +91,7 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 			c = len(reps)
 			keys[k] = c
 			reps = append(reps, p)
+			s.classKeys = append(s.classKeys, k)
 		}
 		s.class[p.ID] = c
 	}
@@ -81,6 +99,7 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 	for _, q := range quarantines {
 		s.quarantined[[2]string{q.PrefillID, q.DecodeID}] = q
 	}
+	s.indexPreflights(preflights)
 
 	// Routes over ready peers, grouped by class so that verdicts are
 	// computed once per pair of classes.
@@ -106,6 +125,9 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 	}
 	sort.Strings(s.modelNames)
 	quarantinedPrefill := map[string]bool{}
+	for k := range s.preflightBlocked {
+		quarantinedPrefill[k[0]] = true
+	}
 	for k, q := range s.quarantined {
 		if q.Active() {
 			quarantinedPrefill[k[0]] = true
@@ -139,11 +161,13 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 				shared[pc] = ds
 			}
 			// Rare cases get a private copy: a peer of role both must not
-			// pair with itself, and quarantined pairs are left out.
+			// pair with itself, and quarantined pairs and pairs whose
+			// preflight failed are left out.
 			if pf.Role.Decodes() || quarantinedPrefill[pf.ID] {
 				own := make([]*Peer, 0, len(ds))
 				for _, d := range ds {
-					if q, isQ := s.quarantined[[2]string{pf.ID, d.ID}]; d.ID != pf.ID && (!isQ || !q.Active()) {
+					key := [2]string{pf.ID, d.ID}
+					if q, isQ := s.quarantined[key]; d.ID != pf.ID && (!isQ || !q.Active()) && !s.preflightBlocked[key] {
 						own = append(own, d)
 					}
 				}
@@ -245,8 +269,25 @@ func (s *Snapshot) unhealthyNote(model string, serves func(Role) bool) string {
 // with its verdict, at most limit of them (all when limit <= 0), and the
 // total count.
 func (s *Snapshot) Pairs(limit int) ([]PairView, int) {
+	return s.pairsFor("", limit)
+}
+
+// PairsOf is Pairs narrowed to the pairs of one prefill: O(decodes), so
+// that each prefill's agent can list what it preflights in a large fleet.
+func (s *Snapshot) PairsOf(prefillID string, limit int) ([]PairView, int) {
+	return s.pairsFor(prefillID, limit)
+}
+
+// pairsFor lists the pairs of prefillID (of every prefill when empty).
+func (s *Snapshot) pairsFor(prefillID string, limit int) ([]PairView, int) {
 	var prefills, decodes []*Peer
 	for _, p := range s.peers {
+		if prefillID != "" && p.ID != prefillID {
+			if p.Role.Decodes() {
+				decodes = append(decodes, p)
+			}
+			continue
+		}
 		if p.Role.Prefills() {
 			prefills = append(prefills, p)
 		}
@@ -254,10 +295,22 @@ func (s *Snapshot) Pairs(limit int) ([]PairView, int) {
 			decodes = append(decodes, p)
 		}
 	}
+	return s.pairs(prefills, decodes, limit)
+}
+
+// pairs lists the pairs of distinct peers from prefills × decodes, at most
+// limit of them (all when limit <= 0), and their total count.
+func (s *Snapshot) pairs(prefills, decodes []*Peer, limit int) ([]PairView, int) {
 	total := len(prefills) * len(decodes)
-	for _, p := range prefills {
-		if p.Role.Decodes() {
-			total-- // a peer of role both is in both lists but never pairs with itself
+	if len(prefills) > 0 && len(decodes) > 0 {
+		inDecodes := make(map[string]bool, len(decodes))
+		for _, d := range decodes {
+			inDecodes[d.ID] = true
+		}
+		for _, p := range prefills {
+			if inDecodes[p.ID] {
+				total-- // a peer of role both is in both lists but never pairs with itself
+			}
 		}
 	}
 	var out []PairView
@@ -277,7 +330,11 @@ func (s *Snapshot) Pairs(limit int) ([]PairView, int) {
 			if q, ok := s.quarantined[[2]string{p.ID, d.ID}]; ok {
 				pv.Quarantined = &q
 			}
-			pv.Routable = v.Compatible && (pv.Quarantined == nil || !pv.Quarantined.Active()) && p.Routable() && d.Routable()
+			if pf, ok := s.preflights[[2]string{p.ID, d.ID}]; ok {
+				pv.Preflight = &pf
+				pv.PreflightBlocks = s.preflightBlocked[[2]string{p.ID, d.ID}]
+			}
+			pv.Routable = v.Compatible && (pv.Quarantined == nil || !pv.Quarantined.Active()) && !pv.PreflightBlocks && p.Routable() && d.Routable()
 			out = append(out, pv)
 		}
 	}
@@ -314,6 +371,37 @@ func (s *Snapshot) NewerLoad(l PeerLoad, ok bool) (PeerLoad, bool) {
 		return t, true
 	}
 	return l, ok
+}
+
+// indexPreflights keeps each pair's preflight and marks the pairs whose
+// preflight of the peers' current generations failed.
+func (s *Snapshot) indexPreflights(preflights []Preflight) {
+	s.preflights = make(map[[2]string]Preflight, len(preflights))
+	s.preflightBlocked = map[[2]string]bool{}
+	for _, pf := range preflights {
+		key := [2]string{pf.PrefillID, pf.DecodeID}
+		s.preflights[key] = pf
+		p, okP := s.byID[pf.PrefillID]
+		d, okD := s.byID[pf.DecodeID]
+		if okP && okD && pf.Failed() && pf.Current(p, d) {
+			s.preflightBlocked[key] = true
+		}
+	}
+}
+
+// Preflight returns the last preflight of a pair, if any.
+func (s *Snapshot) Preflight(prefillID, decodeID string) (Preflight, bool) {
+	pf, ok := s.preflights[[2]string{prefillID, decodeID}]
+	return pf, ok
+}
+
+// Preflights returns every pair's last preflight, in no particular order.
+func (s *Snapshot) Preflights() []Preflight {
+	out := make([]Preflight, 0, len(s.preflights))
+	for _, pf := range s.preflights {
+		out = append(out, pf)
+	}
+	return out
 }
 
 // Quarantined returns the quarantine record of a pair, if any.

@@ -163,6 +163,11 @@ const (
 	// OutcomeQuarantined: the pair failed again right after the decode
 	// re-registered, so the pair (not the decode) is taken out of routing.
 	OutcomeQuarantined TransferOutcome = "quarantined"
+	// OutcomeHealPending: the pair is quarantined and the decode's heal
+	// plan holds (registry/heal.go): the decode stays ready for the other
+	// prefills and drains when the hold is over. A repeat report of a pair
+	// in the plan answers the same and changes nothing.
+	OutcomeHealPending TransferOutcome = "heal_pending"
 )
 
 // DefaultQuarantineWindow is how recent a pair's previous failure must be
@@ -200,15 +205,17 @@ type Store interface {
 	Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatReply, error)
 	// MarkStale takes the peer out of routing until it re-registers.
 	MarkStale(ctx context.Context, id, reason, errText string) (Peer, error)
-	// ReportTransferFailure applies ApplyTransferFailure atomically: it
-	// marks the decode stale, quarantines the pair, or does nothing when
-	// the report is a duplicate or outdated.
+	// ReportTransferFailure applies ApplyPairTransferFailure atomically:
+	// it starts (or joins) the decode's heal plan with the pair
+	// quarantined, marks the decode stale, quarantines the pair, or does
+	// nothing when the report is a duplicate or outdated.
 	ReportTransferFailure(ctx context.Context, f TransferFailure) (Peer, TransferOutcome, error)
 	// Quarantines lists the pairs kept out of routing. ReportTransferFailure
 	// creates them; either peer re-registering with a different geometry,
 	// or being removed, clears them.
 	Quarantines(ctx context.Context) ([]Quarantine, error)
 	QuarantineControl
+	PreflightStore
 	// ExpireLeases marks every ready or pending peer whose lease ended before
 	// now as failed and returns how many it marked.
 	ExpireLeases(ctx context.Context, now time.Time) (int, error)

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"os"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Policy names how the router picks a peer for one role of a pair.
@@ -111,6 +113,12 @@ type Config struct {
 	// MaxIdleConnsPerHost is the idle keep-alive pool per engine; 512 by
 	// default, because every request opens two upstream legs.
 	MaxIdleConnsPerHost int
+	// TracerProvider, when set, traces every routed request: a server span
+	// (continuing the client's traceparent), a span per attempt on a pair
+	// and one per leg, whose W3C trace context goes to the engines. Nil
+	// (the default) turns tracing off at no cost on the request path; the
+	// client's traceparent is then passed to the engines unchanged.
+	TracerProvider trace.TracerProvider
 	// Transport, when set, replaces the router's own tuned transport (tests).
 	Transport http.RoundTripper
 

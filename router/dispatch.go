@@ -14,6 +14,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
@@ -153,9 +154,16 @@ type dispatch struct {
 	actx context.Context
 	fb   *firstByteDeadline
 
+	// Tracing, all nil when it is off: the request's span and the context
+	// that carries it, and the span of the attempt under way.
+	span        trace.Span
+	tctx        context.Context
+	attemptSpan trace.Span
+
 	committed bool // headers (and maybe bytes) went to the client
 	ttftSeen  bool
 	usage     usageTap // token counts read from the answer as it is relayed
+	sent      int64    // bytes of the answer written to the client
 	abort     bool     // the response must be cut, not ended
 	attempts  int
 	prefill   string
@@ -176,6 +184,9 @@ func (rt *Router) serveGeneration(rte route) http.HandlerFunc {
 func (d *dispatch) serve() {
 	rt := d.rt
 	d.rid = requestID(d.w, d.r)
+	if rt.tracer != nil {
+		d.startSpan()
+	}
 	defer d.finish()
 	if !rt.admit.acquire() {
 		d.w.Header().Set("Retry-After", "1")
@@ -281,7 +292,9 @@ func (d *dispatch) run(v *view, mv *modelView) {
 		}
 		d.attempts = attempt
 		d.prefill, d.decode = pr.p.peer.Name, pr.d.peer.Name
+		d.startAttempt(attempt, &pr)
 		f := d.attempt(&pr)
+		d.endAttempt(f)
 		rt.settle(&pr, f)
 		if f == nil {
 			d.outcome = outcomeOK
@@ -289,7 +302,7 @@ func (d *dispatch) run(v *view, mv *modelView) {
 		}
 		d.lastFail = f
 		if f.kind == failMemKind {
-			rt.onMemKindFailure(&pr, errText(f.body), d.rid)
+			rt.onMemKindFailure(&pr, errText(f.body), d.rid, d.spanContext())
 		}
 		if d.committed {
 			d.brokenStream(f)
@@ -407,12 +420,7 @@ func (d *dispatch) newUpstream(ctx context.Context, url string, body []byte) (*h
 	if k := d.rt.cfg.UpstreamAPIKey; k != "" {
 		h.Set("Authorization", "Bearer "+k)
 	}
-	if tp := d.r.Header.Get("Traceparent"); tp != "" {
-		h.Set("Traceparent", tp)
-		if ts := d.r.Header.Get("Tracestate"); ts != "" {
-			h.Set("Tracestate", ts)
-		}
-	}
+	d.injectTrace(ctx, h)
 	return req, nil
 }
 
@@ -530,6 +538,7 @@ func (d *dispatch) write(b []byte) error {
 		return err
 	}
 	d.usage.feed(b)
+	d.sent += int64(len(b))
 	if !d.ttftSeen {
 		d.ttftSeen = true
 		d.rt.m.ttft.WithLabelValues(d.route.label(), d.q.model).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
@@ -657,6 +666,9 @@ func (d *dispatch) logFailure(pr *pair, f *failure, attempt int) {
 	ev := d.rt.log.Info().Str(logRequestID, d.rid).Str(logRoute, d.route.label()).Str(logModel, d.q.model).
 		Str(logPrefill, pr.p.peer.Name).Str(logDecode, pr.d.peer.Name).Int(logAttempts, attempt).
 		Str(logLeg, f.leg.String()).Str(logFailure, f.kind.String())
+	if id := d.traceID(); id != "" {
+		ev = ev.Str(logTraceID, id)
+	}
 	if f.status != 0 {
 		ev = ev.Int(logUpstreamStatus, f.status)
 	}
@@ -674,6 +686,9 @@ func (d *dispatch) finish() {
 	}
 	if d.status == 0 {
 		d.status = http.StatusOK
+	}
+	if d.span != nil {
+		d.endSpan()
 	}
 	elapsed := rt.cfg.Now().Sub(d.start)
 	rt.m.requests.WithLabelValues(d.route.label(), d.outcome).Inc()
@@ -705,6 +720,9 @@ func (d *dispatch) finish() {
 		ev.Str(logRequestID, d.rid).Str(logRoute, d.route.label()).Str(logModel, model).
 			Int(logStatus, d.status).Str(logOutcome, d.outcome).Int(logAttempts, d.attempts).
 			Str(logPrefill, d.prefill).Str(logDecode, d.decode).Float64(logDuration, durationMS(elapsed))
+		if id := d.traceID(); id != "" {
+			ev.Str(logTraceID, id)
+		}
 		if u := &d.usage; d.outcome == outcomeOK && (u.seenP || u.seenC) {
 			ev.Int64("prompt_tokens", u.prompt).Int64("completion_tokens", u.completion)
 		}

@@ -21,6 +21,13 @@
 //     pair that fails that way again after the decode re-registered), other
 //     transfer failures and vLLM's NIXL failures count against the pair.
 //
+// With Config.TracerProvider set it traces each routed request: a server
+// span (continuing the client's W3C traceparent), a span per attempt on a
+// pair (a retry says which failure it follows), and a span per leg whose
+// trace context is sent to the engine in traceparent and tracestate, so
+// that SGLang's and vLLM's own spans join the trace. The request log line
+// carries the trace_id. Without a provider no span is made.
+//
 // It must not touch a database or the store beyond the two calls of
 // PeerReporter, and it keeps no package-level mutable state: everything lives
 // in a Router built by New. Request bodies are never fully unmarshalled: the

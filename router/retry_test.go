@@ -258,6 +258,16 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	if state() != 1 {
 		t.Fatalf("breaker state %v after 2 failures, want open (1)", state())
 	}
+	// What the control plane shows of it: the same state, and when it opened.
+	if st, since, ok := b.rt.PeerBreaker(b.reg.id(t, "p1")); st != "open" || since.IsZero() || !ok {
+		t.Errorf("PeerBreaker(p1) = %q since %v (%v), want open with its time", st, since, ok)
+	}
+	if st, _, ok := b.rt.PeerBreaker(b.reg.id(t, "p2")); st != "closed" || !ok {
+		t.Errorf("PeerBreaker(p2) = %q (%v), want closed", st, ok)
+	}
+	if peers, _ := b.rt.OpenBreakers(); peers != 1 {
+		t.Errorf("OpenBreakers counts %d peers, want 1", peers)
+	}
 	for range 6 {
 		if s := req(); s != http.StatusOK {
 			t.Fatalf("status %d while p1's breaker is open", s)
@@ -283,6 +293,9 @@ func TestBreakerOpensHalfOpensAndCloses(t *testing.T) {
 	}
 	if state() != 0 {
 		t.Fatalf("state %v after a good probe", state())
+	}
+	if st, since, _ := b.rt.PeerBreaker(b.reg.id(t, "p1")); st != "closed" || !since.IsZero() {
+		t.Errorf("PeerBreaker(p1) after a good probe = %q since %v, want closed", st, since)
 	}
 	for range 4 {
 		req()
@@ -480,12 +493,13 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	ctx := context.Background()
 
 	// Another replica reported the pair's first failure: the registry
-	// marked the decode stale and it re-registered with a fresh agent.
+	// quarantined the pair and held the decode's heal plan (p2 still
+	// uses it), and the decode re-registered with a fresh agent.
 	first := b.reg.peer(t, "d1")
 	if _, out, err := b.reg.store.ReportTransferFailure(ctx, registry.TransferFailure{
 		PrefillID: b.reg.id(t, "p1"), DecodeID: first.ID, DecodeAgent: first.Ranks[0].AgentName,
 		Reason: "prefill p1 could not send KV", Error: "Missing NIXL destination KV memory kind", Reporter: "router:elsewhere",
-	}); err != nil || out != registry.OutcomeStale {
+	}); err != nil || out != registry.OutcomeHealPending {
 		t.Fatalf("first failure: %v %v", out, err)
 	}
 	b.reg.reregisterSim(t, d, "marked stale")
@@ -517,8 +531,8 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 		resp, _ := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`)
 		return resp.StatusCode == http.StatusOK
 	})
-	if n := len(b.reg.staleEvents(t, "d1")); n != 1 {
-		t.Fatalf("%d stale marks, want only the other replica's; the registry decided on a quarantine", n)
+	if n := len(b.reg.staleEvents(t, "d1")); n != 0 {
+		t.Fatalf("%d stale marks, want none: the first failure held the heal plan (p2 kept the decode), the repeat quarantined the pair", n)
 	}
 	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
 		t.Fatalf("decode %s after the quarantine of one pair", got)

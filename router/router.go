@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdplane/pdplane/registry"
 )
@@ -51,6 +52,10 @@ type Router struct {
 	builder viewBuilder
 	pairs   pairBreakers
 	bufs    sync.Pool // *[]byte relay buffers
+
+	// tracer makes the request, attempt and leg spans; nil when tracing
+	// is off (Config.TracerProvider nil), which skips every span.
+	tracer trace.Tracer
 
 	reports sync.WaitGroup // reporter calls in flight
 	admit   admission      // generation requests in flight, against MaxInflight
@@ -101,6 +106,9 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 		m:        m,
 	}
 	rt.admit.max = int64(cfg.MaxInflight)
+	if cfg.TracerProvider != nil {
+		rt.tracer = cfg.TracerProvider.Tracer(tracerScope)
+	}
 	rt.transport = cfg.Transport
 	if rt.transport == nil {
 		rt.ownedTr = newUpstreamTransport(&cfg)

@@ -40,7 +40,7 @@ func (l *prefillLeg) wait() prefillResult {
 // than streamed as a 200. Either leg failing cancels the other at once; a
 // streamed decode that stays silent too long after a good prefill is cut by
 // the first-byte deadline.
-func (d *dispatch) runSGLang(pr *pair) *failure {
+func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 	rt, q := d.rt, d.q
 	body := appendSGLangBody(make([]byte, 0, len(q.body)+160+q.bootstrapCount()*48), q, pr.p.ep.hostJSON, pr.p.ep.port)
 	engine := pr.d.ep.protocol
@@ -72,7 +72,9 @@ func (d *dispatch) runSGLang(pr *pair) *failure {
 	}
 
 	start := rt.cfg.Now()
-	req, err := d.newUpstream(actx, pr.d.ep.urls[d.route], body)
+	dctx, ls := d.startLeg(actx, legDecode, pr.d, pr.d.ep.urls[d.route])
+	defer func() { ls.end(f, attrBodySize.Int64(d.sent)) }()
+	req, err := d.newUpstream(dctx, pr.d.ep.urls[d.route], body)
 	if err != nil {
 		cancel(errDecodeLegFailed)
 		return &failure{kind: failProtocol, leg: legDecode, err: err}
@@ -88,6 +90,7 @@ func (d *dispatch) runSGLang(pr *pair) *failure {
 		return f
 	}
 	defer resp.Body.Close()
+	ls.answered(resp.StatusCode)
 	if resp.StatusCode >= 300 {
 		d.fb.firstByte()
 		f := d.statusFailure(engine, legDecode, resp)
@@ -99,7 +102,7 @@ func (d *dispatch) runSGLang(pr *pair) *failure {
 		return f
 	}
 
-	f := d.deliverDecode(engine, resp, pl)
+	f = d.deliverDecode(engine, resp, pl)
 	switch {
 	case f == nil:
 		d.observeDecode("sglang", start, "ok")
@@ -113,9 +116,10 @@ func (d *dispatch) runSGLang(pr *pair) *failure {
 func (d *dispatch) sglangPrefill(ctx context.Context, pr *pair, body []byte) prefillResult {
 	rt := d.rt
 	start := rt.cfg.Now()
+	ctx, ls := d.startLeg(ctx, legPrefill, pr.p, pr.p.ep.urls[d.route])
 	ctx, cancel := context.WithTimeout(ctx, rt.cfg.PrefillTimeout)
 	defer cancel()
-	res := d.prefillLegResult(ctx, pr, body)
+	res := d.prefillLegResult(ctx, pr, body, ls)
 	result := "ok"
 	if res.fail != nil {
 		if errors.Is(context.Cause(ctx), errDecodeLegFailed) || res.fail.kind == failClientGone {
@@ -124,11 +128,16 @@ func (d *dispatch) sglangPrefill(ctx context.Context, pr *pair, body []byte) pre
 			result = "error"
 		}
 	}
+	if result == "cancelled" {
+		ls.cancelled()
+	} else {
+		ls.end(res.fail, attrAnswerKept.Int(len(res.body)))
+	}
 	rt.m.prefillDuration.WithLabelValues("sglang", result).Observe(rt.cfg.Now().Sub(start).Seconds())
 	return res
 }
 
-func (d *dispatch) prefillLegResult(ctx context.Context, pr *pair, body []byte) prefillResult {
+func (d *dispatch) prefillLegResult(ctx context.Context, pr *pair, body []byte, ls legSpan) prefillResult {
 	engine := pr.p.ep.protocol
 	req, err := d.newUpstream(ctx, pr.p.ep.urls[d.route], body)
 	if err != nil {
@@ -139,6 +148,7 @@ func (d *dispatch) prefillLegResult(ctx context.Context, pr *pair, body []byte) 
 		return prefillResult{fail: d.transportFailure(legPrefill, err)}
 	}
 	defer resp.Body.Close()
+	ls.answered(resp.StatusCode)
 	if resp.StatusCode >= 300 {
 		return prefillResult{fail: d.statusFailure(engine, legPrefill, resp)}
 	}

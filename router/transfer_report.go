@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
@@ -21,7 +22,10 @@ const causeMissingMemKind = "missing_mem_kind"
 // duplicate, or a report about an agent that is gone), or, on a repeat right
 // after the decode re-registered, a quarantine of the pair, after which
 // this router stops skipping the decode and keeps only the pair out.
-func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string) {
+//
+// sc, when valid, is the span of the attempt that failed: the report's own
+// span (the registry's, when it traces its writes) joins its trace.
+func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string, sc trace.SpanContext) {
 	d, p := pr.d, pr.p
 	log := rt.log.With().Str(logRequestID, rid).Str(logPrefill, p.peer.Name).Str(logDecode, d.peer.Name).
 		Int64(logGeneration, d.peer.Generation).Logger()
@@ -38,16 +42,19 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string) {
 	prevSkip := d.state.staleGen.Load()
 	setMax(&d.state.staleGen, d.peer.Generation+1)
 	log.Warn().Msg("decode's KV memory kind is missing on the prefill side; skipping it and reporting it to the registry")
-	rt.reportFailure(report, log, func(out registry.TransferOutcome) {
+	rt.reportFailure(report, log, sc, func(out registry.TransferOutcome) {
 		switch out {
 		case registry.OutcomeStale:
 			rt.m.staleMarks.WithLabelValues(causeMissingMemKind).Inc()
+		case registry.OutcomeHealPending:
+			// The pair is quarantined and the decode's heal plan holds:
+			// the decode keeps serving the other prefills until it
+			// drains (the snapshot then carries its stale state).
+			rt.keepPairOut(pr, prevSkip)
+			log.Warn().Msg("registry quarantined the pair and holds the decode's heal plan; other prefills keep using the decode")
 		case registry.OutcomeQuarantined:
-			// The decode is not stale and will not re-register: stop
-			// skipping it, and keep this pair out of this router's picks
-			// until the snapshot carries the quarantine.
-			d.state.staleGen.CompareAndSwap(d.peer.Generation+1, prevSkip)
-			rt.pairs.getOrCreate(p.peer.ID, d.peer.ID).forceOpen(rt.cfg.Now())
+			// The decode is not stale and will not re-register.
+			rt.keepPairOut(pr, prevSkip)
 			rt.m.quarantines.Inc()
 			log.Warn().Str(logDetail, registry.GeometryDiff(&p.peer.PeerSpec, &d.peer.PeerSpec)).
 				Msg("registry quarantined the pair: it failed with missing KV memory kind again after the decode re-registered")
@@ -55,9 +62,17 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string) {
 	})
 }
 
+// keepPairOut undoes this router's skip of the whole decode (back to
+// prevSkip) and keeps only the pair out of its picks until the snapshot
+// carries the pair's quarantine.
+func (rt *Router) keepPairOut(pr *pair, prevSkip int64) {
+	pr.d.state.staleGen.CompareAndSwap(pr.d.peer.Generation+1, prevSkip)
+	rt.pairs.getOrCreate(pr.p.peer.ID, pr.d.peer.ID).forceOpen(rt.cfg.Now())
+}
+
 // reportFailure sends f to the registry in the background; then, when set,
 // runs with the registry's outcome, which overrides this router's guess.
-func (rt *Router) reportFailure(f registry.TransferFailure, log zerolog.Logger, then func(registry.TransferOutcome)) {
+func (rt *Router) reportFailure(f registry.TransferFailure, log zerolog.Logger, sc trace.SpanContext, then func(registry.TransferOutcome)) {
 	rt.report(func(ctx context.Context) error {
 		_, out, err := rt.reporter.ReportTransferFailure(ctx, f)
 		if err != nil {
@@ -68,19 +83,23 @@ func (rt *Router) reportFailure(f registry.TransferFailure, log zerolog.Logger, 
 			then(out)
 		}
 		return nil
-	}, log, "report transfer failure")
+	}, log, sc, "report transfer failure")
 }
 
 // report runs one reporter call in the background, bounded by
 // ReportTimeout, detached from the request that triggered it.
-func (rt *Router) report(call func(ctx context.Context) error, log zerolog.Logger, what string) {
+func (rt *Router) report(call func(ctx context.Context) error, log zerolog.Logger, sc trace.SpanContext, what string) {
 	if rt.reporter == nil {
 		return
 	}
 	rt.reports.Add(1)
 	go func() {
 		defer rt.reports.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.ReportTimeout)
+		ctx := context.Background()
+		if sc.IsValid() {
+			ctx = trace.ContextWithSpanContext(ctx, sc)
+		}
+		ctx, cancel := context.WithTimeout(ctx, rt.cfg.ReportTimeout)
 		defer cancel()
 		if err := call(ctx); err != nil {
 			log.Error().Err(err).Msg(what)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pdplane/pdplane/registry"
 )
 
@@ -68,5 +70,5 @@ func (rt *Router) onTrialSuccess(pr *pair) {
 			log.Info().Msg("pair on trial transferred; the registry lifted its quarantine")
 		}
 		return err
-	}, log, "report transfer success on trial")
+	}, log, trace.SpanContext{}, "report transfer success on trial")
 }

@@ -18,7 +18,7 @@ const vllmPrefillAnswerLimit = 4 << 20
 // load refused under kv_load_failure_policy=fail) reach the router as the
 // decode's error and count against the pair, never as SGLang's memory-kind
 // rule (pdproto.ClassifyAnswer).
-func (d *dispatch) runVLLM(pr *pair) *failure {
+func (d *dispatch) runVLLM(pr *pair) (f *failure) {
 	rt, q := d.rt, d.q
 	kv, f := d.vllmPrefill(pr)
 	if f != nil {
@@ -33,7 +33,9 @@ func (d *dispatch) runVLLM(pr *pair) *failure {
 		d.fb.arm(rt.cfg.DecodeFirstByteTimeout, cancel)
 	}
 	start := rt.cfg.Now()
-	req, err := d.newUpstream(actx, pr.d.ep.urls[d.route], body)
+	dctx, ls := d.startLeg(actx, legDecode, pr.d, pr.d.ep.urls[d.route])
+	defer func() { ls.end(f, attrBodySize.Int64(d.sent)) }()
+	req, err := d.newUpstream(dctx, pr.d.ep.urls[d.route], body)
 	if err != nil {
 		return &failure{kind: failProtocol, leg: legDecode, err: err}
 	}
@@ -43,6 +45,7 @@ func (d *dispatch) runVLLM(pr *pair) *failure {
 		return d.transportFailure(legDecode, err)
 	}
 	defer resp.Body.Close()
+	ls.answered(resp.StatusCode)
 	if resp.StatusCode >= 300 {
 		d.observeDecode("vllm", start, "error")
 		return d.statusFailure(registry.EngineVLLM, legDecode, resp)
@@ -59,14 +62,17 @@ func (d *dispatch) runVLLM(pr *pair) *failure {
 
 // vllmPrefill runs the prefill leg and returns the raw kv_transfer_params of
 // its answer (nil when it sent none).
-func (d *dispatch) vllmPrefill(pr *pair) ([]byte, *failure) {
+func (d *dispatch) vllmPrefill(pr *pair) (kv []byte, f *failure) {
 	rt, q := d.rt, d.q
 	start := rt.cfg.Now()
 	result := "error"
+	ctx, ls := d.startLeg(d.r.Context(), legPrefill, pr.p, pr.p.ep.urls[d.route])
+	var ans []byte
 	defer func() {
 		rt.m.prefillDuration.WithLabelValues("vllm", result).Observe(rt.cfg.Now().Sub(start).Seconds())
+		ls.end(f, attrAnswerKept.Int(len(ans)))
 	}()
-	ctx, cancel := context.WithTimeout(d.r.Context(), rt.cfg.PrefillTimeout)
+	ctx, cancel := context.WithTimeout(ctx, rt.cfg.PrefillTimeout)
 	defer cancel()
 	body := appendVLLMPrefillBody(make([]byte, 0, len(q.body)+256), q)
 	req, err := d.newUpstream(ctx, pr.p.ep.urls[d.route], body)
@@ -78,10 +84,11 @@ func (d *dispatch) vllmPrefill(pr *pair) ([]byte, *failure) {
 		return nil, d.transportFailure(legPrefill, err)
 	}
 	defer resp.Body.Close()
+	ls.answered(resp.StatusCode)
 	if resp.StatusCode >= 300 {
 		return nil, d.statusFailure(registry.EngineVLLM, legPrefill, resp)
 	}
-	ans, err := readKeep(resp.Body, vllmPrefillAnswerLimit)
+	ans, err = readKeep(resp.Body, vllmPrefillAnswerLimit)
 	if err != nil {
 		return nil, d.transportFailure(legPrefill, err)
 	}

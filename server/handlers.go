@@ -71,9 +71,20 @@ func (h handlers) ListPeers(ctx context.Context, req api.ListPeersRequestObject)
 	if err != nil {
 		return nil, fmt.Errorf("list peers: %w", err)
 	}
+	view := api.Full
+	if v := req.Params.View; v != nil {
+		if !v.Valid() {
+			return nil, malformed("view", fmt.Sprintf("unknown view %q (want full or summary)", *v))
+		}
+		view = *v
+	}
 	out := api.ListPeers200JSONResponse{Peers: make([]api.PeerSummary, len(peers))}
 	for i := range peers {
 		out.Peers[i] = apiconv.PeerSummary(&peers[i], h.timing())
+		if view == api.Summary {
+			out.Peers[i].Ranks = nil
+		}
+		out.Peers[i].Breaker = h.peerBreaker(peers[i].ID)
 	}
 	return out, nil
 }
@@ -83,7 +94,9 @@ func (h handlers) GetPeer(ctx context.Context, req api.GetPeerRequestObject) (ap
 	if err != nil {
 		return nil, err
 	}
-	return api.GetPeer200JSONResponse(apiconv.PeerSummary(&p, h.timing())), nil
+	out := apiconv.PeerSummary(&p, h.timing())
+	out.Breaker = h.peerBreaker(p.ID)
+	return api.GetPeer200JSONResponse(out), nil
 }
 
 // GetPeerRegistration returns the full registration; auth.go admits only
@@ -176,7 +189,23 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		}
 		limit = *l
 	}
-	pairs, total := h.snaps.Snapshot().Pairs(limit)
+	pc, dc := apiconv.Deref(req.Params.PrefillClass), apiconv.Deref(req.Params.DecodeClass)
+	var pairs []registry.PairView
+	var total int
+	switch {
+	case req.Params.Prefill != nil && (pc != "" || dc != ""):
+		return nil, malformed("prefill", "prefill cannot be combined with prefill_class and decode_class")
+	case req.Params.Prefill != nil:
+		pairs, total = h.snaps.Snapshot().PairsOf(*req.Params.Prefill, limit)
+	case pc == "" && dc == "":
+		pairs, total = h.snaps.Snapshot().Pairs(limit)
+	case pc == "":
+		return nil, malformed("prefill_class", "prefill_class is required with decode_class")
+	case dc == "":
+		return nil, malformed("decode_class", "decode_class is required with prefill_class")
+	default:
+		pairs, total = h.snaps.Snapshot().PairsBetween(pc, dc, limit)
+	}
 	out := api.ListPairs200JSONResponse{Pairs: make([]api.Pair, len(pairs)), Total: total}
 	for i, p := range pairs {
 		ap := api.Pair{
@@ -197,6 +226,10 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 			}
 		}
 		reason := p.Verdict.Reason
+		if pf := p.Preflight; pf != nil {
+			v := apiconv.PairPreflight(pf, pf.Current(p.Prefill, p.Decode))
+			ap.Preflight = &v
+		}
 		if q := p.Quarantined; q != nil {
 			ap.Quarantine = &api.PairQuarantine{Detail: q.Detail, At: q.At, ExpiresAt: q.ExpiresAt, Trial: q.Trial}
 		}
@@ -204,12 +237,15 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		case p.Quarantined != nil && p.Quarantined.Active():
 			reason = "quarantined: " + p.Quarantined.Detail
 			ap.Quarantined = apiconv.Opt(true)
+		case p.PreflightBlocks && reason == "":
+			reason = registry.PreflightReason(*p.Preflight)
 		case p.Quarantined != nil && reason == "" && p.Routable:
 			reason = "on trial after its quarantine expired: the next transfer decides"
 		case reason == "" && !p.Routable:
 			reason = fmt.Sprintf("not both ready (prefill %s, decode %s)", p.Prefill.State, p.Decode.State)
 		}
 		ap.Reason = apiconv.Opt(reason)
+		ap.Breaker = h.pairBreaker(p.Prefill.ID, p.Decode.ID)
 		out.Pairs[i] = ap
 	}
 	return out, nil
@@ -265,4 +301,61 @@ func badParam(err error) error {
 		return malformed(fe.Field, fe.Error())
 	}
 	return err
+}
+
+// PublishProbe records the peer's probe region; auth.go admits only the
+// peer's own credential and the admin token.
+func (h handlers) PublishProbe(ctx context.Context, req api.PublishProbeRequestObject) (api.PublishProbeResponseObject, error) {
+	if req.Body == nil {
+		return nil, malformed("body", "a JSON body is required")
+	}
+	pr, err := apiconv.Probe(req.Id, req.Body)
+	if err != nil {
+		return nil, err
+	}
+	// The store validates the probe (a *registry.FieldError is a 422).
+	out, err := h.store.PublishProbe(ctx, pr)
+	if err != nil {
+		return nil, err
+	}
+	return api.PublishProbe200JSONResponse(apiconv.ProbeOut(&out)), nil
+}
+
+// GetProbe returns a peer's probe to the peers that may preflight it (the
+// same ones that may read its registration).
+func (h handlers) GetProbe(ctx context.Context, req api.GetProbeRequestObject) (api.GetProbeResponseObject, error) {
+	p, err := h.store.Get(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	if prob := h.checkRegistrationRead(principalFrom(ctx), &p); prob != nil {
+		return nil, prob
+	}
+	pr, err := h.store.Probe(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetProbe200JSONResponse(apiconv.ProbeOut(&pr)), nil
+}
+
+// ReportPreflight records a pair's preflight; only the prefill (the side
+// that ran it) or the admin token may.
+func (h handlers) ReportPreflight(ctx context.Context, req api.ReportPreflightRequestObject) (api.ReportPreflightResponseObject, error) {
+	if req.Body == nil {
+		return nil, malformed("body", "a JSON body is required")
+	}
+	if who := principalFrom(ctx); !h.open() && who.kind != admin && who.peerID != req.Prefill {
+		return nil, forbidden("a preflight is reported by the prefill that ran it (" + req.Prefill + "), not by " + who.Name())
+	}
+	pf, err := apiconv.Preflight(req.Prefill, req.Decode, req.Body)
+	if err != nil {
+		return nil, err
+	}
+	// The store validates the preflight (a *registry.FieldError is a 422).
+	out, err := h.store.ReportPreflight(ctx, pf)
+	if err != nil {
+		return nil, err
+	}
+	h.metrics.preflights.WithLabelValues(out.Backend, string(out.State)).Inc()
+	return api.ReportPreflight200JSONResponse(apiconv.PairPreflight(&out, true)), nil
 }

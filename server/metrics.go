@@ -19,6 +19,7 @@ type serverMetrics struct {
 	staleMarks    *prometheus.CounterVec
 	eventStreams  prometheus.Gauge
 	rejected      *prometheus.CounterVec
+	preflights    *prometheus.CounterVec
 }
 
 func newServerMetrics(reg prometheus.Registerer, snaps Snapshots, version string) *serverMetrics {
@@ -41,8 +42,11 @@ func newServerMetrics(reg prometheus.Registerer, snaps Snapshots, version string
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdplane_api_rejected_total", Help: "Control-plane requests refused before their handler ran, by reason.",
 		}, []string{"reason"}),
+		preflights: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdplane_preflight_reports_total", Help: "Pair preflights reported by agents, by backend and state (passed, failed).",
+		}, []string{"backend", "state"}),
 	}
-	reg.MustRegister(m.requests, m.registrations, m.heartbeats, m.staleMarks, m.eventStreams, m.rejected,
+	reg.MustRegister(m.requests, m.registrations, m.heartbeats, m.staleMarks, m.eventStreams, m.rejected, m.preflights,
 		&snapshotCollector{snaps: snaps}, buildInfo(version))
 	return m
 }
@@ -51,10 +55,7 @@ func newServerMetrics(reg prometheus.Registerer, snaps Snapshots, version string
 // (the given one, else what the build information says), VCS revision and
 // Go version.
 func buildInfo(given string) prometheus.Collector {
-	version, revision := buildVersion(debug.ReadBuildInfo())
-	if given != "" {
-		version = given
-	}
+	version, revision := runningVersion(given)
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "pdplane_build_info",
 		Help: "Always 1; its labels name the running build: version, VCS revision and Go version.",
@@ -64,6 +65,16 @@ func buildInfo(given string) prometheus.Collector {
 	})
 	g.Set(1)
 	return g
+}
+
+// runningVersion is the given version, else what the build information
+// says, and the VCS revision.
+func runningVersion(given string) (version, revision string) {
+	version, revision = buildVersion(debug.ReadBuildInfo())
+	if given != "" {
+		version = given
+	}
+	return version, revision
 }
 
 // ldflagsVersion finds a -X main.version=V in the build settings, which
@@ -115,8 +126,14 @@ var (
 		"(prefill, decode) pairs quarantined in the routing snapshot: kept out of routing after a deterministic transfer failure.", nil, nil)
 	onTrialDesc = prometheus.NewDesc("pdplane_pairs_on_trial",
 		"(prefill, decode) pairs whose quarantine expired in the routing snapshot: routable again, their next transfer decides.", nil, nil)
+	preflightPairsDesc = prometheus.NewDesc("pdplane_preflight_pairs",
+		"(prefill, decode) pairs by the state of their last preflight in the routing snapshot: passed, failed, and blocking (failed on the current registrations, so kept out of routing).",
+		[]string{"state"}, nil)
+	preflightGBpsDesc = prometheus.NewDesc("pdplane_preflight_gbps",
+		"GB/s of the passed preflights in the routing snapshot, per backend and memory kind: the slowest pair (min) and the mean.",
+		[]string{"backend", "mem_kind", "stat"}, nil)
 	healingDesc = prometheus.NewDesc("pdplane_peers_healing",
-		"Peers with a heal plan running in the routing snapshot, by phase (draining, verifying).", []string{"phase"}, nil)
+		"Peers with a heal plan running in the routing snapshot, by phase (quarantined, draining, verifying).", []string{"phase"}, nil)
 )
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -126,6 +143,8 @@ func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- quarantinedDesc
 	ch <- onTrialDesc
 	ch <- healingDesc
+	ch <- preflightPairsDesc
+	ch <- preflightGBpsDesc
 }
 
 func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
@@ -136,7 +155,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			counts[[2]string{string(role), string(st)}] = 0
 		}
 	}
-	heals := map[registry.HealPhase]int{registry.HealDraining: 0, registry.HealVerifying: 0}
+	heals := map[registry.HealPhase]int{registry.HealQuarantined: 0, registry.HealDraining: 0, registry.HealVerifying: 0}
 	for _, p := range s.Peers() {
 		counts[[2]string{string(p.Role), string(p.State)}]++
 		if p.Heal.Active() {
@@ -159,4 +178,42 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		v = 1
 	}
 	ch <- prometheus.MustNewConstMetric(routableDesc, prometheus.GaugeValue, v)
+	collectPreflights(ch, s)
+}
+
+// collectPreflights summarises the pairs' last preflights: per-pair series
+// would be a million at 1,000 × 1,000 pairs, so the slowest and the mean
+// GB/s per backend and memory kind stand for them (the pair list has each).
+func collectPreflights(ch chan<- prometheus.Metric, s *registry.Snapshot) {
+	states := map[string]int{"passed": 0, "failed": 0, "blocking": 0}
+	type agg struct {
+		min, sum float64
+		n        int
+	}
+	rates := map[[2]string]*agg{}
+	for _, pf := range s.Preflights() {
+		states[string(pf.State)]++
+		p, okP := s.Peer(pf.PrefillID)
+		d, okD := s.Peer(pf.DecodeID)
+		if pf.Failed() && okP && okD && pf.Current(p, d) {
+			states["blocking"]++
+		}
+		if pf.Failed() {
+			continue
+		}
+		k := [2]string{pf.Backend, pf.MemKind.String()}
+		a := rates[k]
+		if a == nil {
+			a = &agg{min: pf.GBps}
+			rates[k] = a
+		}
+		a.min, a.sum, a.n = min(a.min, pf.GBps), a.sum+pf.GBps, a.n+1
+	}
+	for st, n := range states {
+		ch <- prometheus.MustNewConstMetric(preflightPairsDesc, prometheus.GaugeValue, float64(n), st)
+	}
+	for k, a := range rates {
+		ch <- prometheus.MustNewConstMetric(preflightGBpsDesc, prometheus.GaugeValue, a.min, k[0], k[1], "min")
+		ch <- prometheus.MustNewConstMetric(preflightGBpsDesc, prometheus.GaugeValue, a.sum/float64(a.n), k[0], k[1], "mean")
+	}
 }

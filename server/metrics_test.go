@@ -30,20 +30,7 @@ func TestSnapshotGauges(t *testing.T) {
 
 	check := func(q, trial, draining, verifying float64) {
 		t.Helper()
-		got := map[string]float64{}
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				key := mf.GetName()
-				for _, l := range m.GetLabel() {
-					key += "," + l.GetName() + "=" + l.GetValue()
-				}
-				got[key] = m.GetGauge().GetValue()
-			}
-		}
+		got := gauges(t, reg)
 		want := map[string]float64{
 			"pdplane_pairs_quarantined": q, "pdplane_pairs_on_trial": trial,
 			"pdplane_peers_healing,phase=draining": draining, "pdplane_peers_healing,phase=verifying": verifying,
@@ -67,6 +54,62 @@ func TestSnapshotGauges(t *testing.T) {
 	check(2, 1, 1, 2)
 	snaps.set(registry.NewSnapshot(3, peers[:1], nil, time.Now()))
 	check(0, 0, 0, 0)
+}
+
+// gauges gathers reg's gauges as "name,label=value,..." -> value.
+func gauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				key += "," + l.GetName() + "=" + l.GetValue()
+			}
+			got[key] = m.GetGauge().GetValue()
+		}
+	}
+	return got
+}
+
+// TestPreflightGauges: pairs by preflight state (a failed one of an
+// earlier generation is failed, not blocking) and the slowest and mean
+// GB/s of the passed ones, per backend and memory kind.
+func TestPreflightGauges(t *testing.T) {
+	t.Parallel()
+	peers := make([]registry.Peer, 0, 4)
+	for _, id := range []string{"p1", "d1", "d2", "d3"} {
+		p := registry.Peer{ID: id, State: registry.StateReady, Generation: 1}
+		p.Name, p.Role, p.Model = id, registry.RoleDecode, "m"
+		peers = append(peers, p)
+	}
+	peers[0].Role = registry.RolePrefill
+	pf := func(d string, state registry.PreflightState, gbps float64, gen int64) registry.Preflight {
+		return registry.Preflight{PrefillID: "p1", DecodeID: d, State: state, Backend: "nixl", MemKind: registry.DRAM, GBps: gbps,
+			PrefillGeneration: 1, DecodeGeneration: gen}
+	}
+	snaps := &swapSnapshots{}
+	snaps.set(registry.NewSnapshotWithPreflights(1, peers, nil, []registry.Preflight{
+		pf("d1", registry.PreflightPassed, 1, 1), pf("d2", registry.PreflightPassed, 3, 1),
+		pf("d3", registry.PreflightFailed, 0, 1), pf("d4", registry.PreflightFailed, 0, 1),
+	}, time.Now()))
+	reg := prometheus.NewRegistry()
+	newServerMetrics(reg, snaps, "")
+	got := gauges(t, reg)
+	for k, v := range map[string]float64{
+		"pdplane_preflight_pairs,state=passed": 2, "pdplane_preflight_pairs,state=failed": 2,
+		"pdplane_preflight_pairs,state=blocking":                      1, // d4 is no peer of the snapshot
+		"pdplane_preflight_gbps,backend=nixl,mem_kind=DRAM,stat=min":  1,
+		"pdplane_preflight_gbps,backend=nixl,mem_kind=DRAM,stat=mean": 2,
+	} {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s = %v (exported %v), want %v", k, g, ok, v)
+		}
+	}
 }
 
 type swapSnapshots struct{ s *registry.Snapshot }

@@ -65,6 +65,12 @@ type Config struct {
 	// information (a non-trimpath build's -X main.version, else the module
 	// version), else "dev".
 	Version string
+	// Replica names this replica on the status page (serve --replica);
+	// the host name when empty.
+	Replica string
+	// StoreKind is the registry store behind Deps.Store, "memory" or
+	// "postgres", for the status page's header.
+	StoreKind string
 }
 
 // WithDefaults fills in unset fields.
@@ -93,6 +99,15 @@ func (c Config) WithDefaults() Config {
 	if c.MaxEventStreams == 0 {
 		c.MaxEventStreams = 256
 	}
+	if c.Replica == "" {
+		c.Replica, _ = os.Hostname()
+	}
+	if c.StoreKind == "" {
+		c.StoreKind = "memory"
+	}
+	if c.Version == "" {
+		c.Version, _ = runningVersion("")
+	}
 	return c
 }
 
@@ -110,6 +125,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("body timeout must not be negative, got %s", c.BodyTimeout)
 	case c.MaxEventStreams < 1:
 		return fmt.Errorf("max event streams must be at least 1, got %d", c.MaxEventStreams)
+	case c.StoreKind != "memory" && c.StoreKind != "postgres":
+		return fmt.Errorf("store kind must be memory or postgres, got %q", c.StoreKind)
 	}
 	for _, h := range c.AllowedHosts {
 		if h == "" || strings.ContainsAny(h, "/ ") {
@@ -145,6 +162,17 @@ type selfLogger interface {
 	LoggedRoutes() []string
 }
 
+// Breakers is what the replica's router observes of peers and pairs: its
+// circuit breakers. It is the router's own state, never the registry's;
+// *router.Router is one. A state is "closed", "open" or "half_open", since
+// when it last opened (zero while closed); ok is false when the router
+// tracks none.
+type Breakers interface {
+	PeerBreaker(peerID string) (state string, since time.Time, ok bool)
+	PairBreaker(prefillID, decodeID string) (state string, since time.Time, ok bool)
+	OpenBreakers() (peers, pairs int)
+}
+
 // Deps are the server's collaborators.
 type Deps struct {
 	Store    registry.Store
@@ -152,21 +180,25 @@ type Deps struct {
 	Registry *prometheus.Registry
 	// Routes, if set, mounts the OpenAI-compatible routes.
 	Routes Mounter
+	// Breakers, if set, adds the router's breakers to peers, pairs and the
+	// fleet summary.
+	Breakers Breakers
 	// Web, if set, serves the status page at /.
 	Web http.Handler
 }
 
 // Server is the control-plane HTTP server.
 type Server struct {
-	cfg     Config
-	store   registry.Store
-	snaps   Snapshots
-	log     zerolog.Logger
-	metrics *serverMetrics
-	streams streamSlots
-	mux     *chi.Mux
-	handler http.Handler
-	reports *reportLimiter
+	cfg      Config
+	store    registry.Store
+	snaps    Snapshots
+	breakers Breakers // nil without a router
+	log      zerolog.Logger
+	metrics  *serverMetrics
+	streams  streamSlots
+	mux      *chi.Mux
+	handler  http.Handler
+	reports  *reportLimiter
 	// access is who may call each /api/v1 operation, read from the
 	// x-pdplane-access declarations of the embedded openapi.yaml.
 	access map[string]access
@@ -190,7 +222,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, log: log, access: access,
+	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, breakers: deps.Breakers, log: log, access: access,
 		reports:      newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now),
 		shuttingDown: make(chan struct{})}
 	s.metrics = newServerMetrics(deps.Registry, deps.Snaps, cfg.Version)

@@ -118,6 +118,9 @@ func storeNeutral(v any) any {
 				out[k] = "<id>"
 			case "created_at", "updated_at", "lease_expiry", "last_heartbeat", "at", "started", "acted", "deadline":
 				out[k] = "<time>"
+			case "pairs": // a heal plan's prefill ids
+				ids, _ := val.([]any)
+				out[k] = len(ids)
 			default:
 				out[k] = storeNeutral(val)
 			}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,7 +41,10 @@ const (
 	// the decode's own read-side preparation of each prefill fails the same
 	// way, is reported, and the decode answers as vLLM does under
 	// kv_load_failure_policy=fail ("Internal server error"), never with
-	// SGLang's text; it lasts until Reregister.
+	// SGLang's text; it lasts until Reregister. On an SGLang decode it may
+	// be limited to one prefill (SetPairFault): SGLang's broken entry is
+	// per (prefill, decode agent), so only that prefill's registration
+	// lacks the kinds and the other prefills keep sending.
 	FaultMissingMemKind Fault = "missing-mem-kind"
 	// FaultPrefillError: every generation request is answered with an
 	// ordinary HTTP 500.
@@ -82,7 +87,19 @@ func (s *Sim) Fault() Fault {
 }
 
 // SetFault puts f in effect, replacing the previous fault.
-func (s *Sim) SetFault(f Fault) error {
+func (s *Sim) SetFault(f Fault) error { return s.SetPairFault(f, 0) }
+
+// SetPairFault puts f in effect, replacing the previous fault; a
+// bootstrapPort other than zero limits the missing-mem-kind fault of an
+// SGLang decode to the pair with the prefill whose bootstrap server
+// listens on that port.
+func (s *Sim) SetPairFault(f Fault, bootstrapPort int) error {
+	if bootstrapPort != 0 && (f != FaultMissingMemKind || s.cfg.Engine != registry.EngineSGLang) {
+		return &InvalidFaultError{Fault: f, Detail: "bootstrap_port applies to the missing-mem-kind fault of an SGLang decode"}
+	}
+	if bootstrapPort < 0 || bootstrapPort > 65535 {
+		return &InvalidFaultError{Fault: f, Detail: fmt.Sprintf("bootstrap_port must be in [1, 65535], got %d", bootstrapPort)}
+	}
 	known := false
 	for _, k := range Faults() {
 		known = known || k == f
@@ -98,7 +115,7 @@ func (s *Sim) SetFault(f Fault) error {
 	}
 	s.faultMu.Lock()
 	prev := s.fault
-	s.fault = f
+	s.fault, s.faultPort = f, bootstrapPort
 	switch {
 	case f == FaultCrash && prev != FaultCrash:
 		s.crashCancel()
@@ -111,8 +128,16 @@ func (s *Sim) SetFault(f Fault) error {
 			return err
 		}
 	}
-	s.log.Warn().Str("fault", string(f)).Str("previous", string(prev)).Msg("fault set")
+	s.log.Warn().Str("fault", string(f)).Int("bootstrap_port", bootstrapPort).Str("previous", string(prev)).Msg("fault set")
 	return nil
+}
+
+// breaksPair reports whether the fault in effect breaks the registration
+// of this decode with the prefill whose bootstrap server listens on port.
+func (s *Sim) breaksPair(port int) bool {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	return s.fault == FaultMissingMemKind && (s.faultPort == 0 || s.faultPort == port)
 }
 
 // crashed reports whether the crash fault is in effect.
@@ -164,6 +189,9 @@ func writeProblem(w http.ResponseWriter, p problem) {
 
 type faultBody struct {
 	Fault Fault `json:"fault"`
+	// BootstrapPort limits the missing-mem-kind fault to one prefill's
+	// pair (SetPairFault); zero: every pair.
+	BootstrapPort int `json:"bootstrap_port,omitempty"`
 }
 
 func (s *Sim) handleSetFault(w http.ResponseWriter, r *http.Request) {
@@ -172,15 +200,25 @@ func (s *Sim) handleSetFault(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem{Type: "https://pdplane.dev/problems/malformed-request", Title: "Malformed request", Status: http.StatusBadRequest, Detail: "the body must be {\"fault\": \"...\"}: " + err.Error()})
 		return
 	}
-	if err := s.SetFault(body.Fault); err != nil {
-		writeProblem(w, problem{Type: "https://pdplane.dev/problems/invalid-field", Title: "Invalid fault", Status: http.StatusBadRequest, Detail: err.Error(), Field: "fault"})
+	if err := s.SetPairFault(body.Fault, body.BootstrapPort); err != nil {
+		field := "fault"
+		if body.BootstrapPort != 0 {
+			field = "bootstrap_port"
+		}
+		writeProblem(w, problem{Type: "https://pdplane.dev/problems/invalid-field", Title: "Invalid fault", Status: http.StatusBadRequest, Detail: err.Error(), Field: field})
 		return
 	}
-	writeJSON(w, faultBody{Fault: s.Fault()})
+	s.handleGetFault(w, r)
 }
 
-func (s *Sim) handleGetFault(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, faultBody{Fault: s.Fault()})
+func (s *Sim) handleGetFault(w http.ResponseWriter, _ *http.Request) {
+	s.faultMu.Lock()
+	body := faultBody{Fault: s.fault, BootstrapPort: s.faultPort}
+	s.faultMu.Unlock()
+	if body.Fault == "" {
+		body.Fault = FaultNone
+	}
+	writeJSON(w, body)
 }
 
 // counters are the simulator's statistics.
@@ -196,24 +234,41 @@ type counters struct {
 	ignoredKVArgs   atomic.Int64
 	foreignMessages atomic.Int64
 	roomTimeouts    atomic.Int64
+
+	fromMu sync.Mutex
+	from   map[string]int64 // KV received by an SGLang decode, by prefill
+}
+
+// received counts a transfer an SGLang decode received from the prefill
+// whose bootstrap server is at addr.
+func (c *counters) received(addr string) {
+	c.fromMu.Lock()
+	defer c.fromMu.Unlock()
+	if c.from == nil {
+		c.from = map[string]int64{}
+	}
+	c.from[addr]++
 }
 
 // Stats is what a simulator has done, for tests and GET /_sim/stats.
 type Stats struct {
-	Name            string `json:"name"`
-	Role            string `json:"role"`
-	Engine          string `json:"engine"`
-	Agent           string `json:"agent"`
-	Generation      int64  `json:"generation"`
-	Fault           Fault  `json:"fault"`
-	Requests        int64  `json:"requests"`
-	Errors          int64  `json:"errors"`
-	VerifyFailures  int64  `json:"verify_failures"`
-	Transfers       int64  `json:"transfers"`
-	TransferErrors  int64  `json:"transfer_errors"`
-	MissingMemKind  int64  `json:"missing_mem_kind"`
-	BytesMoved      int64  `json:"bytes_moved"`
-	Reregistrations int64  `json:"reregistrations"`
+	Name           string `json:"name"`
+	Role           string `json:"role"`
+	Engine         string `json:"engine"`
+	Agent          string `json:"agent"`
+	Generation     int64  `json:"generation"`
+	Fault          Fault  `json:"fault"`
+	Requests       int64  `json:"requests"`
+	Errors         int64  `json:"errors"`
+	VerifyFailures int64  `json:"verify_failures"`
+	Transfers      int64  `json:"transfers"`
+	// TransfersFrom counts the transfers an SGLang decode received, by
+	// the bootstrap address (host:port) of the prefill that sent them.
+	TransfersFrom   map[string]int64 `json:"transfers_from,omitempty"`
+	TransferErrors  int64            `json:"transfer_errors"`
+	MissingMemKind  int64            `json:"missing_mem_kind"`
+	BytesMoved      int64            `json:"bytes_moved"`
+	Reregistrations int64            `json:"reregistrations"`
 	// IgnoredKVArgs counts KV-args registrations an SGLang prefill ignored
 	// because it knew the agent name ("Peer … was already registered,
 	// ignoring.").
@@ -252,6 +307,9 @@ func (s *Sim) Stats() Stats {
 		Running: l.Running, Queued: l.Queued, KVUsage: l.KVUsage,
 		Remotes: []RemoteAgent{},
 	}
+	c.fromMu.Lock()
+	st.TransfersFrom = maps.Clone(c.from)
+	c.fromMu.Unlock()
 	if cur := s.state.Load(); cur != nil {
 		var keys []string
 		if cur.worker != nil {

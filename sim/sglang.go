@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -203,6 +204,7 @@ func (s *Sim) decodeRoom(ctx context.Context, st *agentState, rid string, seeds 
 		return release, err
 	}
 	s.counters.transfers.Add(1)
+	s.counters.received(net.JoinHostPort(bs.host, strconv.Itoa(bs.port)))
 	s.counters.bytesMoved.Add(int64(len(s.movedPages(pages, pages).SrcPages) * s.pool.itemLen * s.pool.regions))
 	return release, nil
 }

@@ -431,7 +431,7 @@ func (s *Sim) exchangeRoom(st *agentState, bs bootstrap, room *decodeRoom) error
 		}
 		endpoint := net.JoinHostPort(ep.RankIP, strconv.Itoa(ep.RankPort))
 		if fresh {
-			withKinds := s.Fault() != FaultMissingMemKind
+			withKinds := !s.breaksPair(bs.port)
 			if !withKinds {
 				s.log.Warn().Str("prefill", addr).Str("agent", st.name).Msg("registering KV args without memory kinds (missing-mem-kind fault)")
 			}

@@ -49,8 +49,11 @@ type Sim struct {
 
 	peerID atomic.Pointer[string]
 
-	faultMu     sync.Mutex
-	fault       Fault
+	faultMu sync.Mutex
+	fault   Fault
+	// faultPort, when not zero, limits the missing-mem-kind fault to the
+	// pair with the prefill whose bootstrap server listens on it.
+	faultPort   int
 	crashCtx    context.Context // cancelled while crashed
 	crashCancel context.CancelFunc
 
@@ -374,7 +377,7 @@ func (s *Sim) Reregister(ctx context.Context, reason string) error {
 	}
 	s.faultMu.Lock()
 	if s.fault == FaultMissingMemKind {
-		s.fault = FaultNone
+		s.fault, s.faultPort = FaultNone, 0
 	}
 	s.faultMu.Unlock()
 	s.state.Store(next)

@@ -41,21 +41,28 @@ import (
 var update = flag.Bool("update", false, "rewrite testdata/status.png with the browser test's screenshot")
 
 const (
-	adminToken = "admin-secret"
-	hostile    = `<img src=x onerror=alert(1)>`
-	nixlError  = "RuntimeError: Missing NIXL destination KV memory kind"
+	fixtureReplica = "replica-under-test"
+	fixtureVersion = "v9.9.9-test"
+	adminToken     = "admin-secret"
+	hostile        = `<img src=x onerror=alert(1)>`
+	nixlError      = "RuntimeError: Missing NIXL destination KV memory kind"
 )
 
 // ---------------------------------------------------------------- server
 
-// fixture is a pdplane server with the status page mounted, on the embedded
-// store, listening on 127.0.0.1.
+// fixture is a pdplane server with the status page and a real router
+// mounted, on the embedded store, listening on 127.0.0.1, as serve wires
+// them.
 type fixture struct {
-	t     *testing.T
-	url   string
-	store *memstore.Store
-	reg   *prometheus.Registry
-	gate  *streamGate
+	t      *testing.T
+	url    string
+	store  *memstore.Store
+	reg    *prometheus.Registry
+	router *router.Router
+	// series are the router's collectors by the names of their series, so
+	// that a test takes the names the router registers and copies none.
+	series *recordingRegisterer
+	gate   *streamGate
 	// back sets the store's clock back by this many nanoseconds, so that a
 	// test can build a fleet with a history spread over the past.
 	back atomic.Int64
@@ -75,8 +82,17 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	srv, err := server.New(server.Config{AdminToken: adminToken},
-		server.Deps{Store: store, Snaps: mirror, Registry: reg, Web: web.Handler()}, log)
+	series := &recordingRegisterer{Registerer: reg, byName: map[string]prometheus.Collector{}}
+	// One failure opens a breaker, and it stays open for the test: an
+	// engine that refuses a connection shows in the breaker column at once.
+	rt, err := router.New(router.Config{Replica: fixtureReplica, BreakerFailures: 1, BreakerCooldown: time.Hour, MaxAttempts: 1},
+		mirror, store, log, series)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	srv, err := server.New(server.Config{AdminToken: adminToken, Replica: fixtureReplica, StoreKind: "memory", Version: fixtureVersion},
+		server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: rt, Breakers: rt, Web: web.Handler()}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +100,7 @@ func newFixture(t *testing.T) *fixture {
 	ts := httptest.NewServer(gate)
 	t.Cleanup(ts.Close)
 	t.Cleanup(gate.closeAll) // before ts.Close, which waits for open streams
-	f.url, f.store, f.reg, f.gate = ts.URL, store, reg, gate
+	f.url, f.store, f.reg, f.gate, f.router, f.series = ts.URL, store, reg, gate, rt, series
 	return f
 }
 
@@ -636,7 +652,7 @@ func TestStatusPageLive(t *testing.T) {
 func TestStatusPageScreenshot(t *testing.T) {
 	chromium := chromiumPath(t)
 	f := newFixture(t)
-	stopTraffic := fakeRouterTraffic(t, f.reg)
+	stopTraffic := fakeRouterTraffic(t, f.series)
 	defer stopTraffic()
 	ids := buildFleet(f)
 
@@ -816,19 +832,12 @@ func buildFleet(f *fixture) map[string]string {
 	return ids
 }
 
-// fakeRouterTraffic builds a real router on reg, so that /metrics carries
-// the router's own series (names, labels, buckets) and not a copy of them,
-// and feeds a plausible load into them until stopped, so the page's charts
-// have something to draw. If the router renames a series the page reads,
-// this fails naming it.
-func fakeRouterTraffic(t *testing.T, reg *prometheus.Registry) (stop func()) {
+// fakeRouterTraffic feeds a plausible load into the fixture's router's own
+// series (names, labels, buckets: not a copy of them) until stopped, so the
+// page's charts have something to draw. If the router renames a series the
+// page reads, this fails naming it.
+func fakeRouterTraffic(t *testing.T, rr *recordingRegisterer) (stop func()) {
 	t.Helper()
-	rr := &recordingRegisterer{Registerer: reg, byName: map[string]prometheus.Collector{}}
-	rt, err := router.New(router.Config{}, emptySnapshots{}, nil, zerolog.Nop(), rr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rt.Close)
 	requests := routerSeries[*prometheus.CounterVec](t, rr, "pdplane_router_requests_total")
 	ttft := routerSeries[*prometheus.HistogramVec](t, rr, "pdplane_router_ttft_seconds")
 	retries := routerSeries[*prometheus.CounterVec](t, rr, "pdplane_router_retries_total")
@@ -873,14 +882,6 @@ func fakeRouterTraffic(t *testing.T, reg *prometheus.Registry) (stop func()) {
 		cancel()
 		<-done
 	}
-}
-
-// emptySnapshots serves the router an empty fleet: it only has to exist
-// for its metrics.
-type emptySnapshots struct{}
-
-func (emptySnapshots) Snapshot() *registry.Snapshot {
-	return registry.NewSnapshot(0, nil, nil, time.Now())
 }
 
 // recordingRegisterer registers collectors on the wrapped registerer and

@@ -45,6 +45,8 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.int(&pub.TPSize, "tp-size", 0, "without --spec: tensor parallel size; required for vLLM, which does not publish it")
 	fs.str(&pub.BootstrapHost, "bootstrap-host", "", "without --spec: SGLang prefill bootstrap host as decodes reach it (default: the URL's host)")
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
+	var pre preflightFlags
+	pre.register(fs)
 	if err := fs.parse(args); err != nil {
 		return err
 	}
@@ -81,6 +83,20 @@ func runAgent(ctx context.Context, args []string) error {
 	a, err := agent.New(agent.Config{ControlPlane: controlPlane, JoinToken: token, CredentialFile: credentialFile, Probe: probe, Heal: heal}, engine, log)
 	if err != nil {
 		return err
+	}
+	// A worker that cannot start (a transport setting UCX refuses, say)
+	// costs the preflights, not the engine's registration.
+	w, err := pre.start(a, log)
+	if err != nil {
+		log.Error().Err(err).Msg("preflight worker not started; this peer's pairs are not preflighted")
+	}
+	if w != nil {
+		defer w.close()
+		pctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); w.p.Run(pctx) }()
+		defer func() { stop(); <-done }()
+		log.Info().Str("backend", pre.backend).Int("max_size", pre.maxSize).Msg("preflight worker started")
 	}
 	if err := a.Run(ctx); err != nil && ctx.Err() == nil {
 		return err

@@ -156,6 +156,13 @@ type process struct {
 
 func startProcess(t *testing.T, name string, args ...string) *process {
 	t.Helper()
+	return startProcessEnv(t, name, nil, args...)
+}
+
+// startProcessEnv is startProcess with env added to the child's
+// environment (after the PDPLANE_ variables are dropped).
+func startProcessEnv(t *testing.T, name string, env []string, args ...string) *process {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	out, err := os.Create(logPath)
 	if err != nil {
@@ -169,6 +176,7 @@ func startProcess(t *testing.T, name string, args ...string) *process {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)

@@ -50,11 +50,24 @@ const (
 
 // healFleet is serve, the sims and their agents.
 type healFleet struct {
-	base                          string
-	prefillAddr, victim, survivor string // sim addresses
-	victimID                      string // the victim decode's peer ID
-	dir                           string // the heal script's files
-	runs, pidFile                 string
+	base             string
+	victim, survivor string   // decode sim addresses
+	prefills         []string // prefill sim addresses
+	bootstrapPorts   []int    // the prefills' SGLang bootstrap ports
+	victimID         string   // the victim decode's peer ID
+	dir              string   // the heal script's files
+	runs, pidFile    string
+}
+
+// healOpts shapes a heal fleet: verify is --heal-verify-timeout; restart
+// says whether the victim's heal script restarts its sim (or only records
+// that it ran); prefills is how many prefill sims run (at least one); hold
+// is --heal-hold (zero: the default).
+type healOpts struct {
+	verify   time.Duration
+	restart  bool
+	prefills int
+	hold     time.Duration
 }
 
 // healPeer is what the test reads of a peer.
@@ -66,6 +79,11 @@ type healPeer struct {
 	Generation    int64      `json:"generation"`
 	InstanceID    string     `json:"instance_id"`
 	LastHeartbeat *time.Time `json:"last_heartbeat"`
+	// Heal is the peer's heal plan; nil when none runs.
+	Heal *struct {
+		Phase string   `json:"phase"`
+		Pairs []string `json:"pairs"`
+	} `json:"heal"`
 }
 
 type healEvent struct {
@@ -77,10 +95,16 @@ type healEvent struct {
 	At         time.Time `json:"at"`
 }
 
-// startHealFleet starts the fleet; restart says whether the victim's heal
-// script restarts its sim (or only records that it ran).
+// startHealFleet starts a fleet of one prefill and two decodes.
 func startHealFleet(t *testing.T, dbURL string, verify time.Duration, restart bool) *healFleet {
 	t.Helper()
+	return startHealFleetWith(t, dbURL, healOpts{verify: verify, restart: restart, prefills: 1})
+}
+
+// startHealFleetWith starts the fleet that o describes.
+func startHealFleetWith(t *testing.T, dbURL string, o healOpts) *healFleet {
+	t.Helper()
+	verify, restart := o.verify, o.restart
 	bin := pdplaneBinary(t)
 	// Under /tmp, not t.TempDir(): the restarted sim writes its log here
 	// and may still be writing when the test's folders are removed.
@@ -114,18 +138,29 @@ func startHealFleet(t *testing.T, dbURL string, verify time.Duration, restart bo
 		// Round robin sends every other request to the victim: one reaches
 		// it soon after its fault, while others still stream from it.
 		"--decode-policy", "round_robin"}
+	if o.hold > 0 {
+		serveArgs = append(serveArgs, "--heal-hold", o.hold.String())
+	}
 	if dbURL != "" {
 		serveArgs = append(serveArgs, "--database-url", dbURL)
 	}
 	startProcess(t, "serve", serveArgs...)
 	waitHTTP(t, f.base+"/healthz", 30*time.Second)
 
-	f.prefillAddr, f.victim, f.survivor = freeAddr(t), freeAddr(t), freeAddr(t)
+	f.victim, f.survivor = freeAddr(t), freeAddr(t)
 	simArgs := func(role, name, addr string, perToken time.Duration) []string {
 		return []string{"sim", "--role", role, "--engine", "sglang", "--name", name, "--sim-addr", addr,
 			"--transfer-secret", healSecret, "--decode-time-per-token", perToken.String()}
 	}
-	startProcess(t, "sim-prefill", simArgs("prefill", "prefill-0", f.prefillAddr, 0)...)
+	engines := []struct{ name, addr, heal string }{}
+	for i := 0; i < o.prefills; i++ {
+		name, addr := fmt.Sprintf("prefill-%d", i), freeAddr(t)
+		_, port, _ := strings.Cut(freeAddr(t), ":")
+		bp, _ := strconv.Atoi(port)
+		f.prefills, f.bootstrapPorts = append(f.prefills, addr), append(f.bootstrapPorts, bp)
+		startProcess(t, "sim-"+name, append(simArgs("prefill", name, addr, 0), "--bootstrap-port", port)...)
+		engines = append(engines, struct{ name, addr, heal string }{name, addr, "none"})
+	}
 	victim := startProcess(t, "sim-victim", simArgs("decode", "decode-victim", f.victim, healVictimToken)...)
 	startProcess(t, "sim-survivor", simArgs("decode", "decode-survivor", f.survivor, healSurvivorToken)...)
 	firstPid = victim.cmd.Process.Pid
@@ -151,18 +186,16 @@ func startHealFleet(t *testing.T, dbURL string, verify time.Duration, restart bo
 		t.Fatal(err)
 	}
 
-	for _, s := range []struct{ name, addr, heal string }{
-		{"prefill-0", f.prefillAddr, "none"},
-		{"decode-victim", f.victim, "exec:" + scriptPath},
-		{"decode-survivor", f.survivor, "none"},
-	} {
+	engines = append(engines, struct{ name, addr, heal string }{"decode-victim", f.victim, "exec:" + scriptPath},
+		struct{ name, addr, heal string }{"decode-survivor", f.survivor, "none"})
+	for _, s := range engines {
 		waitHTTP(t, "http://"+s.addr+"/health", 30*time.Second)
 		startProcess(t, "agent-"+s.name, "agent", "--engine", "sglang", "--engine-url", "http://"+s.addr,
 			"--control-plane", f.base, "--join-token", "peer-tok", "--name", s.name, "--heal", s.heal)
 	}
-	waitFor(t, "three ready peers", 30*time.Second, func() bool {
+	waitFor(t, "every peer ready", 30*time.Second, func() bool {
 		peers, err := healPeers(f.base)
-		if err != nil || len(peers) != 3 {
+		if err != nil || len(peers) != len(engines) {
 			return false
 		}
 		for _, p := range peers {
@@ -281,7 +314,14 @@ func mustSimStats(t *testing.T, addr string) sim.Stats {
 
 func setFault(t *testing.T, addr string, fault sim.Fault) {
 	t.Helper()
-	body, _ := json.Marshal(map[string]sim.Fault{"fault": fault})
+	setPairFault(t, addr, fault, 0)
+}
+
+// setPairFault sets fault on the sim at addr, limited to the pair with the
+// prefill whose bootstrap port is bootstrapPort (zero: every pair).
+func setPairFault(t *testing.T, addr string, fault sim.Fault, bootstrapPort int) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"fault": fault, "bootstrap_port": bootstrapPort})
 	resp, err := http.Post("http://"+addr+"/_sim/fault", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

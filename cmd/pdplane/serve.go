@@ -17,12 +17,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/tracing"
 	"github.com/pdplane/pdplane/web"
 )
 
@@ -54,6 +56,9 @@ type serveConfig struct {
 	// shutdownGrace is how long the requests in flight at SIGTERM may
 	// take to finish before they are cut.
 	shutdownGrace time.Duration
+	// otlpEndpoint is the OTLP/HTTP collector traces go to; empty leaves
+	// it to the OTEL_EXPORTER_OTLP_* variables (tracing off without them).
+	otlpEndpoint string
 
 	heal registry.HealConfig
 }
@@ -68,6 +73,7 @@ type controlPlane struct {
 	store   registry.Store
 	mirror  *registry.Mirror
 	router  *router.Router
+	tracing *tracing.Provider
 	errc    chan error
 	grace   time.Duration
 
@@ -108,6 +114,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.dur(&c.bodyTimeout, "body-timeout", 30*time.Second, "how long a client may take to send a request body")
 	fs.int(&c.maxInflight, "max-inflight", 4096, "generation requests served at once; more get 503 with Retry-After")
 	fs.int(&c.maxEventStreams, "max-event-streams", 256, "event streams (/api/v1/events/stream) open at once; more get 503 with Retry-After")
+	fs.dur(&c.heal.Hold, "heal-hold", registry.DefaultHealHold,
+		"how long a decode whose pair failed keeps serving its healthy pairs (the failing ones quarantined) before it drains for its heal")
 	fs.dur(&c.heal.DrainGrace, "heal-drain-grace", registry.DefaultHealDrainGrace,
 		"how long requests in flight on a stale decode may take to finish before its agent runs the heal action")
 	fs.dur(&c.heal.VerifyTimeout, "heal-verify-timeout", registry.DefaultHealVerifyTimeout,
@@ -116,6 +124,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.dur(&c.shutdownGrace, "shutdown-grace", DefaultShutdownGrace,
 		"at SIGTERM or SIGINT, how long the requests in flight (streamed completions among them) may take to finish; "+
 			"/readyz is 503 and event streams end at once, and what is left after the grace is cut")
+	fs.str(&c.otlpEndpoint, "otlp-endpoint", "", "OpenTelemetry collector URL (OTLP/HTTP protobuf, e.g. http://otel-collector:4318) for traces of "+
+		"routed requests, registry writes and heal steps; empty uses $OTEL_EXPORTER_OTLP_ENDPOINT, and no tracing without it")
 }
 
 // DefaultShutdownGrace is --shutdown-grace's default: room for a long
@@ -188,11 +198,17 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if c.peerToken != "" {
 		log.Warn().Msg("--peer-token is deprecated: use --join-token (a comma-separated list)")
 	}
-	store, err := openStore(ctx, c, log)
+	tp, err := startTracing(ctx, c, log)
 	if err != nil {
 		return nil, err
 	}
-	cp := &controlPlane{log: log, store: store, errc: make(chan error, 1), grace: c.shutdownGrace}
+	store, err := openStore(ctx, c, log)
+	if err != nil {
+		_ = tp.Shutdown(ctx)
+		return nil, err
+	}
+	store = tracing.NewStore(store, tp.TracerProvider())
+	cp := &controlPlane{log: log, store: store, tracing: tp, errc: make(chan error, 1), grace: c.shutdownGrace}
 	// Not ctx: the signal that ends ctx starts the drain, during which
 	// the routes must stay current.
 	bgCtx, bgCancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -221,7 +237,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rcfg := router.Config{Replica: c.replica, PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy),
-		DecodeFirstByteTimeout: c.decodeFirstByteTimeout, MaxInflight: c.maxInflight}
+		DecodeFirstByteTimeout: c.decodeFirstByteTimeout, MaxInflight: c.maxInflight, TracerProvider: tp.TracerProvider()}
 	if c.apiKeys != "" {
 		rcfg.APIKeys = strings.Split(c.apiKeys, ",")
 	}
@@ -238,7 +254,8 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
 		BodyTimeout: c.bodyTimeout, MaxEventStreams: c.maxEventStreams, AllowedHosts: splitList(c.allowedHosts),
 		PeerNetworks: registry.PeerNetworkPolicy{Allow: peerNets},
-	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Web: web.Handler()},
+		Replica:      c.replica, StoreKind: storeKind(c),
+	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Breakers: cp.router, Web: web.Handler()},
 		log.With().Str("component", "server").Logger())
 	if err != nil {
 		return nil, err
@@ -253,7 +270,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	}
 	// No WriteTimeout: it would cut event and generation streams. Request
 	// bodies are bounded per request by the server (--body-timeout).
-	handler := srv.Handler()
+	handler := tracing.ContinueTrace(srv.Handler(), tp.TracerProvider())
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cp.inflight.Add(1)
 		defer cp.inflight.Add(-1)
@@ -358,13 +375,17 @@ func (cp *controlPlane) shutdown(drain context.Context) {
 			time.Sleep(drainPoll)
 		}
 	}
-	cp.close()
+	cp.closeWithin(drain)
 	cp.log.Info().Dur("took", time.Since(start)).Msg("shut down")
 }
 
-// close stops the background pieces, the router and the store. It is
-// idempotent.
-func (cp *controlPlane) close() {
+// close stops the background pieces, the router and the store, and
+// exports the spans still buffered. It is idempotent.
+func (cp *controlPlane) close() { cp.closeWithin(context.Background()) }
+
+// closeWithin is close, the spans' export bounded by what is left of ctx
+// (at least traceFlushMin).
+func (cp *controlPlane) closeWithin(ctx context.Context) {
 	cp.closeOnce.Do(func() {
 		if cp.bgCancel != nil {
 			cp.bgCancel()
@@ -374,7 +395,48 @@ func (cp *controlPlane) close() {
 			cp.router.Close()
 		}
 		cp.store.Close()
+		cp.flushTraces(ctx)
 	})
+}
+
+// traceFlushMin is the least time the spans still buffered get to leave at
+// shutdown, even when the grace is spent: they are what explains a cut.
+const traceFlushMin = 2 * time.Second
+
+// flushTraces exports the spans still buffered, within what is left of
+// the drain (at least traceFlushMin).
+func (cp *controlPlane) flushTraces(drain context.Context) {
+	if !cp.tracing.Enabled() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(drain), traceFlushMin)
+	if dl, ok := drain.Deadline(); ok && time.Until(dl) > traceFlushMin {
+		ctx, cancel = context.WithDeadline(context.WithoutCancel(drain), dl)
+	}
+	defer cancel()
+	if err := cp.tracing.Shutdown(ctx); err != nil {
+		cp.log.Warn().Err(err).Msg("shutdown: spans not exported")
+	}
+}
+
+// startTracing builds the tracer provider --otlp-endpoint and the OTEL_*
+// variables ask for, and sends the SDK's own errors (an unreachable
+// collector) to the log.
+func startTracing(ctx context.Context, c serveConfig, log zerolog.Logger) (*tracing.Provider, error) {
+	replica := c.replica
+	if replica == "" {
+		replica, _ = os.Hostname()
+	}
+	tp, err := tracing.New(ctx, tracing.Config{Endpoint: c.otlpEndpoint, Version: version, Replica: replica})
+	if err != nil {
+		return nil, err
+	}
+	if tp.Enabled() {
+		tlog := log.With().Str("component", "tracing").Logger()
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { tlog.Warn().Err(err).Msg("tracing") }))
+		tlog.Info().Str("otlp_endpoint", c.otlpEndpoint).Msg("exporting traces over OTLP/HTTP")
+	}
+	return tp, nil
 }
 
 // splitList splits a comma-separated flag value, dropping blanks.
@@ -386,6 +448,14 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// storeKind names the store openStore opens, for the status page.
+func storeKind(c serveConfig) string {
+	if c.databaseURL == "" {
+		return "memory"
+	}
+	return "postgres"
 }
 
 func openStore(ctx context.Context, c serveConfig, log zerolog.Logger) (registry.Store, error) {

@@ -57,6 +57,8 @@ type Store struct {
 	lastEvent   int64
 	quarantines map[[2]string]registry.Quarantine
 	failures    map[[2]string]registry.PairFailure
+	preflights  map[[2]string]registry.Preflight
+	probes      map[string]registry.Probe
 }
 
 var _ registry.Store = (*Store)(nil)
@@ -69,6 +71,8 @@ func New(cfg Config) *Store {
 		byName:      map[string]string{},
 		quarantines: map[[2]string]registry.Quarantine{},
 		failures:    map[[2]string]registry.PairFailure{},
+		preflights:  map[[2]string]registry.Preflight{},
+		probes:      map[string]registry.Probe{},
 	}
 }
 
@@ -174,6 +178,7 @@ func (s *Store) Register(_ context.Context, spec registry.PeerSpec, claim regist
 		if clearQ {
 			s.clearQuarantines(prev.ID)
 		}
+		events = append(events, s.liftHealed(registry.HealedPairs(*prev, next), prev.ID, next.Generation)...)
 	} else {
 		next, events = registry.NewPeer(NewID(), spec, now, s.cfg.LeaseTTL)
 		res.Created = true
@@ -190,6 +195,24 @@ func (s *Store) Register(_ context.Context, spec registry.PeerSpec, claim regist
 	s.mu.Unlock()
 	s.publish(res.Peer.ID)
 	return res, nil
+}
+
+// liftHealed lifts the quarantines of the pairs (prefill, decodeID) that
+// a heal ended and returns their events; the caller holds mu.
+func (s *Store) liftHealed(prefills []string, decodeID string, generation int64) []registry.Event {
+	var events []registry.Event
+	for _, pid := range prefills {
+		key := [2]string{pid, decodeID}
+		if _, ok := s.quarantines[key]; ok {
+			delete(s.quarantines, key)
+			name := pid
+			if p, ok := s.byID[pid]; ok {
+				name = p.Name
+			}
+			events = append(events, registry.HealedLift(name, generation))
+		}
+	}
+	return events
 }
 
 func (s *Store) clearQuarantines(id string) {
@@ -343,7 +366,11 @@ func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFail
 	if cq, ok := s.quarantines[key]; ok {
 		cur = &cq
 	}
-	next, events, q, rec, out := registry.ApplyPairTransferFailure(*d, prefill, f, last, cur, now, registry.DefaultQuarantineWindow, s.cfg.QuarantineTTL, s.cfg.Heal)
+	others := registry.OtherPrefills(d, f.PrefillID, s.prefills(), func(pid string) bool {
+		q, ok := s.quarantines[[2]string{pid, f.DecodeID}]
+		return ok && q.Active()
+	})
+	next, events, q, rec, out := registry.ApplyPairTransferFailure(*d, prefill, f, last, cur, now, registry.DefaultQuarantineWindow, s.cfg.QuarantineTTL, s.cfg.Heal, others)
 	if q != nil {
 		s.quarantines[key] = *q
 		s.log(d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail, Error: f.Error}})
@@ -352,15 +379,27 @@ func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFail
 		s.failures[key] = *rec
 	}
 	res := clone(d)
-	if len(events) > 0 {
+	if len(events) > 0 || out == registry.OutcomeHealPending {
 		s.put(next, events)
 		res = clone(&next)
 	}
 	s.mu.Unlock()
-	if out == registry.OutcomeStale || out == registry.OutcomeQuarantined {
+	if out == registry.OutcomeStale || out == registry.OutcomeQuarantined || out == registry.OutcomeHealPending {
 		s.publish(f.DecodeID)
 	}
 	return res, out, nil
+}
+
+// prefills returns the peers that prefill; the caller holds mu. The
+// peers are the store's own: read them, never keep them.
+func (s *Store) prefills() []registry.Peer {
+	var out []registry.Peer
+	for _, p := range s.byID {
+		if p.Role.Prefills() {
+			out = append(out, *p)
+		}
+	}
+	return out
 }
 
 // Quarantines implements registry.Store.
@@ -383,7 +422,7 @@ func (s *Store) ExpireLeases(_ context.Context, now time.Time) (int, error) {
 		if next, events, ok := registry.Expired(*p, now); ok {
 			s.put(next, events)
 			ids = append(ids, id)
-		} else if next, events, ok := registry.ExpireHeal(*p, now); ok {
+		} else if next, events, ok := registry.ExpireHeal(*p, now, s.cfg.Heal); ok {
 			s.put(next, events)
 			ids = append(ids, id)
 		}

@@ -50,3 +50,10 @@ func TestHealExpiry(t *testing.T) {
 	const verify = time.Minute
 	registrytest.HealExpiry(t, memstore.New(memstore.Config{LeaseTTL: time.Hour, Heal: registry.HealConfig{VerifyTimeout: verify}}), verify)
 }
+
+// TestHoldEndsOnHeartbeat: see registrytest.CheckHoldEndsOnHeartbeat.
+func TestHoldEndsOnHeartbeat(t *testing.T) {
+	t.Parallel()
+	var clock registrytest.Clock
+	registrytest.CheckHoldEndsOnHeartbeat(t, memstore.New(memstore.Config{Now: clock.Now, Heal: registrytest.Heal}), &clock)
+}

@@ -20,6 +20,7 @@ type healDoc struct {
 	Acted          *time.Time         `json:"acted,omitempty"`
 	Deadline       *time.Time         `json:"deadline,omitempty"`
 	Recent         []time.Time        `json:"recent,omitempty"`
+	Pairs          []string           `json:"pairs,omitempty"`
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -41,6 +42,7 @@ func encodeHeal(h registry.Heal) []byte {
 	b, err := json.Marshal(healDoc{
 		Phase: h.Phase, Reason: h.Reason, FromGeneration: h.FromGeneration,
 		Started: timePtr(h.Started), Acted: timePtr(h.Acted), Deadline: timePtr(h.Deadline), Recent: h.Recent,
+		Pairs: h.Pairs,
 	})
 	if err != nil {
 		panic(fmt.Sprintf("encode heal plan: %v", err)) // strings, ints and times always encode
@@ -57,16 +59,17 @@ func decodeHeal(b []byte) (registry.Heal, error) {
 		return registry.Heal{}, err
 	}
 	h := registry.Heal{Phase: d.Phase, Reason: d.Reason, FromGeneration: d.FromGeneration,
-		Started: timeOf(d.Started), Acted: timeOf(d.Acted), Deadline: timeOf(d.Deadline)}
+		Started: timeOf(d.Started), Acted: timeOf(d.Acted), Deadline: timeOf(d.Deadline), Pairs: d.Pairs}
 	for _, t := range d.Recent {
 		h.Recent = append(h.Recent, t.UTC())
 	}
 	return h, nil
 }
 
-// healStep is a stale peer's heartbeat applied by the Go rule: the batch
-// statement leaves stale peers' state alone, and the few that heartbeat
-// while healing are written here, in the batch's transaction.
+// healStep is a healing peer's heartbeat applied by the Go rule: the batch
+// statement leaves stale peers' state alone, and never moves a heal plan;
+// the few peers whose plan or stale state moves are written here, in the
+// batch's transaction.
 type healStep struct {
 	prev, next registry.Peer
 	events     []registry.Event
@@ -82,7 +85,7 @@ func (s *Store) writeHealSteps(ctx context.Context, tx pgx.Tx, steps []healStep,
 			continue
 		}
 		tag, err := tx.Exec(ctx, `UPDATE peers SET state = $2, state_reason = $3, heal = $4, updated_at = $5
-			WHERE id = $1 AND state = 'stale'`, st.next.ID, st.next.State, st.next.StateReason, encodeHeal(st.next.Heal), now)
+			WHERE id = $1 AND (state = 'stale' OR heal ->> 'phase' = 'quarantined')`, st.next.ID, st.next.State, st.next.StateReason, encodeHeal(st.next.Heal), now)
 		if err != nil {
 			return nil, err
 		}
@@ -97,11 +100,13 @@ func (s *Store) writeHealSteps(ctx context.Context, tx pgx.Tx, steps []healStep,
 	return ids, nil
 }
 
-// expireHeals fails the peers whose heal did not verify in time
-// (registry.ExpireHeal), within the sweep's transaction.
+// expireHeals moves the heal plans whose step ran out of time
+// (registry.ExpireHeal: a hold that is over, a heal that did not verify),
+// within the sweep's transaction.
 func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) ([]string, error) {
 	rows, err := tx.Query(ctx, `SELECT id::text, name, generation, state, state_reason, heal FROM peers
-		WHERE state = 'stale' AND heal ->> 'phase' = 'verifying' ORDER BY id FOR NO KEY UPDATE`)
+		WHERE (state = 'stale' AND heal ->> 'phase' = 'verifying') OR heal ->> 'phase' = 'quarantined'
+		ORDER BY id FOR NO KEY UPDATE`)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +127,7 @@ func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) ([]st
 		if c.p.Heal, err = decodeHeal(c.heal); err != nil {
 			return nil, fmt.Errorf("decode heal plan of peer %s: %w", c.p.ID, err)
 		}
-		next, events, ok := registry.ExpireHeal(c.p, now)
+		next, events, ok := registry.ExpireHeal(c.p, now, s.cfg.Heal)
 		if !ok {
 			continue
 		}

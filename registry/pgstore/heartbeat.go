@@ -207,7 +207,8 @@ WITH hb AS (
 	SELECT prev.id, prev.name, prev.t ->> 'kind', prev.generation, prev.t ->> 'message', prev.t ->> 'error', $6
 	FROM prev JOIN upd USING (id) WHERE prev.t IS NOT NULL
 )
-SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id, prev.generation, prev.heal FROM prev`,
+SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id, prev.generation, prev.heal,
+	COALESCE(prev.heal ->> 'phase', '') FROM prev`,
 			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans, tables, registry.ReasonLeaseExpired)
 		if err != nil {
 			return err
@@ -217,12 +218,14 @@ SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id
 		var id, name, state, reason, instance string
 		var generation int64
 		var heal []byte
-		_, err = pgx.ForEachRow(rows, []any{&id, &name, &state, &reason, &instance, &generation, &heal}, func() error {
+		var phase string
+		_, err = pgx.ForEachRow(rows, []any{&id, &name, &state, &reason, &instance, &generation, &heal, &phase}, func() error {
 			prev := registry.Peer{ID: id, State: registry.State(state), StateReason: reason, Generation: generation}
 			prev.Name, prev.InstanceID = name, instance
-			if prev.State == registry.StateStale {
-				// Only a stale peer's heartbeat reads its heal plan: the
-				// rest of the batch skips the decode.
+			holding := phase == string(registry.HealQuarantined)
+			if prev.State == registry.StateStale || holding {
+				// Only a healing peer's heartbeat reads its heal plan:
+				// the rest of the batch skips the decode.
 				var err error
 				if prev.Heal, err = decodeHeal(heal); err != nil {
 					return fmt.Errorf("decode heal plan of peer %s: %w", id, err)
@@ -230,8 +233,9 @@ SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id
 			}
 			next, reply, events := registry.ApplyHeartbeat(prev, last[id].hb, now, s.cfg.LeaseTTL, s.cfg.Heal)
 			replies[id] = reply
+			same := instance == last[id].hb.InstanceID
 			switch {
-			case prev.State == registry.StateStale && instance == last[id].hb.InstanceID:
+			case (prev.State == registry.StateStale || holding && next.Heal.Phase != prev.Heal.Phase) && same:
 				// The batch statement left it alone; its heal plan moves
 				// here.
 				steps = append(steps, healStep{prev: prev, next: next, events: events})

@@ -260,3 +260,12 @@ func TestHealExpiry(t *testing.T) {
 	s, _ := registrytest.NewPGStore(t, pgstore.Config{LeaseTTL: time.Hour, Heal: registry.HealConfig{VerifyTimeout: verify}})
 	registrytest.HealExpiry(t, s, verify)
 }
+
+// TestHoldEndsOnHeartbeat: see registrytest.CheckHoldEndsOnHeartbeat; here
+// through the heartbeat batch statement.
+func TestHoldEndsOnHeartbeat(t *testing.T) {
+	t.Parallel()
+	var clock registrytest.Clock
+	s, _ := registrytest.NewPGStore(t, pgstore.Config{Now: clock.Now, Heal: registrytest.Heal})
+	registrytest.CheckHoldEndsOnHeartbeat(t, s, &clock)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +59,11 @@ func (s *Store) Register(ctx context.Context, spec registry.PeerSpec, claim regi
 					}
 				}
 			}
+			lifted, err := liftHealed(ctx, tx, registry.HealedPairs(prev[0], next), next.ID, next.Generation)
+			if err != nil {
+				return err
+			}
+			events = append(events, lifted...)
 		}
 		if issue {
 			if res.Credential, next.CredentialHash, err = registry.NewCredential(next.ID); err != nil {
@@ -77,6 +83,54 @@ func (s *Store) Register(ctx context.Context, spec registry.PeerSpec, claim regi
 		return registry.RegisterResult{}, classify(err, "register peer "+spec.Name)
 	}
 	return res, nil
+}
+
+// liftHealed deletes the quarantines of the pairs (prefill, decodeID)
+// that a heal ended and returns their events.
+func liftHealed(ctx context.Context, tx pgx.Tx, prefills []string, decodeID string, generation int64) ([]registry.Event, error) {
+	if len(prefills) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, `DELETE FROM pair_quarantines q WHERE q.decode_id = $1 AND q.prefill_id = ANY($2::uuid[])
+		RETURNING q.prefill_id::text, COALESCE((SELECT name FROM peers WHERE id = q.prefill_id), q.prefill_id::text)`,
+		decodeID, prefills)
+	if err != nil {
+		return nil, err
+	}
+	gone := map[string]string{}
+	var id, name string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &name}, func() error { gone[id] = name; return nil }); err != nil {
+		return nil, err
+	}
+	var events []registry.Event
+	for _, pid := range prefills { // in the plan's order
+		if name, ok := gone[pid]; ok {
+			events = append(events, registry.HealedLift(name, generation))
+		}
+	}
+	return events, nil
+}
+
+// otherPrefills is registry.OtherPrefills over the ready prefills in the
+// store: how many others than exclude may send to decode now.
+func otherPrefills(ctx context.Context, tx pgx.Tx, decode *registry.Peer, exclude string) (int, error) {
+	if exclude == "" {
+		return 0, nil
+	}
+	prefills, err := loadPeers(ctx, tx, "WHERE role IN ('prefill', 'both') AND state = 'ready' AND id <> $1 AND id <> $2",
+		exclude, decode.ID)
+	if err != nil || len(prefills) == 0 {
+		return 0, err
+	}
+	rows, err := tx.Query(ctx, `SELECT prefill_id::text FROM pair_quarantines WHERE decode_id = $1 AND NOT trial`, decode.ID)
+	if err != nil {
+		return 0, err
+	}
+	quarantined, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, err
+	}
+	return registry.OtherPrefills(decode, exclude, prefills, func(pid string) bool { return slices.Contains(quarantined, pid) }), nil
 }
 
 func newUUID(ctx context.Context, tx pgx.Tx) (string, error) {
@@ -200,7 +254,11 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 		if f.PrefillID != "" {
 			pf = &prefill
 		}
-		next, events, q, rec, o := registry.ApplyPairTransferFailure(d, pf, f, last, cur, now, registry.DefaultQuarantineWindow, s.cfg.QuarantineTTL, s.cfg.Heal)
+		others, err := otherPrefills(ctx, tx, &d, f.PrefillID)
+		if err != nil {
+			return err
+		}
+		next, events, q, rec, o := registry.ApplyPairTransferFailure(d, pf, f, last, cur, now, registry.DefaultQuarantineWindow, s.cfg.QuarantineTTL, s.cfg.Heal, others)
 		out, res = o, d
 		if q != nil {
 			if _, err := tx.Exec(ctx, `INSERT INTO pair_quarantines (prefill_id, decode_id, detail, at, expires_at, trial) VALUES ($1, $2, $3, $4, $5, false)
@@ -219,7 +277,7 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 				return err
 			}
 		}
-		if len(events) > 0 {
+		if len(events) > 0 || out == registry.OutcomeHealPending {
 			if err := writePeer(ctx, tx, &next, false); err != nil {
 				return err
 			}
@@ -228,7 +286,7 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 			}
 			res = next
 		}
-		if out == registry.OutcomeStale || out == registry.OutcomeQuarantined {
+		if out == registry.OutcomeStale || out == registry.OutcomeQuarantined || out == registry.OutcomeHealPending {
 			return s.notify(ctx, tx, f.DecodeID)
 		}
 		return nil

@@ -15,8 +15,8 @@ import (
 )
 
 // StoreFactory opens a fresh, empty store for one test. Stores must use a
-// lease TTL of registry.DefaultLeaseTTL and a quarantine TTL of
-// QuarantineTTL.
+// lease TTL of registry.DefaultLeaseTTL, a quarantine TTL of
+// QuarantineTTL and the heal config Heal.
 type StoreFactory func(t *testing.T) registry.Store
 
 // RunContract runs the registry.Store contract suite against the stores that
@@ -45,12 +45,15 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"Quarantine", testQuarantine},
 		{"QuarantineTrial", testQuarantineTrial},
 		{"QuarantineLift", testQuarantineLift},
+		{"HealHoldsThePair", testHealHold},
 		{"TransferFailures", testTransferFailures},
 		{"ConcurrentHeartbeats", testConcurrentHeartbeats},
 		{"RefusesBadFields", testRefusesBadFields},
 		{"MalformedHeartbeatFlood", testMalformedHeartbeatFlood},
 		{"Credentials", testCredentials},
 		{"TransferSecretRoundTrip", testTransferSecret},
+		{"Preflight", testPreflight},
+		{"Probe", testProbe},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -14,13 +14,13 @@ func TestContract(t *testing.T) {
 	t.Run("memstore", func(t *testing.T) {
 		t.Parallel()
 		registrytest.RunContract(t, func(t *testing.T) registry.Store {
-			return memstore.New(memstore.Config{QuarantineTTL: registrytest.QuarantineTTL})
+			return memstore.New(memstore.Config{QuarantineTTL: registrytest.QuarantineTTL, Heal: registrytest.Heal})
 		})
 	})
 	t.Run("pgstore", func(t *testing.T) {
 		t.Parallel()
 		registrytest.RunContract(t, func(t *testing.T) registry.Store {
-			s, _ := registrytest.NewPGStore(t, pgstore.Config{QuarantineTTL: registrytest.QuarantineTTL})
+			s, _ := registrytest.NewPGStore(t, pgstore.Config{QuarantineTTL: registrytest.QuarantineTTL, Heal: registrytest.Heal})
 			return s
 		})
 	})

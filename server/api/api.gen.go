@@ -23,6 +23,27 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for BreakerState.
+const (
+	Closed   BreakerState = "closed"
+	HalfOpen BreakerState = "half_open"
+	Open     BreakerState = "open"
+)
+
+// Valid indicates whether the value is a known member of the BreakerState enum.
+func (e BreakerState) Valid() bool {
+	switch e {
+	case Closed:
+		return true
+	case HalfOpen:
+		return true
+	case Open:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Engine.
 const (
 	Sglang Engine = "sglang"
@@ -104,16 +125,37 @@ func (e EventKind) Valid() bool {
 	}
 }
 
+// Defines values for FleetSummaryStore.
+const (
+	Memory   FleetSummaryStore = "memory"
+	Postgres FleetSummaryStore = "postgres"
+)
+
+// Valid indicates whether the value is a known member of the FleetSummaryStore enum.
+func (e FleetSummaryStore) Valid() bool {
+	switch e {
+	case Memory:
+		return true
+	case Postgres:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for HealPlanPhase.
 const (
-	HealPlanPhaseDraining  HealPlanPhase = "draining"
-	HealPlanPhaseVerifying HealPlanPhase = "verifying"
+	HealPlanPhaseDraining    HealPlanPhase = "draining"
+	HealPlanPhaseQuarantined HealPlanPhase = "quarantined"
+	HealPlanPhaseVerifying   HealPlanPhase = "verifying"
 )
 
 // Valid indicates whether the value is a known member of the HealPlanPhase enum.
 func (e HealPlanPhase) Valid() bool {
 	switch e {
 	case HealPlanPhaseDraining:
+		return true
+	case HealPlanPhaseQuarantined:
 		return true
 	case HealPlanPhaseVerifying:
 		return true
@@ -172,22 +214,64 @@ func (e MemKind) Valid() bool {
 
 // Defines values for PairPath.
 const (
-	EqualTp       PairPath = "equal_tp"
-	HeteroTp      PairPath = "hetero_tp"
-	MixedSegments PairPath = "mixed_segments"
-	Mla           PairPath = "mla"
+	PairPathEqualTp       PairPath = "equal_tp"
+	PairPathHeteroTp      PairPath = "hetero_tp"
+	PairPathMixedSegments PairPath = "mixed_segments"
+	PairPathMla           PairPath = "mla"
 )
 
 // Valid indicates whether the value is a known member of the PairPath enum.
 func (e PairPath) Valid() bool {
 	switch e {
-	case EqualTp:
+	case PairPathEqualTp:
 		return true
-	case HeteroTp:
+	case PairPathHeteroTp:
 		return true
-	case MixedSegments:
+	case PairPathMixedSegments:
 		return true
-	case Mla:
+	case PairPathMla:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PairGroupPath.
+const (
+	PairGroupPathEqualTp       PairGroupPath = "equal_tp"
+	PairGroupPathHeteroTp      PairGroupPath = "hetero_tp"
+	PairGroupPathMixedSegments PairGroupPath = "mixed_segments"
+	PairGroupPathMla           PairGroupPath = "mla"
+)
+
+// Valid indicates whether the value is a known member of the PairGroupPath enum.
+func (e PairGroupPath) Valid() bool {
+	switch e {
+	case PairGroupPathEqualTp:
+		return true
+	case PairGroupPathHeteroTp:
+		return true
+	case PairGroupPathMixedSegments:
+		return true
+	case PairGroupPathMla:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PairPreflightState.
+const (
+	PairPreflightStateFailed PairPreflightState = "failed"
+	PairPreflightStatePassed PairPreflightState = "passed"
+)
+
+// Valid indicates whether the value is a known member of the PairPreflightState enum.
+func (e PairPreflightState) Valid() bool {
+	switch e {
+	case PairPreflightStateFailed:
+		return true
+	case PairPreflightStatePassed:
 		return true
 	default:
 		return false
@@ -347,6 +431,39 @@ func (e UnknownField) Valid() bool {
 	}
 }
 
+// Defines values for ListPeersParamsView.
+const (
+	Full    ListPeersParamsView = "full"
+	Summary ListPeersParamsView = "summary"
+)
+
+// Valid indicates whether the value is a known member of the ListPeersParamsView enum.
+func (e ListPeersParamsView) Valid() bool {
+	switch e {
+	case Full:
+		return true
+	case Summary:
+		return true
+	default:
+		return false
+	}
+}
+
+// Breaker The circuit breaker that the answering replica's router keeps for a peer
+// or a pair: its own observation of requests, not registry state, so two
+// replicas may disagree. Absent when that router tracks none (the peer is
+// not in its routing snapshot, or the pair never failed).
+type Breaker struct {
+	// Since when it last opened; absent while closed
+	Since *time.Time `json:"since,omitempty"`
+
+	// State open: refused until the cool-down ends; half_open: one probe request is let through
+	State BreakerState `json:"state"`
+}
+
+// BreakerState open: refused until the cool-down ends; half_open: one probe request is let through
+type BreakerState string
+
 // Engine defines model for Engine.
 type Engine string
 
@@ -373,11 +490,93 @@ type EventList struct {
 	NextCursor *int64 `json:"next_cursor,omitempty"`
 }
 
-// HealPlan The heal plan of a stale peer: draining (out of routing, requests in flight
-// finish), then the agent is told once to run its heal action (restart the
-// engine), then verifying (waiting for a new instance at a later generation).
-// Absent when no plan runs. A heal action that fails, or no new instance by
-// the deadline, marks the peer failed.
+// FleetBreakers the answering replica router's breakers that are not closed; absent without a router
+type FleetBreakers struct {
+	// PairsOpen pair breakers open or half-open
+	PairsOpen int `json:"pairs_open"`
+
+	// PeersOpen peer breakers open or half-open
+	PeersOpen int `json:"peers_open"`
+}
+
+// FleetModel defines model for FleetModel.
+type FleetModel struct {
+	// Decodes decode-capable peers
+	Decodes int    `json:"decodes"`
+	Model   string `json:"model"`
+	Peers   int    `json:"peers"`
+
+	// Prefills prefill-capable peers
+	Prefills int `json:"prefills"`
+	Ready    int `json:"ready"`
+}
+
+// FleetPairs defines model for FleetPairs.
+type FleetPairs struct {
+	// Quarantined pairs under an active quarantine
+	Quarantined int `json:"quarantined"`
+	Routable    int `json:"routable"`
+
+	// Total every (prefill, decode) pair
+	Total int `json:"total"`
+}
+
+// FleetSummary Counts over the answering replica's routing snapshot, computed without
+// reading ranks: cheap at any fleet size. The status page's header and
+// summary.
+type FleetSummary struct {
+	// Breakers the answering replica router's breakers that are not closed; absent without a router
+	Breakers *FleetBreakers `json:"breakers,omitempty"`
+
+	// ByRole peers by role (prefill, decode, both)
+	ByRole map[string]int `json:"by_role"`
+
+	// ByState peers by state
+	ByState map[string]int `json:"by_state"`
+
+	// Models sorted by model
+	Models []FleetModel `json:"models"`
+	Pairs  FleetPairs   `json:"pairs"`
+	Peers  int          `json:"peers"`
+
+	// Replica the answering replica (serve --replica, default the host name)
+	Replica string `json:"replica"`
+
+	// SnapshotVersion the routing snapshot counted
+	SnapshotVersion int64 `json:"snapshot_version"`
+
+	// Store the registry store this replica reads
+	Store FleetSummaryStore `json:"store"`
+
+	// Version the running build's version
+	Version string `json:"version"`
+}
+
+// FleetSummaryStore the registry store this replica reads
+type FleetSummaryStore string
+
+// GeometryClass Peers of one class share every field a pairing rule reads (model,
+// engine protocol, transfer group, KV page size, dtype, layers, MLA,
+// PP and attention-TP sizes, memory kinds and region counts per rank,
+// what is unknown), so every pair between two classes gets the same
+// verdict. The id is stable across replicas and restarts.
+type GeometryClass struct {
+	// Id stable id of the class (hex)
+	Id    string `json:"id"`
+	Model string `json:"model"`
+
+	// Shape the class in words, e.g. "page 64 · bfloat16 · MLA · 61 layers · attn TP 2 · 2 ranks × 61 VRAM"
+	Shape string `json:"shape"`
+}
+
+// HealPlan The heal plan of a decode: quarantined (the failing pairs are out of
+// routing, the decode stays ready for the other prefills until the hold's
+// deadline), then draining (the peer is stale: out of routing, requests in
+// flight finish), then the agent is told once to run its heal action
+// (restart the engine), then verifying (waiting for a new instance at a later
+// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+// heal action that fails, or no new instance by the deadline, marks the peer
+// failed.
 type HealPlan struct {
 	// Acted when the agent was told to act
 	Acted *time.Time `json:"acted,omitempty"`
@@ -386,10 +585,13 @@ type HealPlan struct {
 	Deadline time.Time `json:"deadline"`
 
 	// FromGeneration the generation that failed
-	FromGeneration int64         `json:"from_generation"`
-	Phase          HealPlanPhase `json:"phase"`
-	Reason         *string       `json:"reason,omitempty"`
-	Started        time.Time     `json:"started"`
+	FromGeneration int64 `json:"from_generation"`
+
+	// Pairs the prefills whose pairs with the decode the plan quarantined
+	Pairs   *[]string     `json:"pairs,omitempty"`
+	Phase   HealPlanPhase `json:"phase"`
+	Reason  *string       `json:"reason,omitempty"`
+	Started time.Time     `json:"started"`
 }
 
 // HealPlanPhase defines model for HealPlan.Phase.
@@ -453,6 +655,12 @@ type MemKind string
 
 // Pair defines model for Pair.
 type Pair struct {
+	// Breaker The circuit breaker that the answering replica's router keeps for a peer
+	// or a pair: its own observation of requests, not registry state, so two
+	// replicas may disagree. Absent when that router tracks none (the peer is
+	// not in its routing snapshot, or the pair never failed).
+	Breaker *Breaker `json:"breaker,omitempty"`
+
 	// Compatible the geometries allow the transfer
 	Compatible bool    `json:"compatible"`
 	Decode     PeerRef `json:"decode"`
@@ -460,6 +668,9 @@ type Pair struct {
 	// Path absent when refused or when it depends on an unknown field
 	Path    *PairPath `json:"path,omitempty"`
 	Prefill PeerRef   `json:"prefill"`
+
+	// Preflight The pair's last preflight: the prefill's agent wrote a pattern into the decode agent's probe region with a notification, read it back and compared it byte for byte, over a size ladder. Absent when the pair was never preflighted.
+	Preflight *PairPreflight `json:"preflight,omitempty"`
 
 	// Quarantine The pair's quarantine, active or on trial; absent when there is none.
 	Quarantine *PairQuarantine `json:"quarantine,omitempty"`
@@ -470,7 +681,7 @@ type Pair struct {
 	// Reason why the pair is refused or not routable
 	Reason *string `json:"reason,omitempty"`
 
-	// Routable compatible, both peers ready, and not quarantined (a pair on trial is routable)
+	// Routable compatible, both peers ready, not quarantined (a pair on trial is routable), and no failed preflight of the current registrations
 	Routable bool `json:"routable"`
 
 	// Unverified compatible pairs only: the fields a rule needed that one side did not know, e.g. ranks[*].kv_mem_kinds
@@ -483,6 +694,57 @@ type Pair struct {
 // PairPath absent when refused or when it depends on an unknown field
 type PairPath string
 
+// PairGroup The pairs between one class of prefills and one class of decodes of the same model.
+type PairGroup struct {
+	// Compatible the classes' geometries allow the transfer
+	Compatible bool `json:"compatible"`
+
+	// DecodeClass Peers of one class share every field a pairing rule reads (model,
+	// engine protocol, transfer group, KV page size, dtype, layers, MLA,
+	// PP and attention-TP sizes, memory kinds and region counts per rank,
+	// what is unknown), so every pair between two classes gets the same
+	// verdict. The id is stable across replicas and restarts.
+	DecodeClass GeometryClass `json:"decode_class"`
+
+	// Decodes decode-capable peers of the class
+	Decodes int `json:"decodes"`
+
+	// Pairs pairs in the group (a peer of role both never pairs with itself)
+	Pairs int            `json:"pairs"`
+	Path  *PairGroupPath `json:"path,omitempty"`
+
+	// PrefillClass Peers of one class share every field a pairing rule reads (model,
+	// engine protocol, transfer group, KV page size, dtype, layers, MLA,
+	// PP and attention-TP sizes, memory kinds and region counts per rank,
+	// what is unknown), so every pair between two classes gets the same
+	// verdict. The id is stable across replicas and restarts.
+	PrefillClass GeometryClass `json:"prefill_class"`
+
+	// Prefills prefill-capable peers of the class
+	Prefills int `json:"prefills"`
+
+	// Quarantined pairs under an active quarantine
+	Quarantined int `json:"quarantined"`
+
+	// Reason why the classes are refused
+	Reason *string `json:"reason,omitempty"`
+
+	// Routable pairs routable now: compatible, both ready, not quarantined
+	Routable int `json:"routable"`
+}
+
+// PairGroupPath defines model for PairGroup.Path.
+type PairGroupPath string
+
+// PairGroupList defines model for PairGroupList.
+type PairGroupList struct {
+	// Groups sorted by model, then prefill and decode class
+	Groups []PairGroup `json:"groups"`
+
+	// Pairs every (prefill, decode) pair, across models too (those are refused and in no group)
+	Pairs int `json:"pairs"`
+}
+
 // PairList defines model for PairList.
 type PairList struct {
 	Pairs []Pair `json:"pairs"`
@@ -490,6 +752,32 @@ type PairList struct {
 	// Total number of pairs before the limit
 	Total int `json:"total"`
 }
+
+// PairPreflight The pair's last preflight: the prefill's agent wrote a pattern into the decode agent's probe region with a notification, read it back and compared it byte for byte, over a size ladder. Absent when the pair was never preflighted.
+type PairPreflight struct {
+	// Backend the transfer backend: nixl or tcp
+	Backend   string    `json:"backend"`
+	CheckedAt time.Time `json:"checked_at"`
+
+	// Current the preflight was of both peers' current registrations; a failed current preflight keeps the pair out of routing, one from before a re-registration (a heal) does not
+	Current *bool `json:"current,omitempty"`
+
+	// Error failed only: the backend's error (e.g. the NIXL status), the pair's reason
+	Error *string `json:"error,omitempty"`
+
+	// Gbps throughput at the largest size that passed (bytes written and read back over the time both took), 10^9 bytes/s
+	Gbps float64 `json:"gbps"`
+
+	// LatencyUs fastest WRITE of the smallest size, in microseconds
+	LatencyUs float64 `json:"latency_us"`
+
+	// MemKind NIXL memory kind of a KV region.
+	MemKind MemKind            `json:"mem_kind"`
+	State   PairPreflightState `json:"state"`
+}
+
+// PairPreflightState defines model for PairPreflight.State.
+type PairPreflightState string
 
 // PairQuarantine The pair's quarantine, active or on trial; absent when there is none.
 type PairQuarantine struct {
@@ -545,11 +833,14 @@ type Peer struct {
 	Engine     Engine  `json:"engine"`
 	Generation int64   `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
 	Id                       string    `json:"id"`
@@ -649,11 +940,14 @@ type PeerStatus struct {
 	CreatedAt  time.Time `json:"created_at"`
 	Generation int64     `json:"generation"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan  `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64    `json:"heartbeat_interval_seconds"`
 	Id                       string     `json:"id"`
@@ -671,17 +965,26 @@ type PeerStatus struct {
 
 // PeerSummary What anyone may read about a peer. No KV pointers, agent metadata or transfer secrets.
 type PeerSummary struct {
-	BootstrapHost *string   `json:"bootstrap_host,omitempty"`
-	BootstrapPort *int      `json:"bootstrap_port,omitempty"`
-	CreatedAt     time.Time `json:"created_at"`
-	Engine        Engine    `json:"engine"`
-	Generation    int64     `json:"generation"`
+	BootstrapHost *string `json:"bootstrap_host,omitempty"`
+	BootstrapPort *int    `json:"bootstrap_port,omitempty"`
 
-	// Heal The heal plan of a stale peer: draining (out of routing, requests in flight
-	// finish), then the agent is told once to run its heal action (restart the
-	// engine), then verifying (waiting for a new instance at a later generation).
-	// Absent when no plan runs. A heal action that fails, or no new instance by
-	// the deadline, marks the peer failed.
+	// Breaker The circuit breaker that the answering replica's router keeps for a peer
+	// or a pair: its own observation of requests, not registry state, so two
+	// replicas may disagree. Absent when that router tracks none (the peer is
+	// not in its routing snapshot, or the pair never failed).
+	Breaker    *Breaker  `json:"breaker,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	Engine     Engine    `json:"engine"`
+	Generation int64     `json:"generation"`
+
+	// Heal The heal plan of a decode: quarantined (the failing pairs are out of
+	// routing, the decode stays ready for the other prefills until the hold's
+	// deadline), then draining (the peer is stale: out of routing, requests in
+	// flight finish), then the agent is told once to run its heal action
+	// (restart the engine), then verifying (waiting for a new instance at a later
+	// generation; it lifts the plan's quarantines). Absent when no plan runs. A
+	// heal action that fails, or no new instance by the deadline, marks the peer
+	// failed.
 	Heal                     *HealPlan `json:"heal,omitempty"`
 	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
 	Id                       string    `json:"id"`
@@ -703,7 +1006,7 @@ type PeerSummary struct {
 	Observed    *[]ProvenanceField `json:"observed,omitempty"`
 	Parallelism Parallelism        `json:"parallelism"`
 
-	// Ranks absent when the ranks are unknown
+	// Ranks absent when the ranks are unknown, and in GET /api/v1/peers?view=summary
 	Ranks *[]RankSummary `json:"ranks,omitempty"`
 	Role  Role           `json:"role"`
 
@@ -717,6 +1020,30 @@ type PeerSummary struct {
 	Unknown   *[]UnknownField `json:"unknown,omitempty"`
 	UpdatedAt time.Time       `json:"updated_at"`
 	Url       string          `json:"url"`
+}
+
+// Probe A peer's probe region, as its agent publishes it: the transfer agent that holds it, the agent's metadata and the registered region, for other agents to preflight.
+type Probe struct {
+	Addr      uint64 `json:"addr"`
+	AgentName string `json:"agent_name"`
+
+	// Backend nixl or tcp
+	Backend string  `json:"backend"`
+	DevId   *uint64 `json:"dev_id,omitempty"`
+
+	// Generation the peer's generation when the probe was published
+	Generation *int64 `json:"generation,omitempty"`
+	Len        uint64 `json:"len"`
+
+	// MemKind NIXL memory kind of a KV region.
+	MemKind MemKind `json:"mem_kind"`
+
+	// Metadata the transfer agent's metadata, base64 (at most 1 MiB)
+	Metadata []byte `json:"metadata"`
+
+	// TransferSecret TCP backend: the agent's transfer secret (16 to 64 bytes), handed only to authenticated peers
+	TransferSecret *[]byte    `json:"transfer_secret,omitempty"`
+	UpdatedAt      *time.Time `json:"updated_at,omitempty"`
 }
 
 // Problem defines model for Problem.
@@ -797,10 +1124,13 @@ type Role string
 
 // StaleReport Without prefill_id or agent_name this is an operator's stale mark. With
 // them it is a failed-transfer report, applied by one rule on every
-// replica: a duplicate or a report about an agent the peer no longer has
-// changes nothing, and a repeat failure of the same pair right after the
-// decode re-registered quarantines the pair instead of marking the
-// decode stale again.
+// replica: a first failure of a pair quarantines the pair and starts the
+// decode's heal plan, which keeps the decode ready for the other prefills
+// until its hold is over (at once stale when no other prefill can use it,
+// or without prefill_id); a duplicate or a report about an agent the peer
+// no longer has changes nothing, and a repeat failure of the same pair
+// right after the decode re-registered quarantines the pair instead of
+// marking the decode stale again.
 type StaleReport struct {
 	// AgentName the NIXL agent name of this peer that the failed transfer targeted
 	AgentName *string `json:"agent_name,omitempty"`
@@ -846,6 +1176,15 @@ type StreamEventsParams struct {
 // ListPairsParams defines parameters for ListPairs.
 type ListPairsParams struct {
 	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// PrefillClass only pairs whose prefill is of this class (a GeometryClass id), with decode_class: then the pairs of the first ⌊√limit⌋ prefills and decodes of the two classes by name, a square block for a matrix; total counts the whole group
+	PrefillClass *string `form:"prefill_class,omitempty" json:"prefill_class,omitempty"`
+
+	// DecodeClass only pairs whose decode is of this class; with prefill_class
+	DecodeClass *string `form:"decode_class,omitempty" json:"decode_class,omitempty"`
+
+	// Prefill only the pairs of this prefill (an agent listing the decodes it preflights)
+	Prefill *PeerIDString `form:"prefill,omitempty" json:"prefill,omitempty"`
 }
 
 // ListPeersParams defines parameters for ListPeers.
@@ -853,13 +1192,25 @@ type ListPeersParams struct {
 	Role  *Role   `form:"role,omitempty" json:"role,omitempty"`
 	State *State  `form:"state,omitempty" json:"state,omitempty"`
 	Model *string `form:"model,omitempty" json:"model,omitempty"`
+
+	// View summary leaves every peer's ranks out (no per-region lists): what a fleet-wide view polls
+	View *ListPeersParamsView `form:"view,omitempty" json:"view,omitempty"`
 }
+
+// ListPeersParamsView defines parameters for ListPeers.
+type ListPeersParamsView string
+
+// ReportPreflightJSONRequestBody defines body for ReportPreflight for application/json ContentType.
+type ReportPreflightJSONRequestBody = PairPreflight
 
 // RegisterPeerJSONRequestBody defines body for RegisterPeer for application/json ContentType.
 type RegisterPeerJSONRequestBody = PeerRegistration
 
 // HeartbeatPeerJSONRequestBody defines body for HeartbeatPeer for application/json ContentType.
 type HeartbeatPeerJSONRequestBody = Heartbeat
+
+// PublishProbeJSONRequestBody defines body for PublishProbe for application/json ContentType.
+type PublishProbeJSONRequestBody = Probe
 
 // MarkPeerStaleJSONRequestBody defines body for MarkPeerStale for application/json ContentType.
 type MarkPeerStaleJSONRequestBody = StaleReport
@@ -948,10 +1299,43 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/events/stream (the `StreamEvents` operationId).
 	StreamEvents(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetFleet Fleet counts, and which replica, store and version answer
+	//
+	// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+	GetFleet(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListPairs Every (prefill, decode) pair with its verdict
 	//
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListPairGroups The pairs grouped by geometry class and model, with counts
+	//
+	// One group per (prefill class, decode class) of the same model that
+	// holds at least one pair; cost grows with the number of classes, not
+	// with prefills × decodes. Drill into a group with
+	// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+	//
+	// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+	ListPairGroups(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ReportPreflightWithBody Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflightWithBody(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ReportPreflight Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflight(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// LiftQuarantine Lift a pair's quarantine
 	//
@@ -1011,6 +1395,31 @@ type ClientInterface interface {
 	//
 	// Needs the peer's own credential (or the admin token).
 	HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetProbe Read a peer's probe region, to preflight it
+	//
+	// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+	//
+	// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+	GetProbe(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PublishProbeWithBody Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbeWithBody(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PublishProbe Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbe(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	//
@@ -1079,11 +1488,84 @@ func (c *Client) StreamEvents(ctx context.Context, params *StreamEventsParams, r
 	return c.Client.Do(req)
 }
 
+// GetFleet Fleet counts, and which replica, store and version answer
+//
+// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+func (c *Client) GetFleet(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetFleetRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListPairs Every (prefill, decode) pair with its verdict
 //
 // Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 func (c *Client) ListPairs(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListPairsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListPairGroups The pairs grouped by geometry class and model, with counts
+//
+// One group per (prefill class, decode class) of the same model that
+// holds at least one pair; cost grows with the number of classes, not
+// with prefills × decodes. Drill into a group with
+// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+//
+// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+func (c *Client) ListPairGroups(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListPairGroupsRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ReportPreflightWithBody Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *Client) ReportPreflightWithBody(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReportPreflightRequestWithBody(c.Server, prefill, decode, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ReportPreflight Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *Client) ReportPreflight(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReportPreflightRequest(c.Server, prefill, decode, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1233,6 +1715,61 @@ func (c *Client) HeartbeatPeerWithBody(ctx context.Context, id PeerID, contentTy
 // Needs the peer's own credential (or the admin token).
 func (c *Client) HeartbeatPeer(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewHeartbeatPeerRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetProbe Read a peer's probe region, to preflight it
+//
+// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+//
+// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+func (c *Client) GetProbe(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetProbeRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PublishProbeWithBody Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *Client) PublishProbeWithBody(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPublishProbeRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PublishProbe Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *Client) PublishProbe(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPublishProbeRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1456,6 +1993,33 @@ func NewStreamEventsRequest(server string, params *StreamEventsParams) (*http.Re
 	return req, nil
 }
 
+// NewGetFleetRequest constructs an http.Request for the GetFleet method
+func NewGetFleetRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/fleet")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListPairsRequest constructs an http.Request for the ListPairs method
 func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request, error) {
 	var err error
@@ -1496,6 +2060,42 @@ func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request,
 
 		}
 
+		if params.PrefillClass != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "prefill_class", *params.PrefillClass, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.DecodeClass != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "decode_class", *params.DecodeClass, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Prefill != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "prefill", *params.Prefill, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
@@ -1506,6 +2106,87 @@ func NewListPairsRequest(server string, params *ListPairsParams) (*http.Request,
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewListPairGroupsRequest constructs an http.Request for the ListPairGroups method
+func NewListPairGroupsRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/pairs/groups")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewReportPreflightRequest calls the generic ReportPreflight builder with application/json body
+func NewReportPreflightRequest(server string, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewReportPreflightRequestWithBody(server, prefill, decode, "application/json", bodyReader)
+}
+
+// NewReportPreflightRequestWithBody constructs an http.Request for the ReportPreflight method, with any body, and a specified content type
+func NewReportPreflightRequestWithBody(server string, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "prefill", prefill, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "decode", decode, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/pairs/%s/%s/preflight", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -1606,6 +2287,18 @@ func NewListPeersRequest(server string, params *ListPeersParams) (*http.Request,
 		if params.Model != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "model", *params.Model, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.View != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "view", *params.View, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -1818,6 +2511,87 @@ func NewHeartbeatPeerRequestWithBody(server string, id PeerID, contentType strin
 	return req, nil
 }
 
+// NewGetProbeRequest constructs an http.Request for the GetProbe method
+func NewGetProbeRequest(server string, id PeerID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/peers/%s/probe", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPublishProbeRequest calls the generic PublishProbe builder with application/json body
+func NewPublishProbeRequest(server string, id PeerID, body PublishProbeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPublishProbeRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPublishProbeRequestWithBody constructs an http.Request for the PublishProbe method, with any body, and a specified content type
+func NewPublishProbeRequestWithBody(server string, id PeerID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/peers/%s/probe", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetPeerRegistrationRequest constructs an http.Request for the GetPeerRegistration method
 func NewGetPeerRegistrationRequest(server string, id PeerID) (*http.Request, error) {
 	var err error
@@ -1957,12 +2731,49 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/events/stream (the `StreamEvents` operationId).
 	StreamEventsWithResponse(ctx context.Context, params *StreamEventsParams, reqEditors ...RequestEditorFn) (*StreamEventsResponse, error)
 
+	// GetFleetWithResponse Fleet counts, and which replica, store and version answer
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+	GetFleetWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetResponse, error)
+
 	// ListPairsWithResponse Every (prefill, decode) pair with its verdict
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /api/v1/pairs (the `ListPairs` operationId).
 	ListPairsWithResponse(ctx context.Context, params *ListPairsParams, reqEditors ...RequestEditorFn) (*ListPairsResponse, error)
+
+	// ListPairGroupsWithResponse The pairs grouped by geometry class and model, with counts
+	//
+	// One group per (prefill class, decode class) of the same model that
+	// holds at least one pair; cost grows with the number of classes, not
+	// with prefills × decodes. Drill into a group with
+	// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+	ListPairGroupsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListPairGroupsResponse, error)
+
+	// ReportPreflightWithBodyWithResponse Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflightWithBodyWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error)
+
+	// ReportPreflightWithResponse Record the pair's preflight
+	//
+	// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+	ReportPreflightWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error)
 
 	// LiftQuarantineWithResponse Lift a pair's quarantine
 	//
@@ -2034,6 +2845,33 @@ type ClientWithResponsesInterface interface {
 	//
 	// Needs the peer's own credential (or the admin token).
 	HeartbeatPeerWithResponse(ctx context.Context, id PeerID, body HeartbeatPeerJSONRequestBody, reqEditors ...RequestEditorFn) (*HeartbeatPeerResponse, error)
+
+	// GetProbeWithResponse Read a peer's probe region, to preflight it
+	//
+	// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+	GetProbeWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetProbeResponse, error)
+
+	// PublishProbeWithBodyWithResponse Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbeWithBodyWithResponse(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error)
+
+	// PublishProbeWithResponse Publish the peer's probe region for preflights
+	//
+	// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+	PublishProbeWithResponse(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error)
 
 	// GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	//
@@ -2177,6 +3015,47 @@ func (r StreamEventsResponse) ContentType() string {
 	return ""
 }
 
+type GetFleetResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FleetSummary
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetFleetResponse) GetJSON200() *FleetSummary {
+	return r.JSON200
+}
+
+// GetBody returns the raw response body bytes
+func (r GetFleetResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetFleetResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetFleetResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetFleetResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type ListPairsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -2219,6 +3098,137 @@ func (r ListPairsResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListPairsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ListPairGroupsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PairGroupList
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListPairGroupsResponse) GetJSON200() *PairGroupList {
+	return r.JSON200
+}
+
+// GetBody returns the raw response body bytes
+func (r ListPairGroupsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListPairGroupsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListPairGroupsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListPairGroupsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ReportPreflightResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PairPreflight
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ReportPreflightResponse) GetJSON200() *PairPreflight {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ReportPreflightResponse) GetApplicationproblemJSON422() *Problem {
+	return r.ApplicationproblemJSON422
+}
+
+// GetBody returns the raw response body bytes
+func (r ReportPreflightResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ReportPreflightResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ReportPreflightResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ReportPreflightResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2715,6 +3725,158 @@ func (r HeartbeatPeerResponse) ContentType() string {
 	return ""
 }
 
+type GetProbeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Probe
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetProbeResponse) GetJSON200() *Probe {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetProbeResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetProbeResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetProbeResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetProbeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetProbeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetProbeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetProbeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PublishProbeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Probe
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PublishProbeResponse) GetJSON200() *Probe {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON403() *Problem {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r PublishProbeResponse) GetApplicationproblemJSON422() *Problem {
+	return r.ApplicationproblemJSON422
+}
+
+// GetBody returns the raw response body bytes
+func (r PublishProbeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PublishProbeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PublishProbeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PublishProbeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type GetPeerRegistrationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -2914,6 +4076,19 @@ func (c *ClientWithResponses) StreamEventsWithResponse(ctx context.Context, para
 	return ParseStreamEventsResponse(rsp)
 }
 
+// GetFleetWithResponse Fleet counts, and which replica, store and version answer
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/fleet (the `GetFleet` operationId).
+func (c *ClientWithResponses) GetFleetWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetFleetResponse, error) {
+	rsp, err := c.GetFleet(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetFleetResponse(rsp)
+}
+
 // ListPairsWithResponse Every (prefill, decode) pair with its verdict
 //
 // Returns a wrapper object for the known response body format(s).
@@ -2925,6 +4100,54 @@ func (c *ClientWithResponses) ListPairsWithResponse(ctx context.Context, params 
 		return nil, err
 	}
 	return ParseListPairsResponse(rsp)
+}
+
+// ListPairGroupsWithResponse The pairs grouped by geometry class and model, with counts
+//
+// One group per (prefill class, decode class) of the same model that
+// holds at least one pair; cost grows with the number of classes, not
+// with prefills × decodes. Drill into a group with
+// `GET /api/v1/pairs?prefill_class=&decode_class=`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/pairs/groups (the `ListPairGroups` operationId).
+func (c *ClientWithResponses) ListPairGroupsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListPairGroupsResponse, error) {
+	rsp, err := c.ListPairGroups(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListPairGroupsResponse(rsp)
+}
+
+// ReportPreflightWithBodyWithResponse Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *ClientWithResponses) ReportPreflightWithBodyWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error) {
+	rsp, err := c.ReportPreflightWithBody(ctx, prefill, decode, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReportPreflightResponse(rsp)
+}
+
+// ReportPreflightWithResponse Record the pair's preflight
+//
+// The prefill's own credential (the side that ran the preflight) or the admin token. A failed preflight keeps the pair out of routing on every replica, with its error as the pair's reason, until a passed one replaces it or either peer re-registers.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/pairs/{prefill}/{decode}/preflight (the `ReportPreflight` operationId).
+func (c *ClientWithResponses) ReportPreflightWithResponse(ctx context.Context, prefill PeerIDString, decode PeerIDString, body ReportPreflightJSONRequestBody, reqEditors ...RequestEditorFn) (*ReportPreflightResponse, error) {
+	rsp, err := c.ReportPreflight(ctx, prefill, decode, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReportPreflightResponse(rsp)
 }
 
 // LiftQuarantineWithResponse Lift a pair's quarantine
@@ -3050,6 +4273,51 @@ func (c *ClientWithResponses) HeartbeatPeerWithResponse(ctx context.Context, id 
 		return nil, err
 	}
 	return ParseHeartbeatPeerResponse(rsp)
+}
+
+// GetProbeWithResponse Read a peer's probe region, to preflight it
+//
+// A peer credential reads its own probe and those of the other half of its PD split for the same model (as with registrations), or the admin token. 404 when the peer published none.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/peers/{id}/probe (the `GetProbe` operationId).
+func (c *ClientWithResponses) GetProbeWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetProbeResponse, error) {
+	rsp, err := c.GetProbe(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetProbeResponse(rsp)
+}
+
+// PublishProbeWithBodyWithResponse Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *ClientWithResponses) PublishProbeWithBodyWithResponse(ctx context.Context, id PeerID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error) {
+	rsp, err := c.PublishProbeWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePublishProbeResponse(rsp)
+}
+
+// PublishProbeWithResponse Publish the peer's probe region for preflights
+//
+// Needs the peer's own credential (or the admin token). Replaces the previous probe.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/peers/{id}/probe (the `PublishProbe` operationId).
+func (c *ClientWithResponses) PublishProbeWithResponse(ctx context.Context, id PeerID, body PublishProbeJSONRequestBody, reqEditors ...RequestEditorFn) (*PublishProbeResponse, error) {
+	rsp, err := c.PublishProbe(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePublishProbeResponse(rsp)
 }
 
 // GetPeerRegistrationWithResponse The peer's full registration (KV pointers, agent metadata, transfer secrets)
@@ -3187,6 +4455,32 @@ func ParseStreamEventsResponse(rsp *http.Response) (*StreamEventsResponse, error
 	return response, nil
 }
 
+// ParseGetFleetResponse parses an HTTP response from a GetFleetWithResponse call
+func ParseGetFleetResponse(rsp *http.Response) (*GetFleetResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetFleetResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FleetSummary
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseListPairsResponse parses an HTTP response from a ListPairsWithResponse call
 func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -3214,6 +4508,107 @@ func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON400 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseListPairGroupsResponse parses an HTTP response from a ListPairGroupsWithResponse call
+func ParseListPairGroupsResponse(rsp *http.Response) (*ListPairGroupsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListPairGroupsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PairGroupList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseReportPreflightResponse parses an HTTP response from a ReportPreflightWithResponse call
+func ParseReportPreflightResponse(rsp *http.Response) (*ReportPreflightResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ReportPreflightResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PairPreflight
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
 
 	}
 
@@ -3611,6 +5006,128 @@ func ParseHeartbeatPeerResponse(rsp *http.Response) (*HeartbeatPeerResponse, err
 	return response, nil
 }
 
+// ParseGetProbeResponse parses an HTTP response from a GetProbeWithResponse call
+func ParseGetProbeResponse(rsp *http.Response) (*GetProbeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetProbeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Probe
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePublishProbeResponse parses an HTTP response from a PublishProbeWithResponse call
+func ParsePublishProbeResponse(rsp *http.Response) (*PublishProbeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PublishProbeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Probe
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseGetPeerRegistrationResponse parses an HTTP response from a GetPeerRegistrationWithResponse call
 func ParseGetPeerRegistrationResponse(rsp *http.Response) (*GetPeerRegistrationResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -3762,9 +5279,18 @@ type ServerInterface interface {
 	// StreamEvents New events as server-sent events (event peer-event, data an Event)
 	// (GET /api/v1/events/stream)
 	StreamEvents(w http.ResponseWriter, r *http.Request, params StreamEventsParams)
+	// GetFleet Fleet counts, and which replica, store and version answer
+	// (GET /api/v1/fleet)
+	GetFleet(w http.ResponseWriter, r *http.Request)
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams)
+	// ListPairGroups The pairs grouped by geometry class and model, with counts
+	// (GET /api/v1/pairs/groups)
+	ListPairGroups(w http.ResponseWriter, r *http.Request)
+	// ReportPreflight Record the pair's preflight
+	// (PUT /api/v1/pairs/{prefill}/{decode}/preflight)
+	ReportPreflight(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString)
@@ -3786,6 +5312,12 @@ type ServerInterface interface {
 
 	// (POST /api/v1/peers/{id}/heartbeat)
 	HeartbeatPeer(w http.ResponseWriter, r *http.Request, id PeerID)
+	// GetProbe Read a peer's probe region, to preflight it
+	// (GET /api/v1/peers/{id}/probe)
+	GetProbe(w http.ResponseWriter, r *http.Request, id PeerID)
+	// PublishProbe Publish the peer's probe region for preflights
+	// (PUT /api/v1/peers/{id}/probe)
+	PublishProbe(w http.ResponseWriter, r *http.Request, id PeerID)
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	// (GET /api/v1/peers/{id}/registration)
 	GetPeerRegistration(w http.ResponseWriter, r *http.Request, id PeerID)
@@ -3810,9 +5342,27 @@ func (_ Unimplemented) StreamEvents(w http.ResponseWriter, r *http.Request, para
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// GetFleet Fleet counts, and which replica, store and version answer
+// (GET /api/v1/fleet)
+func (_ Unimplemented) GetFleet(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ListPairs Every (prefill, decode) pair with its verdict
 // (GET /api/v1/pairs)
 func (_ Unimplemented) ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListPairGroups The pairs grouped by geometry class and model, with counts
+// (GET /api/v1/pairs/groups)
+func (_ Unimplemented) ListPairGroups(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ReportPreflight Record the pair's preflight
+// (PUT /api/v1/pairs/{prefill}/{decode}/preflight)
+func (_ Unimplemented) ReportPreflight(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3851,6 +5401,18 @@ func (_ Unimplemented) DrainPeer(w http.ResponseWriter, r *http.Request, id Peer
 
 // (POST /api/v1/peers/{id}/heartbeat)
 func (_ Unimplemented) HeartbeatPeer(w http.ResponseWriter, r *http.Request, id PeerID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetProbe Read a peer's probe region, to preflight it
+// (GET /api/v1/peers/{id}/probe)
+func (_ Unimplemented) GetProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PublishProbe Publish the peer's probe region for preflights
+// (PUT /api/v1/peers/{id}/probe)
+func (_ Unimplemented) PublishProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -3988,6 +5550,20 @@ func (siw *ServerInterfaceWrapper) StreamEvents(w http.ResponseWriter, r *http.R
 	handler.ServeHTTP(w, r)
 }
 
+// GetFleet operation middleware
+func (siw *ServerInterfaceWrapper) GetFleet(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetFleet(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListPairs operation middleware
 func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Request) {
 
@@ -4010,8 +5586,96 @@ func (siw *ServerInterfaceWrapper) ListPairs(w http.ResponseWriter, r *http.Requ
 		return
 	}
 
+	// ------------- Optional query parameter "prefill_class" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "prefill_class", r.URL.Query(), &params.PrefillClass, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "prefill_class"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill_class", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "decode_class" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "decode_class", r.URL.Query(), &params.DecodeClass, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "decode_class"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "decode_class", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "prefill" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "prefill", r.URL.Query(), &params.Prefill, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "prefill"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListPairs(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListPairGroups operation middleware
+func (siw *ServerInterfaceWrapper) ListPairGroups(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListPairGroups(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ReportPreflight operation middleware
+func (siw *ServerInterfaceWrapper) ReportPreflight(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "prefill" -------------
+	var prefill PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "prefill", chi.URLParam(r, "prefill"), &prefill, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "prefill", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "decode" -------------
+	var decode PeerIDString
+
+	err = runtime.BindStyledParameterWithOptions("simple", "decode", chi.URLParam(r, "decode"), &decode, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "decode", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ReportPreflight(w, r, prefill, decode)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4100,6 +5764,19 @@ func (siw *ServerInterfaceWrapper) ListPeers(w http.ResponseWriter, r *http.Requ
 			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "model"})
 		} else {
 			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "model", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "view" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "view", r.URL.Query(), &params.View, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "view"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "view", Err: err})
 		}
 		return
 	}
@@ -4224,6 +5901,58 @@ func (siw *ServerInterfaceWrapper) HeartbeatPeer(w http.ResponseWriter, r *http.
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.HeartbeatPeer(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetProbe operation middleware
+func (siw *ServerInterfaceWrapper) GetProbe(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PeerID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetProbe(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PublishProbe operation middleware
+func (siw *ServerInterfaceWrapper) PublishProbe(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PeerID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PublishProbe(w, r, id)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4426,7 +6155,22 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/api/v1/pairs", wrapper.ListPairs)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/pairs/groups", wrapper.ListPairGroups)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/fleet", wrapper.GetFleet)
+	})
+	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/quarantine", wrapper.LiftQuarantine)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/peers/{id}/probe", wrapper.GetProbe)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/api/v1/peers/{id}/probe", wrapper.PublishProbe)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/api/v1/pairs/{prefill}/{decode}/preflight", wrapper.ReportPreflight)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/events", wrapper.ListEvents)
@@ -4573,6 +6317,27 @@ func (response StreamEvents503ApplicationProblemPlusJSONResponse) VisitStreamEve
 	return err
 }
 
+type GetFleetRequestObject struct {
+}
+
+type GetFleetResponseObject interface {
+	VisitGetFleetResponse(w http.ResponseWriter) error
+}
+
+type GetFleet200JSONResponse FleetSummary
+
+func (response GetFleet200JSONResponse) VisitGetFleetResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListPairsRequestObject struct {
 	Params ListPairsParams
 }
@@ -4607,6 +6372,151 @@ func (response ListPairs400ApplicationProblemPlusJSONResponse) VisitListPairsRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPairGroupsRequestObject struct {
+}
+
+type ListPairGroupsResponseObject interface {
+	VisitListPairGroupsResponse(w http.ResponseWriter) error
+}
+
+type ListPairGroups200JSONResponse PairGroupList
+
+func (response ListPairGroups200JSONResponse) VisitListPairGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflightRequestObject struct {
+	Prefill PeerIDString `json:"prefill"`
+	Decode  PeerIDString `json:"decode"`
+	Body    *ReportPreflightJSONRequestBody
+}
+
+type ReportPreflightResponseObject interface {
+	VisitReportPreflightResponse(w http.ResponseWriter) error
+}
+
+type ReportPreflight200JSONResponse PairPreflight
+
+func (response ReportPreflight200JSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight400ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response ReportPreflight400ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight401ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight401ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight403ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight403ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight404ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight404ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight413ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight413ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight415ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight415ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReportPreflight422ApplicationProblemPlusJSONResponse Problem
+
+func (response ReportPreflight422ApplicationProblemPlusJSONResponse) VisitReportPreflightResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5203,6 +7113,195 @@ func (response HeartbeatPeer422ApplicationProblemPlusJSONResponse) VisitHeartbea
 	return err
 }
 
+type GetProbeRequestObject struct {
+	Id PeerID `json:"id"`
+}
+
+type GetProbeResponseObject interface {
+	VisitGetProbeResponse(w http.ResponseWriter) error
+}
+
+type GetProbe200JSONResponse Probe
+
+func (response GetProbe200JSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetProbe401ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response GetProbe401ApplicationProblemPlusJSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetProbe403ApplicationProblemPlusJSONResponse Problem
+
+func (response GetProbe403ApplicationProblemPlusJSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetProbe404ApplicationProblemPlusJSONResponse Problem
+
+func (response GetProbe404ApplicationProblemPlusJSONResponse) VisitGetProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbeRequestObject struct {
+	Id   PeerID `json:"id"`
+	Body *PublishProbeJSONRequestBody
+}
+
+type PublishProbeResponseObject interface {
+	VisitPublishProbeResponse(w http.ResponseWriter) error
+}
+
+type PublishProbe200JSONResponse Probe
+
+func (response PublishProbe200JSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe400ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response PublishProbe400ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe401ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe401ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe403ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe403ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe404ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe404ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe413ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe413ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe415ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe415ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PublishProbe422ApplicationProblemPlusJSONResponse Problem
+
+func (response PublishProbe422ApplicationProblemPlusJSONResponse) VisitPublishProbeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetPeerRegistrationRequestObject struct {
 	Id PeerID `json:"id"`
 }
@@ -5442,9 +7541,18 @@ type StrictServerInterface interface {
 	// StreamEvents New events as server-sent events (event peer-event, data an Event)
 	// (GET /api/v1/events/stream)
 	StreamEvents(ctx context.Context, request StreamEventsRequestObject) (StreamEventsResponseObject, error)
+	// GetFleet Fleet counts, and which replica, store and version answer
+	// (GET /api/v1/fleet)
+	GetFleet(ctx context.Context, request GetFleetRequestObject) (GetFleetResponseObject, error)
 	// ListPairs Every (prefill, decode) pair with its verdict
 	// (GET /api/v1/pairs)
 	ListPairs(ctx context.Context, request ListPairsRequestObject) (ListPairsResponseObject, error)
+	// ListPairGroups The pairs grouped by geometry class and model, with counts
+	// (GET /api/v1/pairs/groups)
+	ListPairGroups(ctx context.Context, request ListPairGroupsRequestObject) (ListPairGroupsResponseObject, error)
+	// ReportPreflight Record the pair's preflight
+	// (PUT /api/v1/pairs/{prefill}/{decode}/preflight)
+	ReportPreflight(ctx context.Context, request ReportPreflightRequestObject) (ReportPreflightResponseObject, error)
 	// LiftQuarantine Lift a pair's quarantine
 	// (DELETE /api/v1/pairs/{prefill}/{decode}/quarantine)
 	LiftQuarantine(ctx context.Context, request LiftQuarantineRequestObject) (LiftQuarantineResponseObject, error)
@@ -5466,6 +7574,12 @@ type StrictServerInterface interface {
 
 	// (POST /api/v1/peers/{id}/heartbeat)
 	HeartbeatPeer(ctx context.Context, request HeartbeatPeerRequestObject) (HeartbeatPeerResponseObject, error)
+	// GetProbe Read a peer's probe region, to preflight it
+	// (GET /api/v1/peers/{id}/probe)
+	GetProbe(ctx context.Context, request GetProbeRequestObject) (GetProbeResponseObject, error)
+	// PublishProbe Publish the peer's probe region for preflights
+	// (PUT /api/v1/peers/{id}/probe)
+	PublishProbe(ctx context.Context, request PublishProbeRequestObject) (PublishProbeResponseObject, error)
 	// GetPeerRegistration The peer's full registration (KV pointers, agent metadata, transfer secrets)
 	// (GET /api/v1/peers/{id}/registration)
 	GetPeerRegistration(ctx context.Context, request GetPeerRegistrationRequestObject) (GetPeerRegistrationResponseObject, error)
@@ -5565,6 +7679,30 @@ func (sh *strictHandler) StreamEvents(w http.ResponseWriter, r *http.Request, pa
 	}
 }
 
+// GetFleet operation middleware
+func (sh *strictHandler) GetFleet(w http.ResponseWriter, r *http.Request) {
+	var request GetFleetRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetFleet(ctx, request.(GetFleetRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetFleet")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetFleetResponseObject); ok {
+		if err := validResponse.VisitGetFleetResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListPairs operation middleware
 func (sh *strictHandler) ListPairs(w http.ResponseWriter, r *http.Request, params ListPairsParams) {
 	var request ListPairsRequestObject
@@ -5584,6 +7722,64 @@ func (sh *strictHandler) ListPairs(w http.ResponseWriter, r *http.Request, param
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListPairsResponseObject); ok {
 		if err := validResponse.VisitListPairsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListPairGroups operation middleware
+func (sh *strictHandler) ListPairGroups(w http.ResponseWriter, r *http.Request) {
+	var request ListPairGroupsRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListPairGroups(ctx, request.(ListPairGroupsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListPairGroups")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListPairGroupsResponseObject); ok {
+		if err := validResponse.VisitListPairGroupsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ReportPreflight operation middleware
+func (sh *strictHandler) ReportPreflight(w http.ResponseWriter, r *http.Request, prefill PeerIDString, decode PeerIDString) {
+	var request ReportPreflightRequestObject
+
+	request.Prefill = prefill
+	request.Decode = decode
+
+	var body ReportPreflightJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ReportPreflight(ctx, request.(ReportPreflightRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ReportPreflight")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ReportPreflightResponseObject); ok {
+		if err := validResponse.VisitReportPreflightResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -5786,6 +7982,65 @@ func (sh *strictHandler) HeartbeatPeer(w http.ResponseWriter, r *http.Request, i
 	}
 }
 
+// GetProbe operation middleware
+func (sh *strictHandler) GetProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
+	var request GetProbeRequestObject
+
+	request.Id = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetProbe(ctx, request.(GetProbeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetProbe")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetProbeResponseObject); ok {
+		if err := validResponse.VisitGetProbeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// PublishProbe operation middleware
+func (sh *strictHandler) PublishProbe(w http.ResponseWriter, r *http.Request, id PeerID) {
+	var request PublishProbeRequestObject
+
+	request.Id = id
+
+	var body PublishProbeJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.PublishProbe(ctx, request.(PublishProbeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "PublishProbe")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(PublishProbeResponseObject); ok {
+		if err := validResponse.VisitPublishProbeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetPeerRegistration operation middleware
 func (sh *strictHandler) GetPeerRegistration(w http.ResponseWriter, r *http.Request, id PeerID) {
 	var request GetPeerRegistrationRequestObject
@@ -5850,140 +8105,184 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3/c9u2su+/guG7M5HOo2TZkdNE/sknSXtymzY5dtLemSpXgkRI4jEFsABoRTfj//3N7gIkSFG2nNht",
-	"593zS2JRJAgsFruf/aov0VytcyWFtCYafYlyrvlaWKHx03sh9JtX8FcizFynuU2VjEbROcuF0CxNzhiX",
-	"W6bsSmhmrE7lkkm+FoZJRbd0hoNhtx/FUQrP5dyuojiCW6JRlCZRHGnxe5FqkUQjqwsRR2a+EmsOr/wP",
-	"LRbRKPo/R9UMj+hbc0QTu8Q3Rjc3NzCOyZU0guat1SwTa/hzrqQV0sKfPM+zdM5hDUc53fF//2VgQV8O",
-	"fa0bF9/YIIlkQmulY8YNu/j+JXsxPP2OudewRFieZqYf3cTRR8mveZrxWSb+yAm+uxaacTZXcpEuCy0S",
-	"lqXr1LJOr7fmn3viWkjbM1YLvjbdmCnN7EowIzQ8lxpmVoW1sMGJ2sgzZvWW8SVPJeMLKzS7EFZve+f4",
-	"txFzJRMD274SPHHMFNxRX5Dd5sgO0oql0DB3mL1bEtzwWi5TicQSslhHo98is8y4XEZxdJ1l6yiOTLqO",
-	"PsV+JOP4Io5eXzvS5lrlQtuU+IPjtYXSa/grSrgVPZuuRdQyBO5qMM3qm6WQQnMibzBaKu2zYTVSuawY",
-	"GP6wG69SmYTL1WKZGivgmACn82QLa7Y8E/jZfz2BwySMdbfVnhKf85T+SjRPpbtlra7xr98Lrrm07noh",
-	"V4JndrWlDcwmxnJNo+JHPgdGcJ+qywueZo3RJlanPKtfytIFjNW2XWthDF+KVmqDOJkQBdu/I6my8+1N",
-	"KGN+I6HjxwqfdFSvbWsMnFJNVM3+Jea25Ku3qWnhLTxI+FdqxdrcdWKJQ2/Kd3Ct+RY+S/HZTuaFNsR9",
-	"9cOcc2NA0ExnYqG0mLKFO6/wFOuoLBG6y3KgZXw3wzVI5FbQtu5/CJ69z7jcndGHlWDABSzPuGRqwThD",
-	"BkU1MGLIdCA9Oqqw8LVWBTBRzBzPGpZKtsjS5cqO5SKVqVl1Y1iSxHXxpZAWxJBVWcKUnAtmFdOFZKk1",
-	"9GLgSiVZRwtkV3hsLAWKDj/StdDpYovT2PAUpRkQjjMpNiyVxnIYmFvGWcZBklW80O2P5fnMwCw2MBQo",
-	"OFipLqTps/PaFOyKWwanwaAclao+/mw7lrCmRPAkS6WI2ZrrK4PrRKVJB6k/BgZsCK45HJ0d4m/qZNpw",
-	"RyerYEohC9wq6vyEbnnBvNAaXpGvuBG4eKaKw9+w0Go9qcvN+ovgHdX3FSVRrhwgOXFeoej0jAe6wu9+",
-	"q+zRgjtVu/OVF38H6ozGcaIp7a69Gjeg/J5Dp+1M8DZhg+w9KXXU7pnMuPEURDQinhgCKmdMyWzLNqld",
-	"MTeMk/pswTMjQHuv+ee3Qi7tKhodD06Gbdqx9mT7FJApnxg4fUk6twwIgXOB8wfHlwZ5YtgRjcM6MOFC",
-	"C8Zlwkwxnwtj4MxoYVYqSwxDpCSSbp+5M7kWXJIcgAV0uHRHARkoUYhILREATjKukIH2M4wz1Kh09Kxi",
-	"pfYDkFOUd8nqC6akYDM+v6Ij6ogyUyoTXAJVUB3u2ZRL4SSI9RKzlBpt5xdEHG3fiGgFowJdSIYArARx",
-	"Cl+pwuaF7bMPXo6khsQePR8zKQDLkdJ24A1kUWqNyBa0lmDHh4MXz2KA7FZomPh///bf43ExGAwGn/72",
-	"H22H2ws4p6WDoU5On8XROpUlM7WP28P/j7/H/777nj6++H7P6zLFk7u061u4ZwcCBPO89bxdiDzbtqDH",
-	"ebvsqhDXCDezZOtS8s9XXC5Fcsb8jSy1tBF93JYRbDdtbMgZqO5Cvcbqau1KiBweoFmnckl76UWgVLKO",
-	"Ex1g+woxaMVdFL/Em5okdyTzY7RR/cdffhBqDTbCLmVlsZ5kfCu0iRn8fXUNEicxMaw6mSTpGiVFaibr",
-	"jDOuBfMvZ4XMhDEEBmj9TrVkKYAOuxJrQB6FvJJqI1nHI44tDsNRunTP3NBjSRfwbSBQ/GMkfkhutqjt",
-	"hFZbOxPPhg9/JDw1mmbG0xM62ukaOOLkePjd8PnTZ8PvcAZ08XhHm8bR595S9aqreMaRDgF7BFIv3JnH",
-	"m0HFC4/3DgDOE5P+j3isVzQhQvm+2PFK2wl56wRenbeurieFN5oqdKKKGRqH5VyPgykOysFlsZ4RcPq9",
-	"EIVIvmK9g8NIqguJMOyRXtAgqH9bua64olMbaX8S6x+dzV2XPD+/+a+3bC3WSm8Z2Idk2fz4C0pwJfuB",
-	"mH11cf5TFEe/0H9/f/vu5Y9RHL37+3++fvkhiqPv37x93Spx3/NU724riFZuU+ckagPJKCxTgCZZpjao",
-	"Fqzm0iyQQrvHMxFzlYhDPGsXYkGnAART8+U8MIK0WBRGJGDk4OfUskTkQiaGKUmQieTjIhVZEtAKZEgc",
-	"id8Lnk1sjvrICq3o73X6WSQTI5brhh0aGPxaLNIsu8diKgfEnQ/xVP+zuvum7h1p3Yycp4i2ghtRRVyJ",
-	"3LK6wQvYFrAn6nRAbdUzzPloSJehtQuwUKc867buaKWrm9baloXTCrYJlBbMhJN42FX//rudQSuGjNlM",
-	"2RVCTEPYOS4VYkiBDqcZ+EXgVNz47QsqJNpoaRudq/fjqAbNFwJayF0I5ItMMClEIhJC/gDUTZoIlqQ0",
-	"P2DHmIn+ss80l1fmt7996l9dT9ZiPYHjbaK4ctvsEKfporn3ZAF/b/EKcALOFrD+fCXmV7A/ktFxueZZ",
-	"IXD3kdKwAtNCsKYWcYeiPOpxKEWCvW2TgMD17Q4tXMDB/iyUZi20ssryrBXZzYSG80F0In8W7iq6p+/2",
-	"VtH0/Av2Le2fteO/a6PCKE/Cwxgj+L4WcGg8A5+xUPjZldACeBrwdX/XVWNvcaPguYCtrzteD3XTgNXX",
-	"NnrpLKEDufJqYaNCfZGki5qOCKx5FEBmcvfcl0pU0ol1MEzAer1qOT1rs64n2Ih8DVwyoBC3SrMsXVjD",
-	"0sNdR+RJbhW/uyJ0VJd/jvHJ1IqdfDXkLPU6k4kUw1iovRqjKs20kGLjJnzHOXT7g85jP+92vtQ8y0SW",
-	"mnVbiMLKic1LFFpfdSIWvMjAflHM3XTGuGVrZay/0HCYPRw6Tub5BITn7rRmApAIfP91ExgcPoG76XL8",
-	"eAT4c1+f307+/JGpn/+5qw/OxB9gmfm3tZ5fQZFMnmXvFtHot0OwaOWAiG7iux+4tNwWBm9tmAdaJELa",
-	"VpH4DmRt6hyK0mzIrclZzf2B8Cg1pkDcIQCsSbEZS0B1MeNsnvF0LRIM58c0VLJOAfL3vBsplcvuqIxa",
-	"PDFjWc2qz34UIgcU25nmSZ5x6Z2bvV51V2+RZmLaPSO0O5aA0IxVHgPPOV6ZCWZWAIvIUxb6XAOXe2N7",
-	"PsWtOQtPDFsUWVajRYxBIPSgbpzfOFwxzIQyHBDxPqk0Bt5KQf1aQsL+fAmg7MePb17B9mRqI/ScGwHr",
-	"VDKd8wwmskYoEbiCBr0XvLf49OX5Ta/8e3jA38cnN61OIpjqHqQnxH2QHvBnsV5zvd0FfE2QhiPvO0Rg",
-	"ou1MZk+o9x5RXrx1/zuDo7izYa8RqKNdgWbYDAFOwjpg7lAAo3LDnqEvUSSwqf7ObjyWpU+x+tpdIgiC",
-	"rkbnYWRKx8Rlm9SImCVinnGNQUC0U8iMq/s0d4YdYdBVza/cxFhezLLUrAQeLYa+DDqEmKQTsx9/YbkC",
-	"YQgWig79HKbNjTlTygLN8slKmRaIePnDWy6XzNkhI7ZCNIKRTrBHwFacrwShq3Isn2LCLes4DUJCBZ9W",
-	"C1ZoNH9r4YSnD+EtrZaTK33Acqopw/2sMwCaeYD7/MWL591bld6z09Onp/dXt6JMfrk1jYDu2o3CNOxS",
-	"DECYKgDlGUWrObCUizGYJr0fIXxzdX3XmoKIwE0cZXwmMoLGSZLCenj2vsaezRl/+xzrxPtRbA1GBY5B",
-	"n56cPmPzFdd8jsdnk9qVKiybK2m1yoKvXCA1nOuzYYtUWqtEZI11nB6fPDzlvQhtnqiHfo+Xhbts6Bw2",
-	"bcKUUTQy9MPckfB2LSTw+/foYrxBWr+hR0+OG2opjgqZ/l4I973VhUA/Z80Ou927Ud0KKgdE88EK8wJA",
-	"e22CFFRfp9J/3vWbaJXdefgv4B40kQmYTJZaFfnjHAmnavbuqVQzlWzZXBVZwqzIsjMGUh/0l3OelBse",
-	"YrBD9/sjvb5ls08P2utCtwDmlbV5x3TZDMDYx4u3oHUqjmzIwsHw+UMflQZ4celouPOl/KepeylRF/N1",
-	"FkbRug/2OINi1GJPcCuSyX0yI++d/4hB5zs2uMwwo/sppD1BjHLNs4lLLW0Pdu0EtfZgyIwbO1mFWTWH",
-	"LTgT3IgJupi2933K2vtO/vD8hvuF5t3dk1si/UWe3JMb2vA3TaqRUFmjoVtkHLJf7e238kAbaffyvTNU",
-	"7mWu77W+d4HwAeBy9zx8I7T7AyDVvhBIC2o51FL703BBU7M+gNrfHxlF/YaGGwBGrzTjw4HCXsv6WyHB",
-	"Q2j0Rn7M1yrv5sKccv4ztOOOu+jXFbeMy62Sgq35lniSzwDic/Tm9NnPKjSgY2dar4XlCbccKyi8p8iI",
-	"uRbeVVQVpzSyhMq4zm7eLJJsZ4f+8/LdzyznduURi1oshEwwuEhp1eTDqEU8j3cinnsz+famgRWmXaLZ",
-	"1GbiFsGxY2JTXObjxRsm+RrmjUnGGTcGluQqanDyANLM6OjIeRP7ibj2RTLmKJXXPEuTns8zuJ2F8Fs/",
-	"2XJBZWCtVYc05EmLi6/mXiXX0WalDBrX7lny4syVTkQSpo60M3NDy+zolAPYvV/FgsKrteBS/auk9Wq+",
-	"7yoGIhojzNsHnpd3X133w4ynq+t+4rbk6rof5HeVn8usMrxSZrnhJ5eR5qVyW7bIhYuWNCJscFwn/rju",
-	"Sf2pn+kYTQREtyUomm1tK+yj4b0S3Ds03HDmKhAwWwH9L+5CDTk9trnOi88TWOQkE7JFu8HkcqEZLz67",
-	"5KdQ7JfkKDz8rzLPng+Hz74bDgffPf1u8OL09GQwGNzqBquZdZSF3NQU5Vxz2/BY/8ETWeZFq6Otd1zH",
-	"AWzFsSjyh/cf7x8Z6x0YGru6PmQDH3Lzjg+h2a3+DT9nv5HNlGqYKx0KxpNEC2OEOXNrQB2BCjpI0FsX",
-	"xmKqj7oWOuP5X2ihMI+DNieuYvnOT6Iky+iw/3WWU0GIlhBkfVNgaWXS5FkZySjLTBNhbCpJdYbPEeh0",
-	"QUAtjMquSXMehDd9Vud91+aj648TPy8hOYHCtgoRuM46x8+YVezZkIGKMV73dD3Wg1k+MY1oZDyWieYb",
-	"yWbboKBkoTR54SqdEzOjquuVoumP5YeVYB9evq9GnvH5lZAJ4/O5yFE5zZWUwhcnZFtXA8wl+8dP5y/H",
-	"cr4CtS+XoufLsvE0stT22YWwhZYYdc62WH8y/eH1B3bE8/To+vgII4VHX9Lk5igEVFOKRzW1bqATn9fd",
-	"ci3VSs0cYQIjgZ5uSKOGQG0c4cYRaAONoR3XBhhBL/i4QWrNPa2JlpSzGqKZINvsvpjkiOeiFpTT6rur",
-	"w5lW8OCEcrtl8HWKsqU0+nrfuvAy8RnPskrcmJBviluKrhva8xYx22L43CEe7yuv9omk3TcHVN+XWlkj",
-	"xR3plG2nonq4pH7b2QhNypAf4nbGbD0xzrXhDaOWlNaZsqtWlH9peSYuRHss91d3zNyAkxSzoatVMrtK",
-	"Mcge5Cg+Ma6Eec31VZ/BEFibtXbJ2dwlW/bKg6nx7bEvTwQhDIodE32VpPTfsdQC2zyMGGdJQR0fMMWQ",
-	"u+e9m6GqYXT1fFKxTMml0HBIUMpiMFcqu8JSag4yGgYRLhG00MKfcwOLxIRInS5X1klsLIsqo/O9qmNA",
-	"kP1oglxKaazgWAQBNHH2ejkCUSvI0mkTT+0WUUMU4ZbgzFPjCjNXnCjhallLmluul4KqaB8+RWBPDSe6",
-	"JbEQ02IKKcxNi2sqrERqOR9PbU7PTk+f3q+isuLWPXUH9L3zM1QkUQHhyurpx8wpqmIJOyXDd5uph8TE",
-	"3AvaZMalj300TQeebF0JLGGNMg0YAxP9qp43TGJzDFiGHQybkXYeS6weNvXgIJIXqwYZTZFRgbL1pdf4",
-	"EDFLt16WmZOnLujoEfbd8N09gvp1t5Ntsq/mWT3MN4VMu+ZbQNZlphKmkIcpRIYlikqnKZWoG7qtHsNb",
-	"cxNHRswLndrtJahFJzqSdSo/qCvR4qae9nr4dc/C99NRlWNOVaeGdRKRCSti6kIRB1LddM8cqhXJWG5W",
-	"QmOJdNXUCMcE4VwlLbLUJUeh2sZEcMF1mFC/sjbHGBBdb9mPeZYCl52/f8OuxJZ1YA152rsSWzPtMlcM",
-	"/i4X8vxNL6glAQ4W5mwsPWoMnyOvvOVXgioSxnIsQWcx6TLbG4RiUuG1f6nqEnpfXQYLJW2mZixVLqSv",
-	"8Flh0X5Vs1KldybieooG3dRXA6QSt1JMu86qMASG0ZluWGcX+E9jqgOJGTUh6VKUIdvwbTiPOdd6C+rw",
-	"vv73w/YNKLKf2UJ6dcAUWq95z4ica26xq5KxaFxRAVJGqaxSbNhG6auxtGopcDuSAquAONPKUouREWac",
-	"YmHChpJN++yNLYvFnVdwLMl+Q0JkPF3jdVCYpAYwKIowWhcSq886K7VhtZYIY5kpQ0ZHwNhztRYGrb1u",
-	"n/3s9lqUNc130g2m/PKWxGRggWn1vmkzJ1mjaQiWripkQmqslMvoKB1LlOTY84UbzCqhfGFHqF5AK5mE",
-	"Upwb2hDMb0YMprQ1TTRhWIfAV5Dwy6xSMYPN7WFJkkB3hh9C6C5tBfE0IpRmgnGpM2i8tCo6MWP54y/U",
-	"g6NDr9QqA9scthO9+92YbVbpfIVrrtv6WOkG0xtLZ487kq0P2q8bDPQs1O4+vaxJAFwcCB6N/gKHOY4c",
-	"5ktSw5dLLZbI/G/f/oT5nNSDYCyn7nRPvSKuCZdK73pybRvnH7cVRJBzUGC6q1VOxGgYfco6li/Z1I08",
-	"7VIDjH3Ccyw7UxA3f5vGbHrkh53GDAcBCcPTadfn5zpdgpFxJmSCwsbgG8dyqnKQ1iChXHrwbMtWXCa9",
-	"jU6tFRI/ZJ4ZEzUv1kLCGrByDDgZifQawAFWU1XkgkGn+/rBTVnHd5jrEvNgs6VZJsZyCns8jRlnq2LN",
-	"JZtSUGtKTDpF3T8Ng217QoZOG1ZVbqBSWDXVSkE5wrLCiPAqWc24wIsiE8YVP5YEZQuVZWpjnKx0AWWs",
-	"T0UDhuohBZ+vRmPJQayvFJg3GO4sO7qAtCWzzWzQbhkOTh1JJJuewxumjJrQjWUnJCIrZAJKEUk+dYf4",
-	"w8X5y9cwHgyDE0YqnPn34jOerae+iKKciUjILqy9ZzgY9tmvOkUahe8EY5Jbp8w4wyg7eq+NgK16SY0B",
-	"ex+2uRixkBccDwyPT8eyzBkHJMOA8QSlTnA202pjhKZSbJIuSqfLVGJ/nOk7/Hvq9IFbBdoNdLieUPeq",
-	"6aWY974Xdr7qXaZWjNhcK2N6JrVi2iVSPfXGMSAMILlIeitlrJkyI8AcLlmLNNT0H8rY6S7hhifHY/lT",
-	"apJUizlcu3CP1TYOtgpMTGPZq58vmRazFPm3z879e8YSiVlv/sO1Tq8FMkcqAfjAPZjOpAqazXDw3B/8",
-	"UqQCpwLcyZQBLUOFAa6qBnYuxTpIwab/1XOz7b1JpiM3BsK8J1RY4ivkMUkEHlELyiQ+PnnOcp1KMk7O",
-	"L1++eROkD1dgz+R8LgDnlMHCcvPPyNmLjZJYppZUv0JS+wleGUtYGZYTFzm1eWSZWBpqaBC03Op4oxJl",
-	"Fgr5ruNRXBOqpjevSMqSZiGUTKkuKidpOao8KTAqbvxYemjvuq9Mv9xMnRaTuB5JvuVA+7geWd5PCvgJ",
-	"39WpI7G4iW7PWoVUTDxaQm2Svw3BhOahgSmjfTTnWYYeH8mmn3sO7faI1tO4xjDBvIVcKD0XJpDpeCzF",
-	"Zz63meNNtBtNLubAYmI9E0kCdgi8KVBwZ8wI34nziBd21V+q7oiUFUBQTFLpxmzqwQ/iUiCOo1bsUlZC",
-	"rOcCL1TihHedhUm5W9j6NEEypPMVYU5DwQIgCpgZ8EojssWU1uFwGrB69R6aFgClKTWtmsJtNOvmnGIm",
-	"udYgPXz0otwTGAanSu8ay2DeqEi7Z83lVHuHLjueZX32LmSJsXSKa+r4Yera+NSOTsguxPNTz8RT4mI4",
-	"EtvKx4adGJXKsCsgyePO+3eXH2L2/iP8c/7h5T9i9ur129cfXncrtt5lLUC2eQtqIj7Cc1F5/WpYCydP",
-	"WhCPVdACojMcPO36TmDAQHgCzuU24FNHNF4CzJAtEG47AWjY9HTwdIpv8siDTW9N1Cmq5rdT56+cBo1h",
-	"p2NJyhrYLiM8QW+sagGpiihhnffK2KUWl/98i6TKRYLA3lMGWLyQeDcKVpdQiK461KWBkYNE5lmGQl3C",
-	"KNkWBAh1ZyibdiFAJfBWU6tuQFeaSDlQkVs/NR40hKwH/eP+AHMgAWjmaTSKnvYH/afknluhr8MbxFUj",
-	"0SVFCcvT8CaJRtHb1NjXdEtca9v8207RDzYRpfUHXUXPWK2AibqHbgRmGmG35t8LgTm6rl0ztWaIwhbN",
-	"OznftyVT3MRfWsf1fR6qYV0ZWDQ6xqB1GdO+M4a97xVVv9evai/9qdFe+mQwuKVz8/06NledZNuaSmML",
-	"V8yEuy5LTYf09rZBy1kGjaDjyPgQJBrgOBJhBNputkg1brrlS2CfyEmb6FMcNYVSNELOxWHrfHpEmGIv",
-	"u17i14cxLBwnvnVrLiMVqWFpUk62bZvxzm9j0F0fO3pxiWhpAppYsg4u41IVei4QrKNNjw4Mhxq7Z2yT",
-	"Sh+NdNPCKZN4q+b8lhvbw/F6b159w9zv5lErPtujsM13axduE/RU3+lwfnn5mtGzZ4w8X8hL2HgDQdTx",
-	"KTPYjpAoAvoFLHjXESrbVrFeV/VpVoU12FI8rkJS5chjL0R3GpCPo684C3F0Onh69/1hg/b6+flZbEqu",
-	"9GZSD/G8u9ohRgF5Qx3VY4a+SC4Z7nH3649Z2YZnrzZ47zrhNM7W/WXujtS9U+4+poQsOxO18KRv3fPN",
-	"kpFsAG/7xKXhQ416AEmltuxg+42bePTFvebm6Au95+bo90Z/oky0xbRe+940O+2KWGe3XVGXYQesufCN",
-	"pxxM8Q6bMqwbtMWpqrWfmEpVsKXAtJ+dLu7uFudOAovJXU9tnw0HQzrvLv7ge9L6aJMzQXyXnkb7sH4U",
-	"7/D4wgZ9nHZYbtjucQ6IlBo3P8cux/cSHsNDhEft/uH97j8+vSf7OkMEj3kYIvvt0038BQ5lxeBAPMZ3",
-	"GedgXsbxfd3MXtUdRqXv9Rsh7T8RUuV/PMjvhLQqeOfIfoDZljkqDzLZT6Hc8J059gt/IQ4V/q7a4LBJ",
-	"USHRPmDtS/wOG6vsDdw+mK9mqAZrVsJ/c6Hto+op31dln57CgN436il4AY0UM6PQMzbbMpendR+lFEd5",
-	"aw+Pc3QuYjiRrH/yJDmfSmfXbeQ9LzWXKPWwdh6hMORHTtoyyyh4TyMW6d5U8/SgizuYDXp4Mp6uCX6j",
-	"ye66ataCoGOpCttn57KK6j0x9Yh+3UECs6z5XMay4Yf0Ls9OplQ+4/Mr9JVXIe9u4NYkt0D9yF44GmAP",
-	"KRIYwti/q2T7oPxYbzhVT6pxFfGPeh72/VLS59QglEeJuuGGuZpf1kEfGojhwCU9K9Y5kN7bDmU/deyE",
-	"H6aMOV9NF4/ZCen3x11MGav/Knvk8SHI83ve/+KekOXpI0KcOBqenHwDJAryOBAR7SQo0NU7kJM/qtQF",
-	"ssww8D71TpEboa0Xw4dbeGU3/pumosf097odUJcer/B6KTvuQsEX9DtP/1tA7z3xbCuk+kHYdvI+rHws",
-	"q7z3Q4YnxqdN9e9P35t7g4I6fGx7TXWLQ6zRLlSlAg5Mt2v+quA9Rq0wSoP9Ydy/yPbETKpN+fNW/z5i",
-	"LUesnTlq/Ve+mUEa9bVl3Ko1KNkKY3f9DeXvwDwiSKt+2+kPRmeNH7lp4fBffcY94Suzwlq8RGEM6S+K",
-	"doaPi47+0mjnHuDmsOOL/Vb2nF7daJ+5bCtk/N57+KpD2OyuWnkdfW5kM8txLNHMcwmOlCqJuQFoy614",
-	"tqAUlvevmMmz1MY+AbEMyY8lZVKOGG/PoORMi7Wy4ompsodxWu5mzFvRAtMrg0zLFG1K7ywKxAt6S4eD",
-	"p22GnwMWF/XeZ3+4EebV1/+HCuurQH6AtnbSd1nnljTzeCfJ/HALIBfuRwsfEnRR4cjD69QPLek1a66v",
-	"WJnJg2/us/OdXCPqn5Mrbf2PzcVkTFG1225JlyozK8jEcgkmVQGZT2etCqSmQXyRyvMobYVytEn6jOWb",
-	"V90z5nO/dzO98ZfDGone5RisMzx5Qdl44a8ddysRRnUlZUhE1OfQJg1+4vrKdRrLxCNBjLAu8k9wAR2A",
-	"oYPIr+OJDpIyphQe59QJ6oTppg03YQllzFRh0YuEz4W/ROPDTN1/w5Y/HbbA/S/+aPH+EwqqQEydVT8A",
-	"Uhoi3oeN3uDgtxIPdee4ExZHZVlBNPpCH+0EIcjE1Vv4i5RBEF6lAsDah/9xn/DnW+bGf2qOh0WE/t7d",
-	"ga+Pj+YrbpHYmbCuZNx/03YR34CfG1uApMUXkGbBtm1YVDI6Ojo++a4/6A/6x6Png+eDKECbX3ycx9MR",
-	"9s1dorqL+hUDKu7/BQAA//8=",
+	"7H3tchs5kuCrIHgbYXK2SH1YdrupmNjw2O4eb9ttj+zu2YhmjwhWgSRGRYBdQInmOvT/4m7/b8S9yP2/",
+	"fZN5kovMBKpQVaBE2ZK7Y3b+2CJZBSQSifzOxMdeqldrrYSypjf+2Fvzgq+EFQV+eitE8fI5/JUJkxZy",
+	"baVWvXHvKVsLUTCZnTKutkzbpSiYsYVUC6b4ShimND3SPzk8GYx6SU/Ce2tul72kB4/0xj2Z9ZJeIX4p",
+	"ZSGy3tgWpUh6Jl2KFYcp/6kQ89649z8OaggP6FdzQIC9wxl7V1dXMI5Za2UEwV3oWS5W8GeqlRXKwp98",
+	"vc5lymENB2t64p//amBBH/ed1o2LM7ZQopgoCl0kjBt29s0z9vXJo6+Ym4ZlwnKZm1HvKun9oPgllzmf",
+	"5eJLAvjmUhSMs1SruVyUhchYLlfSsv5wuOIfhuJSKDs0thB8ZQYJ0wWzS8GMKOA9aZhZltbCBmd6o06Z",
+	"LbaML7hUjM+tKNiZsMV2+BT/NiLVKjOw7UvBM0dMwRPNBdntGslBWbEQBcAO0LslwQN/KAS/oLeaa3q/",
+	"FCyVRVpKy2b0ELNLbhF0rsxGIEkWAvH6wLBClwDghRBrw+YaEAJkOlH0J5fFmElrmN4opmeweNwNpucM",
+	"CFUYaxKmtGWFWEgDODCWW5Ewo5nd6IlyUxm24luWScMXhRAj9nRmhLJssxSKAHSA2IKnF3BalGB9AJrO",
+	"lZkomEQqBAaehWUYxddmqW21OQAvUwI2aM5lLrLBaKJ6SW9d6LUorKTDYKRKRRd3CIu0LOfGMr0WSsBp",
+	"9nDKXLA010bAGZ3rYsVtb9zLuBVDK1eil/hdM+4MJj3ERHceGHrMCjEvjchYqazMEfhU63wItMSEyswp",
+	"W/J8fk4PAzaA/oVHOtBfLmBbC10ugIUIVa564596FYzwJtCbH6X3cwfEq5Db/OTgrR/Ts7+K1MJKXqiF",
+	"VLgUP41Z5FwteknvMs9XvaRn5CoyQdJ7cemOcnMLOH63HxqRiwTHov5lIZQoOKE1GE0q+/ikHqk6Rgkw",
+	"2P0evJAqC5dL1C0KQRyaZ9se7m8u8LP/+dxtj3us8Zb4sJb0V1ZwqdwjK32Jf/1S8oIr674v1VLw3C63",
+	"xDDyc2N5QaPiR54C/btP9ddE843Rzm0hed78KpdzGCu2XSthDF+IKLbhJJ4TBuO/kRT7eAOVoZDzY4Vv",
+	"Oqw3tjUBSolSJNDVK2kitIWMG/+SVqzMTRKCKPSqmoMXBd/CZyU+2PO0LIyOMNo1NwYE23Qm5roQU+Sd",
+	"cIrhLdbXeSaKAVsDLpObCa6FIreC2Lq/yYWwjv2bLlhRNu946wPjRYIhlssLgaybWEbN66Rd6tIy/16H",
+	"fwKXNcRTIniRRT0NPAO8GZjQ0DGk7mEDEtg5HrD/W43XwmUweBJCvhO5r3Um8i5VZSLVmYignH4YpnwN",
+	"CgzKKxNd5soPHD09Jib4AfNiLvM8Mq/7ZY+JiV/F9IomqghAD07N5yoYkgoLO7H3FjDcxV7I3qI0Y1ip",
+	"MtDHFAPmdilY/Up8Ubq0XmPs/mq15Xl3JtAMtqzvFpQwWs4A9YabSYkGDaZusu2dOHlXrla82HbBeaZL",
+	"BbrVpSiuVdCaug7wsNKKzB9U0LF4hm9xdWHGLF0KvmZwwNWWzQECZuS/ixED7RCEfGmQMz0wjLRRxlU2",
+	"UYbAjGlMs4DhXMdLm9zpKunNtueFpk3iWSZh3Tx/2xi7u3ldDmDYbMtgoM7eJWym7XLQi+B+tj2vNLDP",
+	"npxGisyChyZyPI0GgQ2v+mO1lzQKWFBEJK396bpxCDqH1/MWR2T7SpE+mj5sOHRfwBbMeZmTcbHUxqKp",
+	"O4iqwo56zy9FYZy+1p2zTesshQPS1Lh362zG6kLsGLg2TnQhmF1KUwtHwTMTKNArsdIFsj1t7KJoMLt6",
+	"Qdevo1QK1jErZZ49MMw/fJMC7jfEr6WeJoLBmk/7QxaQfEWXnmZizOlboVdggj7LuYlQ8FukfT1H6yOF",
+	"Z5hZgs5AXHQuRZ45GxHJpMwFIZP1cfJkogTaDWC6WJ3qPAHzTpm5KNii0OU6Yd/9iJwI+VPCMgAxYTnf",
+	"isIk7PWrp8lEvX0L7Ilxa4UCyIbv3+LjJmG0VQzURoMPwT5rRWRj2FoUyBKTidqAviNByFwovVEDtE9p",
+	"HaSxCLsRYIpuNC1VGLYQ1pDJz1dioi5FkcnUEheVGXoAUAwwnhbaVATlIUGV3cS4qYzIQDeUzADhaA0i",
+	"wvtL8SF6oHYrE2bJ1zuOAY0pFdvoIjMJE6PFiE16uAOPT9j/+79sNs81t0eP4e/Xr57Cf4+P3IbAB26t",
+	"Yu/fsmP4cEwCh/3Xf8JDP549fT3p3UjjqPR7lkiwxmjzj4Lnb3Ou4i4OsHbYOufoh+BOFIwDlSEj5wEY",
+	"RECbpGEA7YJiq+cT5VhNgrim92E7twZJeFup8+TJ8xpQYK0vNRzticoEz3KpxACHUgyNO5gz9F4wNBXH",
+	"bnZWTe5dKEyqiZrncrG0bC6VNEs/HLLiBajl0jCr84xplQpmNTAZdIYgLkBn0mqi+o7u8D06fX6kS1HI",
+	"+RYh23CJfJb8PUpsmFTGchgYtAaWcyuKiartsFP0i8i5OxCA+QcmQLcZND06StPuFKUyI/Z0ogIgyfaA",
+	"nTHot1G6CcFs6/aE8JqwFS8u3LzomSIrN3aweGpj+uWmicgNd5i0GkDa253jIbpmgrQsCphiveQGxYCB",
+	"Ld97hnmhV+dNp0b3ENe/15jcV0RW+kN32IrEN0tthDsxoGGGJ8RvPmu6KyrNprOijgIDiAkdK82B/OEh",
+	"yUfkGhW/heDODRzzuhWODPbBettcRAC7W1GPGxDCDsZV2JngMccEnsfzyp/V5WvoeqQNJX/fA0NO9FOm",
+	"Vb6l/XDDOA8Rm/PciBEwVf7hlVALu+yNjw6PT2KetMabcRDwjJDOAuKOASIQFmAYwG9okAeGHdA4rA8A",
+	"l4VAuWfKNBXGTJRdFsIAkzQMvfgiq3nESnBFjAsW0AebD08m0nOmMVpiCQGDERz43Ai20pfCMO74MzJW",
+	"q1nlKTtltiirp1T9A6ovM55eEMdwSJlpnQuuACvoOtuxKe9E5aMWrMnEYuwEeDJtH3nNcVSyruAFy2UO",
+	"/B8d6qVdl06b8FIC+TS9nzg3Njn4XGBhtp0oaY3I57SWYMdPDr9+DOfbWlEA4H/56S+TSXl4eHj48+/+",
+	"KcZrPL91Hr1gqONHj5PeSqqKmOLjDvH/o2/wv6++oY9ff7Njulzz7CbD5RU809EXAjivPW9nYp1vI57m",
+	"NM5Ka+/sOBCWD0wtiNIlVwuRnTL/IAhB3IgRbssYtps2NqQMlM/XyOELIdbwAkEt1YL20jNEpVXTp+yc",
+	"u5/ABsn0vQ7j7/ChNsodypJrAgLf/eiNhy5mVbk69yo8/H1xCRwH9E347zyTK+QU0pyvco5KmZ+clSoX",
+	"Bs/BRDmbjSRdLg3pHitQX50WjyoWHsUtDkP+y8GpG3qinEMTZgOG4l8j9kN8M6JFZLTaxpl4fHL3R8Jj",
+	"ox2SeHhMR1uugCKOj06+Onny8PHJVwgBfXnUEe5J78NwoYf1t3jGEQ8BeQRcL9yZ+4OgpoX7mwPMl3Ow",
+	"CO9riraKUM2XOFqJnZBXjuE1aevi8rz0AZZaO9EleRMrWI8CEA+rwVW5mpEe90spSpF9wnoP90Opc2Dc",
+	"1wRtt4ebrVpXUuMphtrXYvWdi881Oc/3L//tVegUIOvwux+dX2AUsNnnZ09f95Lej/TfH169efZdL+m9",
+	"+cO/vnj2vpf0vnn56kWU477lsuhu66yOx1/Hbn3Y/irBJBNupXNgx7R8ZK8SlJk81xsUJN57ElVjSEXf",
+	"J0/kTMzp3AAra0/OAzPOx6h1wXxwPBNroTLDtCIlizgq+oJCH1rO4dMvJc/P7RolmBWFpr9X8oPIzo1Y",
+	"rFpRriAgQsbIbRZTCLKfb3yHy+Jt9fBV6MLf59U/1U9fJdeHNaqEBGkangkQRxdibVveANCjQc9F/QE0",
+	"xPod5mLHJDfRFQAqaCF5PojSQq0XtA3VLQvBCjYYczjqwEZX1QjiLc1Ba1ImZzxFokhPp9yQhl+GPIbV",
+	"AhAMN/YgcbK6toHcRlVeMWdgh8qBiaKgVGhBytjO1BA7OxeMK1IDkZLRzChzwZQQmcjILgEzwshMsEyS",
+	"OgGk73xo6Af76Xc/jy4uz1didY4eyVsZxrcGtnZeVs5XsETSpUgvYEcVo6N5yfNSIL3g3sAKYghryzh3",
+	"ACu20uBYATXE+DOck28LXa7jFiatwntca+eyntdOCCCDxi8u8OjpwPCVoMDKqKO/3cRanX/3wSfz2PPU",
+	"O8yv4xZN7/pVcrsIcsMNfBtfDmFXkoWKXnY8cmBhIq/JBRECmZeBm4cMy8GOuUhU3DF//0RE3jImfjMq",
+	"7yE6fQMD9jEGsn6QCd+O6RJU/nem9GbMOow4zoL3yJlobE+L7KP5AJ4cd7GJmyPlFdOIJ/UgJd8cZnU2",
+	"toMQ2YhzXXrg94rC1hzsuiDs/rkFiY8RUVSOWa3BeNVGhBRA4h2957jcwc075dByXZQP1hLHabWQvXES",
+	"Q8eOVAsyVpCpO34/p9CroDTbPajQURRNsGtpb0PFLy5sHhhyrFbaBIl6t1MPjHfkFdoKDGiiZc+ksjp0",
+	"fnvPqE/ExFAjsk4OR0zOXaZygucO9LQZTy9wU/FQgAIHX26twMgL/JFQ8gfHiCbLeZaJop0c69Q1kO6O",
+	"aft1iKwr/WBOoXaoo1X41T01Zkp+yDF7Nl03HYoPj9sejw53crrG+W2SOZ0CtzsGQeoeLFbPA3XyQVz1",
+	"O2Xc64pV7KUahJKaKwS2g2+gX6B325EmZ4UYNrxOfY6evUHlk3ZJUW9UvvXp+V0lYYcr2YFZq5puD7yL",
+	"n/VRlYRf0I6lRB3yGnoydmKlsVHHhydPIohezNbRSA/mC69Ly1xSeM6LhTCUIUSK7hpEU8b6QJ+GbQpp",
+	"rVAuqM0zIuoqZQn2mbbJan0xSNjR4V++RtI2B6YR+KqcHNc5NnJuhUq356WJIdBYgPTPZy/fv6gUwRXP",
+	"cw9/AtxzJYHVUsL97QHw2vtN3ND7IEJPq9eOCIEwN4Xm9ky8TqqzG4DhNrKBmcbJ28UX/9Qwa3cyxlos",
+	"J1610bVxFuS/EysqBNhrSivR5TzcXhMZrVhYUxHZN/Jqucxjo1fxT7Icl16J3+hQu8/kvKHRBxExNKzN",
+	"+c2wL7Sore46F6peztDafOARNqZ4HVcMMMStLlz4XO4fDabM7Sij7LoGxk273uuFGK5InN/AUHJyJQSE",
+	"xOQG9Oe0RtUFK4QSGwfwDdai2x9M1vZwx+mygNOaS7OKlQRYdW7XlSe3bSNhqhmoTsw9dAosbKWN9V+0",
+	"YuB352HO0vU5mPhdsGYC7Eb4/dMAONwfgJvxcnR/CPh1p19fj/71PWN//euuPjgTXyC64WeLnl9BPm6e",
+	"52/mvfFP+3hna3Wqd5Xc/MI71Hrw0ZZXpxCZUDbKEkEf8y4PylvF3J6Gqki6jTSmFORa6mPm00SBepkw",
+	"DgaiXIkMc1hJ6eLZSqpaKcRs2MG4ykR6YCaqhmrEvhNiDQp+f7rO1jlXPkFgOKyfGs5lLqaDU/LiUlEb",
+	"5nqS8Zdy/GYmmFnqjXLR5kk8c7S1PT8n0ZrUB4bNyzxv4CJB+8OX9SGU4YrR+UZ5b6R6VxIDH6WizUbB",
+	"6e56WMDsDz+8fA7bk+uNKFJuBKxTK5nyHABZoSoRhFMPh1/z4fznj0+uhtXfJ3v8fXR8FQ20Aqg7LGCf",
+	"HL2fBQz06XL5O4ZwrOxk5yE6g0k+RtNCO9DfoqoKH909Z3AUOxv2IsjplcaVeoIVgDo/mkl1KsMpxuMF",
+	"Oiv8k4Nkoqq4fP2z+4pUEPTNuCg900VCVLaRRqC7JAcTeTRRlFWK4YlmXkBn2DFYzlanF8xnGpezXJql",
+	"wKNFdhQdQizCpnxjDcywMKDjhAnE0boHrS3gbH2+1CaiIr779hVXC+9JGFMSfOAyKARPl4K0q2osX0LM",
+	"Les7CTKuU+j1nJUFhnUaKTkP7yLjoF7OWhd7LKcGGZ5n/UPAmVdwn3z99ZPBtULv8aNHDx/dXtyKqtj0",
+	"2rI9eqqbydSKnmASj6l9KXVKeiowaZvytNv4vocUqIvLm9YUZNWgLTxzlSW7qlfaEH8+jE3kfSe25KI+",
+	"Anl6/OgxS5e84CkeH18mmGplC50HP7lkxBDWxye7Smda63h0dHz3mPcstH2i7noezwsjvgsKK8aYqQu8",
+	"7O2aLvSlUEDv32DQ/Qpx/ZJePT5qiaWkVyr5Sync77YoBXqwG3bY9V7f+lEQOcCa9xaYZ6C0NwCkxNSV",
+	"VP5z15/s68WuHRieQROZFJPzhQ833v2RcKJm554qPdPZlqW6zDNmRZ6fMuD6IL+c86Ta8FAH23e/f6Dp",
+	"I5v9aK+9LouIwry0dt03AzYDZeyHs1fem+ZYb8S/eLdHpaW8uPJvV8RUAQGg17UiIZtvkjCy1l1qjzMo",
+	"xhF7gttbOq9v3W8AEzdv2OCq0oWep7TQc9RRLnl+7j2Z0YSxjvtyhw6Zc2PPl2Fm+n4LzgU34hxdTNvb",
+	"vmXtbYHfP0f4dumt7unza7Jly3V2S2qI6d/ej9uoG2jg0C0yCcmvMfu1NBBD7U66r4uO9zfXd1rfXUV4",
+	"D+Wyex5unyf3mcrgF1DCdqX2RPScfW27X02T6Ia6P1tR2J1diBIRTT1QMRuGolTs2xfv2QFfy4PLowM0",
+	"pv/lUorN712R+r5rBA1kp8n+ubrGXagKreT1T9UK2gtzUv/XELsdP9Sfl9SKQCuBTaCQdPmMWozA1o7Y",
+	"9zq0zBNns6+E5Rm3HOPT3gVlRFoI74Mq9Ezscj61IvXYhkxaH+yvHAVMOuu76eQidyHVL0nvHXMJABVc",
+	"zqfB6j4/1WRzXTgfGvnMwICqItOR2FmWFQ3JU3qlos4Jf3Jy8virk5PDrx5+dfj1o0fHh4eH1xrXV0kP",
+	"5z7fz/zpMvRdmQSfkzOQicvzVhemu1nqTWWTjiSC6sk6vodksuGmoopoOeWOyH8AQy7U563sKNo35vYh",
+	"aU+hN2SBtAk6QYPg8Qnr+8jaEXst/9Dw8sy2dke00rFHOqCRoPOzt3XaSXicWkeb9Y8ew2l5fEJpBIOE",
+	"LbnKXOoEOvZLuxTKyhSUpqrvTRvCgC6fNA2YaG3kHhrgDgLYwV2Ds7cjsl/tUkLnnwgoqtDV7RvbXYl8",
+	"ZLxbTIyyobMN//ruzfdsze3S23x6PheK2se43nL4ZiOz+aiT2byznnBnMVq5owuJlTYX1yhSHSclRbZ/",
+	"OHvJFF8B3HVrAz33PScReDBzzfjgwMVjRpm49G0kzYFUlzyX2dDXLly/m/irB7ZaUJWasGPTGvpVRE41",
+	"AlTkfHfl19W75AdPdZFRtlfVkS4qtVt6ekcr30Ouj+poevhtIzzf/CmLfrve9S2GclsjpPGB0+rpi8tR",
+	"WHd1cTnK3JZcXI6CKrPqc1Xbht9UtXb4ydXFeS01lqF85uLNLTGNZ3o3dw0CDm2eug8PbYrrnUPDA6eu",
+	"cQNWJaAH233RsD3v2+HJyw/nsMjzXKiIto9tK0HOlB+cYhTqt3esANSOMaqFbqvEFaxr24r5fWFAFusy",
+	"GqoYHjXtIrbk2Db427c/3D63YLhncsHF5T4beJebd7QPzq71EHuY/Ua2C7sxMZfKr0GuCmOEOXVrqBoa",
+	"hWWCq9JYzJLXl6LI+fo3tFCAY6/NSepsqGWVnZzTYf/tLKdWISJJHM1NgaVVpZunVSy46vWbCWOlItEZ",
+	"vkfWtUujKITR+SVJzr0M61CJvs3afH7S/WQg3ahcv4uqzl72DLyuB1CGGjelfkxUVvCN8p13SMiAAYtx",
+	"jFrmYNOs6vta0Iwm6v1SMFDw2wnmjKepWKNwSrVSwrdIyLeuSzZX7I+vnz6bqHQJYl8txNA3LqckY2lH",
+	"7EzYslDeAphtJ2racQ8dfJTZ1UGoUE0pov9ZdkG7UpmUkYZq3+BGLYbaOsKtIxBTGkOHVUxhBLngI6/S",
+	"mlu6TSKOh4ZGc45k052Y+IinooiW07vZ+xBVHhxTjlsGnyYoI82cL3eti1LcqQQjz2t207Any2vaRLek",
+	"5zVsNmL43MAeb8uvdrGkWHVahfVdRTsNVNxQqBM7FfXLFfZjZyM0KUN6SOKEGT0xzodbZd93S1dn2i6j",
+	"Wv47y3NxJuLZMH92x8xXw0msk65XSW0kpQmzvB+4Vm/YtGzEYAjsELNyZdu+WmVYHcwCZ098kyRgwiDY",
+	"saBXKyrzrbroj2EAWbgmUWUhqMMBpn0H3djqXHBsyUTmATZVIZQ8MHUHvYRtljJdBsUyde7Szj54E0WN",
+	"8LD/nHYpY3CK+lgonQqHBd8MrvE2S7lipRFMgujRRcXPakQPwLzJSrr8AbPRuUOUdxzXLaN8WzilWa7V",
+	"QhTIDnzej9J2idU+2EMSBhG8gb2qmhjwNVEFVg6RbGogYxg4eaOoBoNa8Ay7C8Lue89E3VzQ5+NHW9dd",
+	"Y/q1eC7SHkIujeuD5W94cDVGFXFZXiwENS27+2yyHXVOGI/CgiaL1QZ4uYO4pD5W3t2ai1UTpsePHj28",
+	"XQOrmlqubWjnHCo1SnSAuKp33n2mn9Zh506Htpvt8X3SJ9wEMeb4Ln4FBZ1t6jhGSlVVMYIx7FHdPi3M",
+	"d3YEWEWoDZuRGjJR6EM3zTwSRC/1wSQQXTzF+k535HhHYhk0u2CtySUZNCEPr0TwFy8E7QJ3llolvUas",
+	"bD8nHBLtim/BhKiSWrHaKMw2NSzT1KmOwgaD0D93H26pq6RnRFoW0m7fgfz3saOVVO/1Rax9/nQ4xJ+H",
+	"Fn6fjutyJGryZVg/E7mwIqHGpUkgvgxwYVTfRTZRm6UosPq0vt8IxwTmXOe3M+nyaFE/wZohwYuw9mpp",
+	"LVZVu+8j+5HmEqjs6duX7EJsWR/WsJbDC7E10wFzvfferIV6+nIYNMfAywrM6UR5cRK+R3FWyy8EFa9N",
+	"1ESBcGbKFUG1EMVALk2Hw7/q+iu6o4WSHSm/X5qJwisJXIexJfZIrJtw1JUAmbicouU69YVjUuFWiunA",
+	"mU8usu1bKHctnGlCpdQJo/shBhQ3zjd8G8KR8qLYgtC9bUR1v30DjOwmthBffbD5Vis+NGLNC4zV5NJY",
+	"uhoIO6rkVPWgxIZtdHExUVYvBG5HVmJbE84KbfFgDsZYnIA1bBuK+YzYS1uFXp37c6LIUEVE5Fyu8HsQ",
+	"mCQGMH8GFYSiVFgR3F/qDWt0oJyoXBuyrgLCTvVKGDRrByP2vdtrUbWQuxFvAPKza2pYgASm9XzTdvlK",
+	"gTYwmPS6VBlzpemOL6NHeKKQk6NOxs2S2g7rQmQOUcMAVyoLuTh3F4JgKQwqmxo0xpY2YViflK+gNoRZ",
+	"rRMGmzvEqn6MxxV+CFG4jj5E06ihtGtRKplB48m6PtFM1Hc/UoF9n6YsdC6SoPfLwCuvsOZW/F4JAVPq",
+	"iXKOB4ey1V77dYURrbmO3dkQcgBcHN1cBZqy0zkOnM6H110tCrFA4n/16jWm/lPLx4mautM99YK4wVxq",
+	"uVt1r2+df9xWYEHOE4OVEVY7FlPA6FPWt3zBpm7k6YD6je5inhPVnwK7+d00YdMDP+w0YTgIcBgup4Mq",
+	"7YFkCaZEMaEyZDYGZ5yoqV4DtwYO5SpJZluM4w59QTl8yD0xZjotV0LBGrDIGCgZkfQClAMsvK3RBYNO",
+	"d10NN2V9f9ncwHdnoObqEzWFPZ4mjLNlueKKTSl6NyUinaLsn4ZRxR2xUScN64JoECmsBrUWUA6xaO4E",
+	"35J7ABd4VubCuG5OFULZXOe53hjHK12KEF2ztsbEQbQNebocTxQHtr7U1IvfLusGusBtyT41G7RbTg4f",
+	"OZQoNn0KM0zdDSAT1Q+R6NrdEMqn7hC/P3v67AWMB8MgwIiFUz8vvuPJeurr7SpIREYGcGOek8OTEftz",
+	"IRFH4ZxgNXPrhBlnmDeFbnojYKue0R2Bw/fbtRizkBYcDZwcPZqoqrwI7UkgPNfxgbNZoTdGFNTHjriL",
+	"LuRCKmxHPH2Df0+dPHCrQLuBDtcD6l0+fSfS4TfCpsvhO2nFmGGXl6GRVkwHhKqH3gsAGgagXGTDpTbW",
+	"TJkRYPdXpEUSavpHbey0i7iT46OJei1NJguRwndn7rXGxsFWgYlpLHv+/TtWiJlE+h2xp36eiUJkNnst",
+	"86KQlwKJQypQfOAZzHvQJUFzcvjEH/yKpQKlgrqD90eNGNWQuQJM2DmJJfOCTf9t6KAdvsymYzcGqnkP",
+	"qAbRtxfE7EB4Rc+p6OTo+AlbF1KRcfL03bOXL4NKk1rZM2ueCtBzqqhotfmn5NXGvtQs167nf3UnVq4X",
+	"EwUrwy4W5ZpufGS5WBjyrgQpQ/1uY6GBo1FcE4qml8+Jy5JkIS3ZXT6wJm45rl1GlIikDbzsVHvX7Hb6",
+	"8WrqpBjehgiU2tI/XUvy+iIgN1e/qYklbe32NMqkEqLRStUm/ttiTGgeYpN4tI9Snufo2lJs+mHotN0h",
+	"4XqaNAgmgFuouS5SYQKejsdSfOCpzR1tot1o1iIFEhOrmcgysENgpkDAnTIj/KWcB7y0y9FCD8YkrEAF",
+	"xbTDQcKmXvlBvRSQ47CVuCTEUNdzPi+qhsWnTlnjGplMpDJDNMh0STqnoagIIAXMDJjSiHw+re+BcKRe",
+	"z0NggaI0pR7hU3iMoG7DlDDFiwK4hw/TVHsCwyCoNNdEBXCjIB2ctpdT7x36Jnmej9ibkCToggzYIUcP",
+	"U9c1uXF0QnIhmp96Ip4SFcOR2NY+NvQmap0b4EfEj/tv37x7n7C3P8A/T98/+2PCnr949eL9i0FN1l3S",
+	"As12HdGaiI7wXNRev4auhcCTFMRjFXTB7J8cPhz4xutAQHgCnqptQKcOabxSMLu3CxEDNGz66PDhFGfy",
+	"mgebXpuRVNb34E6dv3Ia3BE7xWs0QEbSbaSIVZyxLhungtOM9d/S5UXv/vQKUbUWGSr2HjNA4qXCp5Gx",
+	"ukxydNWhLA2MHEQyz3Nk6gpGybfAQDaVmxV7pKOCSspbQ6y6AV0VOyV79dz6gxuOxr3D0dHoEJPfQdFc",
+	"y96493B0OHpI7rkl+jq8QVzf8bigcGh1Gl5mvXHvlTT2BT2SNG5w/qlTH4r3O9L6gwsfT1mj1pUudtwI",
+	"TKnCi5t/KQVmobubm6mFVC+8rbmTP3pd1shV8jE6rm+VVg/rKoZ74yOMzlfB+xuD9bumqK/i/KSbpn9u",
+	"3TR9fHh4zSXOt7u8ub7kM3a/NN0cpefeHALSOaHZY4NWUAZ3Qic9X09ABjiORDoCbTdFW4Bw+cLg9brE",
+	"bXo/J702U3JX++KwTTo9IJ1iJ7m+w5/3I1g4Tnzr1lwFKqRhMquAjW0zPvl5BNr1saMXl5AmM5DEivVx",
+	"Ge90WaQClXW06dGB4bTGwSnbSOXDrg4sBJnYWw3zK27sEMcbvnz+GbDfTKNWfLAH4Y3f0Qu5TXC9euey",
+	"83fvXjB695SR5wtpCXs0oRJ19IgZF2aTdME0WvCunXa+rYParkGAWZbW4O3iSRCR8iNPPBPt3EU+6X3C",
+	"WUh6jw4f3vx8eFd78/x8LzYVVXozaYj6vPu2T4QC/IYuV0+Yq6JguMeDTz9meMnlzuP1rbB4J2LvHllV",
+	"46LPCIEEHt5RC3H4qruzjjQWcmpV1yx6tSLzFwk6FePT8VV1/twpPd+65pstXnR7GdWRUvvIqXaiW771",
+	"nYpddjRZYdJUcVB3XR5njW7BTGaDhJS9sIftuL5bzbXUnrvm34Wx7G//8b/+9j//D67qb//xv5s9qVtt",
+	"qMPrAmdblyTFmfmlBHNvluv0wl2ytuK2kB9OGTYz9RcUwhCbpc5do+YdnLvdjbfGc+uCkkgQ85+j0cMb",
+	"Eez8l238nhIq2wDFgG61DL4nmFs7KE1FGvWlUmCHNGPxyH+rYiwzuB7vv0XFqOrpu4PTIE4+VyF6cU1D",
+	"46pluL8n7DN50UHd33kRy298o3wz87UoajcMklfSaPE86LaId148dxmZxSAQeZlg7lOWamNh9E1w4V2d",
+	"CeXON7bRJn9TzRL+6z89SY3Y8wJZksLOYwSrs/0akTxY7b80TtDvJ+Xh4fHj8MT83uUuxvnyt77p873S",
+	"V92MeweR0ZaNImo0HUn8nfwVrhfn1rFp4KSuXTfik9jh55LQR4fVq4OPhMurg8atINeq1WHGiGtddhqE",
+	"uokPURcpvN0SHumfHJ5UzANb5Ed4R52oQUVjn8RLosq3o/o7gLZKlLsTYH9OeutyVzvuqud20xXmvH0y",
+	"cz2IC65YoyP0IOKUG7Gn3YtCrm36XGXU1cpVxcjcXX2m2285cde+ct8aGRP0wA5LSZboqpeqi9fVodZR",
+	"5xRTumHdtpywLoz9g6Zb+u/sBAfX3DRThlxrmHtlH63J46RAW8bDCrdPMFxODo9u+fzDWz5/crvnj245",
+	"/tGj2z1/fHxLme6cssj32okIP/0M7CVMIsJv4BjXXP0M9yc8GuuAgPdj2zDxfmz7l1bv6lzEkthe+L7F",
+	"nVbWrN9tZT1gLjV13OQAPkJbp8zWLZNrLvvA1L4huhicB/Od53JuReYecfHjzVIz9720I3ZyeEIGfsgp",
+	"6hvJPXvzHZxbd3aMIsrA3P4pvISkdZpP4gw4QJI0Dr7Rb/MQPfoMIr+BnAF5Lm+6QTh70zKO7zuk/EOp",
+	"+AJKRcg3fNfW3d4L1xNgD++Fq6PeDyjqBbPLk+7bP+03VnX3anyw6or8mOWMXRI/vwlb5zIdl4KYC35Z",
+	"JaW40CV16sGMOdz8YuhrDKWxZjBmmB7LGbrihhvQ5C6l2LC1ppuCYmuEB+KOo968REL32bTuoz/BkdTY",
+	"ezW3fQPhXaoMpiN+prkNE9BICatvNXLlNLcxjJLeOtqs9immRmAyJMUuKQ7uIsL9rn7t48aNhA668NgR",
+	"RZiwSCkmVY1EME8rk9LN1IhTY4JOAA3Gp3MuVxQ8wICjuxaxkcI5Ubq0I/ZU1TmJD0wzH7kZ3gUoGxHj",
+	"iWplUfiEjX6u9XrG0wvM9KkTdgdBUkbMSj9zOMBm6fek3Hc6q39h/Z40uVgURHxw7jYUDxtumGuswvro",
+	"kAGZEiTUzMrVGlDv3bHV5du6qJNykZRcpHmAx+yYlJX7XUyVafwbNUqe3PL5r/+OjJggC53sl0+0atzF",
+	"7rphtPuMoH65NqKwng3vH5+qrm6/amstWKXcNGqa3OM5fl/xjptU+jOx0pf/fTT4Wyrnu6KBcfTeLX+8",
+	"IRboJFUdErwtfq9urRQ0deHYNPUjTv3udfVuqrPHYqGIU3XfUWsdpUX+MO5vZHsSpvSG+RqzfxyxyBGL",
+	"E0ej0fBnE0irDVKVdRdNqYyqsV3nyR89hPeopFVzfGntrJr4TKzzKIX/2dcLk35lltgyJdOYAff34YK9",
+	"rXb09+Ky3e/4YpvgHad37ZuqRgOxTzvJ0lTb5S8TopJecp5qU1XYk3m25PkcvoGH3z5nZp1LW3UYCOK1",
+	"fe4isY1CsUESjQFVjtWqXqrq4lldVNjVAHCR9yljcIKdoQ89E79BgXJHoQKeOQ2604I3bILrbha8Regg",
+	"+QxhUt6VLGFnPvDnvLuXUpfGb2mb1N4SKdbkdg/OgJrSvqAH4Eby/kdU77cf1XPUGR6BxuXWvqSV8qR6",
+	"dyFditYtZFEh840PhtXHsn1JXR2g83XD7QrgiUInoiv+pTLirijilSBKfHFuJY0miqqMx4zHq4s5K8RK",
+	"W9HpCe4expquQmDpcVCFLNFj6eMqAcPBwOLJ4cOYW9GZrWfNK2S+uIvPG0d/h+bQJx2hwJbvlLaz/jUt",
+	"GJJOA4bBlxKH8ZNJTVXu3mJ7Hyk9W/HiglVVbjjziHVVS7otYK0LO1F0t0VCrjrqBNVtd6SrqiNy4LkE",
+	"vLq5ki/1rpsHTYPce+rRRSVd1L+AuM9EvXw+OGW+L0K3CwIvRKcJQjUG658cf+0yB4NyrkHNwqjnSpU9",
+	"IJowxLjBa15cuAtb8vtSLMLmaL9CgGEPD01QFeFooo+oTKi8zYUMgmaB9NCGm7C9WMJ0aTFGge8FWRdV",
+	"RsbgH0bxr67xwPNff2n2/hoZVcCmTut71Cs3l4+QYqyx8v3vHyxwJyzpVS03euOP9NGeowpy7nqR+C+p",
+	"uib8lppjNT78u/uEt+Cnxn9qj4cNtvyz3YEvjw7SJbeI7FxY1zfS/xL7EmfAz60tQNTiBCRZ8JIabLgy",
+	"Pjg4Ov5qdDg6HB2Nnxw+OewFvoyPPl3A4xH2zX1FPUma3xgQcf8/AAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

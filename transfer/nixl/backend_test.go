@@ -42,3 +42,9 @@ func TestBackendContract(t *testing.T) {
 func TestTwoProcess(t *testing.T) {
 	transfertest.RunTwoProcess(t, newBackend)
 }
+
+func TestPreflight(t *testing.T) {
+	t.Parallel()
+	transfertest.RequireNIXL(t)
+	transfertest.RunPreflightSuite(t, newBackend)
+}

@@ -31,3 +31,11 @@ func BenchmarkWrite(b *testing.B) {
 
 // BenchmarkLoopbackTCP: the plain net.Conn baseline, in the same run.
 func BenchmarkLoopbackTCP(b *testing.B) { transfertest.BenchLoopback(b) }
+
+// BenchmarkPreflight: whole preflights (4 KiB to 16 MiB) through the NIXL
+// binding, both agents configured as `pdplane agent --preflight nixl`
+// configures its worker, with the GB/s and latency they report.
+func BenchmarkPreflight(b *testing.B) {
+	transfertest.RequireNIXL(b)
+	transfertest.BenchPreflight(b, newBackend, 16<<20)
+}

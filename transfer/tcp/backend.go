@@ -471,7 +471,14 @@ func (b *Backend) dial(ctx context.Context, md metadata, secret []byte) (*conn, 
 		}
 		return nil, fmt.Errorf("%s %s: %w: %w", what, md.Name, class, err)
 	}
-	nc.SetDeadline(time.Now().Add(b.cfg.DialTimeout))
+	// The handshake ends by the dial timeout or the caller's deadline,
+	// whichever comes first: a peer that accepts and never answers must not
+	// hold a short-deadline caller (a preflight) for the whole timeout.
+	handshake := time.Now().Add(b.cfg.DialTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(handshake) {
+		handshake = d
+	}
+	nc.SetDeadline(handshake)
 	h := hello{Initiator: b.cfg.AgentName, Target: md.Name, Instance: md.Instance}
 	if _, err := rand.Read(h.Nonce[:]); err != nil {
 		return fail("hello to", transfer.ErrPeerGone, err)

@@ -18,3 +18,8 @@ func TestBackendContract(t *testing.T) {
 func TestTwoProcess(t *testing.T) {
 	transfertest.RunTwoProcess(t, newBackend)
 }
+
+func TestPreflight(t *testing.T) {
+	t.Parallel()
+	transfertest.RunPreflightSuite(t, newBackend)
+}

@@ -14,14 +14,24 @@
   const TOKEN_KEY = 'pdplane.adminToken';
   const ROLES = ['prefill', 'decode', 'both'];
   const STATES = ['pending', 'ready', 'unhealthy', 'stale', 'draining', 'failed'];
-  const POLL_PEERS_MS = 5000; // heartbeats change load and leases without events
+  // Heartbeats change load and leases without events, so the peer list is
+  // polled: every 5 s, or every 3 ms per peer for large fleets (30 s at
+  // 10,000 peers, whose list is about 7 MB even without rank regions);
+  // heartbeat ages and leases are counted down here between polls.
+  const POLL_PEERS_MS = 5000;
+  const POLL_PEERS_MS_PER_PEER = 3;
+  const POLL_FLEET_MS = 5000;
+  // A burst of events about at most this many peers is applied by reading
+  // those peers alone; a larger one reloads the list.
+  const PATCH_MAX = 20;
   const POLL_PAIRS_MS = 15000;
   const REFRESH_DEBOUNCE_MS = 150;
+  const SNAPSHOT_FOLLOW_UP_MS = [1000, 3000];
   const BACKOFF_MIN_MS = 1000;
   const BACKOFF_MAX_MS = 30000;
   const EVENTS_PAGE = 50;
   const MAX_EVENTS = 400;
-  const MAX_ROWS = 500; // per role group; narrow with the filters to see more
+  const MAX_ROWS = 200; // per role group; narrow with the filters to see more
   const MATRIX_MAX = 40;
   const CHART_WINDOW_MS = 10 * 60 * 1000;
   // ?interval=N (seconds, 1–60) sets how often /metrics is scraped.
@@ -41,7 +51,8 @@
     drained: 'drained',
     removed: 'removed',
     quarantined: 'quarantined',
-    heal_started: 'heal: draining',
+    heal_started: 'heal started',
+    heal_draining: 'heal: draining',
     heal_acting: 'heal: restart',
     healed: 'healed',
     heal_failed: 'heal failed',
@@ -52,9 +63,10 @@
   // healLine says where a stale peer's heal plan is.
   function healLine(h) {
     if (!h) return null;
-    const words = h.phase === 'draining'
-      ? 'draining (requests in flight finish), then the agent restarts the engine'
-      : 'the agent was told to restart the engine; waiting for a new instance';
+    const words = {
+      quarantined: 'the failing pairs are quarantined; other prefills keep using this decode until it drains',
+      draining: 'draining (requests in flight finish), then the agent restarts the engine',
+    }[h.phase] || 'the agent was told to restart the engine; waiting for a new instance';
     return el('p', { class: 'callout heal', 'data-heal-phase': h.phase },
       el('strong', null, 'Heal: '), words + ' · deadline ', el('time', { datetime: h.deadline, title: stamp(h.deadline) }, stamp(h.deadline)),
       ' · from generation ' + h.from_generation);
@@ -67,6 +79,12 @@
     pairs: [],
     pairsTotal: 0,
     pairsLoaded: false,
+    fleet: null, // GET fleet: counts, replica, store, version
+    groups: [], // GET pairs/groups
+    groupsTotal: 0,
+    drill: null, // the pair group whose matrix is shown: {pc, dc}
+    changed: new Set(), // peers named by events since the last refresh
+    fullReload: false,
     events: [], // newest first
     eventIds: new Set(),
     eventsLoaded: false,
@@ -297,14 +315,71 @@
 
   // Loads can overlap (a poll and an event-triggered refresh); only the
   // newest answer of each kind is applied.
-  const seq = { peers: 0, pairs: 0, detail: 0 };
+  const seq = { peers: 0, pairs: 0, detail: 0, fleet: 0 };
+
+  async function loadFleet() {
+    const n = ++seq.fleet;
+    try {
+      const data = await api(API + 'fleet');
+      if (n !== seq.fleet) return;
+      state.fleet = data;
+      loadOK('fleet');
+    } catch (err) {
+      if (n === seq.fleet) loadFailed('fleet', err);
+      return;
+    }
+    renderOrigin();
+    renderSummary();
+    renderModels();
+  }
+
+  function renderOrigin() {
+    const f = state.fleet;
+    $('origin-replica').textContent = f.replica;
+    $('origin-store').textContent = f.store;
+    $('origin-version').textContent = f.version;
+  }
+
+  const byPeerName = (a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+
+  // patchPeers applies changes to a few peers by reading those peers alone,
+  // so that one peer's event does not reload a fleet-wide list.
+  // A full load that was sent before a patch came back keeps the patched
+  // peers (patchedAt: performance.now() of the patch, by peer ID).
+  const patchedAt = new Map();
+
+  async function patchPeers(ids) {
+    const got = await Promise.all(ids.map((id) => api(API + 'peers/' + encodeURIComponent(id))
+      .then((p) => [id, p], (err) => [id, err.status === 404 ? null : undefined])));
+    let added = false;
+    for (const [id, p] of got) {
+      if (p === undefined) { state.fullReload = true; continue; } // retried by the next refresh
+      const i = state.peers.findIndex((x) => x.id === id);
+      if (p === null) {
+        if (i >= 0) state.peers.splice(i, 1);
+        state.peersById.delete(id);
+        continue;
+      }
+      delete p.ranks; // the list holds summaries; the detail view reads its own
+      patchedAt.set(id, performance.now());
+      if (i >= 0) state.peers[i] = p;
+      else { state.peers.push(p); added = true; }
+      if (id !== state.openPeerId) state.peersById.set(id, p);
+    }
+    if (added) state.peers.sort(byPeerName);
+    renderPeers();
+    renderPairs();
+  }
 
   async function loadPeers() {
     const n = ++seq.peers;
+    const sent = performance.now();
     try {
-      const data = await api(API + 'peers');
+      const data = await api(API + 'peers?view=summary');
       if (n !== seq.peers) return;
-      state.peers = data.peers || [];
+      const kept = new Map(state.peers.filter((p) => patchedAt.get(p.id) > sent).map((p) => [p.id, p]));
+      for (const [id, at] of patchedAt) if (at <= sent) patchedAt.delete(id);
+      state.peers = (data.peers || []).map((p) => kept.get(p.id) || p);
       state.peersById = new Map(state.peers.map((p) => [p.id, p]));
       state.peersLoaded = true;
       loadOK('peers');
@@ -314,25 +389,37 @@
     }
     renderModels();
     renderPeers();
-    renderSummary();
     renderPairs();
   }
 
+  // loadPairs reads the pair groups (cheap at any size) and the pairs the
+  // matrix shows: every pair when there are at most MATRIX_MAX² of them,
+  // else those of the group drilled into, else none.
   async function loadPairs() {
     const n = ++seq.pairs;
+    const limit = String(MATRIX_MAX * MATRIX_MAX);
     try {
-      const data = await api(API + 'pairs');
+      const groups = await api(API + 'pairs/groups');
       if (n !== seq.pairs) return;
-      state.pairs = data.pairs || [];
-      state.pairsTotal = data.total ?? state.pairs.length;
+      let list = { pairs: [], total: 0 };
+      if (state.drill) {
+        list = await api(API + 'pairs?' + new URLSearchParams({ prefill_class: state.drill.pc, decode_class: state.drill.dc, limit }));
+      } else if (groups.pairs <= MATRIX_MAX * MATRIX_MAX) {
+        list = await api(API + 'pairs?' + new URLSearchParams({ limit }));
+      }
+      if (n !== seq.pairs) return;
+      state.groups = groups.groups || [];
+      state.groupsTotal = groups.pairs;
+      state.pairs = list.pairs || [];
+      state.pairsTotal = list.total ?? state.pairs.length;
       state.pairsLoaded = true;
       loadOK('pairs');
     } catch (err) {
       if (n === seq.pairs) loadFailed('pairs', err);
       return;
     }
+    renderGroups();
     renderPairs();
-    renderSummary();
   }
 
   async function loadEvents(older) {
@@ -352,13 +439,29 @@
   }
 
   let refreshTimer = 0;
-  // scheduleRefresh reloads peers and pairs soon, once for a burst of events.
-  function scheduleRefresh() {
+  let followUpTimers = [];
+  // scheduleRefresh reloads soon, once for a burst of events. Events name
+  // their peer (peerID): a burst about a few peers reads those peers alone;
+  // a refresh without one, or about many peers, reloads the list.
+  function scheduleRefresh(peerID) {
+    if (peerID) state.changed.add(peerID);
+    else state.fullReload = true;
     if (refreshTimer) return;
     refreshTimer = setTimeout(() => {
       refreshTimer = 0;
-      loadPeers();
+      const ids = [...state.changed];
+      state.changed.clear();
+      const full = state.fullReload || !state.peersLoaded || ids.length > PATCH_MAX;
+      state.fullReload = false;
+      if (full) loadPeers();
+      else patchPeers(ids);
+      loadFleet();
       loadPairs();
+      // Counts and pairs come from the replica's routing snapshot, which
+      // may take in a change a little after its event arrived here: read
+      // them again a moment later, and once more after that.
+      followUpTimers.forEach(clearTimeout);
+      followUpTimers = SNAPSHOT_FOLLOW_UP_MS.map((ms) => setTimeout(() => { loadFleet(); loadPairs(); }, ms));
     }, REFRESH_DEBOUNCE_MS);
   }
 
@@ -391,7 +494,7 @@
       try { ev = JSON.parse(m.data); } catch { return; }
       state.eventsLoaded = true;
       addEvent(ev, true);
-      scheduleRefresh();
+      scheduleRefresh(ev.peer_id || '');
     });
     es.addEventListener('error', () => {
       if (conn.es !== es) return;
@@ -437,7 +540,7 @@
 
   function renderModels() {
     const sel = $('f-model');
-    const models = [...new Set(state.peers.map((p) => p.model))].sort();
+    const models = state.fleet ? state.fleet.models.map((m) => m.model) : [...new Set(state.peers.map((p) => p.model))].sort();
     const cur = sel.value;
     const have = [...sel.options].slice(1).map((o) => o.value);
     if (have.join('\n') === models.join('\n')) return;
@@ -479,11 +582,33 @@
         ? el('p', { class: 'empty' }, 'No ' + g.role + ' peer matches the filters.')
         : el('table', { class: 'peers' },
           el('thead', null, el('tr', null,
-            [['Name'], ['Engine'], ['Model'], ['State'], ['Gen', 'generation'], ['Instance', 'instance id'], ['Lease left'],
-              ['Load', 'running / queued requests and KV cache usage'], ['Last heartbeat'], ['Transfer group']]
+            [['Name'], ['Engine'], ['Model'], ['State', 'the registry\'s state; unhealthy and failed are red, with the last probe or heal error'],
+              ['Breaker', BREAKER_LEGEND], ['Gen', 'generation: bumped at every re-registration'], ['Instance', 'instance id: changes when the engine process restarts'],
+              ['Lease left', 'time until the lease runs out without a heartbeat, counted down here every second from the lease expiry'],
+              ['Load', 'running / queued requests as the engine last reported them, and KV cache usage'],
+              ['Last heartbeat', 'time since the agent\'s last heartbeat, counted here every second; amber after two heartbeat intervals, red after the lease'],
+              ['Transfer group']]
               .map(([h, title]) => el('th', { scope: 'col', title }, h)))),
           el('tbody', null, rows)),
       g.peers.length > MAX_ROWS ? el('p', { class: 'note' }, 'Showing ' + MAX_ROWS + ' of ' + g.peers.length + '; narrow the list with the filters.') : null);
+  }
+
+  const BREAKER_LEGEND = 'this replica\'s router circuit breaker for the peer: closed (requests flow), open (refused until the cool-down ends), ' +
+    'half-open (one probe request let through); its own observation, not the registry\'s';
+
+  function breakerBadge(b) {
+    if (!b) return el('span', { class: 'brk brk-none muted', title: 'this replica\'s router does not track this peer' }, '—');
+    const word = { closed: 'closed', open: 'open', half_open: 'half-open' }[b.state] || b.state;
+    return el('span', { class: 'brk brk-' + b.state, title: BREAKER_LEGEND + (b.since ? '; opened ' + stamp(b.since) : '') }, word);
+  }
+
+  // heartbeatClass says how late the last heartbeat is: amber after two
+  // heartbeat intervals, red once the lease would have run out.
+  function heartbeatClass(iso, intervalS, ttlS) {
+    if (!iso || !intervalS) return '';
+    const age = now() - Date.parse(iso);
+    if (ttlS && age > ttlS * 1000) return 'hb-lost';
+    return age > 2 * intervalS * 1000 ? 'hb-late' : '';
   }
 
   function peerRow(p) {
@@ -495,29 +620,54 @@
       el('td', { class: 'model' }, el('span', { class: 'trunc', title: p.model }, shortModel(p.model))),
       el('td', { class: 'state-cell' }, stateBadge(p.state, p.state_reason),
         p.state_reason && p.state !== 'ready' ? el('span', { class: 'reason', title: p.state_reason }, p.state_reason) : null),
-      el('td', { class: 'num gen' }, String(p.generation)),
+      el('td', { class: 'brk-cell' }, breakerBadge(p.breaker)),
+      el('td', { class: 'num gen', title: 'generation ' + p.generation + ': bumped at every re-registration' }, String(p.generation)),
       el('td', { class: 'mono' }, el('span', { class: 'trunc', title: p.instance_id }, tail(p.instance_id, 10))),
-      el('td', { class: 'num lease ' + lease.cls, 'data-lease': p.lease_expiry || '' }, lease.text),
+      el('td', { class: 'num lease ' + lease.cls, 'data-lease': p.lease_expiry || '', title: 'lease left; expires ' + stamp(p.lease_expiry) }, lease.text),
       el('td', null, el('span', { class: 'load' },
-        el('span', { class: 'load-q', title: 'running / queued requests' }, (load.running ?? 0) + ' / ' + (load.queued ?? 0)),
+        el('span', { class: 'load-q', title: (load.running ?? 0) + ' requests running / ' + (load.queued ?? 0) + ' queued on the engine' }, (load.running ?? 0) + ' / ' + (load.queued ?? 0)),
         el('meter', { min: 0, max: 1, low: 0.7, high: 0.9, optimum: 0, value: load.kv_usage ?? 0, title: 'KV cache usage ' + pct(load.kv_usage), 'aria-label': 'KV usage' }),
-        el('span', { class: 'kv' }, pct(load.kv_usage)))),
-      el('td', { class: 'num', 'data-ago': p.last_heartbeat || '', title: p.last_heartbeat ? stamp(p.last_heartbeat) : null }, ago(p.last_heartbeat)),
+        el('span', { class: 'kv', title: 'KV cache usage' }, pct(load.kv_usage)))),
+      el('td', {
+        class: 'num hb ' + heartbeatClass(p.last_heartbeat, p.heartbeat_interval_seconds, p.lease_ttl_seconds),
+        'data-ago': p.last_heartbeat || '', 'data-hb-interval': p.heartbeat_interval_seconds, 'data-hb-ttl': p.lease_ttl_seconds,
+        title: p.last_heartbeat ? 'last heartbeat ' + stamp(p.last_heartbeat) + '; every ' + p.heartbeat_interval_seconds + ' s expected' : 'no heartbeat yet',
+      }, ago(p.last_heartbeat)),
       el('td', null, p.transfer_group || el('span', { class: 'muted' }, '—')));
   }
 
+  // renderSummary draws the fleet's counts from GET fleet, which the
+  // server computes over its snapshot without reading any rank.
   function renderSummary() {
-    const ps = state.peers;
+    const f = state.fleet;
+    if (!f) return;
     const items = [];
-    items.push(el('li', null, el('strong', null, String(ps.length)), ' peers'));
-    for (const s of STATES) {
-      const n = ps.filter((p) => p.state === s).length;
-      if (n > 0 || s === 'ready') items.push(el('li', { class: 'chip state-' + s }, el('span', { class: 'dot', 'aria-hidden': 'true' }), el('strong', null, String(n)), ' ' + s));
+    const roles = ROLES.filter((r) => f.by_role[r]).map((r) => f.by_role[r] + ' ' + r).join(' · ');
+    items.push(el('li', { 'data-count': 'peers', title: 'peers registered, in every state' + (roles ? ': ' + roles : '') },
+      el('strong', null, f.peers.toLocaleString()), ' peers'));
+    if (roles) items.push(el('li', { 'data-count': 'roles', title: 'peers by role' }, roles));
+    for (const st of STATES) {
+      const n = f.by_state[st] || 0;
+      if (n > 0 || st === 'ready') {
+        items.push(el('li', { class: 'chip state-' + st, 'data-count': 'state-' + st, title: 'peers in state ' + st },
+          el('span', { class: 'dot', 'aria-hidden': 'true' }), el('strong', null, n.toLocaleString()), ' ' + st));
+      }
     }
-    if (state.pairsLoaded) {
-      const routable = state.pairs.filter((p) => p.routable).length;
-      items.push(el('li', { class: routable === 0 && state.pairs.length > 0 ? 'chip bad' : null },
-        el('strong', null, String(routable)), ' of ' + state.pairsTotal + ' pairs routable'));
+    if (f.models.length > 1) {
+      items.push(el('li', { 'data-count': 'models', title: f.models.map((m) => m.model + ': ' + m.ready + ' of ' + m.peers + ' ready').join('\n') },
+        el('strong', null, String(f.models.length)), ' models'));
+    }
+    const p = f.pairs;
+    items.push(el('li', { class: p.routable === 0 && p.total > 0 ? 'chip bad' : null, 'data-count': 'pairs',
+      title: 'pairs routable now (compatible, both ready, not quarantined) of every prefill × decode pair' },
+    el('strong', null, p.routable.toLocaleString()), ' of ' + p.total.toLocaleString() + ' pairs routable'));
+    if (p.quarantined) {
+      items.push(el('li', { class: 'chip bad', 'data-count': 'quarantined', title: 'pairs under an active quarantine' },
+        el('strong', null, String(p.quarantined)), ' quarantined'));
+    }
+    if (f.breakers && (f.breakers.peers_open || f.breakers.pairs_open)) {
+      items.push(el('li', { class: 'chip bad', 'data-count': 'breakers', title: 'this replica\'s router breakers open or half-open: peers, pairs' },
+        el('strong', null, String(f.breakers.peers_open + f.breakers.pairs_open)), ' breakers open'));
     }
     replace($('summary'), items);
   }
@@ -542,10 +692,13 @@
   function renderPairs() {
     const box = $('pair-matrix');
     if (!state.pairsLoaded || !state.peersLoaded) return;
+    // The whole fleet's matrix when it is small; else the group drilled
+    // into, whose rows and columns are the peers of its pairs.
+    const whole = !state.drill && state.groupsTotal <= MATRIX_MAX * MATRIX_MAX;
     const names = new Map(state.peers.map((p) => [p.id, p.name]));
     const cells = new Map();
-    const rowIds = new Set(state.peers.filter(prefills).map((p) => p.id));
-    const colIds = new Set(state.peers.filter(decodes).map((p) => p.id));
+    const rowIds = new Set(whole ? state.peers.filter(prefills).map((p) => p.id) : []);
+    const colIds = new Set(whole ? state.peers.filter(decodes).map((p) => p.id) : []);
     for (const pr of state.pairs) {
       cells.set(pr.prefill.id + ' ' + pr.decode.id, pr);
       rowIds.add(pr.prefill.id);
@@ -557,14 +710,20 @@
     const rows = [...rowIds].sort(byName);
     const cols = [...colIds].sort(byName);
 
-    const tally = { routable: 0, idle: 0, refused: 0, quarantined: 0 };
-    for (const pr of state.pairs) tally[verdict(pr).key]++;
+    const tally = whole ? pairTally(state.pairs) : groupTally(state.groups);
     const counts = $('pair-counts');
+    const legends = { routable: 'compatible, both peers ready, not quarantined', idle: 'compatible, but a peer is not ready',
+      refused: 'the pairing rules refuse the two geometries', quarantined: 'failed again right after a re-registration; kept out of routing' };
     replace(counts,
       [['routable', 'routable'], ['idle', 'not routable'], ['refused', 'refused'], ['quarantined', 'quarantined']]
-        .map(([k, w]) => el('span', { class: 'legend v-' + k }, el('span', { class: 'sym', 'aria-hidden': 'true' }, SYMBOLS[k]), ' ' + tally[k] + ' ' + w)),
-      state.pairsTotal > state.pairs.length ? el('span', { class: 'muted' }, ' (first ' + state.pairs.length + ' of ' + state.pairsTotal + ')') : null);
+        .map(([k, w]) => el('span', { class: 'legend v-' + k, 'data-tally': k, title: tally[k] + ' pairs ' + w + ': ' + legends[k] },
+          el('span', { class: 'sym', 'aria-hidden': 'true' }, SYMBOLS[k]), ' ' + tally[k].toLocaleString() + ' ' + w)),
+      whole && state.pairsTotal > state.pairs.length ? el('span', { class: 'muted' }, ' (first ' + state.pairs.length + ' of ' + state.pairsTotal + ')') : null);
 
+    if (!whole && !state.drill) {
+      replace(box, el('p', { class: 'empty' }, state.groupsTotal.toLocaleString() + ' pairs: too many for one matrix. Choose a group above to see its pairs.'));
+      return;
+    }
     if (rows.length === 0 || cols.length === 0) {
       replace(box, el('p', { class: 'empty' }, 'No pairs yet: a pair needs a prefill and a decode peer.'));
       return;
@@ -585,7 +744,8 @@
         const pr = cells.get(key);
         const v = verdict(pr);
         if (!pr) return el('td', { class: 'v v-none' }, el('span', { class: 'muted', title: 'no pair' }, '·'));
-        return el('td', { class: 'v v-' + v.key },
+        const brk = pr.breaker && pr.breaker.state !== 'closed' ? ' brk-open' : '';
+        return el('td', { class: 'v v-' + v.key + brk },
           el('button', {
             type: 'button', 'data-pair': key, 'data-focus-key': 'pair:' + key,
             'aria-pressed': state.pinnedPair === key ? 'true' : 'false',
@@ -609,7 +769,59 @@
     const v = verdict(pr);
     return pr.prefill.name + ' → ' + pr.decode.name + ': ' + v.word +
       (pr.path ? '; path ' + pr.path : '') + (pr.reason ? '; ' + pr.reason : '') +
-      (pr.unverified && pr.unverified.length ? '; not verified: ' + pr.unverified.join(', ') : '');
+      (pr.unverified && pr.unverified.length ? '; not verified: ' + pr.unverified.join(', ') : '') +
+      (pr.breaker && pr.breaker.state !== 'closed' ? '; this replica\'s pair breaker is ' + pr.breaker.state.replace('_', '-') : '');
+  }
+
+  function pairTally(pairs) {
+    const t = { routable: 0, idle: 0, refused: 0, quarantined: 0 };
+    for (const pr of pairs) if (pr) t[verdict(pr).key]++;
+    return t;
+  }
+
+  // groupTally adds up the groups' counts: what the tally is when the
+  // pairs are not all loaded.
+  function groupTally(groups) {
+    const t = { routable: 0, idle: 0, refused: 0, quarantined: 0 };
+    for (const g of groups) {
+      t.quarantined += g.quarantined;
+      if (!g.compatible) { t.refused += g.pairs; continue; }
+      t.routable += g.routable;
+      t.idle += Math.max(0, g.pairs - g.routable - g.quarantined);
+    }
+    return t;
+  }
+
+  // renderGroups lists the pairs grouped by model and geometry class, each
+  // with its counts and a button that shows its matrix.
+  function renderGroups() {
+    const box = $('pair-groups');
+    const gs = state.groups;
+    if (gs.length === 0) { replace(box); return; }
+    const key = (g) => g.prefill_class.id + ' ' + g.decode_class.id;
+    const sel = state.drill ? state.drill.pc + ' ' + state.drill.dc : null;
+    const th = (h, title, cls) => el('th', { scope: 'col', title, class: cls }, h);
+    replace(box, el('table', { class: 'groups' },
+      el('caption', { class: 'sr-only' }, 'Pairs grouped by model and geometry class'),
+      el('thead', null, el('tr', null,
+        th('Model'), th('Prefill class', 'peers that can prefill, sharing every field a pairing rule reads'),
+        th('Decode class', 'peers that can decode, sharing every field a pairing rule reads'),
+        th('Pairs', 'prefills × decodes in the group (a peer never pairs with itself)', 'num'),
+        th('Routable', 'compatible, both ready, not quarantined', 'num'), th('Quarantined', 'under an active quarantine', 'num'),
+        th('Verdict', 'the pairing rules\' verdict for the two classes'), th(''))),
+      el('tbody', null, gs.map((g) => el('tr', { class: key(g) === sel ? 'sel' : null, 'data-group-row': key(g) },
+        el('td', { class: 'model' }, el('span', { class: 'trunc', title: g.prefill_class.model }, shortModel(g.prefill_class.model))),
+        el('td', null, el('span', { title: 'class ' + g.prefill_class.id + ': ' + g.prefills + ' prefill-capable peers' }, g.prefills.toLocaleString() + ' × '),
+          el('span', { class: 'shape' }, g.prefill_class.shape)),
+        el('td', null, el('span', { title: 'class ' + g.decode_class.id + ': ' + g.decodes + ' decode-capable peers' }, g.decodes.toLocaleString() + ' × '),
+          el('span', { class: 'shape' }, g.decode_class.shape)),
+        el('td', { class: 'num', title: g.pairs + ' pairs in the group' }, g.pairs.toLocaleString()),
+        el('td', { class: 'num', title: g.routable + ' pairs routable now' }, g.routable.toLocaleString()),
+        el('td', { class: 'num', title: g.quarantined + ' pairs quarantined' }, String(g.quarantined)),
+        el('td', null, g.compatible ? el('span', { class: 'v-routable' }, 'compatible' + (g.path ? ' · ' + g.path : ''))
+          : el('span', { class: 'v-refused', title: g.reason || null }, 'refused: ' + (g.reason || ''))),
+        el('td', null, el('button', { type: 'button', class: 'link', 'data-group': key(g), 'aria-pressed': String(key(g) === sel) },
+          key(g) === sel ? 'Hide matrix' : 'Matrix')))))));
   }
 
   function pairByKey(key) {
@@ -632,6 +844,7 @@
       pr.path ? [' · path ', el('code', null, pr.path)] : null,
       pr.reason ? [' · ', el('span', { class: 'why' }, pr.reason)] : null,
       pr.unverified && pr.unverified.length ? [' · not verified: ', pr.unverified.map((f, i) => [i ? ', ' : '', el('code', null, f)])] : null,
+      pr.breaker && pr.breaker.state !== 'closed' ? [' · ', breakerBadge(pr.breaker), ' pair breaker'] : null,
       pr.quarantine ? quarantineBlock(pr) : null);
   }
 
@@ -870,6 +1083,7 @@
         fact('Model', p.model),
         fact('Instance', el('code', null, p.instance_id)),
         fact('Generation', String(p.generation)),
+        fact('Breaker', breakerBadge(p.breaker)),
         fact('Transfer group', p.transfer_group || '—'),
         fact('Lease left', el('span', { 'data-lease': p.lease_expiry || '', class: lease.cls }, lease.text)),
         fact('Last heartbeat', el('span', { 'data-ago': p.last_heartbeat || '', title: p.last_heartbeat ? stamp(p.last_heartbeat) : null }, ago(p.last_heartbeat))),
@@ -1038,6 +1252,11 @@
     for (const e of document.querySelectorAll('[data-ago]')) {
       const t = ago(e.dataset.ago);
       if (e.textContent !== t) e.textContent = t;
+      if (e.dataset.hbInterval) {
+        const c = heartbeatClass(e.dataset.ago, Number(e.dataset.hbInterval), Number(e.dataset.hbTtl));
+        e.classList.toggle('hb-late', c === 'hb-late');
+        e.classList.toggle('hb-lost', c === 'hb-lost');
+      }
     }
     tickBanner();
   }
@@ -1062,6 +1281,16 @@
     document.addEventListener('click', (e) => {
       const opener = e.target.closest('[data-open-peer]');
       if (opener && opener.dataset.openPeer) { openPeer(opener.dataset.openPeer); return; }
+      const group = e.target.closest('[data-group]');
+      if (group) {
+        const [pc, dc] = group.dataset.group.split(' ');
+        state.drill = state.drill && state.drill.pc === pc && state.drill.dc === dc ? null : { pc, dc };
+        state.pinnedPair = null;
+        showPair(null);
+        renderGroups();
+        loadPairs();
+        return;
+      }
       const lift = e.target.closest('[data-lift-pair]');
       if (lift) { lift.disabled = true; liftQuarantine(lift.dataset.liftPair); return; }
       const cell = e.target.closest('[data-pair]');
@@ -1126,7 +1355,7 @@
     wire();
     setToken(state.token);
     renderCharts();
-    await Promise.all([loadEvents(false), loadPeers(), loadPairs()]);
+    await Promise.all([loadEvents(false), loadFleet(), loadPeers(), loadPairs()]);
     connect();
     openFromHash();
     pollMetrics();
@@ -1134,7 +1363,12 @@
     // Polls stop while the tab is hidden: even as a summary (no pointers or
     // NIXL metadata), the peer list grows with the fleet.
     const visible = (fn) => () => { if (!document.hidden) fn(); };
-    setInterval(visible(loadPeers), POLL_PEERS_MS);
+    const pollPeers = () => setTimeout(async () => {
+      if (!document.hidden) await loadPeers();
+      pollPeers();
+    }, Math.max(POLL_PEERS_MS, state.peers.length * POLL_PEERS_MS_PER_PEER));
+    pollPeers();
+    setInterval(visible(loadFleet), POLL_FLEET_MS);
     setInterval(visible(loadPairs), POLL_PAIRS_MS);
     setInterval(visible(pollMetrics), METRICS_MS);
     document.addEventListener('visibilitychange', () => {

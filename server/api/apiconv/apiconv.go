@@ -7,6 +7,7 @@ package apiconv
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
@@ -176,6 +177,10 @@ func HealPlan(h *registry.Heal) *api.HealPlan {
 		t := h.Acted
 		out.Acted = &t
 	}
+	if len(h.Pairs) > 0 {
+		pairs := slices.Clone(h.Pairs)
+		out.Pairs = &pairs
+	}
 	return out
 }
 
@@ -247,4 +252,55 @@ func Opt[T comparable](v T) *T {
 		return nil
 	}
 	return &v
+}
+
+// Breaker converts a router's circuit breaker as server.Breakers reports
+// it; nil when the router tracks none.
+func Breaker(state string, since time.Time, ok bool) *api.Breaker {
+	if !ok {
+		return nil
+	}
+	out := &api.Breaker{State: api.BreakerState(state)}
+	if !since.IsZero() {
+		out.Since = &since
+	}
+	return out
+}
+
+// GeometryClass converts a class of peers that pair alike.
+func GeometryClass(c registry.GeometryClass) api.GeometryClass {
+	return api.GeometryClass{Id: c.ID, Model: c.Model, Shape: c.Shape}
+}
+
+// PairGroup converts the counts of the pairs between two classes.
+func PairGroup(g *registry.PairGroup) api.PairGroup {
+	out := api.PairGroup{
+		PrefillClass: GeometryClass(g.Prefill), DecodeClass: GeometryClass(g.Decode),
+		Prefills: g.Prefills, Decodes: g.Decodes, Pairs: g.Pairs, Compatible: g.Verdict.Compatible,
+		Routable: g.Routable, Quarantined: g.Quarantined, Reason: Opt(g.Verdict.Reason),
+	}
+	if g.Verdict.Path != "" {
+		path := api.PairGroupPath(g.Verdict.Path)
+		out.Path = &path
+	}
+	return out
+}
+
+// FleetCounts converts the counts of a fleet summary; the caller adds who
+// answers (replica, store, version) and the router's breakers.
+func FleetCounts(c *registry.FleetCounts) api.FleetSummary {
+	out := api.FleetSummary{
+		Peers: c.Peers, ByRole: map[string]int{}, ByState: map[string]int{}, Models: make([]api.FleetModel, len(c.Models)),
+		Pairs: api.FleetPairs{Total: c.Pairs, Routable: c.Routable, Quarantined: c.Quarantined},
+	}
+	for r, n := range c.ByRole {
+		out.ByRole[string(r)] = n
+	}
+	for s, n := range c.ByState {
+		out.ByState[string(s)] = n
+	}
+	for i, m := range c.Models {
+		out.Models[i] = api.FleetModel{Model: m.Model, Peers: m.Peers, Ready: m.Ready, Prefills: m.Prefills, Decodes: m.Decodes}
+	}
+	return out
 }

@@ -1,0 +1,80 @@
+package memstore
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// ReportPreflight implements registry.Store.
+func (s *Store) ReportPreflight(_ context.Context, pf registry.Preflight) (registry.Preflight, error) {
+	if err := registry.ValidatePreflight(pf); err != nil {
+		return registry.Preflight{}, err
+	}
+	s.mu.Lock()
+	p, err := s.find(pf.PrefillID)
+	if err != nil {
+		s.mu.Unlock()
+		return registry.Preflight{}, err
+	}
+	d, err := s.find(pf.DecodeID)
+	if err != nil {
+		s.mu.Unlock()
+		return registry.Preflight{}, err
+	}
+	pf.PrefillGeneration, pf.DecodeGeneration = p.Generation, d.Generation
+	pf.CheckedAt = pf.CheckedAt.UTC()
+	s.preflights[[2]string{pf.PrefillID, pf.DecodeID}] = pf
+	s.mu.Unlock()
+	s.publish(pf.PrefillID, pf.DecodeID)
+	return pf, nil
+}
+
+// Preflights implements registry.Store. Preflights of removed peers are
+// dropped here.
+func (s *Store) Preflights(context.Context) ([]registry.Preflight, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]registry.Preflight, 0, len(s.preflights))
+	for k, pf := range s.preflights {
+		_, okP := s.byID[k[0]]
+		_, okD := s.byID[k[1]]
+		if !okP || !okD {
+			delete(s.preflights, k)
+			continue
+		}
+		out = append(out, pf)
+	}
+	return out, nil
+}
+
+// PublishProbe implements registry.Store.
+func (s *Store) PublishProbe(_ context.Context, pr registry.Probe) (registry.Probe, error) {
+	if err := registry.ValidateProbe(pr); err != nil {
+		return registry.Probe{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := s.find(pr.PeerID)
+	if err != nil {
+		return registry.Probe{}, err
+	}
+	pr.Generation, pr.UpdatedAt = p.Generation, s.now()
+	pr.Metadata, pr.TransferSecret = bytes.Clone(pr.Metadata), bytes.Clone(pr.TransferSecret)
+	s.probes[pr.PeerID] = pr
+	return pr, nil
+}
+
+// Probe implements registry.Store.
+func (s *Store) Probe(_ context.Context, peerID string) (registry.Probe, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pr, ok := s.probes[peerID]
+	if _, err := s.find(peerID); err != nil || !ok {
+		return registry.Probe{}, fmt.Errorf("probe of peer %s: %w", peerID, registry.ErrNotFound)
+	}
+	pr.Metadata, pr.TransferSecret = bytes.Clone(pr.Metadata), bytes.Clone(pr.TransferSecret)
+	return pr, nil
+}
