@@ -97,7 +97,8 @@ type peerRef struct {
 	decodes []*peerRef
 	peer    *registry.Peer
 	ep      *endpoint
-	_       [8]byte // to peerRefSize
+	index   int32   // in view.peers
+	_       [4]byte // to peerRefSize
 }
 
 // peerRefSize is a peerRef's size: two cache lines, which the allocator
@@ -113,6 +114,43 @@ type view struct {
 	refs   map[*registry.Peer]*peerRef
 	byID   map[string]*peerState
 	models map[string]*modelView
+
+	// loads holds the peers' slots in the snapshot's current load set,
+	// resolved by the first pick that sees a new set (loadSlots).
+	loads   atomic.Pointer[viewLoads]
+	loadsMu sync.Mutex
+}
+
+// viewLoads is where each peer of a view is in one load set.
+type viewLoads struct {
+	set   *registry.LoadSet
+	slots []int32 // by peerRef.index; -1 when the set has no load of the peer
+}
+
+// loadSlots returns the view's peers' slots in set, resolving them when set
+// is new to the view: once per load refresh, not once per candidate. It
+// returns nil when set is nil, and while another pick resolves them (that
+// pick's peers then look their loads up by ID).
+func (v *view) loadSlots(set *registry.LoadSet) *viewLoads {
+	if set == nil {
+		return nil
+	}
+	if vl := v.loads.Load(); vl != nil && vl.set == set {
+		return vl
+	}
+	if !v.loadsMu.TryLock() {
+		return nil
+	}
+	defer v.loadsMu.Unlock()
+	if vl := v.loads.Load(); vl != nil && vl.set == set {
+		return vl
+	}
+	vl := &viewLoads{set: set, slots: make([]int32, len(v.peers))}
+	for i := range v.peers {
+		vl.slots[i] = set.Slot(v.peers[i].peer.ID)
+	}
+	v.loads.Store(vl)
+	return vl
 }
 
 // modelView is what selection needs for one model.
@@ -188,7 +226,7 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		}
 		states[p.ID] = st
 		v.byID[p.ID] = st
-		v.peers[i] = peerRef{peer: p, state: st, ep: st.ep}
+		v.peers[i] = peerRef{peer: p, state: st, ep: st.ep, index: int32(i)}
 		v.peers[i].reported, v.peers[i].hasReported = p.ReportedLoad()
 		v.refs[p] = &v.peers[i]
 	}
@@ -443,6 +481,7 @@ type pickCtx struct {
 	now     time.Time
 	prefill *peerRef           // set when picking a decode, for the pair breaker
 	snap    *registry.Snapshot // for the peers' reported loads
+	loads   *viewLoads         // the peers' slots in the snapshot's load set; nil: look up by ID
 }
 
 // load is a candidate's work as this router sees it: the requests its
@@ -455,7 +494,13 @@ func (pc *pickCtx) load(r *peerRef) (reqs int64, kv float64) {
 	if pc.snap == nil {
 		return in, 0
 	}
-	pl, ok := pc.snap.NewerLoad(r.reported, r.hasReported)
+	var pl registry.PeerLoad
+	var ok bool
+	if pc.loads != nil {
+		pl, ok = registry.NewerLoad(r.reported, r.hasReported, pc.loads.set, pc.loads.slots[r.index])
+	} else {
+		pl, ok = pc.snap.NewerLoad(r.reported, r.hasReported)
+	}
 	if !ok {
 		return in, 0
 	}
@@ -655,6 +700,9 @@ type pair struct {
 // false when no such pair exists.
 func (rt *Router) pickPair(v *view, mv *modelView, key uint64, ex *exclusions) (pair, bool) {
 	pc := pickCtx{ex: ex, now: rt.cfg.Now(), snap: v.snap}
+	if rt.cfg.PrefillPolicy.loadAware() || rt.cfg.DecodePolicy.loadAware() {
+		pc.loads = v.loadSlots(v.snap.Loads())
+	}
 	skip := *ex // prefills without an eligible decode, for this pick only
 	skip.more = slices.Clone(ex.more)
 	pc.ex = &skip
@@ -738,4 +786,9 @@ func (pb *pairBreakers) getOrCreate(prefillID, decodeID string) *breaker {
 	nb := &breaker{onChange: pb.onChange}
 	b, _ := pb.m.LoadOrStore(k, nb)
 	return b.(*breaker)
+}
+
+// loadAware reports whether the policy compares candidates' loads.
+func (p Policy) loadAware() bool {
+	return p == PolicyPowerOfTwo || p == PolicyLeastLoad || p == PolicyCacheAware
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -15,7 +16,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // fleet returns n ready peers of model m with IDs "id-" + name, half
@@ -473,5 +476,64 @@ func TestPickLayout(t *testing.T) {
 	}
 	if size := unsafe.Sizeof(st); size%64 != 0 {
 		t.Fatalf("peerState is %d bytes: not a size the allocator aligns to a cache line", size)
+	}
+}
+
+// TestLoadRefreshReachesPicks: a load-aware policy follows the loads a
+// Mirror's refresh brings, which rebuild no snapshot: the view resolves its
+// peers' slots in each new load set.
+func TestLoadRefreshReachesPicks(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := memstore.New(memstore.Config{})
+	log := zerolog.New(zerolog.NewTestWriter(t))
+	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: 2 * time.Millisecond}, store, log)
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	beat := map[string]registry.Heartbeat{}
+	for _, spec := range []registry.PeerSpec{
+		registrytest.Spec("p0", registry.RolePrefill), registrytest.Spec("d0", registry.RoleDecode), registrytest.Spec("d1", registry.RoleDecode),
+	} {
+		res, err := store.Register(ctx, spec, registry.Claim{Admin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		beat[spec.Name] = registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: spec.InstanceID}
+		if _, err := store.Heartbeat(ctx, beat[spec.Name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	simtest.WaitFor(t, "both decodes routable", func() bool {
+		r := m.Snapshot().Routes("m")
+		return r != nil && len(r.Decodes) == 2
+	})
+	rt, err := New(Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyLeastLoad}, m, nil, log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	v := rt.currentView()
+	for _, busy := range []string{"d0", "d1", "d0"} {
+		for name, hb := range beat {
+			hb.Load = registry.Load{}
+			if name == busy {
+				hb.Load.Running = 5
+			}
+			if _, err := store.Heartbeat(ctx, hb); err != nil {
+				t.Fatal(err)
+			}
+		}
+		simtest.WaitFor(t, "picks to leave the busy "+busy, func() bool {
+			_, d := pickN(t, rt, 20, func(int) uint64 { return 0 })
+			return d[busy] == 0
+		})
+		if rt.currentView() != v {
+			t.Fatal("a load-only heartbeat rebuilt the view; the slots were not what moved the picks")
+		}
+		if v.loads.Load() == nil {
+			t.Fatal("the view resolved no slots in a load set")
+		}
 	}
 }
