@@ -107,7 +107,8 @@ type peerRef struct {
 const peerRefSize = 128
 
 // view is the router's routing state derived from one registry snapshot.
-// It is immutable once published, except for the atomic counters.
+// It is immutable once published, except for the atomic counters and the
+// load slots its picks resolve once per load refresh.
 type view struct {
 	snap   *registry.Snapshot
 	peers  []peerRef // in snapshot order; every *peerRef of the view points here
