@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -250,30 +251,41 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	faults := map[string]string{"prefill-0": "prefill-error", "decode-0": "missing-mem-kind"}
+	urls := map[string]string{}
 	for _, p := range peers.Peers {
-		if f, ok := faults[p.Name]; ok {
-			if code, body := post(strings.TrimRight(p.URL, "/")+"/_sim/fault", `{"fault":"`+f+`"}`); code != http.StatusOK {
-				t.Fatalf("%s: set fault %s: %d %s", p.Name, f, code, body)
-			}
-			delete(faults, p.Name)
-		}
+		urls[p.Name] = strings.TrimRight(p.URL, "/")
 	}
-	if len(faults) > 0 {
-		t.Fatalf("pdplane dev has no peers %v; it lists %+v", faults, peers.Peers)
+	setFault := func(name, fault string) {
+		t.Helper()
+		if urls[name] == "" {
+			t.Fatalf("pdplane dev has no peer %s; it lists %+v", name, peers.Peers)
+		}
+		if code, body := post(urls[name]+"/_sim/fault", `{"fault":"`+fault+`"}`); code != http.StatusOK {
+			t.Fatalf("%s: set fault %s: %d %s", name, fault, code, body)
+		}
 	}
 	var body []byte
 	var sc scrape
-	for i := 0; ; i++ {
-		post(base+"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"again `+strconv.Itoa(i)+`"}],"max_tokens":2}`)
-		body, sc = scrapeNow()
-		if sc.has("pdplane_router_retries_total") && sc.has("pdplane_router_stale_marks_total") {
-			break
-		}
-		if i == 50 {
-			t.Fatalf("no retry or no stale mark after %d requests with faults:\n%s", i+1, body)
+	// until sends requests until the scrape has every series named.
+	until := func(what string, series ...string) {
+		t.Helper()
+		for i := 0; ; i++ {
+			post(base+"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"again `+strconv.Itoa(i)+`"}],"max_tokens":2}`)
+			body, sc = scrapeNow()
+			if !slices.ContainsFunc(series, func(s string) bool { return !sc.has(s) }) {
+				return
+			}
+			if i == 50 {
+				t.Fatalf("no %s after %d requests with faults:\n%s", what, i+1, body)
+			}
 		}
 	}
+	// decode-0 loses its KV memory kind with both prefills: the first
+	// failing pair is quarantined while the other prefill keeps using the
+	// decode, the second leaves no prefill for it and the registry marks it
+	// stale; the router retries each failed request on decode-1.
+	setFault("decode-0", "missing-mem-kind")
+	until("retry or stale mark", "pdplane_router_retries_total", "pdplane_router_stale_marks_total")
 
 	for where, expr := range queries {
 		names := metricNames(expr)

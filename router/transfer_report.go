@@ -51,6 +51,7 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string, sc trac
 			// the decode keeps serving the other prefills until it
 			// drains (the snapshot then carries its stale state).
 			rt.keepPairOut(pr, prevSkip)
+			rt.m.quarantines.Inc()
 			log.Warn().Msg("registry quarantined the pair and holds the decode's heal plan; other prefills keep using the decode")
 		case registry.OutcomeQuarantined:
 			// The decode is not stale and will not re-register.

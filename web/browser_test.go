@@ -533,7 +533,7 @@ func TestStatusPageLive(t *testing.T) {
 		b.waitFor(t, "the hostile name in the table and the timeline",
 			`[...document.querySelectorAll('#peer-groups .peer-link')].some((e) => e.textContent === `+name+`) && `+
 				`[...document.querySelectorAll('#event-list .peer-link')].some((e) => e.textContent === `+name+`)`, 5*time.Second)
-		b.do(t, chromedp.Click(chromedp.CSS(`#peer-groups tr[data-peer-id=`+jsString(id)+`] .peer-link`)))
+		b.clickWhenThere(t, "the peer's name", `#peer-groups tr[data-peer-id=`+jsString(id)+`] .peer-link`, 10*time.Second)
 		b.waitFor(t, "the detail view", `document.getElementById('peer-dialog').open && !!document.querySelector('#pd-body .facts')`, 5*time.Second)
 		if got := eval[string](t, b, `document.getElementById('pd-title').firstChild.textContent`); got != hostile {
 			t.Errorf("detail title = %q, want %q", got, hostile)
@@ -578,7 +578,7 @@ func TestStatusPageLive(t *testing.T) {
 			}
 		}
 		open := func() {
-			b.do(t, chromedp.Click(chromedp.CSS(`#peer-groups tr[data-peer-id=`+jsString(d1)+`] .peer-link`)))
+			b.clickWhenThere(t, "decode d1's name", `#peer-groups tr[data-peer-id=`+jsString(d1)+`] .peer-link`, 10*time.Second)
 			b.waitFor(t, "d1's detail view", `document.getElementById('peer-dialog').open && !!document.querySelector('#pd-body .facts')`, 5*time.Second)
 		}
 		open()
@@ -592,20 +592,20 @@ func TestStatusPageLive(t *testing.T) {
 			t.Errorf("token in sessionStorage = %q", got)
 		}
 		open()
-		b.do(t, chromedp.Click(chromedp.CSS(`#pd-body [data-action=drain]`)))
+		b.clickWhenThere(t, "the drain button", `#pd-body [data-action=drain]`, 10*time.Second)
 		b.waitFor(t, "the 401 problem detail", `(document.querySelector('#pd-body .notice.problem') || {}).textContent?.includes('the bearer token is not accepted')`, 5*time.Second)
 		b.do(t, chromedp.Click(chromedp.CSS(`#peer-dialog .close`)))
 
 		b.do(t, chromedp.Click(chromedp.ID("token-clear")))
 		b.do(t, chromedp.SendKeys(chromedp.ID("token"), adminToken), chromedp.Click(chromedp.CSS(`#token-form button[type=submit]`)))
 		open()
-		b.do(t, chromedp.Click(chromedp.CSS(`#pd-body [data-action=drain]`)))
+		b.clickWhenThere(t, "the drain button", `#pd-body [data-action=drain]`, 10*time.Second)
 		b.waitFor(t, "d1 draining", stateOf(d1, "draining"), 5*time.Second)
 		b.waitFor(t, "the success notice", `!!document.querySelector('#pd-body .notice.ok')`, 5*time.Second)
 
 		// Half-way through typing a stale mark, the peer changes under the
 		// operator's hands: the live re-render must keep the form.
-		b.do(t, chromedp.Click(chromedp.CSS(`#pd-body [data-action=stale]`)))
+		b.clickWhenThere(t, "the mark-stale button", `#pd-body [data-action=stale]`, 10*time.Second)
 		b.do(t, chromedp.SendKeys(chromedp.CSS(`#pd-body input[name=error]`), "typed by the operator"))
 		f.heartbeat(d1, "inst-d1", registry.Load{Running: 1})
 		f.call(http.MethodPost, "/api/v1/peers/"+d1+"/drain", adminToken, nil, http.StatusOK, nil)
@@ -613,7 +613,7 @@ func TestStatusPageLive(t *testing.T) {
 		if got := eval[string](t, b, `(document.querySelector('#pd-body [data-action-form=stale]:not([hidden]) input[name=error]') || {}).value`); got != "typed by the operator" {
 			t.Fatalf("after a live update the stale form holds %q", got)
 		}
-		b.do(t, chromedp.Click(chromedp.CSS(`#pd-body [data-action-form=stale] button[type=submit]`)))
+		b.clickWhenThere(t, "the mark-stale form's submit", `#pd-body [data-action-form=stale] button[type=submit]`, 10*time.Second)
 		b.waitFor(t, "d1 stale", stateOf(d1, "stale"), 5*time.Second)
 		b.waitFor(t, "the operator's error text in the timeline",
 			`[...document.querySelectorAll('#event-list .ev-stale pre.err')].some((e) => e.textContent === 'typed by the operator')`, 5*time.Second)
@@ -674,7 +674,7 @@ func TestStatusPageScreenshot(t *testing.T) {
 	if rps := eval[string](t, b, `document.querySelector('#charts [data-chart=rps] .fig').textContent`); rps == "" || rps == "–" || rps == "—" || rps == "0" {
 		t.Errorf("the request chart shows %q, want the router's traffic", rps)
 	}
-	b.do(t, chromedp.Click(chromedp.CSS(`#pair-matrix td.v-quarantined button`)))
+	b.clickWhenThere(t, "the quarantined pair", `#pair-matrix td.v-quarantined button`, 10*time.Second)
 	b.waitFor(t, "the pinned pair's reason", `document.getElementById('pair-detail').textContent.includes('quarantined')`, 5*time.Second)
 	b.do(t, chromedp.Evaluate[chromedp.Void](`document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0)`))
 	b.checkClean(t, "screenshot fleet")
@@ -927,4 +927,12 @@ func routerSeries[C prometheus.Collector](t *testing.T, r *recordingRegisterer, 
 		t.Fatalf("the router registers no %s of type %v (the page reads it); it registers %v", name, reflect.TypeFor[C](), names)
 	}
 	return c
+}
+
+// clickWhenThere clicks the element selector names, from inside the page,
+// once it is there: live re-renders replace the page's elements (often at 10,000 peers), and one
+// may replace the element between a DevTools query and its click.
+func (b *browser) clickWhenThere(t *testing.T, what, selector string, timeout time.Duration) {
+	t.Helper()
+	b.waitFor(t, what, `(() => { const e = document.querySelector(`+jsString(selector)+`); if (!e) return false; e.click(); return true; })()`, timeout)
 }

@@ -176,14 +176,6 @@ func TestStatusPageFleetOf10000(t *testing.T) {
 	b.checkClean(t, "10,000 peers")
 }
 
-// clickWhenThere clicks the element selector names, from inside the page,
-// once it is there: at 10,000 peers live re-renders are frequent, and one
-// may replace the element between a DevTools query and its click.
-func (b *browser) clickWhenThere(t *testing.T, what, selector string, timeout time.Duration) {
-	t.Helper()
-	b.waitFor(t, what, `(() => { const e = document.querySelector(`+jsString(selector)+`); if (!e) return false; e.click(); return true; })()`, timeout)
-}
-
 // routablePairs counts the pairs of ready peers of the test's fleet with
 // the same model and page size (its only differences), one by one.
 func routablePairs(specs []registry.PeerSpec, ready func(int) bool) int {

@@ -34,7 +34,7 @@ func TestStatusPageLiftQuarantine(t *testing.T) {
 	b.do(t, chromedp.Navigate(f.url+"/"))
 	cell := `#pair-matrix td.v-quarantined button`
 	b.waitFor(t, "the quarantined pair", `!!document.querySelector('`+cell+`')`, 10*time.Second)
-	b.do(t, chromedp.Click(chromedp.CSS(cell)))
+	b.clickWhenThere(t, "the quarantined pair", cell, 10*time.Second)
 	b.waitFor(t, "the quarantine in the pair detail", `document.querySelector('#pair-detail .quarantine') && `+
 		`document.getElementById('pair-detail').textContent.includes('until an operator lifts it')`, 5*time.Second)
 	if eval[bool](t, b, `!!document.querySelector('#pair-detail [data-lift-pair]')`) {
@@ -44,7 +44,7 @@ func TestStatusPageLiftQuarantine(t *testing.T) {
 	// The pair stays pinned while the operator sets the token.
 	b.do(t, chromedp.SendKeys(chromedp.ID("token"), adminToken), chromedp.Click(chromedp.CSS(`#token-form button[type=submit]`)))
 	b.waitFor(t, "the lift button", `!!document.querySelector('#pair-detail [data-lift-pair]')`, 5*time.Second)
-	b.do(t, chromedp.Click(chromedp.CSS(`#pair-detail [data-lift-pair]`)))
+	b.clickWhenThere(t, "the lift button", `#pair-detail [data-lift-pair]`, 10*time.Second)
 	b.waitFor(t, "the pair routable again", `!!document.querySelector('#pair-matrix td.v-routable button') && `+
 		`!document.querySelector('#pair-matrix td.v-quarantined')`, 10*time.Second)
 	b.waitFor(t, "the lift in the event timeline", `!!document.querySelector('#event-list .kind-quarantine_lifted')`, 10*time.Second)

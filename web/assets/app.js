@@ -674,20 +674,44 @@
 
   // -------------------------------------------------------------- pairs
 
-  const SYMBOLS = { routable: '✓', idle: '○', refused: '✕', quarantined: '⚠', none: '' };
+  const SYMBOLS = { routable: '✓', idle: '○', refused: '✕', quarantined: '⚠', preflight: '✕', none: '' };
 
   // verdict classifies a pair: routable; compatible but not routable (a
-  // peer is not ready); refused by the pairing rules; or quarantined after
-  // failing again right after a re-registration.
+  // peer is not ready); refused by the pairing rules; quarantined after
+  // failing again right after a re-registration; or kept out because its
+  // transfer path failed the agents' preflight.
   function verdict(p) {
     let key = 'refused';
     if (!p) key = 'none';
     else if (p.quarantined) key = 'quarantined';
+    else if (preflightBlocks(p)) key = 'preflight';
     else if (p.routable) key = 'routable';
     else if (p.compatible) key = 'idle';
-    const word = { routable: 'routable', idle: 'not routable', refused: 'refused', quarantined: 'quarantined', none: 'no pair' }[key];
+    const word = { routable: 'routable', idle: 'not routable', refused: 'refused', quarantined: 'quarantined',
+      preflight: 'preflight failed', none: 'no pair' }[key];
     return { key, word, sym: SYMBOLS[key] };
   }
+
+  // preflightBlocks: the pair's preflight of both peers' current
+  // registrations failed, which keeps it out of routing.
+  function preflightBlocks(p) {
+    return !!(p.preflight && p.preflight.state === 'failed' && p.preflight.current);
+  }
+
+  // preflightBlock describes a pair's last preflight: what the agents
+  // measured over the transfer path, or why it failed.
+  function preflightBlock(pf) {
+    const how = pf.backend + ', ' + pf.mem_kind;
+    const when = ' · checked ' + clock(pf.checked_at) + (pf.current ? '' : ' (before a re-registration: re-checked soon)');
+    const text = pf.state === 'passed'
+      ? 'preflight passed (' + how + '): ' + pf.gbps.toFixed(2) + ' GB/s, ' + Math.round(pf.latency_us) + ' µs'
+      : 'preflight failed (' + how + '): ' + (pf.error || 'no reason given');
+    return el('span', { class: 'preflight pf-' + pf.state, title: PREFLIGHT_LEGEND + '; checked ' + stamp(pf.checked_at) },
+      el('br'), text, when);
+  }
+
+  const PREFLIGHT_LEGEND = 'the prefill\'s agent wrote a pattern into the decode agent\'s probe region over the transfer backend, ' +
+    'read it back and compared it; GB/s at the largest size, µs for the smallest write';
 
   function renderPairs() {
     const box = $('pair-matrix');
@@ -713,9 +737,11 @@
     const tally = whole ? pairTally(state.pairs) : groupTally(state.groups);
     const counts = $('pair-counts');
     const legends = { routable: 'compatible, both peers ready, not quarantined', idle: 'compatible, but a peer is not ready',
-      refused: 'the pairing rules refuse the two geometries', quarantined: 'failed again right after a re-registration; kept out of routing' };
+      refused: 'the pairing rules refuse the two geometries', quarantined: 'failed again right after a re-registration; kept out of routing',
+      preflight: 'the transfer path failed the agents\' preflight; kept out of routing until a preflight passes' };
     replace(counts,
-      [['routable', 'routable'], ['idle', 'not routable'], ['refused', 'refused'], ['quarantined', 'quarantined']]
+      [['routable', 'routable'], ['idle', 'not routable'], ['refused', 'refused'], ['quarantined', 'quarantined'], ['preflight', 'preflight failed']]
+        .filter(([k]) => k !== 'preflight' || tally[k] > 0)
         .map(([k, w]) => el('span', { class: 'legend v-' + k, 'data-tally': k, title: tally[k] + ' pairs ' + w + ': ' + legends[k] },
           el('span', { class: 'sym', 'aria-hidden': 'true' }, SYMBOLS[k]), ' ' + tally[k].toLocaleString() + ' ' + w)),
       whole && state.pairsTotal > state.pairs.length ? el('span', { class: 'muted' }, ' (first ' + state.pairs.length + ' of ' + state.pairsTotal + ')') : null);
@@ -770,19 +796,21 @@
     return pr.prefill.name + ' → ' + pr.decode.name + ': ' + v.word +
       (pr.path ? '; path ' + pr.path : '') + (pr.reason ? '; ' + pr.reason : '') +
       (pr.unverified && pr.unverified.length ? '; not verified: ' + pr.unverified.join(', ') : '') +
-      (pr.breaker && pr.breaker.state !== 'closed' ? '; this replica\'s pair breaker is ' + pr.breaker.state.replace('_', '-') : '');
+      (pr.breaker && pr.breaker.state !== 'closed' ? '; this replica\'s pair breaker is ' + pr.breaker.state.replace('_', '-') : '') +
+      (pr.preflight && pr.preflight.state === 'passed' ? '; preflight ' + pr.preflight.gbps.toFixed(2) + ' GB/s' : '');
   }
 
   function pairTally(pairs) {
-    const t = { routable: 0, idle: 0, refused: 0, quarantined: 0 };
+    const t = { routable: 0, idle: 0, refused: 0, quarantined: 0, preflight: 0 };
     for (const pr of pairs) if (pr) t[verdict(pr).key]++;
     return t;
   }
 
   // groupTally adds up the groups' counts: what the tally is when the
-  // pairs are not all loaded.
+  // pairs are not all loaded (the groups count a failed preflight among
+  // the pairs not routable).
   function groupTally(groups) {
-    const t = { routable: 0, idle: 0, refused: 0, quarantined: 0 };
+    const t = { routable: 0, idle: 0, refused: 0, quarantined: 0, preflight: 0 };
     for (const g of groups) {
       t.quarantined += g.quarantined;
       if (!g.compatible) { t.refused += g.pairs; continue; }
@@ -845,6 +873,7 @@
       pr.reason ? [' · ', el('span', { class: 'why' }, pr.reason)] : null,
       pr.unverified && pr.unverified.length ? [' · not verified: ', pr.unverified.map((f, i) => [i ? ', ' : '', el('code', null, f)])] : null,
       pr.breaker && pr.breaker.state !== 'closed' ? [' · ', breakerBadge(pr.breaker), ' pair breaker'] : null,
+      pr.preflight ? preflightBlock(pr.preflight) : null,
       pr.quarantine ? quarantineBlock(pr) : null);
   }
 
