@@ -725,12 +725,13 @@ func testTransferFailures(t *testing.T, s registry.Store) {
 	if _, out := report("d0-agent-fresh", p1.ID); out != registry.OutcomeStale {
 		t.Fatalf("failure from another prefill: %s", out)
 	}
-	if n := countKinds(kinds(t, s, d.ID), registry.EventStale); n != 2 {
+	if n := CountKinds(kinds(t, s, d.ID), registry.EventStale); n != 2 {
 		t.Fatalf("%d stale events, want 2 (duplicates and outdated reports log nothing)", n)
 	}
 }
 
-func countKinds(ks []registry.EventKind, k registry.EventKind) int {
+// CountKinds is how many of ks are k.
+func CountKinds(ks []registry.EventKind, k registry.EventKind) int {
 	n := 0
 	for _, x := range ks {
 		if x == k {
