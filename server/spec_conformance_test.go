@@ -77,19 +77,7 @@ func status(t *testing.T, base, method, path string, header http.Header, body []
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %q: %v", method, path, err)
-	}
+	resp := adminRequest(t, ctx, base, method, path, header, body)
 	resp.Body.Close()
 	return resp.StatusCode
 }

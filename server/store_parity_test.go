@@ -76,23 +76,7 @@ type answer struct {
 // sendRaw makes one request; body is sent as is.
 func sendRaw(t testing.TB, base, method, path string, header http.Header, body []byte) answer {
 	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequest(method, base+path, rd)
-	if err != nil {
-		t.Fatalf("%s %q: %v", method, path, err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %q: %v", method, path, err)
-	}
+	resp := adminRequest(t, context.Background(), base, method, path, header, body)
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -105,6 +89,30 @@ func sendRaw(t testing.TB, base, method, path string, header http.Header, body [
 		}
 	}
 	return a
+}
+
+// adminRequest sends one request as the admin, with header added and body
+// (none when nil) sent as is, as JSON. The caller closes the answer's body.
+func adminRequest(t testing.TB, ctx context.Context, base, method, path string, header http.Header, body []byte) *http.Response {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+	if err != nil {
+		t.Fatalf("%s %q: %v", method, path, err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %q: %v", method, path, err)
+	}
+	return resp
 }
 
 // storeNeutral drops what legitimately differs between two stores holding the
