@@ -215,7 +215,7 @@ var governed = []string{
 	"", // the module root: only this test
 	"agent", "bench", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
-	"router", "server", "server/api", "server/api/apiconv",
+	"router", "router/routertest", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
 	"tracing", "tracing/tracingtest",
 	"transfer", "transfer/cuda", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",

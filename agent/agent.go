@@ -235,15 +235,9 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 	if cred != "" {
 		token = cred
 	}
-	var resp *api.RegisterPeerResponse
-	err = a.cps.call(ctx, "register "+spec.Name, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-		var err error
-		resp, err = c.RegisterPeerWithResponse(ctx, body, bearer(token))
-		if err != nil {
-			return nil, err
-		}
-		return resp.HTTPResponse, nil
-	})
+	resp, err := callFor(ctx, a.cps, "register "+spec.Name, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.RegisterPeer(ctx, body, bearer(token))
+	}, api.ParseRegisterPeerResponse)
 	if err != nil {
 		return api.Peer{}, err
 	}
@@ -256,14 +250,9 @@ func (a *Agent) Register(ctx context.Context) (api.Peer, error) {
 			a.credential = ""
 		}
 		a.mu.Unlock()
-		err = a.cps.call(ctx, "register "+spec.Name, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-			var err error
-			resp, err = c.RegisterPeerWithResponse(ctx, body, bearer(a.cfg.JoinToken))
-			if err != nil {
-				return nil, err
-			}
-			return resp.HTTPResponse, nil
-		})
+		resp, err = callFor(ctx, a.cps, "register "+spec.Name, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+			return c.RegisterPeer(ctx, body, bearer(a.cfg.JoinToken))
+		}, api.ParseRegisterPeerResponse)
 		if err != nil {
 			return api.Peer{}, err
 		}
@@ -523,20 +512,14 @@ func (a *Agent) heartbeat(ctx context.Context) (api.HeartbeatReply, error) {
 		body.HealError = &healErr
 	}
 	auth := a.asPeer()
-	var resp *api.HeartbeatPeerResponse
 	a.mu.Lock()
 	// A heartbeat that takes longer than two intervals is late anyway; the
 	// next replica may still get it in time.
 	attempt := max(2*a.interval, time.Second)
 	a.mu.Unlock()
-	err := a.cps.call(ctx, "heartbeat", attempt, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-		var err error
-		resp, err = c.HeartbeatPeerWithResponse(ctx, p.Id, body, auth)
-		if err != nil {
-			return nil, err
-		}
-		return resp.HTTPResponse, nil
-	})
+	resp, err := callFor(ctx, a.cps, "heartbeat", attempt, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.HeartbeatPeer(ctx, p.Id, body, auth)
+	}, api.ParseHeartbeatPeerResponse)
 	if err != nil {
 		return api.HeartbeatReply{}, err
 	}
@@ -612,15 +595,9 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 		body.AgentName = &r.DecodeAgent
 	}
 	auth := a.asPeer()
-	var resp *api.MarkPeerStaleResponse
-	err := a.cps.call(ctx, "report peer "+r.DecodeID+" stale", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-		var err error
-		resp, err = c.MarkPeerStaleWithResponse(ctx, r.DecodeID, body, auth)
-		if err != nil {
-			return nil, err
-		}
-		return resp.HTTPResponse, nil
-	})
+	resp, err := callFor(ctx, a.cps, "report peer "+r.DecodeID+" stale", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.MarkPeerStale(ctx, r.DecodeID, body, auth)
+	}, api.ParseMarkPeerStaleResponse)
 	if err != nil {
 		return err
 	}
@@ -635,15 +612,9 @@ func (a *Agent) ReportTransferFailure(ctx context.Context, r TransferReport) err
 // connect to it. The control plane answers only to a peer credential.
 func (a *Agent) Registration(ctx context.Context, peerID string) (api.Peer, error) {
 	auth := a.asPeer()
-	var resp *api.GetPeerRegistrationResponse
-	err := a.cps.call(ctx, "registration of peer "+peerID, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-		var err error
-		resp, err = c.GetPeerRegistrationWithResponse(ctx, peerID, auth)
-		if err != nil {
-			return nil, err
-		}
-		return resp.HTTPResponse, nil
-	})
+	resp, err := callFor(ctx, a.cps, "registration of peer "+peerID, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.GetPeerRegistration(ctx, peerID, auth)
+	}, api.ParseGetPeerRegistrationResponse)
 	if err != nil {
 		return api.Peer{}, err
 	}

@@ -316,3 +316,23 @@ func (c *controlPlanes) current() string {
 	}
 	return c.last.String()
 }
+
+// callFor is call for one request of the generated client: send makes the
+// request, parse (the generated Parse…Response) reads its answer, and the
+// parsed answer of the control plane that took the request is returned.
+func callFor[R any](ctx context.Context, c *controlPlanes, what string, attempt time.Duration,
+	send func(context.Context, *api.ClientWithResponses) (*http.Response, error),
+	parse func(*http.Response) (R, error)) (R, error) {
+	var answer R
+	err := c.call(ctx, what, attempt, func(ctx context.Context, cl *api.ClientWithResponses) (*http.Response, error) {
+		resp, err := send(ctx, cl)
+		if err != nil {
+			return nil, err
+		}
+		if answer, err = parse(resp); err != nil {
+			return nil, err
+		}
+		return resp, nil
+	})
+	return answer, err
+}

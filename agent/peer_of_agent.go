@@ -30,15 +30,9 @@ func (a *Agent) PeerOfAgent(ctx context.Context, agentName string) (string, erro
 		role = api.Prefill
 	}
 	auth := a.asPeer()
-	var resp *api.ListPeersResponse
-	err := a.cps.call(ctx, "peer of agent "+agentName, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-		var err error
-		resp, err = c.ListPeersWithResponse(ctx, &api.ListPeersParams{Role: &role}, auth)
-		if err != nil {
-			return nil, err
-		}
-		return resp.HTTPResponse, nil
-	})
+	resp, err := callFor(ctx, a.cps, "peer of agent "+agentName, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.ListPeers(ctx, &api.ListPeersParams{Role: &role}, auth)
+	}, api.ParseListPeersResponse)
 	if err != nil {
 		return "", err
 	}

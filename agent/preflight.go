@@ -154,15 +154,9 @@ func (p *Preflighter) publish(ctx context.Context, peerID string) error {
 		body.TransferSecret = &p.secret
 	}
 	auth := p.a.asPeer()
-	var resp *api.PublishProbeResponse
-	err = p.a.cps.call(ctx, "publish probe", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-		var err error
-		resp, err = c.PublishProbeWithResponse(ctx, peerID, body, auth)
-		if err != nil {
-			return nil, err
-		}
-		return resp.HTTPResponse, nil
-	})
+	resp, err := callFor(ctx, p.a.cps, "publish probe", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.PublishProbe(ctx, peerID, body, auth)
+	}, api.ParsePublishProbeResponse)
 	if err != nil {
 		return err
 	}
@@ -178,15 +172,9 @@ func (p *Preflighter) publish(ctx context.Context, peerID string) error {
 // preflight is missing, of an earlier registration, or older than its
 // window.
 func (p *Preflighter) due(ctx context.Context, self string) ([]string, error) {
-	var resp *api.ListPairsResponse
-	err := p.a.cps.call(ctx, "list pairs", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-		var err error
-		resp, err = c.ListPairsWithResponse(ctx, &api.ListPairsParams{Limit: apiconv.Opt(100000), Prefill: &self})
-		if err != nil {
-			return nil, err
-		}
-		return resp.HTTPResponse, nil
-	})
+	resp, err := callFor(ctx, p.a.cps, "list pairs", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.ListPairs(ctx, &api.ListPairsParams{Limit: apiconv.Opt(100000), Prefill: &self})
+	}, api.ParseListPairsResponse)
 	if err != nil {
 		return nil, err
 	}
@@ -249,15 +237,9 @@ func (p *Preflighter) logResult(decodeID string, res transfer.PreflightResult) {
 // probe reads a decode's probe from the control plane.
 func (p *Preflighter) probe(ctx context.Context, decodeID string) (transfer.PreflightPeer, error) {
 	auth := p.a.asPeer()
-	var resp *api.GetProbeResponse
-	err := p.a.cps.call(ctx, "probe of peer "+decodeID, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-		var err error
-		resp, err = c.GetProbeWithResponse(ctx, decodeID, auth)
-		if err != nil {
-			return nil, err
-		}
-		return resp.HTTPResponse, nil
-	})
+	resp, err := callFor(ctx, p.a.cps, "probe of peer "+decodeID, 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.GetProbe(ctx, decodeID, auth)
+	}, api.ParseGetProbeResponse)
 	if err != nil {
 		return transfer.PreflightPeer{}, err
 	}
@@ -285,15 +267,9 @@ func (p *Preflighter) report(ctx context.Context, self, decodeID string, res tra
 		body.State, body.Error = api.PairPreflightStateFailed, apiconv.Opt(truncateText(res.Err.Error(), 2048))
 	}
 	auth := p.a.asPeer()
-	var resp *api.ReportPreflightResponse
-	err := p.a.cps.call(ctx, "report preflight", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
-		var err error
-		resp, err = c.ReportPreflightWithResponse(ctx, self, decodeID, body, auth)
-		if err != nil {
-			return nil, err
-		}
-		return resp.HTTPResponse, nil
-	})
+	resp, err := callFor(ctx, p.a.cps, "report preflight", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.ReportPreflight(ctx, self, decodeID, body, auth)
+	}, api.ParseReportPreflightResponse)
 	if err != nil {
 		return err
 	}

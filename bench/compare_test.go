@@ -2,7 +2,6 @@ package bench_test
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -15,15 +14,10 @@ import (
 var pdplaneBin string
 
 func TestMain(m *testing.M) {
-	bin, remove, err := bench.BuildPdplane("../cmd/pdplane")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	pdplaneBin = bin
-	code := m.Run()
-	remove()
-	os.Exit(code)
+	os.Exit(bench.RunWithPdplane("../cmd/pdplane", func(bin string) int {
+		pdplaneBin = bin
+		return m.Run()
+	}))
 }
 
 // peers are the routers installed here (PDPLANE_SMG, PDPLANE_VLLM_ROUTER);

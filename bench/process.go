@@ -167,3 +167,22 @@ func BuildPdplane(pkg string) (bin string, remove func(), err error) {
 	}
 	return bin, remove, nil
 }
+
+// RunWithPdplane builds the pdplane command at pkg, calls run with the
+// binary's path, removes the binary and returns run's exit code; a failed
+// build is reported on stderr and returns 1. It is the body of a TestMain
+// for tests that run pdplane as a process:
+//
+//	os.Exit(bench.RunWithPdplane("../cmd/pdplane", func(bin string) int {
+//		pdplaneBin = bin
+//		return m.Run()
+//	}))
+func RunWithPdplane(pkg string, run func(bin string) int) int {
+	bin, remove, err := BuildPdplane(pkg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer remove()
+	return run(bin)
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/transfer/transfertest"
 )
 
 // The fleet's agents need a control plane to register with. cmd/pdplane's
@@ -127,11 +128,6 @@ func peerByName(s *registry.Snapshot, name string) *registry.Peer {
 }
 
 func TestMain(m *testing.M) {
-	// NIXL runs over loopback TCP only: no GPU, no other interface.
-	for k, v := range map[string]string{"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"} {
-		if os.Getenv(k) == "" {
-			os.Setenv(k, v)
-		}
-	}
+	transfertest.UseLoopbackUCX()
 	os.Exit(m.Run())
 }

@@ -22,6 +22,17 @@ func testLog(t *testing.T) zerolog.Logger {
 	return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
 }
 
+// startEngine starts an engine of cfg, closed when the test ends.
+func startEngine(t *testing.T, ctx context.Context, cfg devfleet.EngineConfig, log zerolog.Logger) *devfleet.Engine {
+	t.Helper()
+	e, err := devfleet.StartEngine(ctx, cfg, log)
+	if err != nil {
+		t.Fatalf("start %s: %v", cfg.Sim.Name, err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
 // simConfig is a small simulator for a fleet: Name and Role are the
 // fleet's to set, and the transfer secrets come from the control plane.
 func simConfig() sim.Config {
@@ -34,13 +45,9 @@ func simConfig() sim.Config {
 // closed at once with no error, the engine serves, and Close stops it.
 func TestStartEngineAlone(t *testing.T) {
 	t.Parallel()
-	e, err := devfleet.StartEngine(context.Background(), devfleet.EngineConfig{
+	e := startEngine(t, context.Background(), devfleet.EngineConfig{
 		Sim: simtest.Config("alone", registry.RoleDecode, registry.EngineSGLang),
 	}, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
 	select {
 	case <-e.Done():
 	default:
@@ -74,11 +81,7 @@ func TestStartEngineRegisters(t *testing.T) {
 	cp := startControlPlane(t, cpConfig{}, log)
 	c := simConfig()
 	c.Name, c.Role = "decode-x", registry.RoleDecode
-	e, err := devfleet.StartEngine(context.Background(), devfleet.EngineConfig{Sim: c, ControlPlane: cp.BaseURL, JoinToken: joinToken}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
+	e := startEngine(t, context.Background(), devfleet.EngineConfig{Sim: c, ControlPlane: cp.BaseURL, JoinToken: joinToken}, log)
 	var p *registry.Peer
 	waitSnapshot(t, cp, "decode-x registered", func(s *registry.Snapshot) bool {
 		p = peerByName(s, "decode-x")
@@ -113,11 +116,7 @@ func TestStartEngineRefused(t *testing.T) {
 	cp := startControlPlane(t, cpConfig{}, log)
 	c := simConfig()
 	c.Name, c.Role = "refused", registry.RolePrefill
-	e, err := devfleet.StartEngine(context.Background(), devfleet.EngineConfig{Sim: c, ControlPlane: cp.BaseURL, JoinToken: "wrong"}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
+	e := startEngine(t, context.Background(), devfleet.EngineConfig{Sim: c, ControlPlane: cp.BaseURL, JoinToken: "wrong"}, log)
 	select {
 	case <-e.Done():
 	case <-time.After(15 * time.Second):

@@ -54,11 +54,7 @@ func TestLoadPoliciesPreferIdleDecode(t *testing.T) {
 				// is measured here, not the pool.
 				c.Pages = 512
 				c.SharedTransferSecret = nil // the control plane hands out the secrets
-				e, err := devfleet.StartEngine(ctx, devfleet.EngineConfig{Sim: c, ControlPlane: cp.BaseURL, JoinToken: joinToken}, log)
-				if err != nil {
-					t.Fatalf("start %s: %v", c.Name, err)
-				}
-				t.Cleanup(e.Close)
+				e := startEngine(t, ctx, devfleet.EngineConfig{Sim: c, ControlPlane: cp.BaseURL, JoinToken: joinToken}, log)
 				engines[c.Name] = e.Sim()
 			}
 			p, busy, idle := engines["prefill-0"], engines["decode-busy"], engines["decode-idle"]

@@ -367,7 +367,7 @@ func TestSelfHealing(t *testing.T) {
 					registry.EventReregistered, registry.EventHealed}
 			}
 			for _, want := range want {
-				if !containsKind(kinds, want) {
+				if !slices.Contains(kinds, want) {
 					t.Errorf("event log of %s lacks %s: %v", victim, want, kinds)
 				}
 			}
@@ -412,10 +412,10 @@ func TestQuarantineAfterRepeatFailure(t *testing.T) {
 		return ok
 	})
 	kinds := eventKinds(t, cp.store, d0.ID)
-	if !containsKind(kinds, registry.EventQuarantined) {
+	if !slices.Contains(kinds, registry.EventQuarantined) {
 		t.Fatalf("no quarantine event: %v", kinds)
 	}
-	if n := countKind(kinds, registry.EventStale); n != 1 {
+	if n := registrytest.CountKinds(kinds, registry.EventStale); n != 1 {
 		t.Errorf("decode-0 was marked stale %d times; the repeat must quarantine, not loop", n)
 	}
 	if p := peerByName(cp.mirror.Snapshot(), "decode-0"); p.State != registry.StateReady {
@@ -463,16 +463,4 @@ func firstEventAt(t *testing.T, s registry.Store, peerID string, kinds ...regist
 	}
 	t.Fatalf("no %v event of %s", kinds, peerID)
 	return time.Time{}
-}
-
-func containsKind(ks []registry.EventKind, k registry.EventKind) bool { return countKind(ks, k) > 0 }
-
-func countKind(ks []registry.EventKind, k registry.EventKind) int {
-	n := 0
-	for _, x := range ks {
-		if x == k {
-			n++
-		}
-	}
-	return n
 }

@@ -21,15 +21,10 @@ import (
 var pdplaneBin string
 
 func TestMain(m *testing.M) {
-	bin, remove, err := bench.BuildPdplane("../cmd/pdplane")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	pdplaneBin = bin
-	code := m.Run()
-	remove()
-	os.Exit(code)
+	os.Exit(bench.RunWithPdplane("../cmd/pdplane", func(bin string) int {
+		pdplaneBin = bin
+		return m.Run()
+	}))
 }
 
 // routerBin returns the router executable named by env, skipping the test

@@ -162,14 +162,7 @@ func (s *QuarantineSweeper) Run(ctx context.Context) {
 	if now == nil {
 		now = time.Now
 	}
-	t := time.NewTicker(iv)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	everyTick(ctx, iv, func(ctx context.Context) {
 		n, err := s.Store.ExpireQuarantines(ctx, now())
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -177,5 +170,5 @@ func (s *QuarantineSweeper) Run(ctx context.Context) {
 		case n > 0:
 			s.Log.Info().Int("pairs", n).Msg("quarantines expired; the pairs are routable on trial")
 		}
-	}
+	})
 }

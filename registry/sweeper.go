@@ -117,14 +117,7 @@ func NewLeaseSweeper(cfg SweeperConfig, store Store, log zerolog.Logger) (*Lease
 
 // Run sweeps every interval until ctx ends.
 func (s *LeaseSweeper) Run(ctx context.Context) {
-	t := time.NewTicker(s.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	everyTick(ctx, s.cfg.Interval, func(ctx context.Context) {
 		n, err := s.Sweep(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -132,6 +125,22 @@ func (s *LeaseSweeper) Run(ctx context.Context) {
 		case n > 0:
 			s.log.Info().Int("peers", n).Msg("leases expired; peers marked failed")
 		}
+	})
+}
+
+// everyTick calls fn every interval, the first time one interval from now,
+// until ctx ends; a call that runs long delays the next tick rather than
+// queueing ticks. The sweepers' Run loops share it.
+func everyTick(ctx context.Context, interval time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fn(ctx)
 	}
 }
 

@@ -67,6 +67,23 @@ func (f *sweepFleet) sweepFor(t *testing.T, d time.Duration) int {
 	return total
 }
 
+// expectGrace sweeps for one lease TTL less an interval, requiring that the
+// sweeper (named by who) expires nothing and every peer stays ready within
+// its grace, then two intervals more, requiring that the n silent peers
+// expire once the grace is over.
+func (f *sweepFleet) expectGrace(t *testing.T, who string, n int) {
+	t.Helper()
+	if got := f.sweepFor(t, registry.DefaultLeaseTTL-sweepInterval); got != 0 {
+		t.Fatalf("%s expired %d peers within the grace; want 0", who, got)
+	}
+	if st := f.states(t); st[registry.StateReady] != len(f.ids) {
+		t.Fatalf("states within the grace: %v; want all %d ready", st, len(f.ids))
+	}
+	if got := f.sweepFor(t, 2*sweepInterval); got != n {
+		t.Fatalf("after the grace %d peers expired; want the %d that never heartbeat again", got, n)
+	}
+}
+
 func (f *sweepFleet) states(t *testing.T) map[registry.State]int {
 	t.Helper()
 	peers, err := f.store.List(context.Background(), registry.Filter{})
@@ -89,15 +106,7 @@ func TestSweeperGraceAfterReplicaStart(t *testing.T) {
 	f := newSweepFleet(t, 3)
 	f.clock.Advance(3 * registry.DefaultLeaseTTL) // the replica is down
 	f.startSweeper(t)
-	if n := f.sweepFor(t, registry.DefaultLeaseTTL-sweepInterval); n != 0 {
-		t.Fatalf("a fresh sweeper expired %d peers within the grace; want 0", n)
-	}
-	if st := f.states(t); st[registry.StateReady] != 3 {
-		t.Fatalf("states within the grace: %v", st)
-	}
-	if n := f.sweepFor(t, 2*sweepInterval); n != 3 {
-		t.Fatalf("after the grace %d peers expired; want the 3 that never heartbeat again", n)
-	}
+	f.expectGrace(t, "a fresh sweeper", 3)
 }
 
 // TestSweeperGraceAfterPause: a process frozen for longer than the lease
@@ -112,12 +121,7 @@ func TestSweeperGraceAfterPause(t *testing.T) {
 		t.Fatalf("expired %d", n)
 	}
 	f.clock.Advance(2 * registry.DefaultLeaseTTL) // frozen
-	if n := f.sweepFor(t, registry.DefaultLeaseTTL-sweepInterval); n != 0 {
-		t.Fatalf("a sweeper that resumed after a pause expired %d peers within the grace; want 0", n)
-	}
-	if n := f.sweepFor(t, 2*sweepInterval); n != 2 {
-		t.Fatalf("after the grace %d peers expired; want 2", n)
-	}
+	f.expectGrace(t, "a sweeper that resumed after a pause", 2)
 }
 
 // TestSweeperExpiresSilentPeers: with nothing lost, a peer that stops

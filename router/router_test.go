@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
+	"github.com/pdplane/pdplane/router/routertest"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -118,10 +118,7 @@ func (b *bundle) waitMetric(t *testing.T, name string, labels map[string]string,
 // there is none.
 func (b *bundle) metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	if v := b.samples(t, name, labels); len(v) > 0 {
-		return v[0]
-	}
-	return 0
+	return routertest.Value(t, b.prom, name, labels)
 }
 
 // total sums a counter (or a histogram's count) over every series of name
@@ -129,52 +126,10 @@ func (b *bundle) metric(t *testing.T, name string, labels map[string]string) flo
 func (b *bundle) total(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
 	sum := 0.0
-	for _, v := range b.samples(t, name, labels) {
+	for _, v := range routertest.Samples(t, b.prom, name, labels) {
 		sum += v
 	}
 	return sum
-}
-
-// samples returns, for each series of name whose labels include labels, a
-// counter's or gauge's value or a histogram's count.
-func (b *bundle) samples(t *testing.T, name string, labels map[string]string) []float64 {
-	t.Helper()
-	mfs, err := b.prom.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				if !hasLabel(m, k, v) {
-					continue next
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				out = append(out, m.Counter.GetValue())
-			case m.Gauge != nil:
-				out = append(out, m.Gauge.GetValue())
-			case m.Histogram != nil:
-				out = append(out, float64(m.Histogram.GetSampleCount()))
-			}
-		}
-	}
-	return out
-}
-
-func hasLabel(m *dto.Metric, k, v string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == k && l.GetValue() == v {
-			return true
-		}
-	}
-	return false
 }
 
 type openAIError struct {

@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/router"
+	"github.com/pdplane/pdplane/router/routertest"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/server/api"
 	"github.com/pdplane/pdplane/server/api/apiconv"
@@ -276,40 +276,11 @@ func (b *bundle) wantStreamRefused(t *testing.T, what, problemType, reason strin
 	}
 }
 
-// gauge reads a gauge or counter from the bundle's registry.
+// gauge reads a gauge or counter from the bundle's registry: the first
+// series of name whose labels include labels; 0 when there is none.
 func (b *bundle) gauge(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := b.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				if !hasLabel(m, k, v) {
-					continue next
-				}
-			}
-			if m.Gauge != nil {
-				return m.Gauge.GetValue()
-			}
-			return m.Counter.GetValue()
-		}
-	}
-	return 0
-}
-
-func hasLabel(m *dto.Metric, k, v string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == k && l.GetValue() == v {
-			return true
-		}
-	}
-	return false
+	return routertest.Value(t, b.reg, name, labels)
 }
 
 // openStream opens an event stream and waits for its greeting.

@@ -3,7 +3,6 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -78,22 +77,15 @@ func status(t *testing.T, base, method, path string, header http.Header, body []
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %q: %v", method, path, err)
-	}
+	resp := adminRequest(t, ctx, base, method, path, header, body)
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// conformanceEdits are the registration edits whose rules JSON Schema can
+// state; the others (URL syntax, label keys, one field against another)
+// TestValidate covers.
+var conformanceEdits = specEditsBut("url", "labels", "parallelism.pp_rank", "ranks.kv_data_ptrs")
 
 // TestSpecAndServerAgree sends seeded random requests, each with one field
 // at an edge of its limits, and requires that the server accepts exactly
@@ -126,36 +118,7 @@ func TestSpecAndServerAgree(t *testing.T) {
 		switch g.pick(6) {
 		case 0, 1: // a registration with one single-field value at an edge
 			m := asMap(registrytest.Spec(fmt.Sprintf("p%d", g.pick(3)), registry.RolePrefill))
-			rank := m["ranks"].([]any)[0].(map[string]any)
-			par, kv := m["parallelism"].(map[string]any), m["kv"].(map[string]any)
-			switch g.pick(13) {
-			case 0:
-				m["name"] = g.str()
-			case 1:
-				m["model"] = g.str()
-			case 2:
-				m["instance_id"] = g.str()
-			case 3:
-				m["bootstrap_host"] = g.str()
-			case 4:
-				m["bootstrap_port"] = g.num()
-			case 5:
-				m["transfer_group"] = g.str()
-			case 6:
-				m["labels"] = map[string]any{"foo": g.str()}
-			case 7:
-				par["tp_size"], par["attn_tp_size"] = g.num(), json.RawMessage("1")
-			case 8:
-				kv["page_size"] = g.num()
-			case 9:
-				kv["dtype"] = g.str()
-			case 10:
-				rank["rank"] = g.num()
-			case 11:
-				rank["gpu_id"] = g.num()
-			case 12:
-				rank["agent_name"] = g.str()
-			}
+			g.editSpec(m, conformanceEdits)
 			method, path, b = "POST", "/api/v1/peers", rawJSON(m)
 		case 2: // a heartbeat
 			hb := map[string]any{"instance_id": known.InstanceID}

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -75,23 +76,7 @@ type answer struct {
 // sendRaw makes one request; body is sent as is.
 func sendRaw(t testing.TB, base, method, path string, header http.Header, body []byte) answer {
 	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequest(method, base+path, rd)
-	if err != nil {
-		t.Fatalf("%s %q: %v", method, path, err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %q: %v", method, path, err)
-	}
+	resp := adminRequest(t, context.Background(), base, method, path, header, body)
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -104,6 +89,30 @@ func sendRaw(t testing.TB, base, method, path string, header http.Header, body [
 		}
 	}
 	return a
+}
+
+// adminRequest sends one request as the admin, with header added and body
+// (none when nil) sent as is, as JSON. The caller closes the answer's body.
+func adminRequest(t testing.TB, ctx context.Context, base, method, path string, header http.Header, body []byte) *http.Response {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+	if err != nil {
+		t.Fatalf("%s %q: %v", method, path, err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %q: %v", method, path, err)
+	}
+	return resp
 }
 
 // storeNeutral drops what legitimately differs between two stores holding the
@@ -254,47 +263,62 @@ func asMap(spec registry.PeerSpec) map[string]any {
 	return m
 }
 
-// mutateSpec sets one field of a registration to a random edge value.
-func (g parityGen) mutateSpec(m map[string]any) {
-	rank := m["ranks"].([]any)[0].(map[string]any)
-	par := m["parallelism"].(map[string]any)
-	kv := m["kv"].(map[string]any)
-	switch g.pick(17) {
-	case 0:
-		m["name"] = g.str()
-	case 1:
-		m["model"] = g.str()
-	case 2:
-		m["instance_id"] = g.str()
-	case 3:
-		m["url"] = "http://" + g.str()
-	case 4:
-		m["bootstrap_host"] = g.str()
-	case 5:
-		m["bootstrap_port"] = g.num()
-	case 6:
-		m["transfer_group"] = g.str()
-	case 7:
-		m["labels"] = map[string]any{g.str(): g.str()}
-	case 8:
-		m["labels"] = map[string]any{"foo": g.str()}
-	case 9:
-		par["tp_size"], par["attn_tp_size"] = g.num(), json.RawMessage("1")
-	case 10:
-		par["pp_rank"] = g.num()
-	case 11:
-		kv["page_size"] = g.num()
-	case 12:
-		kv["dtype"] = g.str()
-	case 13:
-		rank["rank"] = g.num()
-	case 14:
-		rank["gpu_id"] = g.num()
-	case 15:
-		rank["agent_name"] = g.str()
-	case 16:
-		rank["kv_data_ptrs"] = []any{g.num(), json.RawMessage("140737488355328")}
+// specParts are a registration as a JSON map and the maps inside it that
+// an edit reaches into: parallelism, kv and the first rank.
+type specParts struct{ m, par, kv, rank map[string]any }
+
+// specEdit sets one field of a registration to a random edge value.
+type specEdit struct {
+	field string
+	set   func(g parityGen, s specParts)
+}
+
+// specEdits are every edit mutateSpec draws from, in the order it draws;
+// the conformance walk draws from those its oracle covers (specEditsBut).
+var specEdits = []specEdit{
+	{"name", func(g parityGen, s specParts) { s.m["name"] = g.str() }},
+	{"model", func(g parityGen, s specParts) { s.m["model"] = g.str() }},
+	{"instance_id", func(g parityGen, s specParts) { s.m["instance_id"] = g.str() }},
+	{"url", func(g parityGen, s specParts) { s.m["url"] = "http://" + g.str() }},
+	{"bootstrap_host", func(g parityGen, s specParts) { s.m["bootstrap_host"] = g.str() }},
+	{"bootstrap_port", func(g parityGen, s specParts) { s.m["bootstrap_port"] = g.num() }},
+	{"transfer_group", func(g parityGen, s specParts) { s.m["transfer_group"] = g.str() }},
+	{"labels", func(g parityGen, s specParts) { s.m["labels"] = map[string]any{g.str(): g.str()} }},
+	{"labels.foo", func(g parityGen, s specParts) { s.m["labels"] = map[string]any{"foo": g.str()} }},
+	{"parallelism.tp_size", func(g parityGen, s specParts) {
+		s.par["tp_size"], s.par["attn_tp_size"] = g.num(), json.RawMessage("1")
+	}},
+	{"parallelism.pp_rank", func(g parityGen, s specParts) { s.par["pp_rank"] = g.num() }},
+	{"kv.page_size", func(g parityGen, s specParts) { s.kv["page_size"] = g.num() }},
+	{"kv.dtype", func(g parityGen, s specParts) { s.kv["dtype"] = g.str() }},
+	{"ranks.rank", func(g parityGen, s specParts) { s.rank["rank"] = g.num() }},
+	{"ranks.gpu_id", func(g parityGen, s specParts) { s.rank["gpu_id"] = g.num() }},
+	{"ranks.agent_name", func(g parityGen, s specParts) { s.rank["agent_name"] = g.str() }},
+	{"ranks.kv_data_ptrs", func(g parityGen, s specParts) {
+		s.rank["kv_data_ptrs"] = []any{g.num(), json.RawMessage("140737488355328")}
+	}},
+}
+
+// specEditsBut is specEdits, in order, without the edits of the fields
+// named.
+func specEditsBut(fields ...string) []specEdit {
+	var out []specEdit
+	for _, e := range specEdits {
+		if !slices.Contains(fields, e.field) {
+			out = append(out, e)
+		}
 	}
+	return out
+}
+
+// mutateSpec sets one field of a registration to a random edge value.
+func (g parityGen) mutateSpec(m map[string]any) { g.editSpec(m, specEdits) }
+
+// editSpec applies one of edits, drawn at random, to the registration m.
+func (g parityGen) editSpec(m map[string]any, edits []specEdit) {
+	s := specParts{m: m, rank: m["ranks"].([]any)[0].(map[string]any),
+		par: m["parallelism"].(map[string]any), kv: m["kv"].(map[string]any)}
+	edits[g.pick(len(edits))].set(g, s)
 }
 
 // parityOp is one random request, sent alike to every server.

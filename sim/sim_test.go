@@ -18,19 +18,14 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
+	"github.com/pdplane/pdplane/transfer/transfertest"
 )
 
 // *Sim is what the host agent registers.
 var _ agent.Engine = (*sim.Sim)(nil)
 
 func TestMain(m *testing.M) {
-	// NIXL tests talk over loopback TCP only: no GPU, no other interface.
-	if os.Getenv("UCX_TLS") == "" {
-		os.Setenv("UCX_TLS", "tcp")
-	}
-	if os.Getenv("UCX_NET_DEVICES") == "" {
-		os.Setenv("UCX_NET_DEVICES", "lo")
-	}
+	transfertest.UseLoopbackUCX()
 	os.Exit(m.Run())
 }
 

@@ -19,12 +19,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// NIXL runs over loopback TCP only: no GPU, no other interface.
-	for k, v := range map[string]string{"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"} {
-		if os.Getenv(k) == "" {
-			os.Setenv(k, v)
-		}
-	}
+	transfertest.UseLoopbackUCX()
 	os.Exit(m.Run())
 }
 

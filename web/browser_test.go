@@ -798,37 +798,24 @@ func buildFleet(f *fixture) map[string]string {
 	}
 
 	// Keep heartbeating so leases and "last heartbeat" look alive.
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	f.t.Cleanup(func() { cancel(); <-done })
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(2 * time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
+	f.t.Cleanup(everyTick(2*time.Second, func(ctx context.Context) {
+		for _, s := range specs {
+			l := load[s.Name]
+			if l.Running > 2 {
+				l.Running += rand.IntN(5) - 2
+				l.KVUsage = math.Min(0.95, math.Max(0, l.KVUsage+(rand.Float64()-0.5)*0.04))
 			}
-			for _, s := range specs {
-				l := load[s.Name]
-				if l.Running > 2 {
-					l.Running += rand.IntN(5) - 2
-					l.KVUsage = math.Min(0.95, math.Max(0, l.KVUsage+(rand.Float64()-0.5)*0.04))
-				}
-				wl := apiconv.Load(l)
-				body, _ := json.Marshal(api.Heartbeat{InstanceId: instances[s.Name], Load: &wl})
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/api/v1/peers/"+ids[s.Name]+"/heartbeat", bytes.NewReader(body))
-				req.Header.Set("Authorization", "Bearer "+adminToken)
-				req.Header.Set("Content-Type", "application/json")
-				if res, err := http.DefaultClient.Do(req); err == nil {
-					_, _ = io.Copy(io.Discard, res.Body)
-					res.Body.Close()
-				}
+			wl := apiconv.Load(l)
+			body, _ := json.Marshal(api.Heartbeat{InstanceId: instances[s.Name], Load: &wl})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/api/v1/peers/"+ids[s.Name]+"/heartbeat", bytes.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+adminToken)
+			req.Header.Set("Content-Type", "application/json")
+			if res, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
 			}
 		}
-	}()
+	}))
 	return ids
 }
 
@@ -843,12 +830,40 @@ func fakeRouterTraffic(t *testing.T, rr *recordingRegisterer) (stop func()) {
 	retries := routerSeries[*prometheus.CounterVec](t, rr, "pdplane_router_retries_total")
 	inflight := routerSeries[prometheus.Gauge](t, rr, "pdplane_router_inflight_requests")
 
+	start := time.Now()
+	return everyTick(100*time.Millisecond, func(context.Context) {
+		s := time.Since(start).Seconds()
+		perSecond := 38 + 14*math.Sin(s/3) + 4*rand.NormFloat64()
+		n := int(math.Max(0, perSecond/10+rand.Float64()))
+		inflight.Set(float64(40 + rand.IntN(20)))
+		for range n {
+			route := "/v1/chat/completions"
+			if rand.IntN(5) == 0 {
+				route = "/generate"
+			}
+			switch x := rand.Float64(); {
+			case x < 0.015:
+				requests.WithLabelValues(route, "upstream_error").Inc()
+				continue
+			case x < 0.05:
+				retries.WithLabelValues("missing_memkind").Inc()
+			}
+			requests.WithLabelValues(route, "ok").Inc()
+			// Log-normal around 140 ms, slower while the load peaks.
+			ttft.WithLabelValues(route, "sim-model").Observe(0.14 * (1 + 0.3*math.Sin(s/3)) * math.Exp(0.45*rand.NormFloat64()))
+		}
+	})
+}
+
+// everyTick calls fn on a goroutine of its own every interval until the
+// returned stop is called; stop waits for the goroutine to end. fn's
+// context ends with stop.
+func everyTick(interval time.Duration, fn func(ctx context.Context)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		start := time.Now()
-		tick := time.NewTicker(100 * time.Millisecond)
+		tick := time.NewTicker(interval)
 		defer tick.Stop()
 		for {
 			select {
@@ -856,26 +871,7 @@ func fakeRouterTraffic(t *testing.T, rr *recordingRegisterer) (stop func()) {
 				return
 			case <-tick.C:
 			}
-			s := time.Since(start).Seconds()
-			perSecond := 38 + 14*math.Sin(s/3) + 4*rand.NormFloat64()
-			n := int(math.Max(0, perSecond/10+rand.Float64()))
-			inflight.Set(float64(40 + rand.IntN(20)))
-			for range n {
-				route := "/v1/chat/completions"
-				if rand.IntN(5) == 0 {
-					route = "/generate"
-				}
-				switch x := rand.Float64(); {
-				case x < 0.015:
-					requests.WithLabelValues(route, "upstream_error").Inc()
-					continue
-				case x < 0.05:
-					retries.WithLabelValues("missing_memkind").Inc()
-				}
-				requests.WithLabelValues(route, "ok").Inc()
-				// Log-normal around 140 ms, slower while the load peaks.
-				ttft.WithLabelValues(route, "sim-model").Observe(0.14 * (1 + 0.3*math.Sin(s/3)) * math.Exp(0.45*rand.NormFloat64()))
-			}
+			fn(ctx)
 		}
 	}()
 	return func() {

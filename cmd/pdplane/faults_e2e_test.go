@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/sim"
 )
 
@@ -37,27 +38,17 @@ const (
 )
 
 var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-	binDir  string
+	binOnce   sync.Once
+	binPath   string
+	binErr    error
+	binRemove func()
 )
 
-// pdplaneBinary builds the binary once per test process; TestMain removes
-// it.
+// pdplaneBinary builds the binary once per test process, when a test first
+// needs it; TestMain removes it.
 func pdplaneBinary(t *testing.T) string {
 	t.Helper()
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "pdplane-bin-")
-		if binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "pdplane")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %w\n%s", err, out)
-		}
-	})
+	binOnce.Do(func() { binPath, binRemove, binErr = bench.BuildPdplane(".") })
 	if binErr != nil {
 		t.Fatal(binErr)
 	}
@@ -66,8 +57,8 @@ func pdplaneBinary(t *testing.T) string {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
+	if binRemove != nil {
+		binRemove()
 	}
 	os.Exit(code)
 }

@@ -290,6 +290,20 @@ func (f *healFleet) actionRuns(t *testing.T) []string {
 	return strings.Split(strings.TrimSpace(string(data)), "\n")
 }
 
+// firstRunAt is when the first of runs (the heal script's record, one
+// line a run, each starting with the Unix time in seconds) began, by the
+// script's clock; zero when there is none or it cannot be read.
+func firstRunAt(runs []string) time.Time {
+	if len(runs) == 0 {
+		return time.Time{}
+	}
+	sec, err := strconv.ParseFloat(strings.Fields(runs[0])[0], 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(sec*1e9))
+}
+
 func simStats(addr string) (sim.Stats, error) {
 	var s sim.Stats
 	resp, err := http.Get("http://" + addr + "/_sim/stats")
@@ -619,12 +633,7 @@ func testHealRestartsStaleDecode(t *testing.T, dbURL string) {
 		t.Fatalf("heal events out of order or missing: %+v", evs)
 	}
 	runs := f.actionRuns(t)
-	var actionAt time.Time
-	if len(runs) > 0 {
-		if sec, err := strconv.ParseFloat(strings.Fields(runs[0])[0], 64); err == nil {
-			actionAt = time.Unix(0, int64(sec*1e9))
-		}
-	}
+	actionAt := firstRunAt(runs)
 	at := func(t time.Time) string { return "+" + t.Sub(stale.At).Round(time.Millisecond).String() }
 	t.Logf("heal timeline (store %q), from the victim's events; + is after the stale mark at %s:", storeName(dbURL), stale.At.Format("15:04:05.000"))
 	t.Logf("  fault injected        %s (test clock)", at(faultAt))

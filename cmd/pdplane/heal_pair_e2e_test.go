@@ -118,12 +118,7 @@ func testHealQuarantinesThePairFirst(t *testing.T, dbURL string) {
 		t.Fatalf("heal events out of order or missing: %+v", evs)
 	}
 	runs := f.actionRuns(t)
-	var actionAt time.Time
-	if len(runs) > 0 {
-		if sec, err := strconv.ParseFloat(strings.Fields(runs[0])[0], 64); err == nil {
-			actionAt = time.Unix(0, int64(sec*1e9))
-		}
-	}
+	actionAt := firstRunAt(runs)
 	at := func(t time.Time) string { return "+" + t.Sub(quarantined.At).Round(time.Millisecond).String() }
 	t.Logf("heal timeline (store %q), from the victim's events; + is after the pair's quarantine at %s:", storeName(dbURL), quarantined.At.Format("15:04:05.000"))
 	t.Logf("  fault injected (pair)  %s (test clock)", at(faultAt))

@@ -57,17 +57,7 @@ func testPairPreflight(t *testing.T, backend string, env []string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
-	cp, err := startControlPlane(ctx, serveConfig{
-		addr: "127.0.0.1:0", joinTokens: "peer-tok", adminToken: "admin-tok",
-		heartbeat: registry.DefaultHeartbeatInterval, leaseTTL: registry.DefaultLeaseTTL,
-		prefillPolicy: "round_robin", decodePolicy: "round_robin",
-	}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- cp.wait(ctx) }()
-	t.Cleanup(func() { cancel(); <-errc })
+	cp := testControlPlane(t, "", log)
 
 	names := []string{"p0", "good", "broken"} // the prefill, then its decodes: healthy first
 	sims := map[string]*sim.Sim{}

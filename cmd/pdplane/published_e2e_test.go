@@ -53,17 +53,7 @@ func testRegisterFromPublished(t *testing.T, engine registry.Engine, dbURL strin
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
-	cp, err := startControlPlane(ctx, serveConfig{
-		addr: "127.0.0.1:0", databaseURL: dbURL, joinTokens: "peer-tok", adminToken: "admin-tok",
-		heartbeat: registry.DefaultHeartbeatInterval, leaseTTL: registry.DefaultLeaseTTL,
-		prefillPolicy: "round_robin", decodePolicy: "round_robin",
-	}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- cp.wait(ctx) }()
-	t.Cleanup(func() { cancel(); <-errc })
+	cp := testControlPlane(t, dbURL, log)
 
 	// The sims have no control plane of their own: like stock SGLang, the
 	// decode hands its KV args to the prefill's bootstrap server itself.
@@ -182,4 +172,27 @@ func stringList(v any) []string {
 		out = append(out, s.(string))
 	}
 	return out
+}
+
+// testControlPlane starts an in-process control plane on a free loopback
+// port, on the store at databaseURL (the in-memory one when empty), with
+// the tests' tokens ("peer-tok" to join, "admin-tok"), the default
+// heartbeat and lease, and round-robin policies; it serves until the test
+// ends.
+func testControlPlane(t *testing.T, databaseURL string, log zerolog.Logger) *controlPlane {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cp, err := startControlPlane(ctx, serveConfig{
+		addr: "127.0.0.1:0", databaseURL: databaseURL, joinTokens: "peer-tok", adminToken: "admin-tok",
+		heartbeat: registry.DefaultHeartbeatInterval, leaseTTL: registry.DefaultLeaseTTL,
+		prefillPolicy: "round_robin", decodePolicy: "round_robin",
+	}, log)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- cp.wait(ctx) }()
+	t.Cleanup(func() { cancel(); <-errc })
+	return cp
 }

@@ -216,19 +216,12 @@ func TestTerminatedConnectionsAreUnavailable(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dbURL, schema := registrytest.NewSchema(t)
-	app := "pdplane_" + schema
-	s := registrytest.OpenPGStore(t, pgstore.Config{URL: dbURL + "&application_name=" + app, Channel: app, Migrate: true})
+	dbURL, app := taggedSchema(t)
+	s := registrytest.OpenPGStore(t, pgstore.Config{URL: dbURL, Channel: app, Migrate: true})
 	readyFleet(t, ctx, s, 2)
-	admin, err := pgxpool.New(ctx, registrytest.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	var killed int
-	if err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE application_name = $1`, app).Scan(&killed); err != nil || killed == 0 {
-		t.Fatalf("terminate the store's connections: %d, %v", killed, err)
+	killed := terminateBackends(t, ctx, app)
+	if killed == 0 {
+		t.Fatal("terminate the store's connections: none found")
 	}
 	sawUnavailable := false
 	for i := 0; i < 20; i++ { // each failing call costs the pool one dead connection
@@ -258,21 +251,13 @@ func TestUnreachableDatabaseHostIsUnavailable(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dbURL, schema := registrytest.NewSchema(t)
-	app := "pdplane_" + schema
-	outage, viaURL := registrytest.NewOutage(t, dbURL+"&application_name="+app)
+	dbURL, app := taggedSchema(t)
+	outage, viaURL := registrytest.NewOutage(t, dbURL)
 	const connectTimeout = 300 * time.Millisecond
 	s := registrytest.OpenPGStore(t, pgstore.Config{URL: viaURL, Channel: app, Migrate: true, ConnectTimeout: connectTimeout})
 	readyFleet(t, ctx, s, 1)
 	outage.Stall()
-	admin, err := pgxpool.New(ctx, registrytest.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
-		t.Fatal(err)
-	}
+	terminateBackends(t, ctx, app)
 	for i := 0; ; i++ { // calls that meet a terminated connection fail at once; then the dial
 		start := time.Now()
 		_, err := s.List(ctx, registry.Filter{})
@@ -294,4 +279,32 @@ func TestUnreachableDatabaseHostIsUnavailable(t *testing.T) {
 	if _, err := s.List(ctx, registry.Filter{}); err != nil {
 		t.Fatalf("the store did not recover: %v", err)
 	}
+}
+
+// taggedSchema makes a fresh schema and returns its URL, which names app
+// (also the schema's notification channel) as its connections'
+// application_name, so that terminateBackends can find them.
+func taggedSchema(t *testing.T) (dbURL, app string) {
+	t.Helper()
+	dbURL, schema := registrytest.NewSchema(t)
+	app = "pdplane_" + schema
+	return dbURL + "&application_name=" + app, app
+}
+
+// terminateBackends ends every connection of application app, as
+// PostgreSQL's administrator (or a fast shutdown) does, and returns how many
+// it ended.
+func terminateBackends(t *testing.T, ctx context.Context, app string) int {
+	t.Helper()
+	admin, err := pgxpool.New(ctx, registrytest.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var killed int
+	if err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1`, app).Scan(&killed); err != nil {
+		t.Fatalf("terminate the connections of %s: %v", app, err)
+	}
+	return killed
 }

@@ -293,14 +293,18 @@ type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// loadPeers reads the peers that where (with args) selects, and their ranks.
-func loadPeers(ctx context.Context, q queryer, where string, args ...any) ([]registry.Peer, error) {
-	query := q.Query
-	rows, err := query(ctx, selectPeers+where, args...)
+// collectRows runs sql (with args) on q and scans every row with scan.
+func collectRows[T any](ctx context.Context, q queryer, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
-	prs, err := pgx.CollectRows(rows, scanPeerRow)
+	return pgx.CollectRows(rows, scan)
+}
+
+// loadPeers reads the peers that where (with args) selects, and their ranks.
+func loadPeers(ctx context.Context, q queryer, where string, args ...any) ([]registry.Peer, error) {
+	prs, err := collectRows(ctx, q, scanPeerRow, selectPeers+where, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -317,11 +321,7 @@ func loadPeers(ctx context.Context, q queryer, where string, args ...any) ([]reg
 	if len(ids) == 0 {
 		return peers, nil
 	}
-	rows, err = query(ctx, selectRanks, ids)
-	if err != nil {
-		return nil, err
-	}
-	rrs, err := pgx.CollectRows(rows, scanRankRow)
+	rrs, err := collectRows(ctx, q, scanRankRow, selectRanks, ids)
 	if err != nil {
 		return nil, err
 	}

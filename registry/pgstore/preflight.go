@@ -53,11 +53,7 @@ RETURNING `+preflightColumns,
 
 // Preflights implements registry.Store.
 func (s *Store) Preflights(ctx context.Context) ([]registry.Preflight, error) {
-	rows, err := s.pool.Query(ctx, "SELECT "+preflightColumns+" FROM pair_preflights")
-	if err != nil {
-		return nil, classify(err, "list preflights")
-	}
-	out, err := pgx.CollectRows(rows, scanPreflight)
+	out, err := collectRows(ctx, s.pool, scanPreflight, "SELECT "+preflightColumns+" FROM pair_preflights")
 	return out, classify(err, "list preflights")
 }
 

@@ -109,12 +109,8 @@ func (s *Store) ReportTransferSuccess(ctx context.Context, prefillID, decodeID, 
 func (s *Store) ExpireQuarantines(ctx context.Context, now time.Time) (int, error) {
 	n := 0
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT `+quarantineColumns+` FROM pair_quarantines
+		qs, err := collectRows(ctx, tx, scanQuarantine, `SELECT `+quarantineColumns+` FROM pair_quarantines
 			WHERE NOT trial AND expires_at <= $1 FOR UPDATE SKIP LOCKED`, now.UTC())
-		if err != nil {
-			return err
-		}
-		qs, err := pgx.CollectRows(rows, scanQuarantine)
 		if err != nil || len(qs) == 0 {
 			return err
 		}

@@ -122,11 +122,7 @@ func otherPrefills(ctx context.Context, tx pgx.Tx, decode *registry.Peer, exclud
 	if err != nil || len(prefills) == 0 {
 		return 0, err
 	}
-	rows, err := tx.Query(ctx, `SELECT prefill_id::text FROM pair_quarantines WHERE decode_id = $1 AND NOT trial`, decode.ID)
-	if err != nil {
-		return 0, err
-	}
-	quarantined, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	quarantined, err := collectRows(ctx, tx, pgx.RowTo[string], `SELECT prefill_id::text FROM pair_quarantines WHERE decode_id = $1 AND NOT trial`, decode.ID)
 	if err != nil {
 		return 0, err
 	}
@@ -373,11 +369,7 @@ func (s *Store) List(ctx context.Context, f registry.Filter) ([]registry.Peer, e
 
 // Quarantines implements registry.Store.
 func (s *Store) Quarantines(ctx context.Context) ([]registry.Quarantine, error) {
-	rows, err := s.pool.Query(ctx, "SELECT "+quarantineColumns+" FROM pair_quarantines ORDER BY at")
-	if err != nil {
-		return nil, classify(err, "list quarantines")
-	}
-	qs, err := pgx.CollectRows(rows, scanQuarantine)
+	qs, err := collectRows(ctx, s.pool, scanQuarantine, "SELECT "+quarantineColumns+" FROM pair_quarantines ORDER BY at")
 	return qs, classify(err, "list quarantines")
 }
 

@@ -595,6 +595,18 @@ func testSubscribe(t *testing.T, s registry.Store) {
 	waitFor("mark stale")
 }
 
+// newPair registers prefill p0 and decode d0 on s and heartbeats the
+// decode; it returns both peers and the decode's spec, which quarantinePair
+// re-registers.
+func newPair(t *testing.T, s registry.Store) (pf, d registry.Peer, dspec registry.PeerSpec) {
+	t.Helper()
+	pf = mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	dspec = Spec("d0", registry.RoleDecode)
+	d = mustRegister(t, s, dspec).Peer
+	mustHeartbeat(t, s, d)
+	return pf, d, dspec
+}
+
 // quarantinePair drives the pair into quarantine the only way the product
 // does: a failed transfer, a re-registration under a fresh agent, and the
 // same failure again.
@@ -619,10 +631,7 @@ func quarantinePair(t *testing.T, s registry.Store, prefillID string, dspec *reg
 }
 
 func testQuarantine(t *testing.T, s registry.Store) {
-	pf := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
-	dspec := Spec("d0", registry.RoleDecode)
-	d := mustRegister(t, s, dspec).Peer
-	mustHeartbeat(t, s, d)
+	pf, d, dspec := newPair(t, s)
 	quarantinePair(t, s, pf.ID, &dspec, d.ID)
 	qs, err := s.Quarantines(ctx(t))
 	if err != nil || len(qs) != 1 || qs[0].PrefillID != pf.ID || qs[0].DecodeID != d.ID ||
@@ -725,12 +734,13 @@ func testTransferFailures(t *testing.T, s registry.Store) {
 	if _, out := report("d0-agent-fresh", p1.ID); out != registry.OutcomeStale {
 		t.Fatalf("failure from another prefill: %s", out)
 	}
-	if n := countKinds(kinds(t, s, d.ID), registry.EventStale); n != 2 {
+	if n := CountKinds(kinds(t, s, d.ID), registry.EventStale); n != 2 {
 		t.Fatalf("%d stale events, want 2 (duplicates and outdated reports log nothing)", n)
 	}
 }
 
-func countKinds(ks []registry.EventKind, k registry.EventKind) int {
+// CountKinds is how many of ks are k.
+func CountKinds(ks []registry.EventKind, k registry.EventKind) int {
 	n := 0
 	for _, x := range ks {
 		if x == k {

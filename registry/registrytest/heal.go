@@ -120,13 +120,7 @@ func testHealHold(t *testing.T, s registry.Store) {
 // over, with the heal_draining event, even with no lease sweep.
 func CheckHoldEndsOnHeartbeat(t *testing.T, s registry.Store, clock *Clock) {
 	t.Helper()
-	p0 := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
-	p1 := mustRegister(t, s, Spec("p1", registry.RolePrefill)).Peer
-	dspec := Spec("d0", registry.RoleDecode)
-	d := mustRegister(t, s, dspec).Peer
-	for _, p := range []registry.Peer{p0, p1, d} {
-		mustHeartbeat(t, s, p)
-	}
+	p0, _, d, dspec := readyPairs(t, s)
 	if _, out, err := s.ReportTransferFailure(ctx(t), registry.TransferFailure{DecodeID: d.ID, DecodeAgent: dspec.Ranks[0].AgentName,
 		PrefillID: p0.ID, Reason: "transfer failed", Error: "Missing NIXL destination KV memory kind"}); err != nil || out != registry.OutcomeHealPending {
 		t.Fatalf("first failure: %s, %v; want heal_pending", out, err)

@@ -1,7 +1,6 @@
 package registrytest
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/url"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry/pgstore"
 )
@@ -147,17 +145,9 @@ func (o *Outage) relay(c net.Conn) {
 // can open a second replica that keeps its database while this one loses it.
 func NewPGStoreWithOutage(t testing.TB, cfg pgstore.Config) (*pgstore.Store, *Outage, pgstore.Config) {
 	t.Helper()
-	dbURL, schema := NewSchema(t)
-	cfg.URL, cfg.Channel, cfg.Migrate = dbURL, "pdplane_"+schema, true
-	o, viaURL := NewOutage(t, dbURL)
+	cfg = onNewSchema(t, cfg)
+	o, viaURL := NewOutage(t, cfg.URL)
 	relayed := cfg
 	relayed.URL = viaURL
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := pgstore.Open(ctx, relayed, zerolog.New(zerolog.NewTestWriter(t)))
-	if err != nil {
-		t.Fatalf("open pgstore through the outage relay: %v", err)
-	}
-	t.Cleanup(s.Close)
-	return s, o, cfg
+	return OpenPGStore(t, relayed), o, cfg
 }

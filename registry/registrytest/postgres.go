@@ -79,10 +79,17 @@ func NewSchema(t testing.TB) (dbURL, schema string) {
 // can open a second store (a second replica) on the same data.
 func NewPGStore(t testing.TB, cfg pgstore.Config) (*pgstore.Store, pgstore.Config) {
 	t.Helper()
+	cfg = onNewSchema(t, cfg)
+	return OpenPGStore(t, cfg), cfg
+}
+
+// onNewSchema is cfg moved to a fresh schema (its URL and notification
+// channel), migrated on open.
+func onNewSchema(t testing.TB, cfg pgstore.Config) pgstore.Config {
+	t.Helper()
 	dbURL, schema := NewSchema(t)
 	cfg.URL, cfg.Channel, cfg.Migrate = dbURL, "pdplane_"+schema, true
-	s := OpenPGStore(t, cfg)
-	return s, cfg
+	return cfg
 }
 
 // OpenPGStore opens a store with cfg, closed when the test ends.

@@ -31,13 +31,7 @@ func FailedPreflight(prefillID, decodeID, errText string) registry.Preflight {
 // reason; a re-registration of the decode sets it aside; a passed one puts
 // the pair back; bad reports are refused naming the field.
 func testPreflight(t *testing.T, s registry.Store) {
-	p0 := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
-	p1 := mustRegister(t, s, Spec("p1", registry.RolePrefill)).Peer
-	dspec := Spec("d0", registry.RoleDecode)
-	d := mustRegister(t, s, dspec).Peer
-	for _, p := range []registry.Peer{p0, p1, d} {
-		mustHeartbeat(t, s, p)
-	}
+	p0, p1, d, dspec := readyPairs(t, s)
 	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1}, s, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -144,4 +138,20 @@ func testProbe(t *testing.T, s registry.Store) {
 	if _, err := s.PublishProbe(ctx(t), bad); !errors.Is(err, registry.ErrNotFound) {
 		t.Fatalf("probe of an unknown peer: %v", err)
 	}
+}
+
+// readyPairs registers two prefills (p0, p1) and a decode (d0) on s and
+// heartbeats each, so that both pairs are ready; it returns the peers and
+// the decode's spec, whose agent name a failure report names and which a
+// test changes to re-register the decode.
+func readyPairs(t *testing.T, s registry.Store) (p0, p1, d registry.Peer, dspec registry.PeerSpec) {
+	t.Helper()
+	p0 = mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
+	p1 = mustRegister(t, s, Spec("p1", registry.RolePrefill)).Peer
+	dspec = Spec("d0", registry.RoleDecode)
+	d = mustRegister(t, s, dspec).Peer
+	for _, p := range []registry.Peer{p0, p1, d} {
+		mustHeartbeat(t, s, p)
+	}
+	return p0, p1, d, dspec
 }

@@ -31,10 +31,7 @@ func lastKind(t *testing.T, s registry.Store, id string) registry.EventKind {
 // on trial, a failure on trial quarantines it again at once, and a success
 // on trial ends it.
 func testQuarantineTrial(t *testing.T, s registry.Store) {
-	pf := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
-	dspec := Spec("d0", registry.RoleDecode)
-	d := mustRegister(t, s, dspec).Peer
-	mustHeartbeat(t, s, d)
+	pf, d, dspec := newPair(t, s)
 	quarantinePair(t, s, pf.ID, &dspec, d.ID)
 	q := oneQuarantine(t, s)
 	if q.Trial || q.ExpiresAt == nil || !q.ExpiresAt.Equal(q.At.Add(QuarantineTTL)) {
@@ -97,10 +94,7 @@ func testQuarantineTrial(t *testing.T, s registry.Store) {
 }
 
 func testQuarantineLift(t *testing.T, s registry.Store) {
-	pf := mustRegister(t, s, Spec("p0", registry.RolePrefill)).Peer
-	dspec := Spec("d0", registry.RoleDecode)
-	d := mustRegister(t, s, dspec).Peer
-	mustHeartbeat(t, s, d)
+	pf, d, dspec := newPair(t, s)
 	if err := s.LiftQuarantine(ctx(t), pf.ID, d.ID, "admin"); !errors.Is(err, registry.ErrNotFound) {
 		t.Fatalf("lift a pair that is not quarantined: %v; want ErrNotFound", err)
 	}

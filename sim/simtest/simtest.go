@@ -40,7 +40,8 @@ func Config(name string, role registry.Role, engine registry.Engine) sim.Config 
 // UseNIXL switches cfg to the NIXL backend over loopback UCX TCP, skipping
 // the test when libnixl_capi.so cannot be loaded (failing it when
 // PDPLANE_REQUIRE_NIXL=1). The process should set UCX_TLS=tcp and
-// UCX_NET_DEVICES=lo before the library loads (see TestMain in sim).
+// UCX_NET_DEVICES=lo before the library loads (transfertest.UseLoopbackUCX,
+// which TestMain in sim calls).
 func UseNIXL(t testing.TB, cfg sim.Config) sim.Config {
 	t.Helper()
 	transfertest.RequireNIXL(t)

@@ -12,13 +12,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// Tests talk over loopback TCP only: no GPU, no other interface.
-	if os.Getenv("UCX_TLS") == "" {
-		os.Setenv("UCX_TLS", "tcp")
-	}
-	if os.Getenv("UCX_NET_DEVICES") == "" {
-		os.Setenv("UCX_NET_DEVICES", "lo")
-	}
+	transfertest.UseLoopbackUCX()
 	os.Exit(m.Run())
 }
 

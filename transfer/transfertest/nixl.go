@@ -26,3 +26,14 @@ func RequireNIXL(t testing.TB) *nixl.Library {
 	t.Skipf("NIXL not available (set %s=1 to fail instead): %v", EnvRequireNIXL, err)
 	return nil
 }
+
+// UseLoopbackUCX points UCX, under NIXL, at loopback TCP only (no GPU, no
+// other interface), leaving UCX_TLS and UCX_NET_DEVICES alone where they
+// are set. A TestMain calls it before any test loads the library.
+func UseLoopbackUCX() {
+	for k, v := range map[string]string{"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"} {
+		if os.Getenv(k) == "" {
+			os.Setenv(k, v)
+		}
+	}
+}
