@@ -118,7 +118,10 @@ func havePostgresBinaries() bool {
 func (pg *testPostgres) start(t *testing.T) string {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(pg.scripts, "pg-start.sh"), pg.dir)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("PDPLANE_TEST_PG_PORT=%d", 57000+os.Getpid()%1000))
+	// Below Linux's ephemeral range (32768-60999): no listener on port 0 and
+	// no outgoing connection of a parallel test can take the port, before
+	// the first start or between a stop and the restart on the same port.
+	cmd.Env = append(os.Environ(), fmt.Sprintf("PDPLANE_TEST_PG_PORT=%d", 20000+os.Getpid()%10000))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
