@@ -925,6 +925,19 @@ func routerSeries[C prometheus.Collector](t *testing.T, r *recordingRegisterer, 
 	return c
 }
 
+// readyPair registers prefill p0 and decode d0 and heartbeats both: one
+// routable pair. It returns their ids and the decode's spec, which a test
+// re-registers to stand for a restarted engine.
+func (f *fixture) readyPair() (p0, d0 string, dspec registry.PeerSpec) {
+	f.t.Helper()
+	pspec := registrytest.Spec("p0", registry.RolePrefill)
+	dspec = registrytest.Spec("d0", registry.RoleDecode)
+	p0, d0 = f.register(pspec), f.register(dspec)
+	f.heartbeat(p0, pspec.InstanceID, registry.Load{})
+	f.heartbeat(d0, dspec.InstanceID, registry.Load{})
+	return p0, d0, dspec
+}
+
 // clickWhenThere clicks the element selector names, from inside the page,
 // once it is there: live re-renders replace the page's elements (often at 10,000 peers), and one
 // may replace the element between a DevTools query and its click.

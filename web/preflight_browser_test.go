@@ -8,7 +8,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/pdplane/pdplane/registry"
-	"github.com/pdplane/pdplane/registry/registrytest"
 )
 
 // TestStatusPagePreflight: a pair's preflight shows in its detail (GB/s and
@@ -17,10 +16,7 @@ import (
 func TestStatusPagePreflight(t *testing.T) {
 	chromium := chromiumPath(t)
 	f := newFixture(t)
-	pspec, dspec := registrytest.Spec("p0", registry.RolePrefill), registrytest.Spec("d0", registry.RoleDecode)
-	p0, d0 := f.register(pspec), f.register(dspec)
-	f.heartbeat(p0, pspec.InstanceID, registry.Load{})
-	f.heartbeat(d0, dspec.InstanceID, registry.Load{})
+	p0, d0, _ := f.readyPair()
 	report := func(pf registry.Preflight) {
 		t.Helper()
 		pf.PrefillID, pf.DecodeID, pf.Backend, pf.MemKind, pf.CheckedAt = p0, d0, "nixl", registry.DRAM, time.Now()

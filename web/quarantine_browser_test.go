@@ -8,7 +8,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/pdplane/pdplane/registry"
-	"github.com/pdplane/pdplane/registry/registrytest"
 )
 
 // TestStatusPageLiftQuarantine: the pair detail shows a quarantine, and
@@ -17,10 +16,7 @@ import (
 func TestStatusPageLiftQuarantine(t *testing.T) {
 	chromium := chromiumPath(t)
 	f := newFixture(t)
-	pspec, dspec := registrytest.Spec("p0", registry.RolePrefill), registrytest.Spec("d0", registry.RoleDecode)
-	p0, d0 := f.register(pspec), f.register(dspec)
-	f.heartbeat(p0, pspec.InstanceID, registry.Load{})
-	f.heartbeat(d0, dspec.InstanceID, registry.Load{})
+	p0, d0, dspec := f.readyPair()
 	failed := func(agent string) map[string]string {
 		return map[string]string{"reason": "p0 answered HTTP 500", "error": nixlError, "prefill_id": p0, "agent_name": agent}
 	}
