@@ -59,6 +59,9 @@ type serveConfig struct {
 	// otlpEndpoint is the OTLP/HTTP collector traces go to; empty leaves
 	// it to the OTEL_EXPORTER_OTLP_* variables (tracing off without them).
 	otlpEndpoint string
+	// pprofAddr, when set, serves runtime profiles on that loopback
+	// address (see startPprof).
+	pprofAddr string
 
 	heal registry.HealConfig
 }
@@ -74,6 +77,7 @@ type controlPlane struct {
 	mirror  *registry.Mirror
 	router  *router.Router
 	tracing *tracing.Provider
+	pprof   *http.Server // nil without --pprof-addr
 	errc    chan error
 	grace   time.Duration
 
@@ -126,6 +130,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 			"/readyz is 503 and event streams end at once, and what is left after the grace is cut")
 	fs.str(&c.otlpEndpoint, "otlp-endpoint", "", "OpenTelemetry collector URL (OTLP/HTTP protobuf, e.g. http://otel-collector:4318) for traces of "+
 		"routed requests, registry writes and heal steps; empty uses $OTEL_EXPORTER_OTLP_ENDPOINT, and no tracing without it")
+	fs.str(&c.pprofAddr, "pprof-addr", "", "loopback HOST:PORT to serve Go runtime profiles on (/debug/pprof/: CPU, heap, goroutines), "+
+		"on a listener of its own; empty serves none")
 }
 
 // DefaultShutdownGrace is --shutdown-grace's default: room for a long
@@ -181,10 +187,16 @@ func (c *serveConfig) checkExposure() error {
 	if err != nil {
 		return fmt.Errorf("--addr %q: %w", c.addr, err)
 	}
-	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+	if isLoopback(host) {
 		return nil
 	}
 	return fmt.Errorf("refusing to serve on %s without tokens: set --join-token and --admin-token, or --insecure to run open", c.addr)
+}
+
+// isLoopback says whether host (a name or an IP) is this machine only.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
 // startControlPlane opens the store and serves until wait returns.
@@ -263,6 +275,11 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	cp.srv = srv
 	if c.adminToken == "" && len(c.tokens()) == 0 {
 		log.Warn().Msg("no --admin-token or --join-token: the control-plane API accepts writes from anyone who can reach it")
+	}
+	if c.pprofAddr != "" {
+		if cp.pprof, err = startPprof(c.pprofAddr, log); err != nil {
+			return nil, err
+		}
 	}
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
@@ -391,6 +408,9 @@ func (cp *controlPlane) closeWithin(ctx context.Context) {
 			cp.bgCancel()
 		}
 		cp.bg.Wait()
+		if cp.pprof != nil {
+			_ = cp.pprof.Close()
+		}
 		if cp.router != nil {
 			cp.router.Close()
 		}
