@@ -14,7 +14,7 @@ import (
 // startPprof serves Go's runtime profiles (/debug/pprof/) on addr, a
 // loopback address, on a listener of their own: never on the control
 // plane's, where clients and peers would reach them. It returns the server
-// to close at shutdown.
+// to close at shutdown; its Addr is the address bound.
 func startPprof(addr string, log zerolog.Logger) (*http.Server, error) {
 	if err := checkLoopback(addr); err != nil {
 		return nil, fmt.Errorf("--pprof-addr: %w", err)
@@ -29,8 +29,8 @@ func startPprof(addr string, log zerolog.Logger) (*http.Server, error) {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	log.Info().Str("addr", ln.Addr().String()).Msg("serving runtime profiles at /debug/pprof/")
+	hs := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	log.Info().Str("addr", hs.Addr).Msg("serving runtime profiles at /debug/pprof/")
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Warn().Err(err).Msg("pprof listener stopped")
