@@ -712,9 +712,10 @@ func (d *dispatch) finish() {
 		}
 	}
 	var ev *zerolog.Event
+	sampled := false
 	switch d.outcome {
 	case outcomeOK:
-		ev = rt.log.Debug()
+		ev, sampled = rt.servedEvent()
 	case outcomeBadRequest, outcomeClientGone, outcomeUnauthorized, outcomeUpstream4xx, outcomeRouterBusy:
 		ev = rt.log.Info()
 	default:
@@ -731,6 +732,9 @@ func (d *dispatch) finish() {
 		if id := d.traceID(); id != "" {
 			ev.Str(logTraceID, id)
 		}
+		if sampled {
+			ev.Int("sampled_1_in", rt.cfg.LogServedEvery)
+		}
 		if u := &d.usage; d.outcome == outcomeOK && (u.seenP || u.seenC) {
 			ev.Int64("prompt_tokens", u.prompt).Int64("completion_tokens", u.completion)
 		}
@@ -745,6 +749,17 @@ func (d *dispatch) finish() {
 	if d.abort {
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// servedEvent is the event a served request's line goes to: info for the
+// ones LogServedEvery picks (sampled when it picks one in N > 1), else
+// debug.
+func (rt *Router) servedEvent() (ev *zerolog.Event, sampled bool) {
+	n := uint64(rt.cfg.LogServedEvery)
+	if n == 0 || rt.served.Add(1)%n != 0 {
+		return rt.log.Debug(), false
+	}
+	return rt.log.Info(), n > 1
 }
 
 // durationMS is a duration as logged: milliseconds, to the microsecond.
