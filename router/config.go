@@ -74,6 +74,13 @@ type Config struct {
 	// 4096 by default. Over it, a request is answered 503 with Retry-After
 	// before its body is read, and counted with outcome max_inflight.
 	MaxInflight int
+	// LogServedEvery says which served requests (outcome ok) get their
+	// "request" line at info level: 0, none (they log at debug, so the
+	// default info level shows only failures and refusals); 1, every one;
+	// N, one in N, with sampled_1_in=N on the line. A request that was not
+	// served is always logged. (On a loopback benchmark, every line at
+	// info cost less than the noise: under 10 µs of ~200-300 µs a request.)
+	LogServedEvery int
 	// MaxResponseBytes bounds what the router buffers of an engine's answer
 	// when it has to rewrite it (the logprob merge). 64 MiB by default.
 	MaxResponseBytes int64
@@ -181,6 +188,7 @@ func (c *Config) validate() error {
 		notNegative("MaxBodyBytes", c.MaxBodyBytes),
 		atLeast("MaxInflight", c.MaxInflight, 1),
 		notNegative("MaxResponseBytes", c.MaxResponseBytes),
+		notNegative("LogServedEvery", c.LogServedEvery),
 		atLeast("MaxAttempts", c.MaxAttempts, 1),
 		notNegative("RetryBackoff", c.RetryBackoff),
 		notNegative("RetryBackoffMax", c.RetryBackoffMax),

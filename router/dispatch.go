@@ -530,7 +530,12 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 
 // write sends bytes to the client, flushing when streaming; the first write
 // stamps the TTFT.
-func (d *dispatch) write(b []byte) error {
+func (d *dispatch) write(b []byte) error { return d.send(b, true) }
+
+// send is write, flushing a stream only when flush is set: the relay leaves
+// bytes in the response's buffer while more of the answer has already
+// arrived, and they leave with it.
+func (d *dispatch) send(b []byte, flush bool) error {
 	if len(b) == 0 {
 		return nil
 	}
@@ -543,7 +548,7 @@ func (d *dispatch) write(b []byte) error {
 		d.ttftSeen = true
 		d.rt.m.ttft.WithLabelValues(d.route.label(), d.q.model).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
 	}
-	if d.q.stream {
+	if d.q.stream && flush {
 		if err := d.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return err
 		}
@@ -552,11 +557,14 @@ func (d *dispatch) write(b []byte) error {
 }
 
 // relay copies the rest of the decode's answer to the client as it arrives.
+// A stream is flushed whenever the engine has sent nothing more yet.
 func (d *dispatch) relay(body io.Reader, buf []byte) *failure {
+	rb, _ := body.(interface{ ready() bool })
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			if werr := d.write(buf[:n]); werr != nil {
+			flush := err != nil || rb == nil || !rb.ready()
+			if werr := d.send(buf[:n], flush); werr != nil {
 				return &failure{kind: failClientGone, leg: legDecode, err: werr}
 			}
 		}
@@ -704,9 +712,10 @@ func (d *dispatch) finish() {
 		}
 	}
 	var ev *zerolog.Event
+	sampled := false
 	switch d.outcome {
 	case outcomeOK:
-		ev = rt.log.Debug()
+		ev, sampled = rt.servedEvent()
 	case outcomeBadRequest, outcomeClientGone, outcomeUnauthorized, outcomeUpstream4xx, outcomeRouterBusy:
 		ev = rt.log.Info()
 	default:
@@ -723,6 +732,9 @@ func (d *dispatch) finish() {
 		if id := d.traceID(); id != "" {
 			ev.Str(logTraceID, id)
 		}
+		if sampled {
+			ev.Int("sampled_1_in", rt.cfg.LogServedEvery)
+		}
 		if u := &d.usage; d.outcome == outcomeOK && (u.seenP || u.seenC) {
 			ev.Int64("prompt_tokens", u.prompt).Int64("completion_tokens", u.completion)
 		}
@@ -737,6 +749,17 @@ func (d *dispatch) finish() {
 	if d.abort {
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// servedEvent is the event a served request's line goes to: info for the
+// ones LogServedEvery picks (sampled when it picks one in N > 1), else
+// debug.
+func (rt *Router) servedEvent() (ev *zerolog.Event, sampled bool) {
+	n := uint64(rt.cfg.LogServedEvery)
+	if n == 0 || rt.served.Add(1)%n != 0 {
+		return rt.log.Debug(), false
+	}
+	return rt.log.Info(), n > 1
 }
 
 // durationMS is a duration as logged: milliseconds, to the microsecond.

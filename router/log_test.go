@@ -330,3 +330,47 @@ func TestOneRequestIDEndToEnd(t *testing.T) {
 		}
 	})
 }
+
+// TestLogServedEverySamplesServedRequests: with LogServedEvery 3, one
+// served request in three gets its "request" line at info level, marked
+// sampled_1_in=3, the others at debug; a request that is not served is at
+// info or above whatever the sampling.
+func TestLogServedEverySamplesServedRequests(t *testing.T) {
+	t.Parallel()
+	s := startSimsOf(t, registry.EngineSGLang, map[string]registry.Role{"p": registry.RolePrefill, "d": registry.RoleDecode})
+	_, srv, logs := loggedControlPlane(t, router.Config{LogServedEvery: 3}, s["p"], s["d"])
+	send := func(body string) int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, req)
+		return rec.Code
+	}
+	const chat = `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
+	logs.take()
+	var levels []string
+	for i := range 6 {
+		if got := send(chat); got != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, got)
+		}
+		for _, l := range logs.takeDecoded(t) {
+			if l["message"] != "request" {
+				continue
+			}
+			levels = append(levels, fmt.Sprint(l["level"]))
+			if sampled := l["sampled_1_in"]; (l["level"] == "info") != (sampled == float64(3)) {
+				t.Fatalf("request %d: level %v with sampled_1_in %v", i, l["level"], sampled)
+			}
+		}
+	}
+	if got := strings.Join(levels, ","); got != "debug,debug,info,debug,debug,info" {
+		t.Fatalf("served request lines at levels %s, want one in three at info", got)
+	}
+	if got := send(`{"model":"sim-model","messages":"nope"}`); got != http.StatusBadRequest {
+		t.Fatalf("bad request: status %d", got)
+	}
+	for _, l := range logs.takeDecoded(t) {
+		if l["message"] == "request" && (l["level"] != "info" || l["sampled_1_in"] != nil) {
+			t.Fatalf("refused request logged at %v, sampled_1_in %v: want info, unsampled", l["level"], l["sampled_1_in"])
+		}
+	}
+}

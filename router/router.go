@@ -59,6 +59,7 @@ type Router struct {
 
 	reports sync.WaitGroup // reporter calls in flight
 	admit   admission      // generation requests in flight, against MaxInflight
+	served  atomic.Uint64  // served requests, for LogServedEvery's sampling
 }
 
 // admission counts requests against a cap without queueing: a request over

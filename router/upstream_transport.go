@@ -278,6 +278,25 @@ func (b *upBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// ready reports whether the next Read returns data without waiting on the
+// engine: bytes of the body that already arrived. A relay flushes to the
+// client only when nothing is ready, so that events that arrived together
+// leave in one write, and none is held back waiting for the next.
+func (b *upBody) ready() bool {
+	if b.done {
+		return false
+	}
+	switch rc := b.rc.(type) {
+	case *chunkedBody:
+		return rc.ready()
+	case *fixedBody:
+		return rc.n > 0 && rc.br.Buffered() > 0
+	case *bufio.Reader: // delimited by the connection's end
+		return rc.Buffered() > 0
+	}
+	return false
+}
+
 // Close ends the answer; a connection not read to the end is closed.
 func (b *upBody) Close() error {
 	if !b.done {
@@ -576,6 +595,36 @@ func (b *chunkedBody) Read(p []byte) (int, error) {
 		return n, b.fail(unexpectedEOF(err))
 	}
 	return n, nil
+}
+
+// ready reports whether Read returns data without reading the connection:
+// the current chunk has buffered bytes, or the buffer holds the end of the
+// chunk, the next chunk's size line (not the last chunk's) and some of its
+// data.
+func (b *chunkedBody) ready() bool {
+	br := b.uc.br
+	if b.err != nil {
+		return false
+	}
+	if b.n > 0 {
+		return br.Buffered() > 0
+	}
+	buf, _ := br.Peek(br.Buffered()) // never waits: only what is buffered
+	if b.afterData {
+		if len(buf) < 2 {
+			return false
+		}
+		buf = buf[2:]
+	}
+	i := bytes.IndexByte(buf, '\n')
+	if i < 0 || i+1 >= len(buf) {
+		return false
+	}
+	size := buf[:i]
+	if j := bytes.IndexByte(size, ';'); j >= 0 {
+		size = size[:j]
+	}
+	return len(bytes.Trim(size, "0\r\t ")) > 0
 }
 
 func (b *chunkedBody) fail(err error) error {

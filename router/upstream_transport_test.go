@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -229,5 +230,65 @@ func TestUpstreamTransportConnectError(t *testing.T) {
 	tr := newTestTransport()
 	if _, err := post(t, tr, context.Background(), "http://"+addr, "x"); err == nil {
 		t.Fatal("no error from a closed port")
+	}
+}
+
+// segmentReader hands out one segment per Read, as a connection delivers
+// what the engine wrote, and fails once they are spent: a Read past them is
+// a Read that would have waited on the engine.
+type segmentReader struct{ segs []string }
+
+var errWouldWait = errors.New("read past what arrived: would wait on the engine")
+
+func (s *segmentReader) Read(p []byte) (int, error) {
+	if len(s.segs) == 0 {
+		return 0, errWouldWait
+	}
+	n := copy(p, s.segs[0])
+	if s.segs[0] = s.segs[0][n:]; s.segs[0] == "" {
+		s.segs = s.segs[1:]
+	}
+	return n, nil
+}
+
+// TestStreamChunkedBodyReadyOnlyWhenDataArrived checks what the relay
+// decides its flushes on: ready is true only when the next Read returns data
+// without reading the connection again.
+func TestStreamChunkedBodyReadyOnlyWhenDataArrived(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		arrived string // what the first read of the connection brings
+		first   string // the first Read's data
+		ready   bool
+	}{
+		{"next chunk whole", "5\r\nhello\r\n6\r\nworld!\r\n", "hello", true},
+		{"next chunk's first byte", "5\r\nhello\r\n6\r\nw", "hello", true},
+		{"next chunk's size line only", "5\r\nhello\r\n6\r\n", "hello", false},
+		{"half a size line", "5\r\nhello\r\n1", "hello", false},
+		{"only the CRLF after the data", "5\r\nhello\r\n", "hello", false},
+		{"the last chunk", "5\r\nhello\r\n0\r\n\r\n", "hello", false},
+		{"the last chunk, with an extension", "5\r\nhello\r\n00;x=1\r\n\r\n", "hello", false},
+		{"rest of the current chunk", "8\r\nhello", "hel", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			uc := &upConn{}
+			uc.br = bufio.NewReaderSize(&segmentReader{segs: []string{tc.arrived}}, 64)
+			b := &chunkedBody{uc: uc, resp: &http.Response{}, maxTrailer: 1 << 10}
+			p := make([]byte, len(tc.first))
+			n, err := b.Read(p)
+			if err != nil || string(p[:n]) != tc.first {
+				t.Fatalf("first Read = %q, %v; want %q", p[:n], err, tc.first)
+			}
+			if got := b.ready(); got != tc.ready {
+				t.Fatalf("ready() = %v, want %v", got, tc.ready)
+			}
+			if tc.ready {
+				if n, err := b.Read(make([]byte, 16)); n == 0 || err != nil {
+					t.Errorf("Read after ready() = %d, %v: want data without waiting", n, err)
+				}
+			}
+		})
 	}
 }

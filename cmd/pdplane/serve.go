@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,6 +60,11 @@ type serveConfig struct {
 	// otlpEndpoint is the OTLP/HTTP collector traces go to; empty leaves
 	// it to the OTEL_EXPORTER_OTLP_* variables (tracing off without them).
 	otlpEndpoint string
+	// pprofAddr, when set, serves runtime profiles on that loopback
+	// address (see startPprof).
+	pprofAddr string
+	// logServedEvery is --access-log as router.Config.LogServedEvery.
+	logServedEvery int
 
 	heal registry.HealConfig
 }
@@ -74,6 +80,7 @@ type controlPlane struct {
 	mirror  *registry.Mirror
 	router  *router.Router
 	tracing *tracing.Provider
+	pprof   *http.Server // nil without --pprof-addr
 	errc    chan error
 	grace   time.Duration
 
@@ -126,6 +133,12 @@ func (c *serveConfig) flags(fs *flagSet) {
 			"/readyz is 503 and event streams end at once, and what is left after the grace is cut")
 	fs.str(&c.otlpEndpoint, "otlp-endpoint", "", "OpenTelemetry collector URL (OTLP/HTTP protobuf, e.g. http://otel-collector:4318) for traces of "+
 		"routed requests, registry writes and heal steps; empty uses $OTEL_EXPORTER_OTLP_ENDPOINT, and no tracing without it")
+	fs.add(&value[int]{p: &c.logServedEvery, f: fs, name: "access-log", kind: "errors|all|sample:N",
+		want: "errors, all or sample:N with N at least 1", parse: parseAccessLog, format: formatAccessLog, sample: "sample:10"},
+		"access-log", "which served generation requests get an info-level \"request\" line: errors (none: only failed and refused requests, "+
+			"the default; every request at --log-level debug), all, or sample:N (one served request in N); failures are always logged")
+	fs.str(&c.pprofAddr, "pprof-addr", "", "loopback HOST:PORT to serve Go runtime profiles on (/debug/pprof/: CPU, heap, goroutines), "+
+		"on a listener of its own; empty serves none")
 }
 
 // DefaultShutdownGrace is --shutdown-grace's default: room for a long
@@ -181,10 +194,47 @@ func (c *serveConfig) checkExposure() error {
 	if err != nil {
 		return fmt.Errorf("--addr %q: %w", c.addr, err)
 	}
-	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+	if isLoopback(host) {
 		return nil
 	}
 	return fmt.Errorf("refusing to serve on %s without tokens: set --join-token and --admin-token, or --insecure to run open", c.addr)
+}
+
+// parseAccessLog reads --access-log as router.Config.LogServedEvery:
+// errors is 0, all is 1, sample:N is N.
+func parseAccessLog(s string) (int, error) {
+	switch s {
+	case "errors":
+		return 0, nil
+	case "all":
+		return 1, nil
+	}
+	n, ok := strings.CutPrefix(s, "sample:")
+	if !ok {
+		return 0, errors.New("not errors, all or sample:N")
+	}
+	every, err := strconv.Atoi(n)
+	if err != nil || every < 1 {
+		return 0, errors.New("N must be an integer of at least 1")
+	}
+	return every, nil
+}
+
+// formatAccessLog is parseAccessLog's inverse.
+func formatAccessLog(every int) string {
+	switch every {
+	case 0:
+		return "errors"
+	case 1:
+		return "all"
+	}
+	return "sample:" + strconv.Itoa(every)
+}
+
+// isLoopback says whether host (a name or an IP) is this machine only.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
 // startControlPlane opens the store and serves until wait returns.
@@ -238,6 +288,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rcfg := router.Config{Replica: c.replica, PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy),
 		DecodeFirstByteTimeout: c.decodeFirstByteTimeout, MaxInflight: c.maxInflight, TracerProvider: tp.TracerProvider()}
+	rcfg.LogServedEvery = c.logServedEvery
 	if c.apiKeys != "" {
 		rcfg.APIKeys = strings.Split(c.apiKeys, ",")
 	}
@@ -263,6 +314,11 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	cp.srv = srv
 	if c.adminToken == "" && len(c.tokens()) == 0 {
 		log.Warn().Msg("no --admin-token or --join-token: the control-plane API accepts writes from anyone who can reach it")
+	}
+	if c.pprofAddr != "" {
+		if cp.pprof, err = startPprof(c.pprofAddr, log); err != nil {
+			return nil, err
+		}
 	}
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
@@ -391,6 +447,9 @@ func (cp *controlPlane) closeWithin(ctx context.Context) {
 			cp.bgCancel()
 		}
 		cp.bg.Wait()
+		if cp.pprof != nil {
+			_ = cp.pprof.Close()
+		}
 		if cp.router != nil {
 			cp.router.Close()
 		}

@@ -47,3 +47,25 @@ func TestJoinTokens(t *testing.T) {
 		t.Fatalf("firstToken = %q", got)
 	}
 }
+
+func TestFlagAccessLog(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in    string
+		every int
+		ok    bool
+	}{
+		{"errors", 0, true}, {"all", 1, true}, {"sample:1", 1, true}, {"sample:100", 100, true},
+		{"sample:0", 0, false}, {"sample:-3", 0, false}, {"sample:", 0, false}, {"some", 0, false}, {"", 0, false},
+	} {
+		every, err := parseAccessLog(tc.in)
+		if (err == nil) != tc.ok || every != tc.every {
+			t.Errorf("parseAccessLog(%q) = %d, %v; want %d, ok %v", tc.in, every, err, tc.every, tc.ok)
+		}
+	}
+	for _, every := range []int{0, 1, 7} {
+		if got, err := parseAccessLog(formatAccessLog(every)); err != nil || got != every {
+			t.Errorf("parseAccessLog(formatAccessLog(%d)) = %d, %v", every, got, err)
+		}
+	}
+}
