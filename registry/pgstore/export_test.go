@@ -12,3 +12,11 @@ import (
 func (s *Store) HeartbeatUnchecked(ctx context.Context, hb registry.Heartbeat) (registry.HeartbeatReply, error) {
 	return s.joinBatch(ctx, hb)
 }
+
+// WithDurableHeartbeats makes c's heartbeat batches commit with the
+// server's synchronous_commit, so a benchmark can measure what the
+// heartbeat transactions' own setting saves.
+func WithDurableHeartbeats(c Config) Config {
+	c.durableHeartbeats = true
+	return c
+}

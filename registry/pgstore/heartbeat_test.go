@@ -24,8 +24,9 @@ func TestBadRowFailsOnlyItsHeartbeat(t *testing.T) {
 	defer cancel()
 	const good = 30
 	bad := []string{"inst\x00", "\xff\xfe"}
-	// A linger far longer than the test: the batch is written when full.
-	s, _ := registrytest.NewPGStore(t, pgstore.Config{HeartbeatBatch: good + len(bad), HeartbeatLinger: time.Minute})
+	// A linger far longer than the test and one writer: the batch is
+	// written when full.
+	s, _ := registrytest.NewPGStore(t, pgstore.Config{HeartbeatBatch: good + len(bad), HeartbeatLinger: time.Minute, HeartbeatWriters: 1})
 	victim, err := s.Register(ctx, registrytest.Spec("victim", registry.RoleDecode), registry.Claim{Admin: true})
 	if err != nil {
 		t.Fatal(err)

@@ -40,6 +40,19 @@ type Config struct {
 	// HeartbeatLinger is how long the batcher waits for more heartbeats
 	// after the first one of a batch arrives.
 	HeartbeatLinger time.Duration
+	// HeartbeatWriters is how many batches may be written at once: while
+	// one batch is in the database the next one gathers and is sent, so
+	// the batcher is not idle for a round trip and a commit per batch.
+	// Default 2; the pool must have a connection for each (see MaxConns).
+	HeartbeatWriters int
+	// MaxConns sizes the connection pool; default max(4, 2 ×
+	// HeartbeatWriters), so heartbeat writers leave connections for the
+	// mirror, the API and the sweeper. The URL's pool_max_conns wins.
+	MaxConns int32
+	// durableHeartbeats makes heartbeat batches commit with the server's
+	// synchronous_commit, as every other write does; only benchmarks set it
+	// (WithDurableHeartbeats), to measure what heartbeatTx saves.
+	durableHeartbeats bool
 	// ConnectTimeout bounds each new connection when the URL sets no
 	// connect_timeout: with the database's host unreachable (packets
 	// dropped, not refused) a call then fails as ErrUnavailable, a 503,
@@ -66,6 +79,12 @@ func (c Config) WithDefaults() Config {
 	if c.HeartbeatLinger == 0 {
 		c.HeartbeatLinger = 2 * time.Millisecond
 	}
+	if c.HeartbeatWriters == 0 {
+		c.HeartbeatWriters = 2
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = int32(max(4, 2*c.HeartbeatWriters))
+	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 5 * time.Second
 	}
@@ -81,6 +100,9 @@ func (c Config) validate() error {
 	}
 	if c.HeartbeatBatch < 1 {
 		return fmt.Errorf("heartbeat batch must be at least 1, got %d", c.HeartbeatBatch)
+	}
+	if c.HeartbeatWriters < 1 {
+		return fmt.Errorf("heartbeat writers must be at least 1, got %d", c.HeartbeatWriters)
 	}
 	return nil
 }
@@ -110,6 +132,9 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
+	if !strings.Contains(cfg.URL, "pool_max_conns") {
+		pcfg.MaxConns = cfg.MaxConns
+	}
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
 	}
@@ -134,7 +159,9 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Store, error) {
 	listening := make(chan error, 1)
 	go func() {
 		defer close(s.done)
-		go s.hb.run(runCtx)
+		for range cfg.HeartbeatWriters {
+			go s.hb.run(runCtx)
+		}
 		s.listen(runCtx, pcfg.ConnConfig, listening)
 	}()
 	select {

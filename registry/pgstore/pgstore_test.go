@@ -168,6 +168,13 @@ func BenchmarkHeartbeatThroughput(b *testing.B) {
 	s, _ := registrytest.NewPGStore(b, pgstore.Config{})
 	peers := registerFleet(b, ctx, s, 10_000)
 	b.ResetTimer()
+	driveHeartbeats(b, s, peers)
+}
+
+// driveHeartbeats sends b.N heartbeats from 1,024 × GOMAXPROCS callers,
+// round robin over peers, and reports rows/s.
+func driveHeartbeats(b *testing.B, s registry.Store, peers []registry.Peer) {
+	ctx := context.Background()
 	var next atomic.Int64
 	b.SetParallelism(1024) // 1024 × GOMAXPROCS callers, like a large fleet
 	b.RunParallel(func(pb *testing.PB) {

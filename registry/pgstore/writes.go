@@ -382,8 +382,9 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
 		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.lockKey).Scan(&got); err != nil || !got {
 			return err
 		}
-		// The states are registry.HoldsLease, spelled out so that the
-		// partial index peers_lease_idx serves the query.
+		// The states are registry.HoldsLease. No index serves the query
+		// (migration heartbeat_hot_updates: heartbeats stay heap-only updates); it reads the
+		// table once a sweep.
 		rows, err := tx.Query(ctx, `UPDATE peers SET state = 'failed', state_reason = $2, updated_at = $1
 			WHERE lease_expiry < $1 AND state IN ('pending', 'ready', 'stale', 'unhealthy')
 			RETURNING id::text, name, generation`, now.UTC(), registry.ReasonLeaseExpired)
