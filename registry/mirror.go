@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,9 +14,11 @@ import (
 
 // MirrorConfig configures a Mirror.
 type MirrorConfig struct {
-	// Debounce is how long to gather further changes before rebuilding the
-	// snapshot. It bounds how often snapshots are rebuilt under a storm of
-	// changes, and adds to the time a stale mark takes to reach the router.
+	// Debounce is the least time between two snapshot rebuilds: a change
+	// that arrives sooner after the last rebuild waits out the rest, with
+	// every other change that arrives meanwhile. It bounds how often
+	// snapshots are rebuilt under a storm of changes; a change after a
+	// quiet spell is applied at once.
 	Debounce time.Duration
 	// MinRetry and MaxRetry bound the backoff between attempts to refresh
 	// the snapshot after a refresh failed.
@@ -59,6 +62,10 @@ type Mirror struct {
 
 	cur     atomic.Pointer[Snapshot]
 	peers   map[string]Peer // owned by the run loop after Start
+	// order is the IDs of peers sorted by name, the order snapshots keep
+	// them in: handed over sorted, NewSnapshot's sort is one pass. It is
+	// sorted again only when a peer comes, goes or is renamed.
+	order []string
 	version uint64
 	loads   LoadTable // shared by every snapshot
 
@@ -84,6 +91,7 @@ func (m *Mirror) Start(ctx context.Context) error {
 	for _, p := range peers {
 		m.peers[p.ID] = p
 	}
+	m.reorder()
 	if err := m.rebuild(ctx); err != nil {
 		return err
 	}
@@ -153,6 +161,7 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 		}
 	}
 	retrying, backoff := false, m.cfg.MinRetry
+	var lastRebuild time.Time
 	for {
 		if retrying {
 			timer := time.NewTimer(backoff)
@@ -180,23 +189,14 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 				merge(c)
 			}
 		}
-		// Gather what else arrives within the debounce window.
-		timer := time.NewTimer(m.cfg.Debounce)
-	gather:
-		for {
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return
-			case more, ok := <-changes:
-				if !ok {
-					break gather
-				}
-				merge(more)
-			case <-timer.C:
-				break gather
-			}
+		// Gather what else arrives until Debounce after the last rebuild:
+		// a change after a quiet spell is applied at once (a stale mark
+		// reaches the router without waiting out a window), while a storm
+		// of changes still rebuilds at most once per Debounce.
+		if !m.gather(ctx, changes, merge, m.cfg.Debounce-time.Since(lastRebuild)) {
+			return
 		}
+		lastRebuild = time.Now()
 		if err := m.apply(ctx, ids, all); err != nil {
 			if ctx.Err() != nil {
 				return
@@ -210,8 +210,50 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 	}
 }
 
+// gather merges the changes that arrive within wait, or only those
+// already queued when wait is not positive. It reports false when ctx
+// ended.
+func (m *Mirror) gather(ctx context.Context, changes <-chan Change, merge func(Change), wait time.Duration) bool {
+	if wait <= 0 {
+		for {
+			select {
+			case <-ctx.Done():
+				return false
+			case more, ok := <-changes:
+				if !ok {
+					return true
+				}
+				merge(more)
+			default:
+				return true
+			}
+		}
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case more, ok := <-changes:
+			if !ok {
+				return true
+			}
+			merge(more)
+		case <-timer.C:
+			return true
+		}
+	}
+}
+
+// reloadAbove is how many changed peers make a refresh read every peer in
+// one query instead of each changed one in its own: a mirror that fell
+// behind (a burst of registrations, a fleet's first heartbeats) catches up
+// in one round trip instead of thousands, each waiting for a connection.
+const reloadAbove = 64
+
 func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) error {
-	if all {
+	if all || len(ids) > reloadAbove {
 		peers, err := m.store.List(ctx, Filter{})
 		if err != nil {
 			return fmt.Errorf("reload peers: %w", err)
@@ -220,20 +262,37 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 		for _, p := range peers {
 			m.peers[p.ID] = p
 		}
+		m.reorder()
 	} else {
+		moved := false
 		for id := range ids {
 			p, err := m.store.Get(ctx, id)
+			prev, had := m.peers[id]
 			switch {
 			case errors.Is(err, ErrNotFound):
 				delete(m.peers, id)
+				moved = moved || had
 			case err != nil:
 				return fmt.Errorf("reload peer %s: %w", id, err)
 			default:
 				m.peers[id] = p
+				moved = moved || !had || prev.Name != p.Name
 			}
+		}
+		if moved {
+			m.reorder()
 		}
 	}
 	return m.rebuild(ctx)
+}
+
+// reorder sorts order again from peers.
+func (m *Mirror) reorder() {
+	m.order = m.order[:0]
+	for id := range m.peers {
+		m.order = append(m.order, id)
+	}
+	sort.Slice(m.order, func(a, b int) bool { return m.peers[m.order[a]].Name < m.peers[m.order[b]].Name })
 }
 
 func (m *Mirror) rebuild(ctx context.Context) error {
@@ -246,8 +305,8 @@ func (m *Mirror) rebuild(ctx context.Context) error {
 		return fmt.Errorf("load preflights: %w", err)
 	}
 	peers := make([]Peer, 0, len(m.peers))
-	for _, p := range m.peers {
-		peers = append(peers, p)
+	for _, id := range m.order {
+		peers = append(peers, m.peers[id])
 	}
 	m.version++
 	s := NewSnapshotWithPreflights(m.version, peers, qs, pfs, m.cfg.Now())

@@ -45,9 +45,10 @@ type Config struct {
 	// the batcher is not idle for a round trip and a commit per batch.
 	// Default 2; the pool must have a connection for each (see MaxConns).
 	HeartbeatWriters int
-	// MaxConns sizes the connection pool; default max(4, 2 ×
+	// MaxConns sizes the connection pool; default max(8, 4 ×
 	// HeartbeatWriters), so heartbeat writers leave connections for the
-	// mirror, the API and the sweeper. The URL's pool_max_conns wins.
+	// mirror, the API (which reads a peer the snapshot does not hold yet)
+	// and the sweeper. The URL's pool_max_conns wins.
 	MaxConns int32
 	// durableHeartbeats makes heartbeat batches commit with the server's
 	// synchronous_commit, as every other write does; only benchmarks set it
@@ -83,7 +84,7 @@ func (c Config) WithDefaults() Config {
 		c.HeartbeatWriters = 2
 	}
 	if c.MaxConns == 0 {
-		c.MaxConns = int32(max(4, 2*c.HeartbeatWriters))
+		c.MaxConns = int32(max(8, 4*c.HeartbeatWriters))
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 5 * time.Second
