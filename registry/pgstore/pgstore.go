@@ -43,10 +43,12 @@ type Config struct {
 	// HeartbeatWriters is how many batches may be written at once: while
 	// one batch is in the database the next one gathers and is sent, so
 	// the batcher is not idle for a round trip and a commit per batch.
-	// Default 2; the pool must have a connection for each (see MaxConns).
+	// Default 4, the fastest of 1, 2 and 4 in BenchmarkHeartbeatLevers
+	// (registry/BENCHMARKS.md); each holds a pool connection while it
+	// writes (see MaxConns).
 	HeartbeatWriters int
-	// MaxConns sizes the connection pool; default max(8, 4 ×
-	// HeartbeatWriters), so heartbeat writers leave connections for the
+	// MaxConns sizes the connection pool; default HeartbeatWriters + 4
+	// (at least 8), so heartbeat writers leave connections for the
 	// mirror, the API (which reads a peer the snapshot does not hold yet)
 	// and the sweeper. The URL's pool_max_conns wins.
 	MaxConns int32
@@ -81,10 +83,10 @@ func (c Config) WithDefaults() Config {
 		c.HeartbeatLinger = 2 * time.Millisecond
 	}
 	if c.HeartbeatWriters == 0 {
-		c.HeartbeatWriters = 2
+		c.HeartbeatWriters = 4
 	}
 	if c.MaxConns == 0 {
-		c.MaxConns = int32(max(8, 4*c.HeartbeatWriters))
+		c.MaxConns = int32(max(8, c.HeartbeatWriters+4))
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 5 * time.Second
