@@ -36,7 +36,7 @@ func BenchmarkHeartbeatLevers(b *testing.B) {
 	durable := func(c *pgstore.Config) { *c = pgstore.WithDurableHeartbeats(*c) }
 	levers := []struct {
 		name  string
-		index bool // the lease index dropped by migration 008_heartbeat_hot_updates
+		index bool // the lease index dropped by migration 009_heartbeat_hot_updates
 		set   func(c *pgstore.Config)
 	}{
 		{"before:writers=1,durable,lease-index", true, func(c *pgstore.Config) { c.HeartbeatWriters = 1; durable(c) }},
