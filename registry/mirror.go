@@ -210,27 +210,18 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 	}
 }
 
-// gather merges the changes that arrive within wait, or only those
-// already queued when wait is not positive. It reports false when ctx
-// ended.
+// gather merges the changes that arrive within wait; when wait is not
+// positive it returns at once, having merged at most what was already
+// queued. It reports false when ctx ended.
 func (m *Mirror) gather(ctx context.Context, changes <-chan Change, merge func(Change), wait time.Duration) bool {
-	if wait <= 0 {
-		for {
-			select {
-			case <-ctx.Done():
-				return false
-			case more, ok := <-changes:
-				if !ok {
-					return true
-				}
-				merge(more)
-			default:
-				return true
-			}
-		}
+	done := make(chan time.Time)
+	close(done)
+	fire := (<-chan time.Time)(done)
+	if wait > 0 {
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		fire = timer.C
 	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -240,7 +231,7 @@ func (m *Mirror) gather(ctx context.Context, changes <-chan Change, merge func(C
 				return true
 			}
 			merge(more)
-		case <-timer.C:
+		case <-fire:
 			return true
 		}
 	}
