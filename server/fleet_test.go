@@ -119,7 +119,22 @@ func TestFleetSummaryGroupsAndBreakers(t *testing.T) {
 	if len(ps) != 1 || ps[0].(map[string]any)["breaker"].(map[string]any)["state"] != "half_open" {
 		t.Errorf("the group's pairs = %v, want the one pair with its half-open breaker", between)
 	}
-	if code, out, _ := b.do(t, http.MethodGet, "/api/v1/pairs?prefill_class="+pc, "", nil); code != http.StatusBadRequest || out["field"] != "decode_class" {
-		t.Errorf("prefill_class alone = %d %v, want 400 naming decode_class", code, out)
+	if code, out, _ := b.do(t, http.MethodGet, "/api/v1/pairs?prefill_class="+pc, "", nil); code != http.StatusUnprocessableEntity || out["field"] != "decode_class" {
+		t.Errorf("prefill_class alone = %d %v, want 422 naming decode_class", code, out)
+	}
+	for _, q := range []string{"prefill=", "prefill=D0D0D0D0-0000-0000-0000-000000000000"} {
+		if code, out, _ := b.do(t, http.MethodGet, "/api/v1/pairs?"+q, "", nil); code != http.StatusBadRequest || out["field"] != "prefill" {
+			t.Errorf("%s = %d %v, want 400 naming prefill", q, code, out)
+		}
+	}
+	for _, q := range []string{"prefill_class=&decode_class=" + dc, "prefill_class=XYZ&decode_class=" + dc} {
+		if code, out, _ := b.do(t, http.MethodGet, "/api/v1/pairs?"+q, "", nil); code != http.StatusBadRequest || out["field"] != "prefill_class" {
+			t.Errorf("%s = %d %v, want 400 naming prefill_class", q, code, out)
+		}
+	}
+	// Each parameter is valid alone by the schema; a combination the
+	// handler cannot serve is 422 naming the field, not 400.
+	if code, out, _ := b.do(t, http.MethodGet, "/api/v1/pairs?decode_class="+dc+"&prefill=00000000-0000-0000-0000-000000000000", "", nil); code != http.StatusUnprocessableEntity || out["field"] != "prefill" {
+		t.Errorf("prefill with decode_class = %d %v, want 422 naming prefill", code, out)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
@@ -189,20 +190,28 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		}
 		limit = *l
 	}
+	for field, v := range map[string]*string{"prefill_class": req.Params.PrefillClass, "decode_class": req.Params.DecodeClass} {
+		if v != nil && !isClassID(*v) {
+			return nil, malformed(field, field+" must be a geometry class id: hexadecimal digits")
+		}
+	}
+	if pf := req.Params.Prefill; pf != nil && !peerIDForm.MatchString(*pf) {
+		return nil, malformed("prefill", "prefill must be a peer id: a UUID in lowercase canonical form")
+	}
 	pc, dc := apiconv.Deref(req.Params.PrefillClass), apiconv.Deref(req.Params.DecodeClass)
 	var pairs []registry.PairView
 	var total int
 	switch {
 	case req.Params.Prefill != nil && (pc != "" || dc != ""):
-		return nil, malformed("prefill", "prefill cannot be combined with prefill_class and decode_class")
+		return nil, invalidField("prefill", "prefill cannot be combined with prefill_class and decode_class")
 	case req.Params.Prefill != nil:
 		pairs, total = h.snaps.Snapshot().PairsOf(*req.Params.Prefill, limit)
 	case pc == "" && dc == "":
 		pairs, total = h.snaps.Snapshot().Pairs(limit)
 	case pc == "":
-		return nil, malformed("prefill_class", "prefill_class is required with decode_class")
+		return nil, invalidField("prefill_class", "prefill_class is required with decode_class")
 	case dc == "":
-		return nil, malformed("decode_class", "decode_class is required with prefill_class")
+		return nil, invalidField("decode_class", "decode_class is required with prefill_class")
 	default:
 		pairs, total = h.snaps.Snapshot().PairsBetween(pc, dc, limit)
 	}
@@ -358,4 +367,21 @@ func (h handlers) ReportPreflight(ctx context.Context, req api.ReportPreflightRe
 	}
 	h.metrics.preflights.WithLabelValues(out.Backend, string(out.State)).Inc()
 	return api.ReportPreflight200JSONResponse(apiconv.PairPreflight(&out, true)), nil
+}
+
+// peerIDForm is PeerIDString's pattern in openapi.yaml.
+var peerIDForm = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// isClassID reports whether s has the form of a GeometryClass id, as
+// openapi.yaml states it: one or more lowercase hexadecimal digits.
+func isClassID(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -1177,13 +1177,13 @@ type StreamEventsParams struct {
 type ListPairsParams struct {
 	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// PrefillClass only pairs whose prefill is of this class (a GeometryClass id), with decode_class: then the pairs of the first ⌊√limit⌋ prefills and decodes of the two classes by name, a square block for a matrix; total counts the whole group
+	// PrefillClass only pairs whose prefill is of this class (a GeometryClass id), with decode_class (either alone: 422): then the pairs of the first ⌊√limit⌋ prefills and decodes of the two classes by name, a square block for a matrix; total counts the whole group
 	PrefillClass *string `form:"prefill_class,omitempty" json:"prefill_class,omitempty"`
 
 	// DecodeClass only pairs whose decode is of this class; with prefill_class
 	DecodeClass *string `form:"decode_class,omitempty" json:"decode_class,omitempty"`
 
-	// Prefill only the pairs of this prefill (an agent listing the decodes it preflights)
+	// Prefill only the pairs of this prefill (an agent listing the decodes it preflights); not with prefill_class or decode_class (422)
 	Prefill *PeerIDString `form:"prefill,omitempty" json:"prefill,omitempty"`
 }
 
@@ -3063,6 +3063,8 @@ type ListPairsResponse struct {
 	JSON200 *PairList
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *Problem
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -3073,6 +3075,11 @@ func (r ListPairsResponse) GetJSON200() *PairList {
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
 func (r ListPairsResponse) GetApplicationproblemJSON400() *Problem {
 	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ListPairsResponse) GetApplicationproblemJSON422() *Problem {
+	return r.ApplicationproblemJSON422
 }
 
 // GetBody returns the raw response body bytes
@@ -4508,6 +4515,13 @@ func ParseListPairsResponse(rsp *http.Response) (*ListPairsResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
 
 	}
 
@@ -6372,6 +6386,20 @@ func (response ListPairs400ApplicationProblemPlusJSONResponse) VisitListPairsRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPairs422ApplicationProblemPlusJSONResponse Problem
+
+func (response ListPairs422ApplicationProblemPlusJSONResponse) VisitListPairsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -8251,38 +8279,39 @@ var swaggerSpec = []string{
 	"83fvXjB695SR5wtpCXs0oRJ19IgZF2aTdME0WvCunXa+rYParkGAWZbW4O3iSRCR8iNPPBPt3EU+6X3C",
 	"WUh6jw4f3vx8eFd78/x8LzYVVXozaYj6vPu2T4QC/IYuV0+Yq6JguMeDTz9meMnlzuP1rbB4J2LvHllV",
 	"46LPCIEEHt5RC3H4qruzjjQWcmpV1yx6tSLzFwk6FePT8VV1/twpPd+65pstXnR7GdWRUvvIqXaiW771",
-	"nYpddjRZYdJUcVB3XR5njW7BTGaDhJS9sIftuL5bzbXUnrvm34Wx7G//8b/+9j//D67qb//xv5s9qVtt",
-	"qMPrAmdblyTFmfmlBHNvluv0wl2ytuK2kB9OGTYz9RcUwhCbpc5do+YdnLvdjbfGc+uCkkgQ85+j0cMb",
-	"Eez8l238nhIq2wDFgG61DL4nmFs7KE1FGvWlUmCHNGPxyH+rYiwzuB7vv0XFqOrpu4PTIE4+VyF6cU1D",
-	"46pluL8n7DN50UHd33kRy298o3wz87UoajcMklfSaPE86LaId148dxmZxSAQeZlg7lOWamNh9E1w4V2d",
-	"CeXON7bRJn9TzRL+6z89SY3Y8wJZksLOYwSrs/0akTxY7b80TtDvJ+Xh4fHj8MT83uUuxvnyt77p873S",
-	"V92MeweR0ZaNImo0HUn8nfwVrhfn1rFp4KSuXTfik9jh55LQR4fVq4OPhMurg8atINeq1WHGiGtddhqE",
-	"uokPURcpvN0SHumfHJ5UzANb5Ed4R52oQUVjn8RLosq3o/o7gLZKlLsTYH9OeutyVzvuqud20xXmvH0y",
-	"cz2IC65YoyP0IOKUG7Gn3YtCrm36XGXU1cpVxcjcXX2m2285cde+ct8aGRP0wA5LSZboqpeqi9fVodZR",
-	"5xRTumHdtpywLoz9g6Zb+u/sBAfX3DRThlxrmHtlH63J46RAW8bDCrdPMFxODo9u+fzDWz5/crvnj245",
-	"/tGj2z1/fHxLme6cssj32okIP/0M7CVMIsJv4BjXXP0M9yc8GuuAgPdj2zDxfmz7l1bv6lzEkthe+L7F",
-	"nVbWrN9tZT1gLjV13OQAPkJbp8zWLZNrLvvA1L4huhicB/Od53JuReYecfHjzVIz9720I3ZyeEIGfsgp",
-	"6hvJPXvzHZxbd3aMIsrA3P4pvISkdZpP4gw4QJI0Dr7Rb/MQPfoMIr+BnAF5Lm+6QTh70zKO7zuk/EOp",
-	"+AJKRcg3fNfW3d4L1xNgD++Fq6PeDyjqBbPLk+7bP+03VnX3anyw6or8mOWMXRI/vwlb5zIdl4KYC35Z",
-	"JaW40CV16sGMOdz8YuhrDKWxZjBmmB7LGbrihhvQ5C6l2LC1ppuCYmuEB+KOo968REL32bTuoz/BkdTY",
-	"ezW3fQPhXaoMpiN+prkNE9BICatvNXLlNLcxjJLeOtqs9immRmAyJMUuKQ7uIsL9rn7t48aNhA668NgR",
-	"RZiwSCkmVY1EME8rk9LN1IhTY4JOAA3Gp3MuVxQ8wICjuxaxkcI5Ubq0I/ZU1TmJD0wzH7kZ3gUoGxHj",
-	"iWplUfiEjX6u9XrG0wvM9KkTdgdBUkbMSj9zOMBm6fek3Hc6q39h/Z40uVgURHxw7jYUDxtumGuswvro",
-	"kAGZEiTUzMrVGlDv3bHV5du6qJNykZRcpHmAx+yYlJX7XUyVafwbNUqe3PL5r/+OjJggC53sl0+0atzF",
-	"7rphtPuMoH65NqKwng3vH5+qrm6/amstWKXcNGqa3OM5fl/xjptU+jOx0pf/fTT4Wyrnu6KBcfTeLX+8",
-	"IRboJFUdErwtfq9urRQ0deHYNPUjTv3udfVuqrPHYqGIU3XfUWsdpUX+MO5vZHsSpvSG+RqzfxyxyBGL",
-	"E0ej0fBnE0irDVKVdRdNqYyqsV3nyR89hPeopFVzfGntrJr4TKzzKIX/2dcLk35lltgyJdOYAff34YK9",
-	"rXb09+Ky3e/4YpvgHad37ZuqRgOxTzvJ0lTb5S8TopJecp5qU1XYk3m25PkcvoGH3z5nZp1LW3UYCOK1",
-	"fe4isY1CsUESjQFVjtWqXqrq4lldVNjVAHCR9yljcIKdoQ89E79BgXJHoQKeOQ2604I3bILrbha8Regg",
-	"+QxhUt6VLGFnPvDnvLuXUpfGb2mb1N4SKdbkdg/OgJrSvqAH4Eby/kdU77cf1XPUGR6BxuXWvqSV8qR6",
-	"dyFditYtZFEh840PhtXHsn1JXR2g83XD7QrgiUInoiv+pTLirijilSBKfHFuJY0miqqMx4zHq4s5K8RK",
-	"W9HpCe4expquQmDpcVCFLNFj6eMqAcPBwOLJ4cOYW9GZrWfNK2S+uIvPG0d/h+bQJx2hwJbvlLaz/jUt",
-	"GJJOA4bBlxKH8ZNJTVXu3mJ7Hyk9W/HiglVVbjjziHVVS7otYK0LO1F0t0VCrjrqBNVtd6SrqiNy4LkE",
-	"vLq5ki/1rpsHTYPce+rRRSVd1L+AuM9EvXw+OGW+L0K3CwIvRKcJQjUG658cf+0yB4NyrkHNwqjnSpU9",
-	"IJowxLjBa15cuAtb8vtSLMLmaL9CgGEPD01QFeFooo+oTKi8zYUMgmaB9NCGm7C9WMJ0aTFGge8FWRdV",
-	"RsbgH0bxr67xwPNff2n2/hoZVcCmTut71Cs3l4+QYqyx8v3vHyxwJyzpVS03euOP9NGeowpy7nqR+C+p",
-	"uib8lppjNT78u/uEt+Cnxn9qj4cNtvyz3YEvjw7SJbeI7FxY1zfS/xL7EmfAz60tQNTiBCRZ8JIabLgy",
-	"Pjg4Ov5qdDg6HB2Nnxw+OewFvoyPPl3A4xH2zX1FPUma3xgQcf8/AAD//w==",
+	"nYpddjRZYdJUcVB3XR5njW7BTGaDhJS9sIct6zuvP8+1EmN2cnxMfX3qfm+VW5LC7X/7j//1t//5f3Cl",
+	"f/uP/93sU91qTR1eITjbusQpzswvJZiAs1ynF+7itRW3hfxwyrDBqb+0EIbYLHXumjfv4ObtDr017luX",
+	"lkQCm/8cjSjeiHTn02zj/JTQ2wYoBnSrjfA9wdzaQWkqcqkvmgLbpBmfR55cFWiZwSm6RbpLA62wSUpA",
+	"PNfv0m9Rtaq6Au/gVYjBTxIjJ8fHn6qCvbimhXLVpNzfTPaZ3O+g7ii9iGVUvlG+ffpaFLXjBzc9aTSV",
+	"HnSb0ju/obv+zGLYifxaMPcpS7WxMPomuGKvzr1y3AMbd5OHq2Y4//WfnmBH7HmBTFBhrzOC1Vmbjdgh",
+	"rPZfGkT8+0l5eHj8OKTj37tsybgk+Na3mb5Xeqzbf+8gStqyUURxpwOPv5OHxHX/3DrBAHzaNQhHfBKz",
+	"/VwS+uiwenXwkXB5ddC4h+RaRT7MUXHN0k6D4DpxOepbhfdpwiP9k8OTitlgU/4Ir6lTQ6hM7ZN4T1Td",
+	"d1R/B9BWqXl3AuzPSW9d7moAXnX5bjrfnH9RZq7rccEVa/SgHkTcgCP2tHs1ybVtpqscvlqdqxiZux3Q",
+	"dDs8J+6iWe6bMWNKIFh+KUkqXXVvdRHCOrg76pxiSnCsG6UT1oWxf9DZ9k5PcHCxTjNJyTWjuVf20Zo8",
+	"Tgq0ZTysqfsUGXd4dMvnH97y+ZPbPX90y/GPHt2zTHduYOR77dSHn34G9hKmLeE3cIxrrn6G+xMejXVA",
+	"wPuxbZh4P7b9S6tbdi5iaXMvfKfkTvNs1u82zx4wlww7bnIAHxOuk3TrJs01l31gam8UXUXOg/nOczm3",
+	"InOPuIj1ZqmZ+17aETs5PCGXQsgp6jvQPXvzPaNbt4SMIsrA3P4pvPakdZpP4gw4QJI0Dr7Rb/MQPfoM",
+	"Ir+BnAF5LlO7QTh70zKO73uy/EOp+AJKRcg3fJ/Y3f4S14VgD3+Jq9zeDyjqPrPLd+8bTu03VnXba3yw",
+	"6lL+mF2OfRk/v+1b5/oel/SYC35ZpcG4YCn1BsIcPdz8YuirGqWxZjBmmJDLGTr/hhvQ5C6l2LC1pruJ",
+	"YmuEB+Kuqt68REL3+bvuoz/BkWTcezXPfcviXaoMJkB+ZsQDJqCRElbfo+QKeG5jGCW9dbQ97lNMxsD0",
+	"S4qWUuTdxaD7Xf3aR6obKSR0xbIjijBFkpJaqqqMYJ5W7qabqREZx5SgABqMiOdcrihcgSFOdxFjI2l0",
+	"onRpR+ypqrMgH5hmBnQzoAxQNmLUE9XK2/ApIv1c6/WMpxeYW1SnCA+CNJCYlX7mcIDt2e9Jue/0cv/C",
+	"+j1pcrG4i/jgnHkoHjbcMNfKhfXRIQMyJUjhmZWrNaDeO3ur6751UacBIym52PYAj9kxKSv3u5gqt/k3",
+	"apQ8ueXzX/8dGTFB3jvZL59o1bir5HXDaPc5SP1ybURhPRvePyJWXRZ/1dZasC66adQ0ucdz/L7iHTep",
+	"9GdipS//+2jwt1TOd8Uf4+i9W/54Q/TRSao6CHlb/F7dWilo6sKxaepHnPrd6+rdVNmP5UkRp+q+o9Y6",
+	"Sov8YdzfyPYkTOkN81Vt/zhikSMWJ45Ga+PPJpBW46Uqzy+axBlVY7vOkz96CO9RSavm+NLaWTXxmVjn",
+	"UQr/s69QJv3KLLFJS6Yx5+7vwwV7W+3o78Vlu9/xxcbEO07v2rdxjQZin3bSs6mazF9fREXE5DzVpqrp",
+	"J/NsyfM5fAMPv33OzDqXtuppEMRr+9xFYhulaYMkGgOqHKtVhVbVN7S6GrGrAeAi71PG4AQ7Qx96Jn6D",
+	"AuWOQgU8cxp0p+lv2HbX3WV4i9BB8hnCpLwrWcLOfODPeXcvpS6N39I2qb0lUqzJ7R6cATWlfUEPwI3k",
+	"/Y+o3m8/queoMzwCjeu0fREtZWH17kK6FK17z6JC5hsfDKuPZftavDpA5yuV2zXHE4VORFduTIXLXVHE",
+	"K0GU+HLgShpNFNU1jxmP1zNzVoiVtqLThdw9jFVkhcBi56DuWaLH0sdVAoaDgcWTw4cxt6IzW8+al9Z8",
+	"cRefN47+Ds2hTzpCgS3fKaZn/WuaPiSdlg+DLyUO4yeT2rjcvcX2PlLstuLFBavq6nDmEeuqlnQ/wVoX",
+	"dqLoNo2EXHXUe6rbYElXdU7kwHMJeHU7J19cXrcrmgbZ/tQVjIrIqGMCcZ+Jevl8cMp8J4Zu3wVeiE7b",
+	"hWoM1j85/tplDgYFZIOahVGXlyp7QDRhiHGD17y4cFfE5PelWITt2H6FAMMeHpqgDsPRRB9RmVBBnQsZ",
+	"BO0J6aENN2FDs4Tp0mKMAt8Lsi6qjIzBP4ziX13jgee//tLs/TUyqoBNndY3t1duLh8hxVhj5fvfP1jg",
+	"TljSq5p89MYf6aM9RxXk3HU/8V9SPU/4LbXjanz4d/cJ791Pjf/UHg9bevlnuwNfHh2kS24R2bmwrlOl",
+	"/yX2Jc6An1tbgKjFCUiy4LU42OJlfHBwdPzV6HB0ODoaPzl8ctgLfBkffbqAxyPsm/uKuqA0vzEg4v5/",
+	"AAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
