@@ -7,8 +7,11 @@ set -euo pipefail
 dir=${1:?usage: pg-start.sh DIR}
 mkdir -p "$dir" && dir=$(cd "$dir" && pwd)
 cd / # the server's user may not be allowed into the caller's folder
-port=${PDPLANE_TEST_PG_PORT:-55432}
-[ -f "$dir/port" ] && port=$(cat "$dir/port")
+# The default lies below Linux's ephemeral range (32768-60999), where no
+# outgoing connection or listener on port 0 can hold it.
+port=${PDPLANE_TEST_PG_PORT:-25432}
+fixed= # a restart keeps the port its clients know
+[ -f "$dir/port" ] && port=$(cat "$dir/port") && fixed=1
 
 bindir=${PG_BINDIR:-}
 if [ -z "$bindir" ]; then
@@ -37,11 +40,22 @@ if [ ! -f "$dir/data/PG_VERSION" ]; then
 fi
 if ! as_pg "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
   # Another server (a developer's own, a parallel run) may hold the port.
-  while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
-  echo "$port" >"$dir/port"
-  as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" >/dev/null ||
-    { cat "$dir/server.log" >&2; exit 1; }
+  # A port may also be held by a socket that is not listening (an outgoing
+  # connection's), which only a failed bind shows: then the next port.
+  for try in $(seq 1 20); do
+    while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+    echo "$port" >"$dir/port"
+    [ -f "$dir/server.log" ] && : >"$dir/server.log"
+    if as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
+      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" >/dev/null 2>&1; then
+      break
+    fi
+    if [ -n "$fixed" ] || [ "$try" = 20 ] || ! grep -q 'Address already in use' "$dir/server.log"; then
+      cat "$dir/server.log" >&2
+      exit 1
+    fi
+    port=$((port + 1))
+  done
 fi
 as_pg "$bindir/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -Atqc \
   "SELECT 1 FROM pg_database WHERE datname = 'pdplane_test'" | grep -q 1 ||
