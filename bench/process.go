@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -100,14 +102,30 @@ func (b *tailBuffer) String() string {
 	return string(b.buf)
 }
 
-// FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
+// Ports FreePort hands out: below Linux's default ephemeral range
+// (32768-60999), so that the kernel never gives one to a listener on port 0
+// or to an outgoing connection between FreePort's check and the child's
+// bind. With many tests running at once on a small machine, a port taken
+// from the ephemeral range was lost that way.
+const (
+	lowPortFirst = 20000
+	lowPortCount = 12000
+)
+
+// FreePort returns a TCP port free on 127.0.0.1 at the time of the call,
+// for a child process to listen on. It picks at random below the
+// ephemeral range, so that parallel tests rarely try the same one.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
+	for range 200 {
+		p := lowPortFirst + rand.IntN(lowPortCount)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue // taken
+		}
+		l.Close()
+		return p, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("find a free port: none of 200 tried in %d-%d was free", lowPortFirst, lowPortFirst+lowPortCount-1)
 }
 
 // WaitHTTP polls GET url until it answers 200, ctx ends, or p (when not

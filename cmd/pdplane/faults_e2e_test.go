@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -206,14 +207,16 @@ func (p *process) kill9() {
 	<-p.done
 }
 
+// freeAddr is an address on 127.0.0.1 free for a child process to listen
+// on (bench.FreePort: below the ephemeral range, so no parallel test's
+// socket takes it first).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := bench.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
 // waitHTTP waits until GET url answers 200.
