@@ -79,7 +79,7 @@ func Pair(t testing.TB, engine registry.Engine, adjust func(*sim.Config)) (prefi
 
 // BusyPair starts a Pair of engine whose decode generates slowly (20 ms a
 // token) and keeps one streamed chat completion of 4,000 tokens running on
-// it until the test ends; it returns once the decode runs that request.
+// it until the test ends; it returns once the decode generates that request.
 func BusyPair(t testing.TB, engine registry.Engine) (prefill, decode *sim.Sim) {
 	t.Helper()
 	p, d := Pair(t, engine, func(c *sim.Config) {
@@ -101,7 +101,13 @@ func BusyPair(t testing.TB, engine registry.Engine) (prefill, decode *sim.Sim) {
 			c.SGLang(ctx, p, d, "/v1/chat/completions", body, Room())
 		}
 	}()
-	WaitFor(t, "the decode running the request", func() bool { return d.Load().Running == 1 })
+	// Running alone is not enough: a request counts as running from its
+	// arrival until it starts to wait for its KV. Generating means its KV
+	// has arrived and nothing waits.
+	WaitFor(t, "the decode generating the request", func() bool {
+		l := d.Load()
+		return l.Running == 1 && l.Queued == 0 && d.Stats().Transfers >= 1
+	})
 	return p, d
 }
 
