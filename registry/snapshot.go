@@ -111,6 +111,15 @@ func NewSnapshotWithPreflights(version uint64, peers []Peer, quarantines []Quara
 	return buildSnapshot(nil, snapshotInput{version: version, peers: ps, quarantines: quarantines, preflights: preflights, now: now})
 }
 
+// Next builds the snapshot that follows s once the peers in changed have
+// changed (the new record; nil for a peer that is gone), as a Mirror does:
+// what the change does not touch is shared with s. peers is every peer,
+// sorted by name; s is not modified.
+func (s *Snapshot) Next(version uint64, peers []*Peer, changed map[string]*Peer, quarantines []Quarantine, preflights []Preflight, now time.Time) *Snapshot {
+	return buildSnapshot(s, snapshotInput{version: version, peers: peers, changed: changed,
+		quarantines: quarantines, preflights: preflights, now: now})
+}
+
 // Peers returns every peer, sorted by name; shared, do not modify.
 func (s *Snapshot) Peers() []*Peer { return s.peers }
 
