@@ -683,13 +683,21 @@ func testConcurrentHeartbeats(t *testing.T, s registry.Store) {
 		}
 	}
 	wg.Wait()
+	wantReadyAfter(t, s, errs, n)
+}
+
+// wantReadyAfter reports every error the test's goroutines sent on errs
+// (all of them have returned), then checks that exactly want peers are
+// ready.
+func wantReadyAfter(t *testing.T, s registry.Store, errs chan error, want int) {
+	t.Helper()
 	close(errs)
 	for err := range errs {
 		t.Error(err)
 	}
 	ready, err := s.List(ctx(t), registry.Filter{State: registry.StateReady})
-	if err != nil || len(ready) != n {
-		t.Fatalf("ready peers: %d, %v; want %d", len(ready), err, n)
+	if err != nil || len(ready) != want {
+		t.Fatalf("ready peers: %d, %v; want %d", len(ready), err, want)
 	}
 }
 
@@ -869,14 +877,7 @@ func testMalformedHeartbeatFlood(t *testing.T, s registry.Store) {
 	}
 	close(start)
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	ready, err := s.List(ctx(t), registry.Filter{State: registry.StateReady})
-	if err != nil || len(ready) != good {
-		t.Fatalf("ready peers: %d, %v; want the %d well-behaved ones", len(ready), err, good)
-	}
+	wantReadyAfter(t, s, errs, good) // the well-behaved ones
 	if v := mustGet(t, s, victim.ID); v.State != registry.StatePending || v.LastHeartbeat != nil {
 		t.Fatalf("the flooded peer: state %s, last heartbeat %v; its malformed heartbeats must change nothing", v.State, v.LastHeartbeat)
 	}
