@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/sim"
 )
@@ -130,7 +131,7 @@ func startHealFleetWith(t *testing.T, dbURL string, o healOpts) *healFleet {
 		os.RemoveAll(dir)
 	})
 
-	addr := freeAddr(t)
+	addr := bench.FreeAddr(t)
 	f.base = "http://" + addr
 	serveArgs := []string{"serve", "--addr", addr, "--join-token", "peer-tok", "--admin-token", "admin-tok",
 		"--heartbeat-interval", healHeartbeat.String(), "--lease-ttl", healLease.String(),
@@ -147,15 +148,15 @@ func startHealFleetWith(t *testing.T, dbURL string, o healOpts) *healFleet {
 	startProcess(t, "serve", serveArgs...)
 	waitHTTP(t, f.base+"/healthz", 30*time.Second)
 
-	f.victim, f.survivor = freeAddr(t), freeAddr(t)
+	f.victim, f.survivor = bench.FreeAddr(t), bench.FreeAddr(t)
 	simArgs := func(role, name, addr string, perToken time.Duration) []string {
 		return []string{"sim", "--role", role, "--engine", "sglang", "--name", name, "--sim-addr", addr,
 			"--transfer-secret", healSecret, "--decode-time-per-token", perToken.String()}
 	}
 	engines := []struct{ name, addr, heal string }{}
 	for i := 0; i < o.prefills; i++ {
-		name, addr := fmt.Sprintf("prefill-%d", i), freeAddr(t)
-		_, port, _ := strings.Cut(freeAddr(t), ":")
+		name, addr := fmt.Sprintf("prefill-%d", i), bench.FreeAddr(t)
+		_, port, _ := strings.Cut(bench.FreeAddr(t), ":")
 		bp, _ := strconv.Atoi(port)
 		f.prefills, f.bootstrapPorts = append(f.prefills, addr), append(f.bootstrapPorts, bp)
 		startProcess(t, "sim-"+name, append(simArgs("prefill", name, addr, 0), "--bootstrap-port", port)...)
