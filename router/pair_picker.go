@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"math/bits"
 	"math/rand/v2"
 	"net"
@@ -79,94 +80,162 @@ func bootstrapHost(p *registry.Peer) string {
 }
 
 // peerRef is one peer as one view sees it. A view holds its refs in one
-// array, in snapshot order, and its candidate lists point into it: a pick
-// follows pointers from a list to a ref to the peer's state, and never looks
-// up a map. What a pick reads comes first, and a ref is two cache lines
-// (peerRefSize), so that a candidate costs two misses at most: its ref and
-// its state.
+// array, in snapshot order. A pick compares candidates through a view's
+// candidate lists (cand), which hold each candidate's state beside its ref,
+// and reads the ref of the one it chooses (or of one whose ID or
+// generation it needs: rarely).
 type peerRef struct {
 	state *peerState
-	// reported is the load the snapshot's record of the peer carries
-	// (registry.Peer.ReportedLoad; its PeerID is set even when hasReported
-	// is false), copied here so that load reads no peer record.
-	reported    registry.PeerLoad
-	hasReported bool
 	// decodes are the decodes this peer may send KV to when it is the
 	// prefill (registry.ModelRoutes.DecodesFor, resolved once per view);
 	// lists of prefills of one compatibility class share one array.
-	decodes []*peerRef
-	peer    *registry.Peer
-	ep      *endpoint
-	index   int32   // in view.peers
-	_       [4]byte // to peerRefSize
+	// decodesID is the list's ID among the view's lists.
+	decodes   []cand
+	peer      *registry.Peer
+	ep        *endpoint
+	decodesID int32
+	index     int32   // in view.peers
+	_         [8]byte // to peerRefSize
 }
 
-// peerRefSize is a peerRef's size: two cache lines, which the allocator
-// aligns in a view's array of them, so that no ref's hot fields straddle a
-// third.
-const peerRefSize = 128
+// peerRefSize is a peerRef's size: one cache line.
+const peerRefSize = 64
+
+// cand is one entry of a candidate list: a peer's ref and its state. A
+// pick reads the state of every candidate it looks at (eligibility and
+// load), so a list holds it beside the ref: a window of consecutive
+// candidates is consecutive entries, 4 to a cache line, and one line of
+// state each.
+type cand struct {
+	ref   *peerRef
+	state *peerState
+}
+
+// candLoad is a peer's load as the newest heartbeat a view knows of
+// reported it, flattened for a pick: when (Unix ns; noHeartbeat when the
+// peer has reported none), its requests running and queued, its KV usage.
+type candLoad struct {
+	at   int64
+	reqs int64
+	kv   float64
+}
+
+// noHeartbeat is candLoad.at of a peer that reported no load; no
+// heartbeat's time is that many nanoseconds before 1970.
+const noHeartbeat = math.MinInt64
+
+// flatLoad is l as a candLoad; ok false: no load.
+func flatLoad(l registry.PeerLoad, ok bool) candLoad {
+	if !ok {
+		return candLoad{at: noHeartbeat}
+	}
+	return candLoad{at: l.At.UnixNano(), reqs: int64(l.Load.Running) + int64(l.Load.Queued), kv: l.Load.KVUsage}
+}
+
+// newer returns l or the load in slot of set, whichever heartbeat is newer
+// (registry.NewerLoad).
+func (l candLoad) newer(set *registry.LoadSet, slot int32) candLoad {
+	if t, ok := set.At(slot); ok {
+		if tl := flatLoad(t, true); tl.at > l.at {
+			return tl
+		}
+	}
+	return l
+}
 
 // view is the router's routing state derived from one registry snapshot.
 // It is immutable once published, except for the atomic counters and the
-// load slots its picks resolve once per load refresh.
+// loads its picks resolve once per load refresh.
 type view struct {
 	snap   *registry.Snapshot
 	peers  []peerRef // in snapshot order; every *peerRef of the view points here
 	refs   map[*registry.Peer]*peerRef
 	byID   map[string]*peerState
 	models map[string]*modelView
+	lists  [][]cand // every candidate list of the view (prefills, decodes), by ID
 
-	// loads holds the peers' slots in the snapshot's current load set,
-	// resolved by the first pick that sees a new set (loadSlots).
+	// reported is the load each peer's record carries, by peerRef.index;
+	// base the lists' loads from those alone. Both are nil unless a policy
+	// compares loads.
+	reported []candLoad
+	base     *viewLoads
+	// loads holds the lists' loads as of the snapshot's latest load set
+	// whose loads were resolved (loadsFor).
 	loads   atomic.Pointer[viewLoads]
 	loadsMu sync.Mutex
 }
 
-// viewLoads is where each peer of a view is in one load set.
+// viewLoads is the loads of a view's candidate lists as of one load set:
+// by list ID, each aligned with its list, so that a window of consecutive
+// candidates reads consecutive loads.
 type viewLoads struct {
-	set   *registry.LoadSet
-	slots []int32 // by peerRef.index; -1 when the set has no load of the peer
+	set   *registry.LoadSet // nil: the records' loads alone (view.base)
+	lists [][]candLoad
 }
 
-// loadSlots returns the view's peers' slots in set, or nil while they are
-// not resolved yet (the pick's peers then look their loads up by ID). The
-// first pick that sees a new set starts resolving them in the background:
-// once per load refresh, not once per candidate, and never on a request's
-// path (a map lookup per peer of the fleet: about a millisecond at 10,000).
-func (v *view) loadSlots(set *registry.LoadSet) *viewLoads {
+// loadsFor returns the lists' loads as of set. While the view has not
+// resolved them, it returns the records' loads and set as pending: the
+// pick's candidates look their loads in set up by ID. The first pick that
+// sees a new set starts resolving them in the background: once per load
+// refresh, not once per candidate, and never on a request's path (a map
+// lookup per peer of the fleet: about a millisecond at 10,000).
+func (v *view) loadsFor(set *registry.LoadSet) (vl *viewLoads, pending *registry.LoadSet) {
 	if set == nil {
-		return nil
+		return v.base, nil
 	}
 	if vl := v.loads.Load(); vl != nil && vl.set == set {
-		return vl
+		return vl, nil
 	}
 	if v.loadsMu.TryLock() {
-		go v.resolveLoadSlots(set)
+		go v.resolveLoads(set)
 	}
-	return nil
+	return v.base, set
 }
 
-// resolveLoadSlots publishes the view's peers' slots in set; the caller
-// holds loadsMu, which it releases.
-func (v *view) resolveLoadSlots(set *registry.LoadSet) {
+// resolveLoads publishes the lists' loads as of set; the caller holds
+// loadsMu, which it releases.
+func (v *view) resolveLoads(set *registry.LoadSet) {
 	defer v.loadsMu.Unlock()
 	if vl := v.loads.Load(); vl != nil && vl.set == set {
 		return
 	}
-	vl := &viewLoads{set: set, slots: make([]int32, len(v.peers))}
+	newest := make([]candLoad, len(v.peers))
 	for i := range v.peers {
-		vl.slots[i] = set.Slot(v.peers[i].peer.ID)
+		newest[i] = v.reported[i].newer(set, set.Slot(v.peers[i].peer.ID))
 	}
-	v.loads.Store(vl)
+	v.loads.Store(v.listLoads(set, newest))
+}
+
+// listLoads lays the peers' loads (by peerRef.index) out along every list.
+func (v *view) listLoads(set *registry.LoadSet, byPeer []candLoad) *viewLoads {
+	total := 0
+	for _, l := range v.lists {
+		total += len(l)
+	}
+	all := make([]candLoad, 0, total)
+	vl := &viewLoads{set: set, lists: make([][]candLoad, len(v.lists))}
+	for id, l := range v.lists {
+		at := len(all)
+		for _, c := range l {
+			ld := candLoad{at: noHeartbeat}
+			if c.ref != nil {
+				ld = byPeer[c.ref.index]
+			}
+			all = append(all, ld)
+		}
+		vl.lists[id] = all[at:len(all):len(all)]
+	}
+	return vl
 }
 
 // modelView is what selection needs for one model.
 type modelView struct {
 	name     string
 	routes   *registry.ModelRoutes
-	prefills []*peerRef // aligned with routes.Prefills
-	ring     *hashRing  // for cache_aware prefill selection; nil otherwise
-	pairable bool       // at least one prefill has a compatible decode
+	prefills []cand    // aligned with routes.Prefills
+	listID   int32     // prefills' ID among the view's lists
+	ring     *hashRing // for cache_aware prefill selection; nil otherwise
+	pairable bool      // at least one prefill has a compatible decode
 	rr       [2]paddedCounter
 }
 
@@ -212,6 +281,10 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		models: make(map[string]*modelView, len(s.Models())),
 	}
 	states := make(map[string]*peerState, len(peers))
+	loadAware := rt.cfg.PrefillPolicy.loadAware() || rt.cfg.DecodePolicy.loadAware()
+	if loadAware {
+		v.reported = make([]candLoad, len(peers))
+	}
 	for i, p := range peers {
 		st, known := b.states[p.ID]
 		if !known {
@@ -234,20 +307,22 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		states[p.ID] = st
 		v.byID[p.ID] = st
 		v.peers[i] = peerRef{peer: p, state: st, ep: st.ep, index: int32(i)}
-		v.peers[i].reported, v.peers[i].hasReported = p.ReportedLoad()
+		if loadAware {
+			v.reported[i] = flatLoad(p.ReportedLoad())
+		}
 		v.refs[p] = &v.peers[i]
 	}
 	b.states = states
 	rt.forgetGonePeers(b, peers)
 	rt.armTrials(s, b)
-	resolved := map[decodeList][]*peerRef{}
+	resolved := map[decodeList]int32{}
 	for _, name := range s.Models() {
 		routes := s.Routes(name)
-		mv := &modelView{name: name, routes: routes, prefills: make([]*peerRef, len(routes.Prefills))}
-		for i, p := range routes.Prefills {
+		mv := &modelView{name: name, routes: routes}
+		mv.prefills, mv.listID = v.candidates(routes.Prefills)
+		for _, p := range routes.Prefills {
 			r := v.refs[p]
-			mv.prefills[i] = r
-			r.decodes = v.resolve(routes.DecodesFor(p.ID), resolved)
+			r.decodes, r.decodesID = v.resolve(routes.DecodesFor(p.ID), resolved)
 			mv.pairable = mv.pairable || len(r.decodes) > 0
 		}
 		if rt.cfg.PrefillPolicy == PolicyCacheAware && len(mv.prefills) > 0 {
@@ -261,6 +336,9 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		}
 		v.models[name] = mv
 	}
+	if loadAware {
+		v.base = v.listLoads(nil, v.reported)
+	}
 	rt.view.Store(v)
 	return v
 }
@@ -272,23 +350,32 @@ type decodeList struct {
 	n     int
 }
 
-// resolve returns the view's refs of the decodes, converting each list the
-// snapshot shares between prefills once, so that their prefills share the
-// result too.
-func (v *view) resolve(decodes []*registry.Peer, resolved map[decodeList][]*peerRef) []*peerRef {
+// resolve returns the view's candidate list of the decodes and its ID,
+// converting each list the snapshot shares between prefills once, so that
+// their prefills share the result too.
+func (v *view) resolve(decodes []*registry.Peer, resolved map[decodeList]int32) ([]cand, int32) {
 	if len(decodes) == 0 {
-		return nil
+		return nil, -1
 	}
 	k := decodeList{&decodes[0], len(decodes)}
-	if refs, ok := resolved[k]; ok {
-		return refs
+	if id, ok := resolved[k]; ok {
+		return v.lists[id], id
 	}
-	refs := make([]*peerRef, len(decodes))
-	for i, d := range decodes {
-		refs[i] = v.refs[d]
+	c, id := v.candidates(decodes)
+	resolved[k] = id
+	return c, id
+}
+
+// candidates adds a candidate list of the peers to the view's lists.
+func (v *view) candidates(peers []*registry.Peer) ([]cand, int32) {
+	c := make([]cand, len(peers))
+	for i, p := range peers {
+		if r := v.refs[p]; r != nil {
+			c[i] = cand{ref: r, state: r.state}
+		}
 	}
-	resolved[k] = refs
-	return refs
+	v.lists = append(v.lists, c)
+	return c, int32(len(v.lists) - 1)
 }
 
 // forgetGonePeers deletes the per-peer series of the names that were in the
@@ -482,47 +569,73 @@ func (e *exclusions) has(id string) bool {
 	return len(e.more) > 0 && slices.Contains(e.more, id)
 }
 
-// pickCtx is what eligibility depends on during one pick.
+// pickCtx is what eligibility and load depend on during one pick.
 type pickCtx struct {
 	ex      *exclusions
-	now     time.Time
-	prefill *peerRef           // set when picking a decode, for the pair breaker
-	snap    *registry.Snapshot // for the peers' reported loads
-	loads   *viewLoads         // the peers' slots in the snapshot's load set; nil: look up by ID
+	clock   func() time.Time
+	now     time.Time // read from clock once a breaker that is not closed needs it
+	hasNow  bool
+	prefill *peerRef // set when picking a decode, for the pair breaker
+	// loads are the view's lists' loads; nil when no policy compares loads.
+	// pending is a load set newer than loads, whose loads the candidates
+	// look up by peer ID until the view has resolved them; nil when none.
+	loads   *viewLoads
+	pending *registry.LoadSet
 }
 
-// load is a candidate's work as this router sees it: the requests its
+// time is the pick's now, read once.
+func (pc *pickCtx) time() time.Time {
+	if !pc.hasNow {
+		pc.now, pc.hasNow = pc.clock(), true
+	}
+	return pc.now
+}
+
+// candidates is one candidate list as one pick sees it: the candidates and,
+// aligned with them, their loads (nil when no policy compares loads).
+type candidates struct {
+	c     []cand
+	loads []candLoad
+}
+
+// list is the view's list with that ID as this pick sees it.
+func (pc *pickCtx) list(c []cand, id int32) candidates {
+	cs := candidates{c: c}
+	if pc.loads != nil && len(c) > 0 {
+		cs.loads = pc.loads.lists[id]
+	}
+	return cs
+}
+
+// load is candidate i's work as this router sees it: the requests its
 // engine reported running and queued at its last heartbeat, plus the change
 // in this router's own requests in flight to it since the router first saw
 // that heartbeat, and never fewer than those in flight; then the KV usage
 // reported. Without a heartbeat it is the in-flight count alone.
-func (pc *pickCtx) load(r *peerRef) (reqs int64, kv float64) {
-	in := r.state.inflight.Load()
-	if pc.snap == nil {
+func (pc *pickCtx) load(cs candidates, i int) (reqs int64, kv float64) {
+	st := cs.c[i].state
+	in := st.inflight.Load()
+	if cs.loads == nil {
 		return in, 0
 	}
-	var pl registry.PeerLoad
-	var ok bool
-	if pc.loads != nil {
-		pl, ok = registry.NewerLoad(r.reported, r.hasReported, pc.loads.set, pc.loads.slots[r.index])
-	} else {
-		pl, ok = pc.snap.NewerLoad(r.reported, r.hasReported)
+	l := cs.loads[i]
+	if pc.pending != nil {
+		l = l.newer(pc.pending, pc.pending.Slot(cs.c[i].ref.peer.ID))
 	}
-	if !ok {
+	if l.at == noHeartbeat {
 		return in, 0
 	}
-	at := pl.At.UnixNano()
-	if seen := r.state.loadAt.Load(); seen != at && r.state.loadAt.CompareAndSwap(seen, at) {
-		r.state.inflightAt.Store(in)
+	if seen := st.loadAt.Load(); seen != l.at && st.loadAt.CompareAndSwap(seen, l.at) {
+		st.inflightAt.Store(in)
 	}
-	reqs = int64(pl.Load.Running+pl.Load.Queued) + in - r.state.inflightAt.Load()
-	return max(reqs, in), pl.Load.KVUsage
+	reqs = l.reqs + in - st.inflightAt.Load()
+	return max(reqs, in), l.kv
 }
 
-// lessLoaded reports whether a is less loaded than b.
-func (pc *pickCtx) lessLoaded(a, b *peerRef) bool {
-	ra, ka := pc.load(a)
-	rb, kb := pc.load(b)
+// lessLoaded reports whether candidate a is less loaded than candidate b.
+func (pc *pickCtx) lessLoaded(cs candidates, a, b int) bool {
+	ra, ka := pc.load(cs, a)
+	rb, kb := pc.load(cs, b)
 	return ra < rb || ra == rb && ka < kb
 }
 
@@ -531,85 +644,112 @@ func (pc *pickCtx) lessLoaded(a, b *peerRef) bool {
 // (a fleet with most breakers open).
 const maxProbes = 8
 
-// eligible reports whether the peer may take this attempt.
-func (rt *Router) eligible(pc *pickCtx, r *peerRef) bool {
-	if r == nil {
+// eligible reports whether the candidate may take this attempt.
+func (rt *Router) eligible(pc *pickCtx, c cand) bool {
+	st := c.state
+	if st == nil {
 		return false
 	}
-	if sg := r.state.staleGen.Load(); sg != 0 && r.peer.Generation < sg {
+	if sg := st.staleGen.Load(); sg != 0 && c.ref.peer.Generation < sg {
 		return false
 	}
-	if !pc.ex.empty() && pc.ex.has(r.peer.ID) { // the common pick reads no ID
+	if !pc.ex.empty() && pc.ex.has(c.ref.peer.ID) { // the common pick reads no ID
 		return false
 	}
-	if !r.state.breaker.available(pc.now, rt.cfg.BreakerCooldown) {
+	if st.breaker.current() != breakerClosed && !st.breaker.available(pc.time(), rt.cfg.BreakerCooldown) {
 		return false
 	}
 	if pc.prefill != nil && rt.pairs.notClosed.Load() > 0 {
-		if b := rt.pairs.get(pc.prefill.peer.ID, r.peer.ID); b != nil && !b.available(pc.now, rt.cfg.BreakerCooldown) {
+		if b := rt.pairs.get(pc.prefill.peer.ID, c.ref.peer.ID); b != nil && !b.available(pc.time(), rt.cfg.BreakerCooldown) {
 			return false
 		}
 	}
 	return true
 }
 
+// acquire is b.acquire at the pick's now, which a closed breaker does not
+// read.
+func (rt *Router) acquire(pc *pickCtx, b *breaker) (ok, probe bool) {
+	if b.current() == breakerClosed {
+		return true, false
+	}
+	return b.acquire(pc.time(), rt.cfg.BreakerCooldown)
+}
+
+// next is the index after i in a list of n, wrapping: a window of
+// consecutive candidates without a division per candidate.
+func next(i, n int) int {
+	if i++; i == n {
+		return 0
+	}
+	return i
+}
+
 // pick chooses one candidate by policy, or nil when none is eligible.
-func (rt *Router) pick(c []*peerRef, policy Policy, rr *atomic.Uint64, ring *hashRing, key uint64, pc *pickCtx) *peerRef {
-	n := len(c)
+func (rt *Router) pick(cs candidates, policy Policy, rr *atomic.Uint64, ring *hashRing, key uint64, pc *pickCtx) *peerRef {
+	n := len(cs.c)
 	if n == 0 {
 		return nil
 	}
+	i := -1
 	switch policy {
 	case PolicyRoundRobin:
-		start := int(rr.Add(1) - 1)
-		for k := 0; k < min(n, maxProbes); k++ {
-			if r := c[(start+k)%n]; rt.eligible(pc, r) {
-				return r
-			}
-		}
+		i = rt.firstEligible(cs.c, int((rr.Add(1)-1)%uint64(n)), pc)
 	case PolicyRandom:
 		for range min(n, maxProbes) {
-			if r := c[rand.IntN(n)]; rt.eligible(pc, r) {
-				return r
+			if j := rand.IntN(n); rt.eligible(pc, cs.c[j]) {
+				i = j
+				break
 			}
 		}
 	case PolicyPowerOfTwo:
-		if r := rt.powerOfTwo(c, pc); r != nil {
-			return r
-		}
+		i = rt.powerOfTwo(cs, pc)
 	case PolicyLeastLoad:
-		if r := rt.leastLoad(c, pc); r != nil {
-			return r
-		}
+		i = rt.leastLoad(cs, pc)
 	case PolicyCacheAware:
-		if r := rt.cacheAware(c, ring, key, pc); r != nil {
-			return r
+		i = rt.cacheAware(cs, ring, key, pc)
+	}
+	if i < 0 {
+		i = rt.scan(cs.c, pc)
+	}
+	if i < 0 {
+		return nil
+	}
+	return cs.c[i].ref
+}
+
+// firstEligible returns the first eligible of at most maxProbes candidates
+// from start on, -1 when none is.
+func (rt *Router) firstEligible(c []cand, start int, pc *pickCtx) int {
+	n := len(c)
+	for k, i := 0, start; k < min(n, maxProbes); k, i = k+1, next(i, n) {
+		if rt.eligible(pc, c[i]) {
+			return i
 		}
 	}
-	return rt.scan(c, pc)
+	return -1
 }
 
 // scan looks at every candidate from a random start: the fallback when the
 // policy's few probes found none eligible.
-func (rt *Router) scan(c []*peerRef, pc *pickCtx) *peerRef {
+func (rt *Router) scan(c []cand, pc *pickCtx) int {
 	n := len(c)
-	start := rand.IntN(n)
-	for k := range n {
-		if r := c[(start+k)%n]; rt.eligible(pc, r) {
-			return r
+	for k, i := 0, rand.IntN(n); k < n; k, i = k+1, next(i, n) {
+		if rt.eligible(pc, c[i]) {
+			return i
 		}
 	}
-	return nil
+	return -1
 }
 
 // powerOfTwo draws two distinct candidates and keeps the less loaded.
-func (rt *Router) powerOfTwo(c []*peerRef, pc *pickCtx) *peerRef {
-	n := len(c)
+func (rt *Router) powerOfTwo(cs candidates, pc *pickCtx) int {
+	n := len(cs.c)
 	if n == 1 {
-		if r := c[0]; rt.eligible(pc, r) {
-			return r
+		if rt.eligible(pc, cs.c[0]) {
+			return 0
 		}
-		return nil
+		return -1
 	}
 	for range maxProbes / 2 {
 		i := rand.IntN(n)
@@ -617,21 +757,20 @@ func (rt *Router) powerOfTwo(c []*peerRef, pc *pickCtx) *peerRef {
 		if j >= i {
 			j++
 		}
-		a, b := c[i], c[j]
-		okA, okB := rt.eligible(pc, a), rt.eligible(pc, b)
+		okA, okB := rt.eligible(pc, cs.c[i]), rt.eligible(pc, cs.c[j])
 		switch {
 		case okA && okB:
-			if pc.lessLoaded(b, a) {
-				return b
+			if pc.lessLoaded(cs, j, i) {
+				return j
 			}
-			return a
+			return i
 		case okA:
-			return a
+			return i
 		case okB:
-			return b
+			return j
 		}
 	}
-	return nil
+	return -1
 }
 
 // leastLoadWindow is how many candidates least_load compares at most.
@@ -640,19 +779,19 @@ const leastLoadWindow = maxProbes
 // leastLoad keeps the least loaded eligible candidate of a window: all of
 // them in a small fleet, leastLoadWindow consecutive ones from a random
 // start in a large one. The random start also breaks ties at random.
-func (rt *Router) leastLoad(c []*peerRef, pc *pickCtx) *peerRef {
-	n := len(c)
-	start := rand.IntN(n)
-	var best *peerRef
+// Consecutive candidates are consecutive entries of the list and of its
+// loads: what a window reads besides them is one line of state each.
+func (rt *Router) leastLoad(cs candidates, pc *pickCtx) int {
+	n := len(cs.c)
+	best := -1
 	var bestReqs int64
 	var bestKV float64
-	for k := range min(n, leastLoadWindow) {
-		r := c[(start+k)%n]
-		if !rt.eligible(pc, r) {
+	for k, i := 0, rand.IntN(n); k < min(n, leastLoadWindow); k, i = k+1, next(i, n) {
+		if !rt.eligible(pc, cs.c[i]) {
 			continue
 		}
-		if reqs, kv := pc.load(r); best == nil || reqs < bestReqs || reqs == bestReqs && kv < bestKV {
-			best, bestReqs, bestKV = r, reqs, kv
+		if reqs, kv := pc.load(cs, i); best < 0 || reqs < bestReqs || reqs == bestReqs && kv < bestKV {
+			best, bestReqs, bestKV = i, reqs, kv
 		}
 	}
 	return best
@@ -660,34 +799,28 @@ func (rt *Router) leastLoad(c []*peerRef, pc *pickCtx) *peerRef {
 
 // cacheAware favours the peer the key hashes to, unless it is markedly busier
 // than a power-of-two alternative.
-func (rt *Router) cacheAware(c []*peerRef, ring *hashRing, key uint64, pc *pickCtx) *peerRef {
-	n := len(c)
-	var fav *peerRef
+func (rt *Router) cacheAware(cs candidates, ring *hashRing, key uint64, pc *pickCtx) int {
+	n := len(cs.c)
+	fav := -1
 	if ring != nil && len(ring.points) > 0 { // prefills only
 		idx := ring.locate(key)
 		for k := 0; k < maxProbes && k < len(ring.points); k++ {
-			if r := c[ring.owners[(idx+k)%len(ring.points)]]; rt.eligible(pc, r) {
-				fav = r
+			if i := int(ring.owners[(idx+k)%len(ring.points)]); rt.eligible(pc, cs.c[i]) {
+				fav = i
 				break
 			}
 		}
 	} else {
-		idx := jumpHash(key, n)
-		for k := 0; k < min(n, maxProbes); k++ {
-			if r := c[(idx+k)%n]; rt.eligible(pc, r) {
-				fav = r
-				break
-			}
-		}
+		fav = rt.firstEligible(cs.c, jumpHash(key, n), pc)
 	}
-	if fav == nil || n == 1 {
+	if fav < 0 || n == 1 {
 		return fav
 	}
-	alt := rt.powerOfTwo(c, pc)
-	if alt == nil || alt == fav {
+	alt := rt.powerOfTwo(cs, pc)
+	if alt < 0 || alt == fav {
 		return fav
 	}
-	lf, la := fav.state.inflight.Load(), alt.state.inflight.Load()
+	lf, la := cs.c[fav].state.inflight.Load(), cs.c[alt].state.inflight.Load()
 	if lf > la+int64(rt.cfg.CacheAwareBalanceAbs) && float64(lf) > float64(la)*rt.cfg.CacheAwareBalanceRel {
 		return alt
 	}
@@ -706,21 +839,21 @@ type pair struct {
 // and takes their breakers' probes where they are half-open. It returns
 // false when no such pair exists.
 func (rt *Router) pickPair(v *view, mv *modelView, key uint64, ex *exclusions) (pair, bool) {
-	pc := pickCtx{ex: ex, now: rt.cfg.Now(), snap: v.snap}
+	pc := pickCtx{clock: rt.cfg.Now}
 	if rt.cfg.PrefillPolicy.loadAware() || rt.cfg.DecodePolicy.loadAware() {
-		pc.loads = v.loadSlots(v.snap.Loads())
+		pc.loads, pc.pending = v.loadsFor(v.snap.Loads())
 	}
 	skip := *ex // prefills without an eligible decode, for this pick only
 	skip.more = slices.Clone(ex.more)
 	pc.ex = &skip
 	for range maxProbes {
 		pc.prefill = nil
-		p := rt.pick(mv.prefills, rt.cfg.PrefillPolicy, &mv.rr[0].Uint64, mv.ring, key, &pc)
+		p := rt.pick(pc.list(mv.prefills, mv.listID), rt.cfg.PrefillPolicy, &mv.rr[0].Uint64, mv.ring, key, &pc)
 		if p == nil {
 			return pair{}, false
 		}
 		pc.prefill = p
-		d := rt.pick(p.decodes, rt.cfg.DecodePolicy, &mv.rr[1].Uint64, nil, bits.RotateLeft64(key, 17), &pc)
+		d := rt.pick(pc.list(p.decodes, p.decodesID), rt.cfg.DecodePolicy, &mv.rr[1].Uint64, nil, bits.RotateLeft64(key, 17), &pc)
 		if d == nil {
 			skip.add(p.peer.ID)
 			continue
@@ -728,18 +861,18 @@ func (rt *Router) pickPair(v *view, mv *modelView, key uint64, ex *exclusions) (
 		var pr pair
 		var ok bool
 		pr.p, pr.d = p, d
-		if ok, pr.pProbe = p.state.breaker.acquire(pc.now, rt.cfg.BreakerCooldown); !ok {
+		if ok, pr.pProbe = rt.acquire(&pc, &p.state.breaker); !ok {
 			skip.add(p.peer.ID)
 			continue
 		}
-		if ok, pr.dProbe = d.state.breaker.acquire(pc.now, rt.cfg.BreakerCooldown); !ok {
+		if ok, pr.dProbe = rt.acquire(&pc, &d.state.breaker); !ok {
 			p.state.breaker.release(pr.pProbe)
 			skip.add(p.peer.ID)
 			continue
 		}
 		if rt.pairs.notClosed.Load() > 0 {
 			if b := rt.pairs.get(p.peer.ID, d.peer.ID); b != nil {
-				if ok, pr.pairProbe = b.acquire(pc.now, rt.cfg.BreakerCooldown); !ok {
+				if ok, pr.pairProbe = rt.acquire(&pc, b); !ok {
 					p.state.breaker.release(pr.pProbe)
 					d.state.breaker.release(pr.dProbe)
 					skip.add(p.peer.ID)

@@ -162,40 +162,55 @@ func TestLoadBlendsInflight(t *testing.T) {
 	peers[3] = withLoad(peers[3], registry.Load{Running: 4}, at)
 	rt, snaps := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyLeastLoad}, peers)
 	v := rt.currentView()
-	a, b := v.refs[v.snap.Peers()[1]], v.refs[v.snap.Peers()[3]]
-	pc := &pickCtx{snap: v.snap}
-	if ra, _ := pc.load(a); ra != 3 {
+	a := v.refs[v.snap.Peers()[1]]
+	if ra := loadOf(t, rt, 1); ra != 3 {
 		t.Fatalf("load of peer-00001 with nothing in flight: %d, want its reported 3", ra)
 	}
 	a.state.inflight.Add(2) // two requests sent since the heartbeat
-	if ra, _ := pc.load(a); ra != 5 {
+	if ra := loadOf(t, rt, 1); ra != 5 {
 		t.Fatalf("load of peer-00001 with 2 sent since the heartbeat: %d, want 5", ra)
 	}
-	if !pc.lessLoaded(b, a) {
-		t.Fatal("peer-00003 (4 reported) is not less loaded than peer-00001 (3 reported + 2 sent)")
+	if rb := loadOf(t, rt, 3); rb >= 5 {
+		t.Fatalf("load of peer-00003 (4 reported) is %d: not less than peer-00001's (3 reported + 2 sent)", rb)
 	}
 	// The next heartbeat counts the two.
 	peers[1] = withLoad(peers[1], registry.Load{Running: 5}, at.Add(time.Second))
 	snaps.Set(peers...)
-	v = rt.currentView()
-	pc = &pickCtx{snap: v.snap}
-	if ra, _ := pc.load(v.refs[v.snap.Peers()[1]]); ra != 5 {
+	if ra := loadOf(t, rt, 1); ra != 5 {
 		t.Fatalf("load after a heartbeat that counts the router's requests: %d, want 5", ra)
 	}
 	a.state.inflight.Add(-2) // both finished
-	if ra, _ := pc.load(v.refs[v.snap.Peers()[1]]); ra != 3 {
+	if ra := loadOf(t, rt, 1); ra != 3 {
 		t.Fatalf("load after the router's 2 requests finished: %d, want 3", ra)
 	}
 	// Never fewer than the router's own requests in flight.
 	peers[3] = withLoad(peers[3], registry.Load{}, at.Add(2*time.Second))
 	snaps.Set(peers...)
 	v = rt.currentView()
-	pc = &pickCtx{snap: v.snap}
-	rb := v.refs[v.snap.Peers()[3]]
-	rb.state.inflight.Add(7)
-	if got, _ := pc.load(rb); got < 7 {
+	v.refs[v.snap.Peers()[3]].state.inflight.Add(7)
+	if got := loadOf(t, rt, 3); got < 7 {
 		t.Fatalf("load %d below the 7 requests in flight", got)
 	}
+}
+
+// loadOf is the requests a pick through the router's current view counts
+// for the peer at index i of its snapshot, read through the first list that
+// holds it.
+func loadOf(t *testing.T, rt *Router, i int) int64 {
+	t.Helper()
+	v := rt.currentView()
+	pc := pickCtx{clock: time.Now}
+	pc.loads, pc.pending = v.loadsFor(v.snap.Loads())
+	for id, l := range v.lists {
+		for k, c := range l {
+			if c.ref == &v.peers[i] {
+				reqs, _ := pc.load(pc.list(l, int32(id)), k)
+				return reqs
+			}
+		}
+	}
+	t.Fatalf("peer %d is in no candidate list", i)
+	return 0
 }
 
 func TestCacheAwareAffinityAndFallback(t *testing.T) {
@@ -228,7 +243,7 @@ func TestRingMovesOnlyTheRemovedPeersKeys(t *testing.T) {
 		out := map[int]string{}
 		for i := range 2000 {
 			h := xxhash.Sum64String(strconv.Itoa(i))
-			out[i] = mv.prefills[mv.ring.owners[mv.ring.locate(h)]].peer.Name
+			out[i] = mv.prefills[mv.ring.owners[mv.ring.locate(h)]].ref.peer.Name
 		}
 		return out
 	}
@@ -327,30 +342,57 @@ func TestBreakerLifecycle(t *testing.T) {
 	}
 }
 
+// BenchmarkPickPair: pickPair through a fleet of n peers none of which has
+// heartbeated, so the load-aware policies compare in-flight counts.
 func BenchmarkPickPair(b *testing.B) {
 	for _, pol := range []Policy{PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware, PolicyLeastLoad} {
-		for _, n := range []int{10, 1000, 10000} {
+		for _, n := range []int{100, 1000, 10000} {
 			b.Run(fmt.Sprintf("%s/peers=%d", pol, n), func(b *testing.B) {
-				rt, _ := newPickRouter(b, Config{PrefillPolicy: pol, DecodePolicy: pol}, fleet(n))
-				v := rt.currentView()
-				mv := v.models["m"]
-				keys := make([]uint64, 1024)
-				for i := range keys {
-					keys[i] = xxhash.Sum64String(strconv.Itoa(i))
-				}
-				var ex exclusions
-				b.ReportAllocs()
-				i := 0
-				for b.Loop() {
-					pr, ok := rt.pickPair(v, mv, keys[i&1023], &ex)
-					if !ok {
-						b.Fatal("no pair")
-					}
-					pr.release()
-					i++
-				}
+				benchPickPair(b, pol, fleet(n))
 			})
 		}
+	}
+}
+
+// BenchmarkPickPairLoaded: the load-aware policies through a fleet whose
+// every peer has heartbeated a load (its running, queued and KV usage
+// differ from its neighbours'), so a pick compares reported loads as in
+// production. A view reads a load table's loads, once resolved, as it reads
+// these.
+func BenchmarkPickPairLoaded(b *testing.B) {
+	at := time.Now()
+	for _, pol := range []Policy{PolicyPowerOfTwo, PolicyCacheAware, PolicyLeastLoad} {
+		for _, n := range []int{100, 1000, 10000} {
+			b.Run(fmt.Sprintf("%s/peers=%d", pol, n), func(b *testing.B) {
+				peers := fleet(n)
+				for i := range peers {
+					peers[i] = withLoad(peers[i], registry.Load{Running: i % 7, Queued: i % 3, KVUsage: float64(i%10) / 10}, at)
+				}
+				benchPickPair(b, pol, peers)
+			})
+		}
+	}
+}
+
+// benchPickPair times pickPair with pol for both roles, over 1,024 keys.
+func benchPickPair(b *testing.B, pol Policy, peers []registry.Peer) {
+	rt, _ := newPickRouter(b, Config{PrefillPolicy: pol, DecodePolicy: pol}, peers)
+	v := rt.currentView()
+	mv := v.models["m"]
+	keys := make([]uint64, 1024)
+	for i := range keys {
+		keys[i] = xxhash.Sum64String(strconv.Itoa(i))
+	}
+	var ex exclusions
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		pr, ok := rt.pickPair(v, mv, keys[i&1023], &ex)
+		if !ok {
+			b.Fatal("no pair")
+		}
+		pr.release()
+		i++
 	}
 }
 
@@ -413,7 +455,7 @@ func checkDecodeLists(t *testing.T, rt *Router) *view {
 				t.Fatalf("prefill %s: %d decodes, snapshot has %d", p.Name, len(got), len(want))
 			}
 			for i, d := range want {
-				if got[i] != v.refs[d] || got[i] != &v.peers[slices.Index(v.snap.Peers(), d)] {
+				if got[i].ref != v.refs[d] || got[i].ref != &v.peers[slices.Index(v.snap.Peers(), d)] || got[i].state != got[i].ref.state {
 					t.Fatalf("prefill %s: decode %d is not the view's ref of %s", p.Name, i, d.Name)
 				}
 			}
@@ -422,11 +464,11 @@ func checkDecodeLists(t *testing.T, rt *Router) *view {
 	return v
 }
 
-// names lists the refs' peer names, space-separated.
-func names(refs []*peerRef) string {
-	out := make([]string, len(refs))
-	for i, r := range refs {
-		out[i] = r.peer.Name
+// names lists the candidates' peer names, space-separated.
+func names(c []cand) string {
+	out := make([]string, len(c))
+	for i, r := range c {
+		out[i] = r.ref.peer.Name
 	}
 	return strings.Join(out, " ")
 }
@@ -462,13 +504,18 @@ func TestRingLocateMatchesBinarySearch(t *testing.T) {
 	}
 }
 
-// TestPickLayout: a view's ref is two cache lines, and what eligibility and
-// load read of a peer's state (the stale generation, the load baseline and
-// the breaker's state word) lies in the state's first line.
+// TestPickLayout: a view's ref is one cache line, a candidate list's entry
+// a quarter of one (a window of 8 candidates: two lines), and what
+// eligibility and load read of a peer's state (the stale generation, the
+// load baseline and the breaker's state word) lies in the state's first
+// line.
 func TestPickLayout(t *testing.T) {
 	t.Parallel()
 	if got := unsafe.Sizeof(peerRef{}); got != peerRefSize {
 		t.Fatalf("peerRef is %d bytes, want %d", got, peerRefSize)
+	}
+	if got := unsafe.Sizeof(cand{}); got != 16 {
+		t.Fatalf("a candidate list's entry is %d bytes, want 16", got)
 	}
 	var st peerState
 	if end := unsafe.Offsetof(st.breaker) + unsafe.Offsetof(st.breaker.state) + unsafe.Sizeof(st.breaker.state); end > 64 {
@@ -535,5 +582,50 @@ func TestLoadRefreshReachesPicks(t *testing.T) {
 		if v.loads.Load() == nil {
 			t.Fatal("the view resolved no slots in a load set")
 		}
+	}
+}
+
+// TestPendingLoadsMatchResolved: until a view has resolved a new load set,
+// its picks look each candidate's load up in the set by ID; once resolved,
+// they read it from the lists' loads. Both read the same loads: the set's
+// where its heartbeat is newer than the record's, the record's where it is
+// older or the set has none.
+func TestPendingLoadsMatchResolved(t *testing.T) {
+	t.Parallel()
+	at := time.Now()
+	peers := fleet(8) // decodes 1, 3, 5, 7
+	for i := range peers {
+		peers[i] = withLoad(peers[i], registry.Load{Running: 10 + i}, at)
+	}
+	rt, _ := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyLeastLoad}, peers)
+	var table registry.LoadTable
+	table.Set([]registry.PeerLoad{
+		{PeerID: "id-peer-00001", Load: registry.Load{Running: 1}, At: at.Add(time.Second)},  // newer: wins
+		{PeerID: "id-peer-00003", Load: registry.Load{Running: 2}, At: at.Add(-time.Second)}, // older: the record's
+	})
+	set := table.Current()
+	want := map[int]int64{1: 1, 3: 13, 5: 15, 7: 17}
+	v := rt.currentView()
+	loads := func() map[int]int64 {
+		vl, pending := v.loadsFor(set)
+		pc := pickCtx{clock: time.Now, loads: vl, pending: pending}
+		got := map[int]int64{}
+		for k, c := range v.lists[v.peers[0].decodesID] {
+			got[int(c.ref.index)], _ = pc.load(pc.list(v.peers[0].decodes, v.peers[0].decodesID), k)
+		}
+		return got
+	}
+	if _, pending := v.loadsFor(set); pending != set {
+		t.Fatal("a load set the view has not resolved is not pending")
+	}
+	if got := loads(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("loads looked up by ID: %v, want %v", got, want)
+	}
+	simtest.WaitFor(t, "the view to resolve the set", func() bool {
+		_, pending := v.loadsFor(set)
+		return pending == nil
+	})
+	if got := loads(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("resolved loads: %v, want %v", got, want)
 	}
 }
