@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/agent"
+	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
@@ -188,12 +189,7 @@ func TestAgentRefusedGeometryStops(t *testing.T) {
 // again after the control plane restarts empty (the embedded store).
 func TestAgentWaitsForControlPlane(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := bench.FreeAddr(t) // the control plane listens there later
 	failures := &messageCounter{msg: "registration failed; retrying", seen: make(chan struct{}, 100)}
 	log := zerolog.New(zerolog.MultiLevelWriter(zerolog.NewTestWriter(t), failures))
 	runAgentLogging(t, agent.Config{ControlPlane: "http://" + addr}, &fakeEngine{spec: registrytest.Spec("p0", registry.RolePrefill)}, log)

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/agent"
+	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/pgstore"
@@ -133,7 +134,7 @@ func expiredEvents(t *testing.T, s registry.Store) int {
 func TestAgentFailsOverWhenReplicaDies(t *testing.T) {
 	t.Parallel()
 	store := memstore.New(memstore.Config{LeaseTTL: failoverTTL})
-	lnA, err := net.Listen("tcp", "127.0.0.1:0")
+	lnA, err := net.Listen("tcp", bench.FreeAddr(t)) // listened on again when the replica is back
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +266,7 @@ func TestAgentFailsOverAcrossAddressesOfOneName(t *testing.T) {
 func testFailoverAcrossAddresses(t *testing.T, scheme string) {
 	cut, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: failoverTTL})
 	whole := registrytest.OpenPGStore(t, cfg)
-	lnA, err := net.Listen("tcp", "127.0.0.1:0")
+	lnA, err := net.Listen("tcp", bench.FreeAddr(t)) // listened on again when the replica is back
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,19 +53,20 @@ func (c MirrorConfig) WithDefaults() MirrorConfig {
 }
 
 // Mirror keeps an in-memory Snapshot of a Store current: it loads everything
-// once, then follows the store's change announcements and reloads only the
-// peers that changed.
+// once, then follows the store's change announcements, reloads only the
+// peers that changed and builds the next snapshot from the previous one
+// and those peers.
 type Mirror struct {
 	cfg   MirrorConfig
 	store Store
 	log   zerolog.Logger
 
-	cur     atomic.Pointer[Snapshot]
-	peers   map[string]Peer // owned by the run loop after Start
-	// order is the IDs of peers sorted by name, the order snapshots keep
-	// them in: handed over sorted, NewSnapshot's sort is one pass. It is
-	// sorted again only when a peer comes, goes or is renamed.
-	order []string
+	cur atomic.Pointer[Snapshot]
+	// peers and order are what the current snapshot was built from, owned
+	// by the run loop after Start: every peer by ID, and by name. A record
+	// is never modified once stored; a change stores a new one.
+	peers   map[string]*Peer
+	order   []*Peer // shared with the current snapshot: copied before a change
 	version uint64
 	loads   LoadTable // shared by every snapshot
 
@@ -87,12 +88,7 @@ func (m *Mirror) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load peers: %w", err)
 	}
-	m.peers = make(map[string]Peer, len(peers))
-	for _, p := range peers {
-		m.peers[p.ID] = p
-	}
-	m.reorder()
-	if err := m.rebuild(ctx); err != nil {
+	if err := m.publishAll(ctx, peers); err != nil {
 		return err
 	}
 	go m.run(ctx, changes)
@@ -249,58 +245,102 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 		if err != nil {
 			return fmt.Errorf("reload peers: %w", err)
 		}
-		m.peers = make(map[string]Peer, len(peers))
-		for _, p := range peers {
-			m.peers[p.ID] = p
-		}
-		m.reorder()
-	} else {
-		moved := false
-		for id := range ids {
-			p, err := m.store.Get(ctx, id)
-			prev, had := m.peers[id]
-			switch {
-			case errors.Is(err, ErrNotFound):
-				delete(m.peers, id)
-				moved = moved || had
-			case err != nil:
-				return fmt.Errorf("reload peer %s: %w", id, err)
-			default:
-				m.peers[id] = p
-				moved = moved || !had || prev.Name != p.Name
-			}
-		}
-		if moved {
-			m.reorder()
+		return m.publishAll(ctx, peers)
+	}
+	// Read every changed peer before changing anything: a failed read
+	// leaves the mirror as it was, to be retried whole.
+	changed := make(map[string]*Peer, len(ids))
+	for id := range ids {
+		p, err := m.store.Get(ctx, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			changed[id] = nil
+		case err != nil:
+			return fmt.Errorf("reload peer %s: %w", id, err)
+		default:
+			changed[id] = &p
 		}
 	}
-	return m.rebuild(ctx)
-}
-
-// reorder sorts order again from peers.
-func (m *Mirror) reorder() {
-	m.order = m.order[:0]
-	for id := range m.peers {
-		m.order = append(m.order, id)
+	pairs, err := m.loadPairs(ctx)
+	if err != nil {
+		return err
 	}
-	sort.Slice(m.order, func(a, b int) bool { return m.peers[m.order[a]].Name < m.peers[m.order[b]].Name })
+	order := slices.Clone(m.order) // the current snapshot's
+	for id, p := range changed {
+		if old, had := m.peers[id]; had {
+			order = removeByName(order, old)
+		}
+		if p == nil {
+			delete(m.peers, id)
+			continue
+		}
+		m.peers[id] = p
+		order = insertByName(order, p)
+	}
+	m.order = order
+	m.publish(changed, pairs)
+	return nil
 }
 
-func (m *Mirror) rebuild(ctx context.Context) error {
+// publishAll makes the snapshot of peers, built whole, current.
+func (m *Mirror) publishAll(ctx context.Context, peers []Peer) error {
+	pairs, err := m.loadPairs(ctx)
+	if err != nil {
+		return err
+	}
+	m.peers = make(map[string]*Peer, len(peers))
+	m.order = make([]*Peer, len(peers))
+	for i := range peers {
+		m.peers[peers[i].ID] = &peers[i]
+		m.order[i] = &peers[i]
+	}
+	slices.SortFunc(m.order, byName)
+	m.publish(nil, pairs)
+	return nil
+}
+
+// removeByName removes p from order, sorted by name.
+func removeByName(order []*Peer, p *Peer) []*Peer {
+	if i, found := slices.BinarySearchFunc(order, p, byName); found && order[i] == p {
+		return slices.Delete(order, i, i+1)
+	}
+	return order
+}
+
+// insertByName inserts p into order, sorted by name.
+func insertByName(order []*Peer, p *Peer) []*Peer {
+	i, _ := slices.BinarySearchFunc(order, p, byName)
+	return slices.Insert(order, i, p)
+}
+
+// pairState is what a snapshot holds of pairs besides their peers.
+type pairState struct {
+	quarantines []Quarantine
+	preflights  []Preflight
+}
+
+func (m *Mirror) loadPairs(ctx context.Context) (pairState, error) {
 	qs, err := m.store.Quarantines(ctx)
 	if err != nil {
-		return fmt.Errorf("load quarantines: %w", err)
+		return pairState{}, fmt.Errorf("load quarantines: %w", err)
 	}
 	pfs, err := m.store.Preflights(ctx)
 	if err != nil {
-		return fmt.Errorf("load preflights: %w", err)
+		return pairState{}, fmt.Errorf("load preflights: %w", err)
 	}
-	peers := make([]Peer, 0, len(m.peers))
-	for _, id := range m.order {
-		peers = append(peers, m.peers[id])
+	return pairState{quarantines: qs, preflights: pfs}, nil
+}
+
+// publish builds the snapshot of m.peers from the current one and the
+// peers that changed (nil: build it whole) and makes it current.
+func (m *Mirror) publish(changed map[string]*Peer, pairs pairState) {
+	prev := m.cur.Load()
+	if changed == nil {
+		prev = nil
 	}
 	m.version++
-	s := NewSnapshotWithPreflights(m.version, peers, qs, pfs, m.cfg.Now())
+	s := buildSnapshot(prev, snapshotInput{version: m.version, peers: m.order, changed: changed,
+		quarantines: pairs.quarantines, preflights: pairs.preflights, now: m.cfg.Now()})
 	s.loads = &m.loads
 	m.cur.Store(s)
 	m.mu.Lock()
@@ -315,5 +355,4 @@ func (m *Mirror) rebuild(ctx context.Context) error {
 		}
 	}
 	m.mu.Unlock()
-	return nil
 }

@@ -57,9 +57,10 @@ type classMembers struct {
 
 // members groups the snapshot's peers by class.
 func (s *Snapshot) members() []classMembers {
-	out := make([]classMembers, len(s.classKeys))
+	out := make([]classMembers, len(s.classes.keys))
 	for _, p := range s.peers {
-		m := &out[s.class[p.ID]]
+		e, _ := s.index.get(p.ID)
+		m := &out[e.class]
 		if p.Role.Prefills() {
 			m.prefills = append(m.prefills, p)
 			if p.Routable() {
@@ -80,7 +81,7 @@ func (s *Snapshot) members() []classMembers {
 }
 
 func (s *Snapshot) geometryClass(c int, rep *Peer) GeometryClass {
-	sum := sha256.Sum256([]byte(s.classKeys[c]))
+	sum := sha256.Sum256([]byte(s.classes.keys[c]))
 	return GeometryClass{ID: hex.EncodeToString(sum[:6]), Model: rep.Model, Shape: Shape(&rep.PeerSpec)}
 }
 
@@ -132,12 +133,13 @@ func (s *Snapshot) PairGroups() []PairGroup {
 		if !q.Active() {
 			continue
 		}
-		p, okP := s.byID[k[0]]
-		d, okD := s.byID[k[1]]
+		ep, okP := s.index.get(k[0])
+		ed, okD := s.index.get(k[1])
 		if !okP || !okD {
 			continue
 		}
-		key := [2]int{s.class[p.ID], s.class[d.ID]}
+		p, d := ep.peer, ed.peer
+		key := [2]int{ep.class, ed.class}
 		c := quarantines[key]
 		c.all++
 		if p.Routable() && d.Routable() {
@@ -232,7 +234,7 @@ func (s *Snapshot) PairsBetween(prefillClass, decodeClass string, limit int) ([]
 }
 
 func (s *Snapshot) classIndex(id string) int {
-	for c, k := range s.classKeys {
+	for c, k := range s.classes.keys {
 		sum := sha256.Sum256([]byte(k))
 		if hex.EncodeToString(sum[:6]) == id {
 			return c

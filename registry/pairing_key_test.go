@@ -30,8 +30,8 @@ func TestCompatKeyMatchesFmt(t *testing.T) {
 		{},
 		{Engine: EngineSim, Model: "m \"quoted\"\n", TransferGroup: "g", KV: KVGeometry{PageSize: 64, DType: "bf16", IsMLA: true, NumLayers: 61},
 			Parallelism: Parallelism{PPSize: 2, AttnTPSize: 8},
-			Ranks: []Rank{{KVMemKinds: []MemKind{1, 2}, KVDataPtrs: []uint64{1, 2}}, {}},
-			Unknown: []string{"kv.dtype", "é\x00"}},
+			Ranks:       []Rank{{KVMemKinds: []MemKind{1, 2}, KVDataPtrs: []uint64{1, 2}}, {}},
+			Unknown:     []string{"kv.dtype", "é\x00"}},
 		{Engine: EngineVLLM, Unknown: []string{}},
 	}
 	for i := range specs {

@@ -2,7 +2,7 @@ package registry
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 )
@@ -14,21 +14,24 @@ type Snapshot struct {
 	Version uint64
 	BuiltAt time.Time
 
-	peers       []*Peer // sorted by name
-	byID        map[string]*Peer
-	class       map[string]int // peer ID -> index into keys
-	classKeys   []string       // compatKey of each class, by index
-	verdicts    map[[2]int]Verdict
-	quarantined map[[2]string]Quarantine // (prefill ID, decode ID), active or on trial
-	preflights  map[[2]string]Preflight  // (prefill ID, decode ID), last preflight of each pair
+	peers   []*Peer // sorted by name
+	index   peerIndex
+	classes *classTable
+	// quarantined holds every quarantine record, active or on trial, by
+	// (prefill ID, decode ID); preflights the last preflight of each pair.
+	quarantined map[[2]string]Quarantine
+	preflights  map[[2]string]Preflight
 	// preflightBlocked holds the pairs whose last preflight, of the peers'
 	// current generations, failed.
 	preflightBlocked map[[2]string]bool
-	trials           int // how many of them are on trial
-	models           map[string]*ModelRoutes
-	modelNames       []string
-	unhealthy        []*Peer // sorted by name; named by Routable
-	loads            *LoadTable
+	// blockedPrefills are the prefills with a pair that an active
+	// quarantine or a failed preflight keeps out of routing.
+	blockedPrefills map[string]bool
+	trials          int // how many quarantines are on trial
+	models          map[string]*ModelRoutes
+	modelNames      []string
+	unhealthy       []*Peer // sorted by name; named by Routable
+	loads           *LoadTable
 }
 
 // ModelRoutes is what the router needs to serve one model: the ready
@@ -37,14 +40,45 @@ type ModelRoutes struct {
 	Model    string
 	Prefills []*Peer
 	Decodes  []*Peer // every ready decode of the model, compatible or not
-	// decodesFor maps a prefill ID to the ready decodes compatible with it
-	// and not quarantined with it (a pair on trial is routable).
-	decodesFor map[string][]*Peer
+
+	index peerIndex // the snapshot's, to find a prefill's class
+	// byClass groups Decodes by class; decodeClasses orders the classes as
+	// the name-sorted Decodes first meet them.
+	byClass       map[int][]*Peer
+	decodeClasses []int
+	// prefillClasses counts the ready prefills of each class; shared maps
+	// each of those classes to its compatible ready decodes, one list for
+	// every prefill of the class.
+	prefillClasses map[int]int
+	shared         map[int][]*Peer
+	// both lists the ready peers of role both; own holds the private lists
+	// of the prefills that may not use their class's list (role both, or
+	// pairs kept out by a quarantine or a failed preflight).
+	both     []*Peer
+	own      map[string][]*Peer
+	pairable bool // some prefill has a decode
 }
 
-// DecodesFor returns the ready decodes the prefill may pair with; shared,
-// do not modify.
-func (m *ModelRoutes) DecodesFor(prefillID string) []*Peer { return m.decodesFor[prefillID] }
+// DecodesFor returns the ready decodes the prefill may pair with: decodes
+// compatible with it and not kept out with it (a pair on trial is
+// routable). Prefills of one class share one list; do not modify it.
+func (m *ModelRoutes) DecodesFor(prefillID string) []*Peer {
+	var ds []*Peer
+	if own, ok := m.own[prefillID]; ok {
+		ds = own
+	} else if e, ok := m.index.get(prefillID); ok && m.routesPrefill(e.peer) {
+		ds = m.shared[e.class]
+	}
+	if len(ds) == 0 {
+		return nil
+	}
+	return ds
+}
+
+// routesPrefill reports whether p is one of the model's ready prefills.
+func (m *ModelRoutes) routesPrefill(p *Peer) bool {
+	return p.Model == m.Model && p.Routable() && p.Role.Prefills()
+}
 
 // PairView is one pair of peers with its verdict, for the API.
 type PairView struct {
@@ -69,131 +103,21 @@ func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now tim
 // the pairs' last preflights: a pair whose current preflight failed is
 // routed no more than a quarantined one.
 func NewSnapshotWithPreflights(version uint64, peers []Peer, quarantines []Quarantine, preflights []Preflight, now time.Time) *Snapshot {
-	s := &Snapshot{
-		Version:     version,
-		BuiltAt:     now,
-		peers:       make([]*Peer, len(peers)),
-		byID:        make(map[string]*Peer, len(peers)),
-		class:       make(map[string]int, len(peers)),
-		verdicts:    map[[2]int]Verdict{},
-		quarantined: make(map[[2]string]Quarantine, len(quarantines)),
-		models:      map[string]*ModelRoutes{},
-	}
-	keys := map[string]int{}
-	reps := []*Peer{} // one representative spec per class
+	ps := make([]*Peer, len(peers))
 	for i := range peers {
-		p := &peers[i]
-		s.peers[i] = p
-		s.byID[p.ID] = p
-		k := compatKey(&p.PeerSpec)
-		c, ok := keys[k]
-		if !ok {
-			c = len(reps)
-			keys[k] = c
-			reps = append(reps, p)
-			s.classKeys = append(s.classKeys, k)
-		}
-		s.class[p.ID] = c
+		ps[i] = &peers[i]
 	}
-	sort.Slice(s.peers, func(a, b int) bool { return s.peers[a].Name < s.peers[b].Name })
-	for _, q := range quarantines {
-		s.quarantined[[2]string{q.PrefillID, q.DecodeID}] = q
-	}
-	s.indexPreflights(preflights)
-
-	// Routes over ready peers, grouped by class so that verdicts are
-	// computed once per pair of classes.
-	for _, p := range s.peers {
-		if p.State == StateUnhealthy {
-			s.unhealthy = append(s.unhealthy, p)
-		}
-		if !p.Routable() {
-			continue
-		}
-		m := s.models[p.Model]
-		if m == nil {
-			m = &ModelRoutes{Model: p.Model, decodesFor: map[string][]*Peer{}}
-			s.models[p.Model] = m
-			s.modelNames = append(s.modelNames, p.Model)
-		}
-		if p.Role.Prefills() {
-			m.Prefills = append(m.Prefills, p)
-		}
-		if p.Role.Decodes() {
-			m.Decodes = append(m.Decodes, p)
-		}
-	}
-	sort.Strings(s.modelNames)
-	quarantinedPrefill := map[string]bool{}
-	for k := range s.preflightBlocked {
-		quarantinedPrefill[k[0]] = true
-	}
-	for k, q := range s.quarantined {
-		if q.Active() {
-			quarantinedPrefill[k[0]] = true
-		} else {
-			s.trials++
-		}
-	}
-	for _, m := range s.models {
-		// Decodes grouped by class; every prefill of one class shares the
-		// same list, so building routes costs O(peers + classes²), not
-		// O(prefills × decodes).
-		var decodeClasses []int
-		byClass := map[int][]*Peer{}
-		for _, d := range m.Decodes {
-			c := s.class[d.ID]
-			if _, ok := byClass[c]; !ok {
-				decodeClasses = append(decodeClasses, c)
-			}
-			byClass[c] = append(byClass[c], d)
-		}
-		shared := map[int][]*Peer{} // prefill class -> compatible ready decodes
-		for _, pf := range m.Prefills {
-			pc := s.class[pf.ID]
-			ds, ok := shared[pc]
-			if !ok {
-				for _, dc := range decodeClasses {
-					if s.classVerdict(pc, dc, reps).Compatible {
-						ds = append(ds, byClass[dc]...)
-					}
-				}
-				shared[pc] = ds
-			}
-			// Rare cases get a private copy: a peer of role both must not
-			// pair with itself, and quarantined pairs and pairs whose
-			// preflight failed are left out.
-			if pf.Role.Decodes() || quarantinedPrefill[pf.ID] {
-				own := make([]*Peer, 0, len(ds))
-				for _, d := range ds {
-					key := [2]string{pf.ID, d.ID}
-					if q, isQ := s.quarantined[key]; d.ID != pf.ID && (!isQ || !q.Active()) && !s.preflightBlocked[key] {
-						own = append(own, d)
-					}
-				}
-				ds = own
-			}
-			if len(ds) > 0 {
-				m.decodesFor[pf.ID] = ds
-			}
-		}
-	}
-	return s
+	slices.SortFunc(ps, byName)
+	return buildSnapshot(nil, snapshotInput{version: version, peers: ps, quarantines: quarantines, preflights: preflights, now: now})
 }
 
-// classVerdict is the verdict between a prefill of class pc and a decode of
-// class dc. Peers of one class differ only in name and role, so the classes'
-// representatives decide for everyone; roles are settled by the callers.
-func (s *Snapshot) classVerdict(pc, dc int, reps []*Peer) Verdict {
-	key := [2]int{pc, dc}
-	if v, ok := s.verdicts[key]; ok {
-		return v
-	}
-	rp, rd := *reps[pc], *reps[dc]
-	rp.Role, rd.Role, rp.Name, rd.Name = RolePrefill, RoleDecode, "p", "d"
-	v := CheckPair(&rp.PeerSpec, &rd.PeerSpec)
-	s.verdicts[key] = v
-	return v
+// Next builds the snapshot that follows s once the peers in changed have
+// changed (the new record; nil for a peer that is gone), as a Mirror does:
+// what the change does not touch is shared with s. peers is every peer,
+// sorted by name; s is not modified.
+func (s *Snapshot) Next(version uint64, peers []*Peer, changed map[string]*Peer, quarantines []Quarantine, preflights []Preflight, now time.Time) *Snapshot {
+	return buildSnapshot(s, snapshotInput{version: version, peers: peers, changed: changed,
+		quarantines: quarantines, preflights: preflights, now: now})
 }
 
 // Peers returns every peer, sorted by name; shared, do not modify.
@@ -201,8 +125,8 @@ func (s *Snapshot) Peers() []*Peer { return s.peers }
 
 // Peer returns the peer with the ID.
 func (s *Snapshot) Peer(id string) (*Peer, bool) {
-	p, ok := s.byID[id]
-	return p, ok
+	e, ok := s.index.get(id)
+	return e.peer, ok
 }
 
 // Models lists the models that have at least one ready peer, sorted.
@@ -222,7 +146,7 @@ func (s *Snapshot) Routable() (bool, string) {
 	for _, name := range s.modelNames {
 		m := s.models[name]
 		switch {
-		case len(m.decodesFor) > 0:
+		case m.pairable:
 			return true, ""
 		case len(m.Prefills) == 0:
 			reason = "model " + name + ": no ready prefill" + s.unhealthyNote(name, Role.Prefills)
@@ -343,10 +267,10 @@ func (s *Snapshot) pairs(prefills, decodes []*Peer, limit int) ([]PairView, int)
 
 // Verdict returns the pairing verdict for two peers of the snapshot.
 func (s *Snapshot) Verdict(prefill, decode *Peer) Verdict {
-	cp, okP := s.class[prefill.ID]
-	cd, okD := s.class[decode.ID]
+	ep, okP := s.index.get(prefill.ID)
+	ed, okD := s.index.get(decode.ID)
 	if okP && okD && prefill.ID != decode.ID && prefill.Role.Prefills() && decode.Role.Decodes() {
-		if v, ok := s.verdicts[[2]int{cp, cd}]; ok {
+		if v, ok := s.classes.verdicts[[2]int{ep.class, ed.class}]; ok {
 			return v
 		}
 	}
@@ -383,22 +307,6 @@ func NewerLoad(l PeerLoad, ok bool, set *LoadSet, slot int32) (PeerLoad, bool) {
 		return t, true
 	}
 	return l, ok
-}
-
-// indexPreflights keeps each pair's preflight and marks the pairs whose
-// preflight of the peers' current generations failed.
-func (s *Snapshot) indexPreflights(preflights []Preflight) {
-	s.preflights = make(map[[2]string]Preflight, len(preflights))
-	s.preflightBlocked = map[[2]string]bool{}
-	for _, pf := range preflights {
-		key := [2]string{pf.PrefillID, pf.DecodeID}
-		s.preflights[key] = pf
-		p, okP := s.byID[pf.PrefillID]
-		d, okD := s.byID[pf.DecodeID]
-		if okP && okD && pf.Failed() && pf.Current(p, d) {
-			s.preflightBlocked[key] = true
-		}
-	}
 }
 
 // Preflight returns the last preflight of a pair, if any.

@@ -2,6 +2,8 @@ package registry_test
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,6 +108,40 @@ func BenchmarkSnapshotBuild(b *testing.B) {
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
 			for range b.N {
 				registry.NewSnapshot(1, peers, nil, time.Now())
+			}
+		})
+	}
+}
+
+// BenchmarkSnapshotPatch measures what every replica pays to follow one
+// change at fleet sizes: one decode marked stale, then ready again, each
+// snapshot built from the one before it (compare BenchmarkSnapshotBuild,
+// the whole rebuild it replaces).
+func BenchmarkSnapshotPatch(b *testing.B) {
+	for _, n := range []int{10, 1000, 10000} {
+		peers := make([]*registry.Peer, 0, n)
+		for i := 0; i < n/2; i++ {
+			p := peer(registrytest.Spec(fmt.Sprintf("p%05d", i), registry.RolePrefill), registry.StateReady)
+			d := peer(registrytest.Spec(fmt.Sprintf("d%05d", i), registry.RoleDecode), registry.StateReady)
+			peers = append(peers, &p, &d)
+		}
+		slices.SortFunc(peers, func(a, b *registry.Peer) int { return strings.Compare(a.Name, b.Name) })
+		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
+			s := registry.NextSnapshot(nil, 1, peers, nil, nil, nil)
+			victim := slices.IndexFunc(peers, func(p *registry.Peer) bool { return p.Role == registry.RoleDecode })
+			states := [2]registry.State{registry.StateStale, registry.StateReady}
+			k := 0
+			for b.Loop() {
+				next := *peers[victim]
+				next.State = states[k%2]
+				k++
+				order := slices.Clone(peers) // as the Mirror does: the previous snapshot keeps its list
+				order[victim] = &next
+				peers = order
+				s = registry.NextSnapshot(s, uint64(k+1), peers, map[string]*registry.Peer{next.ID: &next}, nil, nil)
+			}
+			if len(s.Peers()) != n {
+				b.Fatalf("snapshot holds %d peers, want %d", len(s.Peers()), n)
 			}
 		})
 	}

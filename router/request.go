@@ -134,19 +134,10 @@ func parseRequest(rt route, body []byte, prefixBytes int) (*request, *apiError) 
 		if m == nil || isNull(m.value(body)) {
 			return nil, badRequest("'prompt' is a required property", "prompt", "missing_required_parameter")
 		}
-		v := m.value(body)
-		switch v[0] {
-		case '"':
-		case '[':
-			b, e := batchOf(v, "prompt", false)
-			if e != nil {
-				return nil, e
-			}
-			q.batch = b
-		default:
-			return nil, badRequest("'prompt' must be a string or an array", "prompt", "invalid_type")
+		prompt = m.value(body)
+		if e := q.readPrompt(prompt, "prompt", false, "'prompt' must be a string or an array"); e != nil {
+			return nil, e
 		}
-		prompt = v
 		if e := q.readN(find(ms, "n"), "n"); e != nil {
 			return nil, e
 		}
@@ -164,19 +155,10 @@ func parseRequest(rt route, body []byte, prefixBytes int) (*request, *apiError) 
 		case text != nil && ids != nil:
 			return nil, badRequest("give either 'text' or 'input_ids', not both", "input_ids", "invalid_value")
 		case text != nil:
-			v := text.value(body)
-			switch v[0] {
-			case '"':
-			case '[':
-				b, e := batchOf(v, "text", true)
-				if e != nil {
-					return nil, e
-				}
-				q.batch = b
-			default:
-				return nil, badRequest("'text' must be a string or an array of strings", "text", "invalid_type")
+			prompt = text.value(body)
+			if e := q.readPrompt(prompt, "text", true, "'text' must be a string or an array of strings"); e != nil {
+				return nil, e
 			}
-			prompt = v
 		default:
 			v := ids.value(body)
 			if v[0] != '[' {
@@ -228,6 +210,24 @@ func (q *request) readN(m *jsonMember, param string) *apiError {
 		return badRequest("'"+param+"' must be an integer from 1 to "+strconv.Itoa(maxParallelN), param, "invalid_value")
 	}
 	q.n = n
+	return nil
+}
+
+// readPrompt reads v, the value of param, as a string (one prompt) or an
+// array (batchOf: a batch, or one tokenized prompt unless stringsOnly); any
+// other value is refused with wrongType.
+func (q *request) readPrompt(v []byte, param string, stringsOnly bool, wrongType string) *apiError {
+	switch v[0] {
+	case '"':
+	case '[':
+		b, e := batchOf(v, param, stringsOnly)
+		if e != nil {
+			return e
+		}
+		q.batch = b
+	default:
+		return badRequest(wrongType, param, "invalid_type")
+	}
 	return nil
 }
 

@@ -392,30 +392,30 @@ func TestFailedLegCancelsTheOther(t *testing.T) {
 	both := func(p, d *sim.Sim) func() bool {
 		return func() bool { return p.Stats().Requests == 1 && d.Stats().Requests == 1 }
 	}
-	t.Run("prefill failure cancels decode", func(t *testing.T) {
-		t.Parallel()
-		p, d := heldPair(t, registry.EngineSGLang)
-		b := setupSims(t, router.Config{MaxAttempts: 1}, p, d)
-		done := sendInBackground(context.Background(), b, "/v1/chat/completions", body)
-		simtest.WaitFor(t, "both legs to arrive", both(p, d))
-		setFault(t, p, sim.FaultCrash)
-		if st := <-done; st != http.StatusBadGateway {
-			t.Fatalf("status %d", st)
-		}
-		simtest.WaitFor(t, "the decode's leg cancelled", func() bool { return d.Load().Running == 0 })
-	})
-	t.Run("decode failure cancels prefill", func(t *testing.T) {
-		t.Parallel()
-		p, d := heldPair(t, registry.EngineSGLang)
-		b := setupSims(t, router.Config{MaxAttempts: 1}, p, d)
-		done := sendInBackground(context.Background(), b, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`)
-		simtest.WaitFor(t, "both legs to arrive", both(p, d))
-		setFault(t, d, sim.FaultCrash)
-		if st := <-done; st != http.StatusBadGateway {
-			t.Fatalf("status %d", st)
-		}
-		simtest.WaitFor(t, "the prefill's leg cancelled", func() bool { return p.Load().Running == 0 })
-	})
+	for _, tc := range []struct {
+		failing, other string // the leg whose engine dies, the leg cancelled
+		path, body     string
+	}{
+		{"prefill", "decode", "/v1/chat/completions", body},
+		{"decode", "prefill", "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`},
+	} {
+		t.Run(tc.failing+" failure cancels "+tc.other, func(t *testing.T) {
+			t.Parallel()
+			p, d := heldPair(t, registry.EngineSGLang)
+			failing, other := p, d
+			if tc.failing == "decode" {
+				failing, other = d, p
+			}
+			b := setupSims(t, router.Config{MaxAttempts: 1}, p, d)
+			done := sendInBackground(context.Background(), b, tc.path, tc.body)
+			simtest.WaitFor(t, "both legs to arrive", both(p, d))
+			setFault(t, failing, sim.FaultCrash)
+			if st := <-done; st != http.StatusBadGateway {
+				t.Fatalf("status %d", st)
+			}
+			simtest.WaitFor(t, "the "+tc.other+"'s leg cancelled", func() bool { return other.Load().Running == 0 })
+		})
+	}
 	t.Run("client leaving cancels both", func(t *testing.T) {
 		t.Parallel()
 		p, d := heldPair(t, registry.EngineSGLang)

@@ -44,8 +44,12 @@ type fleetResult struct {
 	hbLatency                    []time.Duration // each heartbeat's round trip
 	markLatency                  []time.Duration // each stale mark's round trip on replica A
 	fanOut                       []time.Duration // mark sent on A → seen in another replica's snapshot
-	missed                       int             // marks some replica never showed within the deadline
-	pgCPU, selfCPU               time.Duration
+	// fanOutCommitted is fanOut less the mark's round trip on A: from A's
+	// answer (the mark committed and announced) until another replica's
+	// snapshot shows it.
+	fanOutCommitted []time.Duration
+	missed          int // marks some replica never showed within the deadline
+	pgCPU, selfCPU  time.Duration
 }
 
 // fleetPeer is one registered peer as its agent knows it.
@@ -250,6 +254,7 @@ func markAndWatch(tb testing.TB, ctx context.Context, reps []fleetReplica, peers
 				continue
 			}
 			res.fanOut = append(res.fanOut, seen[i])
+			res.fanOutCommitted = append(res.fanOutCommitted, max(0, seen[i]-res.markLatency[k]))
 		}
 		select {
 		case <-ctx.Done():
@@ -380,6 +385,8 @@ func BenchmarkRegistryFleet(b *testing.B) {
 		b.ReportMetric(ms(pct(res.markLatency, 0.5)), "mark-p50-ms")
 		b.ReportMetric(ms(pct(res.fanOut, 0.5)), "fanout-p50-ms")
 		b.ReportMetric(ms(pct(res.fanOut, 0.99)), "fanout-p99-ms")
+		b.ReportMetric(ms(pct(res.fanOutCommitted, 0.5)), "committed-fanout-p50-ms")
+		b.ReportMetric(ms(pct(res.fanOutCommitted, 0.99)), "committed-fanout-p99-ms")
 		b.ReportMetric(float64(res.missed), "fanout-missed")
 		b.ReportMetric(res.pgCPU.Seconds()/secs, "pg-cores")
 		b.ReportMetric(res.selfCPU.Seconds()/secs, "replicas+clients-cores")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -57,7 +58,7 @@ func TestGoldenPublished(t *testing.T) {
 	dv := b.register(t, registrytest.PublishedSpec("d0", registry.RoleDecode))
 	b.heartbeat(t, pf["id"].(string), "inst-p0")
 	b.heartbeat(t, dv["id"].(string), "inst-d0")
-	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
+	simtest.WaitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
 	b.checkGolden(t, []goldenCase{
 		{"published-peer", "GET", "/api/v1/peers/" + dv["id"].(string), "", "", http.StatusOK},
 		{"published-pairs", "GET", "/api/v1/pairs", "", "", http.StatusOK},
@@ -74,7 +75,7 @@ func (b *bundle) goldenCases(t *testing.T) []goldenCase {
 	dv := b.register(t, registrytest.Spec("d0", registry.RoleDecode))
 	b.heartbeat(t, pf["id"].(string), "inst-p0")
 	b.heartbeat(t, dv["id"].(string), "inst-d0")
-	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
+	simtest.WaitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
 	bad := strings.Replace(string(specJSON(registrytest.Spec("x", registry.RoleDecode))), `"VRAM","VRAM"`, `"VRAM","HBM"`, 1)
 
 	return []goldenCase{

@@ -103,14 +103,25 @@ func (h handlers) GetPeer(ctx context.Context, req api.GetPeerRequestObject) (ap
 // GetPeerRegistration returns the full registration; auth.go admits only
 // peer credentials (of the peer or its counterparts) and the admin token.
 func (h handlers) GetPeerRegistration(ctx context.Context, req api.GetPeerRegistrationRequestObject) (api.GetPeerRegistrationResponseObject, error) {
-	p, err := h.store.Get(ctx, req.Id)
+	p, err := h.readableRegistration(ctx, req.Id)
 	if err != nil {
 		return nil, err
 	}
-	if prob := h.checkRegistrationRead(principalFrom(ctx), &p); prob != nil {
-		return nil, prob
-	}
 	return api.GetPeerRegistration200JSONResponse(apiconv.Peer(&p, h.timing())), nil
+}
+
+// readableRegistration returns the peer id names if the caller may read its
+// full registration (checkRegistrationRead), and the problem otherwise. It
+// gates the registration and the probe alike: the same peers may read both.
+func (h handlers) readableRegistration(ctx context.Context, id string) (registry.Peer, error) {
+	p, err := h.store.Get(ctx, id)
+	if err != nil {
+		return registry.Peer{}, err
+	}
+	if prob := h.checkRegistrationRead(principalFrom(ctx), &p); prob != nil {
+		return registry.Peer{}, prob
+	}
+	return p, nil
 }
 
 func (h handlers) DeletePeer(ctx context.Context, req api.DeletePeerRequestObject) (api.DeletePeerResponseObject, error) {
@@ -333,12 +344,8 @@ func (h handlers) PublishProbe(ctx context.Context, req api.PublishProbeRequestO
 // GetProbe returns a peer's probe to the peers that may preflight it (the
 // same ones that may read its registration).
 func (h handlers) GetProbe(ctx context.Context, req api.GetProbeRequestObject) (api.GetProbeResponseObject, error) {
-	p, err := h.store.Get(ctx, req.Id)
-	if err != nil {
+	if _, err := h.readableRegistration(ctx, req.Id); err != nil {
 		return nil, err
-	}
-	if prob := h.checkRegistrationRead(principalFrom(ctx), &p); prob != nil {
-		return nil, prob
 	}
 	pr, err := h.store.Probe(ctx, req.Id)
 	if err != nil {

@@ -320,7 +320,7 @@ func TestEventStreamsAreCapped(t *testing.T) {
 	b.wantStreamRefused(t, "third stream", server.ProblemTooManyStreams, "max_event_streams")
 
 	cancel1()
-	waitFor(t, "the first stream to end", func() bool { return b.gauge(t, "pdplane_api_event_streams", nil) == 1 })
+	simtest.WaitFor(t, "the first stream to end", func() bool { return b.gauge(t, "pdplane_api_event_streams", nil) == 1 })
 	s3 := b.openStream(t, context.Background())
 	s3.Body.Close()
 }
@@ -373,7 +373,7 @@ func TestTrickledBodiesHoldNoMemoryAndAreCut(t *testing.T) {
 		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", path, addr, declared)
 		open = append(open, sent{c, time.Now()})
 	}
-	waitFor(t, "every connection in the router's body read", func() bool {
+	simtest.WaitFor(t, "every connection in the router's body read", func() bool {
 		return b.gauge(t, "pdplane_router_inflight_requests", nil) == conns
 	})
 	runtime.GC()
@@ -404,7 +404,7 @@ func TestTrickledBodiesHoldNoMemoryAndAreCut(t *testing.T) {
 			t.Fatalf("connection %d still open after the answer (read %d, %v)", i, n, err)
 		}
 	}
-	waitFor(t, "no router request in flight", func() bool {
+	simtest.WaitFor(t, "no router request in flight", func() bool {
 		return b.gauge(t, "pdplane_router_inflight_requests", nil) == 0
 	})
 

@@ -15,6 +15,7 @@ import (
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // TestStoreOutageAnswers503 cuts a replica off its PostgreSQL (a real
@@ -47,7 +48,7 @@ func TestStoreOutageAnswers503(t *testing.T) {
 		ids = append(ids, p["id"].(string))
 		b.heartbeat(t, p["id"].(string), s.InstanceID)
 	}
-	waitFor(t, "a routable pair in the snapshot", func() bool { ok, _ := mirror.Snapshot().Routable(); return ok })
+	simtest.WaitFor(t, "a routable pair in the snapshot", func() bool { ok, _ := mirror.Snapshot().Routable(); return ok })
 
 	outage.Cut()
 	for _, tc := range []struct {
@@ -96,7 +97,7 @@ func TestStoreOutageAnswers503(t *testing.T) {
 	}
 
 	outage.Restore()
-	waitFor(t, "the API answering again", func() bool {
+	simtest.WaitFor(t, "the API answering again", func() bool {
 		code, _, _ := b.do(t, "GET", "/api/v1/peers", "", nil)
 		return code == http.StatusOK
 	})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // TestProbeAndPreflight walks the API the agents use for preflights: the
@@ -54,7 +55,7 @@ func TestProbeAndPreflight(t *testing.T) {
 		}
 		return len(r.DecodesFor(prefill))
 	}
-	waitFor(t, "both prefills routed to the decode", func() bool { return routes(pid) == 1 && routes(p1id) == 1 })
+	simtest.WaitFor(t, "both prefills routed to the decode", func() bool { return routes(pid) == 1 && routes(p1id) == 1 })
 	const nixlErr = "preflight write of 4096 bytes: nixl_capi_check_remote_md: not found (-6)"
 	failed := map[string]any{"state": "failed", "backend": "nixl", "mem_kind": "DRAM", "gbps": 0, "latency_us": 0,
 		"checked_at": "2026-12-01T10:00:00Z", "error": nixlErr}
@@ -70,7 +71,7 @@ func TestProbeAndPreflight(t *testing.T) {
 	if code, out, _ := b.do(t, "PUT", reportPath, b.cred(pid), failed); code != 200 || out["current"] != true {
 		t.Fatalf("report failed preflight: %d %v", code, out)
 	}
-	waitFor(t, "the failed preflight in the snapshot", func() bool { return routes(pid) == 0 })
+	simtest.WaitFor(t, "the failed preflight in the snapshot", func() bool { return routes(pid) == 0 })
 	if routes(p1id) != 1 {
 		t.Fatalf("the other prefill lost the decode")
 	}
@@ -89,7 +90,7 @@ func TestProbeAndPreflight(t *testing.T) {
 	if code, out, _ := b.do(t, "PUT", reportPath, b.cred(pid), passed); code != 200 {
 		t.Fatalf("report passed preflight: %d %v", code, out)
 	}
-	waitFor(t, "the pair routable again", func() bool { return routes(pid) == 1 })
+	simtest.WaitFor(t, "the pair routable again", func() bool { return routes(pid) == 1 })
 	pair = b.pair(t, pid, did)
 	pre, _ = pair["preflight"].(map[string]any)
 	if pair["routable"] != true || pre == nil || pre["gbps"] != 1.25 || pre["latency_us"] != 80.5 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // quarantine drives the pair into quarantine the way the product does: a
@@ -45,9 +46,9 @@ func TestLiftQuarantine(t *testing.T) {
 		r := b.mirror.Snapshot().Routes("m")
 		return r != nil && len(r.DecodesFor(pid)) == 1
 	}
-	waitFor(t, "a routable pair", routable)
+	simtest.WaitFor(t, "a routable pair", routable)
 	quarantine(t, b, pid, &dspec, did)
-	waitFor(t, "the quarantine in the snapshot", func() bool { return !routable() })
+	simtest.WaitFor(t, "the quarantine in the snapshot", func() bool { return !routable() })
 
 	code, out, _ := b.do(t, "GET", "/api/v1/pairs", "", nil)
 	pair := out["pairs"].([]any)[0].(map[string]any)
@@ -67,7 +68,7 @@ func TestLiftQuarantine(t *testing.T) {
 	if code, out, _ := b.do(t, "DELETE", path, adminToken, nil); code != http.StatusNoContent {
 		t.Fatalf("lift: %d %v", code, out)
 	}
-	waitFor(t, "the pair routable again", routable)
+	simtest.WaitFor(t, "the pair routable again", routable)
 	code, out, _ = b.do(t, "GET", "/api/v1/pairs", "", nil)
 	pair = out["pairs"].([]any)[0].(map[string]any)
 	if code != 200 || pair["routable"] != true || pair["quarantine"] != nil || pair["quarantined"] != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/server/api/apiconv"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 const (
@@ -482,19 +483,6 @@ func TestHeartbeatStaleAndReregister(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds, e.g. until the mirror has caught up
-// with the store.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestUnhealthyDecode: a heartbeat whose agent reports the engine down
 // takes the decode out of routing; /readyz says so and names it, the page's
 // API and the metrics show the state, and the next healthy heartbeat brings
@@ -510,7 +498,7 @@ func TestUnhealthyDecode(t *testing.T) {
 	p, d := b.register(t, pf), b.register(t, dv)
 	b.heartbeat(t, p["id"].(string), pf.InstanceID)
 	b.heartbeat(t, d["id"].(string), dv.InstanceID)
-	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
+	simtest.WaitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
 
 	hbPath := "/api/v1/peers/" + d["id"].(string) + "/heartbeat"
 	code, out, _ := b.do(t, "POST", hbPath, b.cred(d["id"].(string)), map[string]any{
@@ -518,7 +506,7 @@ func TestUnhealthyDecode(t *testing.T) {
 	if code != 200 || out["state"] != "unhealthy" || out["action"] != "none" {
 		t.Fatalf("heartbeat with the engine down: %d %v", code, out)
 	}
-	waitFor(t, "the decode out of routing", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return !ok })
+	simtest.WaitFor(t, "the decode out of routing", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return !ok })
 	code, body := get("/readyz")
 	if want := "not ready: model m: no ready decode (unhealthy: decode d0: engine unhealthy: GET /health: connection refused)"; code != 503 || strings.TrimSpace(body) != want {
 		t.Fatalf("readyz: %d %q, want 503 %q", code, body, want)
@@ -534,7 +522,7 @@ func TestUnhealthyDecode(t *testing.T) {
 	if hb := b.heartbeat(t, d["id"].(string), dv.InstanceID); hb["state"] != "ready" {
 		t.Fatalf("heartbeat with the engine back: %v", hb)
 	}
-	waitFor(t, "the decode back in routing", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
+	simtest.WaitFor(t, "the decode back in routing", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
 
 	for _, tc := range []struct {
 		body map[string]any
@@ -574,7 +562,7 @@ func TestPairsAndReadiness(t *testing.T) {
 		p := b.register(t, s)
 		b.heartbeat(t, p["id"].(string), s.InstanceID)
 	}
-	waitFor(t, "three ready peers in the snapshot", func() bool {
+	simtest.WaitFor(t, "three ready peers in the snapshot", func() bool {
 		r := b.mirror.Snapshot().Routes("m")
 		return r != nil && len(r.Prefills)+len(r.Decodes) == 3
 	})

@@ -11,6 +11,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/server"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // TestShutdownEndsStreamsAndReadiness: BeginShutdown turns /readyz to 503,
@@ -23,7 +24,7 @@ func TestShutdownEndsStreamsAndReadiness(t *testing.T) {
 		p := b.register(t, s)
 		b.heartbeat(t, p["id"].(string), s.InstanceID)
 	}
-	waitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
+	simtest.WaitFor(t, "a routable pair", func() bool { ok, _ := b.mirror.Snapshot().Routable(); return ok })
 	if code, _, _ := b.raw(t, "GET", "/readyz", ""); code != http.StatusOK {
 		t.Fatalf("readyz before shutdown: %d", code)
 	}
@@ -52,7 +53,7 @@ func TestShutdownEndsStreamsAndReadiness(t *testing.T) {
 		t.Fatalf("readyz while shutting down: %d %q", code, data)
 	}
 	b.wantStreamRefused(t, "new stream while shutting down", server.ProblemUnavailable, "shutting_down")
-	waitFor(t, "the stream gauge to drop", func() bool { return b.gauge(t, "pdplane_api_event_streams", nil) == 0 })
+	simtest.WaitFor(t, "the stream gauge to drop", func() bool { return b.gauge(t, "pdplane_api_event_streams", nil) == 0 })
 	if code, _, _ := b.do(t, "GET", "/api/v1/peers", "", nil); code != http.StatusOK {
 		t.Fatalf("list peers while shutting down: %d", code)
 	}

@@ -42,9 +42,6 @@ type agentState struct {
 	// KV args went to (SGLang decode: once per prefill and agent, as
 	// CommonKVReceiver's connection pool does).
 	prefills map[string]rankEndpoint
-	// readKeys holds the keys loaded into reads, so that a fault can evict
-	// them.
-	readKeys map[string]bool
 }
 
 // randomSuffix returns n random hex digits.
@@ -66,7 +63,7 @@ func (s *Sim) newAgentState(gen int64) (*agentState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transfer backend %s: %w", s.cfg.Transfer, err)
 	}
-	st := &agentState{gen: gen, name: name, backend: b, prefills: map[string]rankEndpoint{}, readKeys: map[string]bool{}}
+	st := &agentState{gen: gen, name: name, backend: b, prefills: map[string]rankEndpoint{}}
 	if tb, ok := b.(*tcp.Backend); ok {
 		st.secret = tb.Secret()
 	}
@@ -175,29 +172,13 @@ func (st *agentState) forgetPrefill(addr string) {
 	delete(st.prefills, addr)
 }
 
-func (st *agentState) noteReadKey(key string) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.readKeys[key] = true
-}
-
 // evictReads drops every loaded prefill so that the next read prepares it
 // again.
 func (st *agentState) evictReads() error {
 	if st.reads == nil {
 		return nil
 	}
-	st.mu.Lock()
-	keys := make([]string, 0, len(st.readKeys))
-	for k := range st.readKeys {
-		keys = append(keys, k)
-	}
-	st.mu.Unlock()
-	var errs []error
-	for _, k := range keys {
-		errs = append(errs, st.reads.Evict(k))
-	}
-	return errors.Join(errs...)
+	return st.reads.EvictAll()
 }
 
 // resolveDecode is the prefill's preparation of a decode's destination

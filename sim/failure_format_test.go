@@ -30,7 +30,9 @@ import (
 //     {"type":"abort","message":...,"status_code":500}, then data: [DONE].
 func TestSGLangFailureFormats(t *testing.T) {
 	t.Parallel()
-	const wait = 300 * time.Millisecond
+	// Long enough that a loaded machine still gets the decode into the room
+	// before the prefill gives up on it (it once did not, at 300 ms).
+	const wait = time.Second
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.RoomTimeout = wait })
 	if err := d.SetFault(sim.FaultMissingMemKind); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/transfer"
 )
 
 // Fault is a failure the simulator can be told to show.
@@ -311,24 +312,17 @@ func (s *Sim) Stats() Stats {
 	st.TransfersFrom = maps.Clone(c.from)
 	c.fromMu.Unlock()
 	if cur := s.state.Load(); cur != nil {
+		var cache *transfer.RemoteCache
 		var keys []string
-		if cur.worker != nil {
-			keys = s.decodes.keys()
-			for _, k := range keys {
-				if a, g, ok := cur.worker.Cache().Loaded(k); ok {
-					st.Remotes = append(st.Remotes, RemoteAgent{Key: k, Agent: a, Generation: g})
-				}
-			}
-		} else if cur.reads != nil {
-			cur.mu.Lock()
-			for k := range cur.readKeys {
-				keys = append(keys, k)
-			}
-			cur.mu.Unlock()
-			for _, k := range keys {
-				if a, g, ok := cur.reads.Loaded(k); ok {
-					st.Remotes = append(st.Remotes, RemoteAgent{Key: k, Agent: a, Generation: g})
-				}
+		switch {
+		case cur.worker != nil:
+			cache, keys = cur.worker.Cache(), s.decodes.keys()
+		case cur.reads != nil:
+			cache, keys = cur.reads, cur.reads.Keys()
+		}
+		for _, k := range keys {
+			if a, g, ok := cache.Loaded(k); ok {
+				st.Remotes = append(st.Remotes, RemoteAgent{Key: k, Agent: a, Generation: g})
 			}
 		}
 		sort.Slice(st.Remotes, func(i, j int) bool { return st.Remotes[i].Key < st.Remotes[j].Key })

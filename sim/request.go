@@ -377,6 +377,21 @@ func anyTrue(field string, raw json.RawMessage) (bool, error) {
 	return false, nil
 }
 
+// bootstrapField decodes one bootstrap field: a list of the batch's values
+// when list, and otherwise one scalar, returned as a list of one.
+func bootstrapField[T any](m json.RawMessage, list bool) ([]T, error) {
+	if list {
+		var vs []T
+		err := json.Unmarshal(m, &vs)
+		return vs, err
+	}
+	var v T
+	if err := json.Unmarshal(m, &v); err != nil {
+		return nil, err
+	}
+	return []T{v}, nil
+}
+
 // parseBootstrap reads the bootstrap triple: scalars for one prompt, lists
 // of the batch's length for a batch. Absent is fine (nil); the protocol
 // code decides whether it needs one.
@@ -395,37 +410,19 @@ func parseBootstrap(raw *rawRequest, n int, batch bool) ([]bootstrap, error) {
 		}
 		return nil, badf("bootstrap_room", "a single prompt needs scalar bootstrap fields")
 	}
-	var hosts []string
-	var ports []*int
-	var rooms []uint64
-	if list {
-		if err := json.Unmarshal(raw.BootstrapHost, &hosts); err != nil {
-			return nil, badf("bootstrap_host", "%v", err)
+	hosts, err := bootstrapField[string](raw.BootstrapHost, list)
+	if err != nil {
+		return nil, badf("bootstrap_host", "%v", err)
+	}
+	rooms, err := bootstrapField[uint64](raw.BootstrapRoom, list)
+	if err != nil {
+		return nil, badf("bootstrap_room", "must be an integer in [0, 2^63): %v", err)
+	}
+	var ports []*int // nil: every entry on the default port
+	if !isNull(raw.BootstrapPort) {
+		if ports, err = bootstrapField[*int](raw.BootstrapPort, list); err != nil {
+			return nil, badf("bootstrap_port", "%v", err)
 		}
-		if err := json.Unmarshal(raw.BootstrapRoom, &rooms); err != nil {
-			return nil, badf("bootstrap_room", "%v", err)
-		}
-		if !isNull(raw.BootstrapPort) {
-			if err := json.Unmarshal(raw.BootstrapPort, &ports); err != nil {
-				return nil, badf("bootstrap_port", "%v", err)
-			}
-		}
-	} else {
-		var h string
-		var r uint64
-		var p *int
-		if err := json.Unmarshal(raw.BootstrapHost, &h); err != nil {
-			return nil, badf("bootstrap_host", "%v", err)
-		}
-		if err := json.Unmarshal(raw.BootstrapRoom, &r); err != nil {
-			return nil, badf("bootstrap_room", "must be an integer in [0, 2^63): %v", err)
-		}
-		if !isNull(raw.BootstrapPort) {
-			if err := json.Unmarshal(raw.BootstrapPort, &p); err != nil {
-				return nil, badf("bootstrap_port", "%v", err)
-			}
-		}
-		hosts, rooms, ports = []string{h}, []uint64{r}, []*int{p}
 	}
 	if len(hosts) != n || len(rooms) != n || (ports != nil && len(ports) != n) {
 		return nil, badf("bootstrap_room", "want %d bootstrap entries, got %d hosts, %d ports, %d rooms", n, len(hosts), len(ports), len(rooms))

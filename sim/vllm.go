@@ -168,7 +168,6 @@ func kvLoadFailed(cause error) *httpError {
 // transfer uses pages any more.
 func (s *Sim) readKV(ctx context.Context, st *agentState, info *agentInfo, pages, blocks []int, notif string) error {
 	p := info.peer()
-	st.noteReadKey(p.Key)
 	r, release, err := st.reads.Acquire(p)
 	if err != nil {
 		return fmt.Errorf("load prefill %s: %w", info.AgentName, err)

@@ -205,17 +205,26 @@ func TestResolvedNeverMissing(t *testing.T) {
 	}
 }
 
+// plan resolves dst for s (the decode's attention TP size dstTP, rank
+// dstRank) and builds the plan that moves pages to it, failing the test on
+// either error.
+func plan(t *testing.T, s transfer.Source, dst transfer.RankGeometry, dstTP, dstRank int, pages transfer.Pages, notif string) *transfer.Plan {
+	t.Helper()
+	d, err := transfer.Resolve(s, dst, dstTP, dstRank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := transfer.BuildPlan(s, d, pages, notif)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func TestBuildPlanEqualTPMergesContiguousPages(t *testing.T) {
 	t.Parallel()
 	s := src(false, false, 2, D, D, D, D) // K0 K1 V0 V1, 8 slots of 256 bytes
-	d, err := transfer.Resolve(s, geom("decode", 0x900000, 256, 8, D, D, D, D), 2, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := transfer.BuildPlan(s, d, transfer.Pages{SrcPages: []int{1, 2, 3, 6}, DstPages: []int{4, 5, 6, 0}}, "room_kv_0_1_0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := plan(t, s, geom("decode", 0x900000, 256, 8, D, D, D, D), 2, 0, transfer.Pages{SrcPages: []int{1, 2, 3, 6}, DstPages: []int{4, 5, 6, 0}}, "room_kv_0_1_0")
 	if p.Path != transfer.PathEqualTP || len(p.Steps) != 1 {
 		t.Fatalf("path %s, %d steps", p.Path, len(p.Steps))
 	}
@@ -243,14 +252,7 @@ func TestBuildPlanEqualTPMergesContiguousPages(t *testing.T) {
 func TestBuildPlanMHAWithExtraDecodeLayers(t *testing.T) {
 	t.Parallel()
 	s := src(false, false, 1, D, D) // K0 V0
-	d, err := transfer.Resolve(s, geom("decode", 0x900000, 256, 8, D, D, D, D), 1, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := transfer.BuildPlan(s, d, transfer.Pages{SrcPages: []int{0}, DstPages: []int{2}}, "n")
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := plan(t, s, geom("decode", 0x900000, 256, 8, D, D, D, D), 1, 0, transfer.Pages{SrcPages: []int{0}, DstPages: []int{2}}, "n")
 	// V0 of the source goes to the first V region of the decode (index 2).
 	got := p.Steps[0].Dst.Descs
 	if len(got) != 2 || got[0].Addr != 0x900000+512 || got[1].Addr != 0x900000+2*0x10000+512 {
@@ -262,14 +264,7 @@ func TestBuildPlanMLAUsesDecodeStride(t *testing.T) {
 	t.Parallel()
 	s := src(true, false, 1, V, V)
 	dg := geom("decode", 0x900000, 512, 8, V, V) // decode slots are wider
-	d, err := transfer.Resolve(s, dg, 4, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := transfer.BuildPlan(s, d, transfer.Pages{SrcPages: []int{0, 1}, DstPages: []int{3, 4}}, "n")
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := plan(t, s, dg, 4, 0, transfer.Pages{SrcPages: []int{0, 1}, DstPages: []int{3, 4}}, "n")
 	st := p.Steps[0]
 	if p.Path != transfer.PathMLA || st.Local.Kind != V || st.Dst.Kind != V {
 		t.Fatalf("path %s kinds %s/%s", p.Path, st.Local.Kind, st.Dst.Kind)
@@ -284,14 +279,7 @@ func TestBuildPlanMLAUsesDecodeStride(t *testing.T) {
 func TestBuildPlanMixedSegments(t *testing.T) {
 	t.Parallel()
 	s := src(false, false, 2, V, V, V, V)
-	d, err := transfer.Resolve(s, geom("decode", 0x900000, 256, 8, V, D, V, D), 2, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := transfer.BuildPlan(s, d, transfer.Pages{SrcPages: []int{5}, DstPages: []int{7}}, "42_kv_0_1_0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := plan(t, s, geom("decode", 0x900000, 256, 8, V, D, V, D), 2, 0, transfer.Pages{SrcPages: []int{5}, DstPages: []int{7}}, "42_kv_0_1_0")
 	if p.Path != transfer.PathMixedSegments || len(p.Steps) != 4 {
 		t.Fatalf("path %s with %d steps", p.Path, len(p.Steps))
 	}
@@ -341,14 +329,7 @@ func TestBuildPlanHeteroTP(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := transfer.Source{Geometry: geom("p", 0x100000, tc.srcItem, tc.srcSlots, V, V), AttnTPSize: tc.srcTP, AttnTPRank: tc.srcRank, PageSize: pageSize, TotalKVHeads: heads}
-			d, err := transfer.Resolve(s, geom("d", 0x900000, tc.dstItem, tc.dstSlots, V, V), tc.dstTP, tc.dstRank)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := transfer.BuildPlan(s, d, transfer.Pages{SrcPages: []int{1}, DstPages: []int{2}}, "n")
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := plan(t, s, geom("d", 0x900000, tc.dstItem, tc.dstSlots, V, V), tc.dstTP, tc.dstRank, transfer.Pages{SrcPages: []int{1}, DstPages: []int{2}}, "n")
 			st := p.Steps[0]
 			if p.Path != transfer.PathHeteroTP || len(st.Local.Descs) != 2*pageSize {
 				t.Fatalf("path %s, %d spans", p.Path, len(st.Local.Descs))

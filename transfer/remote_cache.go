@@ -3,6 +3,8 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/rs/zerolog"
@@ -233,19 +235,29 @@ func (c *RemoteCache) Loaded(key string) (agent string, generation int64, ok boo
 	return s.cur.AgentName, s.cur.Generation, true
 }
 
+// Keys returns the keys of the peers acquired so far (loaded, or evicted
+// since), in no particular order.
+func (c *RemoteCache) Keys() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Collect(maps.Keys(c.slots))
+}
+
+// EvictAll drops every loaded peer, waiting for their transfers; the next
+// Acquire of each loads it again.
+func (c *RemoteCache) EvictAll() error {
+	var errs []error
+	for _, k := range c.Keys() {
+		errs = append(errs, c.Evict(k))
+	}
+	return errors.Join(errs...)
+}
+
 // Close evicts every peer (waiting for their transfers) and refuses new
 // acquisitions.
 func (c *RemoteCache) Close() error {
 	c.mu.Lock()
 	c.closed = true
-	keys := make([]string, 0, len(c.slots))
-	for k := range c.slots {
-		keys = append(keys, k)
-	}
 	c.mu.Unlock()
-	var errs []error
-	for _, k := range keys {
-		errs = append(errs, c.Evict(k))
-	}
-	return errors.Join(errs...)
+	return c.EvictAll()
 }

@@ -157,6 +157,24 @@ func testWorkerReRegistration(t *testing.T, f transfertest.Factory) {
 	if err := w.Send(ctx, transfer.Job{Peer: d1.peer(t, "decode/0", 1), Pages: pages}); !errors.Is(err, transfer.ErrStaleGeneration) {
 		t.Fatalf("stale generation: %v", err)
 	}
+
+	// EvictAll drops every loaded decode; the next job loads it again.
+	if keys := w.Cache().Keys(); !slices.Equal(keys, []string{"decode/0"}) {
+		t.Fatalf("cache keys %q, want [decode/0]", keys)
+	}
+	if err := w.Cache().EvictAll(); err != nil {
+		t.Fatalf("evict all: %v", err)
+	}
+	if agent, gen, ok := w.Cache().Loaded("decode/0"); ok {
+		t.Fatalf("cache still holds %s gen %d after EvictAll", agent, gen)
+	}
+	if err := p.b.InvalidateRemote(d2.b.AgentName()); !errors.Is(err, transfer.ErrUnknownAgent) {
+		t.Fatalf("evicted generation still loaded: %v", err)
+	}
+	if err := w.Send(ctx, transfer.Job{Peer: d2.peer(t, "decode/0", 2), Pages: pages, Notif: "9_kv_0_1_0"}); err != nil {
+		t.Fatalf("send after EvictAll: %v", err)
+	}
+	transfertest.WaitNotif(t, d2.b, p.b.AgentName(), []byte("9_kv_0_1_0"), 10*time.Second)
 }
 
 func TestWorkerRaisesMissingMemKind(t *testing.T) {

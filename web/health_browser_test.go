@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/agent"
+	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
 )
@@ -141,13 +141,7 @@ func runAgent(t *testing.T, f *fixture, spec registry.PeerSpec) {
 // refused, as to an engine that crashed.
 func closedURL(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return "http://" + addr
+	return "http://" + bench.FreeAddr(t)
 }
 
 // peerSummary is what the tests read of GET /api/v1/peers?view=summary.

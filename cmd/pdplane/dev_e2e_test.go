@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pdplane/pdplane/bench"
 )
 
 // waitOutput waits until the process's output matches re and returns the
@@ -42,7 +44,7 @@ func waitOutput(t *testing.T, p *process, re *regexp.Regexp, within time.Duratio
 // answered by the simulated pair.
 func TestDevQuickStart(t *testing.T) {
 	t.Parallel()
-	addr := freeAddr(t)
+	addr := bench.FreeAddr(t)
 	p := startProcess(t, "dev", "dev", "--addr", addr, "--prefills", "1", "--decodes", "2")
 	out := waitOutput(t, p, regexp.MustCompile(`Try: curl`), 30*time.Second)
 	base := "http://" + addr

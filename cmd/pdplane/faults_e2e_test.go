@@ -8,12 +8,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -207,18 +205,6 @@ func (p *process) kill9() {
 	<-p.done
 }
 
-// freeAddr is an address on 127.0.0.1 free for a child process to listen
-// on (bench.FreePort: below the ephemeral range, so no parallel test's
-// socket takes it first).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	port, err := bench.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-}
-
 // waitHTTP waits until GET url answers 200.
 func waitHTTP(t *testing.T, url string, within time.Duration) {
 	t.Helper()
@@ -399,7 +385,7 @@ func TestControlPlaneFaults(t *testing.T) {
 	var urls []string
 	var replicas []*process
 	for i := 0; i < 2; i++ {
-		addr := freeAddr(t)
+		addr := bench.FreeAddr(t)
 		replicas = append(replicas, startProcess(t, fmt.Sprintf("serve-%d", i), "serve", "--addr", addr,
 			"--database-url", pg.url, "--peer-token", "peer-tok", "--admin-token", "admin-tok",
 			"--heartbeat-interval", faultHeartbeat.String(), "--lease-ttl", faultLease.String()))

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/sim"
 )
@@ -130,7 +131,7 @@ func startHealFleetWith(t *testing.T, dbURL string, o healOpts) *healFleet {
 		os.RemoveAll(dir)
 	})
 
-	addr := freeAddr(t)
+	addr := bench.FreeAddr(t)
 	f.base = "http://" + addr
 	serveArgs := []string{"serve", "--addr", addr, "--join-token", "peer-tok", "--admin-token", "admin-tok",
 		"--heartbeat-interval", healHeartbeat.String(), "--lease-ttl", healLease.String(),
@@ -147,15 +148,15 @@ func startHealFleetWith(t *testing.T, dbURL string, o healOpts) *healFleet {
 	startProcess(t, "serve", serveArgs...)
 	waitHTTP(t, f.base+"/healthz", 30*time.Second)
 
-	f.victim, f.survivor = freeAddr(t), freeAddr(t)
+	f.victim, f.survivor = bench.FreeAddr(t), bench.FreeAddr(t)
 	simArgs := func(role, name, addr string, perToken time.Duration) []string {
 		return []string{"sim", "--role", role, "--engine", "sglang", "--name", name, "--sim-addr", addr,
 			"--transfer-secret", healSecret, "--decode-time-per-token", perToken.String()}
 	}
 	engines := []struct{ name, addr, heal string }{}
 	for i := 0; i < o.prefills; i++ {
-		name, addr := fmt.Sprintf("prefill-%d", i), freeAddr(t)
-		_, port, _ := strings.Cut(freeAddr(t), ":")
+		name, addr := fmt.Sprintf("prefill-%d", i), bench.FreeAddr(t)
+		_, port, _ := strings.Cut(bench.FreeAddr(t), ":")
 		bp, _ := strconv.Atoi(port)
 		f.prefills, f.bootstrapPorts = append(f.prefills, addr), append(f.bootstrapPorts, bp)
 		startProcess(t, "sim-"+name, append(simArgs("prefill", name, addr, 0), "--bootstrap-port", port)...)
@@ -516,6 +517,42 @@ func countEvents(evs []healEvent, kind string) int {
 	return n
 }
 
+// wantOneEach checks that evs hold exactly one event of each of kinds.
+func wantOneEach(t *testing.T, evs []healEvent, kinds ...string) {
+	t.Helper()
+	for _, k := range kinds {
+		if n := countEvents(evs, k); n != 1 {
+			t.Errorf("%d %s events; want 1", n, k)
+		}
+	}
+}
+
+// timelineStep is one line of a logged heal timeline: what happened, when,
+// and a note (an event's message, or whose clock timed it).
+type timelineStep struct {
+	what string
+	at   time.Time
+	note string
+}
+
+// eventStep is an event's line: its kind, time and message.
+func eventStep(e healEvent) timelineStep { return timelineStep{e.Kind, e.At, e.Message} }
+
+// logTimeline logs steps in order, each at its offset from origin, under
+// header (which says what origin is).
+func logTimeline(t *testing.T, header string, origin time.Time, steps ...timelineStep) {
+	t.Helper()
+	t.Logf("%s at %s:", header, origin.Format("15:04:05.000"))
+	for _, s := range steps {
+		t.Logf("  %-22s %s  %s", s.what, since(origin, s.at), s.note)
+	}
+}
+
+// since is at's offset from origin, to the millisecond: "+1.234s".
+func since(origin, at time.Time) string {
+	return "+" + at.Sub(origin).Round(time.Millisecond).String()
+}
+
 // healStores runs fn on the in-memory store and, where
 // PDPLANE_TEST_DATABASE_URL names one (required under CI=true), on
 // PostgreSQL. The two run one after the other: each is timed on two CPUs.
@@ -634,15 +671,13 @@ func testHealRestartsStaleDecode(t *testing.T, dbURL string) {
 	}
 	runs := f.actionRuns(t)
 	actionAt := firstRunAt(runs)
-	at := func(t time.Time) string { return "+" + t.Sub(stale.At).Round(time.Millisecond).String() }
-	t.Logf("heal timeline (store %q), from the victim's events; + is after the stale mark at %s:", storeName(dbURL), stale.At.Format("15:04:05.000"))
-	t.Logf("  fault injected        %s (test clock)", at(faultAt))
-	t.Logf("  stale                 %s  %s", at(stale.At), stale.Message+" "+stale.Error)
-	t.Logf("  heal_started          %s  %s", at(started.At), started.Message)
-	t.Logf("  heal_acting           %s  %s", at(acting.At), acting.Message)
-	t.Logf("  action ran            %s (script's clock)", at(actionAt))
-	t.Logf("  reregistered          %s  %s", at(rereg.At), rereg.Message)
-	t.Logf("  healed                %s  %s", at(healed.At), healed.Message)
+	at := func(t time.Time) string { return since(stale.At, t) }
+	logTimeline(t, fmt.Sprintf("heal timeline (store %q), from the victim's events; + is after the stale mark", storeName(dbURL)), stale.At,
+		timelineStep{"fault injected", faultAt, "(test clock)"},
+		timelineStep{"stale", stale.At, stale.Message + " " + stale.Error},
+		eventStep(started), eventStep(acting),
+		timelineStep{"action ran", actionAt, "(script's clock)"},
+		eventStep(rereg), eventStep(healed))
 	if !strings.Contains(healed.Message, fmt.Sprintf("generation %d → %d", before.Generation, before.Generation+1)) {
 		t.Errorf("healed: %q, want generation %d → %d", healed.Message, before.Generation, before.Generation+1)
 	}
@@ -654,11 +689,7 @@ func testHealRestartsStaleDecode(t *testing.T, dbURL string) {
 	if stale.Generation != before.Generation {
 		t.Errorf("stale at generation %d; want %d", stale.Generation, before.Generation)
 	}
-	for _, k := range []string{"heal_started", "heal_acting", "reregistered", "healed", "stale"} {
-		if n := countEvents(evs, k); n != 1 {
-			t.Errorf("%d %s events; want 1", n, k)
-		}
-	}
+	wantOneEach(t, evs, "heal_started", "heal_acting", "reregistered", "healed", "stale")
 	if n := countEvents(evs, "heal_failed"); n != 0 {
 		t.Errorf("%d heal_failed events", n)
 	}

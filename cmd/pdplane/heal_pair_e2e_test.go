@@ -3,6 +3,7 @@
 package main
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -119,22 +120,13 @@ func testHealQuarantinesThePairFirst(t *testing.T, dbURL string) {
 	}
 	runs := f.actionRuns(t)
 	actionAt := firstRunAt(runs)
-	at := func(t time.Time) string { return "+" + t.Sub(quarantined.At).Round(time.Millisecond).String() }
-	t.Logf("heal timeline (store %q), from the victim's events; + is after the pair's quarantine at %s:", storeName(dbURL), quarantined.At.Format("15:04:05.000"))
-	t.Logf("  fault injected (pair)  %s (test clock)", at(faultAt))
-	t.Logf("  quarantined           %s  %s", at(quarantined.At), quarantined.Message)
-	t.Logf("  heal_started          %s  %s", at(started.At), started.Message)
-	t.Logf("  heal_draining         %s  %s", at(draining.At), draining.Message)
-	t.Logf("  heal_acting           %s  %s", at(acting.At), acting.Message)
-	t.Logf("  action ran            %s (script's clock)", at(actionAt))
-	t.Logf("  reregistered          %s  %s", at(rereg.At), rereg.Message)
-	t.Logf("  healed                %s  %s", at(healed.At), healed.Message)
-	t.Logf("  quarantine_lifted     %s  %s", at(lifted.At), lifted.Message)
-	for _, k := range []string{"quarantined", "heal_started", "heal_draining", "heal_acting", "reregistered", "healed", "quarantine_lifted"} {
-		if n := countEvents(evs, k); n != 1 {
-			t.Errorf("%d %s events; want 1", n, k)
-		}
-	}
+	at := func(t time.Time) string { return since(quarantined.At, t) }
+	logTimeline(t, fmt.Sprintf("heal timeline (store %q), from the victim's events; + is after the pair's quarantine", storeName(dbURL)), quarantined.At,
+		timelineStep{"fault injected (pair)", faultAt, "(test clock)"},
+		eventStep(quarantined), eventStep(started), eventStep(draining), eventStep(acting),
+		timelineStep{"action ran", actionAt, "(script's clock)"},
+		eventStep(rereg), eventStep(healed), eventStep(lifted))
+	wantOneEach(t, evs, "quarantined", "heal_started", "heal_draining", "heal_acting", "reregistered", "healed", "quarantine_lifted")
 	for _, k := range []string{"heal_failed", "stale"} {
 		if n := countEvents(evs, k); n != 0 {
 			t.Errorf("%d %s events; want none: the decode drains at the hold's end, not at the failure", n, k)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/sim"
 )
 
@@ -30,7 +31,7 @@ const shutdownTokenTime = 100 * time.Millisecond
 // pair, and returns serve's process and base URL.
 func shutdownFleet(t *testing.T, grace time.Duration) (*process, string) {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := bench.FreeAddr(t)
 	base := "http://" + addr
 	serve := startProcess(t, "serve", "serve", "--addr", addr, "--shutdown-grace", grace.String())
 	waitHTTP(t, base+"/healthz", 30*time.Second)
@@ -200,7 +201,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 func TestShutdownDevDrainsInFlight(t *testing.T) {
 	t.Parallel()
 	const grace = 30 * time.Second
-	addr := freeAddr(t)
+	addr := bench.FreeAddr(t)
 	base := "http://" + addr
 	dev := startProcess(t, "dev", "dev", "--addr", addr, "--shutdown-grace", grace.String(),
 		"--decode-time-per-token", shutdownTokenTime.String())

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/tracing/tracingtest"
 )
 
@@ -22,7 +23,7 @@ func TestDevExportsTraces(t *testing.T) {
 	t.Parallel()
 	const traceID, clientSpan = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 	rcv := tracingtest.Start(t)
-	addr := freeAddr(t)
+	addr := bench.FreeAddr(t)
 	p := startProcess(t, "dev-traced", "dev", "--addr", addr, "--otlp-endpoint", rcv.URL, "--replica", "r-e2e")
 	base := "http://" + addr
 	waitHTTP(t, base+"/readyz", 30*time.Second)

@@ -96,6 +96,18 @@ func idleHeartbeat(t *testing.T, s registry.Store, p registry.Peer) registry.Hea
 	return r
 }
 
+// toldToHeal marks p stale (a transfer failed) and checks that its next
+// idle heartbeat is told to heal.
+func toldToHeal(t *testing.T, s registry.Store, p registry.Peer) {
+	t.Helper()
+	if _, err := s.MarkStale(ctx(t), p.ID, "transfer failed", ""); err != nil {
+		t.Fatal(err)
+	}
+	if r := idleHeartbeat(t, s, p); r.Action != registry.ActionHeal {
+		t.Fatalf("idle heartbeat of %s after the stale mark: %+v, want heal", p.Name, r)
+	}
+}
+
 func mustGet(t *testing.T, s registry.Store, id string) registry.Peer {
 	t.Helper()
 	p, err := s.Get(ctx(t), id)
@@ -296,12 +308,7 @@ func testStale(t *testing.T, s registry.Store) {
 func testHealActionFails(t *testing.T, s registry.Store) {
 	p := mustRegister(t, s, Spec("d1", registry.RoleDecode)).Peer
 	mustHeartbeat(t, s, p)
-	if _, err := s.MarkStale(ctx(t), p.ID, "transfer failed", ""); err != nil {
-		t.Fatal(err)
-	}
-	if r := idleHeartbeat(t, s, p); r.Action != registry.ActionHeal {
-		t.Fatalf("want heal: %+v", r)
-	}
+	toldToHeal(t, s, p)
 	r, err := s.Heartbeat(ctx(t), registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID, HealError: "systemctl: Unit sglang-d1.service not found.\nexit status 5"})
 	if err != nil || r.Action != registry.ActionNone || r.State != registry.StateFailed {
 		t.Fatalf("heal error: %+v, %v", r, err)
@@ -683,13 +690,21 @@ func testConcurrentHeartbeats(t *testing.T, s registry.Store) {
 		}
 	}
 	wg.Wait()
+	wantReadyAfter(t, s, errs, n)
+}
+
+// wantReadyAfter reports every error the test's goroutines sent on errs
+// (all of them have returned), then checks that exactly want peers are
+// ready.
+func wantReadyAfter(t *testing.T, s registry.Store, errs chan error, want int) {
+	t.Helper()
 	close(errs)
 	for err := range errs {
 		t.Error(err)
 	}
 	ready, err := s.List(ctx(t), registry.Filter{State: registry.StateReady})
-	if err != nil || len(ready) != n {
-		t.Fatalf("ready peers: %d, %v; want %d", len(ready), err, n)
+	if err != nil || len(ready) != want {
+		t.Fatalf("ready peers: %d, %v; want %d", len(ready), err, want)
 	}
 }
 
@@ -869,14 +884,7 @@ func testMalformedHeartbeatFlood(t *testing.T, s registry.Store) {
 	}
 	close(start)
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	ready, err := s.List(ctx(t), registry.Filter{State: registry.StateReady})
-	if err != nil || len(ready) != good {
-		t.Fatalf("ready peers: %d, %v; want the %d well-behaved ones", len(ready), err, good)
-	}
+	wantReadyAfter(t, s, errs, good) // the well-behaved ones
 	if v := mustGet(t, s, victim.ID); v.State != registry.StatePending || v.LastHeartbeat != nil {
 		t.Fatalf("the flooded peer: state %s, last heartbeat %v; its malformed heartbeats must change nothing", v.State, v.LastHeartbeat)
 	}
@@ -975,12 +983,7 @@ func HealExpiry(t *testing.T, s registry.Store, verify time.Duration) {
 	t.Helper()
 	p := mustRegister(t, s, Spec("d-expiry", registry.RoleDecode)).Peer
 	idleHeartbeat(t, s, p)
-	if _, err := s.MarkStale(ctx(t), p.ID, "transfer failed", ""); err != nil {
-		t.Fatal(err)
-	}
-	if r := idleHeartbeat(t, s, p); r.Action != registry.ActionHeal {
-		t.Fatalf("want heal: %+v", r)
-	}
+	toldToHeal(t, s, p)
 	if n, err := s.ExpireLeases(ctx(t), time.Now().Add(verify/2)); err != nil || n != 0 {
 		t.Fatalf("before the deadline: %d expired, %v", n, err)
 	}

@@ -265,8 +265,9 @@ func (c *Client) SetFault(ctx context.Context, s *sim.Sim, fault string) (Respon
 }
 
 // WaitFor waits until cond holds, checking every few milliseconds, and
-// fails the test after 10 s: for what a simulator does in the background
-// (pages freed, a cancelled request let go).
+// fails the test after 10 s: for what a simulator, or the control plane
+// that serves it, does in the background (pages freed, a cancelled request
+// let go, a routing mirror catching up with its store).
 func WaitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
