@@ -345,11 +345,11 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		routes := s.Routes(name)
 		mv := &modelView{name: name, routes: routes}
 		mv.prefills, mv.listID = v.candidates(routes.Prefills)
-		for _, p := range routes.Prefills {
+		routes.EachDecodeList(func(p *registry.Peer, decodes []*registry.Peer) {
 			r := v.refs[p]
-			r.decodes, r.decodesID = v.resolve(routes.DecodesFor(p.ID), resolved)
+			r.decodes, r.decodesID = v.resolve(decodes, resolved)
 			mv.pairable = mv.pairable || len(r.decodes) > 0
-		}
+		})
 		if rt.cfg.PrefillPolicy == PolicyCacheAware && len(mv.prefills) > 0 {
 			var prev *hashRing
 			if old != nil {
