@@ -46,11 +46,11 @@ type ModelRoutes struct {
 	// the name-sorted Decodes first meet them.
 	byClass       map[int][]*Peer
 	decodeClasses []int
-	// prefillClasses counts the ready prefills of each class; shared maps
-	// each of those classes to its compatible ready decodes, one list for
-	// every prefill of the class.
-	prefillClasses map[int]int
-	shared         map[int][]*Peer
+	// prefillsByClass groups Prefills by class; shared maps each of those
+	// classes to its compatible ready decodes, one list for every prefill
+	// of the class.
+	prefillsByClass map[int][]*Peer
+	shared          map[int][]*Peer
 	// both lists the ready peers of role both; own holds the private lists
 	// of the prefills that may not use their class's list (role both, or
 	// pairs kept out by a quarantine or a failed preflight).
@@ -73,6 +73,25 @@ func (m *ModelRoutes) DecodesFor(prefillID string) []*Peer {
 		return nil
 	}
 	return ds
+}
+
+// EachDecodeList calls fn once for each of the model's ready prefills with
+// what DecodesFor returns for it, without looking the prefills up: the
+// way to resolve every prefill's list at fleet scale.
+func (m *ModelRoutes) EachDecodeList(fn func(prefill *Peer, decodes []*Peer)) {
+	for pc, ps := range m.prefillsByClass {
+		shared := m.shared[pc]
+		for _, p := range ps {
+			ds := shared
+			if own, ok := m.own[p.ID]; ok {
+				ds = own
+			}
+			if len(ds) == 0 {
+				ds = nil
+			}
+			fn(p, ds)
+		}
+	}
 }
 
 // routesPrefill reports whether p is one of the model's ready prefills.

@@ -400,27 +400,14 @@ func (b *builder) patchModel(name string, prev *ModelRoutes, mvs []peerMove) *Mo
 	m.Prefills = mergeByName(prev.Prefills, droppedP, peersOf(addedP))
 	m.Decodes = mergeByName(prev.Decodes, droppedD, peersOf(addedD))
 	m.both = mergeByName(prev.both, droppedB, addedB)
-	m.prefillClasses = maps.Clone(prev.prefillClasses)
-	if m.prefillClasses == nil {
-		m.prefillClasses = map[int]int{}
-	}
-	for _, mv := range mvs {
-		if mv.old != nil && mv.old.Routable() && mv.old.Model == name && mv.old.Role.Prefills() {
-			if m.prefillClasses[mv.oldClass]--; m.prefillClasses[mv.oldClass] == 0 {
-				delete(m.prefillClasses, mv.oldClass)
-			}
-		}
-	}
-	for _, mv := range addedP {
-		m.prefillClasses[mv.newClass]++
-	}
+	m.prefillsByClass = patchByClass(prev.prefillsByClass, mvs, name, Role.Prefills)
 	m.byClass, m.decodeClasses = prev.byClass, prev.decodeClasses
 	if decodesMoved {
-		m.byClass = b.patchDecodeClasses(prev.byClass, mvs, name)
+		m.byClass = patchByClass(prev.byClass, mvs, name, Role.Decodes)
 		m.decodeClasses = classesByFirstName(m.byClass)
 	}
 	m.shared = map[int][]*Peer{}
-	for pc := range m.prefillClasses {
+	for pc := range m.prefillsByClass {
 		if ds, ok := prev.shared[pc]; ok && !decodesMoved {
 			m.shared[pc] = ds
 			continue
@@ -491,15 +478,15 @@ func mergeAll(prev, dropped, added []*Peer) []*Peer {
 	return append(out, added[i:]...)
 }
 
-// patchDecodeClasses is the model's ready decodes grouped by class after
-// the moves; lists the moves leave alone are shared with prev.
-func (b *builder) patchDecodeClasses(prev map[int][]*Peer, mvs []peerMove, model string) map[int][]*Peer {
+// patchByClass is the model's ready peers of a role (serves) grouped by
+// class after the moves; lists the moves leave alone are shared with prev.
+func patchByClass(prev map[int][]*Peer, mvs []peerMove, model string, serves func(Role) bool) map[int][]*Peer {
 	dropped, added := map[int][]*Peer{}, map[int][]*Peer{}
 	for _, mv := range mvs {
-		if mv.old != nil && mv.old.Routable() && mv.old.Model == model && mv.old.Role.Decodes() {
+		if mv.old != nil && mv.old.Routable() && mv.old.Model == model && serves(mv.old.Role) {
 			dropped[mv.oldClass] = append(dropped[mv.oldClass], mv.old)
 		}
-		if mv.new != nil && mv.new.Routable() && mv.new.Model == model && mv.new.Role.Decodes() {
+		if mv.new != nil && mv.new.Routable() && mv.new.Model == model && serves(mv.new.Role) {
 			added[mv.newClass] = append(added[mv.newClass], mv.new)
 		}
 	}
@@ -573,8 +560,8 @@ func (b *builder) routePrivate(m *ModelRoutes) {
 			return
 		}
 	}
-	for pc, n := range m.prefillClasses {
-		if n > ownOf[pc] && len(m.shared[pc]) > 0 {
+	for pc, ps := range m.prefillsByClass {
+		if len(ps) > ownOf[pc] && len(m.shared[pc]) > 0 {
 			m.pairable = true
 			return
 		}

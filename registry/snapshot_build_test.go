@@ -252,8 +252,22 @@ func describeRoutes(s *registry.Snapshot) string {
 	for _, m := range s.Models() {
 		r := s.Routes(m)
 		fmt.Fprintln(&b, "model", m, "prefills", peerIDs(r.Prefills), "decodes", peerIDs(r.Decodes))
+		each := map[string][]*registry.Peer{}
+		r.EachDecodeList(func(p *registry.Peer, ds []*registry.Peer) {
+			if _, twice := each[p.ID]; twice {
+				fmt.Fprintln(&b, "  EachDecodeList visits", p.ID, "twice")
+			}
+			each[p.ID] = ds
+		})
 		for _, p := range r.Prefills {
+			ds, visited := each[p.ID]
+			if !visited || !slices.Equal(ds, r.DecodesFor(p.ID)) {
+				fmt.Fprintln(&b, "  EachDecodeList gives", p.ID, peerIDs(ds), "visited", visited)
+			}
 			fmt.Fprintln(&b, "  decodes for", p.ID, peerIDs(r.DecodesFor(p.ID)))
+		}
+		if len(each) != len(r.Prefills) {
+			fmt.Fprintln(&b, "  EachDecodeList visits", len(each), "prefills of", len(r.Prefills))
 		}
 	}
 	ok, _ := s.Routable()

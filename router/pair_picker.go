@@ -150,7 +150,7 @@ type view struct {
 	snap   *registry.Snapshot
 	peers  []peerRef // in snapshot order; every *peerRef of the view points here
 	refs   map[*registry.Peer]*peerRef
-	byID   map[string]*peerState
+	byID   map[string]*peerState // shared with the next view while the peers stay the same
 	models map[string]*modelView
 	lists  [][]cand // every candidate list of the view (prefills, decodes), by ID
 
@@ -277,54 +277,79 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		snap:   s,
 		peers:  make([]peerRef, len(peers)),
 		refs:   make(map[*registry.Peer]*peerRef, len(peers)),
-		byID:   make(map[string]*peerState, len(peers)),
 		models: make(map[string]*modelView, len(s.Models())),
 	}
-	states := make(map[string]*peerState, len(peers))
 	loadAware := rt.cfg.PrefillPolicy.loadAware() || rt.cfg.DecodePolicy.loadAware()
 	if loadAware {
 		v.reported = make([]candLoad, len(peers))
 	}
+	// A record the last view held is unchanged (a Mirror shares the records
+	// a change does not touch), and so is what that view derived from it:
+	// only the others are looked up by ID and checked. At 10,000 peers a
+	// change then costs pointer lookups, not string maps and URL parsing.
+	var last map[*registry.Peer]*peerRef
+	if old != nil {
+		last = old.refs
+	}
+	known, renamed := 0, false
 	for i, p := range peers {
-		st, known := b.states[p.ID]
-		if !known {
-			st = rt.newPeerState(p)
-		} else if st.gen != p.Generation {
-			// A new generation is a fresh registration: forget what the old
-			// one did wrong.
-			st.breaker.reset()
+		var st *peerState
+		if r := last[p]; r != nil {
+			st = r.state
+			known++
+		} else {
+			var seen bool
+			st, seen = b.states[p.ID]
+			switch {
+			case !seen:
+				st = rt.newPeerState(p)
+			case st.gen != p.Generation:
+				// A new generation is a fresh registration: forget what the
+				// old one did wrong.
+				st.breaker.reset()
+			}
+			if seen {
+				known++
+			}
+			st.gen = p.Generation
+			if st.name != p.Name {
+				renamed = renamed || st.name != ""
+				g := rt.m.breakerState.WithLabelValues(p.Name)
+				g.Set(float64(st.breaker.current()))
+				st.gauge.Store(&g)
+				st.name = p.Name
+			}
+			if st.ep == nil || !st.ep.sameSpec(p) {
+				st.ep = rt.newEndpoint(p)
+			}
 		}
-		st.gen = p.Generation
-		if st.name != p.Name {
-			g := rt.m.breakerState.WithLabelValues(p.Name)
-			g.Set(float64(st.breaker.current()))
-			st.gauge.Store(&g)
-			st.name = p.Name
-		}
-		if st.ep == nil || !st.ep.sameSpec(p) {
-			st.ep = rt.newEndpoint(p)
-		}
-		states[p.ID] = st
-		v.byID[p.ID] = st
 		v.peers[i] = peerRef{peer: p, state: st, ep: st.ep, index: int32(i)}
 		if loadAware {
 			v.reported[i] = flatLoad(p.ReportedLoad())
 		}
 		v.refs[p] = &v.peers[i]
 	}
-	b.states = states
-	rt.forgetGonePeers(b, peers)
+	if known == len(peers) && known == len(b.states) && !renamed {
+		v.byID = b.states // the same peers: the last view's map serves
+	} else {
+		v.byID = make(map[string]*peerState, len(peers))
+		for i := range v.peers {
+			v.byID[v.peers[i].peer.ID] = v.peers[i].state
+		}
+		b.states = v.byID
+		rt.forgetGonePeers(b, peers)
+	}
 	rt.armTrials(s, b)
 	resolved := map[decodeList]int32{}
 	for _, name := range s.Models() {
 		routes := s.Routes(name)
 		mv := &modelView{name: name, routes: routes}
 		mv.prefills, mv.listID = v.candidates(routes.Prefills)
-		for _, p := range routes.Prefills {
+		routes.EachDecodeList(func(p *registry.Peer, decodes []*registry.Peer) {
 			r := v.refs[p]
-			r.decodes, r.decodesID = v.resolve(routes.DecodesFor(p.ID), resolved)
+			r.decodes, r.decodesID = v.resolve(decodes, resolved)
 			mv.pairable = mv.pairable || len(r.decodes) > 0
-		}
+		})
 		if rt.cfg.PrefillPolicy == PolicyCacheAware && len(mv.prefills) > 0 {
 			var prev *hashRing
 			if old != nil {
