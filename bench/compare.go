@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -53,9 +54,16 @@ type Config struct {
 	// Rounds is how many windows each router gets per (mode, concurrency),
 	// alternating pdplane, peer, pdplane, peer...; default 2.
 	Rounds int
-	// HeldStreams is how many streams are held open on a slow decode to
-	// measure memory and descriptors per stream; 0 skips it.
-	HeldStreams int
+	// HeldStreams lists the numbers of streams held open on a slow decode
+	// (levels, measured in increasing order through the same routers) to
+	// measure memory and descriptors per stream and the time to first
+	// token of new requests while they are held; empty skips it.
+	HeldStreams []int
+	// ProbeClients is how many concurrent clients send new requests while
+	// the streams of a level are held; default 8.
+	ProbeClients int
+	// ProbeWindow is how long they send them; default 2s.
+	ProbeWindow time.Duration
 	// MaxTokens is the answer length of each request; default 16.
 	MaxTokens int
 	// Progress, when set, receives a line per step.
@@ -79,6 +87,13 @@ func (c Config) WithDefaults() Config {
 	if c.MaxTokens == 0 {
 		c.MaxTokens = 16
 	}
+	if c.ProbeClients == 0 {
+		c.ProbeClients = 8
+	}
+	if c.ProbeWindow == 0 {
+		c.ProbeWindow = 2 * time.Second
+	}
+	c.HeldStreams = slices.Compact(slices.Sorted(slices.Values(c.HeldStreams)))
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
@@ -93,14 +108,21 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench config: window: at least 100ms, got %v", c.Window)
 	case c.Rounds < 1:
 		return fmt.Errorf("bench config: rounds: at least 1, got %d", c.Rounds)
-	case c.HeldStreams < 0:
-		return fmt.Errorf("bench config: held_streams: must not be negative, got %d", c.HeldStreams)
+	case c.ProbeClients < 1:
+		return fmt.Errorf("bench config: probe_clients: at least 1, got %d", c.ProbeClients)
+	case c.ProbeWindow < 100*time.Millisecond:
+		return fmt.Errorf("bench config: probe_window: at least 100ms, got %v", c.ProbeWindow)
 	case c.MaxTokens < 1:
 		return fmt.Errorf("bench config: max_tokens: at least 1, got %d", c.MaxTokens)
 	}
 	for _, n := range c.Concurrency {
 		if n < 1 {
 			return fmt.Errorf("bench config: concurrency: at least 1, got %d", n)
+		}
+	}
+	for _, n := range c.HeldStreams {
+		if n < 1 {
+			return fmt.Errorf("bench config: held_streams: at least 1 stream a level, got %d", n)
 		}
 	}
 	for _, m := range c.Modes {
@@ -144,20 +166,6 @@ func (s Stats) CPUPerRequest() time.Duration {
 	return s.CPU / time.Duration(s.Requests)
 }
 
-// Held is one router's memory and descriptors per held stream.
-type Held struct {
-	Opened, Held int
-	// FirstError is why the first stream that was not held failed.
-	FirstError string
-	// RSSBase and FDsBase are the router's before the streams opened.
-	RSSBase int64
-	FDsBase int
-	// RSSPerStream and FDsPerStream are (value with Held streams −
-	// base) / Held.
-	RSSPerStream float64
-	FDsPerStream float64
-}
-
 // Row is one (mode, concurrency) of one comparison: pdplane and the peer
 // (or pdplane alone) under the same load.
 type Row struct {
@@ -172,15 +180,18 @@ type Comparison struct {
 	Peer   string // "" when pdplane ran alone
 	Engine string
 	Rows   []Row
-	// HeldPdplane and HeldPeer are the held-stream figures, nil when not
-	// measured.
-	HeldPdplane, HeldPeer *Held
+	// HeldPdplane and HeldPeer are the held-stream figures, one per level
+	// of Config.HeldStreams in increasing order; empty when not measured.
+	HeldPdplane, HeldPeer []Held
 }
 
 // Report is what Compare measured.
 type Report struct {
 	Config      Config
 	Comparisons []Comparison
+	// FDLimit is the limit on open files the harness and the processes it
+	// started ran under (RaiseFDLimit).
+	FDLimit uint64
 }
 
 // Compare runs every comparison of cfg; with no peer, pdplane alone on the
@@ -191,6 +202,15 @@ func Compare(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Config: cfg}
+	limit, err := RaiseFDLimit()
+	if err != nil {
+		return nil, err
+	}
+	rep.FDLimit = limit
+	if need := fdsNeeded(cfg); uint64(need) > limit {
+		fmt.Fprintf(cfg.Progress, "bench: warning: %d held streams need about %d open files in the router, above the limit of %d: the largest levels will not all open\n",
+			maxOf(cfg.HeldStreams), need, limit)
+	}
 	peers := cfg.Peers
 	if len(peers) == 0 {
 		peers = []Peer{{}}
@@ -233,25 +253,25 @@ func compareWith(ctx context.Context, cfg Config, p Peer) (*Comparison, error) {
 		}
 	}
 	f.close()
-	if cfg.HeldStreams == 0 {
+	if len(cfg.HeldStreams) == 0 {
 		return cmp, nil
 	}
 	// A slow decode (one token a second) holds every stream open.
-	fmt.Fprintf(cfg.Progress, "bench: %s engines: holding %d streams on a slow decode\n", engine, cfg.HeldStreams)
-	slow, err := startFleet(ctx, cfg, p, fleetSpec{kvPages: kvPages(cfg.HeldStreams + 64), cheap: true, decodeTime: time.Second})
+	slow, err := startFleet(ctx, cfg, p, fleetSpec{
+		kvPages: kvPages(maxOf(cfg.HeldStreams) + cfg.ProbeClients + 64), cheap: true, decodeTime: heldTokenTime})
 	if err != nil {
 		return nil, err
 	}
 	defer slow.close()
 	for i, t := range slow.targets() {
-		h, err := measureHeld(ctx, cfg, slow.load(t, Stream, heldTokens), t)
+		hs, err := measureHeldLevels(ctx, cfg, slow, t)
 		if err != nil {
 			return nil, err
 		}
 		if i == 0 {
-			cmp.HeldPdplane = h
+			cmp.HeldPdplane = hs
 		} else {
-			cmp.HeldPeer = h
+			cmp.HeldPeer = hs
 		}
 	}
 	return cmp, nil
@@ -306,7 +326,7 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 	}
 	f.serveURL = "http://127.0.0.1:" + strconv.Itoa(port)
 	// Room for every held stream and every client, above the default.
-	inflight := max(4096, 2*(cfg.HeldStreams+maxOf(cfg.Concurrency)))
+	inflight := max(4096, 2*(maxOf(cfg.HeldStreams)+cfg.ProbeClients+maxOf(cfg.Concurrency)))
 	if f.serve, err = Start("pdplane serve", nil, cfg.Pdplane, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port),
 		"--max-inflight", strconv.Itoa(inflight)); err != nil {
 		return nil, err
@@ -438,42 +458,6 @@ func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (R
 		row.Peer = &stats[1]
 	}
 	return row, nil
-}
-
-// heldTokens is the length of a held stream: at one token a second, it
-// outlasts the measurement by far (the streams are closed after it).
-const heldTokens = 3600
-
-// heldOpenTimeout bounds how long the held streams may take to open.
-const heldOpenTimeout = 2 * time.Minute
-
-// measureHeld opens cfg.HeldStreams streams through t, samples its memory
-// and descriptors once all have started, and closes them.
-func measureHeld(ctx context.Context, cfg Config, l Load, t target) (*Held, error) {
-	client := newClient(cfg.HeldStreams)
-	defer client.CloseIdleConnections()
-	base, err := ReadUsage(t.proc.PID())
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", t.name, err)
-	}
-	hs, err := holdStreams(ctx, client, l, cfg.HeldStreams, heldOpenTimeout)
-	if err != nil {
-		return nil, err
-	}
-	defer hs.Release()
-	with, err := ReadUsage(t.proc.PID())
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", t.name, err)
-	}
-	h := &Held{Opened: cfg.HeldStreams, Held: hs.Held, FirstError: hs.FirstError, RSSBase: base.RSS, FDsBase: base.FDs}
-	if hs.Held > 0 {
-		d := with.Sub(base)
-		h.RSSPerStream = float64(d.RSS) / float64(hs.Held)
-		h.FDsPerStream = float64(d.FDs) / float64(hs.Held)
-	}
-	fmt.Fprintf(cfg.Progress, "bench: %s: %d of %d streams held, RSS %+d KiB, fds %+d\n",
-		t.name, hs.Held, cfg.HeldStreams, (with.RSS-base.RSS)>>10, with.FDs-base.FDs)
-	return h, nil
 }
 
 // close stops every process of the fleet, newest first. It is idempotent.

@@ -172,17 +172,33 @@ type heldStreams struct {
 	wg         sync.WaitGroup
 }
 
-// holdStreams opens n streams of l at once and returns when each has
-// received its first event, failed, or within has passed.
+// holdOpening is how many streams holdStreams opens at once: thousands of
+// connections at once overflow the router's accept backlog, and a dropped
+// SYN is retried only a second later.
+const holdOpening = 256
+
+// holdStreams opens n streams of l, holdOpening at a time, and returns
+// when each has received its first event, failed, or within has passed.
 func holdStreams(ctx context.Context, client *http.Client, l Load, n int, within time.Duration) (*heldStreams, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	h := &heldStreams{cancel: cancel}
 	first := make(chan error, n)
+	opening := make(chan struct{}, holdOpening)
 	for range n {
 		h.wg.Go(func() {
+			select {
+			case opening <- struct{}{}:
+			case <-ctx.Done():
+				first <- ctx.Err()
+				return
+			}
+			opened := func(err error) {
+				<-opening
+				first <- err
+			}
 			resp, err := post(ctx, client, l)
 			if err != nil {
-				first <- err
+				opened(err)
 				return
 			}
 			defer resp.Body.Close()
@@ -192,11 +208,11 @@ func holdStreams(ctx context.Context, client *http.Client, l Load, n int, within
 				line, err := r.ReadSlice('\n')
 				if !got && bytes.HasPrefix(line, []byte("data:")) {
 					got = true
-					first <- nil
+					opened(nil)
 				}
 				if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 					if !got {
-						first <- fmt.Errorf("stream ended before its first event: %w", err)
+						opened(fmt.Errorf("stream ended before its first event: %w", err))
 					}
 					break
 				}
