@@ -64,6 +64,10 @@ type Config struct {
 	ProbeClients int
 	// ProbeWindow is how long they send them; default 2s.
 	ProbeWindow time.Duration
+	// HeldTokenTime is the slow decode's time per token, so each held
+	// stream's pace; default 1s. Longer, the held streams are idle more
+	// than they stream.
+	HeldTokenTime time.Duration
 	// MaxTokens is the answer length of each request; default 16.
 	MaxTokens int
 	// Progress, when set, receives a line per step.
@@ -93,6 +97,9 @@ func (c Config) WithDefaults() Config {
 	if c.ProbeWindow == 0 {
 		c.ProbeWindow = 2 * time.Second
 	}
+	if c.HeldTokenTime == 0 {
+		c.HeldTokenTime = time.Second
+	}
 	c.HeldStreams = slices.Compact(slices.Sorted(slices.Values(c.HeldStreams)))
 	if c.Progress == nil {
 		c.Progress = io.Discard
@@ -112,6 +119,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench config: probe_clients: at least 1, got %d", c.ProbeClients)
 	case c.ProbeWindow < 100*time.Millisecond:
 		return fmt.Errorf("bench config: probe_window: at least 100ms, got %v", c.ProbeWindow)
+	case c.HeldTokenTime < time.Millisecond:
+		return fmt.Errorf("bench config: held_token_time: at least 1ms, got %v", c.HeldTokenTime)
 	case c.MaxTokens < 1:
 		return fmt.Errorf("bench config: max_tokens: at least 1, got %d", c.MaxTokens)
 	}
@@ -256,9 +265,9 @@ func compareWith(ctx context.Context, cfg Config, p Peer) (*Comparison, error) {
 	if len(cfg.HeldStreams) == 0 {
 		return cmp, nil
 	}
-	// A slow decode (one token a second) holds every stream open.
+	// A slow decode (a token a second by default) holds every stream open.
 	slow, err := startFleet(ctx, cfg, p, fleetSpec{
-		kvPages: kvPages(maxOf(cfg.HeldStreams) + cfg.ProbeClients + 64), cheap: true, decodeTime: heldTokenTime})
+		kvPages: kvPages(maxOf(cfg.HeldStreams) + cfg.ProbeClients + 64), cheap: true, decodeTime: cfg.HeldTokenTime})
 	if err != nil {
 		return nil, err
 	}
@@ -325,10 +334,8 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 		return nil, err
 	}
 	f.serveURL = "http://127.0.0.1:" + strconv.Itoa(port)
-	// Room for every held stream and every client, above the default.
-	inflight := max(4096, 2*(maxOf(cfg.HeldStreams)+cfg.ProbeClients+maxOf(cfg.Concurrency)))
 	if f.serve, err = Start("pdplane serve", nil, cfg.Pdplane, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port),
-		"--max-inflight", strconv.Itoa(inflight)); err != nil {
+		"--max-inflight", strconv.Itoa(maxInflight(cfg))); err != nil {
 		return nil, err
 	}
 	f.procs = append(f.procs, f.serve)
@@ -352,7 +359,7 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 		return nil, err
 	}
 	if p.Name != "" {
-		if err := f.startPeer(ctx, p); err != nil {
+		if err := f.startPeer(ctx, cfg, p); err != nil {
 			return nil, err
 		}
 	}
@@ -368,9 +375,17 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 	return f, nil
 }
 
+// maxInflight is the cap on concurrent requests each router is given: room
+// for every held stream and every client, above pdplane's default.
+func maxInflight(cfg Config) int {
+	return max(4096, 2*(maxOf(cfg.HeldStreams)+cfg.ProbeClients+maxOf(cfg.Concurrency)))
+}
+
 // startPeer starts the peer router in front of the fleet's engines, at its
-// default log level as pdplane runs at its own.
-func (f *fleet) startPeer(ctx context.Context, p Peer) error {
+// default log level as pdplane runs at its own, with the same cap on
+// concurrent requests where its default is lower (SMG's is 1,024 a core,
+// at least 4,096; vllm-router's 32,768).
+func (f *fleet) startPeer(ctx context.Context, cfg Config, p Peer) error {
 	port, err := FreePort()
 	if err != nil {
 		return err
@@ -378,6 +393,7 @@ func (f *fleet) startPeer(ctx context.Context, p Peer) error {
 	var args []string
 	if p.Name == PeerSMG {
 		args, err = SMGPDArgs(p.Bin, port, "", f.prefill, f.decode)
+		args = append(args, "--max-concurrent-requests", strconv.Itoa(maxInflight(cfg)))
 	} else {
 		args, err = VLLMRouterPDArgs(p.Bin, port, "", f.prefill, f.decode)
 	}

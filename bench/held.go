@@ -35,11 +35,9 @@ type Held struct {
 }
 
 const (
-	// heldTokenTime is the slow decode's time per token: the held streams
-	// each get a token a second.
-	heldTokenTime = time.Second
-	// heldTokens is the length of a held stream: at one token a second,
-	// it outlasts the measurement by far (the streams are closed after it).
+	// heldTokens is the length of a held stream: at one token a second
+	// (Config.HeldTokenTime), it outlasts the measurement by far (the
+	// streams are closed after it).
 	heldTokens = 3600
 	// heldOpenTimeout bounds how long a level's streams may take to open.
 	heldOpenTimeout = 3 * time.Minute

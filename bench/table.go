@@ -62,8 +62,8 @@ func (r *Report) Print(w io.Writer) {
 // stream, the time to first token of new requests sent meanwhile, and
 // their p99 against the router's smallest level.
 func (r *Report) printHeld(w io.Writer, c Comparison) {
-	fmt.Fprintf(w, "Held streams (a slow decode, one token a second each; open-files limit %d); new requests while they are held: %d clients for %v, %d token(s) each\n\n",
-		r.FDLimit, r.Config.ProbeClients, r.Config.ProbeWindow, probeTokens)
+	fmt.Fprintf(w, "Held streams (a slow decode, a token every %v on each; open-files limit %d); new requests while they are held: %d clients for %v, %d token(s) each\n\n",
+		r.Config.HeldTokenTime, r.FDLimit, r.Config.ProbeClients, r.Config.ProbeWindow, probeTokens)
 	fmt.Fprintln(w, "| router | held | RSS per stream | fds per stream | new requests | TTFT p50 | TTFT p99 | p99 / smallest level's |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 	var failures []string

@@ -66,6 +66,7 @@ Prints Markdown tables per peer.`
 	fs.str(&held, "held-streams", "500", "streams held open on a slow decode to measure memory per stream and new requests' TTFT meanwhile, or a comma-separated list of levels measured in turn through the same router (e.g. 100,9000); 0 skips it")
 	fs.int(&cfg.ProbeClients, "probe-clients", 8, "concurrent clients sending new requests while each level's streams are held")
 	fs.dur(&cfg.ProbeWindow, "probe-duration", 2*time.Second, "how long they send them")
+	fs.dur(&cfg.HeldTokenTime, "held-token-time", time.Second, "the slow decode's time per token, the pace of each held stream (longer: held streams mostly idle)")
 	fs.int(&cfg.MaxTokens, "max-tokens", 16, "tokens generated per request")
 	fs.str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter, "comma-separated routers to compare with: smg, vllm-router; empty measures pdplane alone")
 	fs.str(&smgBin, "smg", "", "SMG executable (default: .venv/bin/smg, else smg on $PATH)")
