@@ -3,7 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net/http"
+	"os"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -32,6 +33,12 @@ type Held struct {
 	// Config.ProbeWindow, probeTokens tokens each): requests, failures,
 	// time to first token.
 	Probe Stats
+	// EnginesRSS is the prefill's and the decode's resident memory
+	// together with the streams held, their KV pools included.
+	EnginesRSS int64
+	// LoadAvg is the machine's 1-minute load average after the probe:
+	// what else ran beside it.
+	LoadAvg string
 }
 
 const (
@@ -60,15 +67,13 @@ const (
 // descriptors, sends the probe of new requests while they are held, and
 // releases them before the next level.
 func measureHeldLevels(ctx context.Context, cfg Config, f *fleet, t target) ([]Held, error) {
-	client := newClient(maxOf(cfg.HeldStreams))
-	defer client.CloseIdleConnections()
 	base, err := ReadUsage(t.proc.PID())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", t.name, err)
 	}
 	var out []Held
 	for _, n := range cfg.HeldStreams {
-		h, err := measureHeld(ctx, cfg, f, t, client, base, n)
+		h, err := measureHeld(ctx, cfg, f, t, base, n)
 		if err != nil {
 			return nil, err
 		}
@@ -78,9 +83,9 @@ func measureHeldLevels(ctx context.Context, cfg Config, f *fleet, t target) ([]H
 }
 
 // measureHeld is one level: n streams held through t, counted from base.
-func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, client *http.Client, base Usage, n int) (Held, error) {
+func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, base Usage, n int) (Held, error) {
 	fmt.Fprintf(cfg.Progress, "bench: %s: holding %d streams on a slow decode\n", t.name, n)
-	hs, err := holdStreams(ctx, client, f.load(t, Stream, heldTokens), n, heldOpenTimeout)
+	hs, err := holdStreams(ctx, f.load(t, Stream, heldTokens), n, heldOpenTimeout)
 	if err != nil {
 		return Held{}, err
 	}
@@ -95,9 +100,16 @@ func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, client *ht
 		h.RSSPerStream = float64(d.RSS) / float64(hs.Held)
 		h.FDsPerStream = float64(d.FDs) / float64(hs.Held)
 	}
+	for _, s := range []*Sim{f.prefill, f.decode} {
+		if u, err := ReadUsage(s.PID()); err == nil {
+			h.EnginesRSS += u.RSS
+		}
+	}
 	h.Probe = probe(ctx, cfg, f.load(t, Stream, probeTokens), t)
-	fmt.Fprintf(cfg.Progress, "bench: %s: %d of %d streams held, RSS %+d KiB, fds %+d; new requests: %d ok, %d failed, TTFT p50 %v p99 %v\n",
-		t.name, hs.Held, n, (with.RSS-base.RSS)>>10, with.FDs-base.FDs, h.Probe.Requests, h.Probe.Failed, h.Probe.TTFT50, h.Probe.TTFT99)
+	h.LoadAvg = loadAvg()
+	fmt.Fprintf(cfg.Progress, "bench: %s: %d of %d streams held, RSS %+d KiB, fds %+d; new requests: %d ok, %d failed, TTFT p50 %v p99 %v, router CPU %.0f%% of a core; load %s\n",
+		t.name, hs.Held, n, (with.RSS-base.RSS)>>10, with.FDs-base.FDs, h.Probe.Requests, h.Probe.Failed, h.Probe.TTFT50, h.Probe.TTFT99,
+		100*h.Probe.CPU.Seconds()/h.Probe.Elapsed.Seconds(), h.LoadAvg)
 	hs.Release()
 	// The next level starts once the router has let go of this one's
 	// connections (its idle pools may keep some).
@@ -122,6 +134,19 @@ func probe(ctx context.Context, cfg Config, l Load, t target) Stats {
 		s.CPU = after.CPU - before.CPU
 	}
 	return s
+}
+
+// loadAvg is the 1-minute load average from /proc/loadavg, "?" when it
+// cannot be read.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
 
 // waitFDs polls pid's open descriptors until they are at most limit or

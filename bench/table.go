@@ -64,8 +64,8 @@ func (r *Report) Print(w io.Writer) {
 func (r *Report) printHeld(w io.Writer, c Comparison) {
 	fmt.Fprintf(w, "Held streams (a slow decode, a token every %v on each; open-files limit %d); new requests while they are held: %d clients for %v, %d token(s) each\n\n",
 		r.Config.HeldTokenTime, r.FDLimit, r.Config.ProbeClients, r.Config.ProbeWindow, probeTokens)
-	fmt.Fprintln(w, "| router | held | RSS per stream | fds per stream | new requests | TTFT p50 | TTFT p99 | p99 / smallest level's |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| router | held | RSS per stream | fds per stream | new requests | TTFT p50 | TTFT p99 | p99 / smallest level's | sims' RSS | load (1 min) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	var failures []string
 	for _, who := range []struct {
 		name string
@@ -76,8 +76,9 @@ func (r *Report) printHeld(w io.Writer, c Comparison) {
 			if first := who.hs[0].Probe.TTFT99; first > 0 && h.Probe.TTFT99 > 0 {
 				ratio = fmt.Sprintf("%.2f", float64(h.Probe.TTFT99)/float64(first))
 			}
-			fmt.Fprintf(w, "| %s | %d of %d | %s | %.2f | %d ok, %d failed | %s | %s | %s |\n", who.name, h.Held, h.Opened,
-				kib(h.RSSPerStream), h.FDsPerStream, h.Probe.Requests, h.Probe.Failed, fmtDur(h.Probe.TTFT50), fmtDur(h.Probe.TTFT99), ratio)
+			fmt.Fprintf(w, "| %s | %d of %d | %s | %.2f | %d ok, %d failed | %s | %s | %s | %s | %s |\n", who.name, h.Held, h.Opened,
+				kib(h.RSSPerStream), h.FDsPerStream, h.Probe.Requests, h.Probe.Failed, fmtDur(h.Probe.TTFT50), fmtDur(h.Probe.TTFT99), ratio,
+				kib(float64(h.EnginesRSS)), h.LoadAvg)
 			if h.FirstError != "" {
 				failures = append(failures, fmt.Sprintf("%s, %d held streams, first stream not held: %s", who.name, h.Opened, h.FirstError))
 			}
