@@ -100,16 +100,15 @@ func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, base Usage
 		h.RSSPerStream = float64(d.RSS) / float64(hs.Held)
 		h.FDsPerStream = float64(d.FDs) / float64(hs.Held)
 	}
-	for _, s := range []*Sim{f.prefill, f.decode} {
-		if u, err := ReadUsage(s.PID()); err == nil {
-			h.EnginesRSS += u.RSS
-		}
-	}
+	engines := f.engineUsage()
+	h.EnginesRSS = engines.RSS
 	h.Probe = probe(ctx, cfg, f.load(t, Stream, probeTokens), t)
 	h.LoadAvg = loadAvg()
-	fmt.Fprintf(cfg.Progress, "bench: %s: %d of %d streams held, RSS %+d KiB, fds %+d; new requests: %d ok, %d failed, TTFT p50 %v p99 %v, router CPU %.0f%% of a core; load %s\n",
+	share := func(cpu time.Duration) float64 { return 100 * cpu.Seconds() / h.Probe.Elapsed.Seconds() }
+	fmt.Fprintf(cfg.Progress, "bench: %s: %d of %d streams held, RSS %+d KiB, fds %+d; new requests: %d ok, %d failed, TTFT p50 %v p99 %v; "+
+		"CPU meanwhile: router %.0f%%, sims %.0f%% of a core; load %s\n",
 		t.name, hs.Held, n, (with.RSS-base.RSS)>>10, with.FDs-base.FDs, h.Probe.Requests, h.Probe.Failed, h.Probe.TTFT50, h.Probe.TTFT99,
-		100*h.Probe.CPU.Seconds()/h.Probe.Elapsed.Seconds(), h.LoadAvg)
+		share(h.Probe.CPU), share(f.engineUsage().CPU-engines.CPU), h.LoadAvg)
 	hs.Release()
 	// The next level starts once the router has let go of this one's
 	// connections (its idle pools may keep some).
@@ -134,6 +133,18 @@ func probe(ctx context.Context, cfg Config, l Load, t target) Stats {
 		s.CPU = after.CPU - before.CPU
 	}
 	return s
+}
+
+// engineUsage sums the prefill's and the decode's usage (what cannot be
+// read counts as nothing: the figure is informative).
+func (f *fleet) engineUsage() Usage {
+	var sum Usage
+	for _, s := range []*Sim{f.prefill, f.decode} {
+		if u, err := ReadUsage(s.PID()); err == nil {
+			sum.CPU, sum.RSS, sum.FDs = sum.CPU+u.CPU, sum.RSS+u.RSS, sum.FDs+u.FDs
+		}
+	}
+	return sum
 }
 
 // loadAvg is the 1-minute load average from /proc/loadavg, "?" when it
