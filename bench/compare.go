@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -53,9 +54,20 @@ type Config struct {
 	// Rounds is how many windows each router gets per (mode, concurrency),
 	// alternating pdplane, peer, pdplane, peer...; default 2.
 	Rounds int
-	// HeldStreams is how many streams are held open on a slow decode to
-	// measure memory and descriptors per stream; 0 skips it.
-	HeldStreams int
+	// HeldStreams lists the numbers of streams held open on a slow decode
+	// (levels, measured in increasing order through the same routers) to
+	// measure memory and descriptors per stream and the time to first
+	// token of new requests while they are held; empty skips it.
+	HeldStreams []int
+	// ProbeClients is how many concurrent clients send new requests while
+	// the streams of a level are held; default 8.
+	ProbeClients int
+	// ProbeWindow is how long they send them; default 2s.
+	ProbeWindow time.Duration
+	// HeldTokenTime is the slow decode's time per token, so each held
+	// stream's pace; default 1s. Longer, the held streams are idle more
+	// than they stream.
+	HeldTokenTime time.Duration
 	// MaxTokens is the answer length of each request; default 16.
 	MaxTokens int
 	// Progress, when set, receives a line per step.
@@ -79,6 +91,16 @@ func (c Config) WithDefaults() Config {
 	if c.MaxTokens == 0 {
 		c.MaxTokens = 16
 	}
+	if c.ProbeClients == 0 {
+		c.ProbeClients = 8
+	}
+	if c.ProbeWindow == 0 {
+		c.ProbeWindow = 2 * time.Second
+	}
+	if c.HeldTokenTime == 0 {
+		c.HeldTokenTime = time.Second
+	}
+	c.HeldStreams = slices.Compact(slices.Sorted(slices.Values(c.HeldStreams)))
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
@@ -93,14 +115,23 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench config: window: at least 100ms, got %v", c.Window)
 	case c.Rounds < 1:
 		return fmt.Errorf("bench config: rounds: at least 1, got %d", c.Rounds)
-	case c.HeldStreams < 0:
-		return fmt.Errorf("bench config: held_streams: must not be negative, got %d", c.HeldStreams)
+	case c.ProbeClients < 1:
+		return fmt.Errorf("bench config: probe_clients: at least 1, got %d", c.ProbeClients)
+	case c.ProbeWindow < 100*time.Millisecond:
+		return fmt.Errorf("bench config: probe_window: at least 100ms, got %v", c.ProbeWindow)
+	case c.HeldTokenTime < time.Millisecond:
+		return fmt.Errorf("bench config: held_token_time: at least 1ms, got %v", c.HeldTokenTime)
 	case c.MaxTokens < 1:
 		return fmt.Errorf("bench config: max_tokens: at least 1, got %d", c.MaxTokens)
 	}
 	for _, n := range c.Concurrency {
 		if n < 1 {
 			return fmt.Errorf("bench config: concurrency: at least 1, got %d", n)
+		}
+	}
+	for _, n := range c.HeldStreams {
+		if n < 1 {
+			return fmt.Errorf("bench config: held_streams: at least 1 stream a level, got %d", n)
 		}
 	}
 	for _, m := range c.Modes {
@@ -144,20 +175,6 @@ func (s Stats) CPUPerRequest() time.Duration {
 	return s.CPU / time.Duration(s.Requests)
 }
 
-// Held is one router's memory and descriptors per held stream.
-type Held struct {
-	Opened, Held int
-	// FirstError is why the first stream that was not held failed.
-	FirstError string
-	// RSSBase and FDsBase are the router's before the streams opened.
-	RSSBase int64
-	FDsBase int
-	// RSSPerStream and FDsPerStream are (value with Held streams −
-	// base) / Held.
-	RSSPerStream float64
-	FDsPerStream float64
-}
-
 // Row is one (mode, concurrency) of one comparison: pdplane and the peer
 // (or pdplane alone) under the same load.
 type Row struct {
@@ -172,15 +189,18 @@ type Comparison struct {
 	Peer   string // "" when pdplane ran alone
 	Engine string
 	Rows   []Row
-	// HeldPdplane and HeldPeer are the held-stream figures, nil when not
-	// measured.
-	HeldPdplane, HeldPeer *Held
+	// HeldPdplane and HeldPeer are the held-stream figures, one per level
+	// of Config.HeldStreams in increasing order; empty when not measured.
+	HeldPdplane, HeldPeer []Held
 }
 
 // Report is what Compare measured.
 type Report struct {
 	Config      Config
 	Comparisons []Comparison
+	// FDLimit is the limit on open files the harness and the processes it
+	// started ran under (RaiseFDLimit).
+	FDLimit uint64
 }
 
 // Compare runs every comparison of cfg; with no peer, pdplane alone on the
@@ -191,6 +211,15 @@ func Compare(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Config: cfg}
+	limit, err := RaiseFDLimit()
+	if err != nil {
+		return nil, err
+	}
+	rep.FDLimit = limit
+	if need := fdsNeeded(cfg); uint64(need) > limit {
+		fmt.Fprintf(cfg.Progress, "bench: warning: %d held streams need about %d open files in the router, above the limit of %d: the largest levels will not all open\n",
+			maxOf(cfg.HeldStreams), need, limit)
+	}
 	peers := cfg.Peers
 	if len(peers) == 0 {
 		peers = []Peer{{}}
@@ -233,25 +262,25 @@ func compareWith(ctx context.Context, cfg Config, p Peer) (*Comparison, error) {
 		}
 	}
 	f.close()
-	if cfg.HeldStreams == 0 {
+	if len(cfg.HeldStreams) == 0 {
 		return cmp, nil
 	}
-	// A slow decode (one token a second) holds every stream open.
-	fmt.Fprintf(cfg.Progress, "bench: %s engines: holding %d streams on a slow decode\n", engine, cfg.HeldStreams)
-	slow, err := startFleet(ctx, cfg, p, fleetSpec{kvPages: kvPages(cfg.HeldStreams + 64), cheap: true, decodeTime: time.Second})
+	// A slow decode (a token a second by default) holds every stream open.
+	slow, err := startFleet(ctx, cfg, p, fleetSpec{
+		kvPages: kvPages(maxOf(cfg.HeldStreams) + cfg.ProbeClients + 64), cheap: true, decodeTime: cfg.HeldTokenTime})
 	if err != nil {
 		return nil, err
 	}
 	defer slow.close()
 	for i, t := range slow.targets() {
-		h, err := measureHeld(ctx, cfg, slow.load(t, Stream, heldTokens), t)
+		hs, err := measureHeldLevels(ctx, cfg, slow, t)
 		if err != nil {
 			return nil, err
 		}
 		if i == 0 {
-			cmp.HeldPdplane = h
+			cmp.HeldPdplane = hs
 		} else {
-			cmp.HeldPeer = h
+			cmp.HeldPeer = hs
 		}
 	}
 	return cmp, nil
@@ -305,10 +334,8 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 		return nil, err
 	}
 	f.serveURL = "http://127.0.0.1:" + strconv.Itoa(port)
-	// Room for every held stream and every client, above the default.
-	inflight := max(4096, 2*(cfg.HeldStreams+maxOf(cfg.Concurrency)))
 	if f.serve, err = Start("pdplane serve", nil, cfg.Pdplane, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port),
-		"--max-inflight", strconv.Itoa(inflight)); err != nil {
+		"--max-inflight", strconv.Itoa(maxInflight(cfg))); err != nil {
 		return nil, err
 	}
 	f.procs = append(f.procs, f.serve)
@@ -332,7 +359,7 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 		return nil, err
 	}
 	if p.Name != "" {
-		if err := f.startPeer(ctx, p); err != nil {
+		if err := f.startPeer(ctx, cfg, p); err != nil {
 			return nil, err
 		}
 	}
@@ -348,9 +375,17 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 	return f, nil
 }
 
+// maxInflight is the cap on concurrent requests each router is given: room
+// for every held stream and every client, above pdplane's default.
+func maxInflight(cfg Config) int {
+	return max(4096, 2*(maxOf(cfg.HeldStreams)+cfg.ProbeClients+maxOf(cfg.Concurrency)))
+}
+
 // startPeer starts the peer router in front of the fleet's engines, at its
-// default log level as pdplane runs at its own.
-func (f *fleet) startPeer(ctx context.Context, p Peer) error {
+// default log level as pdplane runs at its own, with the same cap on
+// concurrent requests where its default is lower (SMG's is 1,024 a core,
+// at least 4,096; vllm-router's 32,768).
+func (f *fleet) startPeer(ctx context.Context, cfg Config, p Peer) error {
 	port, err := FreePort()
 	if err != nil {
 		return err
@@ -358,6 +393,7 @@ func (f *fleet) startPeer(ctx context.Context, p Peer) error {
 	var args []string
 	if p.Name == PeerSMG {
 		args, err = SMGPDArgs(p.Bin, port, "", f.prefill, f.decode)
+		args = append(args, "--max-concurrent-requests", strconv.Itoa(maxInflight(cfg)))
 	} else {
 		args, err = VLLMRouterPDArgs(p.Bin, port, "", f.prefill, f.decode)
 	}
@@ -438,42 +474,6 @@ func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (R
 		row.Peer = &stats[1]
 	}
 	return row, nil
-}
-
-// heldTokens is the length of a held stream: at one token a second, it
-// outlasts the measurement by far (the streams are closed after it).
-const heldTokens = 3600
-
-// heldOpenTimeout bounds how long the held streams may take to open.
-const heldOpenTimeout = 2 * time.Minute
-
-// measureHeld opens cfg.HeldStreams streams through t, samples its memory
-// and descriptors once all have started, and closes them.
-func measureHeld(ctx context.Context, cfg Config, l Load, t target) (*Held, error) {
-	client := newClient(cfg.HeldStreams)
-	defer client.CloseIdleConnections()
-	base, err := ReadUsage(t.proc.PID())
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", t.name, err)
-	}
-	hs, err := holdStreams(ctx, client, l, cfg.HeldStreams, heldOpenTimeout)
-	if err != nil {
-		return nil, err
-	}
-	defer hs.Release()
-	with, err := ReadUsage(t.proc.PID())
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", t.name, err)
-	}
-	h := &Held{Opened: cfg.HeldStreams, Held: hs.Held, FirstError: hs.FirstError, RSSBase: base.RSS, FDsBase: base.FDs}
-	if hs.Held > 0 {
-		d := with.Sub(base)
-		h.RSSPerStream = float64(d.RSS) / float64(hs.Held)
-		h.FDsPerStream = float64(d.FDs) / float64(hs.Held)
-	}
-	fmt.Fprintf(cfg.Progress, "bench: %s: %d of %d streams held, RSS %+d KiB, fds %+d\n",
-		t.name, hs.Held, cfg.HeldStreams, (with.RSS-base.RSS)>>10, with.FDs-base.FDs)
-	return h, nil
 }
 
 // close stops every process of the fleet, newest first. It is idempotent.

@@ -40,16 +40,18 @@ func peers(t *testing.T) []bench.Peer {
 }
 
 // TestBenchCompareSmoke runs the harness for a moment (1 s windows, 4
-// clients, a few held streams) against every router installed and checks
-// that each measured something: requests served, no failures, streams held,
-// and a table row per figure. It asserts no figure's size.
+// clients, two levels of a few held streams with a short probe of new
+// requests at each) against every router installed and checks that each
+// measured something: requests served, no failures, streams held, new
+// requests served while they were, and a table row per figure. It asserts
+// no figure's size.
 func TestBenchCompareSmoke(t *testing.T) {
 	t.Parallel()
 	ps := peers(t)
 	var progress bytes.Buffer
 	rep, err := bench.Compare(t.Context(), bench.Config{
 		Pdplane: pdplaneBin, Peers: ps, Window: time.Second, Concurrency: []int{4},
-		Modes: []bench.Mode{bench.Stream, bench.Unary}, Rounds: 1, HeldStreams: 8, Progress: &progress,
+		Modes: []bench.Mode{bench.Stream, bench.Unary}, Rounds: 1, HeldStreams: []int{8, 3}, ProbeClients: 2, ProbeWindow: 300 * time.Millisecond, Progress: &progress,
 	})
 	if err != nil {
 		t.Fatalf("compare: %v\n%s", err, progress.String())
@@ -76,21 +78,45 @@ func TestBenchCompareSmoke(t *testing.T) {
 				}
 			}
 		}
-		for who, h := range map[string]*bench.Held{"pdplane": c.HeldPdplane, c.Peer: c.HeldPeer} {
+		for who, hs := range map[string][]bench.Held{"pdplane": c.HeldPdplane, c.Peer: c.HeldPeer} {
 			if who == "" {
 				continue
 			}
-			if h == nil || h.Held != 8 || h.RSSBase <= 0 || h.FDsBase <= 0 {
-				t.Errorf("%s: held streams %+v, want all 8 held and the base measured", who, h)
-			}
+			checkHeldLevels(t, who, hs, []int{3, 8})
 		}
+	}
+	if rep.FDLimit == 0 {
+		t.Error("the report has no open-files limit")
 	}
 	var out bytes.Buffer
 	rep.Print(&out)
-	for _, row := range []string{"| stream, 4 clients: req/s |", "| unary, 4 clients: CPU per request |", "| RSS per held stream |"} {
-		if strings.Count(out.String(), row) != want {
-			t.Errorf("the table has %d rows %q, want %d:\n%s", strings.Count(out.String(), row), row, want, out.String())
+	rows := []string{"| stream, 4 clients: req/s |", "| unary, 4 clients: CPU per request |", "| pdplane | 3 of 3 |", "| pdplane | 8 of 8 |"}
+	for _, p := range ps {
+		rows = append(rows, "| "+p.Name+" | 3 of 3 |", "| "+p.Name+" | 8 of 8 |")
+	}
+	for _, row := range rows {
+		if n := strings.Count(out.String(), row); n < 1 {
+			t.Errorf("the table has no row %q:\n%s", row, out.String())
 		}
 	}
 	t.Logf("\n%s", out.String())
+}
+
+// checkHeldLevels checks one router's held-stream levels: one per level in
+// increasing order, every stream held, the base measured, and new requests
+// served (none failed) while the streams were held.
+func checkHeldLevels(t *testing.T, who string, hs []bench.Held, levels []int) {
+	t.Helper()
+	if len(hs) != len(levels) {
+		t.Errorf("%s: %d held-stream levels, want %d", who, len(hs), len(levels))
+		return
+	}
+	for i, h := range hs {
+		if h.Opened != levels[i] || h.Held != levels[i] || h.RSSBase <= 0 || h.FDsBase <= 0 || h.FDs <= 0 {
+			t.Errorf("%s: level %d: %+v, want all %d held and the base measured", who, i, h, levels[i])
+		}
+		if h.Probe.Requests == 0 || h.Probe.Failed != 0 || h.Probe.TTFT50 <= 0 || h.Probe.TTFT99 < h.Probe.TTFT50 {
+			t.Errorf("%s: %d held: new requests %+v, want some served, none failed, TTFT measured", who, levels[i], h.Probe)
+		}
+	}
 }

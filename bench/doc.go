@@ -7,7 +7,14 @@
 // with a `pdplane serve` and puts the peer router in front of the same
 // engines, then drives the same load through pdplane and the peer in
 // alternating windows. Held streams are measured on a second set of engines
-// whose decode generates one token a second, with fresh routers in front.
+// whose decode generates a token a second (Config.HeldTokenTime), with
+// fresh routers in front:
+// at each level (Config.HeldStreams, in increasing order, through the same
+// routers) the harness holds that many streams open, reads each router's
+// memory and descriptors, and sends a short probe of new streamed requests
+// through it while the streams stay held, for their time to first token.
+// It raises its own open-files limit to the hard limit first, so that the
+// processes it starts inherit it (RaiseFDLimit).
 // The load generator runs in the calling process; only
 // the router processes (each with its children) are measured: CPU from
 // /proc/<pid>/stat divided by the requests served, resident memory and open

@@ -41,17 +41,6 @@ func (r *Report) Print(w io.Writer) {
 			t.dur(what+": CPU per request", row.Pdplane.CPUPerRequest(), ps.CPUPerRequest())
 			t.add(what+": failed", 0, 0, fmt.Sprint(row.Pdplane.Failed), fmt.Sprint(ps.Failed))
 		}
-		if c.HeldPdplane != nil {
-			hp, hq := *c.HeldPdplane, Held{}
-			if c.HeldPeer != nil {
-				hq = *c.HeldPeer
-			}
-			what := fmt.Sprintf("held streams (%d opened on a slow decode)", hp.Opened)
-			t.add(what+": held", 0, 0, fmt.Sprint(hp.Held), fmt.Sprint(hq.Held))
-			t.add("RSS per held stream", hp.RSSPerStream, hq.RSSPerStream, kib(hp.RSSPerStream), kib(hq.RSSPerStream))
-			t.add("fds per held stream", hp.FDsPerStream, hq.FDsPerStream, fmt.Sprintf("%.2f", hp.FDsPerStream), fmt.Sprintf("%.2f", hq.FDsPerStream))
-			t.add("RSS before the streams", float64(hp.RSSBase), float64(hq.RSSBase), kib(float64(hp.RSSBase)), kib(float64(hq.RSSBase)))
-		}
 		t.print(w)
 		for _, row := range c.Rows {
 			if row.Pdplane.FirstError != "" {
@@ -61,13 +50,53 @@ func (r *Report) Print(w io.Writer) {
 				fmt.Fprintf(w, "%s, %s %d clients, first failure: %s\n", peer, row.Mode, row.Concurrency, row.Peer.FirstError)
 			}
 		}
-		for who, h := range map[string]*Held{"pdplane": c.HeldPdplane, peer: c.HeldPeer} {
-			if h != nil && h.FirstError != "" {
-				fmt.Fprintf(w, "%s, held streams, first failure: %s\n", who, h.FirstError)
+		fmt.Fprintln(w)
+		if len(c.HeldPdplane) > 0 {
+			r.printHeld(w, c)
+		}
+	}
+}
+
+// printHeld writes the held-stream levels of c as one table: per router
+// and level, the streams held, the router's memory and descriptors per
+// stream, the time to first token of new requests sent meanwhile, and
+// their p99 against the router's smallest level.
+func (r *Report) printHeld(w io.Writer, c Comparison) {
+	fmt.Fprintf(w, "Held streams (a slow decode, a token every %v on each; open-files limit %d); new requests while they are held: %d clients for %v, %d token(s) each\n\n",
+		r.Config.HeldTokenTime, r.FDLimit, r.Config.ProbeClients, r.Config.ProbeWindow, probeTokens)
+	fmt.Fprintln(w, "| router | held | RSS per stream | fds per stream | new requests | TTFT p50 | TTFT p99 | p99 / smallest level's | sims' RSS | load (1 min) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	var failures []string
+	for _, who := range []struct {
+		name string
+		hs   []Held
+	}{{"pdplane", c.HeldPdplane}, {c.Peer, c.HeldPeer}} {
+		for _, h := range who.hs {
+			ratio := "—"
+			if first := who.hs[0].Probe.TTFT99; first > 0 && h.Probe.TTFT99 > 0 {
+				ratio = fmt.Sprintf("%.2f", float64(h.Probe.TTFT99)/float64(first))
+			}
+			fmt.Fprintf(w, "| %s | %d of %d | %s | %.2f | %d ok, %d failed | %s | %s | %s | %s | %s |\n", who.name, h.Held, h.Opened,
+				kib(h.RSSPerStream), h.FDsPerStream, h.Probe.Requests, h.Probe.Failed, fmtDur(h.Probe.TTFT50), fmtDur(h.Probe.TTFT99), ratio,
+				kib(float64(h.EnginesRSS)), h.LoadAvg)
+			if h.FirstError != "" {
+				failures = append(failures, fmt.Sprintf("%s, %d held streams, first stream not held: %s", who.name, h.Opened, h.FirstError))
+			}
+			if h.Probe.FirstError != "" {
+				failures = append(failures, fmt.Sprintf("%s, %d held streams, first new request failed: %s", who.name, h.Opened, h.Probe.FirstError))
 			}
 		}
-		fmt.Fprintln(w)
 	}
+	fmt.Fprintln(w)
+	for who, hs := range map[string][]Held{"pdplane": c.HeldPdplane, c.Peer: c.HeldPeer} {
+		if len(hs) > 0 {
+			fmt.Fprintf(w, "%s before the streams: RSS %s, %d fds; every level counted from there.\n", who, kib(float64(hs[0].RSSBase)), hs[0].FDsBase)
+		}
+	}
+	for _, f := range failures {
+		fmt.Fprintln(w, f)
+	}
+	fmt.Fprintln(w)
 }
 
 // table accumulates rows of (metric, pdplane, peer, ratio).

@@ -83,7 +83,9 @@ type Config struct {
 	// PrefillTimePerToken is how long a prefill "computes" per prompt
 	// token.
 	PrefillTimePerToken time.Duration
-	// DecodeTimePerToken is the pause before each generated token.
+	// DecodeTimePerToken is the pause before each generated token, but an
+	// SGLang decode's first: that one is the prefill's, carried with the
+	// KV, and leaves as soon as the KV is in (Sim.tokenPause).
 	DecodeTimePerToken time.Duration
 	// MaxTokensDefault is the number of tokens generated when a request
 	// sets no limit; default 16.

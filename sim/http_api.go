@@ -177,12 +177,9 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 				ans.id = q.rid
 			}
 		}
-		pause := func() time.Duration { return 0 }
-		if s.cfg.Role == registry.RoleDecode || ans.seqs[0].n > 1 {
-			pause = func() time.Duration { return s.decodeTime() }
-		}
+		pause := s.tokenPause(ans)
 		if !q.stream {
-			if !sleepCtx(ctx, pause()*time.Duration(ans.longest())) {
+			if !sleepCtx(ctx, answerTime(pause, ans.longest())) {
 				s.fail(ctx, w, q, errCancelled)
 				return
 			}
@@ -365,4 +362,46 @@ func needBootstrap(q *genRequest) *httpError {
 		return badRequestErr(badf("bootstrap_room", "an SGLang engine in PD mode needs bootstrap_host, bootstrap_port and bootstrap_room"))
 	}
 	return nil
+}
+
+// tokenPause is the pause before token k of ans.
+//
+// An SGLang decode does not compute its first output token: the prefill
+// does, and writes it into the metadata buffers that travel with the KV
+// (python/sglang/srt/disaggregation/prefill.py, the metadata set for each
+// request its forward finished). On KVPoll.Success the decode reads it back
+// (decode.py, DecodeTransferQueue.pop_transferred:
+// output_id_buffer[idx][0] into req.transferred_output_id) and its
+// prebuilt batch (ScheduleBatch.prepare_for_prebuilt, process_prebuilt)
+// hands it on without a forward pass: the first token leaves as soon as the
+// KV is in, and the decode's per-token time applies from the second on. A
+// vLLM decode computes its first token itself: once the remote KV is in,
+// the scheduler takes one token off the computed count
+// (vllm/v1/core/sched/scheduler.py, _update_waiting_for_remote_kv:
+// "if num_computed_tokens == request.num_tokens: num_computed_tokens -= 1")
+// and runs a forward over the last prompt token, so it pauses before every
+// token. A prefill answering more than one token (an engine used alone)
+// pauses before each too.
+func (s *Sim) tokenPause(ans *answer) func(k int) time.Duration {
+	switch {
+	case s.cfg.Role == registry.RoleDecode && s.cfg.Engine == registry.EngineSGLang:
+		return func(k int) time.Duration {
+			if k == 0 {
+				return 0
+			}
+			return s.decodeTime()
+		}
+	case s.cfg.Role == registry.RoleDecode || ans.seqs[0].n > 1:
+		return func(int) time.Duration { return s.decodeTime() }
+	}
+	return func(int) time.Duration { return 0 }
+}
+
+// answerTime is the time n tokens take under pause: the first token's pause
+// and n-1 times the next ones'.
+func answerTime(pause func(k int) time.Duration, n int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	return pause(0) + time.Duration(n-1)*pause(1)
 }

@@ -212,9 +212,10 @@ func (a *answer) write(w http.ResponseWriter, q *genRequest) {
 }
 
 // stream writes the answer as SSE, one event per token per sequence
-// (sequences of a batch step together), pausing before each token; it
-// stops early, returning false, when ctx ends or the client goes away.
-func (a *answer) stream(ctx context.Context, w http.ResponseWriter, q *genRequest, pause func() time.Duration) bool {
+// (sequences of a batch step together), pausing pause(k) before token k
+// (Sim.tokenPause); it stops early, returning false, when ctx ends or the
+// client goes away.
+func (a *answer) stream(ctx context.Context, w http.ResponseWriter, q *genRequest, pause func(k int) time.Duration) bool {
 	if !q.streaming {
 		startStream(w)
 		q.streaming = true
@@ -233,7 +234,7 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, q *genReques
 		return rc.Flush() == nil
 	}
 	for k := range a.longest() {
-		if d := pause(); d > 0 && !sleepCtx(ctx, d) {
+		if d := pause(k); d > 0 && !sleepCtx(ctx, d) {
 			return false
 		}
 		if ctx.Err() != nil {

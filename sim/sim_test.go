@@ -302,17 +302,18 @@ func TestFaultEndpoint(t *testing.T) {
 		t.Fatalf("after crash: %v %d %s / %d %s", err, pr.Status, pr.Body, dr.Status, dr.Body)
 	}
 
-	// slow: a zero per-token time becomes 10ms a token.
+	// slow: a zero per-token time becomes 10ms a token, from the second
+	// token on (an SGLang decode's first is the prefill's).
 	if r, _ := c.SetFault(ctx, d, "slow"); r.Status != http.StatusOK {
 		t.Fatalf("set slow: %d %s", r.Status, r.Body)
 	}
 	start := time.Now()
-	_, dr, err = c.SGLang(ctx, p, d, "/v1/chat/completions", chatBody("slowly", 5, false), simtest.Room())
+	_, dr, err = c.SGLang(ctx, p, d, "/v1/chat/completions", chatBody("slowly", 6, false), simtest.Room())
 	if err != nil || dr.Status != http.StatusOK {
 		t.Fatalf("slow: %v %d %s", err, dr.Status, dr.Body)
 	}
 	if el := time.Since(start); el < 50*time.Millisecond {
-		t.Fatalf("slow decode took only %s for 5 tokens", el)
+		t.Fatalf("slow decode took only %s for 6 tokens", el)
 	}
 }
 

@@ -46,7 +46,7 @@ func benchCmd(ctx context.Context, args []string, out io.Writer) error {
 func benchCompare(ctx context.Context, args []string, out io.Writer) error {
 	var (
 		cfg                               bench.Config
-		concurrency, mode, peers          string
+		concurrency, mode, peers, held    string
 		smgBin, vllmRouterBin, pdplaneBin string
 		require, install                  bool
 	)
@@ -56,12 +56,17 @@ vllm-router), registers them with a pdplane serve, puts each peer router in
 front of the same engines, and runs the same load through pdplane and the peer
 in alternating windows. Measures the router processes only: CPU per request
 from /proc, client-side time to first token, and RSS and file descriptors per
-stream held open on a slow decode. Prints one Markdown table per peer.`
+stream held open on a slow decode, at each level of --held-streams in turn,
+with the time to first token of new requests sent while the streams are held.
+Prints Markdown tables per peer.`
 	fs.dur(&cfg.Window, "duration", 8*time.Second, "length of one measured window")
 	fs.str(&concurrency, "concurrency", "32", "concurrent clients, or a comma-separated list of them (e.g. 32,256)")
 	fs.choice(&mode, "mode", "stream", []string{"stream", "unary", "both"}, "streamed (SSE) or unary requests, or both")
 	fs.int(&cfg.Rounds, "rounds", 2, "windows per router for each mode and concurrency, alternating pdplane, peer, pdplane, ...")
-	fs.int(&cfg.HeldStreams, "held-streams", 500, "streams held open on a slow decode to measure memory per stream (0 skips it)")
+	fs.str(&held, "held-streams", "500", "streams held open on a slow decode to measure memory per stream and new requests' TTFT meanwhile, or a comma-separated list of levels measured in turn through the same router (e.g. 100,9000); 0 skips it")
+	fs.int(&cfg.ProbeClients, "probe-clients", 8, "concurrent clients sending new requests while each level's streams are held")
+	fs.dur(&cfg.ProbeWindow, "probe-duration", 2*time.Second, "how long they send them")
+	fs.dur(&cfg.HeldTokenTime, "held-token-time", time.Second, "the slow decode's time per token, the pace of each held stream (longer: held streams mostly idle)")
 	fs.int(&cfg.MaxTokens, "max-tokens", 16, "tokens generated per request")
 	fs.str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter, "comma-separated routers to compare with: smg, vllm-router; empty measures pdplane alone")
 	fs.str(&smgBin, "smg", "", "SMG executable (default: .venv/bin/smg, else smg on $PATH)")
@@ -75,6 +80,11 @@ stream held open on a slow decode. Prints one Markdown table per peer.`
 	var err error
 	if cfg.Concurrency, err = parseInts(concurrency); err != nil {
 		return usageErrorf("invalid value %q for --concurrency: %v", concurrency, err)
+	}
+	if held != "0" {
+		if cfg.HeldStreams, err = parseInts(held); err != nil {
+			return usageErrorf("invalid value %q for --held-streams: %v", held, err)
+		}
 	}
 	cfg.Modes = []bench.Mode{bench.Mode(mode)}
 	if mode == "both" {

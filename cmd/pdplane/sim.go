@@ -22,7 +22,7 @@ func simFlags(fs *flagSet, c *sim.Config, role, engine *string) {
 	fs.str(&c.Addr, "sim-addr", "127.0.0.1:0", "listen address of the simulated engine")
 	fs.str(&c.Transfer, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
 	fs.dur(&c.PrefillTimePerToken, "prefill-time-per-token", 0, "simulated prefill time per prompt token")
-	fs.dur(&c.DecodeTimePerToken, "decode-time-per-token", 0, "simulated decode time per generated token")
+	fs.dur(&c.DecodeTimePerToken, "decode-time-per-token", 0, "simulated decode time per generated token (an SGLang decode sends its first, the prefill's, at once)")
 	fs.int(&c.Pages, "kv-pages", sim.DefaultPages, "pages in the KV pool (page_size tokens each); a request holds its prompt's pages "+
 		"until its answer ends, so held streams need as many")
 	fs.boolean(&c.CheapTransfer, "cheap-transfer", false, "keep the PD protocol (bootstrap, transfer notifications, per-token times) "+

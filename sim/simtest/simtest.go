@@ -244,19 +244,29 @@ func (c *Client) VLLM(ctx context.Context, prefill, decode *sim.Sim, path string
 	if p.Status != http.StatusOK {
 		return p, d, nil
 	}
-	var ans struct {
-		KV json.RawMessage `json:"kv_transfer_params"`
+	m, err := VLLMDecodeBody(body, p)
+	if err != nil {
+		return p, d, err
 	}
-	if err := json.Unmarshal(p.Body, &ans); err != nil || len(ans.KV) == 0 {
-		return p, d, fmt.Errorf("prefill answer without kv_transfer_params: %s", p.Body)
-	}
-	m := clone(body)
-	m["kv_transfer_params"] = ans.KV
 	d, err = c.Post(ctx, decode.URL(), path, m, h)
 	if err != nil {
 		return p, d, fmt.Errorf("decode: %w", err)
 	}
 	return p, d, nil
+}
+
+// VLLMDecodeBody is the decode leg of vLLM's protocol for body: body with
+// the kv_transfer_params of the prefill's answer.
+func VLLMDecodeBody(body map[string]any, prefill Response) (map[string]any, error) {
+	var ans struct {
+		KV json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(prefill.Body, &ans); err != nil || len(ans.KV) == 0 {
+		return nil, fmt.Errorf("prefill answer without kv_transfer_params: %s", prefill.Body)
+	}
+	m := clone(body)
+	m["kv_transfer_params"] = ans.KV
+	return m, nil
 }
 
 // SetFault posts fault to the sim's /_sim/fault.
