@@ -84,12 +84,13 @@ func TestSGLangMemKindFailureFormats(t *testing.T) {
 }
 
 // TestDecodeFirstByteDeadline: a streamed decode that stays silent after its
-// prefill succeeded (here, one that takes seconds a token) is cut at the
-// router's deadline; the request is served by another pair and the pair
-// takes the failure.
+// prefill succeeded (here, a vLLM decode that takes a minute a token: it
+// computes its first token, where an SGLang decode sends the prefill's at
+// once) is cut at the router's deadline; the request is served by another
+// pair and the pair takes the failure.
 func TestDecodeFirstByteDeadline(t *testing.T) {
 	t.Parallel()
-	b, _, ds := simFleet(t, registry.EngineSGLang, router.Config{DecodeFirstByteTimeout: time.Second},
+	b, _, ds := simFleet(t, registry.EngineVLLM, router.Config{DecodeFirstByteTimeout: time.Second},
 		func(c *sim.Config) { c.DecodeTimePerToken = time.Minute })
 	for i := range 2 {
 		// Bounded, so that a router without the deadline fails the test
