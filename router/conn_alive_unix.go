@@ -30,6 +30,15 @@ func connAlive(c net.Conn) bool {
 	return err == nil && alive
 }
 
+// readable is a RawConn.Read function that returns once the descriptor has
+// bytes to read, has reached its end, or has failed: a peek that would block
+// makes Read wait for readability and ask again.
+func readable(fd uintptr) bool {
+	var buf [1]byte
+	_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	return !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EWOULDBLOCK)
+}
+
 // isConnReset reports a write to a connection the engine already closed.
 func isConnReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)

@@ -556,19 +556,48 @@ func (d *dispatch) send(b []byte, flush bool) error {
 	return nil
 }
 
+// relayBody is an answer's body that can say whether bytes are waiting and
+// wait for them without a buffer (upBody).
+type relayBody interface {
+	ready() bool
+	await()
+}
+
+// slowStreamWait is how long a relay must have waited for the engine's
+// last bytes for it to wait for the next ones without a buffer. A decode
+// that paused that long is slow (held, queued, or a client reading slowly
+// upstream of it), and its stream may stay open for long; one generating at
+// speed stays on the plain path, which spends no system call on the wait.
+const slowStreamWait = 100 * time.Millisecond
+
 // relay copies the rest of the decode's answer to the client as it arrives.
 // A stream is flushed whenever the engine has sent nothing more yet.
-func (d *dispatch) relay(body io.Reader, buf []byte) *failure {
-	rb, _ := body.(interface{ ready() bool })
+//
+// A slow stream holds no buffer between reads: it waits for the engine's
+// next bytes without one (relayBody.await) and takes a relay buffer from the
+// pool only to copy what has arrived, so that a stream held open on a slow
+// decode does not pin 4 KiB of buffers (this one and the connection's) for
+// its whole life.
+func (d *dispatch) relay(body io.Reader) *failure {
+	rb, _ := body.(relayBody)
+	slow := false
 	for {
-		n, err := body.Read(buf)
+		start := d.rt.cfg.Now()
+		if slow {
+			rb.await()
+		}
+		bp := d.rt.getRelayBuf()
+		n, err := body.Read(*bp)
+		slow = rb != nil && d.rt.cfg.Now().Sub(start) > slowStreamWait
+		var werr error
 		if n > 0 {
 			flush := err != nil || rb == nil || !rb.ready()
-			if werr := d.send(buf[:n], flush); werr != nil {
-				return &failure{kind: failClientGone, leg: legDecode, err: werr}
-			}
+			werr = d.send((*bp)[:n], flush)
 		}
+		d.rt.putRelayBuf(bp)
 		switch {
+		case werr != nil:
+			return &failure{kind: failClientGone, leg: legDecode, err: werr}
 		case err == nil:
 		case errors.Is(err, io.EOF):
 			return nil

@@ -199,8 +199,17 @@ func (d *dispatch) readFirstEvent(body io.Reader, buf []byte, limit int) ([]byte
 // event): the attempt fails and another pair may serve the request.
 func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl *prefillLeg) *failure {
 	rt, q := d.rt, d.q
+	// The buffer for the answer's first bytes; the relay that follows takes
+	// its own for each read (see relay).
 	bp := rt.getRelayBuf()
-	defer rt.putRelayBuf(bp)
+	held := true
+	release := func() {
+		if held {
+			held = false
+			rt.putRelayBuf(bp)
+		}
+	}
+	defer release()
 	buf := *bp
 
 	waitPrefill := func() (prefillResult, *failure) {
@@ -276,7 +285,8 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 		if errors.Is(rerr, io.EOF) {
 			return nil
 		}
-		return d.relay(resp.Body, buf)
+		release()
+		return d.relay(resp.Body)
 
 	default:
 		n, rerr := readFirst(resp.Body, buf)
@@ -301,7 +311,8 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 		if errors.Is(rerr, io.EOF) {
 			return nil
 		}
-		return d.relay(resp.Body, buf)
+		release()
+		return d.relay(resp.Body)
 	}
 }
 

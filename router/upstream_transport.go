@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -45,6 +46,7 @@ type upstreamTransport struct {
 	readBuf     int
 	maxHead     int64 // bytes of an answer's heads and of its trailers
 	fallback    *http.Transport
+	readers     sync.Pool // *bufio.Reader of readBuf bytes, lent to connections (see awaitBytes)
 
 	mu   sync.Mutex
 	idle map[string][]*upConn
@@ -54,10 +56,14 @@ type upstreamTransport struct {
 type upConn struct {
 	addr   string // host:port as dialled, the idle pool's key
 	c      net.Conn
-	br     *bufio.Reader // reads c through Read, which applies limit
+	br     *bufio.Reader // reads c through Read, which applies limit; nil only within awaitBytes
 	limit  int64         // bytes c may still deliver to br
 	idleAt time.Time
 	reused bool
+
+	// raw is c's descriptor, to wait for bytes without a buffer (nil when
+	// c has none).
+	raw syscall.RawConn
 }
 
 // Read is br's source: while a head is read limit bounds it, so that an
@@ -93,7 +99,7 @@ func (e *nothingReceivedError) Unwrap() error {
 }
 
 func newUpstreamTransport(cfg *Config) *upstreamTransport {
-	return &upstreamTransport{
+	t := &upstreamTransport{
 		dialer:      net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second},
 		maxIdle:     cfg.MaxIdleConnsPerHost,
 		idleTimeout: 4 * time.Second,
@@ -102,6 +108,8 @@ func newUpstreamTransport(cfg *Config) *upstreamTransport {
 		fallback:    newTransport(cfg),
 		idle:        map[string][]*upConn{},
 	}
+	t.readers.New = func() any { return bufio.NewReaderSize(nil, t.readBuf) }
+	return t
 }
 
 // upstreamBody is a request body the transport can write without copying.
@@ -215,8 +223,38 @@ func (t *upstreamTransport) get(ctx context.Context, addr string) (*upConn, erro
 		return nil, err
 	}
 	uc := &upConn{addr: addr, c: c, limit: math.MaxInt64}
-	uc.br = bufio.NewReaderSize(uc, t.readBuf)
+	uc.br = t.reader(uc)
+	if sc, ok := c.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			uc.raw = raw
+		}
+	}
 	return uc, nil
+}
+
+// reader lends a read buffer to uc.
+func (t *upstreamTransport) reader(uc *upConn) *bufio.Reader {
+	br := t.readers.Get().(*bufio.Reader)
+	br.Reset(uc)
+	return br
+}
+
+// awaitBytes waits until the engine has sent uc more bytes, with uc's read
+// buffer back in the pool meanwhile: a stream on a slow decode spends most
+// of its life waiting for the next token, and holds no buffer while it
+// does. A buffer with bytes in it is kept, and then there is nothing to
+// wait for. The wait asks the socket itself (readable), never a readiness
+// seen before: bytes that arrived since the last read are found. It ends
+// too when the connection is closed (a cancelled request): the read that
+// follows reports it.
+func (t *upstreamTransport) awaitBytes(uc *upConn) {
+	if uc.raw == nil || uc.br.Buffered() > 0 {
+		return
+	}
+	t.readers.Put(uc.br)
+	uc.br = nil
+	_ = uc.raw.Read(readable)
+	uc.br = t.reader(uc)
 }
 
 // put returns a connection whose answer was read in full to the idle pool.
@@ -276,6 +314,16 @@ func (b *upBody) Read(p []byte) (int, error) {
 		err = withCtxErr(b.ctx, err)
 	}
 	return n, err
+}
+
+// await waits for more of a chunked answer without holding a read buffer
+// (see upstreamTransport.awaitBytes); other answers are short, and their
+// readers keep the buffer they were given.
+func (b *upBody) await() {
+	if cb, chunked := b.rc.(*chunkedBody); chunked && !b.done {
+		cb.skipDataEnd()
+		b.t.awaitBytes(b.uc)
+	}
 }
 
 // ready reports whether the next Read returns data without waiting on the
@@ -625,6 +673,20 @@ func (b *chunkedBody) ready() bool {
 		size = size[:j]
 	}
 	return len(bytes.Trim(size, "0\r\t ")) > 0
+}
+
+// skipDataEnd consumes the CRLF that ends a chunk's data when it has
+// arrived, so that a stream between events has nothing left in its buffer.
+// Anything else there is left for Read to report.
+func (b *chunkedBody) skipDataEnd() {
+	br := b.uc.br
+	if b.err != nil || !b.afterData || br.Buffered() < 2 {
+		return
+	}
+	if crlf, _ := br.Peek(2); crlf[0] == '\r' && crlf[1] == '\n' {
+		_, _ = br.Discard(2)
+		b.afterData = false
+	}
 }
 
 func (b *chunkedBody) fail(err error) error {

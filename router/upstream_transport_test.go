@@ -292,3 +292,208 @@ func TestStreamChunkedBodyReadyOnlyWhenDataArrived(t *testing.T) {
 		})
 	}
 }
+
+// relayRead reads body as the relay does: wait for bytes without a buffer,
+// then read what arrived.
+func relayRead(body io.Reader, p []byte) (int, error) {
+	if rb, ok := body.(relayBody); ok {
+		rb.await()
+	}
+	return body.Read(p)
+}
+
+// An answer's bytes that a full read buffer left in the socket announce
+// themselves no more: waiting for bytes must not wait for them.
+func TestUpstreamAwaitDoesNotWaitForBytesAlreadySent(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", 3*(2<<10)+100) // several read buffers in one chunk
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		fmt.Fprint(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		fmt.Fprint(w, big)
+	})
+	tr := newTestTransport()
+	defer tr.CloseIdleConnections()
+	resp, err := post(t, tr, context.Background(), srv.URL, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	want := "data: first\n\n" + big
+	if s := relayed(t, resp.Body, len(want), "the relay waited for bytes that had already arrived"); s != want {
+		t.Fatalf("relayed %d bytes, want %d", len(s), len(want))
+	}
+}
+
+// relayed reads body as the relay does until it has n bytes or an error,
+// failing the test with stuck when that takes longer than a few seconds.
+func relayed(t *testing.T, body io.Reader, n int, stuck string) string {
+	t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		var all []byte
+		p := make([]byte, 512)
+		for len(all) < n {
+			m, err := relayRead(body, p)
+			all = append(all, p[:m]...)
+			if err != nil {
+				break
+			}
+		}
+		got <- string(all)
+	}()
+	select {
+	case s := <-got:
+		return s
+	case <-time.After(10 * time.Second):
+		t.Fatal(stuck)
+	}
+	return ""
+}
+
+// Between events a stream waits without a read buffer: the wait ends with
+// the engine's next bytes, which the read then returns, and with the
+// request's cancellation, which the read then reports.
+func TestUpstreamAwaitWakesOnNextBytesAndOnCancel(t *testing.T) {
+	t.Parallel()
+	next := make(chan struct{})
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		fmt.Fprint(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		more := next
+		if r.URL.Path == "/hold" {
+			more = nil // no second event: only the client's leaving ends it
+		}
+		select {
+		case <-more:
+			fmt.Fprint(w, "data: second\n\n")
+		case <-r.Context().Done():
+		}
+	})
+	tr := newTestTransport()
+	defer tr.CloseIdleConnections()
+	open := func(ctx context.Context, path string) *http.Response {
+		resp, err := post(t, tr, ctx, srv.URL+path, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := make([]byte, 64)
+		if n, err := relayRead(resp.Body, p); err != nil || string(p[:n]) != "data: first\n\n" {
+			t.Fatalf("first read %q, %v", p[:n], err)
+		}
+		return resp
+	}
+	type result struct {
+		s   string
+		err error
+	}
+	readNext := func(body io.Reader) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			p := make([]byte, 64)
+			n, err := relayRead(body, p)
+			ch <- result{string(p[:n]), err}
+		}()
+		return ch
+	}
+	wait := func(ch <-chan result) result {
+		select {
+		case r := <-ch:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("the wait for the next bytes never ended")
+		}
+		return result{}
+	}
+
+	resp := open(context.Background(), "/")
+	ch := readNext(resp.Body)
+	close(next)
+	if r := wait(ch); r.err != nil || r.s != "data: second\n\n" {
+		t.Fatalf("read after the wait = %q, %v; want the second event", r.s, r.err)
+	}
+	if b := readAll(t, resp); b != "" {
+		t.Fatalf("rest of the answer %q, want nothing", b)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	resp = open(ctx, "/hold")
+	defer resp.Body.Close()
+	ch = readNext(resp.Body)
+	cancel()
+	if r := wait(ch); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("read after a cancelled wait: %q, %v; want context.Canceled", r.s, r.err)
+	}
+}
+
+// Between events nothing of a chunked stream stays in its read buffer: the
+// CRLF that ends a chunk's data is taken as soon as it has arrived, and
+// bytes that are not one are left for Read to report.
+func TestChunkedBodySkipsDataEndBeforeWaiting(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		arrived  string
+		buffered int // bytes left in the buffer after skipDataEnd
+		readErr  bool
+	}{
+		{"chunk with its CRLF", "5\r\nhello\r\n", 0, false},
+		{"CRLF not yet arrived", "5\r\nhello", 0, false},
+		{"half the CRLF", "5\r\nhello\r", 1, false},
+		{"bytes that are not a CRLF", "5\r\nhelloXY", 2, true},
+		{"CRLF and the next chunk's size", "5\r\nhello\r\n3\r\n", 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			uc := &upConn{}
+			uc.br = bufio.NewReaderSize(&segmentReader{segs: []string{tc.arrived}}, 64)
+			b := &chunkedBody{uc: uc, resp: &http.Response{}, maxTrailer: 1 << 10}
+			p := make([]byte, 5)
+			if n, err := b.Read(p); err != nil || string(p[:n]) != "hello" {
+				t.Fatalf("first Read = %q, %v", p[:n], err)
+			}
+			b.skipDataEnd()
+			if got := uc.br.Buffered(); got != tc.buffered {
+				t.Fatalf("%d bytes buffered after skipDataEnd, want %d", got, tc.buffered)
+			}
+			if tc.readErr {
+				if _, err := b.Read(p); err == nil {
+					t.Fatal("Read after a chunk not ended by CRLF: no error")
+				}
+			}
+		})
+	}
+}
+
+// Bytes that arrived while nobody read the connection (the relay was
+// writing to its client) end the wait at once: it asks the socket, not a
+// readiness that a read since may have used up.
+func TestUpstreamAwaitFindsBytesThatArrivedBetweenReads(t *testing.T) {
+	t.Parallel()
+	sent := make(chan struct{})
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		fmt.Fprint(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		fmt.Fprint(w, "data: second\n\n")
+		w.(http.Flusher).Flush()
+		close(sent)
+		<-r.Context().Done()
+	})
+	tr := newTestTransport()
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, err := post(t, tr, ctx, srv.URL, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	<-sent
+	want := "data: first\n\ndata: second\n\n"
+	if s := relayed(t, resp.Body, len(want), "the wait missed bytes that had arrived before it"); s != want {
+		t.Fatalf("relayed %q, want %q", s, want)
+	}
+}
