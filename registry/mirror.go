@@ -248,20 +248,22 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 		return m.publishAll(ctx, peers)
 	}
 	// Read every changed peer before changing anything: a failed read
-	// leaves the mirror as it was, to be retried whole. The pairs' state is
-	// read meanwhile, on other connections: a change reaches the snapshot
-	// after one round trip to the store, not three.
-	var pairs pairState
-	var pairsErr error
-	var wg sync.WaitGroup
-	wg.Go(func() { pairs, pairsErr = m.loadPairs(ctx) })
-	changed, err := m.readPeers(ctx, ids)
-	wg.Wait()
+	// leaves the mirror as it was, to be retried whole.
+	changed := make(map[string]*Peer, len(ids))
+	for id := range ids {
+		p, err := m.store.Get(ctx, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			changed[id] = nil
+		case err != nil:
+			return fmt.Errorf("reload peer %s: %w", id, err)
+		default:
+			changed[id] = &p
+		}
+	}
+	pairs, err := m.loadPairs(ctx)
 	if err != nil {
 		return err
-	}
-	if pairsErr != nil {
-		return pairsErr
 	}
 	order := slices.Clone(m.order) // the current snapshot's
 	for id, p := range changed {
@@ -278,23 +280,6 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 	m.order = order
 	m.publish(changed, pairs)
 	return nil
-}
-
-// readPeers reads each peer of ids: the record, nil when it is gone.
-func (m *Mirror) readPeers(ctx context.Context, ids map[string]struct{}) (map[string]*Peer, error) {
-	changed := make(map[string]*Peer, len(ids))
-	for id := range ids {
-		p, err := m.store.Get(ctx, id)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			changed[id] = nil
-		case err != nil:
-			return nil, fmt.Errorf("reload peer %s: %w", id, err)
-		default:
-			changed[id] = &p
-		}
-	}
-	return changed, nil
 }
 
 // publishAll makes the snapshot of peers, built whole, current.
@@ -334,19 +319,14 @@ type pairState struct {
 	preflights  []Preflight
 }
 
-// loadPairs reads the quarantines and the preflights, at once.
 func (m *Mirror) loadPairs(ctx context.Context) (pairState, error) {
-	var qs []Quarantine
-	var qErr error
-	var wg sync.WaitGroup
-	wg.Go(func() { qs, qErr = m.store.Quarantines(ctx) })
-	pfs, pErr := m.store.Preflights(ctx)
-	wg.Wait()
-	if qErr != nil {
-		return pairState{}, fmt.Errorf("load quarantines: %w", qErr)
+	qs, err := m.store.Quarantines(ctx)
+	if err != nil {
+		return pairState{}, fmt.Errorf("load quarantines: %w", err)
 	}
-	if pErr != nil {
-		return pairState{}, fmt.Errorf("load preflights: %w", pErr)
+	pfs, err := m.store.Preflights(ctx)
+	if err != nil {
+		return pairState{}, fmt.Errorf("load preflights: %w", err)
 	}
 	return pairState{quarantines: qs, preflights: pfs}, nil
 }
