@@ -26,11 +26,14 @@ import (
 // fewer goroutine wake-ups. It speaks plain http:// only; anything else goes
 // to the fallback transport.
 //
-// Idle connections are checked before reuse (a non-blocking peek sees an
-// engine that closed them) and dropped after idleTimeout, which is shorter
-// than the 5 s keep-alive of uvicorn, the server of SGLang and vLLM. A
-// request that finds its reused connection closed before any byte of an
-// answer is sent again once on a new connection.
+// Idle connections are dropped after idleTimeout, which is shorter than the
+// 5 s keep-alive of uvicorn, the server of SGLang and vLLM, and checked
+// before reuse once idle for peekAfter (a non-blocking peek sees an engine
+// that closed them). One put back more recently is taken without the
+// peek's system call: under load that is nearly every reuse, two per P/D
+// request. A request that finds its reused connection closed before any
+// byte of an answer (an engine that restarted meanwhile, or closed it in
+// the moment it was taken) is sent again once on a new connection.
 //
 // Answers are parsed here (readResponse), to RFC 9112, strictly: framing
 // the client cannot be sure of fails the request and closes the connection.
@@ -43,6 +46,7 @@ type upstreamTransport struct {
 	dialer      net.Dialer
 	maxIdle     int           // idle connections kept per host
 	idleTimeout time.Duration // idle connections older than this are closed
+	peekAfter   time.Duration // idle connections older than this are peeked at before reuse
 	readBuf     int
 	maxHead     int64 // bytes of an answer's heads and of its trailers
 	fallback    *http.Transport
@@ -103,6 +107,7 @@ func newUpstreamTransport(cfg *Config) *upstreamTransport {
 		dialer:      net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second},
 		maxIdle:     cfg.MaxIdleConnsPerHost,
 		idleTimeout: 4 * time.Second,
+		peekAfter:   time.Second,
 		readBuf:     2 << 10,
 		maxHead:     1 << 20, // as net/http.DefaultMaxHeaderBytes
 		fallback:    newTransport(cfg),
@@ -211,7 +216,8 @@ func (t *upstreamTransport) get(ctx context.Context, addr string) (*upConn, erro
 		list[len(list)-1] = nil
 		t.idle[addr] = list[:len(list)-1]
 		t.mu.Unlock()
-		if now.Sub(uc.idleAt) > t.idleTimeout || uc.br.Buffered() > 0 || !connAlive(uc.c) {
+		idle := now.Sub(uc.idleAt)
+		if idle > t.idleTimeout || uc.br.Buffered() > 0 || idle >= t.peekAfter && !connAlive(uc.c) {
 			uc.c.Close()
 			continue
 		}

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // countingServer is an engine stand-in that counts the connections it
@@ -181,6 +183,63 @@ func TestUpstreamTransportCancelWakesBlockedRead(t *testing.T) {
 	})
 	if _, err := post(t, tr, ctx, hang.URL, "x"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("round trip past its deadline: %v", err)
+	}
+}
+
+// A connection put back less than peekAfter ago is reused without the
+// peek's system call, even one the engine has closed meanwhile: the request
+// then meets the closed connection and is sent again on a new one. One idle
+// longer is peeked at, and a closed one is dropped before it is used.
+func TestUpstreamTransportPeeksOnlyAtConnectionsIdleAWhile(t *testing.T) {
+	t.Parallel()
+	ok := func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }
+	srv, _ := countingServer(t, ok)
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for _, tc := range []struct {
+		name      string
+		peekAfter time.Duration
+		reused    bool // whether get hands back the closed connection
+	}{{"just put back", time.Hour, true}, {"idle a while", 0, false}} {
+		tr := newTestTransport()
+		tr.peekAfter = tc.peekAfter
+		resp, err := post(t, tr, context.Background(), srv.URL, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		tr.mu.Lock()
+		pooled := tr.idle[addr][0]
+		tr.mu.Unlock()
+		srv.CloseClientConnections()
+		simtest.WaitFor(t, "the engine's close to reach the pooled connection", func() bool { return !connAlive(pooled.c) })
+		uc, err := tr.get(context.Background(), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := uc == pooled && uc.reused; got != tc.reused {
+			t.Fatalf("%s: get handed back the closed connection: %t, want %t", tc.name, got, tc.reused)
+		}
+		uc.c.Close()
+		tr.CloseIdleConnections()
+	}
+	// Sent on a connection closed while it was pooled: answered all the
+	// same, on a new connection.
+	srv, conns := countingServer(t, ok)
+	tr := newTestTransport()
+	tr.peekAfter = time.Hour
+	defer tr.CloseIdleConnections()
+	for i := range 3 {
+		resp, err := post(t, tr, context.Background(), srv.URL, "x")
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if got := readAll(t, resp); got != "ok" {
+			t.Fatalf("request %d: %q", i, got)
+		}
+		srv.CloseClientConnections()
+	}
+	if n := conns.Load(); n != 3 {
+		t.Fatalf("%d connections for 3 requests each after a close, want 3", n)
 	}
 }
 
