@@ -233,34 +233,16 @@ func (b *builder) verdict(pc, dc int) Verdict {
 
 // patchUnhealthy is prev's list of unhealthy peers after the moves, by name.
 func patchUnhealthy(prev []*Peer, moves []peerMove) []*Peer {
-	var out []*Peer
-	gone := func(p *Peer) bool {
-		for _, mv := range moves {
-			if mv.old == p {
-				return true
-			}
-		}
-		return false
-	}
-	if len(moves) > 8 {
-		olds := make(map[*Peer]bool, len(moves))
-		for _, mv := range moves {
-			olds[mv.old] = true
-		}
-		gone = func(p *Peer) bool { return olds[p] }
-	}
-	for _, p := range prev {
-		if !gone(p) {
-			out = append(out, p)
-		}
-	}
+	var dropped, added []*Peer
 	for _, mv := range moves {
+		if mv.old != nil && mv.old.State == StateUnhealthy {
+			dropped = append(dropped, mv.old)
+		}
 		if mv.new != nil && mv.new.State == StateUnhealthy {
-			out = append(out, mv.new)
+			added = append(added, mv.new)
 		}
 	}
-	slices.SortFunc(out, byName)
-	return out
+	return mergeByName(prev, dropped, added)
 }
 
 // indexPairs keeps each pair's quarantine and last preflight and notes the
@@ -368,42 +350,17 @@ func (b *builder) patchModel(name string, prev *ModelRoutes, mvs []peerMove) *Mo
 		prev = &ModelRoutes{}
 	}
 	m := &ModelRoutes{Model: name, index: b.s.index}
-	var droppedP, droppedD, droppedB, addedB []*Peer
-	var addedP, addedD []peerMove
-	decodesMoved := false
-	for _, mv := range mvs {
-		if mv.old != nil && mv.old.Routable() && mv.old.Model == name {
-			if mv.old.Role.Prefills() {
-				droppedP = append(droppedP, mv.old)
-			}
-			if mv.old.Role.Decodes() {
-				droppedD = append(droppedD, mv.old)
-				decodesMoved = true
-			}
-			if mv.old.Role == RoleBoth {
-				droppedB = append(droppedB, mv.old)
-			}
-		}
-		if mv.new != nil && mv.new.Routable() && mv.new.Model == name {
-			if mv.new.Role.Prefills() {
-				addedP = append(addedP, mv)
-			}
-			if mv.new.Role.Decodes() {
-				addedD = append(addedD, mv)
-				decodesMoved = true
-			}
-			if mv.new.Role == RoleBoth {
-				addedB = append(addedB, mv.new)
-			}
-		}
-	}
-	m.Prefills = mergeByName(prev.Prefills, droppedP, peersOf(addedP))
-	m.Decodes = mergeByName(prev.Decodes, droppedD, peersOf(addedD))
-	m.both = mergeByName(prev.both, droppedB, addedB)
-	m.prefillsByClass = patchByClass(prev.prefillsByClass, mvs, name, Role.Prefills)
+	prefills := changeOf(mvs, name, Role.Prefills)
+	decodes := changeOf(mvs, name, Role.Decodes)
+	both := changeOf(mvs, name, func(r Role) bool { return r == RoleBoth })
+	m.Prefills = prefills.merge(prev.Prefills)
+	m.Decodes = decodes.merge(prev.Decodes)
+	m.both = both.merge(prev.both)
+	m.prefillsByClass = prefills.mergeByClass(prev.prefillsByClass)
+	decodesMoved := len(decodes.dropped)+len(decodes.added) > 0
 	m.byClass, m.decodeClasses = prev.byClass, prev.decodeClasses
 	if decodesMoved {
-		m.byClass = patchByClass(prev.byClass, mvs, name, Role.Decodes)
+		m.byClass = decodes.mergeByClass(prev.byClass)
 		m.decodeClasses = classesByFirstName(m.byClass)
 	}
 	m.shared = map[int][]*Peer{}
@@ -424,10 +381,64 @@ func (b *builder) patchModel(name string, prev *ModelRoutes, mvs []peerMove) *Mo
 	return m
 }
 
-func peersOf(mvs []peerMove) []*Peer {
-	out := make([]*Peer, len(mvs))
-	for i, mv := range mvs {
-		out[i] = mv.new
+// listChange is what moves do to one list of a model's ready peers: the
+// moves whose old record leaves it, and those whose new record joins it
+// (by name, as the moves are).
+type listChange struct{ dropped, added []peerMove }
+
+// changeOf is what the moves do to the model's ready peers whose role
+// serves.
+func changeOf(mvs []peerMove, model string, serves func(Role) bool) listChange {
+	in := func(p *Peer) bool { return p != nil && p.Routable() && p.Model == model && serves(p.Role) }
+	var c listChange
+	for _, mv := range mvs {
+		if in(mv.old) {
+			c.dropped = append(c.dropped, mv)
+		}
+		if in(mv.new) {
+			c.added = append(c.added, mv)
+		}
+	}
+	return c
+}
+
+// merge is prev, the list as it was, after the change.
+func (c listChange) merge(prev []*Peer) []*Peer {
+	dropped := make([]*Peer, len(c.dropped))
+	for i, mv := range c.dropped {
+		dropped[i] = mv.old
+	}
+	added := make([]*Peer, len(c.added))
+	for i, mv := range c.added {
+		added[i] = mv.new
+	}
+	return mergeByName(prev, dropped, added)
+}
+
+// mergeByClass is prev, the list grouped by class, after the change; groups
+// the change leaves alone are shared with prev.
+func (c listChange) mergeByClass(prev map[int][]*Peer) map[int][]*Peer {
+	byClass := map[int]listChange{}
+	for _, mv := range c.dropped {
+		g := byClass[mv.oldClass]
+		g.dropped = append(g.dropped, mv)
+		byClass[mv.oldClass] = g
+	}
+	for _, mv := range c.added {
+		g := byClass[mv.newClass]
+		g.added = append(g.added, mv)
+		byClass[mv.newClass] = g
+	}
+	out := maps.Clone(prev)
+	if out == nil {
+		out = map[int][]*Peer{}
+	}
+	for class, g := range byClass {
+		if ps := g.merge(out[class]); len(ps) > 0 {
+			out[class] = ps
+		} else {
+			delete(out, class)
+		}
 	}
 	return out
 }
@@ -476,38 +487,6 @@ func mergeAll(prev, dropped, added []*Peer) []*Peer {
 		out = append(out, p)
 	}
 	return append(out, added[i:]...)
-}
-
-// patchByClass is the model's ready peers of a role (serves) grouped by
-// class after the moves; lists the moves leave alone are shared with prev.
-func patchByClass(prev map[int][]*Peer, mvs []peerMove, model string, serves func(Role) bool) map[int][]*Peer {
-	dropped, added := map[int][]*Peer{}, map[int][]*Peer{}
-	for _, mv := range mvs {
-		if mv.old != nil && mv.old.Routable() && mv.old.Model == model && serves(mv.old.Role) {
-			dropped[mv.oldClass] = append(dropped[mv.oldClass], mv.old)
-		}
-		if mv.new != nil && mv.new.Routable() && mv.new.Model == model && serves(mv.new.Role) {
-			added[mv.newClass] = append(added[mv.newClass], mv.new)
-		}
-	}
-	out := maps.Clone(prev)
-	if out == nil {
-		out = map[int][]*Peer{}
-	}
-	for c := range dropped {
-		out[c] = mergeByName(out[c], dropped[c], added[c])
-	}
-	for c := range added {
-		if _, done := dropped[c]; !done {
-			out[c] = mergeByName(out[c], nil, added[c])
-		}
-	}
-	for c, ds := range out {
-		if len(ds) == 0 {
-			delete(out, c)
-		}
-	}
-	return out
 }
 
 // classesByFirstName orders decode classes as a name-sorted list of the
