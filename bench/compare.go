@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -76,30 +77,18 @@ type Config struct {
 
 // WithDefaults returns the config with unset fields filled in.
 func (c Config) WithDefaults() Config {
-	if c.Window == 0 {
-		c.Window = 8 * time.Second
-	}
+	c.Window = cmp.Or(c.Window, 8*time.Second)
 	if len(c.Concurrency) == 0 {
 		c.Concurrency = []int{32}
 	}
 	if len(c.Modes) == 0 {
 		c.Modes = []Mode{Stream}
 	}
-	if c.Rounds == 0 {
-		c.Rounds = 2
-	}
-	if c.MaxTokens == 0 {
-		c.MaxTokens = 16
-	}
-	if c.ProbeClients == 0 {
-		c.ProbeClients = 8
-	}
-	if c.ProbeWindow == 0 {
-		c.ProbeWindow = 2 * time.Second
-	}
-	if c.HeldTokenTime == 0 {
-		c.HeldTokenTime = time.Second
-	}
+	c.Rounds = cmp.Or(c.Rounds, 2)
+	c.MaxTokens = cmp.Or(c.MaxTokens, 16)
+	c.ProbeClients = cmp.Or(c.ProbeClients, 8)
+	c.ProbeWindow = cmp.Or(c.ProbeWindow, 2*time.Second)
+	c.HeldTokenTime = cmp.Or(c.HeldTokenTime, time.Second)
 	c.HeldStreams = slices.Compact(slices.Sorted(slices.Values(c.HeldStreams)))
 	if c.Progress == nil {
 		c.Progress = io.Discard
