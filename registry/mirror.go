@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -62,11 +63,10 @@ type Mirror struct {
 	log   zerolog.Logger
 
 	cur atomic.Pointer[Snapshot]
-	// peers and order are what the current snapshot was built from, owned
-	// by the run loop after Start: every peer by ID, and by name. A record
-	// is never modified once stored; a change stores a new one.
+	// peers is what the current snapshot was built from, by ID, owned by
+	// the run loop after Start. A record is never modified once stored; a
+	// change stores a new one.
 	peers   map[string]*Peer
-	order   []*Peer // shared with the current snapshot: copied before a change
 	version uint64
 	loads   LoadTable // shared by every snapshot
 
@@ -265,19 +265,13 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 	if err != nil {
 		return err
 	}
-	order := slices.Clone(m.order) // the current snapshot's
 	for id, p := range changed {
-		if old, had := m.peers[id]; had {
-			order = removeByName(order, old)
-		}
 		if p == nil {
 			delete(m.peers, id)
-			continue
+		} else {
+			m.peers[id] = p
 		}
-		m.peers[id] = p
-		order = insertByName(order, p)
 	}
-	m.order = order
 	m.publish(changed, pairs)
 	return nil
 }
@@ -289,28 +283,11 @@ func (m *Mirror) publishAll(ctx context.Context, peers []Peer) error {
 		return err
 	}
 	m.peers = make(map[string]*Peer, len(peers))
-	m.order = make([]*Peer, len(peers))
 	for i := range peers {
 		m.peers[peers[i].ID] = &peers[i]
-		m.order[i] = &peers[i]
 	}
-	slices.SortFunc(m.order, byName)
 	m.publish(nil, pairs)
 	return nil
-}
-
-// removeByName removes p from order, sorted by name.
-func removeByName(order []*Peer, p *Peer) []*Peer {
-	if i, found := slices.BinarySearchFunc(order, p, byName); found && order[i] == p {
-		return slices.Delete(order, i, i+1)
-	}
-	return order
-}
-
-// insertByName inserts p into order, sorted by name.
-func insertByName(order []*Peer, p *Peer) []*Peer {
-	i, _ := slices.BinarySearchFunc(order, p, byName)
-	return slices.Insert(order, i, p)
 }
 
 // pairState is what a snapshot holds of pairs besides their peers.
@@ -334,13 +311,14 @@ func (m *Mirror) loadPairs(ctx context.Context) (pairState, error) {
 // publish builds the snapshot of m.peers from the current one and the
 // peers that changed (nil: build it whole) and makes it current.
 func (m *Mirror) publish(changed map[string]*Peer, pairs pairState) {
+	m.version++
+	in := snapshotInput{version: m.version, changed: changed,
+		quarantines: pairs.quarantines, preflights: pairs.preflights, now: m.cfg.Now()}
 	prev := m.cur.Load()
 	if changed == nil {
-		prev = nil
+		prev, in.peers = nil, slices.Collect(maps.Values(m.peers))
 	}
-	m.version++
-	s := buildSnapshot(prev, snapshotInput{version: m.version, peers: m.order, changed: changed,
-		quarantines: pairs.quarantines, preflights: pairs.preflights, now: m.cfg.Now()})
+	s := buildSnapshot(prev, in)
 	s.loads = &m.loads
 	m.cur.Store(s)
 	m.mu.Lock()

@@ -2,7 +2,6 @@ package registry
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 )
@@ -126,16 +125,18 @@ func NewSnapshotWithPreflights(version uint64, peers []Peer, quarantines []Quara
 	for i := range peers {
 		ps[i] = &peers[i]
 	}
-	slices.SortFunc(ps, byName)
 	return buildSnapshot(nil, snapshotInput{version: version, peers: ps, quarantines: quarantines, preflights: preflights, now: now})
 }
 
 // Next builds the snapshot that follows s once the peers in changed have
 // changed (the new record; nil for a peer that is gone), as a Mirror does:
-// what the change does not touch is shared with s. peers is every peer,
-// sorted by name; s is not modified.
-func (s *Snapshot) Next(version uint64, peers []*Peer, changed map[string]*Peer, quarantines []Quarantine, preflights []Preflight, now time.Time) *Snapshot {
-	return buildSnapshot(s, snapshotInput{version: version, peers: peers, changed: changed,
+// what the change does not touch is shared with s, which is not modified.
+// A record, once in a snapshot, must not be modified: a change is a new one.
+func (s *Snapshot) Next(version uint64, changed map[string]*Peer, quarantines []Quarantine, preflights []Preflight, now time.Time) *Snapshot {
+	if changed == nil {
+		changed = map[string]*Peer{}
+	}
+	return buildSnapshot(s, snapshotInput{version: version, changed: changed,
 		quarantines: quarantines, preflights: preflights, now: now})
 }
 

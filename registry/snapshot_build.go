@@ -105,9 +105,13 @@ type peerMove struct {
 // snapshotInput is what a snapshot is built from.
 type snapshotInput struct {
 	version uint64
-	peers   []*Peer // every peer, sorted by name
+	// peers is every peer, for a snapshot built whole (the builder sorts
+	// it by name); a patched one derives its list from the previous one
+	// and changed.
+	peers []*Peer
 	// changed holds the peers that changed since the previous snapshot:
-	// the new record, nil for a peer that is gone. Nil means every peer.
+	// the new record, nil for a peer that is gone. Nil means every peer
+	// (build it whole).
 	changed     map[string]*Peer
 	quarantines []Quarantine
 	preflights  []Preflight
@@ -120,12 +124,18 @@ func buildSnapshot(prev *Snapshot, in snapshotInput) *Snapshot {
 	if prev == nil || in.changed == nil {
 		prev = &Snapshot{classes: &classTable{numbers: map[string]int{}, verdicts: map[[2]int]Verdict{}}}
 		in.changed = nil
+		slices.SortFunc(in.peers, byName)
 	}
 	b := &builder{prev: prev, classes: prev.classes}
-	s := &Snapshot{Version: in.version, BuiltAt: in.now, peers: in.peers, loads: prev.loads}
+	s := &Snapshot{Version: in.version, BuiltAt: in.now, loads: prev.loads}
 	b.s = s
 	moves := b.indexPeers(in)
-	s.unhealthy = patchUnhealthy(prev.unhealthy, moves)
+	s.peers = in.peers
+	if in.changed != nil {
+		all := changeOf(moves, func(*Peer) bool { return true })
+		s.peers = all.merge(prev.peers)
+	}
+	s.unhealthy = changeOf(moves, func(p *Peer) bool { return p.State == StateUnhealthy }).merge(prev.unhealthy)
 	s.indexPairs(in.quarantines, in.preflights)
 	b.routeModels(moves)
 	s.classes = b.classes // last: computing verdicts may have copied it
@@ -145,7 +155,7 @@ func (b *builder) indexPeers(in snapshotInput) []peerMove {
 			moves = append(moves, peerMove{new: p, newClass: c})
 		}
 		b.s.index = ed.done()
-		return moves // in.peers is sorted
+		return moves // in.peers is sorted by now
 	}
 	moves = make([]peerMove, 0, len(in.changed))
 	for id, p := range in.changed {
@@ -229,20 +239,6 @@ func (b *builder) verdict(pc, dc int) Verdict {
 	v := CheckPair(&rp.PeerSpec, &rd.PeerSpec)
 	b.classes.verdicts[key] = v
 	return v
-}
-
-// patchUnhealthy is prev's list of unhealthy peers after the moves, by name.
-func patchUnhealthy(prev []*Peer, moves []peerMove) []*Peer {
-	var dropped, added []*Peer
-	for _, mv := range moves {
-		if mv.old != nil && mv.old.State == StateUnhealthy {
-			dropped = append(dropped, mv.old)
-		}
-		if mv.new != nil && mv.new.State == StateUnhealthy {
-			added = append(added, mv.new)
-		}
-	}
-	return mergeByName(prev, dropped, added)
 }
 
 // indexPairs keeps each pair's quarantine and last preflight and notes the
@@ -350,9 +346,9 @@ func (b *builder) patchModel(name string, prev *ModelRoutes, mvs []peerMove) *Mo
 		prev = &ModelRoutes{}
 	}
 	m := &ModelRoutes{Model: name, index: b.s.index}
-	prefills := changeOf(mvs, name, Role.Prefills)
-	decodes := changeOf(mvs, name, Role.Decodes)
-	both := changeOf(mvs, name, func(r Role) bool { return r == RoleBoth })
+	prefills := changeOf(mvs, readyIn(name, Role.Prefills))
+	decodes := changeOf(mvs, readyIn(name, Role.Decodes))
+	both := changeOf(mvs, readyIn(name, func(r Role) bool { return r == RoleBoth }))
 	m.Prefills = prefills.merge(prev.Prefills)
 	m.Decodes = decodes.merge(prev.Decodes)
 	m.both = both.merge(prev.both)
@@ -381,25 +377,30 @@ func (b *builder) patchModel(name string, prev *ModelRoutes, mvs []peerMove) *Mo
 	return m
 }
 
-// listChange is what moves do to one list of a model's ready peers: the
-// moves whose old record leaves it, and those whose new record joins it
-// (by name, as the moves are).
+// listChange is what moves do to one of a snapshot's lists of peers (all
+// of them, the unhealthy ones, a model's ready prefills...): the moves
+// whose old record leaves it, and those whose new record joins it (by
+// name, as the moves are).
 type listChange struct{ dropped, added []peerMove }
 
-// changeOf is what the moves do to the model's ready peers whose role
-// serves.
-func changeOf(mvs []peerMove, model string, serves func(Role) bool) listChange {
-	in := func(p *Peer) bool { return p != nil && p.Routable() && p.Model == model && serves(p.Role) }
+// changeOf is what the moves do to the list of the records for which in
+// is true.
+func changeOf(mvs []peerMove, in func(*Peer) bool) listChange {
 	var c listChange
 	for _, mv := range mvs {
-		if in(mv.old) {
+		if mv.old != nil && in(mv.old) {
 			c.dropped = append(c.dropped, mv)
 		}
-		if in(mv.new) {
+		if mv.new != nil && in(mv.new) {
 			c.added = append(c.added, mv)
 		}
 	}
 	return c
+}
+
+// readyIn selects the model's ready peers whose role serves.
+func readyIn(model string, serves func(Role) bool) func(*Peer) bool {
+	return func(p *Peer) bool { return p.Routable() && p.Model == model && serves(p.Role) }
 }
 
 // merge is prev, the list as it was, after the change.

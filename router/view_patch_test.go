@@ -2,8 +2,6 @@ package router
 
 import (
 	"reflect"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -20,35 +18,19 @@ func TestViewFollowsPatchedSnapshots(t *testing.T) {
 	t.Parallel()
 	records := fleet(6) // prefills 0, 2, 4; decodes 1, 3, 5
 	rt, snaps := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyRoundRobin, BreakerFailures: 1, BreakerCooldown: time.Hour}, records)
-	peers := make([]*registry.Peer, len(records))
-	for i := range records {
-		peers[i] = &records[i]
-	}
 	s := registry.NewSnapshot(1, records, nil, time.Now())
 	snaps.cur.Store(s)
 	v1 := checkDecodeLists(t, rt)
 	change := func(p *registry.Peer) {
-		t.Helper()
-		next := make([]*registry.Peer, 0, len(peers))
-		for _, q := range peers {
-			if q.ID != p.ID {
-				next = append(next, q)
-			}
-		}
-		if p.Name != "" {
-			next = append(next, p)
-		}
-		slices.SortFunc(next, func(a, b *registry.Peer) int { return strings.Compare(a.Name, b.Name) })
-		peers = next
 		changed := map[string]*registry.Peer{p.ID: p}
 		if p.Name == "" {
 			changed[p.ID] = nil
 		}
-		s = s.Next(s.Version+1, peers, changed, nil, nil, time.Now())
+		s = s.Next(s.Version+1, changed, nil, nil, time.Now())
 		snaps.cur.Store(s)
 	}
 	find := func(name string) *registry.Peer {
-		for _, p := range peers {
+		for _, p := range s.Peers() {
 			if p.Name == name {
 				return p
 			}
