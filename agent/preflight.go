@@ -264,7 +264,7 @@ func (p *Preflighter) report(ctx context.Context, self, decodeID string, res tra
 	body := api.PairPreflight{State: api.PairPreflightStatePassed, Backend: p.cfg.Backend, MemKind: api.MemKind(res.MemKind.String()),
 		Gbps: res.GBps, LatencyUs: float64(res.Latency.Nanoseconds()) / 1e3, CheckedAt: p.cfg.Now().UTC()}
 	if !res.Passed() {
-		body.State, body.Error = api.PairPreflightStateFailed, apiconv.Opt(truncateText(res.Err.Error(), 2048))
+		body.State, body.Error = api.PairPreflightStateFailed, apiconv.Opt(registry.CleanText(res.Err.Error(), registry.MaxPreflightError))
 	}
 	auth := p.a.asPeer()
 	resp, err := callFor(ctx, p.a.cps, "report preflight", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {

@@ -47,9 +47,10 @@ func (p Preflight) Current(prefill, decode *Peer) bool {
 	return p.PrefillGeneration == prefill.Generation && p.DecodeGeneration == decode.Generation
 }
 
-// Preflight field limits.
+// Preflight field limits. MaxPreflightError is in characters, for
+// reporters that cut an error to fit (CleanText).
 const (
-	maxPreflightError   = 2048
+	MaxPreflightError   = 2048
 	maxPreflightBackend = 32
 )
 
@@ -67,10 +68,6 @@ func ValidatePreflight(p Preflight) error {
 		return fieldErr("state", "must be passed or failed")
 	case p.State == PreflightFailed && p.Error == "":
 		return fieldErr("error", "a failed preflight names its error")
-	case len(p.Error) > maxPreflightError:
-		return fieldErr("error", "longer than %d bytes", maxPreflightError)
-	case p.Backend == "" || len(p.Backend) > maxPreflightBackend:
-		return fieldErr("backend", "required, at most %d bytes", maxPreflightBackend)
 	case !p.MemKind.Valid():
 		return fieldErr("mem_kind", "unknown memory kind %d", int(p.MemKind))
 	case badMeasure(p.GBps):
@@ -78,7 +75,13 @@ func ValidatePreflight(p Preflight) error {
 	case badMeasure(p.LatencyUS):
 		return fieldErr("latency_us", "must be a finite number >= 0")
 	}
-	return nil
+	// Text the store keeps: held to the registry's text rules, so that a
+	// NUL or invalid UTF-8 is the reporter's 400, not the database's 500
+	// (which an agent would take for a control plane gone).
+	if err := checkText("error", p.Error, optional, MaxPreflightError, freeText); err != nil {
+		return err
+	}
+	return checkText("backend", p.Backend, required, maxPreflightBackend, lineText)
 }
 
 func badMeasure(v float64) bool { return v < 0 || math.IsNaN(v) || math.IsInf(v, 0) }
@@ -138,10 +141,6 @@ func ValidateProbe(p Probe) error {
 	switch {
 	case !IsPeerID(p.PeerID):
 		return fieldErr("id", "not a peer id")
-	case p.AgentName == "" || len(p.AgentName) > maxProbeAgent:
-		return fieldErr("agent_name", "required, at most %d bytes", maxProbeAgent)
-	case p.Backend == "" || len(p.Backend) > maxPreflightBackend:
-		return fieldErr("backend", "required, at most %d bytes", maxPreflightBackend)
 	case !p.MemKind.Valid():
 		return fieldErr("mem_kind", "unknown memory kind %d", int(p.MemKind))
 	case len(p.Metadata) == 0 || len(p.Metadata) > maxProbeMetadata:
@@ -151,5 +150,8 @@ func ValidateProbe(p Probe) error {
 	case len(p.TransferSecret) != 0 && (len(p.TransferSecret) < MinTransferSecret || len(p.TransferSecret) > MaxTransferSecret):
 		return fieldErr("transfer_secret", "must be %d to %d bytes", MinTransferSecret, MaxTransferSecret)
 	}
-	return nil
+	if err := checkText("agent_name", p.AgentName, required, maxProbeAgent, lineText); err != nil {
+		return err
+	}
+	return checkText("backend", p.Backend, required, maxPreflightBackend, lineText)
 }
