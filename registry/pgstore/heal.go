@@ -50,6 +50,18 @@ func encodeHeal(h registry.Heal) []byte {
 	return b
 }
 
+// readHeal is decodeHeal for the batch statements (heartbeats, the lease
+// sweep): a plan it cannot read is logged and read as none, so that one
+// damaged row starts its peer's heal over instead of failing every other
+// peer's heartbeat in the batch, or the whole sweep.
+func (s *Store) readHeal(id string, b []byte) registry.Heal {
+	h, err := decodeHeal(b)
+	if err != nil {
+		s.log.Warn().Err(err).Str("peer", id).Msg("unreadable heal plan; read as none")
+	}
+	return h
+}
+
 func decodeHeal(b []byte) (registry.Heal, error) {
 	if len(b) == 0 {
 		return registry.Heal{}, nil
@@ -124,9 +136,7 @@ func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) ([]st
 	}
 	var ids []string
 	for _, c := range cands {
-		if c.p.Heal, err = decodeHeal(c.heal); err != nil {
-			return nil, fmt.Errorf("decode heal plan of peer %s: %w", c.p.ID, err)
-		}
+		c.p.Heal = s.readHeal(c.p.ID, c.heal)
 		next, events, ok := registry.ExpireHeal(c.p, now, s.cfg.Heal)
 		if !ok {
 			continue

@@ -226,10 +226,7 @@ SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id
 			if prev.State == registry.StateStale || holding {
 				// Only a healing peer's heartbeat reads its heal plan:
 				// the rest of the batch skips the decode.
-				var err error
-				if prev.Heal, err = decodeHeal(heal); err != nil {
-					return fmt.Errorf("decode heal plan of peer %s: %w", id, err)
-				}
+				prev.Heal = s.readHeal(id, heal)
 			}
 			next, reply, events := registry.ApplyHeartbeat(prev, last[id].hb, now, s.cfg.LeaseTTL, s.cfg.Heal)
 			replies[id] = reply

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
@@ -69,5 +71,55 @@ func TestBadRowFailsOnlyItsHeartbeat(t *testing.T) {
 	}
 	if v, err := s.Get(ctx, victim.Peer.ID); err != nil || v.State != registry.StatePending {
 		t.Fatalf("victim: %s, %v; want it still pending", v.State, err)
+	}
+}
+
+// TestUnreadableHealPlanFailsNoOtherPeer: a stale peer whose stored heal
+// plan cannot be read (a damaged row) heartbeats in one batch with good
+// peers; every good heartbeat is answered, the damaged peer's too (its
+// heal starts over), and the lease sweep, which reads heal plans as well,
+// still runs.
+func TestUnreadableHealPlanFailsNoOtherPeer(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const good = 10
+	s, cfg := registrytest.NewPGStore(t, pgstore.Config{HeartbeatBatch: good + 1, HeartbeatLinger: time.Minute, HeartbeatWriters: 1})
+	damaged, err := s.Register(ctx, registrytest.Spec("damaged", registry.RoleDecode), registry.Claim{Admin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := registerFleet(t, ctx, s, good)
+	if _, err := s.MarkStale(ctx, damaged.Peer.ID, "test", ""); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, cfg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `UPDATE peers SET heal = '{"phase": 7}' WHERE id = $1`, damaged.Peer.ID); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, good+1)
+	for _, p := range append(peers, damaged.Peer) {
+		wg.Go(func() {
+			if _, err := s.HeartbeatUnchecked(ctx, registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID}); err != nil {
+				errs <- fmt.Errorf("heartbeat of %s in a batch with an unreadable heal plan: %w", p.Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	// A plan the sweep selects (on hold) but cannot read.
+	if _, err := pool.Exec(ctx, `UPDATE peers SET heal = '{"phase": "quarantined", "deadline": 7}' WHERE id = $1`, damaged.Peer.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ExpireLeases(ctx, time.Now()); err != nil {
+		t.Fatalf("lease sweep with an unreadable heal plan: %v", err)
 	}
 }
