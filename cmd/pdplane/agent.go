@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/agent"
 	"github.com/pdplane/pdplane/registry"
@@ -84,24 +87,45 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// A worker that cannot start (a transport setting UCX refuses, say)
-	// costs the preflights, not the engine's registration.
-	w, err := pre.start(a, log)
-	if err != nil {
-		log.Error().Err(err).Msg("preflight worker not started; this peer's pairs are not preflighted")
-	}
-	if w != nil {
-		defer w.close()
-		pctx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); w.p.Run(pctx) }()
-		defer func() { stop(); <-done }()
-		log.Info().Str("backend", pre.backend).Int("max_size", pre.maxSize).Msg("preflight worker started")
-	}
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); runPreflights(pctx, &pre, a, log) }()
+	defer func() {
+		stop()
+		select {
+		case <-done:
+		case <-time.After(preflightStopWait):
+			log.Warn().Dur("waited", preflightStopWait).Msg("preflight worker still busy at exit; leaving it")
+		}
+	}()
 	if err := a.Run(ctx); err != nil && ctx.Err() == nil {
 		return err
 	}
 	return nil
+}
+
+// preflightStopWait bounds how long the agent's exit waits for its
+// preflight worker: a transfer library call that hangs must not keep the
+// process from ending.
+const preflightStopWait = 5 * time.Second
+
+// runPreflights starts the preflight worker and runs it until ctx ends,
+// beside the agent's registration and heartbeats: a worker that cannot
+// start (a transport setting UCX refuses) or whose setup hangs (a wedged
+// GPU in cudaMalloc, a NIXL agent that never comes up) costs the
+// preflights, not the engine's place in the fleet.
+func runPreflights(ctx context.Context, pre *preflightFlags, a *agent.Agent, log zerolog.Logger) {
+	w, err := pre.start(a, log)
+	if err != nil {
+		log.Error().Err(err).Msg("preflight worker not started; this peer's pairs are not preflighted")
+		return
+	}
+	if w == nil {
+		return
+	}
+	defer w.close()
+	log.Info().Str("backend", pre.backend).Int("max_size", pre.maxSize).Msg("preflight worker started")
+	w.p.Run(ctx)
 }
 
 // parseHeal parses --heal, so that a bad value stops the agent before it
