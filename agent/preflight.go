@@ -103,7 +103,16 @@ func (p *Preflighter) RemoteSecret(_ context.Context, agent string) ([]byte, err
 // Run publishes the probe and runs due preflights until ctx ends. Errors
 // are logged, never fatal: preflights must not take the agent down.
 func (p *Preflighter) Run(ctx context.Context) {
-	var published int64 // generation the probe was last published for
+	// published is the registration the probe was last published for: a
+	// new peer ID (deleted and joined again), a new generation, or a new
+	// record under the same ID (a control plane that restarted empty)
+	// each needs it published again.
+	type registration struct {
+		id         string
+		generation int64
+		created    int64 // Unix ns of the record's creation
+	}
+	var published registration
 	last := time.Time{}
 	for {
 		if !sleep(ctx, p.cfg.Poll) {
@@ -116,12 +125,12 @@ func (p *Preflighter) Run(ctx context.Context) {
 		if peer.Id == "" {
 			continue
 		}
-		if peer.Generation != published {
+		if reg := (registration{peer.Id, peer.Generation, peer.CreatedAt.UnixNano()}); reg != published {
 			if err := p.publish(ctx, peer.Id); err != nil {
 				p.log.Warn().Err(err).Msg("publish probe region; retrying")
 				continue
 			}
-			published = peer.Generation
+			published = reg
 		}
 		if !registry.Role(peer.Role).Prefills() {
 			continue
