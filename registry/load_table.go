@@ -60,12 +60,6 @@ func (t *LoadTable) Current() *LoadSet {
 	return t.cur.Load()
 }
 
-// Get returns the peer's load, if the table has it.
-func (t *LoadTable) Get(id string) (PeerLoad, bool) {
-	s := t.Current()
-	return s.At(s.Slot(id))
-}
-
 // Slot returns the peer's slot in the set, -1 when it has none (or the set
 // is nil).
 func (s *LoadSet) Slot(id string) int32 {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
@@ -206,7 +205,7 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 			return nil, malformed(field, field+" must be a geometry class id: hexadecimal digits")
 		}
 	}
-	if pf := req.Params.Prefill; pf != nil && !peerIDForm.MatchString(*pf) {
+	if pf := req.Params.Prefill; pf != nil && !registry.IsPeerID(*pf) {
 		return nil, malformed("prefill", "prefill must be a peer id: a UUID in lowercase canonical form")
 	}
 	pc, dc := apiconv.Deref(req.Params.PrefillClass), apiconv.Deref(req.Params.DecodeClass)
@@ -375,9 +374,6 @@ func (h handlers) ReportPreflight(ctx context.Context, req api.ReportPreflightRe
 	h.metrics.preflights.WithLabelValues(out.Backend, string(out.State)).Inc()
 	return api.ReportPreflight200JSONResponse(apiconv.PairPreflight(&out, true)), nil
 }
-
-// peerIDForm is PeerIDString's pattern in openapi.yaml.
-var peerIDForm = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
 // isClassID reports whether s has the form of a GeometryClass id, as
 // openapi.yaml states it: one or more lowercase hexadecimal digits.

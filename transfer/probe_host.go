@@ -30,9 +30,6 @@ func NewProbeHost(b Backend, mem ProbeMemory) (*ProbeHost, error) {
 // Backend returns the backend the probe region is registered with.
 func (h *ProbeHost) Backend() Backend { return h.b }
 
-// Memory returns the probe region.
-func (h *ProbeHost) Memory() ProbeMemory { return h.mem }
-
 // Peer returns what an initiator needs to preflight this host: the agent
 // name, fresh metadata and the probe region.
 func (h *ProbeHost) Peer() (PreflightPeer, error) {
