@@ -188,6 +188,14 @@ func Expired(prev Peer, now time.Time) (Peer, []Event, bool) {
 	return next, []Event{{Kind: EventExpired, Message: ReasonLeaseExpired}}, true
 }
 
+// TransferFailureChanged reports whether applying a transfer failure
+// (ApplyTransferFailure, ApplyPairTransferFailure) changed the decode or its
+// pairs: events to record, or a quarantine. Only then do the stores write
+// the decode and announce the change: a repeated report of a pair already
+// held changes nothing, and every router retrying on that pair would
+// otherwise make every replica read the decode again.
+func TransferFailureChanged(events []Event, q *Quarantine) bool { return len(events) > 0 || q != nil }
+
 // ApplyTransferFailure decides what a failed transfer to decode means.
 // last is the pair's previous failure, if any; others counts the other
 // prefills that can use the decode now (OtherPrefills). Every replica and

@@ -379,12 +379,13 @@ func (s *Store) ReportTransferFailure(_ context.Context, f registry.TransferFail
 		s.failures[key] = *rec
 	}
 	res := clone(d)
-	if len(events) > 0 || out == registry.OutcomeHealPending {
+	changed := registry.TransferFailureChanged(events, q)
+	if changed && (len(events) > 0 || out == registry.OutcomeHealPending) {
 		s.put(next, events)
 		res = clone(&next)
 	}
 	s.mu.Unlock()
-	if out == registry.OutcomeStale || out == registry.OutcomeQuarantined || out == registry.OutcomeHealPending {
+	if changed && (out == registry.OutcomeStale || out == registry.OutcomeQuarantined || out == registry.OutcomeHealPending) {
 		s.publish(f.DecodeID)
 	}
 	return res, out, nil

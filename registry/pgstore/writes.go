@@ -273,6 +273,9 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 				return err
 			}
 		}
+		if !registry.TransferFailureChanged(events, q) {
+			return nil
+		}
 		if len(events) > 0 || out == registry.OutcomeHealPending {
 			if err := writePeer(ctx, tx, &next, false); err != nil {
 				return err

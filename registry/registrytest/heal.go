@@ -1,6 +1,7 @@
 package registrytest
 
 import (
+	"context"
 	"reflect"
 	"slices"
 	"strings"
@@ -58,12 +59,28 @@ func testHealHold(t *testing.T, s registry.Store) {
 	if a, b := decodesFor(p0.ID), decodesFor(p1.ID); len(a) != 0 || !slices.Equal(b, []string{"d0"}) {
 		t.Fatalf("routes while the plan holds: p0 → %v, p1 → %v; want none, [d0]", a, b)
 	}
-	// A repeat of the pair changes nothing; the decode's heartbeat within
-	// the hold keeps it ready.
+	// A repeat of the pair changes nothing, and announces nothing: the
+	// first change after it is a later registration's. The decode's
+	// heartbeat within the hold keeps it ready.
 	n := len(kinds(t, s, d.ID))
+	sctx, stop := context.WithCancel(ctx(t))
+	changes := s.Subscribe(sctx)
 	if _, out := report(p0.ID); out != registry.OutcomeHealPending || len(kinds(t, s, d.ID)) != n {
 		t.Fatalf("repeat: %s, events %v", out, kinds(t, s, d.ID))
 	}
+	marker := mustRegister(t, s, Spec("marker", registry.RolePrefill)).Peer
+	for seen := false; !seen; {
+		select {
+		case c := <-changes:
+			if slices.Contains(c.PeerIDs, d.ID) || len(c.PeerIDs) == 0 {
+				t.Fatalf("the repeat announced a change: %+v", c)
+			}
+			seen = slices.Contains(c.PeerIDs, marker.ID)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the marker's registration was never announced")
+		}
+	}
+	stop()
 	if r := idleHeartbeat(t, s, d); r.Action != registry.ActionNone || r.State != registry.StateReady {
 		t.Fatalf("heartbeat within the hold: %+v", r)
 	}
