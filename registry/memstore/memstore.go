@@ -280,6 +280,7 @@ func (s *Store) Delete(_ context.Context, id string) error {
 	delete(s.byID, id)
 	delete(s.byName, p.Name)
 	s.clearQuarantines(id)
+	s.forgetPreflights(id)
 	s.log(p, []registry.Event{{Kind: registry.EventRemoved, Message: "removed by operator"}})
 	s.mu.Unlock()
 	s.publish(id)

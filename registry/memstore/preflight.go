@@ -32,19 +32,12 @@ func (s *Store) ReportPreflight(_ context.Context, pf registry.Preflight) (regis
 	return pf, nil
 }
 
-// Preflights implements registry.Store. Preflights of removed peers are
-// dropped here.
+// Preflights implements registry.Store.
 func (s *Store) Preflights(context.Context) ([]registry.Preflight, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]registry.Preflight, 0, len(s.preflights))
-	for k, pf := range s.preflights {
-		_, okP := s.byID[k[0]]
-		_, okD := s.byID[k[1]]
-		if !okP || !okD {
-			delete(s.preflights, k)
-			continue
-		}
+	for _, pf := range s.preflights {
 		out = append(out, pf)
 	}
 	return out, nil
@@ -77,4 +70,16 @@ func (s *Store) Probe(_ context.Context, peerID string) (registry.Probe, error) 
 	}
 	pr.Metadata, pr.TransferSecret = bytes.Clone(pr.Metadata), bytes.Clone(pr.TransferSecret)
 	return pr, nil
+}
+
+// forgetPreflights drops a removed peer's probe (up to a MiB of agent
+// metadata) and its pairs' preflights, as PostgreSQL's ON DELETE CASCADE
+// does for pgstore; the caller holds mu.
+func (s *Store) forgetPreflights(id string) {
+	delete(s.probes, id)
+	for k := range s.preflights {
+		if k[0] == id || k[1] == id {
+			delete(s.preflights, k)
+		}
+	}
 }
