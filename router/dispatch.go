@@ -784,11 +784,13 @@ func (d *dispatch) finish() {
 // ones LogServedEvery picks (sampled when it picks one in N > 1), else
 // debug.
 func (rt *Router) servedEvent() (ev *zerolog.Event, sampled bool) {
-	n := uint64(rt.cfg.LogServedEvery)
-	if n == 0 || rt.served.Add(1)%n != 0 {
+	switch n := uint64(rt.cfg.LogServedEvery); {
+	case n == 1:
+		return rt.log.Info(), false // every one: no shared counter to bump
+	case n == 0 || rt.served.Add(1)%n != 0:
 		return rt.log.Debug(), false
 	}
-	return rt.log.Info(), n > 1
+	return rt.log.Info(), true
 }
 
 // durationMS is a duration as logged: milliseconds, to the microsecond.
