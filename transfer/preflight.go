@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
@@ -219,19 +220,38 @@ func checkProbeSizes(local ProbeMemory, peer PreflightPeer, cfg PreflightConfig)
 }
 
 // loadPeerCtx loads the peer's metadata, giving up when ctx ends (a
-// backend's load may block on the network).
+// backend's load may block on the network). A load that gave up and is
+// still running keeps its place: the next preflight of that peer fails at
+// once rather than leave one more goroutine behind it, so a peer whose
+// metadata load hangs costs one goroutine, not one per retry.
 func loadPeerCtx(ctx context.Context, b Backend, peer PreflightPeer) error {
-	// A load left behind by an earlier preflight that gave up must not
-	// make this one fail as a duplicate.
-	_ = b.InvalidateRemote(peer.Agent)
+	k := pendingLoad{b, peer.Agent}
+	if _, busy := pendingLoads.LoadOrStore(k, struct{}{}); busy {
+		return fmt.Errorf("an earlier load of %s's metadata has not returned", peer.Agent)
+	}
 	done := make(chan error, 1)
-	go func() { done <- LoadPeer(b, peer.Agent, peer.Metadata) }()
+	go func() {
+		defer pendingLoads.Delete(k)
+		// A load left behind by an earlier preflight that gave up must
+		// not make this one fail as a duplicate.
+		_ = b.InvalidateRemote(peer.Agent)
+		done <- LoadPeer(b, peer.Agent, peer.Metadata)
+	}()
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// pendingLoads holds the metadata loads (pendingLoad) still running.
+var pendingLoads sync.Map
+
+// pendingLoad is one peer's metadata load on one backend.
+type pendingLoad struct {
+	b     Backend
+	agent string
 }
 
 // peerSlot picks the initiator's slot in the peer's region, so that
