@@ -243,11 +243,29 @@ func (s *Snapshot) classIndex(id string) int {
 	return -1
 }
 
+// PairCount counts every (prefill-capable, decode-capable) pair of
+// distinct peers, across models too: FleetCounts.Pairs, without the groups
+// the rest of Counts adds up.
+func (s *Snapshot) PairCount() int {
+	var prefills, decodes, both int
+	for _, p := range s.peers {
+		if p.Role.Prefills() {
+			prefills++
+		}
+		if p.Role.Decodes() {
+			decodes++
+		}
+		if p.Role == RoleBoth {
+			both++
+		}
+	}
+	return prefills*decodes - both
+}
+
 // Counts counts the snapshot's peers and pairs (see FleetCounts).
 func (s *Snapshot) Counts() FleetCounts {
 	out := FleetCounts{Peers: len(s.peers), ByRole: map[Role]int{}, ByState: map[State]int{}}
 	models := map[string]*ModelCount{}
-	var prefills, decodes, both int
 	for _, p := range s.peers {
 		out.ByRole[p.Role]++
 		out.ByState[p.State]++
@@ -262,17 +280,12 @@ func (s *Snapshot) Counts() FleetCounts {
 		}
 		if p.Role.Prefills() {
 			m.Prefills++
-			prefills++
 		}
 		if p.Role.Decodes() {
 			m.Decodes++
-			decodes++
-		}
-		if p.Role == RoleBoth {
-			both++
 		}
 	}
-	out.Pairs = prefills*decodes - both
+	out.Pairs = s.PairCount()
 	for _, m := range models {
 		out.Models = append(out.Models, *m)
 	}

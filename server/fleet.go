@@ -27,8 +27,7 @@ func (h handlers) GetFleet(context.Context, api.GetFleetRequestObject) (api.GetF
 func (h handlers) ListPairGroups(context.Context, api.ListPairGroupsRequestObject) (api.ListPairGroupsResponseObject, error) {
 	snap := h.snaps.Snapshot()
 	groups := snap.PairGroups()
-	counts := snap.Counts()
-	out := api.ListPairGroups200JSONResponse{Groups: make([]api.PairGroup, len(groups)), Pairs: counts.Pairs}
+	out := api.ListPairGroups200JSONResponse{Groups: make([]api.PairGroup, len(groups)), Pairs: snap.PairCount()}
 	for i := range groups {
 		out.Groups[i] = apiconv.PairGroup(&groups[i])
 	}
