@@ -174,6 +174,12 @@ func (r PreflightResult) Passed() bool { return r.Err == nil }
 // to its own slot of MaxSize bytes when the region has several.
 func RunPreflight(ctx context.Context, b Backend, local ProbeMemory, peer PreflightPeer, cfg PreflightConfig) PreflightResult {
 	cfg = cfg.WithDefaults()
+	// A peer whose agent runs with a smaller --preflight-max-size holds a
+	// smaller region: the ladder stops at what it holds, rather than fail,
+	// and keep out of routing, a pair whose path works.
+	if d := peer.Region.Descs; len(d) == 1 && d[0].Len < uint64(cfg.MaxSize) && d[0].Len >= uint64(cfg.MinSize) {
+		cfg.MaxSize = int(d[0].Len)
+	}
 	res := PreflightResult{Remote: peer.Agent, MemKind: local.Region().Kind}
 	if err := checkProbeSizes(local, peer, cfg); err != nil {
 		res.Err = &PreflightError{Stage: StageProbe, Err: err}

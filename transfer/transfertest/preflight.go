@@ -61,7 +61,8 @@ func (p *ProbePair) Run(t testing.TB, peer transfer.PreflightPeer) transfer.Pref
 }
 
 // RunPreflightSuite runs the preflight against backends from f: a passing
-// ladder whose notifications reach the target, then each fault as a failed
+// ladder whose notifications reach the target, a shorter one to a peer with
+// a smaller region, then each fault as a failed
 // preflight with its own stage: metadata that does not load, a pattern
 // that does not read back, a probe region deregistered on the target, and
 // a target that is gone.
@@ -83,6 +84,22 @@ func RunPreflightSuite(t *testing.T, f Factory) {
 		})
 		if again := p.Run(t, transfer.PreflightPeer{}); !again.Passed() {
 			t.Fatalf("second preflight of the same peer failed: %v", again.Err)
+		}
+	})
+	t.Run("SmallerPeerRegion", func(t *testing.T) {
+		// A peer whose agent runs with a smaller --preflight-max-size: the
+		// ladder stops at what its region holds, and the pair passes.
+		p := NewProbePair(t, f, cfg)
+		peer, _ := p.Target.Peer()
+		d := peer.Region.Descs[0]
+		d.Len = uint64(cfg.MaxSize / 4)
+		peer.Region.Descs = []transfer.Desc{d}
+		res := p.Run(t, peer)
+		if !res.Passed() {
+			t.Fatalf("preflight of a peer with a smaller region failed: %v", res.Err)
+		}
+		if last := res.Rungs[len(res.Rungs)-1].Size; last != cfg.MaxSize/4 {
+			t.Fatalf("last rung %d bytes, want the peer's %d", last, cfg.MaxSize/4)
 		}
 	})
 	t.Run("BadMetadata", func(t *testing.T) {
