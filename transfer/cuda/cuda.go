@@ -8,6 +8,7 @@ package cuda
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
@@ -146,6 +147,11 @@ type Buffer struct {
 
 // Alloc allocates n bytes on device dev.
 func (r *Runtime) Alloc(dev, n int) (*Buffer, error) {
+	// cudaSetDevice chooses the device of the calling OS thread, and
+	// cudaMalloc allocates on it: both must run on one thread, which a
+	// goroutine may otherwise leave between the two calls.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if err := check("cudaSetDevice", r.setDevice(int32(dev))); err != nil {
 		return nil, err
 	}
