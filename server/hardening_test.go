@@ -370,8 +370,12 @@ func TestTrickledBodiesHoldNoMemoryAndAreCut(t *testing.T) {
 		if i%2 == 1 {
 			path = "/generate"
 		}
+		// Stamped before the request goes: the server's deadline cannot
+		// start earlier, while a stamp after the write could come later
+		// than the server's start (it once did, by 1.3 ms).
+		at := time.Now()
 		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", path, addr, declared)
-		open = append(open, sent{c, time.Now()})
+		open = append(open, sent{c, at})
 	}
 	simtest.WaitFor(t, "every connection in the router's body read", func() bool {
 		return b.gauge(t, "pdplane_router_inflight_requests", nil) == conns
