@@ -46,6 +46,12 @@ const (
 	// (Config.HeldTokenTime), it outlasts the measurement by far (the
 	// streams are closed after it).
 	heldTokens = 3600
+	// heldSettleExtra and heldSettleMax: how long after the last stream
+	// opened its router's memory is read: one token time and a little
+	// more, so that each stream has waited for its second token, at most
+	// heldSettleMax (held streams with a long token time are read before).
+	heldSettleExtra = 500 * time.Millisecond
+	heldSettleMax   = 5 * time.Second
 	// heldOpenTimeout bounds how long a level's streams may take to open.
 	heldOpenTimeout = 3 * time.Minute
 	// heldReleaseTimeout bounds the wait for the router to let go of a
@@ -90,6 +96,15 @@ func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, base Usage
 		return Held{}, err
 	}
 	defer hs.Release()
+	// Memory is read in the streams' steady state: once each has waited
+	// for its next token at least once, as a held stream spends its life
+	// (pdplane moves a stream off net/http's connection at its first
+	// slow wait: router/takeover.go). Every router gets the same wait.
+	select {
+	case <-time.After(min(cfg.HeldTokenTime+heldSettleExtra, heldSettleMax)):
+	case <-ctx.Done():
+		return Held{}, ctx.Err()
+	}
 	with, err := ReadUsage(t.proc.PID())
 	if err != nil {
 		return Held{}, fmt.Errorf("%s: %w", t.name, err)

@@ -226,17 +226,28 @@ func BenchmarkPDRequest(b *testing.B) {
 	}
 }
 
-// BenchmarkOpenStreamMemory holds many streams open through the router (the
-// decode generates slowly) and reports the router's memory per
-// open stream: the process's heap and stacks with the streams routed, minus
-// the same number of streams opened straight to the decode, per stream.
+// BenchmarkOpenStreamMemory holds many streams open through the router and
+// reports the router's memory per open stream: the process's heap and
+// stacks with the streams routed, minus the same number of streams opened
+// straight to the decode, per stream. Two paces: a decode generating (a
+// token every 20 ms: the stream stays on net/http's connection) and a slow
+// one (a token every 300 ms: the router takes the stream's connection
+// over, router/takeover.go).
 //
 //	go test -run '^$' -bench OpenStreamMemory -benchtime 1x ./router/
 func BenchmarkOpenStreamMemory(b *testing.B) {
+	for _, pace := range []struct {
+		name     string
+		perToken time.Duration
+	}{{"generating", 20 * time.Millisecond}, {"slow", 300 * time.Millisecond}} {
+		b.Run(pace.name, func(b *testing.B) { openStreamMemory(b, pace.perToken) })
+	}
+}
+
+func openStreamMemory(b *testing.B, perToken time.Duration) {
 	const streams = 500
-	// 20 ms a token for 60000 tokens: every stream stays open for the
-	// whole measurement.
-	srv, _, dp := startSims(b, registry.EngineSGLang, 20*time.Millisecond, router.Config{})
+	// 60000 tokens: every stream stays open for the whole measurement.
+	srv, _, dp := startSims(b, registry.EngineSGLang, perToken, router.Config{})
 	routed := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":60000}`)
 	direct := append(routed[:len(routed)-1:len(routed)-1], []byte(`,"bootstrap_host":"`+sim.FakeBootstrapHost+`","bootstrap_port":8998,"bootstrap_room":1}`)...)
 
@@ -275,7 +286,9 @@ func BenchmarkOpenStreamMemory(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		// Past a slow decode's first gap between tokens, when the router
+		// takes a slow stream over.
+		time.Sleep(max(200*time.Millisecond, 2*perToken))
 		h1, s1 := inUse()
 		return (float64(h1) - float64(h0)) / streams / 1024, (float64(s1) - float64(s0)) / streams / 1024
 	}

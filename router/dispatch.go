@@ -140,6 +140,7 @@ type dispatch struct {
 	w     http.ResponseWriter
 	r     *http.Request
 	rc    *http.ResponseController
+	ctx   context.Context // the client's: ends when it leaves
 	route route
 	q     *request
 	rid   string
@@ -171,42 +172,72 @@ type dispatch struct {
 	status    int
 	outcome   string
 	lastFail  *failure
+
+	// A stream runs on a goroutine of its own (serveOnOwnGoroutine), which
+	// tells the handler through hop when it may return; tk is the client's
+	// connection once the router took it over from net/http (takeover.go),
+	// and detachable's pair replaces net/http's context meanwhile.
+	hop             chan hop
+	tk              *takenConn
+	noTakeover      bool // tried, and the connection could not be hijacked
+	clientCancel    func(error)
+	stopClientWatch func() bool
 }
 
 // serveGeneration returns the handler of one generation route.
 func (rt *Router) serveGeneration(rte route) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		d := &dispatch{rt: rt, w: w, r: r, route: rte, start: rt.cfg.Now()}
+		d := &dispatch{rt: rt, w: w, r: r, ctx: r.Context(), route: rte, start: rt.cfg.Now()}
 		d.serve()
 	}
 }
 
+// serve answers the request. A stream that HTTP/1.1 carries runs on a
+// goroutine of its own, so that it can leave net/http's connection if it
+// turns out to be slow (takeover.go).
 func (d *dispatch) serve() {
 	rt := d.rt
 	d.rid = requestID(d.w, d.r)
 	if rt.tracer != nil {
 		d.startSpan()
 	}
-	defer d.finish()
 	if !rt.admit.acquire() {
 		d.w.Header().Set("Retry-After", "1")
 		d.reject(serverError(http.StatusServiceUnavailable, "the router is at its limit of "+strconv.Itoa(rt.cfg.MaxInflight)+
 			" requests in flight (--max-inflight); retry shortly", codeRouterBusy), outcomeRouterBusy)
+		d.finish()
 		return
 	}
-	defer rt.admit.release()
 	rt.m.inflight.Inc()
-	defer rt.m.inflight.Dec()
+	v, mv := d.prepare()
+	switch {
+	case mv == nil:
+	case d.q.stream && d.r.ProtoAtLeast(1, 1):
+		d.detachable()
+		d.serveOnOwnGoroutine(v, mv)
+		return
+	default:
+		d.run(v, mv)
+	}
+	d.end()
+	if d.abort {
+		panic(http.ErrAbortHandler)
+	}
+}
 
+// prepare reads and checks the request and finds its model's routes; a
+// nil modelView means it was refused (answered).
+func (d *dispatch) prepare() (*view, *modelView) {
+	rt := d.rt
 	body, aerr := rt.readBody(d.r)
 	if aerr != nil {
 		d.reject(aerr, outcomeBadRequest)
-		return
+		return nil, nil
 	}
 	q, aerr := parseRequest(d.route, body, rt.cfg.CacheAwarePrefixBytes)
 	if aerr != nil {
 		d.reject(aerr, outcomeBadRequest)
-		return
+		return nil, nil
 	}
 	d.q = q
 	d.usage.stream = q.stream
@@ -218,12 +249,19 @@ func (d *dispatch) serve() {
 			outcome = outcomeNoRoute
 		}
 		d.reject(aerr, outcome)
-		return
+		return nil, nil
 	}
 	d.key = xxhash.Sum64(q.prefix)
 	d.rc = http.NewResponseController(d.w)
 	d.dispatched = rt.cfg.Now()
-	d.run(v, mv)
+	return v, mv
+}
+
+// end releases the request's admission and counts and logs it.
+func (d *dispatch) end() {
+	d.rt.m.inflight.Dec()
+	d.rt.admit.release()
+	d.finish()
 }
 
 // resolveModel finds the model's routes, or says why there are none: an
@@ -319,7 +357,7 @@ func (d *dispatch) run(v *view, mv *modelView) {
 			d.ex.add(pr.d.peer.ID)
 		}
 		if !d.backoff(attempt) {
-			d.respondFailure(&failure{kind: failClientGone, leg: f.leg, err: d.r.Context().Err()})
+			d.respondFailure(&failure{kind: failClientGone, leg: f.leg, err: d.ctx.Err()})
 			return
 		}
 	}
@@ -330,7 +368,7 @@ func (d *dispatch) run(v *view, mv *modelView) {
 func (d *dispatch) backoff(attempt int) bool {
 	cfg := &d.rt.cfg
 	if cfg.RetryBackoff <= 0 {
-		return d.r.Context().Err() == nil
+		return d.ctx.Err() == nil
 	}
 	p := cfg.RetryBackoff << min(attempt-1, 16)
 	if p > cfg.RetryBackoffMax || p <= 0 {
@@ -342,7 +380,7 @@ func (d *dispatch) backoff(attempt int) bool {
 	select {
 	case <-t.C:
 		return true
-	case <-d.r.Context().Done():
+	case <-d.ctx.Done():
 		return false
 	}
 }
@@ -426,7 +464,7 @@ func (d *dispatch) newUpstream(ctx context.Context, url string, body []byte) (*h
 
 // transportFailure classifies an error of a leg that got no answer.
 func (d *dispatch) transportFailure(l leg, err error) *failure {
-	if d.r.Context().Err() != nil {
+	if d.ctx.Err() != nil {
 		return &failure{kind: failClientGone, leg: l, err: err}
 	}
 	if l == legDecode && d.actx != nil && errors.Is(context.Cause(d.actx), errDecodeFirstByte) {
@@ -524,8 +562,10 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 	d.w.WriteHeader(resp.StatusCode)
 	d.committed = true
 	// No retry can follow: let go of what only a retry would need, so that
-	// a long stream does not pin the client's body.
+	// a long stream does not pin the client's body, nor the engine's
+	// headers and the request it answered (which holds the upstream body).
 	d.q.body, d.q.members, d.q.prefix = nil, nil, nil
+	resp.Header, resp.Request = nil, nil
 }
 
 // write sends bytes to the client, flushing when streaming; the first write
@@ -539,7 +579,7 @@ func (d *dispatch) send(b []byte, flush bool) error {
 	if len(b) == 0 {
 		return nil
 	}
-	if _, err := d.w.Write(b); err != nil {
+	if err := d.out(b, d.q.stream && flush); err != nil {
 		return err
 	}
 	d.usage.feed(b)
@@ -547,11 +587,6 @@ func (d *dispatch) send(b []byte, flush bool) error {
 	if !d.ttftSeen {
 		d.ttftSeen = true
 		d.rt.m.ttft.WithLabelValues(d.route.label(), d.q.model).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
-	}
-	if d.q.stream && flush {
-		if err := d.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return err
-		}
 	}
 	return nil
 }
@@ -584,6 +619,9 @@ func (d *dispatch) relay(body io.Reader) *failure {
 	for {
 		start := d.rt.cfg.Now()
 		if slow {
+			if d.tk == nil && d.hop != nil && !d.noTakeover && d.q.stream && d.takeable() {
+				d.noTakeover = !d.takeover()
+			}
 			rb.await()
 		}
 		bp := d.rt.getRelayBuf()
@@ -627,9 +665,7 @@ func (d *dispatch) brokenStream(f *failure) {
 	case d.q.stream:
 		d.outcome = outcomeStreamError
 		e := serverError(http.StatusBadGateway, "the decode engine failed mid-stream; the answer is incomplete", codeStreamBroken)
-		if _, err := d.w.Write(e.sseEvent()); err == nil {
-			_ = d.rc.Flush()
-		}
+		_ = d.out(e.sseEvent(), true)
 	default:
 		d.outcome = outcomeStreamError
 		d.abort = true
@@ -774,9 +810,6 @@ func (d *dispatch) finish() {
 			}
 		}
 		ev.Msg("request")
-	}
-	if d.abort {
-		panic(http.ErrAbortHandler)
 	}
 }
 

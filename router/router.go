@@ -60,7 +60,15 @@ type Router struct {
 	reports sync.WaitGroup // reporter calls in flight
 	admit   admission      // generation requests in flight, against MaxInflight
 	served  atomic.Uint64  // served requests, for LogServedEvery's sampling
+	taken   takenConns     // streams on connections taken over from net/http
+
+	watchOnce sync.Once
+	watcher   *connWatcher // their clients' connections; nil until the first takeover, or where there is none
 }
+
+// closeDetachedWait bounds how long Close waits for the streams it cut to
+// end: each ends once its engine's connection is closed, at once.
+const closeDetachedWait = 5 * time.Second
 
 // admission counts requests against a cap without queueing: a request over
 // it is refused at once, since a queue would only hold the client's
@@ -197,9 +205,19 @@ func (rt *Router) Routes() http.Handler {
 	return r
 }
 
-// Close waits for pending reports to the registry (bounded by
-// Config.ReportTimeout each) and closes idle upstream connections.
+// Close cuts the streams still running on taken-over connections and
+// waits for them (up to closeDetachedWait), waits for pending reports to
+// the registry (bounded by Config.ReportTimeout each) and closes idle
+// upstream connections.
 func (rt *Router) Close() {
+	rt.CloseDetached()
+	for deadline := time.Now().Add(closeDetachedWait); rt.Detached() > 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	rt.watchOnce.Do(func() {}) // no watcher starts after this
+	if rt.watcher != nil {
+		rt.watcher.stop()
+	}
 	rt.reports.Wait()
 	if rt.ownedTr != nil {
 		rt.ownedTr.CloseIdleConnections()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -33,6 +34,8 @@ type bundle struct {
 	reg   *testRegistry
 	prom  *prometheus.Registry
 	clock *fakeClock
+
+	hijacked atomic.Int64 // connections the router took over
 }
 
 // fakeClock is a settable clock for breaker cool-downs.
@@ -60,7 +63,17 @@ func setup(t *testing.T, cfg router.Config, peers ...registry.Peer) *bundle {
 		t.Fatal(err)
 	}
 	b.rt = rt
-	b.srv = httptest.NewServer(rt.Routes())
+	// Served as pdplane serve serves it: through the router's Listener,
+	// which takes back the connections of slow streams (takeover.go).
+	b.srv = httptest.NewUnstartedServer(rt.Routes())
+	b.srv.Config.IdleTimeout = time.Minute
+	b.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateHijacked {
+			b.hijacked.Add(1)
+		}
+	}
+	b.srv.Listener = router.NewListener(b.srv.Listener, b.srv.Config.IdleTimeout)
+	b.srv.Start()
 	t.Cleanup(func() {
 		b.srv.Close()
 		rt.Close()

@@ -45,7 +45,7 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 	body := appendSGLangBody(make([]byte, 0, len(q.body)+160+q.bootstrapCount()*48), q, pr.p.ep.hostJSON, pr.p.ep.port)
 	engine := pr.d.ep.protocol
 
-	actx, cancel := context.WithCancelCause(d.r.Context())
+	actx, cancel := context.WithCancelCause(d.ctx)
 	d.actx, d.fb = actx, &firstByteDeadline{}
 	defer d.fb.stop()
 	pl := &prefillLeg{ch: make(chan prefillResult, 1)}

@@ -25,7 +25,7 @@ func (d *dispatch) runVLLM(pr *pair) (f *failure) {
 		return f
 	}
 	body := appendVLLMDecodeBody(make([]byte, 0, len(q.body)+len(kv)+64), q, kv)
-	actx, cancel := context.WithCancelCause(d.r.Context())
+	actx, cancel := context.WithCancelCause(d.ctx)
 	defer cancel(errAttemptOver)
 	d.actx, d.fb = actx, &firstByteDeadline{}
 	defer d.fb.stop()
@@ -66,7 +66,7 @@ func (d *dispatch) vllmPrefill(pr *pair) (kv []byte, f *failure) {
 	rt, q := d.rt, d.q
 	start := rt.cfg.Now()
 	result := "error"
-	ctx, ls := d.startLeg(d.r.Context(), legPrefill, pr.p, pr.p.ep.urls[d.route])
+	ctx, ls := d.startLeg(d.ctx, legPrefill, pr.p, pr.p.ep.urls[d.route])
 	var ans []byte
 	defer func() {
 		rt.m.prefillDuration.WithLabelValues("vllm", result).Observe(rt.cfg.Now().Sub(start).Seconds())

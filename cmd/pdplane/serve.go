@@ -75,6 +75,7 @@ type controlPlane struct {
 	BaseURL string
 	log     zerolog.Logger
 	hs      *http.Server
+	ln      *router.Listener // hs's: takes back connections the router took over
 	srv     *server.Server
 	store   registry.Store
 	mirror  *registry.Mirror
@@ -85,7 +86,9 @@ type controlPlane struct {
 	grace   time.Duration
 
 	// inflight counts the requests in the HTTP handler, so that shutdown
-	// knows when they are done and how many it cut.
+	// knows when they are done and how many it cut; slow streams the
+	// router took off net/http's connections (router.Detached) are counted
+	// by the router.
 	inflight atomic.Int64
 	// bgCancel stops the background pieces (mirror, sweepers), which run
 	// on their own context: at a signal they go on serving the requests
@@ -336,7 +339,8 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	cp.BaseURL = "http://" + ln.Addr().String()
 	log.Info().Str("addr", ln.Addr().String()).Str("openai_base_url", cp.BaseURL+"/v1").
 		Str("status_page", cp.BaseURL+"/").Msg("pdplane listening")
-	go func() { cp.errc <- cp.hs.Serve(ln) }()
+	cp.ln = router.NewListener(ln, cp.hs.IdleTimeout)
+	go func() { cp.errc <- cp.hs.Serve(cp.ln) }()
 	ok = true
 	return cp, nil
 }
@@ -408,31 +412,46 @@ func (cp *controlPlane) shutdown(drain context.Context) {
 	start := time.Now()
 	cp.srv.BeginShutdown()
 	cp.hs.SetKeepAlivesEnabled(false) // each answer closes its connection; idle ones close now
-	cp.log.Info().Dur("grace", cp.grace).Int64("in_flight", cp.inflight.Load()).
+	cp.ln.DisableKeepAlives()         // the same for connections the router took over
+	cp.log.Info().Dur("grace", cp.grace).Int64("in_flight", cp.busy()).
 		Msg("shutting down: /readyz is 503 and event streams are closed; waiting for the requests in flight")
-	t := time.NewTicker(drainPoll)
-	for cp.inflight.Load() > 0 && drain.Err() == nil {
-		select {
-		case <-drain.Done():
-		case <-t.C:
-		}
+	cp.waitIdle(drain)
+	// Closes the listener, then waits for a request that came in since
+	// (and for a stream it started that the router took over).
+	err := cp.hs.Shutdown(drain)
+	if err == nil {
+		cp.waitIdle(drain)
 	}
-	t.Stop()
-	// Closes the listener, then waits for a request that came in since.
-	if err := cp.hs.Shutdown(drain); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		cut := cp.inflight.Load()
+	if cut := cp.busy(); cut > 0 || (err != nil && !errors.Is(err, http.ErrServerClosed)) {
 		_ = cp.hs.Close()
+		cp.router.CloseDetached()
 		cp.log.Warn().Int64("requests_cut", cut).Str("reason", context.Cause(drain).Error()).
 			Msgf("shutdown: cut %d request(s) still in flight", cut)
 		// Their handlers see the closed connections and return; the
 		// router and the store close after them.
 		deadline := time.Now().Add(5 * time.Second)
-		for cp.inflight.Load() > 0 && time.Now().Before(deadline) {
+		for cp.busy() > 0 && time.Now().Before(deadline) {
 			time.Sleep(drainPoll)
 		}
 	}
 	cp.closeWithin(drain)
 	cp.log.Info().Dur("took", time.Since(start)).Msg("shut down")
+}
+
+// busy is the number of requests in flight: in the HTTP handler, or
+// streaming on a connection the router took over.
+func (cp *controlPlane) busy() int64 { return cp.inflight.Load() + int64(cp.router.Detached()) }
+
+// waitIdle waits until no request is in flight or drain ends.
+func (cp *controlPlane) waitIdle(drain context.Context) {
+	t := time.NewTicker(drainPoll)
+	defer t.Stop()
+	for cp.busy() > 0 && drain.Err() == nil {
+		select {
+		case <-drain.Done():
+		case <-t.C:
+		}
+	}
 }
 
 // close stops the background pieces, the router and the store, and

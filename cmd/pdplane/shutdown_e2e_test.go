@@ -24,8 +24,9 @@ import (
 // The shutdown tests (issue 14, item 5) run the real binary: `pdplane serve`
 // on its embedded store with a prefill and a decode `pdplane sim`, whose
 // decode takes shutdownTokenTime per token so that a streamed completion
-// is still in flight when serve gets SIGTERM.
-const shutdownTokenTime = 100 * time.Millisecond
+// is still in flight when serve gets SIGTERM, and slow enough that the
+// router takes its connection over from net/http (router/takeover.go).
+const shutdownTokenTime = 150 * time.Millisecond
 
 // shutdownFleet starts serve with --shutdown-grace grace and a routable
 // pair, and returns serve's process and base URL.
@@ -213,7 +214,7 @@ func TestShutdownDevDrainsInFlight(t *testing.T) {
 	}
 }
 
-// checkDrain opens an event stream and a streamed completion of about 3 s
+// checkDrain opens an event stream and a streamed completion of about 4.5 s
 // on the control plane at base, sends p SIGTERM, and checks the drain:
 // /readyz 503 before exit, the event stream ended at once, the completion
 // finished with [DONE], exit 0 within the grace, and nothing listening
@@ -221,7 +222,7 @@ func TestShutdownDevDrainsInFlight(t *testing.T) {
 func checkDrain(t *testing.T, p *process, base string, grace time.Duration) {
 	t.Helper()
 	events := openEventStream(t, base)
-	const tokens = 30 // 3 s at 100 ms a token
+	const tokens = 30 // 4.5 s at 150 ms a token
 	completion := startCompletion(t, base, tokens)
 
 	signalled := time.Now()
@@ -272,7 +273,7 @@ func TestShutdownGraceCutsTheRest(t *testing.T) {
 	t.Parallel()
 	const grace = time.Second
 	serve, base := shutdownFleet(t, grace)
-	completion := startCompletion(t, base, 100) // 10 s at 100 ms a token
+	completion := startCompletion(t, base, 100) // 15 s at 150 ms a token
 
 	signalled := time.Now()
 	if err := serve.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -288,7 +289,7 @@ func TestShutdownGraceCutsTheRest(t *testing.T) {
 	}
 	waitClosed(t, "the cut completion to end", completion.done, 5*time.Second)
 	if completion.sawDone() {
-		t.Fatalf("a completion of 10 s finished within a grace of %s", grace)
+		t.Fatalf("a completion of 15 s finished within a grace of %s", grace)
 	}
 	assertRefused(t, strings.TrimPrefix(base, "http://"))
 	log := processLog(t, serve)
@@ -305,7 +306,7 @@ func TestShutdownSecondSignalCutsAtOnce(t *testing.T) {
 	t.Parallel()
 	const grace = 30 * time.Second
 	serve, base := shutdownFleet(t, grace)
-	completion := startCompletion(t, base, 100) // 10 s at 100 ms a token
+	completion := startCompletion(t, base, 100) // 15 s at 150 ms a token
 	if err := serve.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +321,7 @@ func TestShutdownSecondSignalCutsAtOnce(t *testing.T) {
 	exited := time.Now()
 	waitClosed(t, "the cut completion to end", completion.done, 5*time.Second)
 	if completion.sawDone() {
-		t.Fatal("the 10 s completion finished although a second signal cut it")
+		t.Fatal("the 15 s completion finished although a second signal cut it")
 	}
 	log := processLog(t, serve)
 	if !strings.Contains(log, "second signal") || !strings.Contains(log, `"requests_cut":1`) {

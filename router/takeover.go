@@ -1,0 +1,554 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Connection takeover. A streamed answer whose decode turns out to be slow
+// (a wait for its next bytes passed slowStreamWait: a queued, held or
+// slowly generating request, whose stream may stay open for minutes) leaves
+// net/http: the dispatch hijacks the client's connection, writes the rest
+// of the chunked answer to it itself, and lets the handler return, so that
+// net/http's connection goroutine (a 16 KiB stack), its background reader
+// and its 10 KiB of buffers are released for the stream's whole life. What
+// net/http did for such a stream the takeover keeps doing:
+//
+//   - a client that closes its connection cancels the request: one
+//     goroutine of the router (connWatcher, Linux's epoll) watches every
+//     taken-over connection, as net/http's background read did one each;
+//   - the answer ends with the chunked terminator (RFC 9112 §7.1), and the
+//     connection goes back to the server for the client's next request
+//     (keep-alive): the watcher waits for its first bytes, up to the
+//     listener's idle timeout, and hands the connection to the server's
+//     accept loop (Listener);
+//   - the request still counts against --max-inflight and in the router's
+//     in-flight gauge, and its span and `request` line end with the stream;
+//   - a shutdown waits for it (Router.Detached) and cuts what is left
+//     (Router.CloseDetached).
+//
+// The cost is a goroutine per stream request (the dispatch runs beside the
+// handler, which waits for it, so that the handler can return early); a
+// stream that generates at speed is never taken over and finishes on
+// net/http's connection.
+
+// Listener wraps the server's listener so that a connection the router
+// took over can be handed back to the server after its stream: Accept
+// returns both new connections and handed-back ones. Serve the router's
+// server on it (http.Server.Serve(router.NewListener(ln, idle))); without
+// it a taken-over connection is closed at the end of its stream.
+type Listener struct {
+	net.Listener
+	idle time.Duration
+
+	accepted chan acceptResult
+	back     chan net.Conn
+	closed   chan struct{} // Close was called
+	pumpDone chan struct{} // the underlying listener failed for good
+	err      error         // its error, set before pumpDone closes
+	once     sync.Once
+
+	mu        sync.Mutex
+	keepAlive bool
+	idleConns map[*takenConn]struct{} // waiting for the client's next request
+}
+
+type acceptResult struct {
+	c   net.Conn
+	err error
+}
+
+// NewListener wraps ln. A handed-back connection waits up to idle for the
+// client's next request (the server's IdleTimeout; 2 minutes when idle is
+// not positive).
+func NewListener(ln net.Listener, idle time.Duration) *Listener {
+	if idle <= 0 {
+		idle = 2 * time.Minute
+	}
+	l := &Listener{Listener: ln, idle: idle, accepted: make(chan acceptResult), back: make(chan net.Conn),
+		closed: make(chan struct{}), pumpDone: make(chan struct{}), keepAlive: true, idleConns: map[*takenConn]struct{}{}}
+	go l.pump()
+	return l
+}
+
+// pump accepts from the underlying listener, one connection at a time: it
+// waits for the server's next Accept before the next one, so the server's
+// own back-off on errors still paces it.
+func (l *Listener) pump() {
+	for {
+		c, err := l.Listener.Accept()
+		if c != nil {
+			c = &clientConn{Conn: c, l: l}
+		}
+		select {
+		case l.accepted <- acceptResult{c, err}:
+		case <-l.closed:
+			if c != nil {
+				_ = c.Close()
+			}
+			l.err = net.ErrClosed
+			close(l.pumpDone)
+			return
+		}
+		if err != nil && !isTemporary(err) {
+			l.err = err
+			close(l.pumpDone)
+			return
+		}
+	}
+}
+
+// isTemporary is the test net/http's accept loop applies to retry.
+func isTemporary(err error) bool {
+	var te interface{ Temporary() bool }
+	return errors.As(err, &te) && te.Temporary()
+}
+
+// Accept returns the next new or handed-back connection.
+func (l *Listener) Accept() (net.Conn, error) {
+	select {
+	case a := <-l.accepted:
+		return a.c, a.err
+	case c := <-l.back:
+		return c, nil
+	case <-l.pumpDone:
+		return nil, l.err
+	}
+}
+
+// Close closes the listener and every handed-back connection still
+// waiting for its client's next request; later ones are closed, not handed
+// back.
+func (l *Listener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	l.DisableKeepAlives()
+	return l.Listener.Close()
+}
+
+// DisableKeepAlives makes every taken-over connection close at the end of
+// its stream instead of going back to the server, and closes the ones
+// waiting for their client's next request: what
+// http.Server.SetKeepAlivesEnabled(false) does for the server's own.
+func (l *Listener) DisableKeepAlives() {
+	l.mu.Lock()
+	l.keepAlive = false
+	idle := l.idleConns
+	l.idleConns = map[*takenConn]struct{}{}
+	l.mu.Unlock()
+	for tc := range idle {
+		tc.mu.Lock()
+		tc.state = takenDone
+		tc.mu.Unlock()
+		tc.close()
+	}
+}
+
+// park registers tc as waiting for its client's next request; false when
+// keep-alives are off.
+func (l *Listener) park(tc *takenConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.keepAlive {
+		return false
+	}
+	l.idleConns[tc] = struct{}{}
+	return true
+}
+
+// unpark takes tc off the waiting list; false when DisableKeepAlives took
+// it (and closed its connection) first.
+func (l *Listener) unpark(tc *takenConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.idleConns[tc]
+	delete(l.idleConns, tc)
+	return ok
+}
+
+// handBack gives c to the server's accept loop, or closes it when the
+// listener is closed.
+func (l *Listener) handBack(c net.Conn) {
+	select {
+	case l.back <- c:
+	case <-l.closed:
+		_ = c.Close()
+	case <-l.pumpDone:
+		_ = c.Close()
+	}
+}
+
+// clientConn is a connection the Listener accepted: it knows where to go
+// back to. pending holds bytes net/http had read ahead of a takeover (the
+// next request's first bytes, pipelined): they are read first once the
+// connection is back.
+type clientConn struct {
+	net.Conn
+	l       *Listener
+	pending []byte
+}
+
+func (c *clientConn) Read(p []byte) (int, error) {
+	if len(c.pending) > 0 {
+		n := copy(p, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// CloseWrite lets net/http half-close the connection as it does a TCP one.
+func (c *clientConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// takenConn is a client's connection while the router owns it: during its
+// stream, and after it while it waits for the client's next request. The
+// router's connWatcher watches it for the client's bytes or its leaving,
+// without a goroutine of its own.
+type takenConn struct {
+	c      net.Conn    // as hijacked: a *clientConn when served through a Listener
+	w      net.Conn    // where chunks are written: the TCP connection itself, for writev
+	cancel func(error) // cancels the request: the client left
+	keep   bool        // the client may send another request on the connection
+	hdr    [20]byte    // a chunk's size line
+	cw     *connWatcher
+	token  int32 // the watcher's name for it; 0 when not watched
+
+	mu        sync.Mutex
+	state     takenState
+	readAhead bool      // the client sent its next request during the stream
+	gone      bool      // the client closed its side (or it failed)
+	idleUntil time.Time // in takenIdle: when the connection is closed
+}
+
+type takenState uint8
+
+const (
+	takenStreaming takenState = iota
+	takenIdle                 // the stream is over; waiting for the next request
+	takenDone                 // handed back or closed
+)
+
+var (
+	errClientClosed = errors.New("the client closed its connection")
+	errStreamCut    = errors.New("the router cut the stream: it is shutting down")
+	crlf            = []byte("\r\n")
+	lastChunk       = []byte("0\r\n\r\n")
+)
+
+// takeover takes the client's connection off net/http: see the top of this
+// file. It is called only on the dispatch's own goroutine (d.hop set),
+// after everything written so far was flushed; false leaves the stream on
+// net/http (the connection cannot be hijacked, or there is no watcher on
+// this platform).
+func (d *dispatch) takeover() bool {
+	cw := d.rt.connWatcher()
+	if cw == nil {
+		return false
+	}
+	// What the relay left in net/http's buffer goes first: Hijack drops it.
+	if d.rc.Flush() != nil {
+		return false
+	}
+	c, brw, err := d.rc.Hijack()
+	if err != nil {
+		return false
+	}
+	tc := &takenConn{c: c, w: c, cw: cw, keep: !d.r.Close && d.r.ProtoAtLeast(1, 1)}
+	cc, _ := c.(*clientConn)
+	if cc != nil {
+		tc.w = cc.Conn
+	}
+	if n := brw.Reader.Buffered(); n > 0 {
+		// net/http already read the client's next request (pipelined):
+		// it goes back with the connection, and, as net/http does, the
+		// client's leaving is no longer watched for.
+		tc.readAhead = true
+		if cc != nil {
+			b, _ := brw.Reader.Peek(n)
+			cc.pending = append(cc.pending[:0], b...)
+		}
+	}
+	// From here the request's context is the router's: net/http cancels
+	// its own as soon as the handler returns.
+	tc.cancel = d.detach()
+	// net/http's request, response and connection (its buffers, the
+	// request's headers and body reader) are garbage from here.
+	d.tk, d.w, d.rc, d.r = tc, nil, nil, nil
+	d.rt.taken.add(tc)
+	d.hop <- hopTaken
+	if !tc.readAhead {
+		if err := cw.add(tc); err != nil {
+			// The stream goes on; the client's leaving is seen at the
+			// next write instead.
+			d.rt.log.Warn().Err(err).Str(logRequestID, d.rid).Msg("cannot watch a taken-over connection")
+		}
+	}
+	return true
+}
+
+// onReadable is the watcher's event: the client sent bytes (data) or left.
+// During the stream, bytes are its next request (left in the socket for
+// the server, and, as net/http does, the client's leaving is no longer
+// watched for) and leaving cancels the request; after it, bytes hand the
+// connection back and leaving closes it.
+func (tc *takenConn) onReadable(data bool) {
+	tc.mu.Lock()
+	switch tc.state {
+	case takenStreaming:
+		if data {
+			tc.readAhead = true
+		} else {
+			tc.gone = true
+		}
+		tc.mu.Unlock()
+		if !data {
+			tc.cancel(errClientClosed)
+		}
+	case takenIdle:
+		tc.state = takenDone
+		tc.mu.Unlock()
+		if data {
+			tc.handBack()
+		} else {
+			tc.close()
+		}
+	default:
+		tc.mu.Unlock()
+	}
+}
+
+// write sends b to the client as one chunk of the answer.
+func (tc *takenConn) write(b []byte) error {
+	hdr := strconv.AppendInt(tc.hdr[:0], int64(len(b)), 16)
+	hdr = append(hdr, '\r', '\n')
+	v := net.Buffers{hdr, b, crlf}
+	_, err := v.WriteTo(tc.w)
+	return err
+}
+
+// end finishes the stream: complete (the chunked terminator is sent and
+// the connection waits for the client's next request, when it may) or cut
+// (the connection is closed, so that the client cannot take the answer
+// for complete).
+func (tc *takenConn) end(complete bool) {
+	if complete {
+		if _, err := tc.w.Write(lastChunk); err != nil {
+			complete = false
+		}
+	}
+	cc, _ := tc.c.(*clientConn)
+	if !complete || !tc.keep || cc == nil || !cc.l.park(tc) {
+		tc.close()
+		return
+	}
+	tc.mu.Lock()
+	switch {
+	case tc.gone:
+		tc.state = takenDone
+		tc.mu.Unlock()
+		tc.close()
+	case tc.readAhead:
+		tc.state = takenDone
+		tc.mu.Unlock()
+		tc.handBack()
+	default:
+		// The watcher takes it from here: the next request's first
+		// bytes, the client's leaving, or the idle time's end.
+		tc.state, tc.idleUntil = takenIdle, time.Now().Add(cc.l.idle)
+		tc.mu.Unlock()
+	}
+}
+
+// expire closes an idle connection whose idle time has passed at now; it
+// reports whether it did.
+func (tc *takenConn) expire(now time.Time) bool {
+	tc.mu.Lock()
+	if tc.state != takenIdle || now.Before(tc.idleUntil) {
+		tc.mu.Unlock()
+		return false
+	}
+	tc.state = takenDone
+	tc.mu.Unlock()
+	tc.close()
+	return true
+}
+
+// handBack gives the connection back to the server for the client's next
+// request (whose bytes wait in the socket, or in clientConn.pending).
+func (tc *takenConn) handBack() {
+	tc.cw.remove(tc)
+	cc := tc.c.(*clientConn)
+	if !cc.l.unpark(tc) {
+		_ = tc.c.Close() // keep-alives were turned off meanwhile
+		return
+	}
+	go cc.l.handBack(cc)
+}
+
+// close stops watching the connection and closes it.
+func (tc *takenConn) close() {
+	tc.cw.remove(tc)
+	if cc, ok := tc.c.(*clientConn); ok {
+		cc.l.unpark(tc)
+	}
+	_ = tc.c.Close()
+}
+
+// takenConns are the router's streams on taken-over connections, for a
+// shutdown to wait for and cut.
+type takenConns struct {
+	mu    sync.Mutex
+	conns map[*takenConn]struct{}
+}
+
+func (t *takenConns) add(tc *takenConn) {
+	t.mu.Lock()
+	if t.conns == nil {
+		t.conns = map[*takenConn]struct{}{}
+	}
+	t.conns[tc] = struct{}{}
+	t.mu.Unlock()
+}
+
+func (t *takenConns) remove(tc *takenConn) {
+	t.mu.Lock()
+	delete(t.conns, tc)
+	t.mu.Unlock()
+}
+
+// Detached is the number of streams running on connections the router
+// took over from net/http: requests in flight that the server's own
+// accounting no longer sees. A graceful shutdown waits for them too.
+func (rt *Router) Detached() int {
+	rt.taken.mu.Lock()
+	defer rt.taken.mu.Unlock()
+	return len(rt.taken.conns)
+}
+
+// CloseDetached cuts the streams on taken-over connections: their clients'
+// connections close, which cancels each request as a client leaving does.
+func (rt *Router) CloseDetached() {
+	rt.taken.mu.Lock()
+	defer rt.taken.mu.Unlock()
+	for tc := range rt.taken.conns {
+		tc.close()
+		tc.cancel(errStreamCut)
+	}
+}
+
+// connWatcher returns the router's watcher of taken-over connections,
+// started at the first takeover; nil where there is none (not Linux, or
+// it could not start: streams then stay on net/http).
+func (rt *Router) connWatcher() *connWatcher {
+	rt.watchOnce.Do(func() {
+		w, err := newConnWatcher()
+		if err != nil {
+			rt.log.Info().Err(err).Msg("slow streams stay on net/http's connections")
+			return
+		}
+		rt.watcher = w
+	})
+	return rt.watcher
+}
+
+// hop is what the dispatch of a stream, running on a goroutine of its own,
+// tells the handler that waits for it.
+type hop uint8
+
+const (
+	hopDone  hop = iota // answered on net/http's connection: return
+	hopAbort            // the answer must be cut: panic(http.ErrAbortHandler)
+	hopTaken            // the connection is the router's now: return at once
+)
+
+// serveOnOwnGoroutine runs a stream's dispatch on a goroutine of its own,
+// so that the handler (net/http's connection goroutine) can return if the
+// stream is taken over; otherwise the handler waits for it, as if it had
+// run the dispatch itself. A panic in the dispatch is the request's alone,
+// as net/http makes it for handlers: logged, the answer cut.
+func (d *dispatch) serveOnOwnGoroutine(v *view, mv *modelView) {
+	d.hop = make(chan hop, 1)
+	go d.runAndEnd(v, mv)
+	if <-d.hop == hopAbort {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// runAndEnd is the dispatch goroutine of serveOnOwnGoroutine.
+func (d *dispatch) runAndEnd(v *view, mv *modelView) {
+	defer func() {
+		if p := recover(); p != nil {
+			if p != http.ErrAbortHandler {
+				d.rt.log.Error().Str(logRequestID, d.rid).Interface("panic", p).Msg("panic serving a request; its answer is cut")
+			}
+			d.abort = true
+		}
+		d.end()
+		if d.tk == nil {
+			if d.abort {
+				d.hop <- hopAbort
+			} else {
+				d.hop <- hopDone
+			}
+			return
+		}
+		d.rt.taken.remove(d.tk)
+		d.tk.end(!d.abort && d.outcome != outcomeClientGone)
+	}()
+	d.run(v, mv)
+}
+
+// detach gives the request a context of its own, cancelled by the
+// returned function, in place of net/http's, which ends with the handler.
+// What the client's leaving did to net/http's it does to this one until
+// the takeover is complete.
+func (d *dispatch) detach() func(error) {
+	d.stopClientWatch() // when it already fired, the request is cancelled
+	return d.clientCancel
+}
+
+// takeable reports whether the answer under way is one the takeover can
+// carry on: a committed 2xx with a body, which net/http sends chunked
+// (streams have no Content-Length) on an HTTP/1.1 connection.
+func (d *dispatch) takeable() bool {
+	return d.committed && d.status >= 200 && d.status < 300 && d.status != http.StatusNoContent && d.stopClientWatch != nil
+}
+
+// detachable makes the request's context one that outlives the handler
+// (cancelled when net/http's is, until detach): for a stream that may be
+// taken over. It carries no values: the legs get what they need from the
+// dispatch (request ID, spans), and a held stream does not keep the
+// middleware's (a logger, the route's context) for its whole life.
+func (d *dispatch) detachable() {
+	rctx := d.r.Context()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	d.ctx, d.clientCancel = ctx, func(err error) { cancel(err) }
+	d.stopClientWatch = context.AfterFunc(rctx, func() { cancel(context.Cause(rctx)) })
+}
+
+// out writes b to the client: through net/http, flushed when flush is set,
+// or as a chunk of a taken-over connection (always at once: a taken-over
+// stream is slow).
+func (d *dispatch) out(b []byte, flush bool) error {
+	if d.tk != nil {
+		return d.tk.write(b)
+	}
+	if _, err := d.w.Write(b); err != nil {
+		return err
+	}
+	if flush {
+		if err := d.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+	}
+	return nil
+}

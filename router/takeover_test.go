@@ -1,0 +1,208 @@
+package router_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/router"
+	"github.com/pdplane/pdplane/sim"
+	"github.com/pdplane/pdplane/sim/simtest"
+)
+
+// A decode whose tokens come further apart than the router's slow-stream
+// wait (100 ms) makes a slow stream, which the router takes off net/http's
+// connection (takeover.go).
+const slowToken = 150 * time.Millisecond
+
+func slowStreamBody(tokens int) string {
+	return `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":` + strconv.Itoa(tokens) + `,"stream":true}`
+}
+
+// countingClient is a client whose dials are counted: a second request
+// that does not dial went on the first one's connection (keep-alive).
+func countingClient(dials *atomic.Int64) *http.Client {
+	d := &net.Dialer{}
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return d.DialContext(ctx, network, addr)
+	}}}
+}
+
+// TestSlowStreamIsTakenOverAndKeepsItsConnection: a slow stream leaves
+// net/http (its connection is hijacked) and still reaches the client whole,
+// in valid chunked framing (Go's client refuses anything else), and the
+// client's next request goes on the same connection, as it would have
+// through net/http.
+func TestSlowStreamIsTakenOverAndKeepsItsConnection(t *testing.T) {
+	t.Parallel()
+	for _, engine := range []registry.Engine{registry.EngineSGLang, registry.EngineVLLM} {
+		t.Run(string(engine), func(t *testing.T) {
+			t.Parallel()
+			p, d := simtest.Pair(t, engine, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
+			b := setupSims(t, router.Config{}, p, d)
+			var dials atomic.Int64
+			client := countingClient(&dials)
+			const tokens = 4
+			for i := range 3 {
+				req, _ := http.NewRequest(http.MethodPost, b.srv.URL+"/v1/chat/completions", strings.NewReader(slowStreamBody(tokens)))
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusOK {
+					t.Fatalf("request %d: status %d, read: %v, body %q", i, resp.StatusCode, err, body)
+				}
+				if te := resp.TransferEncoding; len(te) != 1 || te[0] != "chunked" {
+					t.Fatalf("request %d: transfer encoding %v", i, te)
+				}
+				events, done := simtest.Events(body)
+				if !done || len(events) < tokens {
+					t.Fatalf("request %d: %d events, [DONE] %v: %q", i, len(events), done, body)
+				}
+			}
+			if n := b.hijacked.Load(); n != 3 {
+				t.Fatalf("%d connections taken over, want one per stream (3)", n)
+			}
+			if n := dials.Load(); n != 1 {
+				t.Fatalf("the client dialed %d times: a taken-over connection was not kept alive", n)
+			}
+			b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "ok"}, 3)
+			if n := b.rt.Detached(); n != 0 {
+				t.Fatalf("Detached = %d after every stream ended", n)
+			}
+		})
+	}
+}
+
+// TestFastStreamStaysOnNetHTTP: a stream generated at speed is never taken
+// over; it pays nothing for the takeover.
+func TestFastStreamStaysOnNetHTTP(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	b := setupSims(t, router.Config{}, p, d)
+	resp, body := b.post(t, "/v1/chat/completions", slowStreamBody(8))
+	if _, done := simtest.Events(body); resp.StatusCode != http.StatusOK || !done {
+		t.Fatalf("status %d: %q", resp.StatusCode, body)
+	}
+	if n := b.hijacked.Load(); n != 0 {
+		t.Fatalf("%d connections taken over for a fast stream", n)
+	}
+}
+
+// TestClientLeavingATakenStreamCancelsIt: once the router owns the
+// connection, a client that closes it still cancels the request at once:
+// the decode's leg ends, the request counts as the client's leaving, and
+// the router no longer counts the stream.
+func TestClientLeavingATakenStreamCancelsIt(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
+	b := setupSims(t, router.Config{}, p, d)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp := b.send(t, ctx, "/v1/chat/completions", slowStreamBody(1000))
+	sse := &sseReader{r: bufio.NewReader(resp.Body)}
+	for range 3 {
+		sse.next(t)
+	}
+	simtest.WaitFor(t, "the stream taken over", func() bool { return b.hijacked.Load() == 1 && b.rt.Detached() == 1 })
+	if n := b.metric(t, "pdplane_router_inflight_requests", nil); n != 1 {
+		t.Fatalf("in-flight gauge %v while the taken-over stream runs, want 1", n)
+	}
+	cancel()
+	resp.Body.Close()
+	simtest.WaitFor(t, "the decode's leg cancelled", func() bool { return d.Load().Running == 0 })
+	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "client_gone"}, 1)
+	simtest.WaitFor(t, "the stream no longer counted", func() bool { return b.rt.Detached() == 0 })
+	b.waitMetric(t, "pdplane_router_inflight_requests", nil, 0)
+}
+
+// TestCloseDetachedCutsTakenStreams: a shutdown's cut reaches streams the
+// router took over: the client sees its answer cut (no chunked terminator:
+// it cannot take it for complete) and the decode's leg is cancelled.
+func TestCloseDetachedCutsTakenStreams(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
+	b := setupSims(t, router.Config{}, p, d)
+	resp := b.send(t, context.Background(), "/v1/chat/completions", slowStreamBody(1000))
+	defer resp.Body.Close()
+	simtest.WaitFor(t, "the stream taken over", func() bool { return b.rt.Detached() == 1 })
+	b.rt.CloseDetached()
+	if _, err := io.ReadAll(resp.Body); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("reading the cut stream: %v, want io.ErrUnexpectedEOF", err)
+	}
+	simtest.WaitFor(t, "the decode's leg cancelled", func() bool { return d.Load().Running == 0 })
+	simtest.WaitFor(t, "the stream no longer counted", func() bool { return b.rt.Detached() == 0 })
+}
+
+// TestTakenConnectionPipelinedAndIdle, on a raw connection: a request the
+// client sent before its slow stream ended (HTTP/1.1 pipelining, RFC 9112
+// §9.3.2) is answered after it, in order; a connection then left idle is
+// closed once the listener's idle time has passed.
+func TestTakenConnectionPipelinedAndIdle(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
+	b := setupSims(t, router.Config{}, p, d)
+	const idle = 300 * time.Millisecond
+	var hijacked atomic.Int64
+	srv := httptest.NewUnstartedServer(b.rt.Routes())
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateHijacked {
+			hijacked.Add(1)
+		}
+	}
+	srv.Listener = router.NewListener(srv.Listener, idle)
+	srv.Start()
+	defer srv.Close()
+
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := func(tokens int) string {
+		body := slowStreamBody(tokens)
+		return "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}
+	if _, err := io.WriteString(c, req(3)+req(2)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	for i, tokens := range []int{3, 2} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("answer %d: status %d, read %v: %q", i, resp.StatusCode, err, body)
+		}
+		if events, done := simtest.Events(body); !done || len(events) < tokens {
+			t.Fatalf("answer %d: %d events, [DONE] %v: %q", i, len(events), done, body)
+		}
+	}
+	if hijacked.Load() != 2 {
+		t.Fatalf("%d streams taken over, want 2", hijacked.Load())
+	}
+	start := time.Now()
+	if n, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("idle connection read %v, %v: want it closed (EOF)", n, err)
+	}
+	if waited := time.Since(start); waited < idle/2 {
+		t.Fatalf("idle connection closed after %v, before its idle time (%v)", waited, idle)
+	}
+}
