@@ -596,6 +596,7 @@ func (d *dispatch) send(b []byte, flush bool) error {
 type relayBody interface {
 	ready() bool
 	await()
+	awaitFor(d time.Duration) bool
 }
 
 // slowStreamWait is how long a relay must have waited for the engine's
@@ -616,8 +617,17 @@ const slowStreamWait = 100 * time.Millisecond
 func (d *dispatch) relay(body io.Reader) *failure {
 	rb, _ := body.(relayBody)
 	slow := false
+	// A stream that may leave net/http (takeover.go) is watched for its
+	// first silence: one that lasts slowStreamWait makes it slow at once,
+	// not only once the gap has ended (on a queued or idle decode, maybe
+	// minutes later). It costs a stream one more system call.
+	watchFirst := rb != nil && d.hop != nil && d.q.stream
 	for {
 		start := d.rt.cfg.Now()
+		if watchFirst {
+			watchFirst = false
+			slow = !rb.awaitFor(slowStreamWait)
+		}
 		if slow {
 			if d.tk == nil && d.hop != nil && !d.noTakeover && d.q.stream && d.takeable() {
 				d.noTakeover = !d.takeover()

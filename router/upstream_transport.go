@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -263,6 +264,23 @@ func (t *upstreamTransport) awaitBytes(uc *upConn) {
 	uc.br = t.reader(uc)
 }
 
+// awaitBytesFor waits up to d for uc's next bytes, keeping its read
+// buffer: false when none came in time. Bytes already buffered, or a
+// connection without a descriptor, answer true at once.
+func (t *upstreamTransport) awaitBytesFor(uc *upConn, d time.Duration) bool {
+	if uc.raw == nil || uc.br.Buffered() > 0 {
+		return true
+	}
+	// The router sets no other deadline on engine connections: their
+	// requests end through their contexts.
+	if uc.c.SetReadDeadline(time.Now().Add(d)) != nil {
+		return true
+	}
+	err := uc.raw.Read(readable)
+	_ = uc.c.SetReadDeadline(time.Time{})
+	return !errors.Is(err, os.ErrDeadlineExceeded)
+}
+
 // put returns a connection whose answer was read in full to the idle pool.
 func (t *upstreamTransport) put(uc *upConn) {
 	addr := uc.addr
@@ -330,6 +348,17 @@ func (b *upBody) await() {
 		cb.skipDataEnd()
 		b.t.awaitBytes(b.uc)
 	}
+}
+
+// awaitFor is await bounded by d, with the read buffer kept: false when
+// the engine sent nothing more within d.
+func (b *upBody) awaitFor(d time.Duration) bool {
+	cb, chunked := b.rc.(*chunkedBody)
+	if !chunked || b.done {
+		return true
+	}
+	cb.skipDataEnd()
+	return b.t.awaitBytesFor(b.uc, d)
 }
 
 // ready reports whether the next Read returns data without waiting on the
