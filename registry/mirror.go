@@ -250,6 +250,20 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 	// Read every changed peer before changing anything: a failed read
 	// leaves the mirror as it was, to be retried whole.
 	changed := make(map[string]*Peer, len(ids))
+	if r, ok := m.store.(Refresher); ok {
+		peers, qs, pfs, err := r.Refresh(ctx, slices.Collect(maps.Keys(ids)))
+		if err != nil {
+			return fmt.Errorf("reload peers: %w", err)
+		}
+		for id := range ids {
+			changed[id] = nil
+		}
+		for i := range peers {
+			changed[peers[i].ID] = &peers[i]
+		}
+		m.commit(changed, pairState{quarantines: qs, preflights: pfs})
+		return nil
+	}
 	for id := range ids {
 		p, err := m.store.Get(ctx, id)
 		switch {
@@ -265,6 +279,12 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 	if err != nil {
 		return err
 	}
+	m.commit(changed, pairs)
+	return nil
+}
+
+// commit applies the changed peers (nil: gone) and publishes the snapshot.
+func (m *Mirror) commit(changed map[string]*Peer, pairs pairState) {
 	for id, p := range changed {
 		if p == nil {
 			delete(m.peers, id)
@@ -273,7 +293,6 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 		}
 	}
 	m.publish(changed, pairs)
-	return nil
 }
 
 // publishAll makes the snapshot of peers, built whole, current.

@@ -115,6 +115,14 @@ type Change struct {
 	PeerIDs []string
 }
 
+// Refresher is a Store that reads what a Mirror needs after a change (the
+// changed peers, every quarantine and every preflight) in one go: a
+// database answers it in one round trip instead of one a read. ids may
+// name peers that no longer exist; they are not in the answer.
+type Refresher interface {
+	Refresh(ctx context.Context, ids []string) ([]Peer, []Quarantine, []Preflight, error)
+}
+
 // Quarantine is a (prefill, decode) pair kept out of routing because it
 // failed the same way again right after the decode re-registered. See
 // quarantine.go for how it ends.

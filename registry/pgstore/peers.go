@@ -305,29 +305,36 @@ func collectRows[T any](ctx context.Context, q queryer, scan pgx.RowToFunc[T], s
 // loadPeers reads the peers that where (with args) selects, and their ranks.
 func loadPeers(ctx context.Context, q queryer, where string, args ...any) ([]registry.Peer, error) {
 	prs, err := collectRows(ctx, q, scanPeerRow, selectPeers+where, args...)
+	if err != nil || len(prs) == 0 {
+		return assemblePeers(prs, nil, err)
+	}
+	ids := make([]string, len(prs))
+	for i := range prs {
+		ids[i] = prs[i].ID
+	}
+	rrs, err := collectRows(ctx, q, scanRankRow, selectRanks, ids)
+	return assemblePeers(prs, rrs, err)
+}
+
+// assemblePeers makes peers of their rows and their ranks' rows (err: the
+// reads' error, returned as is).
+func assemblePeers(prs []peerRow, rrs []rankRow, err error) ([]registry.Peer, error) {
 	if err != nil {
 		return nil, err
 	}
 	peers := make([]registry.Peer, len(prs))
 	index := make(map[string]int, len(prs))
-	ids := make([]string, len(prs))
 	for i := range prs {
 		if peers[i], err = prs[i].peer(); err != nil {
 			return nil, err
 		}
 		index[prs[i].ID] = i
-		ids[i] = prs[i].ID
-	}
-	if len(ids) == 0 {
-		return peers, nil
-	}
-	rrs, err := collectRows(ctx, q, scanRankRow, selectRanks, ids)
-	if err != nil {
-		return nil, err
 	}
 	for i := range rrs {
-		p := &peers[index[rrs[i].PeerID]]
-		p.Ranks = append(p.Ranks, rrs[i].rank())
+		if j, ok := index[rrs[i].PeerID]; ok {
+			p := &peers[j]
+			p.Ranks = append(p.Ranks, rrs[i].rank())
+		}
 	}
 	return peers, nil
 }

@@ -346,6 +346,55 @@ func (s *Store) Get(ctx context.Context, id string) (registry.Peer, error) {
 	return peers[0], nil
 }
 
+// Refresh implements registry.Refresher: the peers with ids (those that
+// exist), every quarantine and every preflight, read by four queries sent
+// together (one round trip; one implicit transaction, so one snapshot of
+// the database).
+func (s *Store) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []registry.Quarantine, []registry.Preflight, error) {
+	valid := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if registry.IsPeerID(id) {
+			valid = append(valid, id)
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue(selectPeers+"WHERE id = ANY($1::uuid[])", valid)
+	b.Queue(selectRanks, valid)
+	b.Queue("SELECT " + quarantineColumns + " FROM pair_quarantines ORDER BY at")
+	b.Queue("SELECT " + preflightColumns + " FROM pair_preflights")
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	collect := func(scan func(pgx.Rows) error) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		return scan(rows)
+	}
+	var prs []peerRow
+	var rrs []rankRow
+	var qs []registry.Quarantine
+	var pfs []registry.Preflight
+	err := collect(func(r pgx.Rows) (err error) { prs, err = pgx.CollectRows(r, scanPeerRow); return })
+	if err == nil {
+		err = collect(func(r pgx.Rows) (err error) { rrs, err = pgx.CollectRows(r, scanRankRow); return })
+	}
+	if err == nil {
+		err = collect(func(r pgx.Rows) (err error) { qs, err = pgx.CollectRows(r, scanQuarantine); return })
+	}
+	if err == nil {
+		err = collect(func(r pgx.Rows) (err error) { pfs, err = pgx.CollectRows(r, scanPreflight); return })
+	}
+	if err == nil {
+		err = br.Close()
+	}
+	peers, err := assemblePeers(prs, rrs, err)
+	if err != nil {
+		return nil, nil, nil, classify(err, "refresh peers")
+	}
+	return peers, qs, pfs, nil
+}
+
 // List implements registry.Store; peers come sorted by name.
 func (s *Store) List(ctx context.Context, f registry.Filter) ([]registry.Peer, error) {
 	if err := f.Validate(); err != nil {
