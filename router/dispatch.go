@@ -209,19 +209,27 @@ func (d *dispatch) serve() {
 		return
 	}
 	rt.m.inflight.Inc()
+	// Ended here, even when the request panics, unless the dispatch went
+	// to its own goroutine, which ends it then.
+	hopped := false
+	defer func() {
+		if !hopped {
+			d.end()
+		}
+	}()
 	v, mv := d.prepare()
 	switch {
 	case mv == nil:
-	case d.q.stream && d.r.ProtoAtLeast(1, 1):
+	case d.q.stream && d.r.ProtoMajor == 1 && d.r.ProtoMinor >= 1:
+		hopped = true
 		d.detachable()
 		d.serveOnOwnGoroutine(v, mv)
 		return
 	default:
 		d.run(v, mv)
 	}
-	d.end()
 	if d.abort {
-		panic(http.ErrAbortHandler)
+		panic(http.ErrAbortHandler) // after end: the deferred call runs first
 	}
 }
 

@@ -221,6 +221,9 @@ type takenConn struct {
 	hdr    [20]byte    // a chunk's size line
 	cw     *connWatcher
 	token  int32 // the watcher's name for it; 0 when not watched
+	// unwatched: the watcher could not take it; it is closed at the end
+	// of its stream, since nothing would see the next request come.
+	unwatched bool
 
 	mu        sync.Mutex
 	state     takenState
@@ -288,7 +291,8 @@ func (d *dispatch) takeover() bool {
 	if !tc.readAhead {
 		if err := cw.add(tc); err != nil {
 			// The stream goes on; the client's leaving is seen at the
-			// next write instead.
+			// next write instead, and the connection closes after it.
+			tc.unwatched = true
 			d.rt.log.Warn().Err(err).Str(logRequestID, d.rid).Msg("cannot watch a taken-over connection")
 		}
 	}
@@ -346,7 +350,7 @@ func (tc *takenConn) end(complete bool) {
 		}
 	}
 	cc, _ := tc.c.(*clientConn)
-	if !complete || !tc.keep || cc == nil || !cc.l.park(tc) {
+	if !complete || !tc.keep || tc.unwatched || cc == nil || !cc.l.park(tc) {
 		tc.close()
 		return
 	}
@@ -501,8 +505,10 @@ func (d *dispatch) runAndEnd(v *view, mv *modelView) {
 			}
 			return
 		}
-		d.rt.taken.remove(d.tk)
+		// Counted as busy until its last bytes are out: a shutdown
+		// waiting for it must not exit before the terminator.
 		d.tk.end(!d.abort && d.outcome != outcomeClientGone)
+		d.rt.taken.remove(d.tk)
 	}()
 	d.run(v, mv)
 }

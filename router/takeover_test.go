@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -204,5 +205,96 @@ func TestTakenConnectionPipelinedAndIdle(t *testing.T) {
 	}
 	if waited := time.Since(start); waited < idle/2 {
 		t.Fatalf("idle connection closed after %v, before its idle time (%v)", waited, idle)
+	}
+}
+
+// opaqueConn hides the connection's descriptor (syscall.Conn), as a TLS
+// connection or any other wrapper does: the router can take such a stream
+// over but cannot watch its connection.
+type opaqueConn struct{ net.Conn }
+type opaqueListener struct{ net.Listener }
+
+func (l opaqueListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if c != nil {
+		c = opaqueConn{c}
+	}
+	return c, err
+}
+
+// TestUnwatchedTakenConnectionClosesAfterItsStream: a taken-over
+// connection the watcher cannot watch still gets its whole answer, and is
+// then closed, not parked where nothing would see the client's next
+// request (which would hang).
+func TestUnwatchedTakenConnectionClosesAfterItsStream(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
+	b := setupSims(t, router.Config{}, p, d)
+	srv := httptest.NewUnstartedServer(b.rt.Routes())
+	srv.Listener = router.NewListener(opaqueListener{srv.Listener}, time.Minute)
+	srv.Start()
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := slowStreamBody(3)
+	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, err := io.ReadAll(resp.Body)
+	if events, done := simtest.Events(answer); err != nil || !done || len(events) < 3 {
+		t.Fatalf("answer: %d events, [DONE] %v, read %v: %q", len(events), done, err, answer)
+	}
+	if n, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after the stream the connection read %v, %v: want it closed (EOF)", n, err)
+	}
+}
+
+// TestPanicInARequestReleasesItsAdmission: a request whose handling panics
+// is cut (as net/http does for any handler) and still gives back its place
+// under --max-inflight and in the in-flight gauge. The panic is injected
+// through the router's clock while the request is being prepared.
+func TestPanicInARequestReleasesItsAdmission(t *testing.T) {
+	t.Parallel()
+	var armed atomic.Bool
+	now := func() time.Time {
+		if armed.Load() {
+			pc := make([]uintptr, 16)
+			frames := runtime.CallersFrames(pc[:runtime.Callers(2, pc)])
+			for f, more := frames.Next(); ; f, more = frames.Next() {
+				if strings.HasSuffix(f.Function, "(*dispatch).prepare") && armed.CompareAndSwap(true, false) {
+					panic("injected fault")
+				}
+				if !more {
+					break
+				}
+			}
+		}
+		return time.Now()
+	}
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	b := setupSims(t, router.Config{MaxInflight: 1, Now: now}, p, d)
+	const unary = `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
+	armed.Store(true)
+	if resp, err := http.Post(b.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(unary)); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the panicking request was answered %d, want it cut", resp.StatusCode)
+	}
+	if armed.Load() {
+		t.Fatal("the fault was never injected")
+	}
+	resp, body := b.post(t, "/v1/chat/completions", unary)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the next request got %d (in-flight gauge %v): the panicking one kept its place: %s", resp.StatusCode,
+			b.metric(t, "pdplane_router_inflight_requests", nil), body)
 	}
 }

@@ -109,7 +109,7 @@ func (w *connWatcher) add(tc *takenConn) error {
 func (w *connWatcher) remove(tc *takenConn) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if tc.token == 0 || w.conns[tc.token] != tc {
+	if w.closed || tc.token == 0 || w.conns[tc.token] != tc {
 		return
 	}
 	delete(w.conns, tc.token)
@@ -122,7 +122,7 @@ func (w *connWatcher) remove(tc *takenConn) {
 func (w *connWatcher) rearm(tc *takenConn) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if tc.token == 0 || w.conns[tc.token] != tc {
+	if w.closed || tc.token == 0 || w.conns[tc.token] != tc {
 		return
 	}
 	tok := tc.token
@@ -144,7 +144,16 @@ func (w *connWatcher) stop() {
 }
 
 func (w *connWatcher) loop() {
-	defer w.closeFDs()
+	defer func() {
+		// Stopped, or epoll failed: nothing is watched from here (add
+		// fails, so new takeovers close their connections after their
+		// stream), and no descriptor number of the set is used again.
+		w.mu.Lock()
+		w.closed = true
+		w.conns = map[int32]*takenConn{}
+		w.closeFDs()
+		w.mu.Unlock()
+	}()
 	events := make([]syscall.EpollEvent, 128)
 	lastSweep := time.Now()
 	for {
