@@ -450,8 +450,9 @@ func (rt *Router) CloseDetached() {
 }
 
 // connWatcher returns the router's watcher of taken-over connections,
-// started at the first takeover; nil where there is none (not Linux, or
-// it could not start: streams then stay on net/http).
+// started with the first stream; nil where there is none (not Linux, or
+// it could not start): streams then stay on net/http's goroutine, and do
+// not run beside it.
 func (rt *Router) connWatcher() *connWatcher {
 	rt.watchOnce.Do(func() {
 		w, err := newConnWatcher()
