@@ -19,7 +19,12 @@
 //     destination KV memory kind" skips the decode here and is reported to
 //     the registry, whose rule marks the decode stale (or quarantines a
 //     pair that fails that way again after the decode re-registered), other
-//     transfer failures and vLLM's NIXL failures count against the pair.
+//     transfer failures and vLLM's NIXL failures count against the pair;
+//   - the client's side of a slow stream: one whose decode stays silent
+//     for 100 ms leaves net/http's connection (takeover.go), so that a
+//     held stream costs the router ~20 KiB instead of ~45; serve the
+//     router's server on its Listener to keep such connections alive
+//     after their stream.
 //
 // With Config.TracerProvider set it traces each routed request: a server
 // span (continuing the client's W3C traceparent), a span per attempt on a
