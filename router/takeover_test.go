@@ -30,6 +30,25 @@ func slowStreamBody(tokens int) string {
 	return `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":` + strconv.Itoa(tokens) + `,"stream":true}`
 }
 
+// rawStreamRequest is a streamed chat completion of tokens tokens as an
+// HTTP/1.1 client sends it.
+func rawStreamRequest(tokens int) string {
+	body := slowStreamBody(tokens)
+	return "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}
+
+// dialRaw opens a plain connection to srv, closed with the test.
+func dialRaw(t *testing.T, srv *httptest.Server) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // countingClient is a client whose dials are counted: a second request
 // that does not dial went on the first one's connection (keep-alive).
 func countingClient(dials *atomic.Int64) *http.Client {
@@ -168,17 +187,8 @@ func TestTakenConnectionPipelinedAndIdle(t *testing.T) {
 	srv.Start()
 	defer srv.Close()
 
-	c, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	req := func(tokens int) string {
-		body := slowStreamBody(tokens)
-		return "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: " +
-			strconv.Itoa(len(body)) + "\r\n\r\n" + body
-	}
-	if _, err := io.WriteString(c, req(3)+req(2)); err != nil {
+	c := dialRaw(t, srv)
+	if _, err := io.WriteString(c, rawStreamRequest(3)+rawStreamRequest(2)); err != nil {
 		t.Fatal(err)
 	}
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
@@ -234,14 +244,8 @@ func TestUnwatchedTakenConnectionClosesAfterItsStream(t *testing.T) {
 	srv.Listener = router.NewListener(opaqueListener{srv.Listener}, time.Minute)
 	srv.Start()
 	defer srv.Close()
-	c, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	body := slowStreamBody(3)
-	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: "+
-		strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+	c := dialRaw(t, srv)
+	if _, err := io.WriteString(c, rawStreamRequest(3)); err != nil {
 		t.Fatal(err)
 	}
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
