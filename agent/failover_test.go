@@ -134,10 +134,7 @@ func expiredEvents(t *testing.T, s registry.Store) int {
 func TestAgentFailsOverWhenReplicaDies(t *testing.T) {
 	t.Parallel()
 	store := memstore.New(memstore.Config{LeaseTTL: failoverTTL})
-	lnA, err := net.Listen("tcp", bench.FreeAddr(t)) // listened on again when the replica is back
-	if err != nil {
-		t.Fatal(err)
-	}
+	lnA := bench.ListenFree(t) // listened on again when the replica is back
 	addrA := lnA.Addr().String()
 	a, b := startReplica(t, store, lnA), startReplica(t, store, nil)
 	ag := runFailoverAgent(t, failoverConfig(a.URL, b.URL), &fakeEngine{spec: registrytest.Spec("d0", registry.RoleDecode)})
@@ -266,10 +263,7 @@ func TestAgentFailsOverAcrossAddressesOfOneName(t *testing.T) {
 func testFailoverAcrossAddresses(t *testing.T, scheme string) {
 	cut, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{LeaseTTL: failoverTTL})
 	whole := registrytest.OpenPGStore(t, cfg)
-	lnA, err := net.Listen("tcp", bench.FreeAddr(t)) // listened on again when the replica is back
-	if err != nil {
-		t.Fatal(err)
-	}
+	lnA := bench.ListenFree(t) // listened on again when the replica is back
 	port := strconv.Itoa(lnA.Addr().(*net.TCPAddr).Port)
 	lnB, err := net.Listen("tcp", "127.0.0.2:"+port)
 	if err != nil {
