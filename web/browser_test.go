@@ -534,7 +534,10 @@ func TestStatusPageLive(t *testing.T) {
 			`[...document.querySelectorAll('#peer-groups .peer-link')].some((e) => e.textContent === `+name+`) && `+
 				`[...document.querySelectorAll('#event-list .peer-link')].some((e) => e.textContent === `+name+`)`, 5*time.Second)
 		b.clickWhenThere(t, "the peer's name", `#peer-groups tr[data-peer-id=`+jsString(id)+`] .peer-link`, 10*time.Second)
-		b.waitFor(t, "the detail view", `document.getElementById('peer-dialog').open && !!document.querySelector('#pd-body .facts')`, 5*time.Second)
+		// Its facts come from the peer list at once, its ranks with the
+		// peer's own record a moment later.
+		b.waitFor(t, "the detail view with its ranks", `document.getElementById('peer-dialog').open && !!document.querySelector('#pd-body .facts') && `+
+			`!!document.querySelector('#pd-body .rank-sum')`, 5*time.Second)
 		if got := eval[string](t, b, `document.getElementById('pd-title').firstChild.textContent`); got != hostile {
 			t.Errorf("detail title = %q, want %q", got, hostile)
 		}
