@@ -76,6 +76,7 @@ type Preflighter struct {
 
 	mu      sync.Mutex
 	secrets map[string][]byte // probe agent name -> transfer secret, from the probes read
+	agentOf map[string]string // decode ID -> its probe agent's name, so that a decode's next agent replaces the last one's secret
 	secret  []byte            // this probe host's own secret (TCP backend)
 }
 
@@ -85,7 +86,7 @@ type Preflighter struct {
 // secret is the host backend's transfer secret, published with the probe
 // (nil for NIXL).
 func (a *Agent) NewPreflighter(cfg PreflightConfig, host *transfer.ProbeHost, local transfer.ProbeMemory, secret []byte) *Preflighter {
-	return &Preflighter{a: a, cfg: cfg.WithDefaults(), host: host, local: local, secret: secret, secrets: map[string][]byte{},
+	return &Preflighter{a: a, cfg: cfg.WithDefaults(), host: host, local: local, secret: secret, secrets: map[string][]byte{}, agentOf: map[string]string{},
 		log: a.log.With().Str("component", "preflight").Logger()}
 }
 
@@ -260,12 +261,24 @@ func (p *Preflighter) probe(ctx context.Context, decodeID string) (transfer.Pref
 		return transfer.PreflightPeer{}, err
 	}
 	if len(pr.TransferSecret) > 0 {
-		p.mu.Lock()
-		p.secrets[pr.AgentName] = pr.TransferSecret
-		p.mu.Unlock()
+		p.learnSecret(decodeID, pr.AgentName, pr.TransferSecret)
 	}
 	return transfer.PreflightPeer{Agent: pr.AgentName, Metadata: pr.Metadata,
 		Region: transfer.DescList{Kind: pr.MemKind, Descs: []transfer.Desc{{Addr: pr.Addr, Len: pr.Len, DevID: pr.DevID}}}}, nil
+}
+
+// learnSecret keeps the transfer secret of decodeID's probe agent. A decode
+// that restarted has a new agent: its previous agent's secret is dropped,
+// so that the map holds one secret a decode however often decodes restart
+// (a heal restarts one each time).
+func (p *Preflighter) learnSecret(decodeID, agent string, secret []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.agentOf[decodeID]; ok && old != agent {
+		delete(p.secrets, old)
+	}
+	p.agentOf[decodeID] = agent
+	p.secrets[agent] = secret
 }
 
 // report sends a preflight's result to the control plane.
