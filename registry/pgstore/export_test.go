@@ -20,3 +20,10 @@ func WithDurableHeartbeats(c Config) Config {
 	c.durableHeartbeats = true
 	return c
 }
+
+// WithOtherPrefillsPage makes a transfer failure's report read the other
+// prefills n at a time, so that a test can make it page.
+func WithOtherPrefillsPage(c Config, n int) Config {
+	c.otherPrefillsPage = n
+	return c
+}

@@ -56,6 +56,10 @@ type Config struct {
 	// synchronous_commit, as every other write does; only benchmarks set it
 	// (WithDurableHeartbeats), to measure what heartbeatTx saves.
 	durableHeartbeats bool
+	// otherPrefillsPage is how many prefills a transfer failure's report
+	// reads at a time looking for another that can use the decode
+	// (otherPrefills); 0: otherPrefillsPage. Tests make it small.
+	otherPrefillsPage int
 	// ConnectTimeout bounds each new connection when the URL sets no
 	// connect_timeout: with the database's host unreachable (packets
 	// dropped, not refused) a call then fails as ErrUnavailable, a 503,

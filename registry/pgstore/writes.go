@@ -1,10 +1,12 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -112,22 +114,36 @@ func liftHealed(ctx context.Context, tx pgx.Tx, prefills []string, decodeID stri
 }
 
 // otherPrefills is registry.OtherPrefills over the ready prefills in the
-// store: how many others than exclude may send to decode now.
-func otherPrefills(ctx context.Context, tx pgx.Tx, decode *registry.Peer, exclude string) (int, error) {
-	if exclude == "" {
+// store that serve decode's model: whether others than exclude may send to
+// decode now. The failure rule only asks whether there is one, so the
+// prefills are read a page at a time, in ID order, and the first page that
+// has one answers (its count): a fleet of thousands of prefills is not
+// read whole inside the report's transaction.
+func otherPrefills(ctx context.Context, tx pgx.Tx, decode *registry.Peer, exclude string, pageSize int) (int, error) {
+	if exclude == "" || !registry.IsPeerID(exclude) {
 		return 0, nil
-	}
-	prefills, err := loadPeers(ctx, tx, "WHERE role IN ('prefill', 'both') AND state = 'ready' AND id <> $1 AND id <> $2",
-		exclude, decode.ID)
-	if err != nil || len(prefills) == 0 {
-		return 0, err
 	}
 	quarantined, err := collectRows(ctx, tx, pgx.RowTo[string], `SELECT prefill_id::text FROM pair_quarantines WHERE decode_id = $1 AND NOT trial`, decode.ID)
 	if err != nil {
 		return 0, err
 	}
-	return registry.OtherPrefills(decode, exclude, prefills, func(pid string) bool { return slices.Contains(quarantined, pid) }), nil
+	isQuarantined := func(pid string) bool { return slices.Contains(quarantined, pid) }
+	after := "00000000-0000-0000-0000-000000000000"
+	for {
+		page, err := loadPeers(ctx, tx, "WHERE role IN ('prefill', 'both') AND state = 'ready' AND model = $3 AND id <> $1 AND id <> $2 AND id > $4::uuid "+
+			"ORDER BY id LIMIT "+strconv.Itoa(pageSize), exclude, decode.ID, decode.Model, after)
+		if err != nil {
+			return 0, err
+		}
+		if n := registry.OtherPrefills(decode, exclude, page, isQuarantined); n > 0 || len(page) < pageSize {
+			return n, nil
+		}
+		after = page[len(page)-1].ID
+	}
 }
+
+// otherPrefillsPage is how many prefills otherPrefills reads at a time.
+const otherPrefillsPage = 64
 
 func newUUID(ctx context.Context, tx pgx.Tx) (string, error) {
 	var id string
@@ -250,7 +266,7 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 		if f.PrefillID != "" {
 			pf = &prefill
 		}
-		others, err := otherPrefills(ctx, tx, &d, f.PrefillID)
+		others, err := otherPrefills(ctx, tx, &d, f.PrefillID, cmp.Or(s.cfg.otherPrefillsPage, otherPrefillsPage))
 		if err != nil {
 			return err
 		}
