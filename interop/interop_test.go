@@ -140,13 +140,36 @@ func post(t *testing.T, url, body string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
+// metricValue reads one unlabelled series from a Prometheus text page.
+func metricValue(t *testing.T, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("%s: %q: %v", name, line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("%s has no series %s", url, name)
+	return 0
+}
+
 // postUntilOK retries while the router in front is still discovering its
-// workers (it answers 5xx or refuses the connection until then).
+// workers (it answers 5xx or refuses the connection until then); within 0
+// makes one try.
 func postUntilOK(t *testing.T, url, body string, within time.Duration) []byte {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	var last string
-	for time.Now().Before(deadline) {
+	for try := 0; try == 0 || time.Now().Before(deadline); try++ {
 		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
@@ -162,7 +185,7 @@ func postUntilOK(t *testing.T, url, body string, within time.Duration) []byte {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Fatalf("POST %s never succeeded within %v: %s", url, within, last)
+	t.Fatalf("POST %s never succeeded within %v (at least one try): %s", url, within, last)
 	return nil
 }
 
@@ -361,7 +384,11 @@ func TestPdplaneBehindSMG(t *testing.T) {
 	bin := routerBin(t, "PDPLANE_SMG", "pip install smg==1.13.0")
 	devPort := freePort(t)
 	dev := "http://127.0.0.1:" + strconv.Itoa(devPort)
-	start(t, "pdplane dev", pdplaneBin, "dev", "--addr", strings.TrimPrefix(dev, "http://"))
+	// A decode slow enough (150 ms a token) that pdplane takes each stream
+	// off net/http's connection (router/takeover.go): SMG's own HTTP client
+	// (hyper) reads the chunked answers pdplane then writes itself, and
+	// sends the next request on the connection pdplane handed back.
+	start(t, "pdplane dev", pdplaneBin, "dev", "--addr", strings.TrimPrefix(dev, "http://"), "--decode-time-per-token", "150ms")
 	waitHTTP(t, dev+"/readyz", 60*time.Second)
 
 	port := freePort(t)
@@ -372,6 +399,16 @@ func TestPdplaneBehindSMG(t *testing.T) {
 	text, done := streamText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 60*time.Second))
 	if text == "" || !done {
 		t.Fatalf("streamed chat through SMG and pdplane: text %q, [DONE] %v", text, done)
+	}
+	for i := range 3 {
+		// One try each: a connection pdplane failed to keep would fail it.
+		again, done := streamText(t, postUntilOK(t, base+"/v1/chat/completions", chat, 0))
+		if again != text || !done {
+			t.Fatalf("streamed chat %d through SMG and pdplane: text %q, [DONE] %v; want %q as the first", i+2, again, done, text)
+		}
+	}
+	if n := metricValue(t, dev+"/metrics", "pdplane_router_streams_taken_over_total"); n < 4 {
+		t.Fatalf("pdplane took %v of the 4 streams off net/http's connection, want all", n)
 	}
 
 	resp, err := http.Get(base + "/workers")

@@ -38,6 +38,7 @@ type metrics struct {
 	staleMarks         *prometheus.CounterVec // cause
 	quarantines        prometheus.Counter
 	inflight           prometheus.Gauge
+	takenOver          prometheus.Counter
 }
 
 // latencyBuckets span loopback (sub-millisecond) to long prefills.
@@ -96,6 +97,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		staleMarks:  r.counterVec("stale_marks_total", "Stale marks the registry applied on the router's reports, by cause.", "cause"),
 		quarantines: r.counter("quarantines_total", "Quarantines the registry decided on the router's reports."),
 		inflight:    r.gauge("inflight_requests", "Generation requests being served."),
+		takenOver: r.counter("streams_taken_over_total",
+			"Slow streams the router took off net/http's connection (router/takeover.go); they stay in inflight_requests until they end."),
 	}
 	if r.err != nil {
 		return nil, r.err

@@ -287,6 +287,7 @@ func (d *dispatch) takeover() bool {
 	// request's headers and body reader) are garbage from here.
 	d.tk, d.w, d.rc, d.r = tc, nil, nil, nil
 	d.rt.taken.add(tc)
+	d.rt.m.takenOver.Inc()
 	d.hop <- hopTaken
 	if !tc.readAhead {
 		if err := cw.add(tc); err != nil {

@@ -96,6 +96,9 @@ func TestSlowStreamIsTakenOverAndKeepsItsConnection(t *testing.T) {
 			if n := b.hijacked.Load(); n != 3 {
 				t.Fatalf("%d connections taken over, want one per stream (3)", n)
 			}
+			if n := b.metric(t, "pdplane_router_streams_taken_over_total", nil); n != 3 {
+				t.Fatalf("streams_taken_over_total = %v, want 3", n)
+			}
 			if n := dials.Load(); n != 1 {
 				t.Fatalf("the client dialed %d times: a taken-over connection was not kept alive", n)
 			}
