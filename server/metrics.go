@@ -158,7 +158,10 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	heals := map[registry.HealPhase]int{registry.HealQuarantined: 0, registry.HealDraining: 0, registry.HealVerifying: 0}
 	for _, p := range s.Peers() {
 		counts[[2]string{string(p.Role), string(p.State)}]++
-		if p.Heal.Active() {
+		// A plan is running only while its peer holds a lease: a peer
+		// that failed or left keeps its plan (its quarantines are lifted
+		// when it comes back healed), but nothing is healing it.
+		if p.Heal.Active() && registry.HoldsLease(p.State) {
 			heals[p.Heal.Phase]++
 		}
 	}

@@ -54,6 +54,12 @@ func TestSnapshotGauges(t *testing.T) {
 	check(2, 1, 1, 2)
 	snaps.set(registry.NewSnapshot(3, peers[:1], nil, time.Now()))
 	check(0, 0, 0, 0)
+	// A peer whose lease ran out keeps its plan for when it comes back,
+	// but is not being healed.
+	failed := peer("d4", "d4", registry.RoleDecode, registry.HealVerifying)
+	failed.State = registry.StateFailed
+	snaps.set(registry.NewSnapshot(4, []registry.Peer{peers[3], failed}, nil, time.Now()))
+	check(0, 0, 0, 1)
 }
 
 // gauges gathers reg's gauges as "name,label=value,..." -> value.

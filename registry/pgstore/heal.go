@@ -114,10 +114,14 @@ func (s *Store) writeHealSteps(ctx context.Context, tx pgx.Tx, steps []healStep,
 
 // expireHeals moves the heal plans whose step ran out of time
 // (registry.ExpireHeal: a hold that is over, a heal that did not verify),
-// within the sweep's transaction.
+// within the sweep's transaction. Only plans that can move are read and
+// locked: a hold is over only for a peer that holds a lease
+// (registry.HoldsLease), so the plan a failed peer keeps until it comes
+// back is not locked again by every sweep.
 func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) ([]string, error) {
 	rows, err := tx.Query(ctx, `SELECT id::text, name, generation, state, state_reason, heal FROM peers
-		WHERE (state = 'stale' AND heal ->> 'phase' = 'verifying') OR heal ->> 'phase' = 'quarantined'
+		WHERE (state = 'stale' AND heal ->> 'phase' = 'verifying')
+			OR (heal ->> 'phase' = 'quarantined' AND state IN `+holdsLeaseStates+`)
 		ORDER BY id FOR NO KEY UPDATE`)
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -441,6 +442,19 @@ func (s *Store) Quarantines(ctx context.Context) ([]registry.Quarantine, error) 
 	return qs, classify(err, "list quarantines")
 }
 
+// holdsLeaseStates is registry.HoldsLease as an SQL list for a WHERE
+// clause (`state IN ` + holdsLeaseStates): the states, fixed identifiers
+// and never input, quoted as literals.
+var holdsLeaseStates = func() string {
+	var quoted []string
+	for _, st := range registry.States() {
+		if registry.HoldsLease(st) {
+			quoted = append(quoted, "'"+string(st)+"'")
+		}
+	}
+	return "(" + strings.Join(quoted, ", ") + ")"
+}()
+
 // ExpireLeases implements registry.Store. Only the replica holding the
 // sweeper's advisory lock sweeps; the others return 0 at once.
 func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
@@ -450,11 +464,11 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
 		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.lockKey).Scan(&got); err != nil || !got {
 			return err
 		}
-		// The states are registry.HoldsLease. No index serves the query
+		// No index serves the query
 		// (migration heartbeat_hot_updates: heartbeats stay heap-only updates); it reads the
 		// table once a sweep.
 		rows, err := tx.Query(ctx, `UPDATE peers SET state = 'failed', state_reason = $2, updated_at = $1
-			WHERE lease_expiry < $1 AND state IN ('pending', 'ready', 'stale', 'unhealthy')
+			WHERE lease_expiry < $1 AND state IN `+holdsLeaseStates+`
 			RETURNING id::text, name, generation`, now.UTC(), registry.ReasonLeaseExpired)
 		if err != nil {
 			return err
