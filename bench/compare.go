@@ -65,6 +65,11 @@ type Config struct {
 	ProbeClients int
 	// ProbeWindow is how long they send them; default 2s.
 	ProbeWindow time.Duration
+	// ProbeRounds is how many such windows each level gets, back to
+	// back; default 3. The level's p99 is the median of the windows'
+	// p99s: one window's tail on two shared cores is mostly what else
+	// ran during it.
+	ProbeRounds int
 	// HeldTokenTime is the slow decode's time per token, so each held
 	// stream's pace; default 1s. Longer, the held streams are idle more
 	// than they stream.
@@ -88,6 +93,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxTokens = cmp.Or(c.MaxTokens, 16)
 	c.ProbeClients = cmp.Or(c.ProbeClients, 8)
 	c.ProbeWindow = cmp.Or(c.ProbeWindow, 2*time.Second)
+	c.ProbeRounds = cmp.Or(c.ProbeRounds, 3)
 	c.HeldTokenTime = cmp.Or(c.HeldTokenTime, time.Second)
 	c.HeldStreams = slices.Compact(slices.Sorted(slices.Values(c.HeldStreams)))
 	if c.Progress == nil {
@@ -106,6 +112,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench config: rounds: at least 1, got %d", c.Rounds)
 	case c.ProbeClients < 1:
 		return fmt.Errorf("bench config: probe_clients: at least 1, got %d", c.ProbeClients)
+	case c.ProbeRounds < 1:
+		return fmt.Errorf("bench config: probe_rounds: at least 1, got %d", c.ProbeRounds)
 	case c.ProbeWindow < 100*time.Millisecond:
 		return fmt.Errorf("bench config: probe_window: at least 100ms, got %v", c.ProbeWindow)
 	case c.HeldTokenTime < time.Millisecond:

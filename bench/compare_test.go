@@ -51,7 +51,7 @@ func TestBenchCompareSmoke(t *testing.T) {
 	var progress bytes.Buffer
 	rep, err := bench.Compare(t.Context(), bench.Config{
 		Pdplane: pdplaneBin, Peers: ps, Window: time.Second, Concurrency: []int{4},
-		Modes: []bench.Mode{bench.Stream, bench.Unary}, Rounds: 1, HeldStreams: []int{8, 3}, ProbeClients: 2, ProbeWindow: 300 * time.Millisecond, Progress: &progress,
+		Modes: []bench.Mode{bench.Stream, bench.Unary}, Rounds: 1, HeldStreams: []int{8, 3}, ProbeClients: 2, ProbeWindow: 300 * time.Millisecond, ProbeRounds: 2, Progress: &progress,
 	})
 	if err != nil {
 		t.Fatalf("compare: %v\n%s", err, progress.String())
@@ -112,6 +112,9 @@ func checkHeldLevels(t *testing.T, who string, hs []bench.Held, levels []int) {
 		return
 	}
 	for i, h := range hs {
+		if len(h.WindowP99s) != 2 || h.Probe.TTFT99 != min(h.WindowP99s[0], h.WindowP99s[1]) {
+			t.Errorf("%s: level %d: probe windows' p99s %v, level p99 %v: want 2 windows and the lower middle one", who, i, h.WindowP99s, h.Probe.TTFT99)
+		}
 		if h.Opened != levels[i] || h.Held != levels[i] || h.RSSBase <= 0 || h.FDsBase <= 0 || h.FDs <= 0 {
 			t.Errorf("%s: level %d: %+v, want all %d held and the base measured", who, i, h, levels[i])
 		}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -30,9 +31,12 @@ type Held struct {
 	FDsPerStream float64
 	// Probe is the new streamed requests sent through the router while
 	// the streams were held (Config.ProbeClients clients for
-	// Config.ProbeWindow, probeTokens tokens each): requests, failures,
-	// time to first token.
+	// Config.ProbeRounds windows of Config.ProbeWindow, probeTokens tokens
+	// each): requests, failures, time to first token (p50 over all of
+	// them, p99 the median of the windows' p99s, WindowP99s).
 	Probe Stats
+	// WindowP99s is each probe window's p99, in order.
+	WindowP99s []time.Duration
 	// EnginesRSS is the prefill's and the decode's resident memory
 	// together with the streams held, their KV pools included.
 	EnginesRSS int64
@@ -117,7 +121,7 @@ func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, base Usage
 	}
 	engines := f.engineUsage()
 	h.EnginesRSS = engines.RSS
-	h.Probe = probe(ctx, cfg, f.load(t, Stream, probeTokens), t)
+	h.Probe, h.WindowP99s = probe(ctx, cfg, f.load(t, Stream, probeTokens), t)
 	h.LoadAvg = loadAvg()
 	share := func(cpu time.Duration) float64 { return 100 * cpu.Seconds() / h.Probe.Elapsed.Seconds() }
 	fmt.Fprintf(cfg.Progress, "bench: %s: %d of %d streams held, RSS %+d KiB, fds %+d; new requests: %d ok, %d failed, TTFT p50 %v p99 %v; "+
@@ -134,20 +138,31 @@ func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, base Usage
 	return h, nil
 }
 
-// probe sends l from cfg.ProbeClients clients for cfg.ProbeWindow through
-// t and returns what they measured, the router's CPU over it included.
-func probe(ctx context.Context, cfg Config, l Load, t target) Stats {
+// probe sends l from cfg.ProbeClients clients through t for
+// cfg.ProbeRounds windows of cfg.ProbeWindow and returns what they
+// measured, the router's CPU over them included, and each window's p99.
+func probe(ctx context.Context, cfg Config, l Load, t target) (Stats, []time.Duration) {
 	client := newClient(cfg.ProbeClients)
 	defer client.CloseIdleConnections()
 	before, _ := ReadUsage(t.proc.PID())
 	start := time.Now()
-	res := runWindow(ctx, client, l, cfg.ProbeClients, cfg.ProbeWindow)
-	s := Stats{Requests: res.OK, Failed: res.Failed, FirstError: res.FirstError, Elapsed: time.Since(start),
-		TTFT50: percentile(res.TTFT, 50), TTFT99: percentile(res.TTFT, 99)}
+	var s Stats
+	var all, p99s []time.Duration
+	for range cfg.ProbeRounds {
+		res := runWindow(ctx, client, l, cfg.ProbeClients, cfg.ProbeWindow)
+		s.Requests, s.Failed = s.Requests+res.OK, s.Failed+res.Failed
+		s.FirstError = cmp.Or(s.FirstError, res.FirstError)
+		all = append(all, res.TTFT...)
+		if len(res.TTFT) > 0 {
+			p99s = append(p99s, percentile(res.TTFT, 99))
+		}
+	}
+	s.Elapsed, s.TTFT50 = time.Since(start), percentile(all, 50)
+	s.TTFT99 = percentile(p99s, 50) // the median window's (the lower of two middle ones)
 	if after, err := ReadUsage(t.proc.PID()); err == nil {
 		s.CPU = after.CPU - before.CPU
 	}
-	return s
+	return s, p99s
 }
 
 // engineUsage sums the prefill's and the decode's usage (what cannot be

@@ -62,10 +62,10 @@ func (r *Report) Print(w io.Writer) {
 // stream, the time to first token of new requests sent meanwhile, and
 // their p99 against the router's smallest level.
 func (r *Report) printHeld(w io.Writer, c Comparison) {
-	fmt.Fprintf(w, "Held streams (a slow decode, a token every %v on each; open-files limit %d); new requests while they are held: %d clients for %v, %d token(s) each\n\n",
-		r.Config.HeldTokenTime, r.FDLimit, r.Config.ProbeClients, r.Config.ProbeWindow, probeTokens)
-	fmt.Fprintln(w, "| router | held | RSS per stream | fds per stream | new requests | TTFT p50 | TTFT p99 | p99 / smallest level's | sims' RSS | load (1 min) |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(w, "Held streams (a slow decode, a token every %v on each; open-files limit %d); new requests while they are held: %d clients for %d windows of %v, %d token(s) each; TTFT p99 is the median window's\n\n",
+		r.Config.HeldTokenTime, r.FDLimit, r.Config.ProbeClients, r.Config.ProbeRounds, r.Config.ProbeWindow, probeTokens)
+	fmt.Fprintln(w, "| router | held | RSS per stream | fds per stream | new requests | TTFT p50 | TTFT p99 | p99 / smallest level's | p99 of each window | sims' RSS | load (1 min) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	var failures []string
 	for _, who := range []struct {
 		name string
@@ -76,9 +76,13 @@ func (r *Report) printHeld(w io.Writer, c Comparison) {
 			if first := who.hs[0].Probe.TTFT99; first > 0 && h.Probe.TTFT99 > 0 {
 				ratio = fmt.Sprintf("%.2f", float64(h.Probe.TTFT99)/float64(first))
 			}
-			fmt.Fprintf(w, "| %s | %d of %d | %s | %.2f | %d ok, %d failed | %s | %s | %s | %s | %s |\n", who.name, h.Held, h.Opened,
+			windows := make([]string, len(h.WindowP99s))
+			for i, d := range h.WindowP99s {
+				windows[i] = fmtDur(d)
+			}
+			fmt.Fprintf(w, "| %s | %d of %d | %s | %.2f | %d ok, %d failed | %s | %s | %s | %s | %s | %s |\n", who.name, h.Held, h.Opened,
 				kib(h.RSSPerStream), h.FDsPerStream, h.Probe.Requests, h.Probe.Failed, fmtDur(h.Probe.TTFT50), fmtDur(h.Probe.TTFT99), ratio,
-				kib(float64(h.EnginesRSS)), h.LoadAvg)
+				strings.Join(windows, ", "), kib(float64(h.EnginesRSS)), h.LoadAvg)
 			if h.FirstError != "" {
 				failures = append(failures, fmt.Sprintf("%s, %d held streams, first stream not held: %s", who.name, h.Opened, h.FirstError))
 			}
