@@ -629,7 +629,7 @@ func (d *dispatch) relay(body io.Reader) *failure {
 	// first silence: one that lasts slowStreamWait makes it slow at once,
 	// not only once the gap has ended (on a queued or idle decode, maybe
 	// minutes later). It costs a stream one more system call.
-	watchFirst := rb != nil && d.hop != nil && d.q.stream
+	watchFirst := rb != nil && d.mayTakeOver()
 	for {
 		start := d.rt.cfg.Now()
 		if watchFirst {
@@ -637,7 +637,7 @@ func (d *dispatch) relay(body io.Reader) *failure {
 			slow = !rb.awaitFor(slowStreamWait)
 		}
 		if slow {
-			if d.tk == nil && d.hop != nil && !d.noTakeover && d.q.stream && d.takeable() {
+			if d.mayTakeOver() {
 				d.noTakeover = !d.takeover()
 			}
 			rb.await()

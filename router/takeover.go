@@ -265,7 +265,7 @@ func (d *dispatch) takeover() bool {
 	if err != nil {
 		return false
 	}
-	tc := &takenConn{c: c, w: c, cw: cw, keep: !d.r.Close && d.r.ProtoAtLeast(1, 1)}
+	tc := &takenConn{c: c, w: c, cw: cw, keep: !d.r.Close} // HTTP/1.1 only (serve): keep-alive unless asked to close
 	cc, _ := c.(*clientConn)
 	if cc != nil {
 		tc.w = cc.Conn
@@ -524,11 +524,13 @@ func (d *dispatch) detach() func(error) {
 	return d.clientCancel
 }
 
-// takeable reports whether the answer under way is one the takeover can
-// carry on: a committed 2xx with a body, which net/http sends chunked
-// (streams have no Content-Length) on an HTTP/1.1 connection.
-func (d *dispatch) takeable() bool {
-	return d.committed && d.status >= 200 && d.status < 300 && d.status != http.StatusNoContent && d.stopClientWatch != nil
+// mayTakeOver reports whether the answer under way can still leave
+// net/http: a stream running beside its handler (d.hop: HTTP/1.x, a
+// watcher), not taken over nor refused yet, whose committed 2xx answer
+// has a body that net/http sends chunked (streams have no Content-Length).
+func (d *dispatch) mayTakeOver() bool {
+	return d.hop != nil && d.tk == nil && !d.noTakeover &&
+		d.committed && d.status >= 200 && d.status < 300 && d.status != http.StatusNoContent
 }
 
 // detachable makes the request's context one that outlives the handler
