@@ -58,7 +58,7 @@ type Config struct {
 	durableHeartbeats bool
 	// otherPrefillsPage is how many prefills a transfer failure's report
 	// reads at a time looking for another that can use the decode
-	// (otherPrefills); 0: otherPrefillsPage. Tests make it small.
+	// (otherPrefills); default 64. Tests make it small.
 	otherPrefillsPage int
 	// ConnectTimeout bounds each new connection when the URL sets no
 	// connect_timeout: with the database's host unreachable (packets
@@ -94,6 +94,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 5 * time.Second
+	}
+	if c.otherPrefillsPage == 0 {
+		c.otherPrefillsPage = 64
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -1,7 +1,6 @@
 package pgstore
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -143,9 +142,6 @@ func otherPrefills(ctx context.Context, tx pgx.Tx, decode *registry.Peer, exclud
 	}
 }
 
-// otherPrefillsPage is how many prefills otherPrefills reads at a time.
-const otherPrefillsPage = 64
-
 func newUUID(ctx context.Context, tx pgx.Tx) (string, error) {
 	var id string
 	err := tx.QueryRow(ctx, "SELECT gen_random_uuid()::text").Scan(&id)
@@ -267,7 +263,7 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 		if f.PrefillID != "" {
 			pf = &prefill
 		}
-		others, err := otherPrefills(ctx, tx, &d, f.PrefillID, cmp.Or(s.cfg.otherPrefillsPage, otherPrefillsPage))
+		others, err := otherPrefills(ctx, tx, &d, f.PrefillID, s.cfg.otherPrefillsPage)
 		if err != nil {
 			return err
 		}
