@@ -386,8 +386,10 @@ func TestPdplaneBehindSMG(t *testing.T) {
 	dev := "http://127.0.0.1:" + strconv.Itoa(devPort)
 	// A decode slow enough (150 ms a token) that pdplane takes each stream
 	// off net/http's connection (router/takeover.go): SMG's own HTTP client
-	// (hyper) reads the chunked answers pdplane then writes itself, and
-	// sends the next request on the connection pdplane handed back.
+	// (hyper) reads the chunked answers pdplane then writes itself, one
+	// request after another. (That the next request may go on a handed-back
+	// connection is shown with Go's client in router/takeover_test.go; how
+	// hyper pools its connections is not counted here.)
 	start(t, "pdplane dev", pdplaneBin, "dev", "--addr", strings.TrimPrefix(dev, "http://"), "--decode-time-per-token", "150ms")
 	waitHTTP(t, dev+"/readyz", 60*time.Second)
 

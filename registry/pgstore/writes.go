@@ -362,7 +362,8 @@ func (s *Store) Get(ctx context.Context, id string) (registry.Peer, error) {
 // Refresh implements registry.Refresher: the peers with ids (those that
 // exist), every quarantine and every preflight, read by four queries sent
 // together (one round trip; one implicit transaction, so one snapshot of
-// the database).
+// the database: pgx's SendBatch ends the batch with a single Sync, see its
+// doc comment).
 func (s *Store) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []registry.Quarantine, []registry.Preflight, error) {
 	valid := make([]string, 0, len(ids))
 	for _, id := range ids {
