@@ -249,42 +249,18 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 	}
 	// Read every changed peer before changing anything: a failed read
 	// leaves the mirror as it was, to be retried whole.
-	changed := make(map[string]*Peer, len(ids))
-	if r, ok := m.store.(Refresher); ok {
-		peers, qs, pfs, err := r.Refresh(ctx, slices.Collect(maps.Keys(ids)))
-		if err != nil {
-			return fmt.Errorf("reload peers: %w", err)
-		}
-		for id := range ids {
-			changed[id] = nil
-		}
-		for i := range peers {
-			changed[peers[i].ID] = &peers[i]
-		}
-		m.commit(changed, pairState{quarantines: qs, preflights: pfs})
-		return nil
-	}
-	for id := range ids {
-		p, err := m.store.Get(ctx, id)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			changed[id] = nil
-		case err != nil:
-			return fmt.Errorf("reload peer %s: %w", id, err)
-		default:
-			changed[id] = &p
-		}
-	}
-	pairs, err := m.loadPairs(ctx)
+	keys := slices.Collect(maps.Keys(ids))
+	peers, pairs, err := m.refresh(ctx, keys)
 	if err != nil {
 		return err
 	}
-	m.commit(changed, pairs)
-	return nil
-}
-
-// commit applies the changed peers (nil: gone) and publishes the snapshot.
-func (m *Mirror) commit(changed map[string]*Peer, pairs pairState) {
+	changed := make(map[string]*Peer, len(keys))
+	for _, id := range keys {
+		changed[id] = nil // gone, unless read below
+	}
+	for i := range peers {
+		changed[peers[i].ID] = &peers[i]
+	}
 	for id, p := range changed {
 		if p == nil {
 			delete(m.peers, id)
@@ -293,6 +269,33 @@ func (m *Mirror) commit(changed map[string]*Peer, pairs pairState) {
 		}
 	}
 	m.publish(changed, pairs)
+	return nil
+}
+
+// refresh reads the peers with ids that still exist, and the pair state:
+// in one go from a Refresher (one round trip to a database), else one
+// read at a time.
+func (m *Mirror) refresh(ctx context.Context, ids []string) ([]Peer, pairState, error) {
+	if r, ok := m.store.(Refresher); ok {
+		peers, qs, pfs, err := r.Refresh(ctx, ids)
+		if err != nil {
+			return nil, pairState{}, fmt.Errorf("reload peers: %w", err)
+		}
+		return peers, pairState{quarantines: qs, preflights: pfs}, nil
+	}
+	peers := make([]Peer, 0, len(ids))
+	for _, id := range ids {
+		p, err := m.store.Get(ctx, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+		case err != nil:
+			return nil, pairState{}, fmt.Errorf("reload peer %s: %w", id, err)
+		default:
+			peers = append(peers, p)
+		}
+	}
+	pairs, err := m.loadPairs(ctx)
+	return peers, pairs, err
 }
 
 // publishAll makes the snapshot of peers, built whole, current.
