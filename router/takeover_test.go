@@ -103,9 +103,9 @@ func TestSlowStreamIsTakenOverAndKeepsItsConnection(t *testing.T) {
 				t.Fatalf("the client dialed %d times: a taken-over connection was not kept alive", n)
 			}
 			b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "ok"}, 3)
-			if n := b.rt.Detached(); n != 0 {
-				t.Fatalf("Detached = %d after every stream ended", n)
-			}
+			// A stream stops counting once its terminator is out, which
+			// the client may read before the router's next instruction.
+			simtest.WaitFor(t, "no stream counted after every stream ended", func() bool { return b.rt.Detached() == 0 })
 		})
 	}
 }
