@@ -10,7 +10,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/textproto"
 	"os"
 	"strconv"
 	"strings"
@@ -69,6 +68,8 @@ type upConn struct {
 	// raw is c's descriptor, to wait for bytes without a buffer (nil when
 	// c has none).
 	raw syscall.RawConn
+
+	head []byte // scratch for reading an answer's head (readHeadInto)
 }
 
 // Read is br's source: while a head is read limit bounds it, so that an
@@ -459,9 +460,13 @@ func (t *upstreamTransport) readResponse(uc *upConn, req *http.Request) (*http.R
 	if _, err := uc.br.Peek(1); err != nil {
 		return nil, nil, &nothingReceivedError{err}
 	}
-	tp := textproto.NewReader(uc.br)
 	for {
-		resp, err := readHead(tp, req)
+		head, buf, err := readHeadInto(uc.br, uc.head, true)
+		uc.head = buf
+		if err != nil {
+			return nil, nil, err
+		}
+		resp, err := parseHead(head, req)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -478,40 +483,6 @@ func (t *upstreamTransport) readResponse(uc *upConn, req *http.Request) (*http.R
 		}
 		return resp, body, nil
 	}
-}
-
-// readHead reads a status line (§4) and header section (§5).
-func readHead(tp *textproto.Reader, req *http.Request) (*http.Response, error) {
-	line, err := tp.ReadLine()
-	if err != nil {
-		return nil, unexpectedEOF(err)
-	}
-	// status-line = HTTP-version SP status-code SP [ reason-phrase ], with
-	// HTTP-version = "HTTP/" DIGIT "." DIGIT, case-sensitive (§2.3); only
-	// major version 1 is spoken here.
-	proto, status, ok := strings.Cut(line, " ")
-	if !ok || len(proto) != len("HTTP/1.1") || !strings.HasPrefix(proto, "HTTP/1.") || !isDigit(proto[7]) {
-		return nil, fmt.Errorf("upstream answer: not an HTTP/1.x status line: %.64q", line)
-	}
-	code, _, _ := strings.Cut(status, " ")
-	if len(code) != 3 || !isDigit(code[0]) || !isDigit(code[1]) || !isDigit(code[2]) || code < "100" || code > "599" {
-		// RFC 9110 §15: three digits, 100 to 599.
-		return nil, fmt.Errorf("upstream answer: malformed status code in %.64q", line)
-	}
-	n, _ := strconv.Atoi(code)
-	hdr, err := tp.ReadMIMEHeader() // rejects a line without a colon (§5.1)
-	if err != nil {
-		return nil, headError(err)
-	}
-	return &http.Response{
-		Status:     strings.TrimRight(status, " "),
-		StatusCode: n,
-		Proto:      proto,
-		ProtoMajor: 1,
-		ProtoMinor: int(proto[7] - '0'),
-		Header:     http.Header(hdr),
-		Request:    req,
-	}, nil
 }
 
 // framing sets the answer's length and connection fields and returns the
@@ -545,7 +516,7 @@ func (t *upstreamTransport) framing(resp *http.Response, uc *upConn, req *http.R
 		}
 		// §6.3(4): chunked must be the final coding; it is the only one
 		// spoken, and a message with another one fails.
-		if codings := tokens(te); len(codings) != 1 || !strings.EqualFold(codings[0], "chunked") {
+		if !onlyChunked(te) {
 			return nil, fmt.Errorf("upstream answer: unsupported Transfer-Encoding %.64q", strings.Join(te, ", "))
 		}
 		delete(h, "Transfer-Encoding")
@@ -583,7 +554,9 @@ func (t *upstreamTransport) framing(resp *http.Response, uc *upConn, req *http.R
 func parseContentLength(vs []string) (int64, error) {
 	n := int64(-1)
 	for _, v := range vs {
-		for _, f := range strings.Split(v, ",") {
+		for rest, more := v, true; more; {
+			var f string
+			f, rest, more = strings.Cut(rest, ",")
 			f = strings.TrimSpace(f)
 			m, err := strconv.ParseInt(f, 10, 64)
 			if err != nil || f == "" || !isDigit(f[0]) {
@@ -775,9 +748,14 @@ func readChunkSize(br *bufio.Reader) (int64, error) {
 func (b *chunkedBody) readTrailers() error {
 	b.uc.limit = b.maxTrailer + int64(b.uc.br.Size())
 	defer func() { b.uc.limit = math.MaxInt64 }()
-	hdr, err := textproto.NewReader(b.uc.br).ReadMIMEHeader()
+	sec, buf, err := readHeadInto(b.uc.br, b.uc.head, false)
+	b.uc.head = buf
 	if err != nil {
-		return fmt.Errorf("trailers: %w", headError(err))
+		return fmt.Errorf("trailers: %w", err)
+	}
+	hdr, err := parseFields(sec)
+	if err != nil {
+		return fmt.Errorf("trailers: %w", err)
 	}
 	for k, vs := range hdr {
 		if b.resp.Trailer == nil {
@@ -786,16 +764,6 @@ func (b *chunkedBody) readTrailers() error {
 		b.resp.Trailer[k] = append(b.resp.Trailer[k], vs...)
 	}
 	return nil
-}
-
-// headError reports a header section that failed to parse; textproto
-// quotes the offending line, which may be as long as maxHead.
-func headError(err error) error {
-	err = unexpectedEOF(err)
-	if msg := err.Error(); len(msg) > 128 {
-		return fmt.Errorf("upstream answer: %s…", strings.ToValidUTF8(msg[:128], ""))
-	}
-	return fmt.Errorf("upstream answer: %w", err)
 }
 
 // unexpectedEOF reports a message cut short (§8) as such: io.EOF is a
@@ -807,25 +775,36 @@ func unexpectedEOF(err error) error {
 	return err
 }
 
-// tokens splits comma-separated field values, dropping empty members
-// (RFC 9110 §5.6.1).
-func tokens(vs []string) []string {
-	var out []string
+// eachToken calls f with each member of comma-separated field values,
+// dropping empty ones (RFC 9110 §5.6.1), until f returns false.
+func eachToken(vs []string, f func(string) bool) {
 	for _, v := range vs {
-		for _, f := range strings.Split(v, ",") {
-			if f = strings.TrimSpace(f); f != "" {
-				out = append(out, f)
+		for v != "" {
+			var m string
+			m, v, _ = strings.Cut(v, ",")
+			if m = strings.TrimSpace(m); m != "" && !f(m) {
+				return
 			}
 		}
 	}
-	return out
 }
 
 func hasToken(vs []string, tok string) bool {
-	for _, f := range tokens(vs) {
-		if strings.EqualFold(f, tok) {
-			return true
-		}
-	}
-	return false
+	found := false
+	eachToken(vs, func(m string) bool {
+		found = strings.EqualFold(m, tok)
+		return !found
+	})
+	return found
+}
+
+// onlyChunked says whether vs name the chunked coding alone.
+func onlyChunked(vs []string) bool {
+	n, chunked := 0, false
+	eachToken(vs, func(m string) bool {
+		n++
+		chunked = strings.EqualFold(m, "chunked")
+		return true
+	})
+	return n == 1 && chunked
 }
