@@ -459,14 +459,33 @@ func (d *dispatch) newUpstream(ctx context.Context, url string, body []byte) (*h
 		return nil, err
 	}
 	req.ContentLength = int64(len(body))
-	req.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
-	h := req.Header
-	h.Set("Content-Type", "application/json")
-	h.Set(registry.RequestIDHeader, d.rid)
-	if k := d.rt.cfg.UpstreamAPIKey; k != "" {
-		h.Set("Authorization", "Bearer "+k)
+	if req.URL.Scheme != "http" {
+		// For net/http's transport, which may send it again; the router's
+		// own (plain http://) never does.
+		req.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
 	}
-	d.injectTrace(ctx, h)
+	// The fields' values share one array: a leg's header is one map and
+	// one array, whatever the number of fields.
+	vals := make([]string, 0, 6)
+	h := req.Header
+	set := func(k, v string) {
+		vals = append(vals, v)
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	set("Content-Type", "application/json")
+	set(registry.RequestIDHeader, d.rid)
+	if d.rt.upstreamAuth != "" {
+		set("Authorization", d.rt.upstreamAuth)
+	}
+	// The trace context: the leg's span's, else the client's own.
+	if d.span != nil {
+		injectSpan(ctx, h)
+	} else if tp, ts := d.passedTrace(); tp != "" {
+		set(traceparentField, tp)
+		if ts != "" {
+			set(tracestateField, ts)
+		}
+	}
 	return req, nil
 }
 

@@ -46,7 +46,9 @@ type Router struct {
 
 	transport http.RoundTripper
 	ownedTr   *upstreamTransport // the transport New built, closed by Close
-	apiKeys   [][]byte
+	// upstreamAuth is the Authorization value engines get, "" for none.
+	upstreamAuth string
+	apiKeys      [][]byte
 
 	view    atomic.Pointer[view]
 	builder viewBuilder
@@ -117,6 +119,9 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 	rt.admit.max = int64(cfg.MaxInflight)
 	if cfg.TracerProvider != nil {
 		rt.tracer = cfg.TracerProvider.Tracer(tracerScope)
+	}
+	if cfg.UpstreamAPIKey != "" {
+		rt.upstreamAuth = "Bearer " + cfg.UpstreamAPIKey
 	}
 	rt.transport = cfg.Transport
 	if rt.transport == nil {

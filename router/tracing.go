@@ -186,20 +186,19 @@ func (s legSpan) cancelled() {
 	s.span.End()
 }
 
-// injectTrace puts the trace context of ctx (the leg's span) into an
-// engine request's headers. With tracing off the client's own traceparent
-// and tracestate, if any, are passed on unchanged.
-func (d *dispatch) injectTrace(ctx context.Context, h http.Header) {
-	if d.span != nil {
-		traceContext.Inject(ctx, propagation.HeaderCarrier(h))
-		return
+// injectSpan puts the trace context of ctx (the leg's span) into an engine
+// request's headers.
+func injectSpan(ctx context.Context, h http.Header) {
+	traceContext.Inject(ctx, propagation.HeaderCarrier(h))
+}
+
+// passedTrace is the client's own traceparent and tracestate, passed on
+// unchanged to engines with tracing off ("" when absent).
+func (d *dispatch) passedTrace() (tp, ts string) {
+	if tp = d.r.Header.Get(traceparentField); tp != "" {
+		ts = d.r.Header.Get(tracestateField)
 	}
-	if tp := d.r.Header.Get(traceparentField); tp != "" {
-		h.Set(traceparentField, tp)
-		if ts := d.r.Header.Get(tracestateField); ts != "" {
-			h.Set(tracestateField, ts)
-		}
-	}
+	return tp, ts
 }
 
 // spanContext is the attempt's span context, for the registry reports the

@@ -51,6 +51,7 @@ type upstreamTransport struct {
 	maxHead     int64 // bytes of an answer's heads and of its trailers
 	fallback    *http.Transport
 	readers     sync.Pool // *bufio.Reader of readBuf bytes, lent to connections (see awaitBytes)
+	heads       sync.Pool // *[]byte, a request head being written
 
 	mu   sync.Mutex
 	idle map[string][]*upConn
@@ -70,6 +71,13 @@ type upConn struct {
 	raw syscall.RawConn
 
 	head []byte // scratch for reading an answer's head (readHeadInto)
+
+	// Made once per connection rather than once per request: the hook
+	// that closes it when a request's context ends, and the request's
+	// head and body as one writev.
+	closeConn func()
+	outArr    [2][]byte
+	out       net.Buffers
 }
 
 // Read is br's source: while a head is read limit bounds it, so that an
@@ -116,18 +124,23 @@ func newUpstreamTransport(cfg *Config) *upstreamTransport {
 		idle:        map[string][]*upConn{},
 	}
 	t.readers.New = func() any { return bufio.NewReaderSize(nil, t.readBuf) }
+	t.heads.New = func() any { b := make([]byte, 0, 512); return &b }
 	return t
 }
 
 // upstreamBody is a request body the transport can write without copying.
 type upstreamBody struct {
-	*bytes.Reader
+	bytes.Reader
 	b []byte
 }
 
 func (*upstreamBody) Close() error { return nil }
 
-func newUpstreamBody(b []byte) *upstreamBody { return &upstreamBody{bytes.NewReader(b), b} }
+func newUpstreamBody(b []byte) *upstreamBody {
+	ub := &upstreamBody{b: b}
+	ub.Reset(b)
+	return ub
+}
 
 // RoundTrip sends one request and returns the answer, whose body must be
 // read to the end or closed (on the caller's goroutine).
@@ -149,7 +162,10 @@ func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	if req.Body != nil {
 		req.Body.Close()
 	}
-	head := appendRequestHead(make([]byte, 0, 256), req, len(body))
+	hb := t.heads.Get().(*[]byte)
+	defer t.heads.Put(hb)
+	head := appendRequestHead((*hb)[:0], req, len(body))
+	*hb = head
 	addr := hostPort(req)
 	for try := 0; ; try++ {
 		uc, err := t.get(ctx, addr)
@@ -178,9 +194,12 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	// even when nobody is reading the answer at that moment (a decode left
 	// waiting for a bootstrap that will never come). A connection whose
 	// cancellation fired is never pooled (see upBody.finish).
-	stop := context.AfterFunc(ctx, func() { _ = uc.c.Close() })
-	bufs := net.Buffers{head, body}
-	if _, err := bufs.WriteTo(uc.c); err != nil {
+	stop := context.AfterFunc(ctx, uc.closeConn)
+	uc.outArr = [2][]byte{head, body}
+	uc.out = uc.outArr[:]
+	_, err := uc.out.WriteTo(uc.c)
+	uc.outArr, uc.out = [2][]byte{}, nil // the head's buffer goes back to the pool
+	if err != nil {
 		stop()
 		if errors.Is(err, net.ErrClosed) || isConnReset(err) {
 			return nil, &nothingReceivedError{err} // retryable on a reused conn
@@ -231,6 +250,7 @@ func (t *upstreamTransport) get(ctx context.Context, addr string) (*upConn, erro
 		return nil, err
 	}
 	uc := &upConn{addr: addr, c: c, limit: math.MaxInt64}
+	uc.closeConn = func() { _ = c.Close() }
 	uc.br = t.reader(uc)
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
