@@ -139,7 +139,7 @@ type dispatch struct {
 	rt    *Router
 	w     http.ResponseWriter
 	r     *http.Request
-	rc    *http.ResponseController
+	rc    http.ResponseController
 	ctx   context.Context // the client's: ends when it leaves
 	route route
 	q     *request
@@ -260,7 +260,7 @@ func (d *dispatch) prepare() (*view, *modelView) {
 		return nil, nil
 	}
 	d.key = xxhash.Sum64(q.prefix)
-	d.rc = http.NewResponseController(d.w)
+	d.rc = *http.NewResponseController(d.w)
 	d.dispatched = rt.cfg.Now()
 	return v, mv
 }
@@ -574,16 +574,21 @@ func readKeep(r io.Reader, keep int64) ([]byte, error) {
 // commit sends the decode's status and headers to the client: from here on
 // the request cannot move to another pair.
 func (d *dispatch) commit(resp *http.Response, contentLength int) {
-	h := d.w.Header()
+	// The values share one array (the fields are new to this answer).
+	h, vals := d.w.Header(), make([]string, 0, 4)
+	set := func(k, v string) {
+		vals = append(vals, v)
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
-		h.Set("Content-Type", ct)
+		set("Content-Type", ct)
 	}
 	if d.q.stream {
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
+		set("Cache-Control", "no-cache")
+		set("X-Accel-Buffering", "no")
 	}
 	if contentLength >= 0 {
-		h.Set("Content-Length", strconv.Itoa(contentLength))
+		set("Content-Length", strconv.Itoa(contentLength))
 	}
 	d.status = resp.StatusCode
 	d.w.WriteHeader(resp.StatusCode)
@@ -876,10 +881,12 @@ func durationMS(d time.Duration) float64 {
 // every open stream.
 func (rt *Router) readBody(r *http.Request) ([]byte, *apiError) {
 	limit := rt.cfg.MaxBodyBytes
-	tooLarge := &apiError{Status: http.StatusRequestEntityTooLarge, Message: "request body exceeds " + strconv.FormatInt(limit, 10) + " bytes",
-		Type: "invalid_request_error", Code: codeBodyTooLarge}
+	tooLarge := func() *apiError {
+		return &apiError{Status: http.StatusRequestEntityTooLarge, Message: "request body exceeds " + strconv.FormatInt(limit, 10) + " bytes",
+			Type: "invalid_request_error", Code: codeBodyTooLarge}
+	}
 	if r.ContentLength > limit {
-		return nil, tooLarge
+		return nil, tooLarge()
 	}
 	size := int64(512)
 	if r.ContentLength > 0 {
@@ -893,7 +900,7 @@ func (rt *Router) readBody(r *http.Request) ([]byte, *apiError) {
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if int64(len(buf)) > limit {
-			return nil, tooLarge
+			return nil, tooLarge()
 		}
 		if errors.Is(err, io.EOF) {
 			return buf, nil
@@ -902,7 +909,7 @@ func (rt *Router) readBody(r *http.Request) ([]byte, *apiError) {
 			var mbe *http.MaxBytesError
 			switch {
 			case errors.As(err, &mbe):
-				return nil, tooLarge
+				return nil, tooLarge()
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				return nil, &apiError{Status: http.StatusRequestTimeout, Message: "the request body did not arrive in time",
 					Type: "invalid_request_error", Code: codeBodyTimeout}

@@ -285,7 +285,7 @@ func (d *dispatch) takeover() bool {
 	tc.cancel = d.detach()
 	// net/http's request, response and connection (its buffers, the
 	// request's headers and body reader) are garbage from here.
-	d.tk, d.w, d.rc, d.r = tc, nil, nil, nil
+	d.tk, d.w, d.rc, d.r = tc, nil, http.ResponseController{}, nil
 	d.rt.taken.add(tc)
 	d.rt.m.takenOver.Inc()
 	d.hop <- hopTaken

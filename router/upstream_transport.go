@@ -78,6 +78,11 @@ type upConn struct {
 	closeConn func()
 	outArr    [2][]byte
 	out       net.Buffers
+	// The reader of the answer being read, one of the two (see framing);
+	// an answer's upBody stops using it at its end, before the connection
+	// can carry another.
+	fixed   fixedBody
+	chunked chunkedBody
 }
 
 // Read is br's source: while a head is read limit bounds it, so that an
@@ -451,6 +456,9 @@ func appendRequestHead(b []byte, req *http.Request, bodyLen int) []byte {
 }
 
 func hostPort(req *http.Request) string {
+	if req.URL.Port() != "" {
+		return req.URL.Host // host:port already, an engine's URL as registered
+	}
 	h, p := req.URL.Hostname(), req.URL.Port()
 	if p == "" {
 		p = "80"
@@ -541,7 +549,8 @@ func (t *upstreamTransport) framing(resp *http.Response, uc *upConn, req *http.R
 		}
 		delete(h, "Transfer-Encoding")
 		resp.TransferEncoding = []string{"chunked"}
-		return &chunkedBody{uc: uc, resp: resp, maxTrailer: t.maxHead}, nil
+		uc.chunked = chunkedBody{uc: uc, resp: resp, maxTrailer: t.maxHead}
+		return &uc.chunked, nil
 	case hasCL:
 		var err error
 		if n, err = parseContentLength(cl); err != nil {
@@ -561,7 +570,8 @@ func (t *upstreamTransport) framing(resp *http.Response, uc *upConn, req *http.R
 	case hasCL && n == 0:
 		return nil, nil
 	case hasCL:
-		return &fixedBody{br: uc.br, n: n}, nil
+		uc.fixed = fixedBody{br: uc.br, n: n}
+		return &uc.fixed, nil
 	}
 	// §6.3(8): no length, the body ends when the connection does.
 	resp.Close = true

@@ -29,13 +29,13 @@ func BodyDeadline(timeout time.Duration) func(http.Handler) http.Handler {
 				next.ServeHTTP(w, r)
 				return
 			}
-			rc := http.NewResponseController(w)
-			if err := rc.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+			b := &deadlineBody{ReadCloser: r.Body, rc: *http.NewResponseController(w)}
+			if err := b.rc.SetReadDeadline(time.Now().Add(timeout)); err != nil {
 				// A writer without deadlines (a test recorder): nothing to bound.
 				next.ServeHTTP(w, r)
 				return
 			}
-			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+			r.Body = b
 			next.ServeHTTP(w, r)
 		})
 	}
@@ -46,7 +46,7 @@ func BodyDeadline(timeout time.Duration) func(http.Handler) http.Handler {
 // not bounded by it.
 type deadlineBody struct {
 	io.ReadCloser
-	rc   *http.ResponseController
+	rc   http.ResponseController
 	done bool
 }
 

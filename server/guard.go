@@ -115,8 +115,7 @@ func (s *Server) guardWrites(next http.Handler) http.Handler {
 			return
 		}
 		if hasBody(r) {
-			mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-			if err != nil || mt != "application/json" {
+			if !isJSONMediaType(r.Header.Get("Content-Type")) {
 				s.metrics.rejected.WithLabelValues(rejectMediaType).Inc()
 				w.Header().Set("Accept-Post", "application/json")
 				writeProblem(w, &Problem{Type: ProblemUnsupportedMedia, Title: "Unsupported media type", Status: http.StatusUnsupportedMediaType,
@@ -163,4 +162,15 @@ func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	http.Error(w, detail, http.StatusMethodNotAllowed)
+}
+
+// isJSONMediaType says whether a Content-Type names application/json, with
+// or without parameters (RFC 9110 §8.3.1); the plain form, which nearly
+// every client sends, is known without parsing.
+func isJSONMediaType(ct string) bool {
+	if ct == "application/json" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -229,7 +230,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 
 	r := chi.NewRouter()
 	s.mux = r
-	r.Use(hlog.NewHandler(log), requestID, s.accessLog,
+	r.Use(requestID(log), s.accessLog,
 		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardWrites)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", s.readyz)
@@ -359,17 +360,19 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // requestID gives each request its one ID: the client's X-Request-Id when
 // it is valid (registry.ValidRequestID: short, printable ASCII), else a new
 // one. The ID goes into the request's context, where the router takes it
-// for both upstream legs and its own logs, into the request's logger (so
-// the access log shows it), and once into the answer's X-Request-Id.
-func requestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := registry.AcceptRequestID(r.Header.Get(registry.RequestIDHeader))
-		ctx := registry.ContextWithRequestID(r.Context(), id)
-		// hlog.NewHandler gave this request its own copy of the logger.
-		zerolog.Ctx(ctx).UpdateContext(func(c zerolog.Context) zerolog.Context { return c.Str("request_id", id) })
-		w.Header().Set(registry.RequestIDHeader, id)
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
+// for both upstream legs and its own logs, into the request's own logger
+// there (zerolog.Ctx, hlog.FromRequest: so the access log shows it), and
+// once into the answer's X-Request-Id.
+func requestID(log zerolog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			id := registry.AcceptRequestID(r.Header.Get(registry.RequestIDHeader))
+			l := log.With().Str("request_id", id).Logger()
+			ctx := registry.ContextWithRequestID(l.WithContext(r.Context()), id)
+			w.Header().Set(registry.RequestIDHeader, id)
+			next.ServeHTTP(w, r.WithContext(ctx))
+		})
+	}
 }
 
 // accessLog logs each request once it is done and counts it by route. A
@@ -382,7 +385,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
 			route = rc.RoutePattern()
 		}
-		s.metrics.requests.WithLabelValues(route, fmt.Sprint(status)).Inc()
+		s.metrics.requests.WithLabelValues(route, statusLabel(status)).Inc()
 		if s.selfLogged[route] {
 			return
 		}
@@ -393,4 +396,20 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		ev.Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).
 			Float64("duration_ms", float64(d.Microseconds())/1e3).Msg("request")
 	})(next)
+}
+
+// statusLabels are the status codes 100 to 599 as metric label values,
+// made once rather than per request.
+var statusLabels = func() (l [600]string) {
+	for c := 100; c < len(l); c++ {
+		l[c] = strconv.Itoa(c)
+	}
+	return l
+}()
+
+func statusLabel(code int) string {
+	if code >= 100 && code < len(statusLabels) {
+		return statusLabels[code]
+	}
+	return strconv.Itoa(code)
 }
