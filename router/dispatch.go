@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -9,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -556,19 +556,30 @@ func kindOf(c pdproto.Class) failKind {
 	return failStatus
 }
 
-// readKeep reads r to the end, keeping its first keep bytes.
-func readKeep(r io.Reader, keep int64) ([]byte, error) {
-	var buf bytes.Buffer
-	buf.Grow(512)
-	if _, err := buf.ReadFrom(io.LimitReader(r, keep)); err != nil {
-		return buf.Bytes(), err
+// readKeep reads an answer's body to the end, keeping its first keep bytes.
+func readKeep(resp *http.Response, keep int64) ([]byte, error) {
+	// A declared length sizes the buffer at once, with a byte to spare to
+	// see the end without growing; else it starts at 512 and doubles.
+	size := int64(512)
+	if resp.ContentLength >= 0 {
+		size = resp.ContentLength + 1
 	}
-	if int64(buf.Len()) == keep {
-		if _, err := io.Copy(io.Discard, r); err != nil {
-			return buf.Bytes(), err
+	buf := make([]byte, 0, min(size, keep))
+	for int64(len(buf)) < keep {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, int(min(int64(cap(buf)), keep-int64(len(buf)))))
+		}
+		n, err := resp.Body.Read(buf[len(buf):int(min(int64(cap(buf)), keep))])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
 		}
 	}
-	return buf.Bytes(), nil
+	_, err := io.Copy(io.Discard, resp.Body)
+	return buf, err
 }
 
 // commit sends the decode's status and headers to the client: from here on

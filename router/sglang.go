@@ -156,7 +156,7 @@ func (d *dispatch) prefillLegResult(ctx context.Context, pr *pair, body []byte, 
 	if d.q.logprob {
 		keep = d.rt.cfg.MaxResponseBytes
 	}
-	kept, err := readKeep(resp.Body, keep)
+	kept, err := readKeep(resp, keep)
 	if err != nil {
 		return prefillResult{fail: d.transportFailure(legPrefill, err)}
 	}
@@ -224,7 +224,7 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 	switch {
 	case merge && !q.stream:
 		// Both answers whole, merged, then sent.
-		all, err := readKeep(resp.Body, rt.cfg.MaxResponseBytes+1)
+		all, err := readKeep(resp, rt.cfg.MaxResponseBytes+1)
 		d.fb.firstByte()
 		if pf := pl.wait().fail; pf != nil {
 			return pf

@@ -88,7 +88,7 @@ func (d *dispatch) vllmPrefill(pr *pair) (kv []byte, f *failure) {
 	if resp.StatusCode >= 300 {
 		return nil, d.statusFailure(registry.EngineVLLM, legPrefill, resp)
 	}
-	ans, err = readKeep(resp.Body, vllmPrefillAnswerLimit)
+	ans, err = readKeep(resp, vllmPrefillAnswerLimit)
 	if err != nil {
 		return nil, d.transportFailure(legPrefill, err)
 	}
