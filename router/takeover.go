@@ -219,6 +219,8 @@ type takenConn struct {
 	cancel func(error) // cancels the request: the client left
 	keep   bool        // the client may send another request on the connection
 	hdr    [20]byte    // a chunk's size line
+	outArr [3][]byte   // a chunk's size line, data and CRLF, as one writev
+	out    net.Buffers // (kept here: a local list would be allocated per chunk)
 	cw     *connWatcher
 	token  int32 // the watcher's name for it; 0 when not watched
 	// unwatched: the watcher could not take it; it is closed at the end
@@ -335,8 +337,10 @@ func (tc *takenConn) onReadable(data bool) {
 func (tc *takenConn) write(b []byte) error {
 	hdr := strconv.AppendInt(tc.hdr[:0], int64(len(b)), 16)
 	hdr = append(hdr, '\r', '\n')
-	v := net.Buffers{hdr, b, crlf}
-	_, err := v.WriteTo(tc.w)
+	tc.outArr = [3][]byte{hdr, b, crlf}
+	tc.out = tc.outArr[:]
+	_, err := tc.out.WriteTo(tc.w)
+	tc.outArr, tc.out = [3][]byte{}, nil // b is the relay's buffer, back to its pool
 	return err
 }
 
