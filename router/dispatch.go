@@ -608,7 +608,7 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 	// a long stream does not pin the client's body, nor the engine's
 	// headers and the request it answered (which holds the upstream body).
 	d.q.body, d.q.members, d.q.prefix = nil, nil, nil
-	resp.Header, resp.Request = nil, nil
+	resp.Header, resp.Request, resp.Status = nil, nil, "" // Status: a piece of the head's string (parseHead)
 }
 
 // write sends bytes to the client, flushing when streaming; the first write

@@ -525,6 +525,10 @@ func (d *dispatch) runAndEnd(v *view, mv *modelView) {
 // the takeover is complete.
 func (d *dispatch) detach() func(error) {
 	d.stopClientWatch() // when it already fired, the request is cancelled
+	// The hook holds net/http's context and, through it, all the
+	// middleware put there (the request's logger, the route's context):
+	// a held stream must not keep them.
+	d.stopClientWatch = nil
 	return d.clientCancel
 }
 

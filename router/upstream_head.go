@@ -7,6 +7,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // An answer's head (status line and header section, RFC 9112 §4 and §5) is
@@ -18,6 +19,21 @@ import (
 // onto the next (obs-fold, §5.2) fails the answer (it may instead be
 // unfolded; no engine folds), and whitespace between a field name and its
 // colon is removed (§5.1: a proxy must).
+
+// headScratch lends the buffers heads are read into: a connection keeps
+// none, as one held by a long stream would keep it for nothing.
+var headScratch = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// readHead is readHeadInto with a lent buffer.
+func readHead(br *bufio.Reader, status bool) (string, error) {
+	bp := headScratch.Get().(*[]byte)
+	head, buf, err := readHeadInto(br, *bp, status)
+	if cap(buf) <= 64<<10 {
+		*bp = buf[:0]
+		headScratch.Put(bp)
+	}
+	return head, err
+}
 
 // readHeadInto reads one head, up to and including its empty line, into
 // buf (which it returns, grown) and returns it as a string. A head starts
@@ -76,6 +92,9 @@ func parseHead(head string, req *http.Request) (*http.Response, error) {
 	hdr, err := parseFields(fields)
 	if err != nil {
 		return nil, err
+	}
+	if proto == "HTTP/1.1" {
+		proto = "HTTP/1.1" // not a piece of the head, which a long answer would keep
 	}
 	return &http.Response{
 		Status:     strings.TrimRight(status, " "),

@@ -70,8 +70,6 @@ type upConn struct {
 	// c has none).
 	raw syscall.RawConn
 
-	head []byte // scratch for reading an answer's head (readHeadInto)
-
 	// Made once per connection rather than once per request: the hook
 	// that closes it when a request's context ends, and the request's
 	// head and body as one writev.
@@ -489,8 +487,7 @@ func (t *upstreamTransport) readResponse(uc *upConn, req *http.Request) (*http.R
 		return nil, nil, &nothingReceivedError{err}
 	}
 	for {
-		head, buf, err := readHeadInto(uc.br, uc.head, true)
-		uc.head = buf
+		head, err := readHead(uc.br, true)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -778,8 +775,7 @@ func readChunkSize(br *bufio.Reader) (int64, error) {
 func (b *chunkedBody) readTrailers() error {
 	b.uc.limit = b.maxTrailer + int64(b.uc.br.Size())
 	defer func() { b.uc.limit = math.MaxInt64 }()
-	sec, buf, err := readHeadInto(b.uc.br, b.uc.head, false)
-	b.uc.head = buf
+	sec, err := readHead(b.uc.br, false)
 	if err != nil {
 		return fmt.Errorf("trailers: %w", err)
 	}
