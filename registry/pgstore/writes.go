@@ -93,9 +93,13 @@ func liftHealed(ctx context.Context, tx pgx.Tx, prefills []string, decodeID stri
 	if len(prefills) == 0 {
 		return nil, nil
 	}
+	ids, err := uuidArray(prefills)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := tx.Query(ctx, `DELETE FROM pair_quarantines q WHERE q.decode_id = $1 AND q.prefill_id = ANY($2::uuid[])
 		RETURNING q.prefill_id::text, COALESCE((SELECT name FROM peers WHERE id = q.prefill_id), q.prefill_id::text)`,
-		decodeID, prefills)
+		decodeID, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -371,9 +375,13 @@ func (s *Store) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []r
 			valid = append(valid, id)
 		}
 	}
+	uids, err := uuidArray(valid)
+	if err != nil {
+		return nil, nil, nil, err // not reached: valid holds peer IDs only
+	}
 	b := &pgx.Batch{}
-	b.Queue(selectPeers+"WHERE id = ANY($1::uuid[])", valid)
-	b.Queue(selectRanks, valid)
+	b.Queue(selectPeers+"WHERE id = ANY($1::uuid[])", uids)
+	b.Queue(selectRanks, uids)
 	b.Queue("SELECT " + quarantineColumns + " FROM pair_quarantines ORDER BY at")
 	b.Queue("SELECT " + preflightColumns + " FROM pair_preflights")
 	br := s.pool.SendBatch(ctx, b)
@@ -389,7 +397,7 @@ func (s *Store) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []r
 	var rrs []rankRow
 	var qs []registry.Quarantine
 	var pfs []registry.Preflight
-	err := collect(func(r pgx.Rows) (err error) { prs, err = pgx.CollectRows(r, scanPeerRow); return })
+	err = collect(func(r pgx.Rows) (err error) { prs, err = pgx.CollectRows(r, scanPeerRow); return })
 	if err == nil {
 		err = collect(func(r pgx.Rows) (err error) { rrs, err = pgx.CollectRows(r, scanRankRow); return })
 	}
