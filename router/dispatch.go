@@ -459,9 +459,9 @@ func (d *dispatch) newUpstream(ctx context.Context, url string, body []byte) (*h
 		return nil, err
 	}
 	req.ContentLength = int64(len(body))
-	if req.URL.Scheme != "http" {
-		// For net/http's transport, which may send it again; the router's
-		// own (plain http://) never does.
+	if req.URL.Scheme != "http" || d.rt.ownedTr == nil {
+		// For net/http's transport (https://, or one set in Config), which
+		// may send it again; the router's own never does.
 		req.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
 	}
 	// The fields' values share one array: a leg's header is one map and
@@ -561,8 +561,11 @@ func readKeep(resp *http.Response, keep int64) ([]byte, error) {
 	// A declared length sizes the buffer at once, with a byte to spare to
 	// see the end without growing; else it starts at 512 and doubles.
 	size := int64(512)
-	if resp.ContentLength >= 0 {
-		size = resp.ContentLength + 1
+	switch cl := resp.ContentLength; {
+	case cl >= keep:
+		size = keep // (an engine may declare up to 2^63-1 bytes)
+	case cl >= 0:
+		size = cl + 1
 	}
 	buf := make([]byte, 0, min(size, keep))
 	for int64(len(buf)) < keep {
@@ -608,7 +611,10 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 	// a long stream does not pin the client's body, nor the engine's
 	// headers and the request it answered (which holds the upstream body).
 	d.q.body, d.q.members, d.q.prefix = nil, nil, nil
-	resp.Header, resp.Request, resp.Status = nil, nil, "" // Status: a piece of the head's string (parseHead)
+	// Status is a piece of the head's string (parseHead); the answer's
+	// Content-Type, another, goes with net/http's response, which a
+	// taken-over stream lets go of.
+	resp.Header, resp.Request, resp.Status = nil, nil, ""
 }
 
 // write sends bytes to the client, flushing when streaming; the first write

@@ -3,8 +3,10 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"time"
 
 	"github.com/pdplane/pdplane/pdproto"
@@ -52,7 +54,7 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 	defer pl.wait()
 	defer cancel(errAttemptOver)
 	go func() {
-		res := d.sglangPrefill(actx, pr, body)
+		res := d.prefillGuarded(actx, pr, body)
 		if res.fail != nil {
 			cancel(errPrefillLegFailed)
 		} else if q.stream {
@@ -110,6 +112,21 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 		d.observeDecode("sglang", start, "error")
 	}
 	return f
+}
+
+// prefillGuarded is sglangPrefill on the goroutine runSGLang starts for it,
+// where nothing else would catch a panic: one (a fault of the router's,
+// likely on an engine's odd answer) fails this leg as an unusable answer
+// instead of ending the process and every request in it.
+func (d *dispatch) prefillGuarded(ctx context.Context, pr *pair, body []byte) (res prefillResult) {
+	defer func() {
+		if p := recover(); p != nil {
+			d.rt.log.Error().Str(logRequestID, d.rid).Str("peer", pr.p.peer.Name).Interface("panic", p).
+				Str("stack", string(debug.Stack())).Msg("panic in a prefill leg; the attempt fails")
+			res = prefillResult{fail: &failure{kind: failProtocol, leg: legPrefill, err: fmt.Errorf("panic in the prefill leg: %v", p)}}
+		}
+	}()
+	return d.sglangPrefill(ctx, pr, body)
 }
 
 // sglangPrefill posts the prefill leg and reads its answer to the end.

@@ -93,8 +93,12 @@ func parseHead(head string, req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if proto == "HTTP/1.1" {
-		proto = "HTTP/1.1" // not a piece of the head, which a long answer would keep
+	// Not a piece of the head, which a long answer would keep.
+	switch proto {
+	case "HTTP/1.1":
+		proto = "HTTP/1.1"
+	case "HTTP/1.0":
+		proto = "HTTP/1.0"
 	}
 	return &http.Response{
 		Status:     strings.TrimRight(status, " "),
@@ -107,9 +111,13 @@ func parseHead(head string, req *http.Request) (*http.Response, error) {
 	}, nil
 }
 
+const maxFieldsHint = 32
+
 // parseFields parses a header section (§5), ending with its empty line.
 func parseFields(s string) (http.Header, error) {
-	lines := strings.Count(s, "\n") - 1 // the last is the empty line
+	// Sized for the fields at once, up to a bound: a head of a million
+	// one-letter lines must not size a map for a million keys.
+	lines := min(strings.Count(s, "\n")-1, maxFieldsHint) // the last is the empty line
 	h := make(http.Header, max(lines, 0))
 	vals := make([]string, max(lines, 0))
 	for {

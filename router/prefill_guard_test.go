@@ -1,0 +1,28 @@
+package router
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/registry"
+)
+
+// A panic on the prefill leg's goroutine fails that leg as an unusable
+// answer: nothing above that goroutine would catch it, and the process,
+// with every request in it, would end. Here the router is a bare struct
+// (no clock, no metrics) and the prefill has no endpoint, so the leg
+// panics at its first step.
+func TestPrefillLegPanicFailsTheLegNotTheProcess(t *testing.T) {
+	d := &dispatch{rt: &Router{log: zerolog.Nop()}, rid: "r1"}
+	pr := &pair{p: &peerRef{peer: &registry.Peer{PeerSpec: registry.PeerSpec{Name: "p0"}}}}
+	res := d.prefillGuarded(context.Background(), pr, []byte(`{}`))
+	if res.fail == nil || res.fail.kind != failProtocol || res.fail.leg != legPrefill {
+		t.Fatalf("result %+v, want a protocol failure of the prefill leg", res.fail)
+	}
+	if res.fail.err == nil || !strings.Contains(res.fail.err.Error(), "panic") {
+		t.Fatalf("error %v, want the panic named", res.fail.err)
+	}
+}
