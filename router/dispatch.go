@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -595,7 +596,7 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
-		set("Content-Type", ct)
+		set("Content-Type", ownContentType(ct))
 	}
 	if d.q.stream {
 		set("Cache-Control", "no-cache")
@@ -611,10 +612,24 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 	// a long stream does not pin the client's body, nor the engine's
 	// headers and the request it answered (which holds the upstream body).
 	d.q.body, d.q.members, d.q.prefix = nil, nil, nil
-	// Status is a piece of the head's string (parseHead); the answer's
-	// Content-Type, another, goes with net/http's response, which a
-	// taken-over stream lets go of.
+	// Status is a piece of the head's string (parseHead), which a long
+	// stream must not keep.
 	resp.Header, resp.Request, resp.Status = nil, nil, ""
+}
+
+// ownContentType is ct not as a piece of the engine's head (parseHead),
+// which a stream's response header would otherwise keep whole: the
+// engines' usual types as constants, any other copied.
+func ownContentType(ct string) string {
+	switch ct {
+	case "text/event-stream; charset=utf-8":
+		return "text/event-stream; charset=utf-8"
+	case "text/event-stream":
+		return "text/event-stream"
+	case "application/json":
+		return "application/json"
+	}
+	return strings.Clone(ct)
 }
 
 // write sends bytes to the client, flushing when streaming; the first write

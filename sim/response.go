@@ -313,10 +313,12 @@ func (q *genRequest) echoText(i int) string {
 }
 
 // startStream sends a streamed answer's 200 and SSE headers and flushes
-// them, before any event.
+// them, before any event. The media type is the engines': both answer
+// streams with Starlette's StreamingResponse(media_type="text/event-stream"),
+// whose Response.init_headers appends "; charset=utf-8" to a text/* type.
 func startStream(w http.ResponseWriter) {
 	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
+	h.Set("Content-Type", sseContentType)
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
@@ -417,3 +419,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
+
+// sseContentType is a streamed answer's Content-Type as SGLang and vLLM
+// send it (startStream).
+const sseContentType = "text/event-stream; charset=utf-8"
