@@ -214,9 +214,19 @@ func (d *dispatch) serve() {
 	// to its own goroutine, which ends it then.
 	hopped := false
 	defer func() {
-		if !hopped {
-			d.end()
+		if hopped {
+			return
 		}
+		if p := recover(); p != nil {
+			// Counted as what it is, then passed on to net/http, which
+			// logs it and cuts the connection.
+			if p != http.ErrAbortHandler {
+				d.failedInternally()
+			}
+			d.end()
+			panic(p)
+		}
+		d.end()
 	}()
 	v, mv := d.prepare()
 	switch {
@@ -823,6 +833,15 @@ func (d *dispatch) logFailure(pr *pair, f *failure, attempt int) {
 		ev = ev.Err(f.err)
 	}
 	ev.Msg("attempt failed")
+}
+
+// failedInternally records a request the router itself failed (a panic):
+// its answer is cut, or none is sent.
+func (d *dispatch) failedInternally() {
+	d.outcome, d.abort = outcomeInternal, true
+	if !d.committed {
+		d.status = http.StatusInternalServerError
+	}
 }
 
 // finish counts and logs the request once it is answered.

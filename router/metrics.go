@@ -19,6 +19,7 @@ const (
 	outcomeStreamError  = "stream_error"   // the decode failed after the first byte
 	outcomeClientGone   = "client_gone"    // the client left (499 in logs)
 	outcomeRouterBusy   = "max_inflight"   // refused at Config.MaxInflight, before the body was read
+	outcomeInternal     = "internal_error" // the router itself failed it (a panic): its answer was cut, or none was sent
 )
 
 // metrics are the router's Prometheus series, all prefixed pdplane_router_.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -274,8 +275,9 @@ func (d *dispatch) takeover() bool {
 	}
 	if n := brw.Reader.Buffered(); n > 0 {
 		// net/http already read the client's next request (pipelined):
-		// it goes back with the connection, and, as net/http does, the
-		// client's leaving is no longer watched for.
+		// it goes back with the connection. The client's leaving is still
+		// watched for, on the socket, as net/http's background read does;
+		// new bytes there end that, as they do in net/http.
 		tc.readAhead = true
 		if cc != nil {
 			b, _ := brw.Reader.Peek(n)
@@ -291,13 +293,11 @@ func (d *dispatch) takeover() bool {
 	d.rt.taken.add(tc)
 	d.rt.m.takenOver.Inc()
 	d.hop <- hopTaken
-	if !tc.readAhead {
-		if err := cw.add(tc); err != nil {
-			// The stream goes on; the client's leaving is seen at the
-			// next write instead, and the connection closes after it.
-			tc.unwatched = true
-			d.rt.log.Warn().Err(err).Str(logRequestID, d.rid).Msg("cannot watch a taken-over connection")
-		}
+	if err := cw.add(tc); err != nil {
+		// The stream goes on; the client's leaving is seen at the next
+		// write instead, and the connection closes after it.
+		tc.unwatched = true
+		d.rt.log.Warn().Err(err).Str(logRequestID, d.rid).Msg("cannot watch a taken-over connection")
 	}
 	return true
 }
@@ -371,10 +371,28 @@ func (tc *takenConn) end(complete bool) {
 		tc.handBack()
 	default:
 		// The watcher takes it from here: the next request's first
-		// bytes, the client's leaving, or the idle time's end.
+		// bytes, the client's leaving, or the idle time's end. One that
+		// stopped meanwhile would not: then it is closed here (or by the
+		// watcher's own stop, whichever comes first).
 		tc.state, tc.idleUntil = takenIdle, time.Now().Add(cc.l.idle)
 		tc.mu.Unlock()
+		if tc.cw.stopped() {
+			tc.closeIfIdle()
+		}
 	}
+}
+
+// closeIfIdle closes the connection if it waits for the client's next
+// request (takenIdle).
+func (tc *takenConn) closeIfIdle() {
+	tc.mu.Lock()
+	if tc.state != takenIdle {
+		tc.mu.Unlock()
+		return
+	}
+	tc.state = takenDone
+	tc.mu.Unlock()
+	tc.close()
 }
 
 // expire closes an idle connection whose idle time has passed at now; it
@@ -498,7 +516,9 @@ func (d *dispatch) runAndEnd(v *view, mv *modelView) {
 	defer func() {
 		if p := recover(); p != nil {
 			if p != http.ErrAbortHandler {
-				d.rt.log.Error().Str(logRequestID, d.rid).Interface("panic", p).Msg("panic serving a request; its answer is cut")
+				d.rt.log.Error().Str(logRequestID, d.rid).Interface("panic", p).Str("stack", string(debug.Stack())).
+					Msg("panic serving a request; its answer is cut")
+				d.failedInternally()
 			}
 			d.abort = true
 		}

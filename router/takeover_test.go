@@ -304,4 +304,112 @@ func TestPanicInARequestReleasesItsAdmission(t *testing.T) {
 		t.Fatalf("the next request got %d (in-flight gauge %v): the panicking one kept its place: %s", resp.StatusCode,
 			b.metric(t, "pdplane_router_inflight_requests", nil), body)
 	}
+	// Counted as the router's own failure, not as served.
+	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "internal_error"}, 1)
+	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "ok"}, 1)
+}
+
+// TestPanicInATakenStreamIsCountedAsCut: a panic while relaying a stream
+// on its own goroutine, here after the stream was taken over, cuts the
+// client's answer (no chunked terminator) and counts the request as the
+// router's failure, not as served.
+func TestPanicInATakenStreamIsCountedAsCut(t *testing.T) {
+	t.Parallel()
+	var armed atomic.Bool
+	now := func() time.Time {
+		if armed.Load() {
+			pc := make([]uintptr, 16)
+			frames := runtime.CallersFrames(pc[:runtime.Callers(2, pc)])
+			for f, more := frames.Next(); ; f, more = frames.Next() {
+				if strings.HasSuffix(f.Function, "(*dispatch).relay") && armed.CompareAndSwap(true, false) {
+					panic("injected fault")
+				}
+				if !more {
+					break
+				}
+			}
+		}
+		return time.Now()
+	}
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
+	b := setupSims(t, router.Config{Now: now}, p, d)
+	resp := b.send(t, context.Background(), "/v1/chat/completions", slowStreamBody(1000))
+	defer resp.Body.Close()
+	simtest.WaitFor(t, "the stream taken over", func() bool { return b.rt.Detached() == 1 })
+	armed.Store(true)
+	if _, err := io.ReadAll(resp.Body); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("reading the stream: %v, want it cut (io.ErrUnexpectedEOF)", err)
+	}
+	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "internal_error"}, 1)
+	simtest.WaitFor(t, "the stream no longer counted", func() bool { return b.rt.Detached() == 0 })
+	b.waitMetric(t, "pdplane_router_inflight_requests", nil, 0)
+}
+
+// takenRawServer serves b's router on a raw-connection-friendly server
+// whose listener parks taken-over connections for idle, counting the
+// streams taken over.
+func takenRawServer(t *testing.T, b *bundle, idle time.Duration) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var hijacked atomic.Int64
+	srv := httptest.NewUnstartedServer(b.rt.Routes())
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateHijacked {
+			hijacked.Add(1)
+		}
+	}
+	srv.Listener = router.NewListener(srv.Listener, idle)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, &hijacked
+}
+
+// TestClientLeavingAPipelinedTakenStreamCancelsIt: a client that sent its
+// next request along with this one (pipelining: net/http has already read
+// it when the stream is taken over) and then leaves still cancels the
+// stream at once, as net/http's background read of the socket would have.
+func TestClientLeavingAPipelinedTakenStreamCancelsIt(t *testing.T) {
+	t.Parallel()
+	// A decode silent for a minute after its first token: were the
+	// leaving not watched, only the relay's next writes would find it.
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = time.Minute })
+	b := setupSims(t, router.Config{}, p, d)
+	srv, hijacked := takenRawServer(t, b, time.Minute)
+	c := dialRaw(t, srv)
+	if _, err := io.WriteString(c, rawStreamRequest(1000)+rawStreamRequest(2)); err != nil {
+		t.Fatal(err)
+	}
+	simtest.WaitFor(t, "the stream taken over", func() bool { return hijacked.Load() == 1 && b.rt.Detached() == 1 })
+	c.Close()
+	simtest.WaitFor(t, "the decode's leg cancelled", func() bool { return d.Load().Running == 0 })
+	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "client_gone"}, 1)
+	simtest.WaitFor(t, "the stream no longer counted", func() bool { return b.rt.Detached() == 0 })
+}
+
+// TestRouterCloseClosesParkedConnections: a connection parked between
+// requests after a taken-over stream is closed when the router closes,
+// not left open with nothing to hand it back or expire it.
+func TestRouterCloseClosesParkedConnections(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
+	b := setupSims(t, router.Config{}, p, d)
+	srv, hijacked := takenRawServer(t, b, time.Minute)
+	c := dialRaw(t, srv)
+	if _, err := io.WriteString(c, rawStreamRequest(2)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(resp.Body); err != nil || hijacked.Load() != 1 {
+		t.Fatalf("the stream: %v, %d taken over", err, hijacked.Load())
+	}
+	simtest.WaitFor(t, "the stream no longer counted", func() bool { return b.rt.Detached() == 0 })
+	b.rt.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("parked connection after Router.Close: read %v, %v; want it closed (EOF)", n, err)
+	}
 }

@@ -132,8 +132,16 @@ func (w *connWatcher) rearm(tc *takenConn) {
 	})
 }
 
-// stop ends the loop; the connections still watched are left to their
-// owners (Router.Close cuts them first).
+// stopped reports whether the loop has ended (stopped, or epoll failed).
+func (w *connWatcher) stopped() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.closed
+}
+
+// stop ends the loop. Streams still watched are left to their owners
+// (Router.Close cuts them first); connections parked between requests are
+// closed, as nothing would hand them back or expire them any more.
 func (w *connWatcher) stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -150,9 +158,13 @@ func (w *connWatcher) loop() {
 		// stream), and no descriptor number of the set is used again.
 		w.mu.Lock()
 		w.closed = true
+		left := w.conns
 		w.conns = map[int32]*takenConn{}
 		w.closeFDs()
 		w.mu.Unlock()
+		for _, tc := range left {
+			tc.closeIfIdle() // a stream ending later closes its own (takenConn.end)
+		}
 	}()
 	events := make([]syscall.EpollEvent, 128)
 	lastSweep := time.Now()

@@ -15,3 +15,4 @@ func newConnWatcher() (*connWatcher, error) {
 func (*connWatcher) add(*takenConn) error { return errors.New("connection takeover needs Linux") }
 func (*connWatcher) remove(*takenConn)    {}
 func (*connWatcher) stop()                {}
+func (*connWatcher) stopped() bool        { return true }

@@ -983,7 +983,7 @@
     { id: 'rps', title: 'Requests', unit: ' /s', series: [{ key: 'rps', cls: 's-main', label: 'req/s' }], fmt: rate },
     { id: 'ttft', title: 'Time to first token', unit: '', series: [{ key: 'p50', cls: 's-main', label: 'p50' }, { key: 'p99', cls: 's-alt', label: 'p99' }], fmt: seconds },
     { id: 'errors', title: 'Errors', unit: ' /s', series: [{ key: 'eps', cls: 's-bad', label: 'errors/s' }], fmt: rate,
-      help: 'Requests that ended in no_route, overloaded, upstream_error, timeout or stream_error' },
+      help: 'Requests that ended in no_route, overloaded, upstream_error, timeout, stream_error or internal_error' },
     { id: 'retries', title: 'Retries', unit: ' /s', series: [{ key: 'retries', cls: 's-warn', label: 'retries/s' }], fmt: rate },
   ];
 

@@ -66,7 +66,7 @@
   // Outcomes of pdplane_router_requests_total that count as errors: the
   // fleet failed the request. Refusals of bad client input and clients that
   // left are not the fleet's fault and are not counted.
-  const ERROR_OUTCOMES = new Set(['no_route', 'overloaded', 'upstream_error', 'timeout', 'stream_error']);
+  const ERROR_OUTCOMES = new Set(['no_route', 'overloaded', 'upstream_error', 'timeout', 'stream_error', 'internal_error']);
 
   // routerTotals sums the router's counters over all their labels at one
   // scrape. present says whether any pdplane_router_ series exists at all;
