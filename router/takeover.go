@@ -361,6 +361,11 @@ func (tc *takenConn) end(complete bool) {
 	}
 	tc.mu.Lock()
 	switch {
+	case tc.state != takenStreaming:
+		// Cut (CloseDetached) or closed with the other parked ones
+		// (DisableKeepAlives) since the terminator went out.
+		tc.mu.Unlock()
+		tc.close()
 	case tc.gone:
 		tc.state = takenDone
 		tc.mu.Unlock()
@@ -467,6 +472,21 @@ func (rt *Router) CloseDetached() {
 	rt.taken.mu.Lock()
 	defer rt.taken.mu.Unlock()
 	for tc := range rt.taken.conns {
+		tc.cut()
+	}
+}
+
+// cut closes the connection of a stream still running and cancels the
+// stream. One whose stream has ended is left alone: it may already be
+// back with the server, serving the client's next request.
+func (tc *takenConn) cut() {
+	tc.mu.Lock()
+	streaming := tc.state == takenStreaming
+	if streaming {
+		tc.state = takenDone
+	}
+	tc.mu.Unlock()
+	if streaming {
 		tc.close()
 		tc.cancel(errStreamCut)
 	}
