@@ -47,6 +47,8 @@ const (
 	// start time without --enable-metrics), and it looks once a heartbeat.
 	healEngineStart = 5 * healHeartbeat
 	healSecret      = "heal-e2e-transfer-secret-0123456789"
+	// healRoomTimeout is the engines' transfer timeout (see simArgs).
+	healRoomTimeout = 5 * time.Second
 )
 
 // healFleet is serve, the sims and their agents.
@@ -149,9 +151,13 @@ func startHealFleetWith(t *testing.T, dbURL string, o healOpts) *healFleet {
 	waitHTTP(t, f.base+"/healthz", 30*time.Second)
 
 	f.victim, f.survivor = bench.FreeAddr(t), bench.FreeAddr(t)
+	// The engines give up on a transfer (--room-timeout) well inside the
+	// clients' 20 s: a request in flight on the victim when its fault
+	// starts may lose its room (its KV never comes, as on a NIXL decode),
+	// and it must fail in time for the router to send it elsewhere.
 	simArgs := func(role, name, addr string, perToken time.Duration) []string {
 		return []string{"sim", "--role", role, "--engine", "sglang", "--name", name, "--sim-addr", addr,
-			"--transfer-secret", healSecret, "--decode-time-per-token", perToken.String()}
+			"--transfer-secret", healSecret, "--decode-time-per-token", perToken.String(), "--room-timeout", healRoomTimeout.String()}
 	}
 	engines := []struct{ name, addr, heal string }{}
 	for i := 0; i < o.prefills; i++ {

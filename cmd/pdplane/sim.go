@@ -25,6 +25,8 @@ func simFlags(fs *flagSet, c *sim.Config, role, engine *string) {
 	fs.dur(&c.DecodeTimePerToken, "decode-time-per-token", 0, "simulated decode time per generated token (an SGLang decode sends its first, the prefill's, at once)")
 	fs.int(&c.Pages, "kv-pages", sim.DefaultPages, "pages in the KV pool (page_size tokens each); a request holds its prompt's pages "+
 		"until its answer ends, so held streams need as many")
+	fs.dur(&c.RoomTimeout, "room-timeout", sim.DefaultRoomTimeout, "how long either side of a transfer waits for the other "+
+		"(SGLang's bootstrap and waiting timeouts, vLLM's held-blocks timeout) before failing the request")
 	fs.boolean(&c.CheapTransfer, "cheap-transfer", false, "keep the PD protocol (bootstrap, transfer notifications, per-token times) "+
 		"but compute and verify no KV and move one page per request: for load tests where the engine must not be the bottleneck")
 }
