@@ -273,21 +273,7 @@ func TestUnwatchedTakenConnectionClosesAfterItsStream(t *testing.T) {
 func TestPanicInARequestReleasesItsAdmission(t *testing.T) {
 	t.Parallel()
 	var armed atomic.Bool
-	now := func() time.Time {
-		if armed.Load() {
-			pc := make([]uintptr, 16)
-			frames := runtime.CallersFrames(pc[:runtime.Callers(2, pc)])
-			for f, more := frames.Next(); ; f, more = frames.Next() {
-				if strings.HasSuffix(f.Function, "(*dispatch).prepare") && armed.CompareAndSwap(true, false) {
-					panic("injected fault")
-				}
-				if !more {
-					break
-				}
-			}
-		}
-		return time.Now()
-	}
+	now := panicOnce(&armed, "(*dispatch).prepare")
 	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
 	b := setupSims(t, router.Config{MaxInflight: 1, Now: now}, p, d)
 	const unary = `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
@@ -309,19 +295,16 @@ func TestPanicInARequestReleasesItsAdmission(t *testing.T) {
 	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "ok"}, 1)
 }
 
-// TestPanicInATakenStreamIsCountedAsCut: a panic while relaying a stream
-// on its own goroutine, here after the stream was taken over, cuts the
-// client's answer (no chunked terminator) and counts the request as the
-// router's failure, not as served.
-func TestPanicInATakenStreamIsCountedAsCut(t *testing.T) {
-	t.Parallel()
-	var armed atomic.Bool
-	now := func() time.Time {
+// panicOnce is a clock for Config.Now that, once armed, panics the first
+// time it is read from within fn (a function name's suffix), and then
+// disarms: a fault injected where the router reads the time.
+func panicOnce(armed *atomic.Bool, fn string) func() time.Time {
+	return func() time.Time {
 		if armed.Load() {
 			pc := make([]uintptr, 16)
 			frames := runtime.CallersFrames(pc[:runtime.Callers(2, pc)])
 			for f, more := frames.Next(); ; f, more = frames.Next() {
-				if strings.HasSuffix(f.Function, "(*dispatch).relay") && armed.CompareAndSwap(true, false) {
+				if strings.HasSuffix(f.Function, fn) && armed.CompareAndSwap(true, false) {
 					panic("injected fault")
 				}
 				if !more {
@@ -331,6 +314,16 @@ func TestPanicInATakenStreamIsCountedAsCut(t *testing.T) {
 		}
 		return time.Now()
 	}
+}
+
+// TestPanicInATakenStreamIsCountedAsCut: a panic while relaying a stream
+// on its own goroutine, here after the stream was taken over, cuts the
+// client's answer (no chunked terminator) and counts the request as the
+// router's failure, not as served.
+func TestPanicInATakenStreamIsCountedAsCut(t *testing.T) {
+	t.Parallel()
+	var armed atomic.Bool
+	now := panicOnce(&armed, "(*dispatch).relay")
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
 	b := setupSims(t, router.Config{Now: now}, p, d)
 	resp := b.send(t, context.Background(), "/v1/chat/completions", slowStreamBody(1000))
