@@ -179,17 +179,7 @@ func TestTakenConnectionPipelinedAndIdle(t *testing.T) {
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
 	b := setupSims(t, router.Config{}, p, d)
 	const idle = 300 * time.Millisecond
-	var hijacked atomic.Int64
-	srv := httptest.NewUnstartedServer(b.rt.Routes())
-	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateHijacked {
-			hijacked.Add(1)
-		}
-	}
-	srv.Listener = router.NewListener(srv.Listener, idle)
-	srv.Start()
-	defer srv.Close()
-
+	srv, hijacked := takenRawServer(t, b, idle)
 	c := dialRaw(t, srv)
 	if _, err := io.WriteString(c, rawStreamRequest(3)+rawStreamRequest(2)); err != nil {
 		t.Fatal(err)
