@@ -20,18 +20,27 @@ import (
 // unfolded; no engine folds), and whitespace between a field name and its
 // colon is removed (§5.1: a proxy must).
 
-// headScratch lends the buffers heads are read into: a connection keeps
-// none, as one held by a long stream would keep it for nothing.
-var headScratch = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+// headBufs lends the buffers a request's head is written into and an
+// answer's head is read into: a connection keeps none, as one held by a
+// long stream would keep it for nothing.
+var headBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// getHeadBuf and putHeadBuf lend and return one; an odd large one (a head
+// near maxHead) is not kept.
+func getHeadBuf() *[]byte { return headBufs.Get().(*[]byte) }
+
+func putHeadBuf(bp *[]byte, b []byte) {
+	if cap(b) <= 64<<10 {
+		*bp = b[:0]
+		headBufs.Put(bp)
+	}
+}
 
 // readHead is readHeadInto with a lent buffer.
 func readHead(br *bufio.Reader, status bool) (string, error) {
-	bp := headScratch.Get().(*[]byte)
+	bp := getHeadBuf()
 	head, buf, err := readHeadInto(br, *bp, status)
-	if cap(buf) <= 64<<10 {
-		*bp = buf[:0]
-		headScratch.Put(bp)
-	}
+	putHeadBuf(bp, buf)
 	return head, err
 }
 
@@ -42,9 +51,6 @@ func readHead(br *bufio.Reader, status bool) (string, error) {
 func readHeadInto(br *bufio.Reader, buf []byte, status bool) (string, []byte, error) {
 	buf = buf[:0]
 	lineStart := 0
-	if !status {
-		lineStart = -1
-	}
 	for {
 		part, err := br.ReadSlice('\n')
 		buf = append(buf, part...)
@@ -55,8 +61,9 @@ func readHeadInto(br *bufio.Reader, buf []byte, status bool) (string, []byte, er
 		default:
 			return "", buf, unexpectedEOF(err)
 		}
-		line := buf[max(lineStart, 0):]
-		if lineStart != 0 && (len(line) == 1 || len(line) == 2 && line[0] == '\r') {
+		line := buf[lineStart:]
+		empty := len(line) == 1 || len(line) == 2 && line[0] == '\r'
+		if empty && (lineStart > 0 || !status) { // a head's first line is its status line
 			return string(buf), buf, nil
 		}
 		lineStart = len(buf)

@@ -51,7 +51,6 @@ type upstreamTransport struct {
 	maxHead     int64 // bytes of an answer's heads and of its trailers
 	fallback    *http.Transport
 	readers     sync.Pool // *bufio.Reader of readBuf bytes, lent to connections (see awaitBytes)
-	heads       sync.Pool // *[]byte, a request head being written
 
 	mu   sync.Mutex
 	idle map[string][]*upConn
@@ -127,7 +126,6 @@ func newUpstreamTransport(cfg *Config) *upstreamTransport {
 		idle:        map[string][]*upConn{},
 	}
 	t.readers.New = func() any { return bufio.NewReaderSize(nil, t.readBuf) }
-	t.heads.New = func() any { b := make([]byte, 0, 512); return &b }
 	return t
 }
 
@@ -165,10 +163,9 @@ func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	if req.Body != nil {
 		req.Body.Close()
 	}
-	hb := t.heads.Get().(*[]byte)
-	defer t.heads.Put(hb)
-	head := appendRequestHead((*hb)[:0], req, len(body))
-	*hb = head
+	hb := getHeadBuf()
+	head := appendRequestHead(*hb, req, len(body))
+	defer putHeadBuf(hb, head)
 	addr := hostPort(req)
 	for try := 0; ; try++ {
 		uc, err := t.get(ctx, addr)
