@@ -10,7 +10,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -470,31 +469,20 @@ func (d *dispatch) newUpstream(ctx context.Context, url string, body []byte) (*h
 		return nil, err
 	}
 	req.ContentLength = int64(len(body))
-	if req.URL.Scheme != "http" || d.rt.ownedTr == nil {
-		// For net/http's transport (https://, or one set in Config), which
-		// may send it again; the router's own never does.
-		req.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
-	}
-	// The fields' values share one array: a leg's header is one map and
-	// one array, whatever the number of fields.
-	vals := make([]string, 0, 6)
-	h := req.Header
-	set := func(k, v string) {
-		vals = append(vals, v)
-		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
-	}
-	set("Content-Type", "application/json")
-	set(registry.RequestIDHeader, d.rid)
+	req.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
+	h := newFields(req.Header, 6)
+	h.set("Content-Type", "application/json")
+	h.set(registry.RequestIDHeader, d.rid)
 	if d.rt.upstreamAuth != "" {
-		set("Authorization", d.rt.upstreamAuth)
+		h.set("Authorization", d.rt.upstreamAuth)
 	}
 	// The trace context: the leg's span's, else the client's own.
 	if d.span != nil {
-		injectSpan(ctx, h)
+		injectSpan(ctx, req.Header)
 	} else if tp, ts := d.passedTrace(); tp != "" {
-		set(traceparentField, tp)
+		h.set(traceparentField, tp)
 		if ts != "" {
-			set(tracestateField, ts)
+			h.set(tracestateField, ts)
 		}
 	}
 	return req, nil
@@ -599,21 +587,16 @@ func readKeep(resp *http.Response, keep int64) ([]byte, error) {
 // commit sends the decode's status and headers to the client: from here on
 // the request cannot move to another pair.
 func (d *dispatch) commit(resp *http.Response, contentLength int) {
-	// The values share one array (the fields are new to this answer).
-	h, vals := d.w.Header(), make([]string, 0, 4)
-	set := func(k, v string) {
-		vals = append(vals, v)
-		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
-	}
+	h := newFields(d.w.Header(), 4)
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
-		set("Content-Type", ownContentType(ct))
+		h.set("Content-Type", ct)
 	}
 	if d.q.stream {
-		set("Cache-Control", "no-cache")
-		set("X-Accel-Buffering", "no")
+		h.set("Cache-Control", "no-cache")
+		h.set("X-Accel-Buffering", "no")
 	}
 	if contentLength >= 0 {
-		set("Content-Length", strconv.Itoa(contentLength))
+		h.set("Content-Length", strconv.Itoa(contentLength))
 	}
 	d.status = resp.StatusCode
 	d.w.WriteHeader(resp.StatusCode)
@@ -623,23 +606,24 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 	// headers and the request it answered (which holds the upstream body).
 	d.q.body, d.q.members, d.q.prefix = nil, nil, nil
 	// Status is a piece of the head's string (parseHead), which a long
-	// stream must not keep.
+	// stream must not keep (its Content-Type, another, goes with net/http's
+	// response, which a taken-over stream lets go of).
 	resp.Header, resp.Request, resp.Status = nil, nil, ""
 }
 
-// ownContentType is ct not as a piece of the engine's head (parseHead),
-// which a stream's response header would otherwise keep whole: the
-// engines' usual types as constants, any other copied.
-func ownContentType(ct string) string {
-	switch ct {
-	case "text/event-stream; charset=utf-8":
-		return "text/event-stream; charset=utf-8"
-	case "text/event-stream":
-		return "text/event-stream"
-	case "application/json":
-		return "application/json"
-	}
-	return strings.Clone(ct)
+// fields sets header fields new to a header with their values in one
+// array: a header of a few fields costs one map and one array rather than
+// an array a field.
+type fields struct {
+	h    http.Header
+	vals []string
+}
+
+func newFields(h http.Header, n int) fields { return fields{h: h, vals: make([]string, 0, n)} }
+
+func (f *fields) set(k, v string) {
+	f.vals = append(f.vals, v)
+	f.h[k] = f.vals[len(f.vals)-1 : len(f.vals) : len(f.vals)]
 }
 
 // write sends bytes to the client, flushing when streaming; the first write
