@@ -182,14 +182,10 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[st
 	if n == 0 {
 		return replies, nil
 	}
-	uids, err := uuidArray(ids)
-	if err != nil {
-		return nil, err // not reached: ids holds peer IDs only
-	}
-	err = pgx.BeginTxFunc(ctx, s.pool, s.heartbeatTx(), func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, s.heartbeatTx(), func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 WITH hb AS (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[], $4::int[], $5::float8[], $8::int[])
+	SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $3::int[], $4::int[], $5::float8[], $8::int[])
 		AS t(id, instance_id, running, queued, kv_usage, trans)
 ), prev AS (
 	SELECT p.id, p.name, p.state, p.state_reason, p.instance_id, p.generation, p.heal,
@@ -213,7 +209,7 @@ WITH hb AS (
 )
 SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id, prev.generation, prev.heal,
 	COALESCE(prev.heal ->> 'phase', '') FROM prev`,
-			uids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans, tables, registry.ReasonLeaseExpired)
+			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans, tables, registry.ReasonLeaseExpired)
 		if err != nil {
 			return err
 		}

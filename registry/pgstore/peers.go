@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pdplane/pdplane/registry"
 )
@@ -178,7 +177,7 @@ var rankColumns = columns[rankRow]{
 var (
 	selectPeers = "SELECT " + peerColumns.selectList() + " FROM peers "
 	upsertPeer  = peerColumns.upsert("peers", "id")
-	selectRanks = "SELECT " + rankColumns.selectList() + " FROM peer_ranks WHERE peer_id = ANY($1::uuid[]) ORDER BY peer_id, rank"
+	selectRanks = "SELECT " + rankColumns.selectList() + " FROM peer_ranks WHERE peer_id = ANY($1::text[]::uuid[]) ORDER BY peer_id, rank"
 	rankNames   = rankColumns.names()
 	scanPeerRow = peerColumns.scanner()
 	scanRankRow = rankColumns.scanner()
@@ -313,11 +312,7 @@ func loadPeers(ctx context.Context, q queryer, where string, args ...any) ([]reg
 	for i := range prs {
 		ids[i] = prs[i].ID
 	}
-	uids, err := uuidArray(ids)
-	if err != nil {
-		return nil, err
-	}
-	rrs, err := collectRows(ctx, q, scanRankRow, selectRanks, uids)
+	rrs, err := collectRows(ctx, q, scanRankRow, selectRanks, ids)
 	return assemblePeers(prs, rrs, err)
 }
 
@@ -342,52 +337,4 @@ func assemblePeers(prs []peerRow, rrs []rankRow, err error) ([]registry.Peer, er
 		}
 	}
 	return peers, nil
-}
-
-// uuidArray is ids as a uuid[] parameter in binary form. pgx cannot encode
-// a []string as uuid[] in binary: it first fails (formatting the whole
-// slice into its error) and then sends every ID as text for PostgreSQL to
-// parse, which a heartbeat batch of thousands paid on every flush. An ID
-// that is not a UUID fails the call, as PostgreSQL's cast of the text did.
-func uuidArray(ids []string) ([]pgtype.UUID, error) {
-	out := make([]pgtype.UUID, len(ids))
-	for i, id := range ids {
-		if err := parseUUID(id, &out[i].Bytes); err != nil {
-			return nil, err
-		}
-		out[i].Valid = true
-	}
-	return out, nil
-}
-
-// parseUUID reads the canonical form, 8-4-4-4-12 hex digits.
-func parseUUID(s string, b *[16]byte) error {
-	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
-		return fmt.Errorf("invalid peer id %.64q: not a UUID", s)
-	}
-	for i, j := 0, 0; i < len(s); {
-		if i == 8 || i == 13 || i == 18 || i == 23 {
-			i++ // a dash
-			continue
-		}
-		hi, lo := unhex(s[i]), unhex(s[i+1])
-		if hi > 15 || lo > 15 {
-			return fmt.Errorf("invalid peer id %.64q: not a UUID", s)
-		}
-		b[j] = hi<<4 | lo
-		i, j = i+2, j+1
-	}
-	return nil
-}
-
-func unhex(c byte) byte {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0'
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10
-	}
-	return 255
 }

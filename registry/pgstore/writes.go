@@ -93,13 +93,9 @@ func liftHealed(ctx context.Context, tx pgx.Tx, prefills []string, decodeID stri
 	if len(prefills) == 0 {
 		return nil, nil
 	}
-	ids, err := uuidArray(prefills)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := tx.Query(ctx, `DELETE FROM pair_quarantines q WHERE q.decode_id = $1 AND q.prefill_id = ANY($2::uuid[])
+	rows, err := tx.Query(ctx, `DELETE FROM pair_quarantines q WHERE q.decode_id = $1 AND q.prefill_id = ANY($2::text[]::uuid[])
 		RETURNING q.prefill_id::text, COALESCE((SELECT name FROM peers WHERE id = q.prefill_id), q.prefill_id::text)`,
-		decodeID, ids)
+		decodeID, prefills)
 	if err != nil {
 		return nil, err
 	}
@@ -365,9 +361,10 @@ func (s *Store) Get(ctx context.Context, id string) (registry.Peer, error) {
 
 // Refresh implements registry.Refresher: the peers with ids (those that
 // exist), every quarantine and every preflight, read by four queries sent
-// together (one round trip; one implicit transaction, so one snapshot of
-// the database: pgx's SendBatch ends the batch with a single Sync, see its
-// doc comment).
+// together: one round trip and one implicit transaction (pgx's SendBatch
+// ends the batch with a single Sync, see its doc comment). Under READ
+// COMMITTED each statement still reads its own snapshot; a change that
+// lands between them is read again after its own notification.
 func (s *Store) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []registry.Quarantine, []registry.Preflight, error) {
 	valid := make([]string, 0, len(ids))
 	for _, id := range ids {
@@ -375,13 +372,9 @@ func (s *Store) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []r
 			valid = append(valid, id)
 		}
 	}
-	uids, err := uuidArray(valid)
-	if err != nil {
-		return nil, nil, nil, err // not reached: valid holds peer IDs only
-	}
 	b := &pgx.Batch{}
-	b.Queue(selectPeers+"WHERE id = ANY($1::uuid[])", uids)
-	b.Queue(selectRanks, uids)
+	b.Queue(selectPeers+"WHERE id = ANY($1::text[]::uuid[])", valid)
+	b.Queue(selectRanks, valid)
 	b.Queue("SELECT " + quarantineColumns + " FROM pair_quarantines ORDER BY at")
 	b.Queue("SELECT " + preflightColumns + " FROM pair_preflights")
 	br := s.pool.SendBatch(ctx, b)
@@ -397,7 +390,7 @@ func (s *Store) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []r
 	var rrs []rankRow
 	var qs []registry.Quarantine
 	var pfs []registry.Preflight
-	err = collect(func(r pgx.Rows) (err error) { prs, err = pgx.CollectRows(r, scanPeerRow); return })
+	err := collect(func(r pgx.Rows) (err error) { prs, err = pgx.CollectRows(r, scanPeerRow); return })
 	if err == nil {
 		err = collect(func(r pgx.Rows) (err error) { rrs, err = pgx.CollectRows(r, scanRankRow); return })
 	}
