@@ -333,6 +333,18 @@ var framingCases = []framingCase{
 	{name: "HeadChunked", rfc: "RFC 9112 §6.3(1)", method: http.MethodHead, wire: chunkedHead,
 		status: 200, reused: true},
 
+	// Heads as the engines' server writes them: captured from uvicorn 0.54.0
+	// serving Starlette 1.10.0 responses (SGLang's and vLLM's HTTP stack) —
+	// a StreamingResponse(media_type="text/event-stream") and a
+	// JSONResponse. Field names are lower case, but for the Transfer-Encoding
+	// uvicorn adds itself.
+	{name: "UvicornStream", rfc: "RFC 9112 §5, §7.1", wire: "HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 18:57:51 GMT\r\nserver: uvicorn\r\n" +
+		"content-type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\na\r\ndata: {}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n",
+		status: 200, body: "data: {}\n\ndata: [DONE]\n\n", reused: true},
+	{name: "UvicornJSON", rfc: "RFC 9112 §5, §6.3(6)", wire: "HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 18:57:52 GMT\r\nserver: uvicorn\r\n" +
+		"content-length: 12\r\ncontent-type: application/json\r\n\r\n{\"text\":\"x\"}",
+		status: 200, body: `{"text":"x"}`, reused: true},
+
 	// Heads.
 	{name: "HeaderLineWithoutColon", rfc: "RFC 9112 §5", wire: "HTTP/1.1 200 OK\r\nContent-Length 5\r\n\r\nhello",
 		rtErr: true},

@@ -22,6 +22,8 @@ func FuzzParseHeadAgreesWithTextproto(f *testing.F) {
 		"HTTP/1.1 200 OK\nA: b\n\n",
 		"HTTP/1.1 200 OK\r\nX-Obs: caf\xc3\xa9\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nX-Empty:\r\n\r\n",
+		// uvicorn 0.54.0's head for a Starlette StreamingResponse (lower-case names).
+		"HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 18:57:51 GMT\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n",
 	} {
 		f.Add(s)
 	}

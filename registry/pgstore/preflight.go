@@ -10,6 +10,9 @@ import (
 
 const preflightColumns = "prefill_id::text, decode_id::text, state, backend, mem_kind, gbps, latency_us, checked_at, error, prefill_generation, decode_generation"
 
+// selectPreflights reads every preflight (Preflights, Refresh).
+const selectPreflights = "SELECT " + preflightColumns + " FROM pair_preflights"
+
 func scanPreflight(r pgx.CollectableRow) (registry.Preflight, error) {
 	var pf registry.Preflight
 	var kind int16
@@ -53,7 +56,7 @@ RETURNING `+preflightColumns,
 
 // Preflights implements registry.Store.
 func (s *Store) Preflights(ctx context.Context) ([]registry.Preflight, error) {
-	out, err := collectRows(ctx, s.pool, scanPreflight, "SELECT "+preflightColumns+" FROM pair_preflights")
+	out, err := collectRows(ctx, s.pool, scanPreflight, selectPreflights)
 	return out, classify(err, "list preflights")
 }
 

@@ -12,6 +12,10 @@ import (
 
 const quarantineColumns = "prefill_id::text, decode_id::text, detail, at, expires_at, trial"
 
+// selectQuarantines reads every quarantine, oldest first (Quarantines,
+// Refresh).
+const selectQuarantines = "SELECT " + quarantineColumns + " FROM pair_quarantines ORDER BY at"
+
 func scanQuarantine(r pgx.CollectableRow) (registry.Quarantine, error) {
 	var q registry.Quarantine
 	err := r.Scan(&q.PrefillID, &q.DecodeID, &q.Detail, &q.At, &q.ExpiresAt, &q.Trial)

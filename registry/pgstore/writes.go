@@ -375,8 +375,8 @@ func (s *Store) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []r
 	b := &pgx.Batch{}
 	b.Queue(selectPeers+"WHERE id = ANY($1::text[]::uuid[])", valid)
 	b.Queue(selectRanks, valid)
-	b.Queue("SELECT " + quarantineColumns + " FROM pair_quarantines ORDER BY at")
-	b.Queue("SELECT " + preflightColumns + " FROM pair_preflights")
+	b.Queue(selectQuarantines)
+	b.Queue(selectPreflights)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
 	collect := func(scan func(pgx.Rows) error) error {
@@ -436,7 +436,7 @@ func (s *Store) List(ctx context.Context, f registry.Filter) ([]registry.Peer, e
 
 // Quarantines implements registry.Store.
 func (s *Store) Quarantines(ctx context.Context) ([]registry.Quarantine, error) {
-	qs, err := collectRows(ctx, s.pool, scanQuarantine, "SELECT "+quarantineColumns+" FROM pair_quarantines ORDER BY at")
+	qs, err := collectRows(ctx, s.pool, scanQuarantine, selectQuarantines)
 	return qs, classify(err, "list quarantines")
 }
 
