@@ -65,7 +65,7 @@ type Router struct {
 	taken   takenConns     // streams on connections taken over from net/http
 
 	watchOnce sync.Once
-	watcher   *connWatcher // their clients' connections; nil until the first takeover, or where there is none
+	watcher   *connWatcher // their clients' connections; nil until the first HTTP/1.1 stream, or where there is none
 }
 
 // closeDetachedWait bounds how long Close waits for the streams it cut to

@@ -218,15 +218,15 @@ type takenConn struct {
 	c      net.Conn    // as hijacked: a *clientConn when served through a Listener
 	w      net.Conn    // where chunks are written: the TCP connection itself, for writev
 	cancel func(error) // cancels the request: the client left
-	keep   bool        // the client may send another request on the connection
+	// keep: the client may send another request on the connection, which
+	// is then watched for it; false closes the connection after the stream
+	// (asked to close, not the Listener's, or the watcher could not take it).
+	keep   bool
 	hdr    [20]byte    // a chunk's size line
 	outArr [3][]byte   // a chunk's size line, data and CRLF, as one writev
 	out    net.Buffers // (kept here: a local list would be allocated per chunk)
 	cw     *connWatcher
 	token  int32 // the watcher's name for it; 0 when not watched
-	// unwatched: the watcher could not take it; it is closed at the end
-	// of its stream, since nothing would see the next request come.
-	unwatched bool
 
 	mu        sync.Mutex
 	state     takenState
@@ -251,15 +251,11 @@ var (
 )
 
 // takeover takes the client's connection off net/http: see the top of this
-// file. It is called only on the dispatch's own goroutine (d.hop set),
-// after everything written so far was flushed; false leaves the stream on
-// net/http (the connection cannot be hijacked, or there is no watcher on
-// this platform).
+// file. It is called only on the dispatch's own goroutine (d.hop set, which
+// serve does only once there is a watcher); false leaves the stream on
+// net/http (the connection cannot be hijacked).
 func (d *dispatch) takeover() bool {
-	cw := d.rt.connWatcher()
-	if cw == nil {
-		return false
-	}
+	cw := d.rt.watcher
 	// What the relay left in net/http's buffer goes first: Hijack drops it.
 	if d.rc.Flush() != nil {
 		return false
@@ -268,8 +264,10 @@ func (d *dispatch) takeover() bool {
 	if err != nil {
 		return false
 	}
-	tc := &takenConn{c: c, w: c, cw: cw, keep: !d.r.Close} // HTTP/1.1 only (serve): keep-alive unless asked to close
 	cc, _ := c.(*clientConn)
+	// HTTP/1.1 only (serve): keep-alive unless asked to close, and when
+	// the connection can go back to the server (its Listener's).
+	tc := &takenConn{c: c, w: c, cw: cw, keep: !d.r.Close && cc != nil}
 	if cc != nil {
 		tc.w = cc.Conn
 	}
@@ -296,7 +294,7 @@ func (d *dispatch) takeover() bool {
 	if err := cw.add(tc); err != nil {
 		// The stream goes on; the client's leaving is seen at the next
 		// write instead, and the connection closes after it.
-		tc.unwatched = true
+		tc.keep = false
 		d.rt.log.Warn().Err(err).Str(logRequestID, d.rid).Msg("cannot watch a taken-over connection")
 	}
 	return true
@@ -355,7 +353,7 @@ func (tc *takenConn) end(complete bool) {
 		}
 	}
 	cc, _ := tc.c.(*clientConn)
-	if !complete || !tc.keep || tc.unwatched || cc == nil || !cc.l.park(tc) {
+	if !complete || !tc.keep || !cc.l.park(tc) {
 		tc.close()
 		return
 	}
@@ -544,6 +542,11 @@ func (d *dispatch) runAndEnd(v *view, mv *modelView) {
 		}
 		d.end()
 		if d.tk == nil {
+			// Still on net/http: end the watch of its context here rather
+			// than have the handler's return fire it on a goroutine.
+			if d.stopClientWatch() {
+				d.clientCancel(context.Canceled)
+			}
 			if d.abort {
 				d.hop <- hopAbort
 			} else {
@@ -573,7 +576,7 @@ func (d *dispatch) detach() func(error) {
 }
 
 // mayTakeOver reports whether the answer under way can still leave
-// net/http: a stream running beside its handler (d.hop: HTTP/1.x, a
+// net/http: a stream running beside its handler (d.hop: HTTP/1.1, a
 // watcher), not taken over nor refused yet, whose committed 2xx answer
 // has a body that net/http sends chunked (streams have no Content-Length).
 func (d *dispatch) mayTakeOver() bool {
@@ -589,7 +592,7 @@ func (d *dispatch) mayTakeOver() bool {
 func (d *dispatch) detachable() {
 	rctx := d.r.Context()
 	ctx, cancel := context.WithCancelCause(context.Background())
-	d.ctx, d.clientCancel = ctx, func(err error) { cancel(err) }
+	d.ctx, d.clientCancel = ctx, cancel
 	d.stopClientWatch = context.AfterFunc(rctx, func() { cancel(context.Cause(rctx)) })
 }
 

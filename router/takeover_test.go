@@ -328,9 +328,8 @@ func TestPanicInATakenStreamIsCountedAsCut(t *testing.T) {
 	b.waitMetric(t, "pdplane_router_inflight_requests", nil, 0)
 }
 
-// takenRawServer serves b's router on a raw-connection-friendly server
-// whose listener parks taken-over connections for idle, counting the
-// streams taken over.
+// takenRawServer serves b's router as b.srv does, with its own idle time,
+// counting the streams taken over.
 func takenRawServer(t *testing.T, b *bundle, idle time.Duration) (*httptest.Server, *atomic.Int64) {
 	t.Helper()
 	var hijacked atomic.Int64
@@ -356,7 +355,7 @@ func TestClientLeavingAPipelinedTakenStreamCancelsIt(t *testing.T) {
 	// leaving not watched, only the relay's next writes would find it.
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = time.Minute })
 	b := setupSims(t, router.Config{}, p, d)
-	srv, hijacked := takenRawServer(t, b, time.Minute)
+	srv, hijacked := b.srv, &b.hijacked
 	c := dialRaw(t, srv)
 	if _, err := io.WriteString(c, rawStreamRequest(1000)+rawStreamRequest(2)); err != nil {
 		t.Fatal(err)
@@ -375,7 +374,7 @@ func TestRouterCloseClosesParkedConnections(t *testing.T) {
 	t.Parallel()
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
 	b := setupSims(t, router.Config{}, p, d)
-	srv, hijacked := takenRawServer(t, b, time.Minute)
+	srv, hijacked := b.srv, &b.hijacked
 	c := dialRaw(t, srv)
 	if _, err := io.WriteString(c, rawStreamRequest(2)); err != nil {
 		t.Fatal(err)
