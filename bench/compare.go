@@ -15,12 +15,18 @@ import (
 const (
 	PeerSMG        = "smg"         // SMG, SGLang PD
 	PeerVLLMRouter = "vllm-router" // vllm-router, vLLM PD
+	// PeerFloor is Floor (`pdplane bench floor`), SGLang PD: not a router
+	// but the least any Go process spends on the same traffic.
+	PeerFloor = "floor"
+	// PeerFloorNetHTTP is Floor with net/http's server on the client side
+	// (`pdplane bench floor --net-http`).
+	PeerFloorNetHTTP = "floor-net-http"
 )
 
 // Peer is a router to compare pdplane with.
 type Peer struct {
-	Name string // PeerSMG or PeerVLLMRouter
-	Bin  string // its executable
+	Name string // PeerSMG, PeerVLLMRouter, PeerFloor or PeerFloorNetHTTP
+	Bin  string // its executable (for the floors, a pdplane binary)
 }
 
 // engine is the engine kind the peer routes.
@@ -137,8 +143,10 @@ func (c Config) validate() error {
 		}
 	}
 	for _, p := range c.Peers {
-		if p.Name != PeerSMG && p.Name != PeerVLLMRouter {
-			return fmt.Errorf("bench config: peers: %s or %s, got %q", PeerSMG, PeerVLLMRouter, p.Name)
+		switch p.Name {
+		case PeerSMG, PeerVLLMRouter, PeerFloor, PeerFloorNetHTTP:
+		default:
+			return fmt.Errorf("bench config: peers: %s, %s, %s or %s, got %q", PeerSMG, PeerVLLMRouter, PeerFloor, PeerFloorNetHTTP, p.Name)
 		}
 	}
 	return nil
@@ -388,10 +396,13 @@ func (f *fleet) startPeer(ctx context.Context, cfg Config, p Peer) error {
 		return err
 	}
 	var args []string
-	if p.Name == PeerSMG {
+	switch p.Name {
+	case PeerSMG:
 		args, err = SMGPDArgs(p.Bin, port, "", f.prefill, f.decode)
 		args = append(args, "--max-concurrent-requests", strconv.Itoa(maxInflight(cfg)))
-	} else {
+	case PeerFloor, PeerFloorNetHTTP:
+		args = FloorArgs(p.Bin, port, f.prefill, f.decode, p.Name == PeerFloorNetHTTP)
+	default:
 		args, err = VLLMRouterPDArgs(p.Bin, port, "", f.prefill, f.decode)
 	}
 	if err != nil {

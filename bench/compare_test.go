@@ -20,11 +20,11 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-// peers are the routers installed here (PDPLANE_SMG, PDPLANE_VLLM_ROUTER);
-// under CI=true both are required.
+// peers are the routers installed here (PDPLANE_SMG, PDPLANE_VLLM_ROUTER),
+// under CI=true both required, and the two floors, which are always here.
 func peers(t *testing.T) []bench.Peer {
 	t.Helper()
-	var out []bench.Peer
+	out := []bench.Peer{{Name: bench.PeerFloor, Bin: pdplaneBin}, {Name: bench.PeerFloorNetHTTP, Bin: pdplaneBin}}
 	for _, p := range []struct{ name, env string }{{bench.PeerSMG, "PDPLANE_SMG"}, {bench.PeerVLLMRouter, "PDPLANE_VLLM_ROUTER"}} {
 		bin := os.Getenv(p.env)
 		if bin == "" {

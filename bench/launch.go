@@ -146,3 +146,15 @@ func VLLMRouterPDArgs(bin string, port int, logLevel string, prefill, decode *Si
 	}
 	return append(args, "--vllm-pd-disaggregation", "--prefill", prefill.URL, "--decode", decode.URL), nil
 }
+
+// FloorArgs is the command line of Floor (`pdplane bench floor`, with the
+// pdplane binary bin) on 127.0.0.1:port in front of an SGLang prefill and
+// decode, on net/http's server when netHTTP is set.
+func FloorArgs(bin string, port int, prefill, decode *Sim, netHTTP bool) []string {
+	args := []string{bin, "bench", "floor", "--addr", "127.0.0.1:" + strconv.Itoa(port),
+		"--prefill", prefill.URL, "--bootstrap-port", strconv.Itoa(prefill.BootstrapPort), "--decode", decode.URL}
+	if netHTTP {
+		args = append(args, "--net-http")
+	}
+	return args
+}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,8 +20,9 @@ import (
 
 const benchUsage = `Usage:
   pdplane bench compare [flags]   pdplane's router side by side with SMG and vllm-router
+  pdplane bench floor [flags]     the harness's baseline: a bare SGLang PD relay, not a router
 
-Run 'pdplane bench compare -h' for its flags.
+Run 'pdplane bench VERB -h' for its flags.
 `
 
 // runBench dispatches `pdplane bench VERB`.
@@ -34,6 +37,8 @@ func benchCmd(ctx context.Context, args []string, out io.Writer) error {
 	switch args[0] {
 	case "compare":
 		return benchCompare(ctx, args[1:], out)
+	case "floor":
+		return benchFloor(ctx, args[1:])
 	case "-h", "--help", "help":
 		fmt.Fprint(out, benchUsage)
 		return nil
@@ -69,7 +74,7 @@ Prints Markdown tables per peer.`
 	fs.int(&cfg.ProbeRounds, "probe-rounds", 3, "windows of new requests at each level; its TTFT p99 is the median window's")
 	fs.dur(&cfg.HeldTokenTime, "held-token-time", time.Second, "the slow decode's time per token, the pace of each held stream (longer: held streams mostly idle)")
 	fs.int(&cfg.MaxTokens, "max-tokens", 16, "tokens generated per request")
-	fs.str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter, "comma-separated routers to compare with: smg, vllm-router; empty measures pdplane alone")
+	fs.str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter, "comma-separated routers to compare with: smg, vllm-router, floor and floor-net-http (baselines: 'pdplane bench floor'); empty measures pdplane alone")
 	fs.str(&smgBin, "smg", "", "SMG executable (default: .venv/bin/smg, else smg on $PATH)")
 	fs.str(&vllmRouterBin, "vllm-router", "", "vllm-router executable (default: .venv/bin/vllm-router, else vllm-router on $PATH)")
 	fs.str(&pdplaneBin, "pdplane", "", "pdplane binary to run serve and sim with (default: this one)")
@@ -104,9 +109,13 @@ Prints Markdown tables per peer.`
 	}
 	bins := map[string]string{bench.PeerSMG: smgBin, bench.PeerVLLMRouter: vllmRouterBin}
 	for _, name := range splitList(peers) {
+		if name == bench.PeerFloor || name == bench.PeerFloorNetHTTP {
+			cfg.Peers = append(cfg.Peers, bench.Peer{Name: name, Bin: pdplaneBin})
+			continue
+		}
 		bin, ok := bins[name]
 		if !ok {
-			return usageErrorf("invalid value %q for --peers: want smg and/or vllm-router", peers)
+			return usageErrorf("invalid value %q for --peers: want smg, vllm-router, floor and/or floor-net-http", peers)
 		}
 		if bin = findRouter(bin, name); bin == "" {
 			if require {
@@ -123,6 +132,61 @@ Prints Markdown tables per peer.`
 		rep.Print(out)
 	}
 	return err
+}
+
+// benchFloor runs bench.Floor until ctx ends.
+func benchFloor(ctx context.Context, args []string) error {
+	var addr, prefill, decode string
+	var port int
+	var netHTTP bool
+	fs := newFlagSet("bench floor")
+	fs.about = `A baseline for 'pdplane bench compare --peers floor', not a router: relays
+SGLang's PD protocol between HTTP/1.1 clients and one prefill and one decode
+with nothing else (no validation, picking, retries, deadlines, metrics or
+logs), so that a router's cost can be set against what Go's runtime and the
+kernel cost for the same traffic. Trusts its engines; never expose it.`
+	fs.str(&addr, "addr", "127.0.0.1:8300", "listen address")
+	fs.str(&prefill, "prefill", "", "the SGLang prefill's URL (http://host:port)")
+	fs.int(&port, "bootstrap-port", 8998, "the prefill's bootstrap port")
+	fs.str(&decode, "decode", "", "the SGLang decode's URL (http://host:port)")
+	fs.boolean(&netHTTP, "net-http", false, "serve the clients with net/http's server rather than the floor's own HTTP/1.1 reading")
+	if err := fs.parse(args); err != nil {
+		return err
+	}
+	ph, err := hostPort(prefill)
+	if err != nil {
+		return usageErrorf("invalid value %q for --prefill: %v", prefill, err)
+	}
+	dh, err := hostPort(decode)
+	if err != nil {
+		return usageErrorf("invalid value %q for --decode: %v", decode, err)
+	}
+	host, _, _ := net.SplitHostPort(ph)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	f := &bench.Floor{Prefill: ph, Decode: dh, BootstrapHost: host, BootstrapPort: port, NetHTTP: netHTTP}
+	if err := f.Serve(ln); ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+// hostPort is the host:port of an http:// URL.
+func hostPort(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	if u.Scheme != "http" || u.Port() == "" {
+		return "", errors.New("want http://host:port")
+	}
+	return u.Host, nil
 }
 
 // parseInts parses a comma-separated list of positive integers.
