@@ -653,8 +653,25 @@ func (d *dispatch) send(b []byte, flush bool) error {
 // wait for them without a buffer (upBody).
 type relayBody interface {
 	ready() bool
+	// atEnd reports whether the next Read returns io.EOF without reading
+	// the connection: the answer's end has arrived.
+	atEnd() bool
 	await()
 	awaitFor(d time.Duration) bool
+}
+
+// mustFlush reports whether bytes just sent to the client must be flushed
+// now, after a read of body that returned err: only when the client would
+// otherwise wait for them. Not when more of the answer is ready (it leaves
+// with them), nor when the answer has ended or its end has arrived: the
+// handler's return then flushes them with net/http's terminator, one write
+// where a flush would make two.
+func mustFlush(body io.Reader, err error) bool {
+	if err != nil {
+		return false
+	}
+	rb, ok := body.(relayBody)
+	return !ok || !rb.ready() && !rb.atEnd()
 }
 
 // slowStreamWait is how long a relay must have waited for the engine's
@@ -697,8 +714,7 @@ func (d *dispatch) relay(body io.Reader) *failure {
 		slow = rb != nil && d.rt.cfg.Now().Sub(start) > slowStreamWait
 		var werr error
 		if n > 0 {
-			flush := err != nil || rb == nil || !rb.ready()
-			werr = d.send((*bp)[:n], flush)
+			werr = d.send((*bp)[:n], mustFlush(body, err))
 		}
 		d.rt.putRelayBuf(bp)
 		switch {

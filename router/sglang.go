@@ -296,7 +296,7 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 			}
 		}
 		d.commit(resp, -1)
-		if err := d.write(first); err != nil {
+		if err := d.send(first, mustFlush(resp.Body, rerr)); err != nil {
 			return &failure{kind: failClientGone, leg: legDecode, err: err}
 		}
 		if errors.Is(rerr, io.EOF) {
@@ -322,7 +322,7 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 			cl = n
 		}
 		d.commit(resp, cl)
-		if err := d.write(buf[:n]); err != nil {
+		if err := d.send(buf[:n], mustFlush(resp.Body, rerr)); err != nil {
 			return &failure{kind: failClientGone, leg: legDecode, err: err}
 		}
 		if errors.Is(rerr, io.EOF) {

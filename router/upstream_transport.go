@@ -401,6 +401,22 @@ func (b *upBody) ready() bool {
 	return false
 }
 
+// atEnd reports whether the next Read returns io.EOF without reading the
+// connection: the answer is over, or all that is left of it (a chunked
+// answer's last chunk, without trailers) is buffered.
+func (b *upBody) atEnd() bool {
+	if b.done {
+		return true
+	}
+	switch rc := b.rc.(type) {
+	case *chunkedBody:
+		return rc.atEnd()
+	case *fixedBody:
+		return rc.n <= 0
+	}
+	return false
+}
+
 // Close ends the answer; a connection not read to the end is closed.
 func (b *upBody) Close() error {
 	if !b.done {
@@ -705,6 +721,40 @@ func (b *chunkedBody) ready() bool {
 		size = size[:j]
 	}
 	return len(bytes.Trim(size, "0\r\t ")) > 0
+}
+
+// atEnd reports whether Read returns io.EOF without reading the
+// connection: the body ended, or the buffer holds the end of the current
+// chunk's data and the last chunk with an empty trailer section. (An answer
+// with trailers is not at its end until they are read.)
+func (b *chunkedBody) atEnd() bool {
+	if b.err != nil {
+		return b.err == io.EOF
+	}
+	if b.n > 0 {
+		return false
+	}
+	br := b.uc.br
+	buf, _ := br.Peek(br.Buffered()) // never waits: only what is buffered
+	if b.afterData {
+		if len(buf) < 2 {
+			return false
+		}
+		buf = buf[2:]
+	}
+	i := bytes.IndexByte(buf, '\n')
+	if i < 0 {
+		return false
+	}
+	size := buf[:i]
+	if j := bytes.IndexByte(size, ';'); j >= 0 {
+		size = size[:j]
+	}
+	if len(bytes.Trim(size, "\r\t ")) == 0 || len(bytes.Trim(size, "0\r\t ")) > 0 {
+		return false
+	}
+	rest := buf[i+1:]
+	return len(rest) >= 2 && rest[0] == '\r' && rest[1] == '\n'
 }
 
 // skipDataEnd consumes the CRLF that ends a chunk's data when it has

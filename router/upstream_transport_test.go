@@ -352,6 +352,53 @@ func TestStreamChunkedBodyReadyOnlyWhenDataArrived(t *testing.T) {
 	}
 }
 
+// TestStreamChunkedBodyAtEndOnlyWhenTheEndArrived checks the other half of
+// the relay's flush decision: atEnd is true only when the next Read returns
+// io.EOF without reading the connection again (a relay that trusted it
+// wrongly would leave bytes unflushed while it waits on the engine).
+func TestStreamChunkedBodyAtEndOnlyWhenTheEndArrived(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		arrived string // what the first read of the connection brings
+		first   string // the first Read's data
+		atEnd   bool
+	}{
+		{"the last chunk", "5\r\nhello\r\n0\r\n\r\n", "hello", true},
+		{"the last chunk, zeros and an extension", "5\r\nhello\r\n000;x=1\r\n\r\n", "hello", true},
+		{"the last chunk without its final CRLF", "5\r\nhello\r\n0\r\n", "hello", false},
+		{"the last chunk, half its final CRLF", "5\r\nhello\r\n0\r\n\r", "hello", false},
+		{"the last chunk and a trailer", "5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n", "hello", false},
+		{"another chunk", "5\r\nhello\r\n6\r\nworld!\r\n0\r\n\r\n", "hello", false},
+		{"only the CRLF after the data", "5\r\nhello\r\n", "hello", false},
+		{"rest of the current chunk", "8\r\nhello", "hel", false},
+		{"an empty size line", "5\r\nhello\r\n\r\n\r\n", "hello", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			uc := &upConn{}
+			uc.br = bufio.NewReaderSize(&segmentReader{segs: []string{tc.arrived}}, 64)
+			b := &chunkedBody{uc: uc, resp: &http.Response{}, maxTrailer: 1 << 10}
+			p := make([]byte, len(tc.first))
+			n, err := b.Read(p)
+			if err != nil || string(p[:n]) != tc.first {
+				t.Fatalf("first Read = %q, %v; want %q", p[:n], err, tc.first)
+			}
+			if got := b.atEnd(); got != tc.atEnd {
+				t.Fatalf("atEnd() = %v, want %v", got, tc.atEnd)
+			}
+			if tc.atEnd {
+				if n, err := b.Read(make([]byte, 16)); n != 0 || err != io.EOF {
+					t.Errorf("Read after atEnd() = %d, %v: want io.EOF without waiting", n, err)
+				}
+				if !b.atEnd() {
+					t.Error("atEnd() false after the end was read")
+				}
+			}
+		})
+	}
+}
+
 // relayRead reads body as the relay does: wait for bytes without a buffer,
 // then read what arrived.
 func relayRead(body io.Reader, p []byte) (int, error) {

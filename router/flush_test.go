@@ -1,0 +1,176 @@
+package router_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/router"
+	"github.com/pdplane/pdplane/sim/simtest"
+)
+
+// countingListener counts the writes to the connections it accepts: the
+// system calls a client's answer costs the router.
+type countingListener struct {
+	net.Listener
+	writes *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{Conn: c, writes: l.writes}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(b []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(b)
+}
+
+// fakeEngine serves every request on a raw connection with answer: the
+// prefill's answer, or a decode's head and its first writes; then, when
+// rest is set, it waits for it and writes what it brings.
+func fakeEngine(t *testing.T, answer []string, rest <-chan string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					for _, a := range answer {
+						if _, err := c.Write([]byte(a)); err != nil {
+							return
+						}
+					}
+					if rest != nil {
+						if _, err := c.Write([]byte(<-rest)); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return "http://" + l.Addr().String()
+}
+
+// sseChunk is one SSE event as one chunk of a chunked answer.
+func sseChunk(text string) string {
+	ev := `data: {"id":"c1","object":"text_completion","choices":[{"index":0,"text":"` + text + `"}]}` + "\n\n"
+	return strconv.FormatInt(int64(len(ev)), 16) + "\r\n" + ev + "\r\n"
+}
+
+const sseHead = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+
+// flushFleet is a router in front of a fake SGLang prefill (a whole answer
+// at once) and a fake decode, served through a listener that counts the
+// writes to its clients.
+func flushFleet(t *testing.T, decode []string, rest <-chan string) (url, model string, writes *atomic.Int64) {
+	t.Helper()
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	pspec, err := p.Spec(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dspec, err := d.Spec(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pspec.URL = fakeEngine(t, []string{"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"}, nil)
+	dspec.URL = fakeEngine(t, decode, rest)
+	b := setup(t, router.Config{MaxAttempts: 1}, registry.Peer{PeerSpec: pspec}, registry.Peer{PeerSpec: dspec})
+	writes = &atomic.Int64{}
+	srv := httptest.NewUnstartedServer(b.rt.Routes())
+	srv.Listener = router.NewListener(countingListener{Listener: srv.Listener, writes: writes}, time.Minute)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL, dspec.Model, writes
+}
+
+// A stream whose whole answer the decode has sent by the time the router
+// reads it goes to the client in one write: its events, and net/http's
+// terminator with them. A flush after the first event, or before the end
+// that has already arrived, would each cost the router a system call per
+// request (and its client a read).
+func TestStreamAlreadyArrivedLeavesInOneWrite(t *testing.T) {
+	answer := sseHead + sseChunk("a") + sseChunk("b") + sseChunk("c") + "0\r\n\r\n"
+	url, model, writes := flushFleet(t, []string{answer}, nil)
+	for i := range 3 {
+		before := writes.Load()
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"`+model+`","prompt":"hi","stream":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %q, %v", i, resp.StatusCode, body, err)
+		}
+		if n := strings.Count(string(body), "data: "); n != 3 {
+			t.Fatalf("request %d: %d events relayed, want 3:\n%s", i, n, body)
+		}
+		if got := writes.Load() - before; got != 1 {
+			t.Errorf("request %d: the answer took %d writes to the client, want 1", i, got)
+		}
+	}
+}
+
+// The first event is not held for the rest: while the decode has sent only
+// it, the client has it.
+func TestStreamFirstEventIsNotHeldForTheRest(t *testing.T) {
+	rest := make(chan string, 1)
+	url, model, _ := flushFleet(t, []string{sseHead + sseChunk("a")}, rest)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions",
+		strings.NewReader(`{"model":"`+model+`","prompt":"hi","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.Contains(line, `"text":"a"`) {
+		t.Fatalf("first line %q, %v: want the first event while the decode holds the rest", line, err)
+	}
+	rest <- sseChunk("b") + "0\r\n\r\n"
+	tail, err := io.ReadAll(br)
+	if err != nil || !strings.Contains(string(tail), `"text":"b"`) {
+		t.Fatalf("rest %q, %v: want the second event", tail, err)
+	}
+}
