@@ -5,59 +5,69 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"sync/atomic"
+	"sync"
 )
 
 // A router's live heap is small (a few MiB between requests) while it
 // allocates quickly (~12 KiB a request), so at the collector's default
 // (GOGC=100: collect once the heap has doubled) it collects several times a
 // second, each cycle's fixed costs included. gcFloor lets the heap grow to
-// at least minHeap between collections; a heap whose live part is above
-// half of minHeap is collected as at GOGC=100, so what a process holds at
-// scale (held streams, a large fleet's snapshot) is as before.
+// minHeap between collections; once the default would let it grow that far
+// (about half of minHeap live), collections are as at GOGC=100, so what a
+// process holds at scale (held streams, a large fleet's snapshot) is as
+// before.
 //
 // It sets the collector's percentage (GOGC, debug.SetGCPercent) after every
-// cycle from the live heap that cycle found (runtime/metrics
-// /gc/heap/live:bytes), so that the heap goal is max(minHeap, 2 × live).
-// It leaves the collector alone when the operator set GOGC; GOMEMLIMIT
-// still bounds the heap as usual.
+// cycle from what that cycle found (runtime/metrics: the live heap, and the
+// stacks and globals it scanned). The runtime's heap goal at percentage p is
+// live + (live + stacks + globals) × p/100, and never below a minimum of
+// 4 MiB × p/100 (runtime/mgcpacer.go, heapGoal and setGCPercent). It
+// leaves the collector alone when the operator set GOGC; GOMEMLIMIT still
+// bounds the heap as usual.
 type gcFloor struct {
 	minHeap uint64
-	stopped atomic.Bool
 	sample  []metrics.Sample
+
+	mu      sync.Mutex // adjust against stop
+	stopped bool
+	prev    int // the percentage before the floor, restored by stop
 }
 
-// gcPercentFor is the GOGC that puts the heap goal, live × (1 + p/100), at
-// minHeap when live is small (at most maxGCPercent), and at the default
-// 2 × live otherwise.
-func gcPercentFor(live, minHeap uint64) int {
+// runtimeHeapMinimum is the runtime's minimum heap goal at GOGC=100.
+const runtimeHeapMinimum = 4 << 20
+
+// gcPercentFor is the GOGC whose heap goal is minHeap for a cycle that
+// found live bytes of heap and scan bytes of stacks and globals, and 100
+// when the default's goal reaches minHeap. It is at most the percentage
+// whose own minimum heap is minHeap: the goal of a nearly empty heap.
+func gcPercentFor(live, scan, minHeap uint64) int {
 	const base = 100
-	if 2*live >= minHeap {
+	if live+(live+scan) >= minHeap {
 		return base
 	}
-	if live == 0 {
-		return maxGCPercent
-	}
-	return int(min((float64(minHeap)/float64(live)-1)*100, maxGCPercent))
+	limit := max(base, minHeap*100/runtimeHeapMinimum)
+	p := (minHeap - live) * 100 / max(live+scan, 1)
+	return int(max(base, min(p, limit)))
 }
 
-// maxGCPercent bounds the percentage: a heap goal of 101 × what is live.
-const maxGCPercent = 10000
-
 // startGCFloor starts the floor; minHeap 0, or GOGC in the environment,
-// starts nothing. stop restores the default.
+// starts nothing. stop gives the collector its earlier percentage back.
 func startGCFloor(minHeap uint64) (stop func()) {
 	if _, set := os.LookupEnv("GOGC"); set || minHeap == 0 {
 		return func() {}
 	}
-	g := &gcFloor{minHeap: minHeap, sample: []metrics.Sample{{Name: "/gc/heap/live:bytes"}}}
-	// Before the first cycle the live heap is unknown; the runtime's own
-	// minimum heap goal (4 MiB at GOGC=100) scales with the percentage.
-	debug.SetGCPercent(gcPercentFor(4<<20, minHeap))
+	g := &gcFloor{minHeap: minHeap, sample: []metrics.Sample{
+		{Name: "/gc/heap/live:bytes"}, {Name: "/gc/scan/stack:bytes"}, {Name: "/gc/scan/globals:bytes"}}}
+	// Before the first cycle nothing is known: the goal of an empty heap.
+	g.prev = debug.SetGCPercent(gcPercentFor(0, 0, minHeap))
 	g.arm()
 	return func() {
-		g.stopped.Store(true)
-		debug.SetGCPercent(100)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if !g.stopped {
+			g.stopped = true
+			debug.SetGCPercent(g.prev)
+		}
 	}
 }
 
@@ -67,19 +77,28 @@ type gcSentinel struct{ g *gcFloor }
 
 func (g *gcFloor) arm() {
 	runtime.SetFinalizer(&gcSentinel{g: g}, func(s *gcSentinel) {
-		if s.g.stopped.Load() {
-			return
+		if s.g.adjust() {
+			s.g.arm()
 		}
-		s.g.adjust()
-		s.g.arm()
 	})
 }
 
-// adjust sets the percentage from the live heap of the last cycle.
-func (g *gcFloor) adjust() {
-	metrics.Read(g.sample)
-	if g.sample[0].Value.Kind() != metrics.KindUint64 {
-		return
+// adjust sets the percentage from what the last cycle found; false once
+// the floor is stopped.
+func (g *gcFloor) adjust() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return false
 	}
-	debug.SetGCPercent(gcPercentFor(g.sample[0].Value.Uint64(), g.minHeap))
+	metrics.Read(g.sample)
+	var v [3]uint64
+	for i, s := range g.sample {
+		if s.Value.Kind() != metrics.KindUint64 {
+			return true // not reported by this runtime: keep the percentage
+		}
+		v[i] = s.Value.Uint64()
+	}
+	debug.SetGCPercent(gcPercentFor(v[0], v[1]+v[2], g.minHeap))
+	return true
 }

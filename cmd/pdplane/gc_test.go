@@ -11,19 +11,50 @@ import (
 func TestGCPercentFor(t *testing.T) {
 	const mib = 1 << 20
 	for _, tc := range []struct {
-		live, min uint64
-		want      int
+		live, scan, min uint64
+		want            int
 	}{
-		{4 * mib, 64 * mib, 1500}, // a goal of 4 × 16 = 64 MiB
-		{16 * mib, 64 * mib, 300},
-		{31 * mib, 64 * mib, 106},
-		{32 * mib, 64 * mib, 100}, // half of the floor live: the default
-		{500 * mib, 64 * mib, 100},
-		{mib / 4, 64 * mib, maxGCPercent}, // bounded
-		{0, 64 * mib, maxGCPercent},
+		// 16 + (16 + 0.5) × 2.9 ≈ 64 MiB
+		{16 * mib, mib / 2, 64 * mib, 290},
+		// 4 + (4 + 1) × 12 = 64 MiB, above the 1600 whose minimum is 64 MiB: capped
+		{4 * mib, mib, 64 * mib, 1200},
+		{mib, mib, 64 * mib, 1600},
+		{0, 0, 64 * mib, 1600},
+		// 32 + 33 × 0.97 < 64 still, but never below the default
+		{31 * mib, mib, 64 * mib, 103},
+		{32 * mib, mib, 64 * mib, 100},
+		{500 * mib, mib, 64 * mib, 100},
+		// a floor under the runtime's own minimum: the default
+		{0, 0, 2 * mib, 100},
 	} {
-		if got := gcPercentFor(tc.live, tc.min); got != tc.want {
-			t.Errorf("gcPercentFor(%d MiB, %d MiB) = %d, want %d", tc.live/mib, tc.min/mib, got, tc.want)
+		if got := gcPercentFor(tc.live, tc.scan, tc.min); got != tc.want {
+			t.Errorf("gcPercentFor(%d, %d, %d MiB) = %d, want %d", tc.live, tc.scan, tc.min/mib, got, tc.want)
+		}
+	}
+}
+
+// heapGoal is the runtime's heap goal at percentage p (runtime/mgcpacer.go).
+func heapGoal(live, scan uint64, p int) uint64 {
+	return max(live+(live+scan)*uint64(p)/100, runtimeHeapMinimum*uint64(p)/100)
+}
+
+// The goal the percentage gives is the floor, never much above it, for
+// any live heap below half of it; above, it is the default's.
+func TestGCPercentForPutsTheGoalAtTheFloor(t *testing.T) {
+	const mib = 1 << 20
+	const floor = 64 * mib
+	for live := uint64(0); live <= 40*mib; live += mib / 4 {
+		for _, scan := range []uint64{0, mib / 2, 4 * mib} {
+			p := gcPercentFor(live, scan, floor)
+			goal := heapGoal(live, scan, p)
+			switch {
+			case live+(live+scan) >= floor:
+				if p != 100 {
+					t.Errorf("live %d, scan %d: percentage %d, want the default", live, scan, p)
+				}
+			case goal < floor-mib || goal > floor+mib/64:
+				t.Errorf("live %d, scan %d: percentage %d gives a goal of %.1f MiB, want %d", live, scan, p, float64(goal)/mib, floor/mib)
+			}
 		}
 	}
 }
@@ -58,6 +89,7 @@ func TestGCFloorFollowsTheLiveHeap(t *testing.T) {
 		os.Unsetenv("GOGC")
 	}
 	const floor = 256 << 20
+	before := gogc()
 	stop := startGCFloor(floor)
 	defer stop()
 	collectUntil(t, "a small live heap raises the percentage", func() bool { return gogc() > 200 })
@@ -72,12 +104,12 @@ func TestGCFloorFollowsTheLiveHeap(t *testing.T) {
 
 	collectUntil(t, "a small live heap again raises it again", func() bool { return gogc() > 200 })
 	stop()
-	if got := gogc(); got != 100 {
-		t.Errorf("GOGC after stop = %d, want 100", got)
+	if got := gogc(); got != before {
+		t.Errorf("GOGC after stop = %d, want %d as before", got, before)
 	}
 	runtime.GC()
 	time.Sleep(20 * time.Millisecond)
-	if got := gogc(); got != 100 {
-		t.Errorf("GOGC a cycle after stop = %d, want 100: the finalizer still runs", got)
+	if got := gogc(); got != before {
+		t.Errorf("GOGC a cycle after stop = %d, want %d: the finalizer still runs", got, before)
 	}
 }

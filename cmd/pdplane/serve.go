@@ -168,8 +168,8 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if c.gcMinHeapMiB < 0 {
-		return usageErrorf("invalid value %d for --gc-min-heap-mib: want 0 or more", c.gcMinHeapMiB)
+	if c.gcMinHeapMiB < 0 || c.gcMinHeapMiB > 1<<20 {
+		return usageErrorf("invalid value %d for --gc-min-heap-mib: want 0 to 1048576 (1 TiB)", c.gcMinHeapMiB)
 	}
 	defer startGCFloor(uint64(c.gcMinHeapMiB) << 20)()
 	cp, err := startControlPlane(ctx, c, log)
