@@ -703,7 +703,12 @@ func (d *dispatch) relay(body io.Reader) *failure {
 			watchFirst = false
 			slow = !rb.awaitFor(slowStreamWait)
 		}
-		if slow {
+		// A slow stream is taken over, and waits without a buffer, when
+		// it is about to wait again: not while more of it has arrived
+		// (it stays slow until then), nor once its end has (taking it
+		// over would only end it, in more writes).
+		inHand := slow && (rb.ready() || rb.atEnd())
+		if slow && !inHand {
 			if d.mayTakeOver() {
 				d.noTakeover = !d.takeover()
 			}
@@ -711,7 +716,7 @@ func (d *dispatch) relay(body io.Reader) *failure {
 		}
 		bp := d.rt.getRelayBuf()
 		n, err := body.Read(*bp)
-		slow = rb != nil && d.rt.cfg.Now().Sub(start) > slowStreamWait
+		slow = rb != nil && (inHand || d.rt.cfg.Now().Sub(start) > slowStreamWait)
 		var werr error
 		if n > 0 {
 			werr = d.send((*bp)[:n], mustFlush(body, err))

@@ -109,7 +109,15 @@ func flushFleet(t *testing.T, decode []string, rest <-chan string) (url, model s
 	}
 	pspec.URL = fakeEngine(t, []string{"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"}, nil)
 	dspec.URL = fakeEngine(t, decode, rest)
-	b := setup(t, router.Config{MaxAttempts: 1}, registry.Peer{PeerSpec: pspec}, registry.Peer{PeerSpec: dspec})
+	// A clock that moves 150 ms at every reading, as a relay stalled on a
+	// loaded machine sees it: every read looks slow (slowStreamWait). A
+	// stream whose bytes have all arrived must still not be taken over,
+	// which writes chunk by chunk.
+	var ticks atomic.Int64
+	start := time.Now()
+	b := setup(t, router.Config{MaxAttempts: 1, Now: func() time.Time {
+		return start.Add(time.Duration(ticks.Add(1)) * 150 * time.Millisecond)
+	}}, registry.Peer{PeerSpec: pspec}, registry.Peer{PeerSpec: dspec})
 	writes = &atomic.Int64{}
 	srv := httptest.NewUnstartedServer(b.rt.Routes())
 	srv.Listener = router.NewListener(countingListener{Listener: srv.Listener, writes: writes}, time.Minute)
