@@ -154,28 +154,14 @@ func readFloorRequest(br *bufio.Reader) (floorReq, error) {
 		return q, err
 	}
 	q.line = append([]byte(nil), line...)
-	n := -1
-	for {
-		line, err := readLine(br)
-		if err != nil {
-			return q, err
-		}
-		if len(line) == 0 {
-			break
-		}
-		name, value, _ := bytes.Cut(line, []byte(":"))
-		value = bytes.TrimSpace(value)
-		switch {
-		case bytes.EqualFold(name, []byte("Content-Length")):
-			if n, err = strconv.Atoi(string(value)); err != nil || n < 0 {
-				return q, fmt.Errorf("floor: bad Content-Length %q", value)
-			}
-		case bytes.EqualFold(name, []byte("Connection")):
-			q.close = bytes.EqualFold(value, []byte("close"))
-		}
+	h, err := readFields(br, nil)
+	if err != nil {
+		return q, err
 	}
-	if n < 0 || n > maxFloorBody {
-		return q, errors.New("floor: a request without Content-Length, or too large")
+	q.close = h.close
+	n := h.length
+	if n < 0 {
+		return q, errors.New("floor: a request without Content-Length")
 	}
 	q.body = make([]byte, n)
 	_, err = io.ReadFull(br, q.body)
@@ -190,6 +176,46 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimSuffix(line[:len(line)-1], []byte("\r")), nil
+}
+
+// floorHead is what the floor reads of a head's fields.
+type floorHead struct {
+	length      int // Content-Length, -1 without one
+	chunked     bool
+	close       bool // Connection: close
+	contentType string
+}
+
+// readFields reads a head's fields, up to and with its empty line, and
+// appends each line with its CRLF to raw when raw is not nil.
+func readFields(br *bufio.Reader, raw *[]byte) (floorHead, error) {
+	h := floorHead{length: -1}
+	for {
+		line, err := readLine(br)
+		if err != nil {
+			return h, err
+		}
+		if raw != nil {
+			*raw = append(append(*raw, line...), '\r', '\n')
+		}
+		if len(line) == 0 {
+			return h, nil
+		}
+		name, value, _ := bytes.Cut(line, []byte(":"))
+		value = bytes.TrimSpace(value)
+		switch {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			if h.length, err = strconv.Atoi(string(value)); err != nil || h.length < 0 || h.length > maxFloorBody {
+				return h, fmt.Errorf("floor: bad or too large Content-Length %q", value)
+			}
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			h.chunked = bytes.EqualFold(value, []byte("chunked"))
+		case bytes.EqualFold(name, []byte("Connection")):
+			h.close = bytes.EqualFold(value, []byte("close"))
+		case bytes.EqualFold(name, []byte("Content-Type")):
+			h.contentType = string(value)
+		}
+	}
 }
 
 // connPool keeps idle connections to one engine.
@@ -250,37 +276,21 @@ func (p *connPool) exchange(head, body []byte, read func(*bufio.Reader) error) e
 // bytes to it: the head and a Content-Length body at once, a chunked body
 // each time what was read is used up.
 func relayAnswer(br *bufio.Reader, client net.Conn) error {
-	var out []byte
-	n, chunked := -1, false
-	for first := true; ; first = false {
-		line, err := readLine(br)
-		if err != nil {
-			return err
-		}
-		out = append(append(out, line...), '\r', '\n')
-		if len(line) == 0 {
-			break
-		}
-		if first {
-			continue
-		}
-		name, value, _ := bytes.Cut(line, []byte(":"))
-		value = bytes.TrimSpace(value)
-		switch {
-		case bytes.EqualFold(name, []byte("Content-Length")):
-			if n, err = strconv.Atoi(string(value)); err != nil || n < 0 {
-				return fmt.Errorf("floor: bad Content-Length %q", value)
-			}
-		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
-			chunked = bytes.EqualFold(value, []byte("chunked"))
-		}
+	line, err := readLine(br)
+	if err != nil {
+		return err
 	}
-	if !chunked {
-		if n < 0 || n > maxFloorBody {
-			return errors.New("floor: an answer with neither Content-Length nor chunked, or too large")
+	out := append(append([]byte(nil), line...), '\r', '\n')
+	h, err := readFields(br, &out)
+	if err != nil {
+		return err
+	}
+	if !h.chunked {
+		if h.length < 0 {
+			return errors.New("floor: an answer with neither Content-Length nor chunked")
 		}
 		start := len(out)
-		out = append(out, make([]byte, n)...)
+		out = append(out, make([]byte, h.length)...)
 		if _, err := io.ReadFull(br, out[start:]); err != nil {
 			return err
 		}
@@ -328,36 +338,24 @@ func relayToHTTP(br *bufio.Reader, w http.ResponseWriter) error {
 	if err != nil {
 		return fmt.Errorf("floor: bad status line %q", line)
 	}
-	n, chunked := -1, false
-	for {
-		line, err := readLine(br)
-		if err != nil {
-			return err
-		}
-		if len(line) == 0 {
-			break
-		}
-		name, value, _ := bytes.Cut(line, []byte(":"))
-		value = bytes.TrimSpace(value)
-		switch {
-		case bytes.EqualFold(name, []byte("Content-Type")):
-			w.Header().Set("Content-Type", string(value))
-		case bytes.EqualFold(name, []byte("Content-Length")):
-			if n, err = strconv.Atoi(string(value)); err != nil || n < 0 || n > maxFloorBody {
-				return fmt.Errorf("floor: bad Content-Length %q", value)
-			}
-			w.Header().Set("Content-Length", string(value))
-		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
-			chunked = bytes.EqualFold(value, []byte("chunked"))
-		}
+	h, err := readFields(br, nil)
+	if err != nil {
+		return err
 	}
-	w.WriteHeader(status)
-	var body io.Reader = io.LimitReader(br, int64(n))
-	if chunked {
+	if h.contentType != "" {
+		w.Header().Set("Content-Type", h.contentType)
+	}
+	var body io.Reader
+	switch {
+	case h.chunked:
 		body = httputil.NewChunkedReader(br)
-	} else if n < 0 {
+	case h.length >= 0:
+		w.Header().Set("Content-Length", strconv.Itoa(h.length))
+		body = io.LimitReader(br, int64(h.length))
+	default:
 		return errors.New("floor: an answer with neither Content-Length nor chunked")
 	}
+	w.WriteHeader(status)
 	fl := w.(http.Flusher)
 	buf := make([]byte, 4096)
 	for {
@@ -371,7 +369,7 @@ func relayToHTTP(br *bufio.Reader, w http.ResponseWriter) error {
 			}
 		}
 		if err == io.EOF {
-			if chunked { // the chunked reader leaves the last chunk's CRLF
+			if h.chunked { // the chunked reader leaves the last chunk's CRLF
 				_, err = readLine(br)
 				return err
 			}

@@ -310,25 +310,32 @@ func (s *segmentReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// TestStreamChunkedBodyReadyOnlyWhenDataArrived checks what the relay
-// decides its flushes on: ready is true only when the next Read returns data
-// without reading the connection again.
-func TestStreamChunkedBodyReadyOnlyWhenDataArrived(t *testing.T) {
+// TestStreamChunkedBodyReadyAndAtEnd checks what the relay decides its
+// flushes on: ready is true only when the next Read returns data, and
+// atEnd only when it returns io.EOF, without reading the connection again.
+// A relay that trusted either wrongly would leave bytes unflushed while it
+// waits on the engine.
+func TestStreamChunkedBodyReadyAndAtEnd(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name    string
-		arrived string // what the first read of the connection brings
-		first   string // the first Read's data
-		ready   bool
+		name         string
+		arrived      string // what the first read of the connection brings
+		first        string // the first Read's data
+		ready, atEnd bool
 	}{
-		{"next chunk whole", "5\r\nhello\r\n6\r\nworld!\r\n", "hello", true},
-		{"next chunk's first byte", "5\r\nhello\r\n6\r\nw", "hello", true},
-		{"next chunk's size line only", "5\r\nhello\r\n6\r\n", "hello", false},
-		{"half a size line", "5\r\nhello\r\n1", "hello", false},
-		{"only the CRLF after the data", "5\r\nhello\r\n", "hello", false},
-		{"the last chunk", "5\r\nhello\r\n0\r\n\r\n", "hello", false},
-		{"the last chunk, with an extension", "5\r\nhello\r\n00;x=1\r\n\r\n", "hello", false},
-		{"rest of the current chunk", "8\r\nhello", "hel", true},
+		{"next chunk whole", "5\r\nhello\r\n6\r\nworld!\r\n", "hello", true, false},
+		{"next chunk's first byte", "5\r\nhello\r\n6\r\nw", "hello", true, false},
+		{"next chunk's size line only", "5\r\nhello\r\n6\r\n", "hello", false, false},
+		{"half a size line", "5\r\nhello\r\n1", "hello", false, false},
+		{"only the CRLF after the data", "5\r\nhello\r\n", "hello", false, false},
+		{"rest of the current chunk", "8\r\nhello", "hel", true, false},
+		{"another chunk, then the last", "5\r\nhello\r\n6\r\nworld!\r\n0\r\n\r\n", "hello", true, false},
+		{"the last chunk", "5\r\nhello\r\n0\r\n\r\n", "hello", false, true},
+		{"the last chunk, zeros and an extension", "5\r\nhello\r\n000;x=1\r\n\r\n", "hello", false, true},
+		{"the last chunk without its final CRLF", "5\r\nhello\r\n0\r\n", "hello", false, false},
+		{"the last chunk, half its final CRLF", "5\r\nhello\r\n0\r\n\r", "hello", false, false},
+		{"the last chunk and a trailer", "5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n", "hello", false, false},
+		{"an empty size line", "5\r\nhello\r\n\r\n\r\n", "hello", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -341,59 +348,19 @@ func TestStreamChunkedBodyReadyOnlyWhenDataArrived(t *testing.T) {
 				t.Fatalf("first Read = %q, %v; want %q", p[:n], err, tc.first)
 			}
 			if got := b.ready(); got != tc.ready {
-				t.Fatalf("ready() = %v, want %v", got, tc.ready)
-			}
-			if tc.ready {
-				if n, err := b.Read(make([]byte, 16)); n == 0 || err != nil {
-					t.Errorf("Read after ready() = %d, %v: want data without waiting", n, err)
-				}
-			}
-		})
-	}
-}
-
-// TestStreamChunkedBodyAtEndOnlyWhenTheEndArrived checks the other half of
-// the relay's flush decision: atEnd is true only when the next Read returns
-// io.EOF without reading the connection again (a relay that trusted it
-// wrongly would leave bytes unflushed while it waits on the engine).
-func TestStreamChunkedBodyAtEndOnlyWhenTheEndArrived(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name    string
-		arrived string // what the first read of the connection brings
-		first   string // the first Read's data
-		atEnd   bool
-	}{
-		{"the last chunk", "5\r\nhello\r\n0\r\n\r\n", "hello", true},
-		{"the last chunk, zeros and an extension", "5\r\nhello\r\n000;x=1\r\n\r\n", "hello", true},
-		{"the last chunk without its final CRLF", "5\r\nhello\r\n0\r\n", "hello", false},
-		{"the last chunk, half its final CRLF", "5\r\nhello\r\n0\r\n\r", "hello", false},
-		{"the last chunk and a trailer", "5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n", "hello", false},
-		{"another chunk", "5\r\nhello\r\n6\r\nworld!\r\n0\r\n\r\n", "hello", false},
-		{"only the CRLF after the data", "5\r\nhello\r\n", "hello", false},
-		{"rest of the current chunk", "8\r\nhello", "hel", false},
-		{"an empty size line", "5\r\nhello\r\n\r\n\r\n", "hello", false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			uc := &upConn{}
-			uc.br = bufio.NewReaderSize(&segmentReader{segs: []string{tc.arrived}}, 64)
-			b := &chunkedBody{uc: uc, resp: &http.Response{}, maxTrailer: 1 << 10}
-			p := make([]byte, len(tc.first))
-			n, err := b.Read(p)
-			if err != nil || string(p[:n]) != tc.first {
-				t.Fatalf("first Read = %q, %v; want %q", p[:n], err, tc.first)
+				t.Errorf("ready() = %v, want %v", got, tc.ready)
 			}
 			if got := b.atEnd(); got != tc.atEnd {
-				t.Fatalf("atEnd() = %v, want %v", got, tc.atEnd)
+				t.Errorf("atEnd() = %v, want %v", got, tc.atEnd)
 			}
-			if tc.atEnd {
-				if n, err := b.Read(make([]byte, 16)); n != 0 || err != io.EOF {
-					t.Errorf("Read after atEnd() = %d, %v: want io.EOF without waiting", n, err)
-				}
-				if !b.atEnd() {
-					t.Error("atEnd() false after the end was read")
-				}
+			n, err = b.Read(make([]byte, 16))
+			switch {
+			case tc.ready && (n == 0 || err != nil):
+				t.Errorf("Read after ready() = %d, %v: want data without waiting", n, err)
+			case tc.atEnd && (n != 0 || err != io.EOF):
+				t.Errorf("Read after atEnd() = %d, %v: want io.EOF without waiting", n, err)
+			case tc.atEnd && !b.atEnd():
+				t.Error("atEnd() false after the end was read")
 			}
 		})
 	}
