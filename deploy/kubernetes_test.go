@@ -610,6 +610,20 @@ func checkServe(t *testing.T, m *manifests, pt podTemplate, c *corev1.Container,
 			t.Errorf("%s: $%s must come from a Secret (secretKeyRef)", where, v)
 		}
 	}
+	// Go's soft memory limit must sit below the container's hard one, or
+	// the pod is killed before the collector works harder.
+	if e, ok := env["GOMEMLIMIT"]; ok {
+		limit, hasLimit := c.Resources.Limits[corev1.ResourceMemory]
+		soft, err := goMemLimit(e.Value)
+		switch {
+		case err != nil:
+			t.Errorf("%s: $GOMEMLIMIT %q: %v", where, e.Value, err)
+		case !hasLimit:
+			t.Errorf("%s: $GOMEMLIMIT is set without limits.memory", where)
+		case soft >= limit.Value() || soft < limit.Value()*3/4:
+			t.Errorf("%s: $GOMEMLIMIT %q is %d bytes; want 75-99 %% of limits.memory (%d bytes)", where, e.Value, soft, limit.Value())
+		}
+	}
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("%s: liveness probe must be GET /healthz", where)
 	}
@@ -617,6 +631,27 @@ func checkServe(t *testing.T, m *manifests, pt podTemplate, c *corev1.Container,
 		t.Errorf("%s: readiness probe must be GET /readyz", where)
 	}
 	checkServeAnswersProbes(t, where, c)
+}
+
+// goMemLimit parses a GOMEMLIMIT value as the runtime does: a number of
+// bytes with an optional unit B, KiB, MiB, GiB or TiB.
+func goMemLimit(v string) (int64, error) {
+	units := []struct {
+		suffix string
+		shift  uint
+	}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
+	shift := uint(0)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			v, shift = n, u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("not a number of bytes with a unit")
+	}
+	return n << shift, nil
 }
 
 // checkServeAnswersProbes runs the built binary's serve (embedded store, on
