@@ -91,7 +91,12 @@ func sseChunk(text string) string {
 	return strconv.FormatInt(int64(len(ev)), 16) + "\r\n" + ev + "\r\n"
 }
 
-const sseHead = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+// sseHead is a streamed answer's head as SGLang's and vLLM's server writes
+// it (uvicorn 0.54.0 serving a Starlette StreamingResponse, captured: the
+// UvicornStream conformance case); sseChunk frames an event as uvicorn does,
+// one chunk an event, and the answer ends with the last chunk, no trailers.
+const sseHead = "HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 18:57:51 GMT\r\nserver: uvicorn\r\n" +
+	"content-type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 // flushFleet is a router in front of a fake SGLang prefill (a whole answer
 // at once) and a fake decode, served through a listener that counts the
