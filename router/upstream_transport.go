@@ -698,29 +698,14 @@ func (b *chunkedBody) Read(p []byte) (int, error) {
 // chunk, the next chunk's size line (not the last chunk's) and some of its
 // data.
 func (b *chunkedBody) ready() bool {
-	br := b.uc.br
 	if b.err != nil {
 		return false
 	}
 	if b.n > 0 {
-		return br.Buffered() > 0
+		return b.uc.br.Buffered() > 0
 	}
-	buf, _ := br.Peek(br.Buffered()) // never waits: only what is buffered
-	if b.afterData {
-		if len(buf) < 2 {
-			return false
-		}
-		buf = buf[2:]
-	}
-	i := bytes.IndexByte(buf, '\n')
-	if i < 0 || i+1 >= len(buf) {
-		return false
-	}
-	size := buf[:i]
-	if j := bytes.IndexByte(size, ';'); j >= 0 {
-		size = size[:j]
-	}
-	return len(bytes.Trim(size, "0\r\t ")) > 0
+	size, rest, ok := b.bufferedSizeLine()
+	return ok && len(rest) > 0 && len(bytes.Trim(size, "0\r\t ")) > 0
 }
 
 // atEnd reports whether Read returns io.EOF without reading the
@@ -734,27 +719,33 @@ func (b *chunkedBody) atEnd() bool {
 	if b.n > 0 {
 		return false
 	}
+	size, rest, ok := b.bufferedSizeLine()
+	return ok && len(bytes.Trim(size, "\r\t ")) > 0 && len(bytes.Trim(size, "0\r\t ")) == 0 &&
+		bytes.HasPrefix(rest, crlf)
+}
+
+// bufferedSizeLine finds, in what is buffered only (it never waits), the
+// next chunk's size line after the current chunk's data: its size without
+// extensions, and the bytes after the line. ok is false when the line has
+// not arrived whole.
+func (b *chunkedBody) bufferedSizeLine() (size, rest []byte, ok bool) {
 	br := b.uc.br
-	buf, _ := br.Peek(br.Buffered()) // never waits: only what is buffered
+	buf, _ := br.Peek(br.Buffered())
 	if b.afterData {
 		if len(buf) < 2 {
-			return false
+			return nil, nil, false
 		}
 		buf = buf[2:]
 	}
 	i := bytes.IndexByte(buf, '\n')
 	if i < 0 {
-		return false
+		return nil, nil, false
 	}
-	size := buf[:i]
+	size = buf[:i]
 	if j := bytes.IndexByte(size, ';'); j >= 0 {
 		size = size[:j]
 	}
-	if len(bytes.Trim(size, "\r\t ")) == 0 || len(bytes.Trim(size, "0\r\t ")) > 0 {
-		return false
-	}
-	rest := buf[i+1:]
-	return len(rest) >= 2 && rest[0] == '\r' && rest[1] == '\n'
+	return size, buf[i+1:], true
 }
 
 // skipDataEnd consumes the CRLF that ends a chunk's data when it has
