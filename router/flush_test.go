@@ -100,8 +100,9 @@ const sseHead = "HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 18:57:51 GMT\r\nserve
 
 // flushFleet is a router in front of a fake SGLang prefill (a whole answer
 // at once) and a fake decode, served through a listener that counts the
-// writes to its clients.
-func flushFleet(t *testing.T, decode []string, rest <-chan string) (url, model string, writes *atomic.Int64) {
+// writes to its clients; body is a streamed completion request for the
+// decode's model.
+func flushFleet(t *testing.T, decode []string, rest <-chan string) (b *bundle, body string, writes *atomic.Int64) {
 	t.Helper()
 	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
 	pspec, err := p.Spec(context.Background())
@@ -120,15 +121,17 @@ func flushFleet(t *testing.T, decode []string, rest <-chan string) (url, model s
 	// which writes chunk by chunk.
 	var ticks atomic.Int64
 	start := time.Now()
-	b := setup(t, router.Config{MaxAttempts: 1, Now: func() time.Time {
+	b = setup(t, router.Config{MaxAttempts: 1, Now: func() time.Time {
 		return start.Add(time.Duration(ticks.Add(1)) * 150 * time.Millisecond)
 	}}, registry.Peer{PeerSpec: pspec}, registry.Peer{PeerSpec: dspec})
+	// The bundle's server again, its listener counting (setup closes
+	// whichever b.srv is there at the end).
+	b.srv.Close()
 	writes = &atomic.Int64{}
-	srv := httptest.NewUnstartedServer(b.rt.Routes())
-	srv.Listener = router.NewListener(countingListener{Listener: srv.Listener, writes: writes}, time.Minute)
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv.URL, dspec.Model, writes
+	b.srv = httptest.NewUnstartedServer(b.rt.Routes())
+	b.srv.Listener = router.NewListener(countingListener{Listener: b.srv.Listener, writes: writes}, time.Minute)
+	b.srv.Start()
+	return b, `{"model":"` + dspec.Model + `","prompt":"hi","stream":true}`, writes
 }
 
 // A stream whose whole answer the decode has sent by the time the router
@@ -138,17 +141,12 @@ func flushFleet(t *testing.T, decode []string, rest <-chan string) (url, model s
 // request (and its client a read).
 func TestStreamAlreadyArrivedLeavesInOneWrite(t *testing.T) {
 	answer := sseHead + sseChunk("a") + sseChunk("b") + sseChunk("c") + "0\r\n\r\n"
-	url, model, writes := flushFleet(t, []string{answer}, nil)
+	b, req, writes := flushFleet(t, []string{answer}, nil)
 	for i := range 3 {
 		before := writes.Load()
-		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"`+model+`","prompt":"hi","stream":true}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("request %d: %d %q, %v", i, resp.StatusCode, body, err)
+		resp, body := b.post(t, "/v1/completions", req)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
 		}
 		if n := strings.Count(string(body), "data: "); n != 3 {
 			t.Fatalf("request %d: %d events relayed, want 3:\n%s", i, n, body)
@@ -163,18 +161,10 @@ func TestStreamAlreadyArrivedLeavesInOneWrite(t *testing.T) {
 // it, the client has it.
 func TestStreamFirstEventIsNotHeldForTheRest(t *testing.T) {
 	rest := make(chan string, 1)
-	url, model, _ := flushFleet(t, []string{sseHead + sseChunk("a")}, rest)
+	b, req, _ := flushFleet(t, []string{sseHead + sseChunk("a")}, rest)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions",
-		strings.NewReader(`{"model":"`+model+`","prompt":"hi","stream":true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := b.send(t, ctx, "/v1/completions", req)
 	defer resp.Body.Close()
 	br := bufio.NewReader(resp.Body)
 	line, err := br.ReadString('\n')
