@@ -91,14 +91,8 @@ func (g *gcFloor) adjust() bool {
 	if g.stopped {
 		return false
 	}
-	metrics.Read(g.sample)
-	var v [3]uint64
-	for i, s := range g.sample {
-		if s.Value.Kind() != metrics.KindUint64 {
-			return true // not reported by this runtime: keep the percentage
-		}
-		v[i] = s.Value.Uint64()
-	}
-	debug.SetGCPercent(gcPercentFor(v[0], v[1]+v[2], g.minHeap))
+	metrics.Read(g.sample) // all three exist since Go 1.21
+	live, stacks, globals := g.sample[0].Value.Uint64(), g.sample[1].Value.Uint64(), g.sample[2].Value.Uint64()
+	debug.SetGCPercent(gcPercentFor(live, stacks+globals, g.minHeap))
 	return true
 }

@@ -60,9 +60,6 @@ type serveConfig struct {
 	// otlpEndpoint is the OTLP/HTTP collector traces go to; empty leaves
 	// it to the OTEL_EXPORTER_OTLP_* variables (tracing off without them).
 	otlpEndpoint string
-	// gcMinHeapMiB is the heap the collector may let grow between cycles
-	// however small the live heap (gc.go).
-	gcMinHeapMiB int
 	// pprofAddr, when set, serves runtime profiles on that loopback
 	// address (see startPprof).
 	pprofAddr string
@@ -145,8 +142,6 @@ func (c *serveConfig) flags(fs *flagSet) {
 			"the default; every request at --log-level debug), all, or sample:N (one served request in N); failures are always logged")
 	fs.str(&c.pprofAddr, "pprof-addr", "", "loopback HOST:PORT to serve Go runtime profiles on (/debug/pprof/: CPU, heap, goroutines), "+
 		"on a listener of its own; empty serves none")
-	fs.int(&c.gcMinHeapMiB, "gc-min-heap-mib", defaultGCMinHeapMiB, "MiB the heap may grow to between garbage collections however little of it is live "+
-		"(fewer collections under load; above half of it live, collections are as at GOGC=100); 0, or GOGC set, leaves the Go defaults")
 }
 
 // defaultGCMinHeapMiB is --gc-min-heap-mib's default.
@@ -161,6 +156,10 @@ func runServe(ctx context.Context, args []string) error {
 	var c serveConfig
 	fs := newFlagSet("serve")
 	c.flags(fs)
+	// serve's alone: dev runs its engines in the same process.
+	var gcMinHeapMiB int
+	fs.int(&gcMinHeapMiB, "gc-min-heap-mib", defaultGCMinHeapMiB, "MiB the heap may grow to between garbage collections however little of it is live "+
+		"(fewer collections under load; above half of it live, collections are as at GOGC=100); 0, or GOGC set, leaves the Go defaults")
 	if err := fs.parse(args); err != nil {
 		return err
 	}
@@ -168,10 +167,10 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if c.gcMinHeapMiB < 0 || c.gcMinHeapMiB > 1<<20 {
-		return usageErrorf("invalid value %d for --gc-min-heap-mib: want 0 to 1048576 (1 TiB)", c.gcMinHeapMiB)
+	if gcMinHeapMiB < 0 || gcMinHeapMiB > 1<<20 {
+		return usageErrorf("invalid value %d for --gc-min-heap-mib: want 0 to 1048576 (1 TiB)", gcMinHeapMiB)
 	}
-	defer startGCFloor(uint64(c.gcMinHeapMiB) << 20)()
+	defer startGCFloor(uint64(gcMinHeapMiB) << 20)()
 	cp, err := startControlPlane(ctx, c, log)
 	if err != nil {
 		return err
