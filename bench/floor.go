@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -37,18 +38,23 @@ import (
 // used up), so that the floor can be measured with and without it.
 type Floor struct {
 	Prefill, Decode string // engines' host:port
-	BootstrapHost   string // the prefill's bootstrap host
-	BootstrapPort   int    // and port
+	BootstrapPort   int    // the prefill's bootstrap port (its host is Prefill's)
 	NetHTTP         bool
 
-	room    atomic.Uint64
-	prefill connPool
-	decode  connPool
+	bootstrapHost string
+	room          atomic.Uint64
+	prefill       connPool
+	decode        connPool
 }
 
 // Serve accepts connections on ln until it fails.
 func (f *Floor) Serve(ln net.Listener) error {
 	f.prefill.addr, f.decode.addr = f.Prefill, f.Decode
+	host, _, err := net.SplitHostPort(f.Prefill)
+	if err != nil {
+		return fmt.Errorf("floor: prefill %q: %w", f.Prefill, err)
+	}
+	f.bootstrapHost = host
 	if f.NetHTTP {
 		return (&http.Server{Handler: http.HandlerFunc(f.serveHTTP), ReadHeaderTimeout: time.Minute}).Serve(ln)
 	}
@@ -91,7 +97,7 @@ func (f *Floor) relay(client net.Conn, q floorReq) error {
 	if err != nil {
 		return err
 	}
-	return f.both(head, body, func(br *bufio.Reader) error { return relayAnswer(br, client) })
+	return f.both(head, body, func(br *bufio.Reader) (bool, error) { return relayAnswer(br, client) })
 }
 
 // serveHTTP is relay on net/http's server.
@@ -105,17 +111,17 @@ func (f *Floor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if err := f.both(head, up, func(br *bufio.Reader) error { return relayToHTTP(br, w) }); err != nil {
+	if err := f.both(head, up, func(br *bufio.Reader) (bool, error) { return relayToHTTP(br, w) }); err != nil {
 		panic(http.ErrAbortHandler)
 	}
 }
 
 // both sends the request to both engines at once, discarding the
 // prefill's answer and handing the decode's to relay.
-func (f *Floor) both(head, body []byte, relay func(*bufio.Reader) error) error {
+func (f *Floor) both(head, body []byte, relay answerReader) error {
 	prefillDone := make(chan error, 1)
 	go func() {
-		prefillDone <- f.prefill.exchange(head, body, func(br *bufio.Reader) error { return relayAnswer(br, nil) })
+		prefillDone <- f.prefill.exchange(head, body, func(br *bufio.Reader) (bool, error) { return relayAnswer(br, nil) })
 	}()
 	err := f.decode.exchange(head, body, relay)
 	if perr := <-prefillDone; err == nil {
@@ -133,7 +139,7 @@ func (f *Floor) upstream(line, body []byte) (head, upBody []byte, err error) {
 	}
 	room := f.room.Add(1)
 	upBody = append(append([]byte(nil), body[:len(body)-1]...), `,"bootstrap_host":"`...)
-	upBody = append(upBody, f.BootstrapHost...)
+	upBody = append(upBody, f.bootstrapHost...)
 	upBody = append(upBody, `","bootstrap_port":`...)
 	upBody = strconv.AppendInt(upBody, int64(f.BootstrapPort), 10)
 	upBody = append(upBody, `,"bootstrap_room":`...)
@@ -154,7 +160,7 @@ func readFloorRequest(br *bufio.Reader) (floorReq, error) {
 		return q, err
 	}
 	q.line = append([]byte(nil), line...)
-	h, err := readFields(br, nil)
+	h, err := readFields(br, nil, nil)
 	if err != nil {
 		return q, err
 	}
@@ -180,15 +186,15 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 
 // floorHead is what the floor reads of a head's fields.
 type floorHead struct {
-	length      int // Content-Length, -1 without one
-	chunked     bool
-	close       bool // Connection: close
-	contentType string
+	length  int // Content-Length, -1 without one
+	chunked bool
+	close   bool // Connection: close
 }
 
-// readFields reads a head's fields, up to and with its empty line, and
-// appends each line with its CRLF to raw when raw is not nil.
-func readFields(br *bufio.Reader, raw *[]byte) (floorHead, error) {
+// readFields reads a head's fields, up to and with its empty line. It
+// appends each line with its CRLF to raw, and sets contentType, when they
+// are not nil.
+func readFields(br *bufio.Reader, raw *[]byte, contentType *string) (floorHead, error) {
 	h := floorHead{length: -1}
 	for {
 		line, err := readLine(br)
@@ -212,8 +218,8 @@ func readFields(br *bufio.Reader, raw *[]byte) (floorHead, error) {
 			h.chunked = bytes.EqualFold(value, []byte("chunked"))
 		case bytes.EqualFold(name, []byte("Connection")):
 			h.close = bytes.EqualFold(value, []byte("close"))
-		case bytes.EqualFold(name, []byte("Content-Type")):
-			h.contentType = string(value)
+		case contentType != nil && bytes.EqualFold(name, []byte("Content-Type")):
+			*contentType = string(value)
 		}
 	}
 }
@@ -252,9 +258,14 @@ func (p *connPool) put(fc *floorConn) {
 	p.mu.Unlock()
 }
 
+// answerReader reads one answer; closeAfter is the engine's Connection:
+// close.
+type answerReader func(*bufio.Reader) (closeAfter bool, err error)
+
 // exchange sends one request to the pool's engine and has read read its
-// answer. The connection goes back to the pool after a whole answer.
-func (p *connPool) exchange(head, body []byte, read func(*bufio.Reader) error) error {
+// answer. The connection goes back to the pool after a whole answer,
+// unless the engine closes it.
+func (p *connPool) exchange(head, body []byte, read answerReader) error {
 	fc, err := p.get()
 	if err != nil {
 		return err
@@ -264,7 +275,8 @@ func (p *connPool) exchange(head, body []byte, read func(*bufio.Reader) error) e
 		fc.c.Close()
 		return err
 	}
-	if err := read(fc.br); err != nil {
+	closeAfter, err := read(fc.br)
+	if err != nil || closeAfter {
 		fc.c.Close()
 		return err
 	}
@@ -274,51 +286,70 @@ func (p *connPool) exchange(head, body []byte, read func(*bufio.Reader) error) e
 
 // relayAnswer reads one answer from br; with a client, it writes the same
 // bytes to it: the head and a Content-Length body at once, a chunked body
-// each time what was read is used up.
-func relayAnswer(br *bufio.Reader, client net.Conn) error {
-	line, err := readLine(br)
-	if err != nil {
+// each time what was read is used up. Without one, it reads the answer
+// away.
+func relayAnswer(br *bufio.Reader, client net.Conn) (closeAfter bool, err error) {
+	var out []byte
+	// keep copies a line read to out when relaying.
+	keep := func(line []byte) {
+		if client != nil {
+			out = append(append(out, line...), '\r', '\n')
+		}
+	}
+	// take reads the next n bytes into out when relaying, else away.
+	take := func(n int) error {
+		if client == nil {
+			_, err := br.Discard(n)
+			return err
+		}
+		start := len(out)
+		out = slices.Grow(out, n)[:start+n]
+		_, err := io.ReadFull(br, out[start:])
 		return err
 	}
-	out := append(append([]byte(nil), line...), '\r', '\n')
-	h, err := readFields(br, &out)
+	line, err := readLine(br)
 	if err != nil {
-		return err
+		return false, err
+	}
+	keep(line)
+	var raw *[]byte
+	if client != nil {
+		raw = &out
+	}
+	h, err := readFields(br, raw, nil)
+	if err != nil {
+		return false, err
 	}
 	if !h.chunked {
 		if h.length < 0 {
-			return errors.New("floor: an answer with neither Content-Length nor chunked")
+			return false, errors.New("floor: an answer with neither Content-Length nor chunked")
 		}
-		start := len(out)
-		out = append(out, make([]byte, h.length)...)
-		if _, err := io.ReadFull(br, out[start:]); err != nil {
-			return err
+		if err := take(h.length); err != nil {
+			return false, err
 		}
-		return write(client, out)
+		return h.close, write(client, out)
 	}
 	// Chunked: copy chunk by chunk, writing whenever nothing more is
 	// buffered (the next read would wait on the decode).
 	for {
 		line, err := readLine(br)
 		if err != nil {
-			return err
+			return false, err
 		}
-		out = append(append(out, line...), '\r', '\n')
+		keep(line)
 		size, err := strconv.ParseUint(string(bytes.TrimSpace(line)), 16, 31)
 		if err != nil || size > maxFloorBody {
-			return fmt.Errorf("floor: bad chunk size %q", line)
+			return false, fmt.Errorf("floor: bad chunk size %q", line)
 		}
-		start := len(out)
-		out = append(out, make([]byte, size+2)...) // the data and its CRLF
-		if _, err := io.ReadFull(br, out[start:]); err != nil {
-			return err
+		if err := take(int(size) + 2); err != nil { // the data and its CRLF
+			return false, err
 		}
 		if size == 0 { // the last chunk; the floor's engines send no trailers
-			return write(client, out)
+			return h.close, write(client, out)
 		}
 		if br.Buffered() == 0 || len(out) >= 64<<10 {
 			if err := write(client, out); err != nil {
-				return err
+				return false, err
 			}
 			out = out[:0]
 		}
@@ -328,22 +359,23 @@ func relayAnswer(br *bufio.Reader, client net.Conn) error {
 // relayToHTTP reads one answer from br and answers w with it: its status
 // and Content-Type, and its body, flushed whenever what was read is used
 // up.
-func relayToHTTP(br *bufio.Reader, w http.ResponseWriter) error {
+func relayToHTTP(br *bufio.Reader, w http.ResponseWriter) (closeAfter bool, err error) {
 	line, err := readLine(br)
 	if err != nil {
-		return err
+		return false, err
 	}
 	_, code, _ := bytes.Cut(line, []byte(" "))
 	status, err := strconv.Atoi(string(code[:min(3, len(code))]))
 	if err != nil {
-		return fmt.Errorf("floor: bad status line %q", line)
+		return false, fmt.Errorf("floor: bad status line %q", line)
 	}
-	h, err := readFields(br, nil)
+	var contentType string
+	h, err := readFields(br, nil, &contentType)
 	if err != nil {
-		return err
+		return false, err
 	}
-	if h.contentType != "" {
-		w.Header().Set("Content-Type", h.contentType)
+	if contentType != "" {
+		w.Header().Set("Content-Type", contentType)
 	}
 	var body io.Reader
 	switch {
@@ -353,7 +385,7 @@ func relayToHTTP(br *bufio.Reader, w http.ResponseWriter) error {
 		w.Header().Set("Content-Length", strconv.Itoa(h.length))
 		body = io.LimitReader(br, int64(h.length))
 	default:
-		return errors.New("floor: an answer with neither Content-Length nor chunked")
+		return false, errors.New("floor: an answer with neither Content-Length nor chunked")
 	}
 	w.WriteHeader(status)
 	fl := w.(http.Flusher)
@@ -362,21 +394,21 @@ func relayToHTTP(br *bufio.Reader, w http.ResponseWriter) error {
 		k, err := body.Read(buf)
 		if k > 0 {
 			if _, werr := w.Write(buf[:k]); werr != nil {
-				return werr
+				return false, werr
 			}
 			if br.Buffered() == 0 && err == nil {
 				fl.Flush()
 			}
 		}
 		if err == io.EOF {
+			err = nil
 			if h.chunked { // the chunked reader leaves the last chunk's CRLF
 				_, err = readLine(br)
-				return err
 			}
-			return nil
+			return h.close, err
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 	}
 }

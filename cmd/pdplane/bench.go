@@ -107,12 +107,9 @@ Prints Markdown tables per peer.`
 			return err
 		}
 	}
-	bins := map[string]string{bench.PeerSMG: smgBin, bench.PeerVLLMRouter: vllmRouterBin}
+	bins := map[string]string{bench.PeerSMG: smgBin, bench.PeerVLLMRouter: vllmRouterBin,
+		bench.PeerFloor: pdplaneBin, bench.PeerFloorNetHTTP: pdplaneBin}
 	for _, name := range splitList(peers) {
-		if name == bench.PeerFloor || name == bench.PeerFloorNetHTTP {
-			cfg.Peers = append(cfg.Peers, bench.Peer{Name: name, Bin: pdplaneBin})
-			continue
-		}
 		bin, ok := bins[name]
 		if !ok {
 			return usageErrorf("invalid value %q for --peers: want smg, vllm-router, floor and/or floor-net-http", peers)
@@ -161,7 +158,6 @@ kernel cost for the same traffic. Trusts its engines; never expose it.`
 	if err != nil {
 		return usageErrorf("invalid value %q for --decode: %v", decode, err)
 	}
-	host, _, _ := net.SplitHostPort(ph)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
@@ -170,7 +166,7 @@ kernel cost for the same traffic. Trusts its engines; never expose it.`
 		<-ctx.Done()
 		ln.Close()
 	}()
-	f := &bench.Floor{Prefill: ph, Decode: dh, BootstrapHost: host, BootstrapPort: port, NetHTTP: netHTTP}
+	f := &bench.Floor{Prefill: ph, Decode: dh, BootstrapPort: port, NetHTTP: netHTTP}
 	if err := f.Serve(ln); ctx.Err() == nil {
 		return err
 	}
