@@ -20,6 +20,11 @@ for _ in $(seq 1 60); do
 done
 sleep 7
 addr=$(ps -o args= --ppid "$harness" | sed -nE 's/.* serve --addr ([0-9.:]+).*/\1/p' | head -1)
+if [[ -z $addr ]]; then
+	echo "bench-allocs: no pdplane serve found under the harness; its output:" >&2
+	cat "$log" >&2
+	exit 1
+fi
 snap() {
 	curl -fsS "http://$addr/metrics" | awk '
 		/^go_memstats_mallocs_total/ {m = $2}
@@ -31,4 +36,9 @@ read -r m1 b1 r1 < <(snap)
 sleep 5
 read -r m2 b2 r2 < <(snap)
 wait "$harness"
+if ((r2 == r1)); then
+	echo "bench-allocs: no request was served in the 5 s window; the harness's output:" >&2
+	cat "$log" >&2
+	exit 1
+fi
 echo "$mode: $((r2 - r1)) requests, $(((m2 - m1) / (r2 - r1))) allocations and $(((b2 - b1) / (r2 - r1))) bytes per request"
