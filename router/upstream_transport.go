@@ -307,6 +307,9 @@ func (t *upstreamTransport) put(uc *upConn) {
 	addr := uc.addr
 	uc.idleAt = time.Now()
 	uc.reused = false
+	// The answer's reader holds its response, and through it the request
+	// (the prompt) and the head: an idle connection must not keep them.
+	uc.fixed, uc.chunked = fixedBody{}, chunkedBody{}
 	t.mu.Lock()
 	if len(t.idle[addr]) >= t.maxIdle {
 		t.mu.Unlock()

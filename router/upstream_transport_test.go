@@ -98,6 +98,17 @@ func TestUpstreamTransportReusesConnections(t *testing.T) {
 	if n := conns.Load(); n != 1 {
 		t.Fatalf("%d connections for 10 sequential requests", n)
 	}
+	// The idle connection keeps nothing of the last answer: its reader's
+	// response would hold the request and its prompt.
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, list := range tr.idle {
+		for _, uc := range list {
+			if uc.chunked.resp != nil || uc.fixed.br != nil {
+				t.Errorf("an idle connection still holds its last answer's reader: %+v / %+v", uc.chunked, uc.fixed)
+			}
+		}
+	}
 }
 
 func TestUpstreamTransportSurvivesEngineClosingIdleConnections(t *testing.T) {
