@@ -26,3 +26,25 @@ func TestPrefillLegPanicFailsTheLegNotTheProcess(t *testing.T) {
 		t.Fatalf("error %v, want the panic named", res.fail.err)
 	}
 }
+
+// The dispatch waiting for that leg gets the panic back, on its own
+// goroutine: the request ends as any panic of the router's does (counted
+// internal_error, not retried on another pair, no breaker failure against
+// the engines), once, although wait is called again (deferred).
+func TestPrefillLegPanicIsRaisedOnTheDispatch(t *testing.T) {
+	d := &dispatch{rt: &Router{log: zerolog.Nop()}, rid: "r1"}
+	pr := &pair{p: &peerRef{peer: &registry.Peer{PeerSpec: registry.PeerSpec{Name: "p0"}}}}
+	pl := &prefillLeg{ch: make(chan prefillResult, 1)}
+	pl.ch <- d.prefillGuarded(context.Background(), pr, []byte(`{}`))
+	func() {
+		defer func() {
+			if p := recover(); p == nil || !strings.Contains(p.(string), "prefill leg") {
+				t.Errorf("wait recovered %v, want the prefill leg's panic", p)
+			}
+		}()
+		pl.wait()
+	}()
+	if res := pl.wait(); res.fail == nil || res.fail.leg != legPrefill {
+		t.Errorf("second wait: %+v, want the leg's failure without a second panic", res.fail)
+	}
+}

@@ -17,6 +17,10 @@ import (
 type prefillResult struct {
 	fail *failure
 	body []byte // the answer, bounded; all of it when logprobs are merged
+	// panicked is what the leg's goroutine panicked with (fail is then
+	// set too, so that the decode is cancelled): wait raises it again on
+	// the dispatch's goroutine.
+	panicked any
 }
 
 // prefillLeg is a prefill running concurrently with its decode.
@@ -26,11 +30,18 @@ type prefillLeg struct {
 	done bool
 }
 
-// wait returns the prefill's result, blocking until it is in.
+// wait returns the prefill's result, blocking until it is in. A panic of
+// the leg's goroutine is raised again here, so that it ends the request as
+// any panic in the router does (internal_error: no retry on another pair,
+// no breaker failure against engines that did nothing wrong).
 func (l *prefillLeg) wait() prefillResult {
 	if !l.done {
 		l.res = <-l.ch
 		l.done = true
+	}
+	if p := l.res.panicked; p != nil {
+		l.res.panicked = nil // once: wait is also deferred
+		panic(fmt.Sprintf("prefill leg: %v", p))
 	}
 	return l.res
 }
@@ -116,14 +127,15 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 
 // prefillGuarded is sglangPrefill on the goroutine runSGLang starts for it,
 // where nothing else would catch a panic: one (a fault of the router's,
-// likely on an engine's odd answer) fails this leg as an unusable answer
-// instead of ending the process and every request in it.
+// likely on an engine's odd answer) fails this leg, which cancels the
+// decode, and goes back to the dispatch (prefillLeg.wait) instead of ending
+// the process and every request in it.
 func (d *dispatch) prefillGuarded(ctx context.Context, pr *pair, body []byte) (res prefillResult) {
 	defer func() {
 		if p := recover(); p != nil {
 			d.rt.log.Error().Str(logRequestID, d.rid).Str("peer", pr.p.peer.Name).Interface("panic", p).
-				Str("stack", string(debug.Stack())).Msg("panic in a prefill leg; the attempt fails")
-			res = prefillResult{fail: &failure{kind: failProtocol, leg: legPrefill, err: fmt.Errorf("panic in the prefill leg: %v", p)}}
+				Str("stack", string(debug.Stack())).Msg("panic in a prefill leg; the request fails")
+			res = prefillResult{fail: &failure{kind: failProtocol, leg: legPrefill, err: fmt.Errorf("panic in the prefill leg: %v", p)}, panicked: p}
 		}
 	}()
 	return d.sglangPrefill(ctx, pr, body)
