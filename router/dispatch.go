@@ -557,16 +557,7 @@ func kindOf(c pdproto.Class) failKind {
 
 // readKeep reads an answer's body to the end, keeping its first keep bytes.
 func readKeep(resp *http.Response, keep int64) ([]byte, error) {
-	// A declared length sizes the buffer at once, with a byte to spare to
-	// see the end without growing; else it starts at 512 and doubles.
-	size := int64(512)
-	switch cl := resp.ContentLength; {
-	case cl >= keep:
-		size = keep // (an engine may declare up to 2^63-1 bytes)
-	case cl >= 0:
-		size = cl + 1
-	}
-	buf := make([]byte, 0, min(size, keep))
+	buf := make([]byte, 0, firstBufferSize(resp.ContentLength, keep))
 	for int64(len(buf)) < keep {
 		if len(buf) == cap(buf) {
 			buf = slices.Grow(buf, int(min(int64(cap(buf)), keep-int64(len(buf)))))
@@ -944,11 +935,7 @@ func (rt *Router) readBody(r *http.Request) ([]byte, *apiError) {
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
-	size := int64(512)
-	if r.ContentLength > 0 {
-		size = min(r.ContentLength+1, readBodyInitial) // +1: room to see EOF without growing
-	}
-	buf := make([]byte, 0, size)
+	buf := make([]byte, 0, firstBufferSize(r.ContentLength, limit+1))
 	for {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
@@ -975,8 +962,21 @@ func (rt *Router) readBody(r *http.Request) ([]byte, *apiError) {
 	}
 }
 
-// readBodyInitial is the most readBody allocates before bytes arrive.
+// readBodyInitial is the most readBody and readKeep allocate before bytes
+// arrive.
 const readBodyInitial = 64 << 10
+
+// firstBufferSize is the buffer for a body of the declared length (-1:
+// unknown) before any of it has arrived: all of it with a byte to see its
+// end without growing, but at most readBodyInitial and max, so that a peer
+// that declares a large body and sends a trickle costs only what arrives
+// (it may declare up to 2^63-1 bytes). An unknown length starts at 512.
+func firstBufferSize(declared, max int64) int64 {
+	if declared < 0 {
+		return min(512, max)
+	}
+	return min(min(declared, readBodyInitial-1)+1, max)
+}
 
 func (rt *Router) getRelayBuf() *[]byte  { return rt.bufs.Get().(*[]byte) }
 func (rt *Router) putRelayBuf(b *[]byte) { rt.bufs.Put(b) }
