@@ -147,7 +147,7 @@ func parseFields(s string) (http.Header, error) {
 				return nil, fmt.Errorf("upstream answer: malformed header line %.64q", line)
 			}
 		}
-		key := canonicalKey(name)
+		key := textproto.CanonicalMIMEHeaderKey(name) // name itself, no copy, when already canonical
 		if vv, ok := h[key]; ok {
 			h[key] = append(vv, value)
 			continue
@@ -158,20 +158,6 @@ func parseFields(s string) (http.Header, error) {
 		vals[0] = value
 		h[key], vals = vals[:1:1], vals[1:]
 	}
-}
-
-// canonicalKey is name in textproto's canonical form, name itself (no
-// copy) when it already is, as engines send it.
-func canonicalKey(name string) string {
-	upper := true
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
-			return textproto.CanonicalMIMEHeaderKey(name)
-		}
-		upper = c == '-'
-	}
-	return name
 }
 
 // validFieldName: a token (RFC 9110 §5.1, §5.6.2).
