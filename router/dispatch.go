@@ -651,18 +651,18 @@ type relayBody interface {
 	awaitFor(d time.Duration) bool
 }
 
-// mustFlush reports whether bytes just sent to the client must be flushed
-// now, after a read of body that returned err: only when the client would
-// otherwise wait for them. Not when more of the answer is ready (it leaves
-// with them), nor when the answer has ended or its end has arrived: the
+// mustFlush reports whether bytes of a stream just sent to the client must
+// be flushed now, after a read of its body (rb; nil when it cannot tell
+// what is buffered) that returned err: only when the client would otherwise
+// wait for them. Not when more of the answer is ready (it leaves with
+// them), nor when the answer has ended or its end has arrived: the
 // handler's return then flushes them with net/http's terminator, one write
-// where a flush would make two.
-func mustFlush(body io.Reader, err error) bool {
-	if err != nil {
+// where a flush would make two. A unary answer is never flushed early.
+func (d *dispatch) mustFlush(rb relayBody, err error) bool {
+	if !d.q.stream || err != nil {
 		return false
 	}
-	rb, ok := body.(relayBody)
-	return !ok || !rb.ready() && !rb.atEnd()
+	return rb == nil || !rb.ready() && !rb.atEnd()
 }
 
 // slowStreamWait is how long a relay must have waited for the engine's
@@ -710,7 +710,7 @@ func (d *dispatch) relay(body io.Reader) *failure {
 		slow = rb != nil && (inHand || d.rt.cfg.Now().Sub(start) > slowStreamWait)
 		var werr error
 		if n > 0 {
-			werr = d.send((*bp)[:n], mustFlush(body, err))
+			werr = d.send((*bp)[:n], d.mustFlush(rb, err))
 		}
 		d.rt.putRelayBuf(bp)
 		switch {

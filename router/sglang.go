@@ -308,7 +308,8 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 			}
 		}
 		d.commit(resp, -1)
-		if err := d.send(first, mustFlush(resp.Body, rerr)); err != nil {
+		rb, _ := resp.Body.(relayBody)
+		if err := d.send(first, d.mustFlush(rb, rerr)); err != nil {
 			return &failure{kind: failClientGone, leg: legDecode, err: err}
 		}
 		if errors.Is(rerr, io.EOF) {
@@ -334,7 +335,7 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 			cl = n
 		}
 		d.commit(resp, cl)
-		if err := d.send(buf[:n], mustFlush(resp.Body, rerr)); err != nil {
+		if err := d.write(buf[:n]); err != nil {
 			return &failure{kind: failClientGone, leg: legDecode, err: err}
 		}
 		if errors.Is(rerr, io.EOF) {
