@@ -353,7 +353,7 @@ func (tc *takenConn) end(complete bool) {
 		}
 	}
 	cc, _ := tc.c.(*clientConn)
-	if !complete || !tc.keep || !cc.l.park(tc) {
+	if !complete || !tc.keep || cc == nil || !cc.l.park(tc) {
 		tc.close()
 		return
 	}
@@ -386,23 +386,14 @@ func (tc *takenConn) end(complete bool) {
 }
 
 // closeIfIdle closes the connection if it waits for the client's next
-// request (takenIdle).
-func (tc *takenConn) closeIfIdle() {
-	tc.mu.Lock()
-	if tc.state != takenIdle {
-		tc.mu.Unlock()
-		return
-	}
-	tc.state = takenDone
-	tc.mu.Unlock()
-	tc.close()
-}
+// request (takenIdle), whatever its idle time.
+func (tc *takenConn) closeIfIdle() { tc.expire(time.Time{}) }
 
-// expire closes an idle connection whose idle time has passed at now; it
-// reports whether it did.
+// expire closes an idle connection whose idle time has passed at now (the
+// zero time: at once); it reports whether it did.
 func (tc *takenConn) expire(now time.Time) bool {
 	tc.mu.Lock()
-	if tc.state != takenIdle || now.Before(tc.idleUntil) {
+	if tc.state != takenIdle || !now.IsZero() && now.Before(tc.idleUntil) {
 		tc.mu.Unlock()
 		return false
 	}

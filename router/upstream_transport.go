@@ -469,15 +469,13 @@ func appendRequestHead(b []byte, req *http.Request, bodyLen int) []byte {
 	return append(b, "\r\n"...)
 }
 
+// hostPort is the address to dial for req: its URL's host:port, with
+// port 80 when the URL names none.
 func hostPort(req *http.Request) string {
 	if req.URL.Port() != "" {
 		return req.URL.Host // host:port already, an engine's URL as registered
 	}
-	h, p := req.URL.Hostname(), req.URL.Port()
-	if p == "" {
-		p = "80"
-	}
-	return net.JoinHostPort(h, p)
+	return net.JoinHostPort(req.URL.Hostname(), "80")
 }
 
 // withCtxErr reports a cancelled or expired request as such, not as the
