@@ -21,12 +21,17 @@ const (
 	// PeerFloorNetHTTP is Floor with net/http's server on the client side
 	// (`pdplane bench floor --net-http`).
 	PeerFloorNetHTTP = "floor-net-http"
+	// PeerBaseline is another pdplane binary's serve, with engines of its
+	// own from the pdplane under test: a change measured against the
+	// commit before it in alternating windows of one run, so the host's
+	// drift between runs does not decide the result.
+	PeerBaseline = "baseline"
 )
 
 // Peer is a router to compare pdplane with.
 type Peer struct {
-	Name string // PeerSMG, PeerVLLMRouter, PeerFloor or PeerFloorNetHTTP
-	Bin  string // its executable (for the floors, a pdplane binary)
+	Name string // PeerSMG, PeerVLLMRouter, PeerFloor, PeerFloorNetHTTP or PeerBaseline
+	Bin  string // its executable (for the floors and the baseline, a pdplane binary)
 }
 
 // engine is the engine kind the peer routes.
@@ -144,9 +149,9 @@ func (c Config) validate() error {
 	}
 	for _, p := range c.Peers {
 		switch p.Name {
-		case PeerSMG, PeerVLLMRouter, PeerFloor, PeerFloorNetHTTP:
+		case PeerSMG, PeerVLLMRouter, PeerFloor, PeerFloorNetHTTP, PeerBaseline:
 		default:
-			return fmt.Errorf("bench config: peers: %s, %s, %s or %s, got %q", PeerSMG, PeerVLLMRouter, PeerFloor, PeerFloorNetHTTP, p.Name)
+			return fmt.Errorf("bench config: peers: %s, %s, %s, %s or %s, got %q", PeerSMG, PeerVLLMRouter, PeerFloor, PeerFloorNetHTTP, PeerBaseline, p.Name)
 		}
 	}
 	return nil
@@ -334,37 +339,18 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 			f = nil
 		}
 	}()
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	f.serveURL = "http://127.0.0.1:" + strconv.Itoa(port)
-	if f.serve, err = Start("pdplane serve", nil, cfg.Pdplane, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port),
-		"--max-inflight", strconv.Itoa(maxInflight(cfg))); err != nil {
+	if f.serve, f.serveURL, err = startServe(ctx, cfg, cfg.Pdplane, "pdplane serve"); err != nil {
 		return nil, err
 	}
 	f.procs = append(f.procs, f.serve)
-	if err := waitStarted(ctx, f.serve, f.serveURL+"/healthz"); err != nil {
+	if f.prefill, f.decode, err = f.startEngines(ctx, cfg, spec, f.serveURL); err != nil {
 		return nil, err
-	}
-	for _, role := range []string{"prefill", "decode"} {
-		s, err := StartSim(ctx, cfg.Pdplane, SimSpec{Engine: f.engine, Role: role, ControlPlane: f.serveURL,
-			KVPages: spec.kvPages, CheapTransfer: spec.cheap, DecodeTimePerToken: spec.decodeTime})
-		if err != nil {
-			return nil, err
-		}
-		f.procs = append(f.procs, s.Process)
-		if role == "prefill" {
-			f.prefill = s
-		} else {
-			f.decode = s
-		}
 	}
 	if err := waitStarted(ctx, f.serve, f.serveURL+"/readyz"); err != nil {
 		return nil, err
 	}
 	if p.Name != "" {
-		if err := f.startPeer(ctx, cfg, p); err != nil {
+		if err := f.startPeer(ctx, cfg, p, spec); err != nil {
 			return nil, err
 		}
 	}
@@ -390,7 +376,10 @@ func maxInflight(cfg Config) int {
 // default log level as pdplane runs at its own, with the same cap on
 // concurrent requests where its default is lower (SMG's is 1,024 a core,
 // at least 4,096; vllm-router's 32,768).
-func (f *fleet) startPeer(ctx context.Context, cfg Config, p Peer) error {
+func (f *fleet) startPeer(ctx context.Context, cfg Config, p Peer, spec fleetSpec) error {
+	if p.Name == PeerBaseline {
+		return f.startBaseline(ctx, cfg, p, spec)
+	}
 	port, err := FreePort()
 	if err != nil {
 		return err
@@ -413,6 +402,63 @@ func (f *fleet) startPeer(ctx context.Context, cfg Config, p Peer) error {
 	}
 	f.procs = append(f.procs, f.peer)
 	f.peerURL = "http://127.0.0.1:" + strconv.Itoa(port)
+	return nil
+}
+
+// startServe starts bin's `serve` as the harness runs pdplane and waits
+// until it answers.
+func startServe(ctx context.Context, cfg Config, bin, name string) (*Process, string, error) {
+	port, err := FreePort()
+	if err != nil {
+		return nil, "", err
+	}
+	url := "http://127.0.0.1:" + strconv.Itoa(port)
+	proc, err := Start(name, nil, bin, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port),
+		"--max-inflight", strconv.Itoa(maxInflight(cfg)))
+	if err != nil {
+		return nil, "", err
+	}
+	if err := waitStarted(ctx, proc, url+"/healthz"); err != nil {
+		proc.Stop()
+		return nil, "", err
+	}
+	return proc, url, nil
+}
+
+// startEngines starts a prefill and a decode sim of the fleet's engine
+// kind, registered with the serve at controlPlane.
+func (f *fleet) startEngines(ctx context.Context, cfg Config, spec fleetSpec, controlPlane string) (prefill, decode *Sim, err error) {
+	for _, role := range []string{"prefill", "decode"} {
+		s, err := StartSim(ctx, cfg.Pdplane, SimSpec{Engine: f.engine, Role: role, ControlPlane: controlPlane,
+			KVPages: spec.kvPages, CheapTransfer: spec.cheap, DecodeTimePerToken: spec.decodeTime})
+		if err != nil {
+			return nil, nil, err
+		}
+		f.procs = append(f.procs, s.Process)
+		if role == "prefill" {
+			prefill = s
+		} else {
+			decode = s
+		}
+	}
+	return prefill, decode, nil
+}
+
+// startBaseline starts the baseline's serve and engines of its own, made
+// as pdplane's are: a serve routes only the engines registered with it.
+func (f *fleet) startBaseline(ctx context.Context, cfg Config, p Peer, spec fleetSpec) error {
+	proc, url, err := startServe(ctx, cfg, p.Bin, "baseline serve")
+	if err != nil {
+		return err
+	}
+	f.procs = append(f.procs, proc)
+	if _, _, err := f.startEngines(ctx, cfg, spec, url); err != nil {
+		return err
+	}
+	if err := waitStarted(ctx, proc, url+"/readyz"); err != nil {
+		return err
+	}
+	f.peer, f.peerURL = proc, url
 	return nil
 }
 

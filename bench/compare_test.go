@@ -21,10 +21,12 @@ func TestMain(m *testing.M) {
 }
 
 // peers are the routers installed here (PDPLANE_SMG, PDPLANE_VLLM_ROUTER),
-// under CI=true both required, and the two floors, which are always here.
+// under CI=true both required, the two floors and the baseline (this
+// pdplane again), which are always here.
 func peers(t *testing.T) []bench.Peer {
 	t.Helper()
-	out := []bench.Peer{{Name: bench.PeerFloor, Bin: pdplaneBin}, {Name: bench.PeerFloorNetHTTP, Bin: pdplaneBin}}
+	out := []bench.Peer{{Name: bench.PeerFloor, Bin: pdplaneBin}, {Name: bench.PeerFloorNetHTTP, Bin: pdplaneBin},
+		{Name: bench.PeerBaseline, Bin: pdplaneBin}}
 	for _, p := range []struct{ name, env string }{{bench.PeerSMG, "PDPLANE_SMG"}, {bench.PeerVLLMRouter, "PDPLANE_VLLM_ROUTER"}} {
 		bin := os.Getenv(p.env)
 		if bin == "" {

@@ -53,6 +53,7 @@ func benchCompare(ctx context.Context, args []string, out io.Writer) error {
 		cfg                               bench.Config
 		concurrency, mode, peers, held    string
 		smgBin, vllmRouterBin, pdplaneBin string
+		baselineBin                       string
 		require, install                  bool
 	)
 	fs := newFlagSet("bench compare")
@@ -74,7 +75,8 @@ Prints Markdown tables per peer.`
 	fs.int(&cfg.ProbeRounds, "probe-rounds", 3, "windows of new requests at each level; its TTFT p99 is the median window's")
 	fs.dur(&cfg.HeldTokenTime, "held-token-time", time.Second, "the slow decode's time per token, the pace of each held stream (longer: held streams mostly idle)")
 	fs.int(&cfg.MaxTokens, "max-tokens", 16, "tokens generated per request")
-	fs.str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter, "comma-separated routers to compare with: smg, vllm-router, floor and floor-net-http (baselines: 'pdplane bench floor'); empty measures pdplane alone")
+	fs.str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter, "comma-separated routers to compare with: smg, vllm-router, floor and floor-net-http (baselines: 'pdplane bench floor'), and baseline (--baseline); empty measures pdplane alone")
+	fs.str(&baselineBin, "baseline", "", "another pdplane binary (e.g. the commit before a change) for the baseline peer: its serve, with engines of its own, measured in windows alternating with this pdplane's")
 	fs.str(&smgBin, "smg", "", "SMG executable (default: .venv/bin/smg, else smg on $PATH)")
 	fs.str(&vllmRouterBin, "vllm-router", "", "vllm-router executable (default: .venv/bin/vllm-router, else vllm-router on $PATH)")
 	fs.str(&pdplaneBin, "pdplane", "", "pdplane binary to run serve and sim with (default: this one)")
@@ -108,11 +110,14 @@ Prints Markdown tables per peer.`
 		}
 	}
 	bins := map[string]string{bench.PeerSMG: smgBin, bench.PeerVLLMRouter: vllmRouterBin,
-		bench.PeerFloor: pdplaneBin, bench.PeerFloorNetHTTP: pdplaneBin}
+		bench.PeerFloor: pdplaneBin, bench.PeerFloorNetHTTP: pdplaneBin, bench.PeerBaseline: baselineBin}
 	for _, name := range splitList(peers) {
 		bin, ok := bins[name]
 		if !ok {
-			return usageErrorf("invalid value %q for --peers: want smg, vllm-router, floor and/or floor-net-http", peers)
+			return usageErrorf("invalid value %q for --peers: want smg, vllm-router, floor, floor-net-http and/or baseline", peers)
+		}
+		if name == bench.PeerBaseline && bin == "" {
+			return usageErrorf("--peers baseline needs --baseline, the pdplane binary to compare with")
 		}
 		if bin = findRouter(bin, name); bin == "" {
 			if require {

@@ -326,6 +326,8 @@ func TestHelpAndExitStatus(t *testing.T) {
 		{args: []string{"bench", "bogus"}, code: 2, stderr: `bench: unknown verb "bogus"`, stdoutNone: true},
 		{args: []string{"bench", "compare", "--concurrency", "32,0"}, code: 2, stderr: `invalid value "32,0" for --concurrency`, stdoutNone: true},
 		{args: []string{"bench", "compare", "--peers", "bogus"}, code: 2, stderr: `invalid value "bogus" for --peers`, stdoutNone: true},
+		{args: []string{"bench", "compare", "--peers", "baseline"}, code: 2, stderr: "--peers baseline needs --baseline", stdoutNone: true},
+		{args: []string{"bench", "compare", "--peers", "baseline", "--baseline", "/nonexistent/pdplane", "--require"}, code: 1, stderr: "baseline: executable not found", stdoutNone: true},
 		{args: []string{"bench", "compare", "--peers", "smg", "--smg", "/nonexistent/smg", "--require"}, code: 1, stderr: "smg: executable not found", stdoutNone: true},
 		{args: []string{"bench", "floor", "-h"}, stdout: "--bootstrap-port int", noStderr: true},
 		{args: []string{"bench", "floor", "--prefill", "127.0.0.1:1", "--decode", "http://127.0.0.1:2"}, code: 2, stderr: `invalid value "127.0.0.1:1" for --prefill`, stdoutNone: true},
