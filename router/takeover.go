@@ -514,7 +514,7 @@ const (
 // as net/http makes it for handlers: logged, the answer cut.
 func (d *dispatch) serveOnOwnGoroutine(v *view, mv *modelView) {
 	d.hop = make(chan hop, 1)
-	go d.runAndEnd(v, mv)
+	spareWorkers.run(func() { d.runAndEnd(v, mv) })
 	if <-d.hop == hopAbort {
 		panic(http.ErrAbortHandler)
 	}
