@@ -64,7 +64,7 @@ type Config struct {
 	// Modes lists stream and/or unary; default stream.
 	Modes []Mode
 	// Rounds is how many windows each router gets per (mode, concurrency),
-	// alternating pdplane, peer, pdplane, peer...; default 2.
+	// alternating pdplane, peer, then peer, pdplane, and so on; default 2.
 	Rounds int
 	// HeldStreams lists the numbers of streams held open on a slow decode
 	// (levels, measured in increasing order through the same routers) to
@@ -489,7 +489,16 @@ func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (R
 	stats := make([]Stats, len(ts))
 	ttfts := make([][]time.Duration, len(ts))
 	for round := range cfg.Rounds {
-		for i, t := range ts {
+		for k := range ts {
+			// Odd rounds run the routers in reverse order (pdplane, peer,
+			// peer, pdplane, ...): the host's speed drifts during a run,
+			// and a drift that favours whichever runs second cancels out
+			// over each pair of rounds.
+			i := k
+			if round%2 == 1 {
+				i = len(ts) - 1 - k
+			}
+			t := ts[i]
 			client := newClient(conc)
 			before, err := ReadUsage(t.proc.PID())
 			if err != nil {

@@ -68,7 +68,7 @@ Prints Markdown tables per peer.`
 	fs.dur(&cfg.Window, "duration", 8*time.Second, "length of one measured window")
 	fs.str(&concurrency, "concurrency", "32", "concurrent clients, or a comma-separated list of them (e.g. 32,256)")
 	fs.choice(&mode, "mode", "stream", []string{"stream", "unary", "both"}, "streamed (SSE) or unary requests, or both")
-	fs.int(&cfg.Rounds, "rounds", 2, "windows per router for each mode and concurrency, alternating pdplane, peer, pdplane, ...")
+	fs.int(&cfg.Rounds, "rounds", 2, "windows per router for each mode and concurrency, alternating pdplane, peer, then peer, pdplane, and so on")
 	fs.str(&held, "held-streams", "500", "streams held open on a slow decode to measure memory per stream and new requests' TTFT meanwhile, or a comma-separated list of levels measured in turn through the same router (e.g. 100,9000); 0 skips it")
 	fs.int(&cfg.ProbeClients, "probe-clients", 8, "concurrent clients sending new requests while each level's streams are held")
 	fs.dur(&cfg.ProbeWindow, "probe-duration", 2*time.Second, "how long they send them, a window")
