@@ -27,3 +27,15 @@ func WithOtherPrefillsPage(c Config, n int) Config {
 	c.otherPrefillsPage = n
 	return c
 }
+
+// PooledBackend reports the PostgreSQL backend behind a pooled connection
+// and its transaction status ('I' outside a transaction), so a test can
+// see that a connection was kept rather than replaced.
+func (s *Store) PooledBackend(ctx context.Context) (pid uint32, txStatus byte, err error) {
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Release()
+	return c.Conn().PgConn().PID(), c.Conn().PgConn().TxStatus(), nil
+}

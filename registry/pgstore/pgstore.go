@@ -226,9 +226,11 @@ func (s *Store) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microse
 // notify queues a change notification in tx; PostgreSQL delivers it to every
 // listener, this process's too, when tx commits.
 func (s *Store) notify(ctx context.Context, tx pgx.Tx, ids ...string) error {
-	_, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", s.cfg.Channel, encodeIDs(ids))
+	_, err := tx.Exec(ctx, notifySQL, s.cfg.Channel, encodeIDs(ids))
 	return err
 }
+
+const notifySQL = "SELECT pg_notify($1, $2)"
 
 // classify turns driver errors into registry error classes.
 func classify(err error, what string) error {

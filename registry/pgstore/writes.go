@@ -173,40 +173,96 @@ func writePeer(ctx context.Context, tx pgx.Tx, p *registry.Peer, withRanks bool)
 
 func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, p *registry.Peer, events []registry.Event, now time.Time) error {
 	for _, e := range events {
-		if _, err := tx.Exec(ctx, `INSERT INTO peer_events (peer_id, peer_name, kind, generation, message, error, at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`, p.ID, p.Name, e.Kind, p.Generation, e.Message, e.Error, now); err != nil {
+		if _, err := tx.Exec(ctx, insertEvent, eventArgs(p, e, now)...); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// update applies a life-cycle rule to one locked peer.
+const insertEvent = `INSERT INTO peer_events (peer_id, peer_name, kind, generation, message, error, at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`
+
+func eventArgs(p *registry.Peer, e registry.Event, now time.Time) []any {
+	return []any{p.ID, p.Name, e.Kind, p.Generation, e.Message, e.Error, now}
+}
+
+// update applies a life-cycle rule to one locked peer, in two round trips
+// to PostgreSQL where a pgx transaction takes seven (BEGIN, the row, its
+// ranks, the write, the event, the notification, COMMIT): BEGIN goes with
+// the locked read, and the writes go with COMMIT. Under load each round
+// trip waits for this process and for PostgreSQL's backend to be scheduled
+// again: a stale mark took 10 ms at p50 with 10,000 peers heartbeating
+// (registry/BENCHMARKS.md).
 func (s *Store) update(ctx context.Context, id, what string, f func(registry.Peer, time.Time) (registry.Peer, []registry.Event)) (registry.Peer, error) {
 	if err := checkID(id, what+" peer"); err != nil {
 		return registry.Peer{}, err
 	}
-	var out registry.Peer
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		prev, err := loadPeers(ctx, tx, "WHERE id = $1 FOR UPDATE", id)
-		if err != nil {
-			return err
-		}
-		if len(prev) == 0 {
-			return pgx.ErrNoRows
-		}
-		now := s.now()
-		next, events := f(prev[0], now)
-		if err := writePeer(ctx, tx, &next, false); err != nil {
-			return err
-		}
-		if err := s.appendEvents(ctx, tx, &next, events, now); err != nil {
-			return err
-		}
-		out = next
-		return s.notify(ctx, tx, id)
-	})
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return registry.Peer{}, classify(err, what+" peer "+id)
+	}
+	// The pool closes a connection released inside a transaction, which
+	// ends it; a failure is rolled back first so the connection is kept.
+	defer conn.Release()
+	out, err := s.lockedUpdate(ctx, conn.Conn(), id, f)
+	if err != nil && conn.Conn().PgConn().TxStatus() != 'I' && !conn.Conn().IsClosed() {
+		_, _ = conn.Exec(ctx, "ROLLBACK")
+	}
 	return out, classify(err, what+" peer "+id)
+}
+
+func (s *Store) lockedUpdate(ctx context.Context, conn *pgx.Conn, id string, f func(registry.Peer, time.Time) (registry.Peer, []registry.Event)) (registry.Peer, error) {
+	read := &pgx.Batch{}
+	read.Queue("BEGIN")
+	read.Queue(selectPeers+"WHERE id = $1 FOR UPDATE", id)
+	read.Queue(selectRanks, []string{id})
+	br := conn.SendBatch(ctx, read)
+	var prs []peerRow
+	var rrs []rankRow
+	_, err := br.Exec()
+	if err == nil {
+		prs, err = collectBatchRows(br, scanPeerRow)
+	}
+	if err == nil {
+		rrs, err = collectBatchRows(br, scanRankRow)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	prev, err := assemblePeers(prs, rrs, err)
+	if err != nil {
+		return registry.Peer{}, err
+	}
+	if len(prev) == 0 {
+		return registry.Peer{}, pgx.ErrNoRows
+	}
+	now := s.now()
+	next, events := f(prev[0], now)
+	row, err := newPeerRow(&next)
+	if err != nil {
+		return registry.Peer{}, err
+	}
+	write := &pgx.Batch{}
+	write.Queue(upsertPeer, peerColumns.fields(&row)...)
+	for _, e := range events {
+		write.Queue(insertEvent, eventArgs(&next, e, now)...)
+	}
+	write.Queue(notifySQL, s.cfg.Channel, encodeIDs([]string{id}))
+	write.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, write).Close(); err != nil {
+		return registry.Peer{}, err
+	}
+	return next, nil
+}
+
+// collectBatchRows scans every row of a batch's next query with scan.
+func collectBatchRows[T any](br pgx.BatchResults, scan pgx.RowToFunc[T]) ([]T, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, scan)
 }
 
 // ReportTransferFailure implements registry.Store: the decode's row is
@@ -379,26 +435,18 @@ func (s *Store) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []r
 	b.Queue(selectPreflights)
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
-	collect := func(scan func(pgx.Rows) error) error {
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
-		return scan(rows)
-	}
-	var prs []peerRow
-	var rrs []rankRow
 	var qs []registry.Quarantine
 	var pfs []registry.Preflight
-	err := collect(func(r pgx.Rows) (err error) { prs, err = pgx.CollectRows(r, scanPeerRow); return })
+	prs, err := collectBatchRows(br, scanPeerRow)
+	var rrs []rankRow
 	if err == nil {
-		err = collect(func(r pgx.Rows) (err error) { rrs, err = pgx.CollectRows(r, scanRankRow); return })
+		rrs, err = collectBatchRows(br, scanRankRow)
 	}
 	if err == nil {
-		err = collect(func(r pgx.Rows) (err error) { qs, err = pgx.CollectRows(r, scanQuarantine); return })
+		qs, err = collectBatchRows(br, scanQuarantine)
 	}
 	if err == nil {
-		err = collect(func(r pgx.Rows) (err error) { pfs, err = pgx.CollectRows(r, scanPreflight); return })
+		pfs, err = collectBatchRows(br, scanPreflight)
 	}
 	if err == nil {
 		err = br.Close()
