@@ -29,11 +29,17 @@ func scanQuarantine(r pgx.CollectableRow) (registry.Quarantine, error) {
 
 // lockQuarantine returns the pair's quarantine, row locked, or nil.
 func lockQuarantine(ctx context.Context, tx pgx.Tx, prefillID, decodeID string) (*registry.Quarantine, error) {
-	rows, err := tx.Query(ctx, "SELECT "+quarantineColumns+" FROM pair_quarantines WHERE prefill_id = $1 AND decode_id = $2 FOR UPDATE",
-		prefillID, decodeID)
+	rows, err := tx.Query(ctx, lockQuarantineSQL, prefillID, decodeID)
 	if err != nil {
 		return nil, err
 	}
+	return oneQuarantine(rows)
+}
+
+const lockQuarantineSQL = "SELECT " + quarantineColumns + " FROM pair_quarantines WHERE prefill_id = $1 AND decode_id = $2 FOR UPDATE"
+
+// oneQuarantine is the pair's quarantine that rows hold, nil when none.
+func oneQuarantine(rows pgx.Rows) (*registry.Quarantine, error) {
 	q, err := pgx.CollectExactlyOneRow(rows, scanQuarantine)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

@@ -10,11 +10,12 @@ import (
 	"github.com/pdplane/pdplane/registry/registrytest"
 )
 
-// TestUpdateKeepsItsConnection runs single-peer updates, which manage
-// their transaction by hand (BEGIN sent with the locked read, COMMIT with
-// the writes), on a pool of one connection: a peer that is not there is
-// rolled back rather than left open, so the same backend serves every
-// call after it, outside any transaction, and the updates take effect.
+// TestUpdateKeepsItsConnection runs single-peer updates and transfer
+// failure reports, which manage their transaction by hand (BEGIN sent with
+// the locked reads, COMMIT with the writes), on a pool of one connection:
+// a peer that is not there is rolled back rather than left open, so the
+// same backend serves every call after it, outside any transaction, and
+// the writes take effect.
 func TestUpdateKeepsItsConnection(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -36,6 +37,12 @@ func TestUpdateKeepsItsConnection(t *testing.T) {
 		}
 		if _, err := s.Drain(ctx, missing); !errors.Is(err, registry.ErrNotFound) {
 			t.Fatalf("drain a peer that is not there: %v, want ErrNotFound", err)
+		}
+		// The decode is locked before the prefill is found missing.
+		_, _, err := s.ReportTransferFailure(ctx, registry.TransferFailure{DecodeID: id, PrefillID: missing,
+			Reason: "transfer failed", Error: "Missing NIXL destination KV memory kind", Reporter: "test"})
+		if !errors.Is(err, registry.ErrNotFound) {
+			t.Fatalf("report a failure from a prefill that is not there: %v, want ErrNotFound", err)
 		}
 	}
 	p, err := s.MarkStale(ctx, id, "test: transfer failed", "Missing NIXL destination KV memory kind")

@@ -119,7 +119,7 @@ func liftHealed(ctx context.Context, tx pgx.Tx, prefills []string, decodeID stri
 // prefills are read a page at a time, in ID order, and the first page that
 // has one answers (its count): a fleet of thousands of prefills is not
 // read whole inside the report's transaction.
-func otherPrefills(ctx context.Context, tx pgx.Tx, decode *registry.Peer, exclude string, pageSize int) (int, error) {
+func otherPrefills(ctx context.Context, tx queryer, decode *registry.Peer, exclude string, pageSize int) (int, error) {
 	if exclude == "" || !registry.IsPeerID(exclude) {
 		return 0, nil
 	}
@@ -198,18 +198,34 @@ func (s *Store) update(ctx context.Context, id, what string, f func(registry.Pee
 	if err := checkID(id, what+" peer"); err != nil {
 		return registry.Peer{}, err
 	}
-	conn, err := s.pool.Acquire(ctx)
+	var out registry.Peer
+	err := s.byHand(ctx, func(conn *pgx.Conn) (err error) {
+		out, err = s.lockedUpdate(ctx, conn, id, f)
+		return err
+	})
+	return out, classify(err, what+" peer "+id)
+}
+
+// byHand runs fn on a pooled connection in a transaction that fn begins
+// and commits itself, in the batches that carry its reads and writes (pgx's
+// own transactions spend a round trip on each). What fn leaves open when it
+// fails is rolled back, so that the pool keeps the connection (it closes
+// one released inside a transaction).
+func (s *Store) byHand(ctx context.Context, fn func(*pgx.Conn) error) error {
+	c, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return registry.Peer{}, classify(err, what+" peer "+id)
+		return err
 	}
-	// The pool closes a connection released inside a transaction, which
-	// ends it; a failure is rolled back first so the connection is kept.
-	defer conn.Release()
-	out, err := s.lockedUpdate(ctx, conn.Conn(), id, f)
-	if err != nil && conn.Conn().PgConn().TxStatus() != 'I' && !conn.Conn().IsClosed() {
+	defer c.Release()
+	conn := c.Conn()
+	err = fn(conn)
+	if err == nil && conn.PgConn().TxStatus() != 'I' {
+		err = errors.New("pgstore: a transaction was left open")
+	}
+	if err != nil && !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
 		_, _ = conn.Exec(ctx, "ROLLBACK")
 	}
-	return out, classify(err, what+" peer "+id)
+	return err
 }
 
 func (s *Store) lockedUpdate(ctx context.Context, conn *pgx.Conn, id string, f func(registry.Peer, time.Time) (registry.Peer, []registry.Event)) (registry.Peer, error) {
@@ -267,7 +283,9 @@ func collectBatchRows[T any](br pgx.BatchResults, scan pgx.RowToFunc[T]) ([]T, e
 
 // ReportTransferFailure implements registry.Store: the decode's row is
 // locked, so concurrent reports from several replicas and reporters are
-// applied one after the other and collapse into one outcome.
+// applied one after the other and collapse into one outcome. The reads go
+// in one round trip with BEGIN, and the writes in one with COMMIT (byHand);
+// counting the other prefills (otherPrefills) reads a page at a time.
 func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFailure) (registry.Peer, registry.TransferOutcome, error) {
 	if err := f.Validate(); err != nil {
 		return registry.Peer{}, "", err
@@ -277,90 +295,140 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 	}
 	var res registry.Peer
 	var out registry.TransferOutcome
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		ds, err := loadPeers(ctx, tx, "WHERE id = $1 FOR UPDATE", f.DecodeID)
+	err := s.byHand(ctx, func(conn *pgx.Conn) (err error) {
+		res, out, err = s.reportTransferFailure(ctx, conn, f)
+		return err
+	})
+	if err != nil {
+		return registry.Peer{}, "", classify(err, "report transfer failure to peer "+f.DecodeID)
+	}
+	return res, out, nil
+}
+
+// transferFailureReads is what a transfer failure's report reads under
+// the decode's lock.
+type transferFailureReads struct {
+	decode, prefill registry.Peer
+	last            *registry.PairFailure // the pair's last failure
+	quarantine      *registry.Quarantine  // the pair's quarantine, row locked
+}
+
+// readTransferFailure begins the transaction and reads, in one round trip,
+// the decode (row locked) and, when the report names the prefill, the
+// prefill, the pair's last failure and its quarantine (row locked), in
+// that order, as the locks must be taken.
+func readTransferFailure(ctx context.Context, conn *pgx.Conn, f registry.TransferFailure) (transferFailureReads, error) {
+	var r transferFailureReads
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(selectPeers+"WHERE id = $1 FOR UPDATE", f.DecodeID)
+	b.Queue(selectRanks, []string{f.DecodeID})
+	if f.PrefillID != "" {
+		b.Queue(selectPeers+"WHERE id = $1", f.PrefillID)
+		b.Queue(selectRanks, []string{f.PrefillID})
+		b.Queue(`SELECT decode_generation, at FROM pair_failures WHERE prefill_id = $1 AND decode_id = $2`, f.PrefillID, f.DecodeID)
+		b.Queue(lockQuarantineSQL, f.PrefillID, f.DecodeID)
+	}
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return r, err
+	}
+	one := func() (registry.Peer, error) {
+		prs, err := collectBatchRows(br, scanPeerRow)
 		if err != nil {
-			return err
+			return registry.Peer{}, err
 		}
-		if len(ds) == 0 {
-			return pgx.ErrNoRows
-		}
-		d := ds[0]
-		var prefill registry.Peer
-		var last *registry.PairFailure
-		if f.PrefillID != "" {
-			ps, err := loadPeers(ctx, tx, "WHERE id = $1", f.PrefillID)
-			if err != nil {
-				return err
-			}
-			if len(ps) == 0 {
-				return pgx.ErrNoRows
-			}
-			prefill = ps[0]
-			var lf registry.PairFailure
-			err = tx.QueryRow(ctx, `SELECT decode_generation, at FROM pair_failures WHERE prefill_id = $1 AND decode_id = $2`,
-				f.PrefillID, f.DecodeID).Scan(&lf.DecodeGeneration, &lf.At)
-			switch {
-			case err == nil:
-				lf.PrefillID, lf.DecodeID = f.PrefillID, f.DecodeID
-				last = &lf
-			case !errors.Is(err, pgx.ErrNoRows):
-				return err
-			}
-		}
-		var cur *registry.Quarantine
-		if f.PrefillID != "" {
-			if cur, err = lockQuarantine(ctx, tx, f.PrefillID, f.DecodeID); err != nil {
-				return err
-			}
-		}
-		now := s.now()
-		var pf *registry.Peer
-		if f.PrefillID != "" {
-			pf = &prefill
-		}
-		others, err := otherPrefills(ctx, tx, &d, f.PrefillID, s.cfg.otherPrefillsPage)
+		rrs, err := collectBatchRows(br, scanRankRow)
 		if err != nil {
-			return err
+			return registry.Peer{}, err
 		}
-		next, events, q, rec, o := registry.ApplyPairTransferFailure(d, pf, f, last, cur, now, registry.DefaultQuarantineWindow, s.cfg.QuarantineTTL, s.cfg.Heal, others)
-		out, res = o, d
-		if q != nil {
-			if _, err := tx.Exec(ctx, `INSERT INTO pair_quarantines (prefill_id, decode_id, detail, at, expires_at, trial) VALUES ($1, $2, $3, $4, $5, false)
-				ON CONFLICT (prefill_id, decode_id) DO UPDATE SET detail = EXCLUDED.detail, at = EXCLUDED.at, expires_at = EXCLUDED.expires_at, trial = false`,
-				q.PrefillID, q.DecodeID, q.Detail, now, q.ExpiresAt); err != nil {
-				return err
-			}
-			if err := s.appendEvents(ctx, tx, &d, []registry.Event{{Kind: registry.EventQuarantined, Message: q.Detail, Error: f.Error}}, now); err != nil {
-				return err
-			}
+		ps, err := assemblePeers(prs, rrs, nil)
+		if err != nil {
+			return registry.Peer{}, err
 		}
-		if rec != nil {
-			if _, err := tx.Exec(ctx, `INSERT INTO pair_failures (prefill_id, decode_id, decode_generation, at) VALUES ($1, $2, $3, $4)
-				ON CONFLICT (prefill_id, decode_id) DO UPDATE SET decode_generation = EXCLUDED.decode_generation, at = EXCLUDED.at`,
-				rec.PrefillID, rec.DecodeID, rec.DecodeGeneration, rec.At); err != nil {
-				return err
-			}
+		if len(ps) == 0 {
+			return registry.Peer{}, pgx.ErrNoRows
 		}
-		if !registry.TransferFailureChanged(events, q) {
-			return nil
-		}
+		return ps[0], nil
+	}
+	var err error
+	if r.decode, err = one(); err != nil {
+		return r, err
+	}
+	if f.PrefillID == "" {
+		return r, br.Close()
+	}
+	if r.prefill, err = one(); err != nil {
+		return r, err
+	}
+	var lf registry.PairFailure
+	err = br.QueryRow().Scan(&lf.DecodeGeneration, &lf.At)
+	switch {
+	case err == nil:
+		lf.PrefillID, lf.DecodeID = f.PrefillID, f.DecodeID
+		r.last = &lf
+	case !errors.Is(err, pgx.ErrNoRows):
+		return r, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return r, err
+	}
+	if r.quarantine, err = oneQuarantine(rows); err != nil {
+		return r, err
+	}
+	return r, br.Close()
+}
+
+func (s *Store) reportTransferFailure(ctx context.Context, conn *pgx.Conn, f registry.TransferFailure) (registry.Peer, registry.TransferOutcome, error) {
+	r, err := readTransferFailure(ctx, conn, f)
+	if err != nil {
+		return registry.Peer{}, "", err
+	}
+	d := r.decode
+	now := s.now()
+	var pf *registry.Peer
+	if f.PrefillID != "" {
+		pf = &r.prefill
+	}
+	others, err := otherPrefills(ctx, conn, &d, f.PrefillID, s.cfg.otherPrefillsPage)
+	if err != nil {
+		return registry.Peer{}, "", err
+	}
+	next, events, q, rec, out := registry.ApplyPairTransferFailure(d, pf, f, r.last, r.quarantine, now, registry.DefaultQuarantineWindow, s.cfg.QuarantineTTL, s.cfg.Heal, others)
+	res := d
+	w := &pgx.Batch{}
+	if q != nil {
+		w.Queue(`INSERT INTO pair_quarantines (prefill_id, decode_id, detail, at, expires_at, trial) VALUES ($1, $2, $3, $4, $5, false)
+			ON CONFLICT (prefill_id, decode_id) DO UPDATE SET detail = EXCLUDED.detail, at = EXCLUDED.at, expires_at = EXCLUDED.expires_at, trial = false`,
+			q.PrefillID, q.DecodeID, q.Detail, now, q.ExpiresAt)
+		w.Queue(insertEvent, eventArgs(&d, registry.Event{Kind: registry.EventQuarantined, Message: q.Detail, Error: f.Error}, now)...)
+	}
+	if rec != nil {
+		w.Queue(`INSERT INTO pair_failures (prefill_id, decode_id, decode_generation, at) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (prefill_id, decode_id) DO UPDATE SET decode_generation = EXCLUDED.decode_generation, at = EXCLUDED.at`,
+			rec.PrefillID, rec.DecodeID, rec.DecodeGeneration, rec.At)
+	}
+	if registry.TransferFailureChanged(events, q) {
 		if len(events) > 0 || out == registry.OutcomeHealPending {
-			if err := writePeer(ctx, tx, &next, false); err != nil {
-				return err
+			row, err := newPeerRow(&next)
+			if err != nil {
+				return registry.Peer{}, "", err
 			}
-			if err := s.appendEvents(ctx, tx, &next, events, now); err != nil {
-				return err
+			w.Queue(upsertPeer, peerColumns.fields(&row)...)
+			for _, e := range events {
+				w.Queue(insertEvent, eventArgs(&next, e, now)...)
 			}
 			res = next
 		}
 		if out == registry.OutcomeStale || out == registry.OutcomeQuarantined || out == registry.OutcomeHealPending {
-			return s.notify(ctx, tx, f.DecodeID)
+			w.Queue(notifySQL, s.cfg.Channel, encodeIDs([]string{f.DecodeID}))
 		}
-		return nil
-	})
-	if err != nil {
-		return registry.Peer{}, "", classify(err, "report transfer failure to peer "+f.DecodeID)
+	}
+	w.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, w).Close(); err != nil {
+		return registry.Peer{}, "", err
 	}
 	return res, out, nil
 }
