@@ -29,16 +29,7 @@ func TestTransferFailureLooksForAnotherPrefillPageByPage(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			s, _ := registrytest.NewPGStore(t, pgstore.WithOtherPrefillsPage(pgstore.Config{}, 2))
-			ready := func(spec registry.PeerSpec) registry.Peer {
-				res, err := s.Register(ctx, spec, registry.Claim{Admin: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := s.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: res.Peer.InstanceID}); err != nil {
-					t.Fatal(err)
-				}
-				return res.Peer
-			}
+			ready := func(spec registry.PeerSpec) registry.Peer { return registerReady(t, ctx, s, spec) }
 			dspec := registrytest.Spec("d0", registry.RoleDecode)
 			d := ready(dspec)
 			failing := ready(registrytest.Spec("p-failing", registry.RolePrefill))
@@ -57,4 +48,18 @@ func TestTransferFailureLooksForAnotherPrefillPageByPage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// registerReady registers spec with s and heartbeats it once, so that it
+// is ready.
+func registerReady(tb testing.TB, ctx context.Context, s *pgstore.Store, spec registry.PeerSpec) registry.Peer {
+	tb.Helper()
+	res, err := s.Register(ctx, spec, registry.Claim{Admin: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := s.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: res.Peer.InstanceID}); err != nil {
+		tb.Fatal(err)
+	}
+	return res.Peer
 }

@@ -17,16 +17,7 @@ import (
 func BenchmarkReportTransferFailure(b *testing.B) {
 	ctx := context.Background()
 	s, _ := registrytest.NewPGStore(b, pgstore.Config{})
-	ready := func(spec registry.PeerSpec) registry.Peer {
-		res, err := s.Register(ctx, spec, registry.Claim{Admin: true})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := s.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: res.Peer.InstanceID}); err != nil {
-			b.Fatal(err)
-		}
-		return res.Peer
-	}
+	ready := func(spec registry.PeerSpec) registry.Peer { return registerReady(b, ctx, s, spec) }
 	failing := ready(registrytest.Spec("p-failing", registry.RolePrefill))
 	ready(registrytest.Spec("p-can", registry.RolePrefill))
 	decodes := make([]registry.Peer, b.N)
