@@ -246,9 +246,10 @@ func Compare(ctx context.Context, cfg Config) (*Report, error) {
 
 // target is a router under measurement.
 type target struct {
-	name string
-	proc *Process
-	url  string
+	name    string
+	proc    *Process
+	url     string
+	engines []*Sim // the prefill and decode it routes to
 }
 
 // compareWith runs the load windows, then the held streams, for pdplane
@@ -317,18 +318,22 @@ type fleetSpec struct {
 }
 
 // fleet is one prefill and one decode engine registered with a pdplane
-// serve, and the peer router in front of the same engines.
+// serve, and the peer router in front of the same engines (the baseline:
+// in front of engines of its own).
 type fleet struct {
-	engine    string
-	serve     *Process
-	serveURL  string
-	prefill   *Sim
-	decode    *Sim
-	peer      *Process
-	peerURL   string
-	maxTokens int
-	procs     []*Process
-	progress  io.Writer
+	engine   string
+	serve    *Process
+	serveURL string
+	prefill  *Sim
+	decode   *Sim
+	peer     *Process
+	peerURL  string
+	// peerEngines are the baseline's own engines; nil when the peer routes
+	// to prefill and decode.
+	peerEngines []*Sim
+	maxTokens   int
+	procs       []*Process
+	progress    io.Writer
 }
 
 func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fleet, err error) {
@@ -452,9 +457,11 @@ func (f *fleet) startBaseline(ctx context.Context, cfg Config, p Peer, spec flee
 		return err
 	}
 	f.procs = append(f.procs, proc)
-	if _, _, err := f.startEngines(ctx, cfg, spec, url); err != nil {
+	prefill, decode, err := f.startEngines(ctx, cfg, spec, url)
+	if err != nil {
 		return err
 	}
+	f.peerEngines = []*Sim{prefill, decode}
 	if err := waitStarted(ctx, proc, url+"/readyz"); err != nil {
 		return err
 	}
@@ -464,9 +471,13 @@ func (f *fleet) startBaseline(ctx context.Context, cfg Config, p Peer, spec flee
 
 // targets are the routers in the order their windows alternate.
 func (f *fleet) targets() []target {
-	ts := []target{{name: "pdplane", proc: f.serve, url: f.serveURL}}
+	ts := []target{{name: "pdplane", proc: f.serve, url: f.serveURL, engines: []*Sim{f.prefill, f.decode}}}
 	if f.peer != nil {
-		ts = append(ts, target{name: f.peer.Name, proc: f.peer, url: f.peerURL})
+		engines := f.peerEngines
+		if engines == nil {
+			engines = ts[0].engines
+		}
+		ts = append(ts, target{name: f.peer.Name, proc: f.peer, url: f.peerURL, engines: engines})
 	}
 	return ts
 }

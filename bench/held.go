@@ -119,7 +119,7 @@ func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, base Usage
 		h.RSSPerStream = float64(d.RSS) / float64(hs.Held)
 		h.FDsPerStream = float64(d.FDs) / float64(hs.Held)
 	}
-	engines := f.engineUsage()
+	engines := engineUsage(t)
 	h.EnginesRSS = engines.RSS
 	h.Probe, h.WindowP99s = probe(ctx, cfg, f.load(t, Stream, probeTokens), t)
 	h.LoadAvg = loadAvg()
@@ -127,7 +127,7 @@ func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, base Usage
 	fmt.Fprintf(cfg.Progress, "bench: %s: %d of %d streams held, RSS %+d KiB, fds %+d; new requests: %d ok, %d failed, TTFT p50 %v p99 %v; "+
 		"CPU meanwhile: router %.0f%%, sims %.0f%% of a core; load %s\n",
 		t.name, hs.Held, n, (with.RSS-base.RSS)>>10, with.FDs-base.FDs, h.Probe.Requests, h.Probe.Failed, h.Probe.TTFT50, h.Probe.TTFT99,
-		share(h.Probe.CPU), share(f.engineUsage().CPU-engines.CPU), h.LoadAvg)
+		share(h.Probe.CPU), share(engineUsage(t).CPU-engines.CPU), h.LoadAvg)
 	hs.Release()
 	// The next level starts once the router has let go of this one's
 	// connections (its idle pools may keep some).
@@ -165,11 +165,11 @@ func probe(ctx context.Context, cfg Config, l Load, t target) (Stats, []time.Dur
 	return s, p99s
 }
 
-// engineUsage sums the prefill's and the decode's usage (what cannot be
-// read counts as nothing: the figure is informative).
-func (f *fleet) engineUsage() Usage {
+// engineUsage sums the usage of the engines behind t (what cannot be read
+// counts as nothing: the figure is informative).
+func engineUsage(t target) Usage {
 	var sum Usage
-	for _, s := range []*Sim{f.prefill, f.decode} {
+	for _, s := range t.engines {
 		if u, err := ReadUsage(s.PID()); err == nil {
 			sum.CPU, sum.RSS, sum.FDs = sum.CPU+u.CPU, sum.RSS+u.RSS, sum.FDs+u.FDs
 		}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,7 +69,7 @@ Prints Markdown tables per peer.`
 	fs.dur(&cfg.Window, "duration", 8*time.Second, "length of one measured window")
 	fs.str(&concurrency, "concurrency", "32", "concurrent clients, or a comma-separated list of them (e.g. 32,256)")
 	fs.choice(&mode, "mode", "stream", []string{"stream", "unary", "both"}, "streamed (SSE) or unary requests, or both")
-	fs.int(&cfg.Rounds, "rounds", 2, "windows per router for each mode and concurrency, alternating pdplane, peer, then peer, pdplane, and so on")
+	fs.int(&cfg.Rounds, "rounds", 2, "windows per router for each mode and concurrency, alternating pdplane, peer, then peer, pdplane, and so on: an even number cancels a steady drift of the host's speed (held streams are measured through pdplane first)")
 	fs.str(&held, "held-streams", "500", "streams held open on a slow decode to measure memory per stream and new requests' TTFT meanwhile, or a comma-separated list of levels measured in turn through the same router (e.g. 100,9000); 0 skips it")
 	fs.int(&cfg.ProbeClients, "probe-clients", 8, "concurrent clients sending new requests while each level's streams are held")
 	fs.dur(&cfg.ProbeWindow, "probe-duration", 2*time.Second, "how long they send them, a window")
@@ -109,6 +110,9 @@ Prints Markdown tables per peer.`
 			return err
 		}
 	}
+	if baselineBin != "" && !slices.Contains(splitList(peers), bench.PeerBaseline) {
+		return usageErrorf("--baseline is measured only with --peers baseline (e.g. --peers baseline or --peers smg,baseline)")
+	}
 	bins := map[string]string{bench.PeerSMG: smgBin, bench.PeerVLLMRouter: vllmRouterBin,
 		bench.PeerFloor: pdplaneBin, bench.PeerFloorNetHTTP: pdplaneBin, bench.PeerBaseline: baselineBin}
 	for _, name := range splitList(peers) {
@@ -116,8 +120,15 @@ Prints Markdown tables per peer.`
 		if !ok {
 			return usageErrorf("invalid value %q for --peers: want smg, vllm-router, floor, floor-net-http and/or baseline", peers)
 		}
-		if name == bench.PeerBaseline && bin == "" {
-			return usageErrorf("--peers baseline needs --baseline, the pdplane binary to compare with")
+		if name == bench.PeerBaseline {
+			if bin == "" {
+				return usageErrorf("--peers baseline needs --baseline, the pdplane binary to compare with")
+			}
+			if _, err := os.Stat(bin); err != nil {
+				return fmt.Errorf("baseline: %w", err)
+			}
+			cfg.Peers = append(cfg.Peers, bench.Peer{Name: name, Bin: bin})
+			continue
 		}
 		if bin = findRouter(bin, name); bin == "" {
 			if require {
