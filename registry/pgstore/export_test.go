@@ -28,14 +28,17 @@ func WithOtherPrefillsPage(c Config, n int) Config {
 	return c
 }
 
-// PooledBackend reports the PostgreSQL backend behind a pooled connection
-// and its transaction status ('I' outside a transaction), so a test can
-// see that a connection was kept rather than replaced.
-func (s *Store) PooledBackend(ctx context.Context) (pid uint32, txStatus byte, err error) {
+// PooledTxStatus reports a pooled connection's transaction status ('I'
+// outside a transaction).
+func (s *Store) PooledTxStatus(ctx context.Context) (byte, error) {
 	c, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	defer c.Release()
-	return c.Conn().PgConn().PID(), c.Conn().PgConn().TxStatus(), nil
+	return c.Conn().PgConn().TxStatus(), nil
 }
+
+// ConnsOpened counts the connections the pool has opened, so a test can
+// see that one was kept rather than replaced.
+func (s *Store) ConnsOpened() int64 { return s.pool.Stat().NewConnsCount() }

@@ -230,6 +230,11 @@ func (s *Store) notify(ctx context.Context, tx pgx.Tx, ids ...string) error {
 	return err
 }
 
+// queueNotify queues the notification of notify in a batch.
+func (s *Store) queueNotify(b *pgx.Batch, ids ...string) {
+	b.Queue(notifySQL, s.cfg.Channel, encodeIDs(ids))
+}
+
 const notifySQL = "SELECT pg_notify($1, $2)"
 
 // classify turns driver errors into registry error classes.

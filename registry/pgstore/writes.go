@@ -209,8 +209,9 @@ func (s *Store) update(ctx context.Context, id, what string, f func(registry.Pee
 // byHand runs fn on a pooled connection in a transaction that fn begins
 // and commits itself, in the batches that carry its reads and writes (pgx's
 // own transactions spend a round trip on each). What fn leaves open when it
-// fails is rolled back, so that the pool keeps the connection (it closes
-// one released inside a transaction).
+// fails is rolled back, even once ctx is done, so that the pool keeps the
+// connection: it closes one released inside a transaction, and a burst of
+// timed-out requests would otherwise be a burst of reconnections.
 func (s *Store) byHand(ctx context.Context, fn func(*pgx.Conn) error) error {
 	c, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -223,53 +224,84 @@ func (s *Store) byHand(ctx context.Context, fn func(*pgx.Conn) error) error {
 		err = errors.New("pgstore: a transaction was left open")
 	}
 	if err != nil && !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
-		_, _ = conn.Exec(ctx, "ROLLBACK")
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		_, _ = conn.Exec(rctx, "ROLLBACK")
+		cancel()
 	}
 	return err
 }
 
+// rollbackTimeout bounds byHand's rollback; past it the pool closes the
+// connection, which rolls back as well.
+const rollbackTimeout = 2 * time.Second
+
 func (s *Store) lockedUpdate(ctx context.Context, conn *pgx.Conn, id string, f func(registry.Peer, time.Time) (registry.Peer, []registry.Event)) (registry.Peer, error) {
 	read := &pgx.Batch{}
 	read.Queue("BEGIN")
-	read.Queue(selectPeers+"WHERE id = $1 FOR UPDATE", id)
-	read.Queue(selectRanks, []string{id})
+	queuePeer(read, id, "FOR UPDATE")
 	br := conn.SendBatch(ctx, read)
-	var prs []peerRow
-	var rrs []rankRow
 	_, err := br.Exec()
+	var prev registry.Peer
 	if err == nil {
-		prs, err = collectBatchRows(br, scanPeerRow)
-	}
-	if err == nil {
-		rrs, err = collectBatchRows(br, scanRankRow)
+		prev, err = batchPeer(br)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	prev, err := assemblePeers(prs, rrs, err)
 	if err != nil {
 		return registry.Peer{}, err
-	}
-	if len(prev) == 0 {
-		return registry.Peer{}, pgx.ErrNoRows
 	}
 	now := s.now()
-	next, events := f(prev[0], now)
-	row, err := newPeerRow(&next)
-	if err != nil {
+	next, events := f(prev, now)
+	write := &pgx.Batch{}
+	if err := queuePeerWrite(write, &next, events, now); err != nil {
 		return registry.Peer{}, err
 	}
-	write := &pgx.Batch{}
-	write.Queue(upsertPeer, peerColumns.fields(&row)...)
-	for _, e := range events {
-		write.Queue(insertEvent, eventArgs(&next, e, now)...)
-	}
-	write.Queue(notifySQL, s.cfg.Channel, encodeIDs([]string{id}))
+	s.queueNotify(write, id)
 	write.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, write).Close(); err != nil {
 		return registry.Peer{}, err
 	}
 	return next, nil
+}
+
+// queuePeer queues the reads of peer id's row (with lock, e.g. "FOR
+// UPDATE", or "") and of its ranks; batchPeer reads their results.
+func queuePeer(b *pgx.Batch, id, lock string) {
+	b.Queue(selectPeers+"WHERE id = $1 "+lock, id)
+	b.Queue(selectRanks, []string{id})
+}
+
+// batchPeer is the peer that queuePeer's reads found, pgx.ErrNoRows when
+// there is none.
+func batchPeer(br pgx.BatchResults) (registry.Peer, error) {
+	prs, err := collectBatchRows(br, scanPeerRow)
+	var rrs []rankRow
+	if err == nil {
+		rrs, err = collectBatchRows(br, scanRankRow)
+	}
+	ps, err := assemblePeers(prs, rrs, err)
+	if err != nil {
+		return registry.Peer{}, err
+	}
+	if len(ps) == 0 {
+		return registry.Peer{}, pgx.ErrNoRows
+	}
+	return ps[0], nil
+}
+
+// queuePeerWrite queues the upsert of p's row (not its ranks) and its
+// events.
+func queuePeerWrite(b *pgx.Batch, p *registry.Peer, events []registry.Event, now time.Time) error {
+	row, err := newPeerRow(p)
+	if err != nil {
+		return err
+	}
+	b.Queue(upsertPeer, peerColumns.fields(&row)...)
+	for _, e := range events {
+		b.Queue(insertEvent, eventArgs(p, e, now)...)
+	}
+	return nil
 }
 
 // collectBatchRows scans every row of a batch's next query with scan.
@@ -316,16 +348,16 @@ type transferFailureReads struct {
 // readTransferFailure begins the transaction and reads, in one round trip,
 // the decode (row locked) and, when the report names the prefill, the
 // prefill, the pair's last failure and its quarantine (row locked), in
-// that order, as the locks must be taken.
+// that order, as the locks must be taken. All are read even when the
+// decode or the prefill is not there (the quarantine's row is then locked
+// until the rollback, a moment later).
 func readTransferFailure(ctx context.Context, conn *pgx.Conn, f registry.TransferFailure) (transferFailureReads, error) {
 	var r transferFailureReads
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(selectPeers+"WHERE id = $1 FOR UPDATE", f.DecodeID)
-	b.Queue(selectRanks, []string{f.DecodeID})
+	queuePeer(b, f.DecodeID, "FOR UPDATE")
 	if f.PrefillID != "" {
-		b.Queue(selectPeers+"WHERE id = $1", f.PrefillID)
-		b.Queue(selectRanks, []string{f.PrefillID})
+		queuePeer(b, f.PrefillID, "")
 		b.Queue(`SELECT decode_generation, at FROM pair_failures WHERE prefill_id = $1 AND decode_id = $2`, f.PrefillID, f.DecodeID)
 		b.Queue(lockQuarantineSQL, f.PrefillID, f.DecodeID)
 	}
@@ -334,32 +366,14 @@ func readTransferFailure(ctx context.Context, conn *pgx.Conn, f registry.Transfe
 	if _, err := br.Exec(); err != nil {
 		return r, err
 	}
-	one := func() (registry.Peer, error) {
-		prs, err := collectBatchRows(br, scanPeerRow)
-		if err != nil {
-			return registry.Peer{}, err
-		}
-		rrs, err := collectBatchRows(br, scanRankRow)
-		if err != nil {
-			return registry.Peer{}, err
-		}
-		ps, err := assemblePeers(prs, rrs, nil)
-		if err != nil {
-			return registry.Peer{}, err
-		}
-		if len(ps) == 0 {
-			return registry.Peer{}, pgx.ErrNoRows
-		}
-		return ps[0], nil
-	}
 	var err error
-	if r.decode, err = one(); err != nil {
+	if r.decode, err = batchPeer(br); err != nil {
 		return r, err
 	}
 	if f.PrefillID == "" {
 		return r, br.Close()
 	}
-	if r.prefill, err = one(); err != nil {
+	if r.prefill, err = batchPeer(br); err != nil {
 		return r, err
 	}
 	var lf registry.PairFailure
@@ -412,18 +426,13 @@ func (s *Store) reportTransferFailure(ctx context.Context, conn *pgx.Conn, f reg
 	}
 	if registry.TransferFailureChanged(events, q) {
 		if len(events) > 0 || out == registry.OutcomeHealPending {
-			row, err := newPeerRow(&next)
-			if err != nil {
+			if err := queuePeerWrite(w, &next, events, now); err != nil {
 				return registry.Peer{}, "", err
-			}
-			w.Queue(upsertPeer, peerColumns.fields(&row)...)
-			for _, e := range events {
-				w.Queue(insertEvent, eventArgs(&next, e, now)...)
 			}
 			res = next
 		}
 		if out == registry.OutcomeStale || out == registry.OutcomeQuarantined || out == registry.OutcomeHealPending {
-			w.Queue(notifySQL, s.cfg.Channel, encodeIDs([]string{f.DecodeID}))
+			s.queueNotify(w, f.DecodeID)
 		}
 	}
 	w.Queue("COMMIT")
