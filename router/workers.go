@@ -14,8 +14,12 @@ var spareWorkers = workerPool{max: 256}
 
 // workerPool runs functions on goroutines it keeps between calls. At
 // most max wait idle; one more exits when its function returns. The
-// latest to go idle is the first reused: its stack is warm, and the
-// collector shrinks the stacks of those that wait longest.
+// latest to go idle is the first reused. Each collection halves the stack
+// of a waiting worker that uses less than a quarter of it, so a stack
+// stays grown between streams that come faster than collections (with
+// serve's --gc-min-heap-mib, seconds apart under load) and shrinks back
+// while the router is idle. The workers are never stopped: at most max
+// goroutines and their shrunken stacks.
 type workerPool struct {
 	mu   sync.Mutex
 	idle []chan func() // each waiting worker's inbox, latest last

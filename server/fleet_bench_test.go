@@ -371,6 +371,7 @@ func runFleetAgents(specPath string, stop io.Reader, out io.Writer) error {
 
 // fleetAgents is the running agents' process.
 type fleetAgents struct {
+	tb     testing.TB
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	stdout bytes.Buffer
@@ -396,7 +397,11 @@ func startFleetAgents(tb testing.TB, reps []fleetReplica, peers []fleetPeer, cfg
 	if err != nil {
 		tb.Fatal(err)
 	}
-	a := &fleetAgents{cmd: exec.Command("nice", "-n", strconv.Itoa(cfg.nice), exe)}
+	a := &fleetAgents{cmd: exec.Command(exe)}
+	if cfg.nice != 0 {
+		a.cmd = exec.Command("nice", "-n", strconv.Itoa(cfg.nice), exe)
+	}
+	a.tb = tb
 	a.cmd.Env = append(os.Environ(), fleetAgentsEnv+"="+path)
 	a.cmd.Stdout, a.cmd.Stderr = &a.stdout, &a.stderr
 	if a.stdin, err = a.cmd.StdinPipe(); err != nil {
@@ -428,11 +433,16 @@ func (a *fleetAgents) stop(tb testing.TB, res *fleetResult) {
 	res.agentsCPU = cpu
 }
 
-// kill ends the agents' process if stop did not.
+// kill ends the agents' process if stop did not, and shows what it said
+// when the benchmark failed (an agents' process that died early leaves
+// the replicas waiting for heartbeats).
 func (a *fleetAgents) kill() {
 	if a.cmd.ProcessState == nil {
 		_ = a.cmd.Process.Kill()
 		_ = a.cmd.Wait()
+	}
+	if a.tb.Failed() && a.stderr.Len() > 0 {
+		a.tb.Logf("the agents' process said:\n%s", a.stderr.String())
 	}
 }
 
