@@ -51,7 +51,11 @@ type fleetResult struct {
 	// answer (the mark committed and announced) until another replica's
 	// snapshot shows it.
 	fanOutCommitted []time.Duration
-	missed          int // marks some replica never showed within the deadline
+	// announced is the first part of fanOutCommitted: from A's answer
+	// until the other replica's store announced the change (PostgreSQL's
+	// notification received and passed on); the rest is the mirror's.
+	announced []time.Duration
+	missed    int // marks some replica never showed within the deadline
 	// pgCPU is PostgreSQL's CPU, replicasCPU this process's (the three
 	// replicas), agentsCPU the agents' process's.
 	pgCPU, replicasCPU, agentsCPU time.Duration
@@ -69,6 +73,7 @@ type fleetPeer struct {
 // HTTP server over the shared schema.
 type fleetReplica struct {
 	url    string
+	store  registry.Store
 	mirror *registry.Mirror
 	client *http.Client
 }
@@ -87,7 +92,7 @@ func startFleetReplicas(tb testing.TB, n, conns int) []fleetReplica {
 		u, m := serveStore(tb, store)
 		tr := &http.Transport{MaxConnsPerHost: conns, MaxIdleConnsPerHost: conns}
 		tb.Cleanup(tr.CloseIdleConnections)
-		out[i] = fleetReplica{url: u, mirror: m, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+		out[i] = fleetReplica{url: u, store: store, mirror: m, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
 	}
 	return out
 }
@@ -214,13 +219,46 @@ func seenStale(m *registry.Mirror, snaps <-chan *registry.Snapshot, id string, d
 	}
 }
 
+// announcements records when a store first announced each peer's change.
+type announcements struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func watchAnnouncements(ctx context.Context, s registry.Store) *announcements {
+	a := &announcements{at: map[string]time.Time{}}
+	changes := s.Subscribe(ctx)
+	go func() {
+		for c := range changes {
+			now := time.Now()
+			a.mu.Lock()
+			for _, id := range c.PeerIDs {
+				if _, ok := a.at[id]; !ok {
+					a.at[id] = now
+				}
+			}
+			a.mu.Unlock()
+		}
+	}()
+	return a
+}
+
+func (a *announcements) of(id string) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t, ok := a.at[id]
+	return t, ok
+}
+
 // markAndWatch marks decode peers stale one after another through replica
 // A and times each until every other replica's snapshot shows it.
 func markAndWatch(tb testing.TB, ctx context.Context, reps []fleetReplica, peers []fleetPeer, cfg fleetConfig, res *fleetResult) {
 	tb.Helper()
 	watches := make([]<-chan *registry.Snapshot, len(reps))
+	announced := make([]*announcements, len(reps))
 	for i := 1; i < len(reps); i++ {
 		watches[i] = reps[i].mirror.Watch(ctx)
+		announced[i] = watchAnnouncements(ctx, reps[i].store)
 	}
 	body := []byte(`{"reason":"fleet benchmark: transfer failed"}`)
 	// The marks have their own connection to replica A, as a router's
@@ -261,6 +299,9 @@ func markAndWatch(tb testing.TB, ctx context.Context, reps []fleetReplica, peers
 			}
 			res.fanOut = append(res.fanOut, seen[i])
 			res.fanOutCommitted = append(res.fanOutCommitted, max(0, seen[i]-res.markLatency[k]))
+			if at, ok := announced[i].of(p.ID); ok {
+				res.announced = append(res.announced, max(0, at.Sub(start)-res.markLatency[k]))
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -545,6 +586,8 @@ func BenchmarkRegistryFleet(b *testing.B) {
 		b.ReportMetric(ms(pct(res.fanOut, 0.99)), "fanout-p99-ms")
 		b.ReportMetric(ms(pct(res.fanOutCommitted, 0.5)), "committed-fanout-p50-ms")
 		b.ReportMetric(ms(pct(res.fanOutCommitted, 0.99)), "committed-fanout-p99-ms")
+		b.ReportMetric(ms(pct(res.announced, 0.5)), "announced-p50-ms")
+		b.ReportMetric(ms(pct(res.announced, 0.99)), "announced-p99-ms")
 		b.ReportMetric(float64(res.missed), "fanout-missed")
 		b.ReportMetric(res.pgCPU.Seconds()/secs, "pg-cores")
 		b.ReportMetric(res.replicasCPU.Seconds()/secs, "replicas-cores")
