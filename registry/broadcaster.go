@@ -16,6 +16,7 @@ type Broadcaster struct {
 type subscriber struct {
 	mu      sync.Mutex
 	ids     map[string]struct{}
+	stale   map[string]struct{}
 	all     bool
 	pending bool
 	wake    chan struct{}
@@ -33,6 +34,9 @@ func (b *Broadcaster) Publish(c Change) {
 		for _, id := range c.PeerIDs {
 			s.ids[id] = struct{}{}
 		}
+		for _, id := range c.Stale {
+			s.stale[id] = struct{}{}
+		}
 		s.pending = true
 		s.mu.Unlock()
 		select {
@@ -44,7 +48,7 @@ func (b *Broadcaster) Publish(c Change) {
 
 // Subscribe returns a channel of merged changes that closes when ctx ends.
 func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
-	s := &subscriber{ids: map[string]struct{}{}, wake: make(chan struct{}, 1)}
+	s := &subscriber{ids: map[string]struct{}{}, stale: map[string]struct{}{}, wake: make(chan struct{}, 1)}
 	b.mu.Lock()
 	if b.subs == nil {
 		b.subs = map[*subscriber]struct{}{}
@@ -77,7 +81,11 @@ func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
 					c.PeerIDs = append(c.PeerIDs, id)
 				}
 			}
+			for id := range s.stale {
+				c.Stale = append(c.Stale, id)
+			}
 			clear(s.ids)
+			clear(s.stale)
 			s.all, s.pending = false, false
 			s.mu.Unlock()
 			select {

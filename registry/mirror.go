@@ -67,6 +67,7 @@ type Mirror struct {
 	// the run loop after Start. A record is never modified once stored; a
 	// change stores a new one.
 	peers   map[string]*Peer
+	pairs   pairState // what the current snapshot's pairs were built from
 	version uint64
 	loads   LoadTable // shared by every snapshot
 
@@ -148,12 +149,20 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 	// is retried with backoff, since the change that asked for it — often
 	// the full reload after the listener reconnected — will not come again.
 	ids, all := map[string]struct{}{}, false
+	var stale []string // hinted stale, not yet taken out of the routes
 	merge := func(c Change) {
 		if len(c.PeerIDs) == 0 {
 			all = true
 		}
 		for _, id := range c.PeerIDs {
 			ids[id] = struct{}{}
+		}
+		stale = append(stale, c.Stale...)
+	}
+	takeOutStale := func() {
+		if len(stale) > 0 {
+			m.takeOutStale(stale)
+			stale = stale[:0]
 		}
 	}
 	retrying, backoff := false, m.cfg.MinRetry
@@ -185,6 +194,7 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 				merge(c)
 			}
 		}
+		takeOutStale()
 		// Gather what else arrives until Debounce after the last rebuild:
 		// a change after a quiet spell is applied at once (a stale mark
 		// reaches the router without waiting out a window), while a storm
@@ -192,6 +202,7 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 		if !m.gather(ctx, changes, merge, m.cfg.Debounce-time.Since(lastRebuild)) {
 			return
 		}
+		takeOutStale() // hints that arrived meanwhile
 		lastRebuild = time.Now()
 		if err := m.apply(ctx, ids, all); err != nil {
 			if ctx.Err() != nil {
@@ -272,6 +283,35 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 	return nil
 }
 
+// takeOutStale publishes a snapshot in which the peers a change hinted
+// stale (Change.Stale) are stale, before the refresh that reads them back:
+// routers stop picking them one database round trip sooner. The refresh
+// that follows replaces these records with the store's, whatever happened
+// to the peers meanwhile. A hint can only take a peer out of the routes,
+// never put one in, so an early or repeated one is harmless.
+func (m *Mirror) takeOutStale(ids []string) {
+	var changed map[string]*Peer
+	for _, id := range ids {
+		p := m.peers[id]
+		if p == nil || p.State == StateStale {
+			continue
+		}
+		cp := *p
+		cp.State = StateStale
+		if changed == nil {
+			changed = map[string]*Peer{}
+		}
+		changed[id] = &cp
+	}
+	if changed == nil {
+		return
+	}
+	for id, p := range changed {
+		m.peers[id] = p
+	}
+	m.publish(changed, m.pairs)
+}
+
 // refresh reads the peers with ids that still exist, and the pair state:
 // in one go from a Refresher (one round trip to a database), else one
 // read at a time.
@@ -333,6 +373,7 @@ func (m *Mirror) loadPairs(ctx context.Context) (pairState, error) {
 // publish builds the snapshot of m.peers from the current one and the
 // peers that changed (nil: build it whole) and makes it current.
 func (m *Mirror) publish(changed map[string]*Peer, pairs pairState) {
+	m.pairs = pairs
 	m.version++
 	in := snapshotInput{version: m.version, changed: changed,
 		quarantines: pairs.quarantines, preflights: pairs.preflights, now: m.cfg.Now()}

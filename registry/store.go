@@ -113,6 +113,11 @@ type RegisterResult struct {
 // may have changed and the watcher should reload everything.
 type Change struct {
 	PeerIDs []string
+	// Stale names peers the change marked stale, as a hint a store may
+	// give with them: a Mirror takes them out of its routes at once, before
+	// it reads them back (a round trip to the database that waits behind
+	// everything else on a busy machine).
+	Stale []string
 }
 
 // Refresher is a Store that reads what a Mirror needs after a change (the

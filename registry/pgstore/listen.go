@@ -43,7 +43,7 @@ func (s *Store) listen(ctx context.Context, cc *pgx.ConnConfig, ready chan<- err
 	for ctx.Err() == nil {
 		conn, err := pgx.ConnectConfig(ctx, cc)
 		if err == nil {
-			_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.cfg.Channel}.Sanitize())
+			_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.cfg.Channel}.Sanitize()+"; LISTEN "+pgx.Identifier{s.cfg.staleChannel()}.Sanitize())
 		}
 		if first {
 			first = false
@@ -80,6 +80,12 @@ func (s *Store) follow(ctx context.Context, conn *pgx.Conn) error {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return fmt.Errorf("wait for notification: %w", err)
+		}
+		if n.Channel == s.cfg.staleChannel() {
+			if registry.IsPeerID(n.Payload) {
+				s.bc.Publish(registry.Change{PeerIDs: []string{n.Payload}, Stale: []string{n.Payload}})
+			}
+			continue
 		}
 		s.bc.Publish(decodeIDs(n.Payload))
 	}

@@ -114,8 +114,20 @@ func (c Config) validate() error {
 	if c.HeartbeatWriters < 1 {
 		return fmt.Errorf("heartbeat writers must be at least 1, got %d", c.HeartbeatWriters)
 	}
+	if n := len(c.staleChannel()); n > maxChannel {
+		return fmt.Errorf("notification channel %q is too long: %s must fit PostgreSQL's %d bytes", c.Channel, c.staleChannel(), maxChannel)
+	}
 	return nil
 }
+
+// maxChannel is the longest channel name PostgreSQL accepts (NAMEDATALEN-1).
+const maxChannel = 63
+
+// staleChannel carries the stale hints (registry.Change.Stale) beside
+// Channel. A channel of its own, not a new payload format on Channel: a
+// replica of an earlier version in a rolling upgrade does not listen to
+// it, and reads Channel's payloads as it always has.
+func (c Config) staleChannel() string { return c.Channel + "_stale" }
 
 // Store is the PostgreSQL registry.Store.
 type Store struct {
@@ -233,6 +245,12 @@ func (s *Store) notify(ctx context.Context, tx pgx.Tx, ids ...string) error {
 // queueNotify queues the notification of notify in a batch.
 func (s *Store) queueNotify(b *pgx.Batch, ids ...string) {
 	b.Queue(notifySQL, s.cfg.Channel, encodeIDs(ids))
+}
+
+// queueStaleHint queues, in a batch, the hint that peer id is stale now
+// (staleChannel); its change's own notification must be queued too.
+func (s *Store) queueStaleHint(b *pgx.Batch, id string) {
+	b.Queue(notifySQL, s.cfg.staleChannel(), id)
 }
 
 const notifySQL = "SELECT pg_notify($1, $2)"

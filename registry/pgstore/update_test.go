@@ -3,7 +3,9 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/pgstore"
@@ -65,5 +67,93 @@ func TestUpdateKeepsItsConnection(t *testing.T) {
 	}
 	if n := s.ConnsOpened(); n != opened || status != 'I' {
 		t.Fatalf("%d connections opened and transaction status %q after the updates, want %d (none replaced) and I (none open)", n, status, opened)
+	}
+}
+
+// TestStaleMarkHintsOtherReplicas: a stale mark, an operator's or a
+// router's transfer report, reaches another replica's subscribers with the
+// hint that the peer is stale (registry.Change.Stale), so that its mirror
+// takes the peer out of its routes before reading it; a report that holds
+// the decode for a heal instead (another prefill can use it) gives none.
+func TestStaleMarkHintsOtherReplicas(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, cfg := registrytest.NewPGStore(t, pgstore.Config{})
+	b := registrytest.OpenPGStore(t, cfg)
+	changes := b.Subscribe(ctx)
+	// hinted waits for b's changes to name id and reports whether one of
+	// them hinted it stale.
+	hinted := func(id string) bool {
+		t.Helper()
+		hint, named := false, false
+		deadline := time.After(5 * time.Second)
+		for !named || !hint {
+			select {
+			case c := <-changes:
+				named = named || slices.Contains(c.PeerIDs, id)
+				hint = hint || slices.Contains(c.Stale, id)
+			case <-deadline:
+				if !named {
+					t.Fatalf("replica b never heard of %s's change", id)
+				}
+				return hint
+			}
+			if named && !hint {
+				// The hint is sent before the change's own notification,
+				// in the same transaction: it cannot come later.
+				return false
+			}
+		}
+		return true
+	}
+	p0 := registerReady(t, ctx, a, registrytest.Spec("p0", registry.RolePrefill))
+	dspec := registrytest.Spec("d0", registry.RoleDecode)
+	d0 := registerReady(t, ctx, a, dspec)
+	d1spec := registrytest.Spec("d1", registry.RoleDecode)
+	d1 := registerReady(t, ctx, a, d1spec)
+	drainChanges(changes)
+
+	if _, err := a.MarkStale(ctx, d0.ID, "test: transfer failed", ""); err != nil {
+		t.Fatal(err)
+	}
+	if !hinted(d0.ID) {
+		t.Fatal("an operator's stale mark reached replica b without the hint")
+	}
+
+	// A report from the only prefill marks d1 stale at once.
+	report := registry.TransferFailure{DecodeID: d1.ID, DecodeAgent: d1spec.Ranks[0].AgentName, PrefillID: p0.ID,
+		Reason: "transfer failed", Error: "Missing NIXL destination KV memory kind", Reporter: "test"}
+	if _, out, err := a.ReportTransferFailure(ctx, report); err != nil || out != registry.OutcomeStale {
+		t.Fatalf("report: %s, %v; want %s", out, err, registry.OutcomeStale)
+	}
+	if !hinted(d1.ID) {
+		t.Fatal("a router's report that marked the decode stale reached replica b without the hint")
+	}
+
+	// With another prefill that can use it, a decode's first failure holds
+	// it for a heal: it keeps serving, so no hint.
+	registerReady(t, ctx, a, registrytest.Spec("p1", registry.RolePrefill))
+	d2spec := registrytest.Spec("d2", registry.RoleDecode)
+	d2 := registerReady(t, ctx, a, d2spec)
+	drainChanges(changes)
+	report.DecodeID, report.DecodeAgent = d2.ID, d2spec.Ranks[0].AgentName
+	if _, out, err := a.ReportTransferFailure(ctx, report); err != nil || out != registry.OutcomeHealPending {
+		t.Fatalf("report: %s, %v; want %s", out, err, registry.OutcomeHealPending)
+	}
+	if hinted(d2.ID) {
+		t.Fatal("a decode held for a heal was hinted stale")
+	}
+}
+
+// drainChanges drops the changes announced until none has come for a
+// moment (the registrations' and first heartbeats').
+func drainChanges(ch <-chan registry.Change) {
+	for {
+		select {
+		case <-ch:
+		case <-time.After(300 * time.Millisecond):
+			return
+		}
 	}
 }

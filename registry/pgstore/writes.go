@@ -257,6 +257,9 @@ func (s *Store) lockedUpdate(ctx context.Context, conn *pgx.Conn, id string, f f
 	if err := queuePeerWrite(write, &next, events, now); err != nil {
 		return registry.Peer{}, err
 	}
+	if next.State == registry.StateStale && prev.State != registry.StateStale {
+		s.queueStaleHint(write, id)
+	}
 	s.queueNotify(write, id)
 	write.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, write).Close(); err != nil {
@@ -430,6 +433,9 @@ func (s *Store) reportTransferFailure(ctx context.Context, conn *pgx.Conn, f reg
 				return registry.Peer{}, "", err
 			}
 			res = next
+		}
+		if out == registry.OutcomeStale && d.State != registry.StateStale && next.State == registry.StateStale {
+			s.queueStaleHint(w, f.DecodeID)
 		}
 		if out == registry.OutcomeStale || out == registry.OutcomeQuarantined || out == registry.OutcomeHealPending {
 			s.queueNotify(w, f.DecodeID)
