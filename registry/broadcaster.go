@@ -16,7 +16,7 @@ type Broadcaster struct {
 type subscriber struct {
 	mu      sync.Mutex
 	ids     map[string]struct{}
-	stale   map[string]struct{}
+	stale   map[string]int64 // hinted stale: the latest generation of each
 	all     bool
 	pending bool
 	wake    chan struct{}
@@ -28,14 +28,16 @@ func (b *Broadcaster) Publish(c Change) {
 	defer b.mu.Unlock()
 	for s := range b.subs {
 		s.mu.Lock()
-		if len(c.PeerIDs) == 0 {
+		if c.ReloadAll() {
 			s.all = true
 		}
 		for _, id := range c.PeerIDs {
 			s.ids[id] = struct{}{}
 		}
-		for _, id := range c.Stale {
-			s.stale[id] = struct{}{}
+		for _, h := range c.Stale {
+			if g, ok := s.stale[h.ID]; !ok || h.Generation > g {
+				s.stale[h.ID] = h.Generation
+			}
 		}
 		s.pending = true
 		s.mu.Unlock()
@@ -48,7 +50,7 @@ func (b *Broadcaster) Publish(c Change) {
 
 // Subscribe returns a channel of merged changes that closes when ctx ends.
 func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
-	s := &subscriber{ids: map[string]struct{}{}, stale: map[string]struct{}{}, wake: make(chan struct{}, 1)}
+	s := &subscriber{ids: map[string]struct{}{}, stale: map[string]int64{}, wake: make(chan struct{}, 1)}
 	b.mu.Lock()
 	if b.subs == nil {
 		b.subs = map[*subscriber]struct{}{}
@@ -80,9 +82,9 @@ func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
 				for id := range s.ids {
 					c.PeerIDs = append(c.PeerIDs, id)
 				}
-			}
-			for id := range s.stale {
-				c.Stale = append(c.Stale, id)
+				for id, g := range s.stale {
+					c.Stale = append(c.Stale, StaleHint{ID: id, Generation: g})
+				}
 			}
 			clear(s.ids)
 			clear(s.stale)

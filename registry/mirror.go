@@ -149,9 +149,9 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 	// is retried with backoff, since the change that asked for it — often
 	// the full reload after the listener reconnected — will not come again.
 	ids, all := map[string]struct{}{}, false
-	var stale []string // hinted stale, not yet taken out of the routes
+	var stale []StaleHint // not yet taken out of the routes
 	merge := func(c Change) {
-		if len(c.PeerIDs) == 0 {
+		if c.ReloadAll() {
 			all = true
 		}
 		for _, id := range c.PeerIDs {
@@ -203,6 +203,9 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 			return
 		}
 		takeOutStale() // hints that arrived meanwhile
+		if len(ids) == 0 && !all {
+			continue // only hints so far: their changes follow
+		}
 		lastRebuild = time.Now()
 		if err := m.apply(ctx, ids, all); err != nil {
 			if ctx.Err() != nil {
@@ -285,15 +288,18 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 
 // takeOutStale publishes a snapshot in which the peers a change hinted
 // stale (Change.Stale) are stale, before the refresh that reads them back:
-// routers stop picking them one database round trip sooner. The refresh
-// that follows replaces these records with the store's, whatever happened
-// to the peers meanwhile. A hint can only take a peer out of the routes,
-// never put one in, so an early or repeated one is harmless.
-func (m *Mirror) takeOutStale(ids []string) {
+// routers stop picking them one database round trip sooner. The store
+// announces each hinted peer's change too, and the refresh that follows it
+// replaces these records with the store's. A hint only takes a peer out of
+// the routes, and not one of a later generation than the hint's (it
+// registered again since): a late hint about a peer that is ready again
+// in the same generation keeps it out until that refresh.
+func (m *Mirror) takeOutStale(hints []StaleHint) {
 	var changed map[string]*Peer
-	for _, id := range ids {
+	for _, h := range hints {
+		id := h.ID
 		p := m.peers[id]
-		if p == nil || p.State == StateStale {
+		if p == nil || p.State == StateStale || p.Generation > h.Generation {
 			continue
 		}
 		cp := *p

@@ -109,16 +109,29 @@ type RegisterResult struct {
 	Credential string
 }
 
-// Change tells a watcher that peers changed. An empty PeerIDs means anything
-// may have changed and the watcher should reload everything.
+// Change tells a watcher that peers changed. A Change with neither PeerIDs
+// nor Stale means anything may have changed and the watcher should reload
+// everything.
 type Change struct {
 	PeerIDs []string
-	// Stale names peers the change marked stale, as a hint a store may
-	// give with them: a Mirror takes them out of its routes at once, before
-	// it reads them back (a round trip to the database that waits behind
-	// everything else on a busy machine).
-	Stale []string
+	// Stale names peers marked stale, a hint a store may give before it
+	// announces their change in PeerIDs (which it always does too): a
+	// Mirror takes them out of its routes at once, before it reads them
+	// back (a round trip to the database that waits behind everything else
+	// on a busy machine).
+	Stale []StaleHint
 }
+
+// StaleHint is a peer marked stale in its Generation. A mirror whose record
+// of the peer is of a later generation (it registered again since) ignores
+// it.
+type StaleHint struct {
+	ID         string
+	Generation int64
+}
+
+// ReloadAll reports whether c asks for a reload of everything.
+func (c Change) ReloadAll() bool { return len(c.PeerIDs) == 0 && len(c.Stale) == 0 }
 
 // Refresher is a Store that reads what a Mirror needs after a change (the
 // changed peers, every quarantine and every preflight) in one go: a

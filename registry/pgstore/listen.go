@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +25,21 @@ func encodeIDs(ids []string) string {
 		return "*"
 	}
 	return strings.Join(ids, ",")
+}
+
+// encodeStaleHint and decodeStaleHint are a stale hint's payload:
+// "ID GENERATION".
+func encodeStaleHint(id string, generation int64) string {
+	return id + " " + strconv.FormatInt(generation, 10)
+}
+
+func decodeStaleHint(payload string) (registry.StaleHint, bool) {
+	id, gen, ok := strings.Cut(payload, " ")
+	g, err := strconv.ParseInt(gen, 10, 64)
+	if !ok || err != nil || !registry.IsPeerID(id) {
+		return registry.StaleHint{}, false
+	}
+	return registry.StaleHint{ID: id, Generation: g}, true
 }
 
 func decodeIDs(payload string) registry.Change {
@@ -82,8 +98,8 @@ func (s *Store) follow(ctx context.Context, conn *pgx.Conn) error {
 			return fmt.Errorf("wait for notification: %w", err)
 		}
 		if n.Channel == s.cfg.staleChannel() {
-			if registry.IsPeerID(n.Payload) {
-				s.bc.Publish(registry.Change{PeerIDs: []string{n.Payload}, Stale: []string{n.Payload}})
+			if h, ok := decodeStaleHint(n.Payload); ok {
+				s.bc.Publish(registry.Change{Stale: []registry.StaleHint{h}})
 			}
 			continue
 		}

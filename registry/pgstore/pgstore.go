@@ -247,10 +247,10 @@ func (s *Store) queueNotify(b *pgx.Batch, ids ...string) {
 	b.Queue(notifySQL, s.cfg.Channel, encodeIDs(ids))
 }
 
-// queueStaleHint queues, in a batch, the hint that peer id is stale now
-// (staleChannel); its change's own notification must be queued too.
-func (s *Store) queueStaleHint(b *pgx.Batch, id string) {
-	b.Queue(notifySQL, s.cfg.staleChannel(), id)
+// queueStaleHint queues, in a batch, the hint that peer p is stale now
+// (staleChannel); its change's own notification must be queued after it.
+func (s *Store) queueStaleHint(b *pgx.Batch, p *registry.Peer) {
+	b.Queue(notifySQL, s.cfg.staleChannel(), encodeStaleHint(p.ID, p.Generation))
 }
 
 const notifySQL = "SELECT pg_notify($1, $2)"

@@ -82,30 +82,31 @@ func TestStaleMarkHintsOtherReplicas(t *testing.T) {
 	a, cfg := registrytest.NewPGStore(t, pgstore.Config{})
 	b := registrytest.OpenPGStore(t, cfg)
 	changes := b.Subscribe(ctx)
-	// hinted waits for b's changes to name id and reports whether one of
-	// them hinted it stale.
-	hinted := func(id string) bool {
+	// hinted waits for b's changes to name peer p and reports whether a
+	// hint came with or before (the hint is sent first, in the same
+	// transaction: it cannot come later), of p's generation.
+	hinted := func(p registry.Peer) bool {
 		t.Helper()
-		hint, named := false, false
+		hint := false
 		deadline := time.After(5 * time.Second)
-		for !named || !hint {
+		for {
 			select {
 			case c := <-changes:
-				named = named || slices.Contains(c.PeerIDs, id)
-				hint = hint || slices.Contains(c.Stale, id)
-			case <-deadline:
-				if !named {
-					t.Fatalf("replica b never heard of %s's change", id)
+				for _, h := range c.Stale {
+					if h.ID == p.ID {
+						if h.Generation != p.Generation {
+							t.Fatalf("hint of generation %d for a peer of generation %d", h.Generation, p.Generation)
+						}
+						hint = true
+					}
 				}
-				return hint
-			}
-			if named && !hint {
-				// The hint is sent before the change's own notification,
-				// in the same transaction: it cannot come later.
-				return false
+				if slices.Contains(c.PeerIDs, p.ID) {
+					return hint
+				}
+			case <-deadline:
+				t.Fatalf("replica b never heard of %s's change", p.Name)
 			}
 		}
-		return true
 	}
 	p0 := registerReady(t, ctx, a, registrytest.Spec("p0", registry.RolePrefill))
 	dspec := registrytest.Spec("d0", registry.RoleDecode)
@@ -117,7 +118,7 @@ func TestStaleMarkHintsOtherReplicas(t *testing.T) {
 	if _, err := a.MarkStale(ctx, d0.ID, "test: transfer failed", ""); err != nil {
 		t.Fatal(err)
 	}
-	if !hinted(d0.ID) {
+	if !hinted(d0) {
 		t.Fatal("an operator's stale mark reached replica b without the hint")
 	}
 
@@ -127,7 +128,7 @@ func TestStaleMarkHintsOtherReplicas(t *testing.T) {
 	if _, out, err := a.ReportTransferFailure(ctx, report); err != nil || out != registry.OutcomeStale {
 		t.Fatalf("report: %s, %v; want %s", out, err, registry.OutcomeStale)
 	}
-	if !hinted(d1.ID) {
+	if !hinted(d1) {
 		t.Fatal("a router's report that marked the decode stale reached replica b without the hint")
 	}
 
@@ -141,7 +142,7 @@ func TestStaleMarkHintsOtherReplicas(t *testing.T) {
 	if _, out, err := a.ReportTransferFailure(ctx, report); err != nil || out != registry.OutcomeHealPending {
 		t.Fatalf("report: %s, %v; want %s", out, err, registry.OutcomeHealPending)
 	}
-	if hinted(d2.ID) {
+	if hinted(d2) {
 		t.Fatal("a decode held for a heal was hinted stale")
 	}
 }

@@ -258,7 +258,7 @@ func (s *Store) lockedUpdate(ctx context.Context, conn *pgx.Conn, id string, f f
 		return registry.Peer{}, err
 	}
 	if next.State == registry.StateStale && prev.State != registry.StateStale {
-		s.queueStaleHint(write, id)
+		s.queueStaleHint(write, &next)
 	}
 	s.queueNotify(write, id)
 	write.Queue("COMMIT")
@@ -434,8 +434,8 @@ func (s *Store) reportTransferFailure(ctx context.Context, conn *pgx.Conn, f reg
 			}
 			res = next
 		}
-		if out == registry.OutcomeStale && d.State != registry.StateStale && next.State == registry.StateStale {
-			s.queueStaleHint(w, f.DecodeID)
+		if out == registry.OutcomeStale && next.State == registry.StateStale {
+			s.queueStaleHint(w, &next)
 		}
 		if out == registry.OutcomeStale || out == registry.OutcomeQuarantined || out == registry.OutcomeHealPending {
 			s.queueNotify(w, f.DecodeID)

@@ -582,7 +582,7 @@ func testSubscribe(t *testing.T, s registry.Store) {
 		for {
 			select {
 			case ch := <-changes:
-				if len(ch.PeerIDs) == 0 {
+				if ch.ReloadAll() {
 					return
 				}
 				for _, id := range ch.PeerIDs {
