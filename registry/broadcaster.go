@@ -77,6 +77,9 @@ func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
 				continue
 			}
 			var c Change
+			// A reload of everything carries no hints: a Change with
+			// hints is not a reload, and the reload reads every peer
+			// anyway.
 			if !s.all {
 				c.PeerIDs = make([]string, 0, len(s.ids))
 				for id := range s.ids {

@@ -159,7 +159,7 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 		}
 		stale = append(stale, c.Stale...)
 	}
-	takeOutStale := func() {
+	applyHints := func() {
 		if len(stale) > 0 {
 			m.takeOutStale(stale)
 			stale = stale[:0]
@@ -194,7 +194,7 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 				merge(c)
 			}
 		}
-		takeOutStale()
+		applyHints()
 		// Gather what else arrives until Debounce after the last rebuild:
 		// a change after a quiet spell is applied at once (a stale mark
 		// reaches the router without waiting out a window), while a storm
@@ -202,7 +202,7 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 		if !m.gather(ctx, changes, merge, m.cfg.Debounce-time.Since(lastRebuild)) {
 			return
 		}
-		takeOutStale() // hints that arrived meanwhile
+		applyHints() // hints that arrived meanwhile
 		if len(ids) == 0 && !all {
 			continue // only hints so far: their changes follow
 		}

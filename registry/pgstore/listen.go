@@ -59,6 +59,8 @@ func (s *Store) listen(ctx context.Context, cc *pgx.ConnConfig, ready chan<- err
 	for ctx.Err() == nil {
 		conn, err := pgx.ConnectConfig(ctx, cc)
 		if err == nil {
+			// Both in one simple-protocol query (pgx sends a query
+			// without arguments that way): the channel and its hints.
 			_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.cfg.Channel}.Sanitize()+"; LISTEN "+pgx.Identifier{s.cfg.staleChannel()}.Sanitize())
 		}
 		if first {
