@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,9 +10,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
+
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -263,48 +265,101 @@ func (s *Sim) registerRank(ctx context.Context) error {
 }
 
 // listenRank binds the engine's rank socket (a ZeroMQ PULL, as every SGLang
-// KV manager binds one on rank_port).
+// KV manager binds one on rank_port). Each decode's PUSH connection is read
+// on a goroutine of its own through a buffer, as libzmq reads a socket in
+// batches (go-zeromq's own listener reads every frame's header and body
+// with a read call each); the messages of all connections are handled one
+// at a time, as SGLang's bootstrap thread handles them.
 func (s *Sim) listenRank(bindHost string) error {
 	if bindHost == "" {
 		bindHost = "0.0.0.0"
 	}
-	sock := zmq4.NewPull(s.ctx)
-	if err := sock.Listen("tcp://" + net.JoinHostPort(bindHost, "0")); err != nil {
-		sock.Close()
+	ln, err := net.Listen("tcp", net.JoinHostPort(bindHost, "0"))
+	if err != nil {
 		return fmt.Errorf("listen on the rank socket: %w", err)
 	}
-	s.rankSock = sock
-	s.rankPort = sock.Addr().(*net.TCPAddr).Port
-	s.bg.Go(s.serveRank)
+	s.rankLn = ln
+	s.rankPort = ln.Addr().(*net.TCPAddr).Port
+	s.bg.Go(s.acceptRank)
 	return nil
 }
 
-// serveRank reads what decodes send the rank socket until Close.
-func (s *Sim) serveRank() {
+// rankHandshakeTimeout bounds a connection's ZMTP greeting and handshake.
+const rankHandshakeTimeout = 5 * time.Second
+
+// acceptRank accepts decodes' connections to the rank socket until Close.
+func (s *Sim) acceptRank() {
 	for {
-		msg, err := s.rankSock.Recv()
-		if s.ctx.Err() != nil {
+		c, err := s.rankLn.Accept()
+		if err != nil {
+			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.log.Debug().Err(err).Msg("rank socket: accept")
+			continue
+		}
+		s.bg.Go(func() { s.serveRankConn(c) })
+	}
+}
+
+// serveRankConn reads one decode's messages until it closes the
+// connection or the engine closes.
+func (s *Sim) serveRankConn(nc net.Conn) {
+	defer nc.Close()
+	stop := context.AfterFunc(s.ctx, func() { nc.Close() })
+	defer stop()
+	if err := nc.SetDeadline(time.Now().Add(rankHandshakeTimeout)); err != nil {
+		return
+	}
+	zc, err := zmq4.Open(readBuffered{Conn: nc, r: bufio.NewReaderSize(nc, 32<<10)}, null.Security(), zmq4.Pull, zmq4.SocketIdentity(""), true, nil)
+	if err != nil {
+		s.log.Debug().Err(err).Msg("rank socket: ZMTP handshake")
+		return
+	}
+	if err := nc.SetDeadline(time.Time{}); err != nil {
+		return
+	}
+	for {
+		msg, err := zc.RecvMsg()
+		if err != nil {
+			if s.ctx.Err() == nil && !errors.Is(err, io.EOF) {
+				s.log.Debug().Err(err).Msg("rank socket")
+			}
 			return
 		}
-		if err != nil {
-			s.log.Debug().Err(err).Msg("rank socket")
-			continue
+		if msg.Type == zmq4.CmdMsg {
+			continue // a ZMTP command (PING is answered by RecvMsg)
 		}
-		m, err := bootstrapFrames(msg.Frames)
-		if err != nil {
-			s.counters.foreignMessages.Add(1)
-			s.log.Warn().Err(err).Int("frames", len(msg.Frames)).Msg("rank socket: message dropped")
-			continue
-		}
-		if !s.cfg.Role.Prefills() {
-			s.log.Warn().Msg("rank socket: a decode received bootstrap traffic; dropped")
-			continue
-		}
-		if string(m[0]) == sglangKVArgsRoom {
-			s.onKVArgs(m)
-		} else {
-			s.onTransferInfo(m)
-		}
+		s.rankMu.Lock()
+		s.onRankMessage(msg.Frames)
+		s.rankMu.Unlock()
+	}
+}
+
+// readBuffered is a connection whose reads go through a buffer.
+type readBuffered struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c readBuffered) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// onRankMessage handles one message a decode sent the rank socket.
+func (s *Sim) onRankMessage(frames [][]byte) {
+	m, err := bootstrapFrames(frames)
+	if err != nil {
+		s.counters.foreignMessages.Add(1)
+		s.log.Warn().Err(err).Int("frames", len(frames)).Msg("rank socket: message dropped")
+		return
+	}
+	if !s.cfg.Role.Prefills() {
+		s.log.Warn().Msg("rank socket: a decode received bootstrap traffic; dropped")
+		return
+	}
+	if string(m[0]) == sglangKVArgsRoom {
+		s.onKVArgs(m)
+	} else {
+		s.onTransferInfo(m)
 	}
 }
 
@@ -457,11 +512,15 @@ type pushers struct {
 	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
-// pushConn is one ZMTP PUSH connection. Sends on it are serialised.
+// pushConn is one ZMTP PUSH connection. Sends on it are serialised (mu).
 type pushConn struct {
-	mu sync.Mutex
-	nc net.Conn
-	zc *zmq4.Conn
+	mu  sync.Mutex
+	nc  net.Conn
+	out *gatherWrites // nc, as zc writes to it
+	zc  *zmq4.Conn
+	// closed is set once the prefill closed its end or the connection
+	// broke (watch).
+	closed atomic.Bool
 }
 
 func (p *pushers) init() {
@@ -471,7 +530,8 @@ func (p *pushers) init() {
 
 // send sends frames as one multipart message to endpoint. A connection the
 // prefill closed (it restarted or went away) is found before the send and
-// replaced; a send that fails drops the connection and is an error.
+// replaced, as libzmq's PUSH reconnects; a send that fails drops the
+// connection and is an error.
 func (p *pushers) send(ctx context.Context, endpoint string, frames [][]byte) error {
 	c, err := p.get(ctx, endpoint)
 	if err != nil {
@@ -479,7 +539,7 @@ func (p *pushers) send(ctx context.Context, endpoint string, frames [][]byte) er
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.alive() {
+	if c.closed.Load() {
 		p.drop(endpoint, c)
 		if c, err = p.get(ctx, endpoint); err != nil {
 			return err
@@ -491,7 +551,7 @@ func (p *pushers) send(ctx context.Context, endpoint string, frames [][]byte) er
 		p.drop(endpoint, c)
 		return err
 	}
-	if err := c.zc.SendMsg(zmq4.NewMsgFrom(frames...)); err != nil {
+	if err := c.sendMsg(zmq4.NewMsgFrom(frames...)); err != nil {
 		p.drop(endpoint, c)
 		return fmt.Errorf("send to %s: %w", endpoint, err)
 	}
@@ -513,7 +573,8 @@ func (p *pushers) get(ctx context.Context, endpoint string) (*pushConn, error) {
 		nc.Close()
 		return nil, err
 	}
-	zc, err := zmq4.Open(nc, null.Security(), zmq4.Push, zmq4.SocketIdentity(""), false, nil)
+	out := &gatherWrites{Conn: nc}
+	zc, err := zmq4.Open(out, null.Security(), zmq4.Push, zmq4.SocketIdentity(""), false, nil)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("ZMTP handshake with %s: %w", endpoint, err)
@@ -522,7 +583,7 @@ func (p *pushers) get(ctx context.Context, endpoint string) (*pushConn, error) {
 		nc.Close()
 		return nil, err
 	}
-	c := &pushConn{nc: nc, zc: zc}
+	c := &pushConn{nc: nc, out: out, zc: zc}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if old, ok := p.conns[endpoint]; ok {
@@ -530,6 +591,7 @@ func (p *pushers) get(ctx context.Context, endpoint string) (*pushConn, error) {
 		return old, nil
 	}
 	p.conns[endpoint] = c
+	go c.watch()
 	return c, nil
 }
 
@@ -553,17 +615,58 @@ func (p *pushers) closeAll() {
 	}
 }
 
-// alive reports whether the peer still holds the connection open: a PULL
-// peer never sends after the handshake, so a read that does not time out
-// at once found the connection closed (or broken). Called with c.mu held.
-func (c *pushConn) alive() bool {
-	if err := c.nc.SetReadDeadline(time.Now()); err != nil {
-		return false
+// watch reads the connection until it ends, as libzmq keeps reading its
+// sockets: a PULL peer sends nothing after the handshake, so the read
+// returns only when the prefill closed its end or the connection broke.
+// A send then finds the connection closed before it writes: bytes written
+// to a connection whose peer has only closed are accepted by the kernel
+// and lost without an error.
+func (c *pushConn) watch() {
+	var b [64]byte
+	for {
+		if _, err := c.nc.Read(b[:]); err != nil {
+			c.closed.Store(true)
+			return
+		}
 	}
-	var b [1]byte
-	_, err := c.nc.Read(b[:])
-	if err := c.nc.SetReadDeadline(time.Time{}); err != nil {
-		return false
+}
+
+// sendMsg writes msg in one write. Called with c.mu held.
+func (c *pushConn) sendMsg(msg zmq4.Msg) error {
+	c.out.gather = true
+	err := c.zc.SendMsg(msg)
+	c.out.gather = false
+	buf := c.out.buf
+	c.out.buf = nil
+	if cap(buf) <= maxKeptMessageBuffer {
+		c.out.buf = buf[:0]
 	}
-	return errors.Is(err, os.ErrDeadlineExceeded)
+	if err != nil {
+		return err
+	}
+	_, err = c.nc.Write(buf)
+	return err
+}
+
+// maxKeptMessageBuffer is the largest message buffer a connection keeps
+// for its next send: a request's destination is a few hundred bytes; KV
+// args, sent once per prefill, can carry MiBs of agent metadata.
+const maxKeptMessageBuffer = 64 << 10
+
+// gatherWrites holds a connection's writes while a message is encoded
+// (gather), so that the message leaves in one write as libzmq's encoder
+// batches it: go-zeromq's Conn.SendMsg writes every frame's header and
+// body apart, two system calls a frame, 22 for a request's destination.
+type gatherWrites struct {
+	net.Conn
+	gather bool
+	buf    []byte
+}
+
+func (g *gatherWrites) Write(b []byte) (int, error) {
+	if !g.gather {
+		return g.Conn.Write(b)
+	}
+	g.buf = append(g.buf, b...)
+	return len(b), nil
 }

@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
@@ -39,10 +38,12 @@ type Sim struct {
 	client        *http.Client
 	host, url     string
 	bootstrapPort int
-	// rankSock is the engine's rank socket (SGLang's ZeroMQ PULL on
-	// rank_port); a prefill reads decodes' KV args and destinations there.
-	rankSock zmq4.Socket
+	// rankLn is the engine's rank socket (SGLang's ZeroMQ PULL on
+	// rank_port); a prefill reads decodes' KV args and destinations there,
+	// one message at a time (rankMu).
+	rankLn   net.Listener
 	rankPort int
+	rankMu   sync.Mutex
 
 	regMu sync.Mutex // serialises Start, Reregister and Close
 	state atomic.Pointer[agentState]
@@ -247,8 +248,8 @@ func (s *Sim) Close() {
 				srv.Close()
 			}
 		}
-		if s.rankSock != nil {
-			s.rankSock.Close()
+		if s.rankLn != nil {
+			s.rankLn.Close()
 		}
 		s.pushers.closeAll()
 		s.inflight.Wait()
