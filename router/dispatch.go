@@ -349,9 +349,7 @@ func (d *dispatch) run(v *view, mv *modelView) {
 		d.attempts = attempt
 		d.prefill, d.decode = pr.p.peer.Name, pr.d.peer.Name
 		d.startAttempt(attempt, &pr)
-		f := d.attempt(&pr)
-		d.endAttempt(f)
-		rt.settle(&pr, f)
+		f := d.attemptSettled(&pr)
 		if f == nil {
 			d.outcome = outcomeOK
 			return
@@ -401,6 +399,25 @@ func (d *dispatch) backoff(attempt int) bool {
 	case <-d.ctx.Done():
 		return false
 	}
+}
+
+// attemptSettled runs one attempt and feeds its outcome to the breakers.
+// An attempt that panics (a fault of the router's own, or a leg's panic
+// raised again) judges no engine, but gives back the probes it holds: a
+// half-open breaker whose probe never came back would keep its peer out of
+// every pick for good.
+func (d *dispatch) attemptSettled(pr *pair) *failure {
+	settled := false
+	defer func() {
+		if !settled {
+			pr.release()
+		}
+	}()
+	f := d.attempt(pr)
+	d.endAttempt(f)
+	d.rt.settle(pr, f)
+	settled = true
+	return f
 }
 
 // attempt runs one pair.

@@ -285,6 +285,50 @@ func TestPanicInARequestReleasesItsAdmission(t *testing.T) {
 	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "ok"}, 1)
 }
 
+// TestPanicInAnAttemptGivesBackItsProbe: the half-open probe a breaker
+// lends an attempt comes back when the attempt panics. Otherwise the
+// breaker would stay half-open with its probe out, and its peer would be
+// left out of every pick for good: one request's fault spread to all that
+// follow. The panic is injected through the router's clock as the attempt
+// starts its decode leg, on the breaker's probe.
+func TestPanicInAnAttemptGivesBackItsProbe(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{}
+	var armed atomic.Bool
+	panicking := panicOnce(&armed, "(*dispatch).runSGLang")
+	now := func() time.Time {
+		panicking()
+		return clock.now()
+	}
+	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
+	setFault(t, p, sim.FaultPrefillError)
+	b := setupSims(t, router.Config{MaxAttempts: 1, BreakerFailures: 1, BreakerCooldown: time.Minute, Now: now}, p, d)
+	const unary = `{"model":"sim-model","prompt":"x","max_tokens":2}`
+	if resp, body := b.post(t, "/v1/completions", unary); resp.StatusCode == http.StatusOK {
+		t.Fatalf("a failing prefill answered 200: %s", body)
+	}
+	state := func() float64 { return b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "p0"}) }
+	if state() != 1 {
+		t.Fatalf("the prefill's breaker is %v after its failure, want open (1)", state())
+	}
+	setFault(t, p, sim.FaultNone)
+	clock.advance(time.Minute)
+	armed.Store(true)
+	if resp, err := http.Post(b.srv.URL+"/v1/completions", "application/json", strings.NewReader(unary)); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the probe that panicked was answered %d, want it cut", resp.StatusCode)
+	}
+	if armed.Load() {
+		t.Fatal("the fault was never injected")
+	}
+	if resp, body := b.post(t, "/v1/completions", unary); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the panicked probe: %d %s (breaker %v): its probe was never given back", resp.StatusCode, body, state())
+	}
+	if state() != 0 {
+		t.Fatalf("the breaker is %v after a good probe, want closed (0)", state())
+	}
+}
+
 // panicOnce is a clock for Config.Now that, once armed, panics the first
 // time it is read from within fn (a function name's suffix), and then
 // disarms: a fault injected where the router reads the time.
