@@ -336,14 +336,15 @@ type fleet struct {
 	progress    io.Writer
 }
 
-func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fleet, err error) {
-	f = &fleet{engine: p.engine(), progress: cfg.Progress}
+func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (*fleet, error) {
+	f := &fleet{engine: p.engine(), progress: cfg.Progress}
+	started := false
 	defer func() {
-		if err != nil {
-			f.close()
-			f = nil
+		if !started {
+			f.close() // what did start
 		}
 	}()
+	var err error
 	if f.serve, f.serveURL, err = startServe(ctx, cfg, cfg.Pdplane, "pdplane serve"); err != nil {
 		return nil, err
 	}
@@ -361,13 +362,12 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (f *fle
 	}
 	// The first request through each router proves the whole path (a
 	// router discovering its workers fails until it has).
-	client := newClient(1)
-	defer client.CloseIdleConnections()
 	for _, t := range f.targets() {
-		if err := sendUntilOK(ctx, client, f.load(t, Stream, 1), startTimeout); err != nil {
+		if err := sendUntilOK(ctx, f.load(t, Stream, 1), startTimeout); err != nil {
 			return nil, fmt.Errorf("%s: %w\n%s", t.name, err, tail(t.proc.Output(), 4000))
 		}
 	}
+	started = true
 	return f, nil
 }
 
@@ -510,16 +510,14 @@ func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (R
 				i = len(ts) - 1 - k
 			}
 			t := ts[i]
-			client := newClient(conc)
 			before, err := ReadUsage(t.proc.PID())
 			if err != nil {
 				return Row{}, fmt.Errorf("%s: %w", t.name, err)
 			}
 			start := time.Now()
-			res := runWindow(ctx, client, f.load(t, mode, cfg.MaxTokens), conc, cfg.Window)
+			res := runWindow(ctx, f.load(t, mode, cfg.MaxTokens), conc, cfg.Window)
 			elapsed := time.Since(start)
 			after, err := ReadUsage(t.proc.PID())
-			client.CloseIdleConnections()
 			if err != nil {
 				return Row{}, fmt.Errorf("%s: %w", t.name, err)
 			}

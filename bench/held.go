@@ -142,14 +142,12 @@ func measureHeld(ctx context.Context, cfg Config, f *fleet, t target, base Usage
 // cfg.ProbeRounds windows of cfg.ProbeWindow and returns what they
 // measured, the router's CPU over them included, and each window's p99.
 func probe(ctx context.Context, cfg Config, l Load, t target) (Stats, []time.Duration) {
-	client := newClient(cfg.ProbeClients)
-	defer client.CloseIdleConnections()
 	before, _ := ReadUsage(t.proc.PID())
 	start := time.Now()
 	var s Stats
 	var all, p99s []time.Duration
 	for range cfg.ProbeRounds {
-		res := runWindow(ctx, client, l, cfg.ProbeClients, cfg.ProbeWindow)
+		res := runWindow(ctx, l, cfg.ProbeClients, cfg.ProbeWindow)
 		s.Requests, s.Failed = s.Requests+res.OK, s.Failed+res.Failed
 		s.FirstError = cmp.Or(s.FirstError, res.FirstError)
 		all = append(all, res.TTFT...)

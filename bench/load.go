@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"sync"
 	"time"
@@ -28,23 +29,66 @@ type windowResult struct {
 	FirstError string
 }
 
-// newClient is an HTTP client with a connection kept for each of conns
-// concurrent clients.
-func newClient(conns int) *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-		MaxIdleConns:        conns,
-		MaxIdleConnsPerHost: conns,
-		IdleConnTimeout:     time.Minute,
-		DisableCompression:  true,
-	}}
+// loadConn is one load client's connection to a router, kept alive from
+// request to request: the request goes out as bytes prepared once, and the
+// answer is read with http.ReadResponse on the connection's own buffer, on
+// the client's goroutine. net/http's Transport hands every request between
+// three goroutines (the caller's, the connection's writer and its reader);
+// on a machine whose cores the routers under test share with their load,
+// what the load costs is taken from whichever router is measured, and the
+// more so from the cheaper one.
+type loadConn struct {
+	l    Load
+	host string // the router's host:port
+	head *http.Request
+	wire []byte // the whole request as sent
+	c    net.Conn
+	br   *bufio.Reader
+	stop func() bool // ends the context's hold on c
+}
+
+func newLoadConn(l Load) (*loadConn, error) {
+	u, err := url.Parse(l.URL)
+	if err != nil {
+		return nil, fmt.Errorf("load url: %w", err)
+	}
+	if u.Scheme != "http" || u.Host == "" {
+		return nil, fmt.Errorf("load url %q: want http://host:port/path", l.URL)
+	}
+	head, err := http.NewRequest(http.MethodPost, l.URL, nil)
+	if err != nil {
+		return nil, err
+	}
+	wire := fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
+		u.RequestURI(), u.Host, len(l.Body))
+	return &loadConn{l: l, host: u.Host, head: head, wire: append(wire, l.Body...)}, nil
+}
+
+// dial connects; a done ctx closes the connection, ending any read or
+// write on it.
+func (lc *loadConn) dial(ctx context.Context) error {
+	c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", lc.host)
+	if err != nil {
+		return err
+	}
+	lc.c, lc.br = c, bufio.NewReaderSize(c, 16<<10)
+	lc.stop = context.AfterFunc(ctx, func() { c.Close() })
+	return nil
+}
+
+// close closes the connection; the next send dials again.
+func (lc *loadConn) close() {
+	if lc.c != nil {
+		lc.stop()
+		lc.c.Close()
+		lc.c = nil
+	}
 }
 
 // runWindow sends l from concurrency clients until d has passed; the
 // requests in flight then finish and count, so that the caller can divide
 // the router's CPU up to the return by every request it served.
-func runWindow(ctx context.Context, client *http.Client, l Load, concurrency int, d time.Duration) windowResult {
+func runWindow(ctx context.Context, l Load, concurrency int, d time.Duration) windowResult {
 	deadline := time.Now().Add(d)
 	var mu sync.Mutex
 	var res windowResult
@@ -53,8 +97,12 @@ func runWindow(ctx context.Context, client *http.Client, l Load, concurrency int
 		wg.Go(func() {
 			var ttfts []time.Duration
 			ok, failed, firstErr := 0, 0, ""
-			for ctx.Err() == nil && time.Now().Before(deadline) {
-				ttft, err := send(ctx, client, l)
+			lc, err := newLoadConn(l)
+			if err != nil {
+				failed, firstErr = 1, err.Error()
+			}
+			for err == nil && ctx.Err() == nil && time.Now().Before(deadline) {
+				ttft, err := lc.send(ctx)
 				if err != nil {
 					failed++
 					if firstErr == "" {
@@ -64,6 +112,9 @@ func runWindow(ctx context.Context, client *http.Client, l Load, concurrency int
 				}
 				ok++
 				ttfts = append(ttfts, ttft)
+			}
+			if lc != nil {
+				lc.close()
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -79,25 +130,54 @@ func runWindow(ctx context.Context, client *http.Client, l Load, concurrency int
 	return res
 }
 
-// send sends l once and returns the time to its first token: the first
-// SSE data event of a stream, the whole answer otherwise. A stream must
-// end with [DONE] and carry no error event.
-func send(ctx context.Context, client *http.Client, l Load) (time.Duration, error) {
+// send sends the request once and returns the time to its first token:
+// the first SSE data event of a stream, the whole answer otherwise. A
+// stream must end with [DONE] and carry no error event. The connection is
+// kept for the next send unless the answer failed or the router closes it.
+func (lc *loadConn) send(ctx context.Context) (ttft time.Duration, err error) {
 	start := time.Now()
-	resp, err := post(ctx, client, l)
+	if lc.c == nil {
+		if err := lc.dial(ctx); err != nil {
+			return 0, err
+		}
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			lc.close()
+		}
+	}()
+	if _, err := lc.c.Write(lc.wire); err != nil {
+		return 0, fmt.Errorf("send request: %w", err)
+	}
+	resp, err := http.ReadResponse(lc.br, lc.head)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("read answer: %w", err)
 	}
 	defer resp.Body.Close()
-	if !l.Stream {
-		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return 0, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+	}
+	if ttft, err = readAnswer(resp.Body, lc.l.Stream, start); err != nil {
+		return 0, err
+	}
+	keep = !resp.Close
+	return ttft, nil
+}
+
+// readAnswer reads an answer's body to its end and returns the time to
+// its first token from start.
+func readAnswer(body io.Reader, stream bool, start time.Time) (time.Duration, error) {
+	if !stream {
+		if _, err := io.Copy(io.Discard, body); err != nil {
 			return 0, fmt.Errorf("read answer: %w", err)
 		}
 		return time.Since(start), nil
 	}
 	var ttft time.Duration
 	done := false
-	r := bufio.NewReader(resp.Body)
+	r := bufio.NewReader(body)
 	for {
 		line, err := r.ReadSlice('\n')
 		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
@@ -124,34 +204,20 @@ func send(ctx context.Context, client *http.Client, l Load) (time.Duration, erro
 	return ttft, nil
 }
 
-// post sends l and returns the response if it is a 200.
-func post(ctx context.Context, client *http.Client, l Load) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.URL, bytes.NewReader(l.Body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		resp.Body.Close()
-		return nil, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
-	}
-	return resp, nil
-}
-
 // sendUntilOK sends l until it succeeds once: a router discovering its
 // workers answers 5xx (or refuses connections) until then.
-func sendUntilOK(ctx context.Context, client *http.Client, l Load, within time.Duration) error {
+func sendUntilOK(ctx context.Context, l Load, within time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
+	lc, err := newLoadConn(l)
+	if err != nil {
+		return err
+	}
+	defer lc.close()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		_, err := send(ctx, client, l)
+		_, err := lc.send(ctx)
 		if err == nil {
 			return nil
 		}
