@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -288,16 +287,24 @@ func (s *Sim) listenRank(bindHost string) error {
 const rankHandshakeTimeout = 5 * time.Second
 
 // acceptRank accepts decodes' connections to the rank socket until Close.
+// A failing accept (out of descriptors) is retried after a pause that
+// doubles up to a second, as net/http's server does.
 func (s *Sim) acceptRank() {
+	var pause time.Duration
 	for {
 		c, err := s.rankLn.Accept()
 		if err != nil {
 			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			s.log.Debug().Err(err).Msg("rank socket: accept")
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			s.log.Warn().Err(err).Dur("retry_in", pause).Msg("rank socket: accept")
+			if !sleepCtx(s.ctx, pause) {
+				return
+			}
 			continue
 		}
+		pause = 0
 		s.bg.Go(func() { s.serveRankConn(c) })
 	}
 }
@@ -311,7 +318,7 @@ func (s *Sim) serveRankConn(nc net.Conn) {
 	if err := nc.SetDeadline(time.Now().Add(rankHandshakeTimeout)); err != nil {
 		return
 	}
-	zc, err := zmq4.Open(readBuffered{Conn: nc, r: bufio.NewReaderSize(nc, 32<<10)}, null.Security(), zmq4.Pull, zmq4.SocketIdentity(""), true, nil)
+	zc, err := zmq4.Open(newZMTPGuard(nc, maxRankFrame), null.Security(), zmq4.Pull, zmq4.SocketIdentity(""), true, nil)
 	if err != nil {
 		s.log.Debug().Err(err).Msg("rank socket: ZMTP handshake")
 		return
@@ -323,7 +330,7 @@ func (s *Sim) serveRankConn(nc net.Conn) {
 		msg, err := zc.RecvMsg()
 		if err != nil {
 			if s.ctx.Err() == nil && !errors.Is(err, io.EOF) {
-				s.log.Debug().Err(err).Msg("rank socket")
+				s.log.Warn().Err(err).Str("decode", nc.RemoteAddr().String()).Msg("rank socket: connection dropped")
 			}
 			return
 		}
@@ -335,14 +342,6 @@ func (s *Sim) serveRankConn(nc net.Conn) {
 		s.rankMu.Unlock()
 	}
 }
-
-// readBuffered is a connection whose reads go through a buffer.
-type readBuffered struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c readBuffered) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 // onRankMessage handles one message a decode sent the rank socket.
 func (s *Sim) onRankMessage(frames [][]byte) {
@@ -507,9 +506,10 @@ func (s *Sim) exchangeRoom(st *agentState, bs bootstrap, room *decodeRoom) error
 // pushers holds a decode's PUSH connections to prefill rank sockets, one
 // per endpoint.
 type pushers struct {
-	mu    sync.Mutex
-	conns map[string]*pushConn
-	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
+	mu     sync.Mutex
+	conns  map[string]*pushConn
+	closed bool // closeAll was called: a connection made since is closed
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // pushConn is one ZMTP PUSH connection. Sends on it are serialised (mu).
@@ -518,8 +518,8 @@ type pushConn struct {
 	nc  net.Conn
 	out *gatherWrites // nc, as zc writes to it
 	zc  *zmq4.Conn
-	// closed is set once the prefill closed its end or the connection
-	// broke (watch).
+	// closed is set once the connection is of no more use: the prefill
+	// closed its end or it broke (watch), or it was dropped.
 	closed atomic.Bool
 }
 
@@ -529,9 +529,10 @@ func (p *pushers) init() {
 }
 
 // send sends frames as one multipart message to endpoint. A connection the
-// prefill closed (it restarted or went away) is found before the send and
-// replaced, as libzmq's PUSH reconnects; a send that fails drops the
-// connection and is an error.
+// prefill is known to have closed (it restarted or went away: its close
+// reached watch) is replaced before the send, as libzmq's PUSH reconnects;
+// a send that fails drops the connection and is an error. As with libzmq,
+// a message sent while the prefill's close is still on its way is lost.
 func (p *pushers) send(ctx context.Context, endpoint string, frames [][]byte) error {
 	c, err := p.get(ctx, endpoint)
 	if err != nil {
@@ -586,6 +587,10 @@ func (p *pushers) get(ctx context.Context, endpoint string) (*pushConn, error) {
 	c := &pushConn{nc: nc, out: out, zc: zc}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		nc.Close()
+		return nil, fmt.Errorf("connect to %s: the engine is closing", endpoint)
+	}
 	if old, ok := p.conns[endpoint]; ok {
 		nc.Close() // another request connected meanwhile
 		return old, nil
@@ -602,13 +607,15 @@ func (p *pushers) drop(endpoint string, c *pushConn) {
 		delete(p.conns, endpoint)
 	}
 	p.mu.Unlock()
+	c.closed.Store(true)
 	c.nc.Close()
 }
 
-// closeAll closes every connection (at Close).
+// closeAll closes every connection (at Close), and every one made after.
 func (p *pushers) closeAll() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.closed = true
 	for k, c := range p.conns {
 		c.nc.Close()
 		delete(p.conns, k)
@@ -618,14 +625,16 @@ func (p *pushers) closeAll() {
 // watch reads the connection until it ends, as libzmq keeps reading its
 // sockets: a PULL peer sends nothing after the handshake, so the read
 // returns only when the prefill closed its end or the connection broke.
-// A send then finds the connection closed before it writes: bytes written
-// to a connection whose peer has only closed are accepted by the kernel
-// and lost without an error.
+// The next send then finds it closed before it writes: bytes written to a
+// connection whose peer has only closed are accepted by the kernel and
+// lost without an error. The connection is closed here, so that one whose
+// prefill went for good does not linger half-closed.
 func (c *pushConn) watch() {
 	var b [64]byte
 	for {
 		if _, err := c.nc.Read(b[:]); err != nil {
 			c.closed.Store(true)
+			c.nc.Close()
 			return
 		}
 	}

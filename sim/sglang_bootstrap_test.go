@@ -6,13 +6,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
 
@@ -95,21 +99,11 @@ func TestSGLangRankSocket(t *testing.T) {
 		t.Fatalf("after one request: %+v", s)
 	}
 
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0", p.BootstrapPort()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rank struct {
-		RankIP   string `json:"rank_ip"`
-		RankPort int    `json:"rank_port"`
-	}
-	json.NewDecoder(resp.Body).Decode(&rank)
-	resp.Body.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	push := zmq4.NewPush(ctx, zmq4.WithDialerMaxRetries(0))
 	defer push.Close()
-	if err := push.Dial(fmt.Sprintf("tcp://%s:%d", rank.RankIP, rank.RankPort)); err != nil {
+	if err := push.Dial("tcp://" + rankAddr(t, p)); err != nil {
 		t.Fatal(err)
 	}
 	// d's agent again, now claiming other pointers: SGLang keeps the first.
@@ -131,4 +125,66 @@ func TestSGLangRankSocket(t *testing.T) {
 	})
 	// The first registration still serves.
 	pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "still works", "max_tokens": 1})
+}
+
+// rankAddr is the rank socket of prefill p, as its bootstrap server tells a
+// decode.
+func rankAddr(t *testing.T, p *sim.Sim) string {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0", p.BootstrapPort()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rank struct {
+		RankIP   string `json:"rank_ip"`
+		RankPort int    `json:"rank_port"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&rank); err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort(rank.RankIP, strconv.Itoa(rank.RankPort))
+}
+
+// TestRankSocketOutlivesHostileClients: what reaches a prefill's rank
+// socket from anyone who can connect is dropped with its connection, and
+// the decodes it serves go on being served: a client that never greets, a
+// client that is not ZMTP at all, and a ZMTP greeting followed by a frame
+// header naming 1 TiB, which go-zeromq would try to allocate (the process
+// would die for want of memory).
+func TestRankSocketOutlivesHostileClients(t *testing.T) {
+	t.Parallel()
+	p := simtest.Start(t, simtest.Config("p0", registry.RolePrefill, registry.EngineSGLang))
+	d := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
+	addr := rankAddr(t, p)
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	dial() // silent: holds its connection open, says nothing
+	if _, err := dial().Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	// A NULL-mechanism greeting (ZMTP 3.0: signature, version, mechanism,
+	// as-server, filler), then a long frame's header: flags LONG|COMMAND,
+	// a size of 2^40.
+	greeting := make([]byte, 64)
+	greeting[0], greeting[9], greeting[10], greeting[11] = 0xFF, 0x7F, 3, 0
+	copy(greeting[12:], "NULL")
+	huge := dial()
+	if _, err := huge.Write(append(greeting, 0x06, 0, 0, 1, 0, 0, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := huge.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// The engine greets back, then closes the connection.
+	if _, err := io.Copy(io.Discard, huge); err != nil {
+		t.Fatalf("the connection with the oversized frame: %v, want it closed by the engine", err)
+	}
+	pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "still served", "max_tokens": 1})
 }

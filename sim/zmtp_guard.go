@@ -1,0 +1,86 @@
+package sim
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+)
+
+// ZMTP 3.x framing (rfc.zeromq.org/spec/23): a 64-byte greeting, then
+// frames of a flags byte, a size of one byte (eight with the LONG flag,
+// big-endian) and the body; commands (READY, PING) are framed the same.
+const (
+	zmtpGreetingLen = 64
+	zmtpLongFlag    = 0x02
+	// maxRankFrame is the largest frame the rank socket accepts: KV args
+	// carry the decode's NIXL agent metadata, a few MiB at most.
+	maxRankFrame = 64 << 20
+)
+
+// zmtpGuard is a rank-socket connection read through a buffer that follows
+// the ZMTP stream and refuses a frame larger than max before go-zeromq
+// reads its body: go-zeromq makes a buffer of whatever size a frame's
+// header names (up to 2^63 bytes), so one header from anyone who can reach
+// the rank socket would end the engine for want of memory.
+type zmtpGuard struct {
+	net.Conn
+	r   *bufio.Reader
+	max uint64
+	err error // the refusal, returned from then on
+
+	greeting int    // greeting bytes still to pass
+	sizeLeft int    // size bytes still to come
+	size     uint64 // the size read so far
+	body     uint64 // body bytes still to pass
+}
+
+func newZMTPGuard(c net.Conn, max uint64) *zmtpGuard {
+	return &zmtpGuard{Conn: c, r: bufio.NewReaderSize(c, 32<<10), max: max, greeting: zmtpGreetingLen}
+}
+
+// Read hands on what it read unless it completes a frame header naming
+// more than max: then nothing, and an error, so that go-zeromq allocates
+// nothing.
+func (g *zmtpGuard) Read(b []byte) (int, error) {
+	if g.err != nil {
+		return 0, g.err
+	}
+	n, err := g.r.Read(b)
+	if g.err = g.follow(b[:n]); g.err != nil {
+		return 0, g.err
+	}
+	return n, err
+}
+
+// follow advances through p, the next bytes of the stream.
+func (g *zmtpGuard) follow(p []byte) error {
+	for len(p) > 0 {
+		switch {
+		case g.greeting > 0:
+			k := min(g.greeting, len(p))
+			g.greeting -= k
+			p = p[k:]
+		case g.body > 0:
+			k := min(g.body, uint64(len(p)))
+			g.body -= k
+			p = p[k:]
+		case g.sizeLeft > 0:
+			g.size = g.size<<8 | uint64(p[0])
+			g.sizeLeft--
+			p = p[1:]
+			if g.sizeLeft == 0 {
+				if g.size > g.max {
+					return fmt.Errorf("rank socket: a frame of %d bytes, over the limit of %d", g.size, g.max)
+				}
+				g.body = g.size
+			}
+		default: // a frame's flags
+			g.size, g.sizeLeft = 0, 1
+			if p[0]&zmtpLongFlag != 0 {
+				g.sizeLeft = 8
+			}
+			p = p[1:]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,36 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/binary"
+	"strings"
+	"testing"
+)
+
+// TestZMTPGuardFollowsFrames: the guard follows a stream however it is cut
+// into reads (here a byte at a time): the greeting, a short frame, a long
+// one within the limit, then refuses the header of one over it before its
+// last size byte is handed on.
+func TestZMTPGuardFollowsFrames(t *testing.T) {
+	var stream bytes.Buffer
+	stream.Write(make([]byte, zmtpGreetingLen))
+	stream.Write([]byte{0x04, 5}) // a command of 5 bytes
+	stream.WriteString("READY")
+	stream.Write([]byte{0x01, 0}) // an empty frame, more to come
+	long := binary.BigEndian.AppendUint64([]byte{0x02}, 300)
+	stream.Write(long)
+	stream.Write(make([]byte, 300))
+	ok := stream.Len()
+	stream.Write(binary.BigEndian.AppendUint64([]byte{0x02}, 1001))
+	g := &zmtpGuard{max: 1000, greeting: zmtpGreetingLen}
+	for i, b := range stream.Bytes() {
+		err := g.follow([]byte{b})
+		last := i == stream.Len()-1
+		if err != nil && !last || err == nil && last {
+			t.Fatalf("byte %d of %d (frames end at %d): %v", i, stream.Len(), ok, err)
+		}
+		if last && !strings.Contains(err.Error(), "1001 bytes") {
+			t.Fatalf("refusal %q does not name the size", err)
+		}
+	}
+}
