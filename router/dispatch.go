@@ -407,16 +407,16 @@ func (d *dispatch) backoff(attempt int) bool {
 // half-open breaker whose probe never came back would keep its peer out of
 // every pick for good.
 func (d *dispatch) attemptSettled(pr *pair) *failure {
-	settled := false
+	ran := false
 	defer func() {
-		if !settled {
+		if !ran {
 			pr.release()
 		}
 	}()
 	f := d.attempt(pr)
 	d.endAttempt(f)
+	ran = true // settle hands the probes on: never twice
 	d.rt.settle(pr, f)
-	settled = true
 	return f
 }
 
