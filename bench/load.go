@@ -130,40 +130,47 @@ func runWindow(ctx context.Context, l Load, concurrency int, d time.Duration) wi
 	return res
 }
 
-// send sends the request once and returns the time to its first token:
-// the first SSE data event of a stream, the whole answer otherwise. A
-// stream must end with [DONE] and carry no error event. The connection is
-// kept for the next send unless the answer failed or the router closes it.
-func (lc *loadConn) send(ctx context.Context) (ttft time.Duration, err error) {
-	start := time.Now()
+// send sends the request once and returns the time to its first token,
+// from the request's first byte: the first SSE data event of a stream, the
+// whole answer otherwise. A stream must end with [DONE] and carry no error
+// event. The connection is kept for the next send unless the answer could
+// not be read to its end or the router closes it.
+func (lc *loadConn) send(ctx context.Context) (time.Duration, error) {
 	if lc.c == nil {
 		if err := lc.dial(ctx); err != nil {
 			return 0, err
 		}
 	}
-	keep := false
-	defer func() {
-		if !keep {
-			lc.close()
-		}
-	}()
+	start := time.Now()
 	if _, err := lc.c.Write(lc.wire); err != nil {
+		lc.close()
 		return 0, fmt.Errorf("send request: %w", err)
 	}
 	resp, err := http.ReadResponse(lc.br, lc.head)
 	if err != nil {
+		lc.close()
 		return 0, fmt.Errorf("read answer: %w", err)
 	}
-	defer resp.Body.Close()
+	ttft, whole, err := lc.answer(resp, start)
+	if !whole || resp.Close {
+		lc.close() // first: the body's Close would read on to its end
+	}
+	resp.Body.Close()
+	return ttft, err
+}
+
+// answer reads resp; whole reports that its body was read to the end, so
+// that the connection can carry the next request.
+func (lc *loadConn) answer(resp *http.Response, start time.Time) (ttft time.Duration, whole bool, err error) {
 	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return 0, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+		b, rerr := io.ReadAll(io.LimitReader(resp.Body, 512))
+		whole = rerr == nil && len(b) < 512
+		return 0, whole, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
 	}
 	if ttft, err = readAnswer(resp.Body, lc.l.Stream, start); err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	keep = !resp.Close
-	return ttft, nil
+	return ttft, true, nil
 }
 
 // readAnswer reads an answer's body to its end and returns the time to

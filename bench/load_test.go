@@ -14,8 +14,8 @@ import (
 
 // TestLoadConnKeepsItsConnection: a load client sends request after
 // request on one connection, whether the router answers with a length or
-// chunked, and dials again only when an answer failed or the router said
-// it closes the connection.
+// chunked, and dials again only when an answer could not be read to its
+// end or the router said it closes the connection.
 func TestLoadConnKeepsItsConnection(t *testing.T) {
 	var conns atomic.Int64
 	var served atomic.Int64
@@ -63,10 +63,10 @@ func TestLoadConnKeepsItsConnection(t *testing.T) {
 		{"", 1},                 // a length
 		{"", 1},                 // chunked, same connection
 		{"", 1},                 // Connection: close: answered, then closed
-		{"status 503: busy", 2}, // a new connection; a failure closes it
-		{"", 3},                 // a new connection
-		{"error event", 3},      // an error event fails the request
-		{"", 4},                 // a new connection again
+		{"status 503: busy", 2}, // a new connection, kept: the answer was read whole
+		{"", 2},                 // the same connection
+		{"error event", 2},      // an error event fails the request and closes it
+		{"", 3},                 // a new connection again
 	} {
 		_, err := lc.send(ctx)
 		if want.err == "" && err != nil || want.err != "" && (err == nil || !strings.Contains(err.Error(), want.err)) {
