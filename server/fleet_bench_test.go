@@ -219,7 +219,8 @@ func seenStale(m *registry.Mirror, snaps <-chan *registry.Snapshot, id string, d
 	}
 }
 
-// announcements records when a store first announced each peer's change.
+// announcements records when a store first announced each peer's change
+// (since forget).
 type announcements struct {
 	mu sync.Mutex
 	at map[string]time.Time
@@ -241,6 +242,14 @@ func watchAnnouncements(ctx context.Context, s registry.Store) *announcements {
 		}
 	}()
 	return a
+}
+
+// forget drops what was recorded of id, so that the next announcement of
+// it is the one recorded.
+func (a *announcements) forget(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.at, id)
 }
 
 func (a *announcements) of(id string) (time.Time, bool) {
@@ -271,6 +280,7 @@ func markAndWatch(tb testing.TB, ctx context.Context, reps []fleetReplica, peers
 			for len(watches[i]) > 0 { // drop a snapshot from before the mark
 				<-watches[i]
 			}
+			announced[i].forget(p.ID) // and an announcement
 		}
 		start := time.Now()
 		if err := marker.post(ctx, "/api/v1/peers/"+p.ID+"/stale", adminToken, body, nil); err != nil {
