@@ -247,10 +247,15 @@ func (s *Store) queueNotify(b *pgx.Batch, ids ...string) {
 	b.Queue(notifySQL, s.cfg.Channel, encodeIDs(ids))
 }
 
-// queueStaleHint queues, in a batch, the hint that peer p is stale now
-// (staleChannel); its change's own notification must be queued after it.
-func (s *Store) queueStaleHint(b *pgx.Batch, p *registry.Peer) {
-	b.Queue(notifySQL, s.cfg.staleChannel(), encodeStaleHint(p.ID, p.Generation))
+// queueChange queues, in a batch, the notification that peer next (prev
+// before) changed, preceded, when the change made it stale, by the stale
+// hint (staleChannel): the other replicas take the peer out of their
+// routes on the hint, before the notification's read of it answers.
+func (s *Store) queueChange(b *pgx.Batch, prev, next *registry.Peer) {
+	if next.State == registry.StateStale && prev.State != registry.StateStale {
+		b.Queue(notifySQL, s.cfg.staleChannel(), encodeStaleHint(next.ID, next.Generation))
+	}
+	s.queueNotify(b, next.ID)
 }
 
 const notifySQL = "SELECT pg_notify($1, $2)"

@@ -171,13 +171,21 @@ func writePeer(ctx context.Context, tx pgx.Tx, p *registry.Peer, withRanks bool)
 	return err
 }
 
+// appendEvents records p's events in tx, in one round trip.
 func (s *Store) appendEvents(ctx context.Context, tx pgx.Tx, p *registry.Peer, events []registry.Event, now time.Time) error {
-	for _, e := range events {
-		if _, err := tx.Exec(ctx, insertEvent, eventArgs(p, e, now)...); err != nil {
-			return err
-		}
+	if len(events) == 0 {
+		return nil
 	}
-	return nil
+	b := &pgx.Batch{}
+	queueEvents(b, p, events, now)
+	return tx.SendBatch(ctx, b).Close()
+}
+
+// queueEvents queues the inserts of p's events.
+func queueEvents(b *pgx.Batch, p *registry.Peer, events []registry.Event, now time.Time) {
+	for _, e := range events {
+		b.Queue(insertEvent, eventArgs(p, e, now)...)
+	}
 }
 
 const insertEvent = `INSERT INTO peer_events (peer_id, peer_name, kind, generation, message, error, at)
@@ -199,27 +207,28 @@ func (s *Store) update(ctx context.Context, id, what string, f func(registry.Pee
 		return registry.Peer{}, err
 	}
 	var out registry.Peer
-	err := s.byHand(ctx, func(conn *pgx.Conn) (err error) {
-		out, err = s.lockedUpdate(ctx, conn, id, f)
+	err := s.byHand(ctx, func(t handTx) (err error) {
+		out, err = s.lockedUpdate(ctx, t, id, f)
 		return err
 	})
 	return out, classify(err, what+" peer "+id)
 }
 
-// byHand runs fn on a pooled connection in a transaction that fn begins
-// and commits itself, in the batches that carry its reads and writes (pgx's
-// own transactions spend a round trip on each). What fn leaves open when it
-// fails is rolled back, even once ctx is done, so that the pool keeps the
-// connection: it closes one released inside a transaction, and a burst of
-// timed-out requests would otherwise be a burst of reconnections.
-func (s *Store) byHand(ctx context.Context, fn func(*pgx.Conn) error) error {
+// byHand runs fn on a pooled connection in a transaction that costs no
+// round trip of its own (pgx's own transactions spend one on BEGIN and one
+// on COMMIT): fn's first batch begins it (handTx.begin) and its last
+// commits it (handTx.commit). What fn leaves open when it fails is rolled
+// back, even once ctx is done, so that the pool keeps the connection: it
+// closes one released inside a transaction, and a burst of timed-out
+// requests would otherwise be a burst of reconnections.
+func (s *Store) byHand(ctx context.Context, fn func(handTx) error) error {
 	c, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.Release()
 	conn := c.Conn()
-	err = fn(conn)
+	err = fn(handTx{conn})
 	if err == nil && conn.PgConn().TxStatus() != 'I' {
 		err = errors.New("pgstore: a transaction was left open")
 	}
@@ -231,24 +240,50 @@ func (s *Store) byHand(ctx context.Context, fn func(*pgx.Conn) error) error {
 	return err
 }
 
-// rollbackTimeout bounds byHand's rollback; past it the pool closes the
-// connection, which rolls back as well.
-const rollbackTimeout = 2 * time.Second
+// handTx is byHand's connection, in the transaction or about to begin it.
+type handTx struct{ conn *pgx.Conn }
 
-func (s *Store) lockedUpdate(ctx context.Context, conn *pgx.Conn, id string, f func(registry.Peer, time.Time) (registry.Peer, []registry.Event)) (registry.Peer, error) {
-	read := &pgx.Batch{}
-	read.Queue("BEGIN")
-	queuePeer(read, id, "FOR UPDATE")
-	br := conn.SendBatch(ctx, read)
-	_, err := br.Exec()
-	var prev registry.Peer
+// begin begins the transaction with reads's queries in the same round
+// trip and hands their results to read; reads must be a newReads batch.
+// The batch is closed once, and the first error is returned.
+func (t handTx) begin(ctx context.Context, reads *pgx.Batch, read func(pgx.BatchResults) error) error {
+	br := t.conn.SendBatch(ctx, reads)
+	_, err := br.Exec() // BEGIN
 	if err == nil {
-		prev, err = batchPeer(br)
+		err = read(br)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
+	return err
+}
+
+// newReads is a batch for handTx.begin: BEGIN, then what the caller
+// queues.
+func newReads() *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	return b
+}
+
+// commit sends writes and COMMIT in one round trip.
+func (t handTx) commit(ctx context.Context, writes *pgx.Batch) error {
+	writes.Queue("COMMIT")
+	return t.conn.SendBatch(ctx, writes).Close()
+}
+
+// rollbackTimeout bounds byHand's rollback; past it the pool closes the
+// connection, which rolls back as well.
+const rollbackTimeout = 2 * time.Second
+
+func (s *Store) lockedUpdate(ctx context.Context, t handTx, id string, f func(registry.Peer, time.Time) (registry.Peer, []registry.Event)) (registry.Peer, error) {
+	reads := newReads()
+	queuePeer(reads, id, "FOR UPDATE")
+	var prev registry.Peer
+	if err := t.begin(ctx, reads, func(br pgx.BatchResults) (err error) {
+		prev, err = batchPeer(br)
+		return err
+	}); err != nil {
 		return registry.Peer{}, err
 	}
 	now := s.now()
@@ -257,12 +292,8 @@ func (s *Store) lockedUpdate(ctx context.Context, conn *pgx.Conn, id string, f f
 	if err := queuePeerWrite(write, &next, events, now); err != nil {
 		return registry.Peer{}, err
 	}
-	if next.State == registry.StateStale && prev.State != registry.StateStale {
-		s.queueStaleHint(write, &next)
-	}
-	s.queueNotify(write, id)
-	write.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, write).Close(); err != nil {
+	s.queueChange(write, &prev, &next)
+	if err := t.commit(ctx, write); err != nil {
 		return registry.Peer{}, err
 	}
 	return next, nil
@@ -301,9 +332,7 @@ func queuePeerWrite(b *pgx.Batch, p *registry.Peer, events []registry.Event, now
 		return err
 	}
 	b.Queue(upsertPeer, peerColumns.fields(&row)...)
-	for _, e := range events {
-		b.Queue(insertEvent, eventArgs(p, e, now)...)
-	}
+	queueEvents(b, p, events, now)
 	return nil
 }
 
@@ -330,8 +359,8 @@ func (s *Store) ReportTransferFailure(ctx context.Context, f registry.TransferFa
 	}
 	var res registry.Peer
 	var out registry.TransferOutcome
-	err := s.byHand(ctx, func(conn *pgx.Conn) (err error) {
-		res, out, err = s.reportTransferFailure(ctx, conn, f)
+	err := s.byHand(ctx, func(t handTx) (err error) {
+		res, out, err = s.reportTransferFailure(ctx, t, f)
 		return err
 	})
 	if err != nil {
@@ -354,52 +383,42 @@ type transferFailureReads struct {
 // that order, as the locks must be taken. All are read even when the
 // decode or the prefill is not there (the quarantine's row is then locked
 // until the rollback, a moment later).
-func readTransferFailure(ctx context.Context, conn *pgx.Conn, f registry.TransferFailure) (transferFailureReads, error) {
+func readTransferFailure(ctx context.Context, t handTx, f registry.TransferFailure) (transferFailureReads, error) {
 	var r transferFailureReads
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	queuePeer(b, f.DecodeID, "FOR UPDATE")
+	reads := newReads()
+	queuePeer(reads, f.DecodeID, "FOR UPDATE")
 	if f.PrefillID != "" {
-		queuePeer(b, f.PrefillID, "")
-		b.Queue(`SELECT decode_generation, at FROM pair_failures WHERE prefill_id = $1 AND decode_id = $2`, f.PrefillID, f.DecodeID)
-		b.Queue(lockQuarantineSQL, f.PrefillID, f.DecodeID)
+		queuePeer(reads, f.PrefillID, "")
+		reads.Queue(`SELECT decode_generation, at FROM pair_failures WHERE prefill_id = $1 AND decode_id = $2`, f.PrefillID, f.DecodeID)
+		reads.Queue(lockQuarantineSQL, f.PrefillID, f.DecodeID)
 	}
-	br := conn.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return r, err
-	}
-	var err error
-	if r.decode, err = batchPeer(br); err != nil {
-		return r, err
-	}
-	if f.PrefillID == "" {
-		return r, br.Close()
-	}
-	if r.prefill, err = batchPeer(br); err != nil {
-		return r, err
-	}
-	var lf registry.PairFailure
-	err = br.QueryRow().Scan(&lf.DecodeGeneration, &lf.At)
-	switch {
-	case err == nil:
-		lf.PrefillID, lf.DecodeID = f.PrefillID, f.DecodeID
-		r.last = &lf
-	case !errors.Is(err, pgx.ErrNoRows):
-		return r, err
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return r, err
-	}
-	if r.quarantine, err = oneQuarantine(rows); err != nil {
-		return r, err
-	}
-	return r, br.Close()
+	err := t.begin(ctx, reads, func(br pgx.BatchResults) (err error) {
+		if r.decode, err = batchPeer(br); err != nil || f.PrefillID == "" {
+			return err
+		}
+		if r.prefill, err = batchPeer(br); err != nil {
+			return err
+		}
+		var lf registry.PairFailure
+		switch err := br.QueryRow().Scan(&lf.DecodeGeneration, &lf.At); {
+		case err == nil:
+			lf.PrefillID, lf.DecodeID = f.PrefillID, f.DecodeID
+			r.last = &lf
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		r.quarantine, err = oneQuarantine(rows)
+		return err
+	})
+	return r, err
 }
 
-func (s *Store) reportTransferFailure(ctx context.Context, conn *pgx.Conn, f registry.TransferFailure) (registry.Peer, registry.TransferOutcome, error) {
-	r, err := readTransferFailure(ctx, conn, f)
+func (s *Store) reportTransferFailure(ctx context.Context, t handTx, f registry.TransferFailure) (registry.Peer, registry.TransferOutcome, error) {
+	r, err := readTransferFailure(ctx, t, f)
 	if err != nil {
 		return registry.Peer{}, "", err
 	}
@@ -409,7 +428,7 @@ func (s *Store) reportTransferFailure(ctx context.Context, conn *pgx.Conn, f reg
 	if f.PrefillID != "" {
 		pf = &r.prefill
 	}
-	others, err := otherPrefills(ctx, conn, &d, f.PrefillID, s.cfg.otherPrefillsPage)
+	others, err := otherPrefills(ctx, t.conn, &d, f.PrefillID, s.cfg.otherPrefillsPage)
 	if err != nil {
 		return registry.Peer{}, "", err
 	}
@@ -434,15 +453,11 @@ func (s *Store) reportTransferFailure(ctx context.Context, conn *pgx.Conn, f reg
 			}
 			res = next
 		}
-		if out == registry.OutcomeStale && next.State == registry.StateStale {
-			s.queueStaleHint(w, &next)
-		}
 		if out == registry.OutcomeStale || out == registry.OutcomeQuarantined || out == registry.OutcomeHealPending {
-			s.queueNotify(w, f.DecodeID)
+			s.queueChange(w, &d, &next)
 		}
 	}
-	w.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, w).Close(); err != nil {
+	if err := t.commit(ctx, w); err != nil {
 		return registry.Peer{}, "", err
 	}
 	return res, out, nil
