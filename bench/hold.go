@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -36,13 +34,11 @@ const holdOpening = 256
 // when each has received its first event or failed, or within has passed
 // (the streams still opening then fail).
 func holdStreams(ctx context.Context, l Load, n int, within time.Duration) (*heldStreams, error) {
-	u, err := url.Parse(l.URL)
+	lr, err := newLoadRequest(l)
 	if err != nil {
 		return nil, fmt.Errorf("hold streams: %w", err)
 	}
-	head := []byte("POST " + u.RequestURI() + " HTTP/1.1\r\nHost: " + u.Host +
-		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(l.Body)) + "\r\n\r\n")
-	req := append(head, l.Body...)
+	req := lr.wire
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	h := &heldStreams{}
@@ -59,7 +55,7 @@ func holdStreams(ctx context.Context, l Load, n int, within time.Duration) (*hel
 		}
 		wg.Go(func() {
 			defer func() { <-opening }()
-			c, err := openStream(ctx, u.Host, req)
+			c, err := openStream(ctx, lr.host, req)
 			if err != nil {
 				h.failed(err)
 				return

@@ -29,25 +29,16 @@ type windowResult struct {
 	FirstError string
 }
 
-// loadConn is one load client's connection to a router, kept alive from
-// request to request: the request goes out as bytes prepared once, and the
-// answer is read with http.ReadResponse on the connection's own buffer, on
-// the client's goroutine. net/http's Transport hands every request between
-// three goroutines (the caller's, the connection's writer and its reader);
-// on a machine whose cores the routers under test share with their load,
-// what the load costs is taken from whichever router is measured, and the
-// more so from the cheaper one.
-type loadConn struct {
-	l    Load
-	host string // the router's host:port
-	head *http.Request
-	wire []byte // the whole request as sent
-	c    net.Conn
-	br   *bufio.Reader
-	stop func() bool // ends the context's hold on c
+// loadRequest is a Load prepared once for every client that sends it: the
+// router's address and the request's bytes as sent.
+type loadRequest struct {
+	stream bool
+	host   string        // the router's host:port
+	head   *http.Request // for http.ReadResponse
+	wire   []byte
 }
 
-func newLoadConn(l Load) (*loadConn, error) {
+func newLoadRequest(l Load) (*loadRequest, error) {
 	u, err := url.Parse(l.URL)
 	if err != nil {
 		return nil, fmt.Errorf("load url: %w", err)
@@ -61,13 +52,33 @@ func newLoadConn(l Load) (*loadConn, error) {
 	}
 	wire := fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
 		u.RequestURI(), u.Host, len(l.Body))
-	return &loadConn{l: l, host: u.Host, head: head, wire: append(wire, l.Body...)}, nil
+	return &loadRequest{stream: l.Stream, host: u.Host, head: head, wire: append(wire, l.Body...)}, nil
+}
+
+// loadConn is one load client's connection to a router, kept alive from
+// request to request: the request goes out as bytes prepared once, and the
+// answer is read with http.ReadResponse on the connection's own buffer, on
+// the client's goroutine. net/http's Transport hands every request between
+// three goroutines (the caller's, the connection's writer and its reader);
+// on a machine whose cores the routers under test share with their load,
+// what the load costs is taken from whichever router is measured, and the
+// more so from the cheaper one.
+type loadConn struct {
+	req  *loadRequest
+	c    net.Conn
+	br   *bufio.Reader
+	stop func() bool // ends the context's hold on c
+}
+
+func newLoadConn(l Load) (*loadConn, error) {
+	req, err := newLoadRequest(l)
+	return &loadConn{req: req}, err
 }
 
 // dial connects; a done ctx closes the connection, ending any read or
 // write on it.
 func (lc *loadConn) dial(ctx context.Context) error {
-	c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", lc.host)
+	c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", lc.req.host)
 	if err != nil {
 		return err
 	}
@@ -89,6 +100,10 @@ func (lc *loadConn) close() {
 // requests in flight then finish and count, so that the caller can divide
 // the router's CPU up to the return by every request it served.
 func runWindow(ctx context.Context, l Load, concurrency int, d time.Duration) windowResult {
+	req, err := newLoadRequest(l)
+	if err != nil {
+		return windowResult{Failed: 1, FirstError: err.Error()}
+	}
 	deadline := time.Now().Add(d)
 	var mu sync.Mutex
 	var res windowResult
@@ -97,11 +112,9 @@ func runWindow(ctx context.Context, l Load, concurrency int, d time.Duration) wi
 		wg.Go(func() {
 			var ttfts []time.Duration
 			ok, failed, firstErr := 0, 0, ""
-			lc, err := newLoadConn(l)
-			if err != nil {
-				failed, firstErr = 1, err.Error()
-			}
-			for err == nil && ctx.Err() == nil && time.Now().Before(deadline) {
+			lc := &loadConn{req: req}
+			defer lc.close()
+			for ctx.Err() == nil && time.Now().Before(deadline) {
 				ttft, err := lc.send(ctx)
 				if err != nil {
 					failed++
@@ -112,9 +125,6 @@ func runWindow(ctx context.Context, l Load, concurrency int, d time.Duration) wi
 				}
 				ok++
 				ttfts = append(ttfts, ttft)
-			}
-			if lc != nil {
-				lc.close()
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -142,11 +152,11 @@ func (lc *loadConn) send(ctx context.Context) (time.Duration, error) {
 		}
 	}
 	start := time.Now()
-	if _, err := lc.c.Write(lc.wire); err != nil {
+	if _, err := lc.c.Write(lc.req.wire); err != nil {
 		lc.close()
 		return 0, fmt.Errorf("send request: %w", err)
 	}
-	resp, err := http.ReadResponse(lc.br, lc.head)
+	resp, err := http.ReadResponse(lc.br, lc.req.head)
 	if err != nil {
 		lc.close()
 		return 0, fmt.Errorf("read answer: %w", err)
@@ -167,7 +177,7 @@ func (lc *loadConn) answer(resp *http.Response, start time.Time) (ttft time.Dura
 		whole = rerr == nil && len(b) < 512
 		return 0, whole, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
 	}
-	if ttft, err = readAnswer(resp.Body, lc.l.Stream, start); err != nil {
+	if ttft, err = readAnswer(resp.Body, lc.req.stream, start); err != nil {
 		return 0, false, err
 	}
 	return ttft, true, nil

@@ -105,13 +105,13 @@ Prints Markdown tables per peer.`
 		}
 	}
 	cfg.Pdplane = pdplaneBin
+	if baselineBin != "" && !slices.Contains(splitList(peers), bench.PeerBaseline) {
+		return usageErrorf("--baseline is measured only with --peers baseline (e.g. --peers baseline or --peers smg,baseline)")
+	}
 	if install {
 		if smgBin, vllmRouterBin, err = installRouters(ctx); err != nil {
 			return err
 		}
-	}
-	if baselineBin != "" && !slices.Contains(splitList(peers), bench.PeerBaseline) {
-		return usageErrorf("--baseline is measured only with --peers baseline (e.g. --peers baseline or --peers smg,baseline)")
 	}
 	bins := map[string]string{bench.PeerSMG: smgBin, bench.PeerVLLMRouter: vllmRouterBin,
 		bench.PeerFloor: pdplaneBin, bench.PeerFloorNetHTTP: pdplaneBin, bench.PeerBaseline: baselineBin}
