@@ -61,7 +61,14 @@ func TestPushersReachARestartedPrefill(t *testing.T) {
 	}
 	first.Close()
 	// The close reaches the decode's end before the new process binds.
-	time.Sleep(100 * time.Millisecond)
+	p.mu.Lock()
+	c := p.conns[addr]
+	p.mu.Unlock()
+	for deadline := time.Now().Add(5 * time.Second); !c.closed.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the prefill's close did not reach the decode's connection within 5 s")
+		}
+	}
 	second := pullOn(t, addr)
 	defer second.Close()
 	if err := p.send(ctx, addr, frames(2)); err != nil {

@@ -318,7 +318,7 @@ func (s *Sim) serveRankConn(nc net.Conn) {
 	if err := nc.SetDeadline(time.Now().Add(rankHandshakeTimeout)); err != nil {
 		return
 	}
-	zc, err := zmq4.Open(newZMTPGuard(nc, maxRankFrame), null.Security(), zmq4.Pull, zmq4.SocketIdentity(""), true, nil)
+	zc, err := zmq4.Open(newZMTPGuard(nc, maxRankMessage), null.Security(), zmq4.Pull, zmq4.SocketIdentity(""), true, nil)
 	if err != nil {
 		s.log.Debug().Err(err).Msg("rank socket: ZMTP handshake")
 		return
@@ -530,9 +530,12 @@ func (p *pushers) init() {
 
 // send sends frames as one multipart message to endpoint. A connection the
 // prefill is known to have closed (it restarted or went away: its close
-// reached watch) is replaced before the send, as libzmq's PUSH reconnects;
-// a send that fails drops the connection and is an error. As with libzmq,
-// a message sent while the prefill's close is still on its way is lost.
+// reached watch) is replaced before the send by a new one; a send that
+// fails drops the connection and is an error. libzmq's PUSH instead queues
+// the message until it has reconnected, and never fails the send; here the
+// caller (exchangeRoom) fetches the prefill's rank again and tries once
+// more. As with libzmq, a message sent while the prefill's close is still
+// on its way is lost.
 func (p *pushers) send(ctx context.Context, endpoint string, frames [][]byte) error {
 	c, err := p.get(ctx, endpoint)
 	if err != nil {
@@ -623,8 +626,9 @@ func (p *pushers) closeAll() {
 }
 
 // watch reads the connection until it ends, as libzmq keeps reading its
-// sockets: a PULL peer sends nothing after the handshake, so the read
-// returns only when the prefill closed its end or the connection broke.
+// sockets: a PULL peer sends nothing after the handshake (SGLang sets no
+// ZMTP heartbeats; anything it did send would be dropped here), so the
+// read fails only when the prefill closed its end or the connection broke.
 // The next send then finds it closed before it writes: bytes written to a
 // connection whose peer has only closed are accepted by the kernel and
 // lost without an error. The connection is closed here, so that one whose

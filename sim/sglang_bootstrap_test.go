@@ -146,12 +146,12 @@ func rankAddr(t *testing.T, p *sim.Sim) string {
 	return net.JoinHostPort(rank.RankIP, strconv.Itoa(rank.RankPort))
 }
 
-// TestRankSocketOutlivesHostileClients: what reaches a prefill's rank
-// socket from anyone who can connect is dropped with its connection, and
-// the decodes it serves go on being served: a client that never greets, a
-// client that is not ZMTP at all, and a ZMTP greeting followed by a frame
-// header naming 1 TiB, which go-zeromq would try to allocate (the process
-// would die for want of memory).
+// TestRankSocketOutlivesHostileClients: the decodes a prefill serves go
+// on being served while its rank socket holds a client that never greets
+// (it is dropped at the handshake's timeout), a client that is not ZMTP
+// at all, and a ZMTP greeting followed by a frame header naming 1 TiB,
+// which go-zeromq would try to allocate (the process would die for want
+// of memory): that connection is closed by the engine.
 func TestRankSocketOutlivesHostileClients(t *testing.T) {
 	t.Parallel()
 	p := simtest.Start(t, simtest.Config("p0", registry.RolePrefill, registry.EngineSGLang))

@@ -11,17 +11,21 @@ import (
 // big-endian) and the body; commands (READY, PING) are framed the same.
 const (
 	zmtpGreetingLen = 64
+	zmtpMoreFlag    = 0x01
 	zmtpLongFlag    = 0x02
-	// maxRankFrame is the largest frame the rank socket accepts: KV args
-	// carry the decode's NIXL agent metadata, a few MiB at most.
-	maxRankFrame = 64 << 20
+	// maxRankMessage is the largest message the rank socket accepts: KV
+	// args carry the decode's NIXL agent metadata, a few MiB at most.
+	maxRankMessage = 64 << 20
 )
 
 // zmtpGuard is a rank-socket connection read through a buffer that follows
-// the ZMTP stream and refuses a frame larger than max before go-zeromq
-// reads its body: go-zeromq makes a buffer of whatever size a frame's
-// header names (up to 2^63 bytes), so one header from anyone who can reach
-// the rank socket would end the engine for want of memory.
+// the ZMTP stream and refuses a message (its frames together) larger than
+// max before go-zeromq reads the body that passes it: go-zeromq makes a
+// buffer of whatever size a frame's header names (up to 2^63 bytes) and
+// keeps a message's frames until its last, so one header, or a message of
+// endless frames, from anyone who can reach the rank socket would end the
+// engine for want of memory. (libzmq, without ZMQ_MAXMSGSIZE, bounds
+// nothing either: this is the simulator's own hardening.)
 type zmtpGuard struct {
 	net.Conn
 	r   *bufio.Reader
@@ -32,15 +36,17 @@ type zmtpGuard struct {
 	sizeLeft int    // size bytes still to come
 	size     uint64 // the size read so far
 	body     uint64 // body bytes still to pass
+	more     bool   // the current frame is not its message's last
+	message  uint64 // the sizes of the current message's frames so far
 }
 
 func newZMTPGuard(c net.Conn, max uint64) *zmtpGuard {
 	return &zmtpGuard{Conn: c, r: bufio.NewReaderSize(c, 32<<10), max: max, greeting: zmtpGreetingLen}
 }
 
-// Read hands on what it read unless it completes a frame header naming
-// more than max: then nothing, and an error, so that go-zeromq allocates
-// nothing.
+// Read hands on what it read unless it completes a frame header that
+// takes its message past max: then nothing, and an error, so that
+// go-zeromq allocates nothing more.
 func (g *zmtpGuard) Read(b []byte) (int, error) {
 	if g.err != nil {
 		return 0, g.err
@@ -69,12 +75,17 @@ func (g *zmtpGuard) follow(p []byte) error {
 			g.sizeLeft--
 			p = p[1:]
 			if g.sizeLeft == 0 {
-				if g.size > g.max {
-					return fmt.Errorf("rank socket: a frame of %d bytes, over the limit of %d", g.size, g.max)
+				if g.size > g.max-g.message {
+					return fmt.Errorf("rank socket: a frame of %d bytes takes its message over the limit of %d", g.size, g.max)
 				}
+				g.message += g.size
 				g.body = g.size
 			}
 		default: // a frame's flags
+			if !g.more {
+				g.message = 0 // a new message
+			}
+			g.more = p[0]&zmtpMoreFlag != 0
 			g.size, g.sizeLeft = 0, 1
 			if p[0]&zmtpLongFlag != 0 {
 				g.sizeLeft = 8

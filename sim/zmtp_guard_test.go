@@ -34,3 +34,28 @@ func TestZMTPGuardFollowsFrames(t *testing.T) {
 		}
 	}
 }
+
+// TestZMTPGuardCountsAMessagesFrames: frames within the limit one by one
+// are refused once their message passes it; the next message starts
+// from nothing.
+func TestZMTPGuardCountsAMessagesFrames(t *testing.T) {
+	g := &zmtpGuard{max: 1000}
+	frame := func(flags byte, n int) []byte { return append([]byte{flags, byte(n)}, make([]byte, n)...) }
+	for i := range 3 { // 3 × 250 bytes, the last without MORE: 750 in all
+		flags := byte(zmtpMoreFlag)
+		if i == 2 {
+			flags = 0
+		}
+		if err := g.follow(frame(flags, 250)); err != nil {
+			t.Fatalf("frame %d of a 750-byte message: %v", i+1, err)
+		}
+	}
+	for i := range 4 { // 4 × 250 with MORE: the 4th reaches 1000, within
+		if err := g.follow(frame(zmtpMoreFlag, 250)); err != nil {
+			t.Fatalf("frame %d of the next message: %v", i+1, err)
+		}
+	}
+	if err := g.follow(frame(0, 1)); err == nil {
+		t.Fatal("the byte that takes a message to 1001 passed")
+	}
+}
