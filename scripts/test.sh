@@ -6,13 +6,14 @@
 #    $PDPLANE_NIXL_LIB at its libnixl_capi.so (pdplane finds .venv by itself
 #    from the checkout's root; `go test` runs in each package's folder).
 #  - hadolint: installed into .venv for the Dockerfile check in deploy/.
+#  - pyzmq: installed into .venv for the sims' libzmq interop tests.
 #  - SMG and vllm-router: installed into .venv for the interop tests, which
 #    run the simulators behind them and pdplane behind SMG.
 #  - Chromium: found on PATH (Debian's `chromium`) for the browser test.
 #  - schemathesis: installed into .venv by scripts/install-schemathesis.sh
 #    for the spec fuzz run (scripts/fuzz-api.sh).
-# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL, Chromium, hadolint or schemathesis
-# fails the run.
+# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL, Chromium, hadolint, pyzmq or
+# schemathesis fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -54,6 +55,7 @@ install_tool() {
 
 install_tool PDPLANE_NIXL_LIB scripts/install-nixl.sh -f NIXL
 install_tool PDPLANE_HADOLINT scripts/install-hadolint.sh -x hadolint "Dockerfile lint"
+install_tool PDPLANE_PYZMQ_PYTHON scripts/install-pyzmq.sh -x pyzmq "the sims' libzmq interop"
 
 if [ -z "${PDPLANE_SMG:-}" ] || [ -z "${PDPLANE_VLLM_ROUTER:-}" ]; then
   step "installing SMG and vllm-router into .venv (interop tests)"

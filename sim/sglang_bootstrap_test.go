@@ -1,13 +1,16 @@
 package sim_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -107,13 +110,7 @@ func TestSGLangRankSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	// d's agent again, now claiming other pointers: SGLang keeps the first.
-	ptrs := binary.LittleEndian.AppendUint64(nil, 0xdead000)
-	frames := [][]byte{
-		[]byte("NixlMsgGuard"), []byte("None"), []byte("127.0.0.1"), []byte("1"), []byte(d.AgentName()), []byte("md"),
-		ptrs, nil, nil, []byte("0"), []byte("1"), []byte("0"), []byte("4096"),
-		nil, nil, nil, nil, []byte("8"), []byte("DRAM"), nil, nil, nil, []byte("1"), []byte("0"),
-	}
-	if err := push.Send(zmq4.NewMsgFrom(frames...)); err != nil {
+	if err := push.Send(zmq4.NewMsgFrom(kvArgsAgain(d.AgentName(), []byte("md"))...)); err != nil {
 		t.Fatal(err)
 	}
 	if err := push.Send(zmq4.NewMsgFrom([]byte("GET / HTTP/1.1"), []byte("x"))); err != nil {
@@ -186,5 +183,65 @@ func TestRankSocketOutlivesHostileClients(t *testing.T) {
 	if _, err := io.Copy(io.Discard, huge); err != nil {
 		t.Fatalf("the connection with the oversized frame: %v, want it closed by the engine", err)
 	}
+	pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "still served", "max_tokens": 1})
+}
+
+// kvArgsAgain is a registration of a decode's agent that the prefill knows
+// already (SGLang keeps the first and ignores this one), with metadata md
+// and other pointers.
+func kvArgsAgain(agent string, md []byte) [][]byte {
+	ptrs := binary.LittleEndian.AppendUint64(nil, 0xdead000)
+	return [][]byte{
+		[]byte("NixlMsgGuard"), []byte("None"), []byte("127.0.0.1"), []byte("1"), []byte(agent), md,
+		ptrs, nil, nil, []byte("0"), []byte("1"), []byte("0"), []byte("4096"),
+		nil, nil, nil, nil, []byte("8"), []byte("DRAM"), nil, nil, nil, []byte("1"), []byte("0"),
+	}
+}
+
+// pushScript connects a libzmq PUSH, as SGLang's decode does (_connect in
+// disaggregation/common/conn.py: one zmq.PUSH per endpoint), to argv[1]
+// and sends the messages it reads from stdin, a JSON list of lists of
+// hex-encoded frames, waiting until they are out.
+const pushScript = `
+import json, sys, zmq
+s = zmq.Context().socket(zmq.PUSH)
+s.connect("tcp://" + sys.argv[1])
+for m in json.load(sys.stdin):
+    s.send_multipart([bytes.fromhex(f) for f in m])
+s.close(linger=10000)
+`
+
+// TestRankSocketSpeaksLibzmq: a prefill's rank socket reads what a
+// libzmq PUSH sends it, as a real SGLang decode's: a re-registration of a
+// known agent whose metadata is 100 KiB (ZMTP's long frames) is read and
+// ignored as SGLang ignores it, and a message without the guard is
+// dropped as foreign.
+func TestRankSocketSpeaksLibzmq(t *testing.T) {
+	t.Parallel()
+	py := sim.PyzmqPython(t)
+	p := simtest.Start(t, simtest.Config("p0", registry.RolePrefill, registry.EngineSGLang))
+	d := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
+	pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "register", "max_tokens": 1})
+	var msgs [][]string
+	for _, m := range [][][]byte{kvArgsAgain(d.AgentName(), make([]byte, 100<<10)), {[]byte("GET / HTTP/1.1"), []byte("x")}} {
+		var hexes []string
+		for _, f := range m {
+			hexes = append(hexes, hex.EncodeToString(f))
+		}
+		msgs = append(msgs, hexes)
+	}
+	in, err := json.Marshal(msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, "-c", pushScript, rankAddr(t, p))
+	cmd.Stdin = bytes.NewReader(in)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the libzmq PUSH: %v\n%s", err, out)
+	}
+	waitFor(t, "the re-registration ignored and the foreign message dropped", func() bool {
+		s := p.Stats()
+		return s.IgnoredKVArgs == 1 && s.ForeignMessages == 1
+	})
 	pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "still served", "max_tokens": 1})
 }
