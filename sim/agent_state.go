@@ -42,6 +42,9 @@ type agentState struct {
 	// KV args went to (SGLang decode: once per prefill and agent, as
 	// CommonKVReceiver's connection pool does).
 	prefills map[string]rankEndpoint
+	// connectMu lets one request at a time fetch a prefill's rank and send
+	// it the KV args (Sim.prefillRank).
+	connectMu sync.Mutex
 }
 
 // randomSuffix returns n random hex digits.

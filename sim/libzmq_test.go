@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -101,5 +103,19 @@ func TestPushersSpeakLibzmq(t *testing.T) {
 		if got.First != string(frames[0]) || !slices.Equal(got.Lengths, want) {
 			t.Fatalf("message %d reached the PULL as %+v, want lengths %v, first %q", i+1, got, want, frames[0])
 		}
+	}
+}
+
+// SlowFirstPushDial makes the decode's first connection to a prefill's
+// rank socket take d longer to open than the ones after it, as a dropped
+// SYN does: a test's way to let later requests overtake the first.
+func SlowFirstPushDial(s *Sim, d time.Duration) {
+	var first atomic.Bool
+	dial := s.pushers.dial
+	s.pushers.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if first.CompareAndSwap(false, true) {
+			time.Sleep(d)
+		}
+		return dial(ctx, network, addr)
 	}
 }

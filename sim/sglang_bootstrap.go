@@ -422,11 +422,22 @@ func (s *Sim) onTransferInfo(m [][]byte) {
 
 // prefillRank is the rank of the prefill at addr this decode sends to,
 // fetched from its bootstrap server on first use (CommonKVReceiver: the
-// prefill's parallel info, then the rank's endpoint) and cached per agent.
-// fresh reports that it was fetched now, so that the KV args go to it.
-func (s *Sim) prefillRank(ctx context.Context, st *agentState, addr string) (ep rankEndpoint, fresh bool, err error) {
+// prefill's parallel info, then the rank's endpoint), which also sends it
+// the decode's KV args, and cached per agent. SGLang's scheduler builds
+// its receivers one at a time, so the first request to a prefill has sent
+// the KV args before any other request sends its destination; the sim's
+// requests run at once, and the others wait here for the first
+// (agentState.connectMu): a destination that overtook the KV args would
+// fail its transfer with an unknown agent. retry reports an error that a
+// fresh fetch may cure: the KV args could not be sent.
+func (s *Sim) prefillRank(ctx context.Context, st *agentState, addr string, port int) (ep rankEndpoint, retry bool, err error) {
 	if ep, ok := st.prefill(addr); ok {
 		return ep, false, nil
+	}
+	st.connectMu.Lock()
+	defer st.connectMu.Unlock()
+	if ep, ok := st.prefill(addr); ok {
+		return ep, false, nil // the request before this one connected
 	}
 	var info prefillServerInfo
 	if err := s.getJSON(ctx, "http://"+addr+"/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1", &info); err != nil {
@@ -442,8 +453,15 @@ func (s *Sim) prefillRank(ctx context.Context, st *agentState, addr string) (ep 
 	if err := s.getJSON(ctx, "http://"+addr+"/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0", &ep); err != nil {
 		return ep, false, fmt.Errorf("Could not fetch bootstrap info for: prefill_dp_rank: 0 prefill_cp_rank: 0 target_tp_rank: 0 and target_pp_rank 0 from %s: %w", addr, err)
 	}
+	withKinds := !s.breaksPair(port)
+	if !withKinds {
+		s.log.Warn().Str("prefill", addr).Str("agent", st.name).Msg("registering KV args without memory kinds (missing-mem-kind fault)")
+	}
+	if err := s.pushers.send(ctx, ep.endpoint(), encodeKVArgs(s.host, s.rankPort, st.name, st.metadata, st.geometry, 1, 0, withKinds)); err != nil {
+		return ep, true, err
+	}
 	st.setPrefill(addr, ep)
-	return ep, true, nil
+	return ep, false, nil
 }
 
 // getJSON GETs target and decodes a 200 answer; any other answer is an
@@ -479,20 +497,12 @@ func (s *Sim) exchangeRoom(st *agentState, bs bootstrap, room *decodeRoom) error
 	addr := net.JoinHostPort(bs.host, strconv.Itoa(bs.port))
 	var last error
 	for range 2 {
-		ep, fresh, err := s.prefillRank(ctx, st, addr)
-		if err != nil {
+		ep, retry, err := s.prefillRank(ctx, st, addr, bs.port)
+		if err != nil && !retry {
 			return err
 		}
-		endpoint := net.JoinHostPort(ep.RankIP, strconv.Itoa(ep.RankPort))
-		if fresh {
-			withKinds := !s.breaksPair(bs.port)
-			if !withKinds {
-				s.log.Warn().Str("prefill", addr).Str("agent", st.name).Msg("registering KV args without memory kinds (missing-mem-kind fault)")
-			}
-			err = s.pushers.send(ctx, endpoint, encodeKVArgs(s.host, s.rankPort, st.name, st.metadata, st.geometry, 1, 0, withKinds))
-		}
 		if err == nil {
-			err = s.pushers.send(ctx, endpoint, encodeTransferInfo(bs.room, s.host, s.rankPort, st.name, room.pages))
+			err = s.pushers.send(ctx, ep.endpoint(), encodeTransferInfo(bs.room, s.host, s.rankPort, st.name, room.pages))
 		}
 		if err == nil {
 			return nil

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -244,4 +245,37 @@ func TestRankSocketSpeaksLibzmq(t *testing.T) {
 		return s.IgnoredKVArgs == 1 && s.ForeignMessages == 1
 	})
 	pdOK(t, p, d, "/v1/completions", map[string]any{"prompt": "still served", "max_tokens": 1})
+}
+
+// TestFirstRequestsToAPrefillAllServed: many requests close together from
+// a decode to a prefill it has never sent to are all served. SGLang's
+// scheduler builds their receivers one at a time, so the decode's KV args
+// reach the prefill before any request's destination; a destination that
+// overtook them would fail its transfer with an unknown agent.
+func TestFirstRequestsToAPrefillAllServed(t *testing.T) {
+	t.Parallel()
+	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.Pages = 1024 })
+	// The first request's connection opens late; the requests after it
+	// find the prefill's rank fetched meanwhile.
+	sim.SlowFirstPushDial(d, 50*time.Millisecond)
+	c, ctx := simtest.NewClient(), context.Background()
+	body := map[string]any{"prompt": "first contact", "max_tokens": 1}
+	errs := make(chan string, 32)
+	var wg sync.WaitGroup
+	for range cap(errs) {
+		// Spread over a few tens of milliseconds, as a router's requests
+		// come.
+		time.Sleep(time.Millisecond)
+		wg.Go(func() {
+			pr, dr, err := c.SGLang(ctx, p, d, "/v1/completions", body, simtest.Room())
+			if err != nil || pr.Status != http.StatusOK || dr.Status != http.StatusOK {
+				errs <- fmt.Sprintf("%v: prefill %d %s, decode %d %s", err, pr.Status, pr.Body, dr.Status, dr.Body)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
 }

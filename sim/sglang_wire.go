@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 
@@ -86,6 +87,9 @@ type rankEndpoint struct {
 	RankIP   string `json:"rank_ip"`
 	RankPort int    `json:"rank_port"`
 }
+
+// endpoint is the rank socket's host:port.
+func (e rankEndpoint) endpoint() string { return net.JoinHostPort(e.RankIP, strconv.Itoa(e.RankPort)) }
 
 // prefillServerInfo is GET /route's answer when every rank is -1
 // (PrefillServerInfo).
