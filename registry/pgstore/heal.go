@@ -87,9 +87,10 @@ type healStep struct {
 	events     []registry.Event
 }
 
-// writeHealSteps writes the steps whose plan or state moved.
-func (s *Store) writeHealSteps(ctx context.Context, tx pgx.Tx, steps []healStep, now time.Time) ([]string, error) {
-	var ids []string
+// writeHealSteps writes the steps whose plan or state moved: the IDs of
+// the peers they changed, and the peers they made stale (a hold that ran
+// out: drained), whose hints go before the batch's notification.
+func (s *Store) writeHealSteps(ctx context.Context, tx pgx.Tx, steps []healStep, now time.Time) (ids []string, stale []registry.Peer, err error) {
 	for i := range steps {
 		st := &steps[i]
 		if st.next.State == st.prev.State && st.next.StateReason == st.prev.StateReason &&
@@ -99,17 +100,20 @@ func (s *Store) writeHealSteps(ctx context.Context, tx pgx.Tx, steps []healStep,
 		tag, err := tx.Exec(ctx, `UPDATE peers SET state = $2, state_reason = $3, heal = $4, updated_at = $5
 			WHERE id = $1 AND (state = 'stale' OR heal ->> 'phase' = 'quarantined')`, st.next.ID, st.next.State, st.next.StateReason, encodeHeal(st.next.Heal), now)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if tag.RowsAffected() == 0 {
 			continue
 		}
 		if err := s.appendEvents(ctx, tx, &st.next, st.events, now); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		ids = append(ids, st.next.ID)
+		if becameStale(&st.prev, &st.next) {
+			stale = append(stale, st.next)
+		}
 	}
-	return ids, nil
+	return ids, stale, nil
 }
 
 // expireHeals moves the heal plans whose step ran out of time
@@ -117,14 +121,15 @@ func (s *Store) writeHealSteps(ctx context.Context, tx pgx.Tx, steps []healStep,
 // within the sweep's transaction. Only plans that can move are read and
 // locked: a hold is over only for a peer that holds a lease
 // (registry.HoldsLease), so the plan a failed peer keeps until it comes
-// back is not locked again by every sweep.
-func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) ([]string, error) {
+// back is not locked again by every sweep. It returns the IDs of the peers
+// it changed and the peers it made stale, as writeHealSteps does.
+func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) (ids []string, stale []registry.Peer, err error) {
 	rows, err := tx.Query(ctx, `SELECT id::text, name, generation, state, state_reason, heal FROM peers
 		WHERE (state = 'stale' AND heal ->> 'phase' = 'verifying')
 			OR (heal ->> 'phase' = 'quarantined' AND state IN `+holdsLeaseStates+`)
 		ORDER BY id FOR NO KEY UPDATE`)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	type cand struct {
 		p    registry.Peer
@@ -136,9 +141,8 @@ func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) ([]st
 		return c, err
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var ids []string
 	for _, c := range cands {
 		c.p.Heal = s.readHeal(c.p.ID, c.heal)
 		next, events, ok := registry.ExpireHeal(c.p, now, s.cfg.Heal)
@@ -147,12 +151,15 @@ func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) ([]st
 		}
 		if _, err := tx.Exec(ctx, `UPDATE peers SET state = $2, state_reason = $3, heal = $4, updated_at = $5 WHERE id = $1`,
 			next.ID, next.State, next.StateReason, encodeHeal(next.Heal), now); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := s.appendEvents(ctx, tx, &next, events, now); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		ids = append(ids, next.ID)
+		if becameStale(&c.p, &next) {
+			stale = append(stale, next)
+		}
 	}
-	return ids, nil
+	return ids, stale, nil
 }

@@ -244,13 +244,16 @@ SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id
 		if err != nil {
 			return err
 		}
-		healed, err := s.writeHealSteps(ctx, tx, steps, now)
+		healed, drained, err := s.writeHealSteps(ctx, tx, steps, now)
 		if err != nil {
 			return err
 		}
 		changed = append(changed, healed...)
 		if len(changed) == 0 {
 			return nil
+		}
+		if err := s.hintStale(ctx, tx, drained); err != nil {
+			return err
 		}
 		return s.notify(ctx, tx, changed...)
 	})

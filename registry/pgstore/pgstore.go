@@ -252,10 +252,28 @@ func (s *Store) queueNotify(b *pgx.Batch, ids ...string) {
 // hint (staleChannel): the other replicas take the peer out of their
 // routes on the hint, before the notification's read of it answers.
 func (s *Store) queueChange(b *pgx.Batch, prev, next *registry.Peer) {
-	if next.State == registry.StateStale && prev.State != registry.StateStale {
+	if becameStale(prev, next) {
 		b.Queue(notifySQL, s.cfg.staleChannel(), encodeStaleHint(next.ID, next.Generation))
 	}
 	s.queueNotify(b, next.ID)
+}
+
+// becameStale is the rule for a stale hint: the change took the peer out
+// of routing as stale.
+func becameStale(prev, next *registry.Peer) bool {
+	return next.State == registry.StateStale && prev.State != registry.StateStale
+}
+
+// hintStale sends the stale hints of peers in tx, which must send the
+// notification of their change after them (see queueChange): for the
+// writes that change several peers one statement at a time.
+func (s *Store) hintStale(ctx context.Context, tx pgx.Tx, peers []registry.Peer) error {
+	for i := range peers {
+		if _, err := tx.Exec(ctx, notifySQL, s.cfg.staleChannel(), encodeStaleHint(peers[i].ID, peers[i].Generation)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 const notifySQL = "SELECT pg_notify($1, $2)"

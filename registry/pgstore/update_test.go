@@ -82,32 +82,7 @@ func TestStaleMarkHintsOtherReplicas(t *testing.T) {
 	a, cfg := registrytest.NewPGStore(t, pgstore.Config{})
 	b := registrytest.OpenPGStore(t, cfg)
 	changes := b.Subscribe(ctx)
-	// hinted waits for b's changes to name peer p and reports whether a
-	// hint came with or before (the hint is sent first, in the same
-	// transaction: it cannot come later), of p's generation.
-	hinted := func(p registry.Peer) bool {
-		t.Helper()
-		hint := false
-		deadline := time.After(5 * time.Second)
-		for {
-			select {
-			case c := <-changes:
-				for _, h := range c.Stale {
-					if h.ID == p.ID {
-						if h.Generation != p.Generation {
-							t.Fatalf("hint of generation %d for a peer of generation %d", h.Generation, p.Generation)
-						}
-						hint = true
-					}
-				}
-				if slices.Contains(c.PeerIDs, p.ID) {
-					return hint
-				}
-			case <-deadline:
-				t.Fatalf("replica b never heard of %s's change", p.Name)
-			}
-		}
-	}
+	hinted := func(p registry.Peer) bool { t.Helper(); return hintedChange(t, changes, p) }
 	p0 := registerReady(t, ctx, a, registrytest.Spec("p0", registry.RolePrefill))
 	dspec := registrytest.Spec("d0", registry.RoleDecode)
 	d0 := registerReady(t, ctx, a, dspec)
@@ -144,6 +119,92 @@ func TestStaleMarkHintsOtherReplicas(t *testing.T) {
 	}
 	if hinted(d2) {
 		t.Fatal("a decode held for a heal was hinted stale")
+	}
+}
+
+// hintedChange waits for a change on changes that names peer p and
+// reports whether a stale hint of p came with or before it (the hint is
+// sent first, in the same transaction: it cannot come later), of p's
+// generation.
+func hintedChange(t *testing.T, changes <-chan registry.Change, p registry.Peer) bool {
+	t.Helper()
+	hint := false
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case c := <-changes:
+			for _, h := range c.Stale {
+				if h.ID == p.ID {
+					if h.Generation != p.Generation {
+						t.Fatalf("hint of generation %d for a peer of generation %d", h.Generation, p.Generation)
+					}
+					hint = true
+				}
+			}
+			if slices.Contains(c.PeerIDs, p.ID) {
+				return hint
+			}
+		case <-deadline:
+			t.Fatalf("replica b never heard of %s's change", p.Name)
+		}
+	}
+}
+
+// TestDrainedHoldHintsOtherReplicas: a decode held for a heal keeps
+// serving, and leaves routing (stale, draining) once its hold is over,
+// found by its next heartbeat or by the lease sweep. Either way the other
+// replicas get the stale hint with the change, as for a stale mark, and
+// take the decode out of their routes before they read it.
+func TestDrainedHoldHintsOtherReplicas(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const hold = 300 * time.Millisecond
+	a, cfg := registrytest.NewPGStore(t, pgstore.Config{Heal: registry.HealConfig{Hold: hold}})
+	b := registrytest.OpenPGStore(t, cfg)
+	changes := b.Subscribe(ctx)
+	p0 := registerReady(t, ctx, a, registrytest.Spec("p0", registry.RolePrefill))
+	registerReady(t, ctx, a, registrytest.Spec("p1", registry.RolePrefill))
+	d0spec, d1spec := registrytest.Spec("d0", registry.RoleDecode), registrytest.Spec("d1", registry.RoleDecode)
+	d0, d1 := registerReady(t, ctx, a, d0spec), registerReady(t, ctx, a, d1spec)
+	drainChanges(changes)
+
+	// Another prefill can use them: each decode's first failure holds it.
+	for _, d := range []struct {
+		p    registry.Peer
+		spec registry.PeerSpec
+	}{{d0, d0spec}, {d1, d1spec}} {
+		report := registry.TransferFailure{DecodeID: d.p.ID, DecodeAgent: d.spec.Ranks[0].AgentName, PrefillID: p0.ID,
+			Reason: "transfer failed", Error: "Missing NIXL destination KV memory kind", Reporter: "test"}
+		if _, out, err := a.ReportTransferFailure(ctx, report); err != nil || out != registry.OutcomeHealPending {
+			t.Fatalf("report on %s: %s, %v; want %s", d.p.Name, out, err, registry.OutcomeHealPending)
+		}
+		if hintedChange(t, changes, d.p) {
+			t.Fatalf("%s, held for a heal, was hinted stale", d.p.Name)
+		}
+	}
+	time.Sleep(hold + 50*time.Millisecond)
+
+	// d0's heartbeat finds its hold over.
+	if _, err := a.Heartbeat(ctx, registry.Heartbeat{PeerID: d0.ID, InstanceID: d0.InstanceID}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Get(ctx, d0.ID); err != nil || got.State != registry.StateStale || got.Heal.Phase != registry.HealDraining {
+		t.Fatalf("d0 after its hold and a heartbeat: %+v, %v; want stale, draining", got.State, err)
+	}
+	if !hintedChange(t, changes, d0) {
+		t.Fatal("a hold that a heartbeat ended reached replica b without the stale hint")
+	}
+
+	// The sweep finds d1's.
+	if _, err := a.ExpireLeases(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Get(ctx, d1.ID); err != nil || got.State != registry.StateStale || got.Heal.Phase != registry.HealDraining {
+		t.Fatalf("d1 after its hold and a sweep: %+v, %v; want stale, draining", got.State, err)
+	}
+	if !hintedChange(t, changes, d1) {
+		t.Fatal("a hold that the sweep ended reached replica b without the stale hint")
 	}
 }
 

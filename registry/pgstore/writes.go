@@ -632,14 +632,17 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
 				return err
 			}
 		}
-		failedHeals, err := s.expireHeals(ctx, tx, now.UTC())
+		movedHeals, drained, err := s.expireHeals(ctx, tx, now.UTC())
 		if err != nil {
 			return err
 		}
-		ids = append(ids, failedHeals...)
+		ids = append(ids, movedHeals...)
 		n = len(ids)
 		if n == 0 {
 			return nil
+		}
+		if err := s.hintStale(ctx, tx, drained); err != nil {
+			return err
 		}
 		return s.notify(ctx, tx, ids...)
 	})
