@@ -5,9 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -34,8 +34,6 @@ type bundle struct {
 	reg   *testRegistry
 	prom  *prometheus.Registry
 	clock *fakeClock
-
-	hijacked atomic.Int64 // connections the router took over
 }
 
 // fakeClock is a settable clock for breaker cool-downs.
@@ -67,18 +65,30 @@ func setup(t *testing.T, cfg router.Config, peers ...registry.Peer) *bundle {
 	// which takes back the connections of slow streams (takeover.go).
 	b.srv = httptest.NewUnstartedServer(rt.Routes())
 	b.srv.Config.IdleTimeout = time.Minute
-	b.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateHijacked {
-			b.hijacked.Add(1)
-		}
+	ln := router.NewListener(b.srv.Listener, b.srv.Config.IdleTimeout)
+	if routerFront {
+		ln.Front(rt.Routes(), 10*time.Second, rt)
 	}
-	b.srv.Listener = router.NewListener(b.srv.Listener, b.srv.Config.IdleTimeout)
+	b.srv.Listener = ln
 	b.srv.Start()
 	t.Cleanup(func() {
 		b.srv.Close()
 		rt.Close()
 	})
 	return b
+}
+
+// routerFront says whether the router's tests reach it through the
+// Listener's front (front.go), as pdplane serve does by default; the test
+// script runs them a second time without it (PDPLANE_ROUTER_FRONT=false),
+// as serve --front=false and systems other than Linux serve.
+var routerFront = os.Getenv("PDPLANE_ROUTER_FRONT") != "false"
+
+// takenOver is how many streams the router took over, by its own count:
+// a connection its front serves is hijacked without net/http seeing it.
+func (b *bundle) takenOver(t *testing.T) int64 {
+	t.Helper()
+	return int64(b.metric(t, "pdplane_router_streams_taken_over_total", nil))
 }
 
 // post sends a JSON body to the router and returns the answer, read whole.

@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -57,6 +58,12 @@ type Listener struct {
 	mu        sync.Mutex
 	keepAlive bool
 	idleConns map[*takenConn]struct{} // waiting for the client's next request
+
+	// front serves the router's hot requests without net/http (front.go);
+	// nil sends every connection to net/http.
+	front       atomic.Pointer[frontConfig]
+	fronts      map[*frontConn]struct{} // connections the front serves
+	frontClosed bool
 }
 
 type acceptResult struct {
@@ -72,7 +79,8 @@ func NewListener(ln net.Listener, idle time.Duration) *Listener {
 		idle = 2 * time.Minute
 	}
 	l := &Listener{Listener: ln, idle: idle, accepted: make(chan acceptResult), back: make(chan net.Conn),
-		closed: make(chan struct{}), pumpDone: make(chan struct{}), keepAlive: true, idleConns: map[*takenConn]struct{}{}}
+		closed: make(chan struct{}), pumpDone: make(chan struct{}), keepAlive: true, idleConns: map[*takenConn]struct{}{},
+		fronts: map[*frontConn]struct{}{}}
 	go l.pump()
 	return l
 }
@@ -84,7 +92,12 @@ func (l *Listener) pump() {
 	for {
 		c, err := l.Listener.Accept()
 		if c != nil {
-			c = &clientConn{Conn: c, l: l}
+			cc := &clientConn{Conn: c, l: l}
+			if f := l.front.Load(); f != nil {
+				go l.serveFront(cc, f)
+				continue
+			}
+			c = cc
 		}
 		select {
 		case l.accepted <- acceptResult{c, err}:
@@ -128,7 +141,38 @@ func (l *Listener) Accept() (net.Conn, error) {
 func (l *Listener) Close() error {
 	l.once.Do(func() { close(l.closed) })
 	l.DisableKeepAlives()
+	l.mu.Lock()
+	l.frontClosed = true
+	l.mu.Unlock()
 	return l.Listener.Close()
+}
+
+// CloseFront closes every connection the front serves and cancels the
+// requests in flight on them: what http.Server.Close does to net/http's.
+func (l *Listener) CloseFront() {
+	l.mu.Lock()
+	l.frontClosed = true
+	conns := make([]*frontConn, 0, len(l.fronts))
+	for fc := range l.fronts {
+		conns = append(conns, fc)
+	}
+	l.mu.Unlock()
+	for _, fc := range conns {
+		fc.mu.Lock()
+		cancel := fc.cancel
+		fc.mu.Unlock()
+		if cancel != nil {
+			cancel(errStreamCut)
+		}
+		_ = fc.c.Close()
+	}
+}
+
+// keepAlives reports whether connections are kept between requests.
+func (l *Listener) keepAlives() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.keepAlive
 }
 
 // DisableKeepAlives makes every taken-over connection close at the end of
@@ -140,7 +184,19 @@ func (l *Listener) DisableKeepAlives() {
 	l.keepAlive = false
 	idle := l.idleConns
 	l.idleConns = map[*takenConn]struct{}{}
+	var idleFronts []*frontConn
+	for fc := range l.fronts {
+		fc.mu.Lock()
+		if fc.idle {
+			fc.shut = true
+			idleFronts = append(idleFronts, fc)
+		}
+		fc.mu.Unlock()
+	}
 	l.mu.Unlock()
+	for _, fc := range idleFronts {
+		_ = fc.c.Close()
+	}
 	for tc := range idle {
 		tc.mu.Lock()
 		tc.state = takenDone
@@ -171,9 +227,19 @@ func (l *Listener) unpark(tc *takenConn) bool {
 	return ok
 }
 
-// handBack gives c to the server's accept loop, or closes it when the
+// handBack gives c back for its client's next request: to the front, or
+// the server's accept loop.
+func (l *Listener) handBack(c *clientConn) {
+	if f := l.front.Load(); f != nil {
+		l.serveFront(c, f)
+		return
+	}
+	l.toServer(c)
+}
+
+// toServer gives c to the server's accept loop, or closes it when the
 // listener is closed.
-func (l *Listener) handBack(c net.Conn) {
+func (l *Listener) toServer(c net.Conn) {
 	select {
 	case l.back <- c:
 	case <-l.closed:

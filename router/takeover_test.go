@@ -93,7 +93,7 @@ func TestSlowStreamIsTakenOverAndKeepsItsConnection(t *testing.T) {
 					t.Fatalf("request %d: %d events, [DONE] %v: %q", i, len(events), done, body)
 				}
 			}
-			if n := b.hijacked.Load(); n != 3 {
+			if n := b.takenOver(t); n != 3 {
 				t.Fatalf("%d connections taken over, want one per stream (3)", n)
 			}
 			if n := b.metric(t, "pdplane_router_streams_taken_over_total", nil); n != 3 {
@@ -120,7 +120,7 @@ func TestFastStreamStaysOnNetHTTP(t *testing.T) {
 	if _, done := simtest.Events(body); resp.StatusCode != http.StatusOK || !done {
 		t.Fatalf("status %d: %q", resp.StatusCode, body)
 	}
-	if n := b.hijacked.Load(); n != 0 {
+	if n := b.takenOver(t); n != 0 {
 		t.Fatalf("%d connections taken over for a fast stream", n)
 	}
 }
@@ -140,7 +140,7 @@ func TestClientLeavingATakenStreamCancelsIt(t *testing.T) {
 	for range 3 {
 		sse.next(t)
 	}
-	simtest.WaitFor(t, "the stream taken over", func() bool { return b.hijacked.Load() == 1 && b.rt.Detached() == 1 })
+	simtest.WaitFor(t, "the stream taken over", func() bool { return b.takenOver(t) == 1 && b.rt.Detached() == 1 })
 	if n := b.metric(t, "pdplane_router_inflight_requests", nil); n != 1 {
 		t.Fatalf("in-flight gauge %v while the taken-over stream runs, want 1", n)
 	}
@@ -399,12 +399,12 @@ func TestClientLeavingAPipelinedTakenStreamCancelsIt(t *testing.T) {
 	// leaving not watched, only the relay's next writes would find it.
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = time.Minute })
 	b := setupSims(t, router.Config{}, p, d)
-	srv, hijacked := b.srv, &b.hijacked
+	srv := b.srv
 	c := dialRaw(t, srv)
 	if _, err := io.WriteString(c, rawStreamRequest(1000)+rawStreamRequest(2)); err != nil {
 		t.Fatal(err)
 	}
-	simtest.WaitFor(t, "the stream taken over", func() bool { return hijacked.Load() == 1 && b.rt.Detached() == 1 })
+	simtest.WaitFor(t, "the stream taken over", func() bool { return b.takenOver(t) == 1 && b.rt.Detached() == 1 })
 	c.Close()
 	simtest.WaitFor(t, "the decode's leg cancelled", func() bool { return d.Load().Running == 0 })
 	b.waitMetric(t, "pdplane_router_requests_total", map[string]string{"outcome": "client_gone"}, 1)
@@ -418,7 +418,7 @@ func TestRouterCloseClosesParkedConnections(t *testing.T) {
 	t.Parallel()
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
 	b := setupSims(t, router.Config{}, p, d)
-	srv, hijacked := b.srv, &b.hijacked
+	srv := b.srv
 	c := dialRaw(t, srv)
 	if _, err := io.WriteString(c, rawStreamRequest(2)); err != nil {
 		t.Fatal(err)
@@ -429,8 +429,8 @@ func TestRouterCloseClosesParkedConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.ReadAll(resp.Body); err != nil || hijacked.Load() != 1 {
-		t.Fatalf("the stream: %v, %d taken over", err, hijacked.Load())
+	if _, err := io.ReadAll(resp.Body); err != nil || b.takenOver(t) != 1 {
+		t.Fatalf("the stream: %v, %d taken over", err, b.takenOver(t))
 	}
 	simtest.WaitFor(t, "the stream no longer counted", func() bool { return b.rt.Detached() == 0 })
 	b.rt.Close()

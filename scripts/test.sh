@@ -86,5 +86,8 @@ go test -race -count=1 -v -run 'TestContract' ./registry/registrytest |
 step "go test -race ./..."
 go test -race -count=1 -timeout 12m ./...
 
+step "the router's tests again, served by net/http alone (serve --front=false)"
+PDPLANE_ROUTER_FRONT=false go test -race -count=1 ./router/
+
 step "property-based fuzzing of the API against openapi.yaml (schemathesis)"
 scripts/fuzz-api.sh

@@ -1,0 +1,648 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The front: generation requests read and answered without net/http's
+// server, which costs a request more CPU than the rest of pdplane's
+// handler chain (router/BENCHMARKS.md). A connection the Listener accepts
+// is read here first. A request of the router's hot path — a POST of
+// HTTP/1.1 to a generation route, its body sized by Content-Length, no
+// Expect, Upgrade, Transfer-Encoding or query, its head within one buffer —
+// is parsed here and passed to the server's whole handler (every
+// middleware, the same rules), with a ResponseWriter of the front's own.
+// Anything else goes to net/http with the bytes already read, and the
+// connection stays there for good: net/http answers it, and every
+// malformed request, as it always did. What net/http's server does for a
+// request the front keeps doing:
+//
+//   - a client that closes its connection while its request runs cancels
+//     the request's context: the router's connWatcher (Linux's epoll)
+//     watches the connection until the end of the answer, from watchDelay
+//     after the end of the body (net/http's background read watches from
+//     the end of the body);
+//   - a new connection's first request head must come within the server's
+//     ReadHeaderTimeout, a later one within its IdleTimeout and then the
+//     ReadHeaderTimeout; a head may not exceed frontBufSize (net/http
+//     takes up to 1 MiB);
+//   - an answer the handler ends before flushing, within one buffer, gets a
+//     Content-Length, any other is chunked; Date and, when missing,
+//     Content-Type (sniffed) are set; a client's or the handler's
+//     "Connection: close", or keep-alives disabled for a shutdown, close
+//     the connection after the answer; body the handler left unread is
+//     read away (up to 256 KiB, else the connection is closed);
+//   - a handler that panics gets its panic logged and its connection
+//     closed; Hijack hands the connection to the router's takeover, which
+//     gives it back to the front after the stream.
+
+// hotPaths are the routes the front serves itself.
+var hotPaths = [...]string{"/v1/chat/completions", "/v1/completions", "/generate"}
+
+// frontBufSize bounds a head the front reads; a longer one goes to
+// net/http. It is also the answer's write buffer.
+const frontBufSize = 4096
+
+// maxDiscard is the most unread body the front reads away after an answer
+// to keep the connection (net/http's bound).
+const maxDiscard = 256 << 10
+
+var (
+	frontReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, frontBufSize) }}
+	frontWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, frontBufSize) }}
+)
+
+// Front makes the listener read connections itself and serve the
+// generation requests with h (the server's whole handler), handing the
+// rest to net/http; headTimeout is the server's ReadHeaderTimeout. It
+// needs rt's connWatcher to see clients leave, and is left off (false)
+// where there is none. Call it before Serve.
+func (l *Listener) Front(h http.Handler, headTimeout time.Duration, rt *Router) bool {
+	cw := rt.connWatcher()
+	if cw == nil {
+		return false
+	}
+	l.front.Store(&frontConfig{h: h, headTimeout: headTimeout, cw: cw})
+	return true
+}
+
+// frontConfig is what Front was given.
+type frontConfig struct {
+	h           http.Handler
+	headTimeout time.Duration
+	cw          *connWatcher
+}
+
+// frontConn is one client connection while the front serves it.
+type frontConn struct {
+	l          *Listener
+	f          *frontConfig
+	c          *clientConn
+	br         *bufio.Reader
+	bw         *bufio.Writer
+	remoteAddr string
+	hijacked   bool
+	mu         sync.Mutex
+	idle       bool                    // waiting for the client's next request
+	shut       bool                    // closed while idle (keep-alives disabled)
+	cancel     context.CancelCauseFunc // the request's (the last one's) context
+}
+
+// serveFront reads requests from c until one is not the front's, the
+// client leaves, or the connection fails or closes.
+func (l *Listener) serveFront(c *clientConn, f *frontConfig) {
+	fc := &frontConn{l: l, f: f, c: c, br: frontReaders.Get().(*bufio.Reader), remoteAddr: c.RemoteAddr().String()}
+	fc.br.Reset(c)
+	defer fc.release()
+	if !l.trackFront(fc) {
+		_ = c.Close()
+		return
+	}
+	defer l.untrackFront(fc)
+	first := true
+	for {
+		q, n, verdict := fc.nextRequest(first)
+		switch verdict {
+		case headGone:
+			_ = c.Close()
+			return
+		case headNotOurs:
+			fc.toNetHTTP()
+			return
+		}
+		_, _ = fc.br.Discard(n)
+		first = false
+		if !fc.serve(q) {
+			return
+		}
+	}
+}
+
+// release returns the buffers the connection still owns.
+func (fc *frontConn) release() {
+	if fc.br != nil {
+		fc.br.Reset(nil)
+		frontReaders.Put(fc.br)
+		fc.br = nil
+	}
+	if fc.bw != nil {
+		fc.bw.Reset(nil)
+		frontWriters.Put(fc.bw)
+		fc.bw = nil
+	}
+}
+
+// trackFront and untrackFront keep the listener's set of front
+// connections, for DisableKeepAlives and CloseFront; false: the listener
+// is closed.
+func (l *Listener) trackFront(fc *frontConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.frontClosed {
+		return false
+	}
+	l.fronts[fc] = struct{}{}
+	return true
+}
+
+func (l *Listener) untrackFront(fc *frontConn) {
+	l.mu.Lock()
+	delete(l.fronts, fc)
+	l.mu.Unlock()
+}
+
+// setIdle marks fc as waiting for its client's next request (true), when
+// keep-alives are on, or as serving one; false when the connection must
+// close instead.
+func (fc *frontConn) setIdle(idle bool) bool {
+	fc.l.mu.Lock()
+	defer fc.l.mu.Unlock()
+	if idle && !fc.l.keepAlive {
+		return false
+	}
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	fc.idle = idle
+	return !fc.shut
+}
+
+type headVerdict uint8
+
+const (
+	headOurs    headVerdict = iota // a request the front serves
+	headNotOurs                    // net/http's: hand the connection over
+	headGone                       // nothing came: closed, failed, timed out or shut down
+)
+
+// nextRequest waits for the next request's head and parses it if it is
+// the front's; n is its length, left in the buffer.
+func (fc *frontConn) nextRequest(first bool) (q frontRequest, n int, v headVerdict) {
+	c, l := fc.c, fc.l
+	if !first {
+		if !fc.setIdle(true) {
+			return q, 0, headGone
+		}
+		_ = c.SetReadDeadline(time.Now().Add(l.idle))
+		_, err := fc.br.Peek(1)
+		if !fc.setIdle(false) || err != nil {
+			return q, 0, headGone
+		}
+	}
+	_ = c.SetReadDeadline(time.Now().Add(fc.f.headTimeout))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	for {
+		b, _ := fc.br.Peek(fc.br.Buffered())
+		if len(b) >= len("POST ") && string(b[:len("POST ")]) != "POST " {
+			return q, 0, headNotOurs
+		}
+		if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
+			if bytes.Contains(b[:i+2], []byte("\n\n")) {
+				return q, 0, headNotOurs // a bare LF ends the head first: net/http's to judge
+			}
+			q, ok := parseFrontRequest(b[:i+4])
+			if !ok {
+				return q, 0, headNotOurs
+			}
+			return q, i + 4, headOurs
+		}
+		if bytes.Contains(b, []byte("\n\n")) || len(b) == frontBufSize {
+			return q, 0, headNotOurs
+		}
+		if _, err := fc.br.Peek(len(b) + 1); err != nil {
+			if len(b) == 0 {
+				return q, 0, headGone
+			}
+			// Part of a head, then nothing: net/http answers it (a 400,
+			// or its own timeout).
+			return q, 0, headNotOurs
+		}
+	}
+}
+
+// toNetHTTP gives the connection, with what was read of it, to net/http.
+func (fc *frontConn) toNetHTTP() {
+	if n := fc.br.Buffered(); n > 0 {
+		b, _ := fc.br.Peek(n)
+		fc.c.pending = append(fc.c.pending[:0], b...)
+	}
+	_ = fc.c.SetReadDeadline(time.Time{})
+	fc.l.untrackFront(fc)
+	fc.l.toServer(fc.c)
+}
+
+// frontRequest is a request head the front accepted.
+type frontRequest struct {
+	path   string
+	header http.Header
+	length int64
+	host   string
+	close  bool
+}
+
+// parseFrontRequest parses head if it is the front's to serve. The head
+// is copied once; the header's values are pieces of that copy. Fields are
+// checked as net/http checks a request's (RFC 9110 §5.1, §5.5); a request
+// that would need more judgment than that (folded lines, a second
+// Content-Length or Host, anything in Connection but close or keep-alive)
+// is left to net/http.
+func parseFrontRequest(head []byte) (frontRequest, bool) {
+	var q frontRequest
+	line, rest := nextLine(string(head))
+	method, line, ok1 := strings.Cut(line, " ")
+	target, proto, ok2 := strings.Cut(line, " ")
+	if !ok1 || !ok2 || method != http.MethodPost || proto != "HTTP/1.1" {
+		return q, false
+	}
+	for _, p := range hotPaths {
+		if target == p {
+			q.path = p
+		}
+	}
+	if q.path == "" {
+		return q, false
+	}
+	q.header = make(http.Header, 8)
+	q.length = -1
+	for {
+		var field string
+		field, rest = nextLine(rest)
+		if field == "" {
+			break
+		}
+		name, value, ok := strings.Cut(field, ":")
+		if !ok || name == "" || !validFieldName(name) {
+			return q, false
+		}
+		value = strings.Trim(value, " \t")
+		for i := 0; i < len(value); i++ {
+			if !validFieldValueByte(value[i]) {
+				return q, false
+			}
+		}
+		key := textproto.CanonicalMIMEHeaderKey(name)
+		switch key {
+		case "Content-Length":
+			if q.length >= 0 || value == "" || value[0] < '0' || value[0] > '9' {
+				return q, false
+			}
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil {
+				return q, false
+			}
+			q.length = n
+		case "Transfer-Encoding", "Expect", "Upgrade", "Te", "Trailer":
+			return q, false
+		case "Host": // net/http moves it to Request.Host
+			if q.host != "" || value == "" {
+				return q, false
+			}
+			q.host = value
+			continue
+		case "Connection":
+			switch strings.ToLower(value) {
+			case "close":
+				q.close = true
+			case "keep-alive":
+			default:
+				return q, false
+			}
+		}
+		q.header[key] = append(q.header[key], value)
+	}
+	if rest != "" {
+		return q, false // a blank line ended the head before its CRLF CRLF: net/http's to judge
+	}
+	if q.length < 0 || q.host == "" {
+		return q, false
+	}
+	return q, true
+}
+
+// serve runs one request through the handler; false: the connection is
+// no longer the front's (closed or hijacked).
+func (fc *frontConn) serve(q frontRequest) bool {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	fc.mu.Lock()
+	fc.cancel = cancel
+	fc.mu.Unlock()
+	body := &frontBody{fc: fc, left: q.length, cancel: cancel}
+	r := &http.Request{Method: http.MethodPost, URL: &url.URL{Path: q.path}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: q.header, Body: body, ContentLength: q.length, Host: q.host, RemoteAddr: fc.remoteAddr, RequestURI: q.path, Close: q.close}
+	if q.length == 0 {
+		r.Body = http.NoBody // as net/http's
+	}
+	r = r.WithContext(ctx)
+	if fc.bw == nil {
+		fc.bw = frontWriters.Get().(*bufio.Writer)
+		fc.bw.Reset(fc.c)
+	}
+	w := &frontWriter{fc: fc, body: body, h: make(http.Header, 4), close: q.close || !fc.l.keepAlives()}
+	if q.length == 0 {
+		body.watch()
+	}
+	ok := fc.run(w, r)
+	body.unwatch()
+	if fc.hijacked {
+		fc.br, fc.bw = nil, nil // the hijacker owns them now
+		return false
+	}
+	if ok {
+		ok = w.finish() == nil
+	}
+	if ok && body.left > 0 {
+		// The handler left part of the body: read it away, as net/http
+		// does, up to a bound.
+		ok = body.left <= maxDiscard
+		if ok {
+			_, err := io.Copy(io.Discard, body)
+			ok = err == nil
+		}
+	}
+	if !ok || w.close {
+		_ = fc.c.Close()
+		return false
+	}
+	return true
+}
+
+// run calls the handler; false when it panicked (the connection is then
+// closed, as net/http does).
+func (fc *frontConn) run(w *frontWriter, r *http.Request) (ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			if p != http.ErrAbortHandler {
+				log.Printf("http: panic serving %s: %v\n%s", fc.remoteAddr, p, debug.Stack())
+			}
+			ok = false
+		}
+	}()
+	fc.f.h.ServeHTTP(w, r)
+	return true
+}
+
+// frontBody is a request's body: exactly Content-Length bytes. Once it is
+// read to its end, and the request still runs watchDelay later, the
+// connection is watched for the client leaving (see the top of the file).
+type frontBody struct {
+	fc     *frontConn
+	left   int64
+	cancel context.CancelCauseFunc
+	closed bool
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	watched *takenConn // the connWatcher's entry
+	over    bool       // the request ended or was hijacked: no watch from here
+}
+
+// watchDelay is how long a request runs, its body read, before its
+// connection is watched for the client leaving. A watch costs two epoll_ctl
+// calls and the watcher's bookkeeping (BenchmarkServerSide: as much as all
+// the front saves against net/http's server); a request shorter than this
+// is nearly done when its client goes, and a long one (a generation of
+// seconds, where cancelling saves the engines' work) is cancelled at most
+// this late. net/http watches every request from its body's end.
+const watchDelay = 250 * time.Millisecond
+
+func (b *frontBody) Read(p []byte) (int, error) {
+	if b.left == 0 || b.closed {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.fc.br.Read(p)
+	b.left -= int64(n)
+	switch {
+	case b.left == 0:
+		b.watch()
+		return n, io.EOF
+	case err == io.EOF:
+		return n, io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// Close makes later reads see the end, as net/http's body does after a
+// Close; the rest is read away (or the connection closed) after the
+// answer.
+func (b *frontBody) Close() error {
+	b.closed = true
+	return nil
+}
+
+// watch starts the watch watchDelay from now.
+func (b *frontBody) watch() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.timer == nil && !b.over {
+		b.timer = time.AfterFunc(watchDelay, b.startWatch)
+	}
+}
+
+func (b *frontBody) startWatch() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.over || b.watched != nil {
+		return
+	}
+	tc := &takenConn{c: b.fc.c, w: b.fc.c.Conn, cw: b.fc.f.cw, cancel: b.cancel, state: takenStreaming}
+	if b.fc.f.cw.add(tc) == nil {
+		b.watched = tc
+	}
+}
+
+// unwatch ends the watch, or its wait: before the connection is read
+// again, hijacked or closed.
+func (b *frontBody) unwatch() {
+	b.mu.Lock()
+	b.over = true
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	tc := b.watched
+	b.watched = nil
+	b.mu.Unlock()
+	if tc != nil {
+		b.fc.f.cw.remove(tc)
+	}
+}
+
+// frontWriter is the front's http.ResponseWriter.
+type frontWriter struct {
+	fc          *frontConn
+	body        *frontBody
+	h           http.Header
+	status      int
+	wroteHeader bool // WriteHeader called
+	sentHead    bool // the head is in fc.bw
+	chunked     bool
+	close       bool
+	pending     []byte // body written before the head went out
+}
+
+func (w *frontWriter) Header() http.Header { return w.h }
+
+func (w *frontWriter) WriteHeader(code int) {
+	if w.wroteHeader || w.fc.hijacked {
+		return
+	}
+	if code < 100 || code > 999 {
+		panic("invalid WriteHeader code " + strconv.Itoa(code))
+	}
+	if code < 200 {
+		return // informational answers are not sent
+	}
+	w.wroteHeader = true
+	w.status = code
+}
+
+func (w *frontWriter) Write(p []byte) (int, error) {
+	if w.fc.hijacked {
+		return 0, http.ErrHijacked
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !bodyAllowed(w.status) {
+		return 0, http.ErrBodyNotAllowed
+	}
+	if !w.sentHead {
+		if len(w.pending)+len(p) <= frontBufSize {
+			w.pending = append(w.pending, p...)
+			return len(p), nil
+		}
+		w.sendHead(-1, p)
+	}
+	return len(p), w.writeBody(p)
+}
+
+func bodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// sendHead puts the status line and fields in the buffer, with length as
+// Content-Length when it is known (>= 0) and the handler set none; a
+// missing Content-Type is sniffed from the body's first bytes (those
+// pending, else next).
+func (w *frontWriter) sendHead(length int, next []byte) {
+	w.sentHead = true
+	h, bw := w.h, w.fc.bw
+	first := w.pending
+	if len(first) == 0 {
+		first = next
+	}
+	if _, ok := h["Content-Type"]; !ok && bodyAllowed(w.status) && len(first) > 0 {
+		h["Content-Type"] = []string{http.DetectContentType(first)}
+	}
+	if _, ok := h["Date"]; !ok {
+		var d [len(http.TimeFormat)]byte
+		h["Date"] = []string{string(time.Now().UTC().AppendFormat(d[:0], http.TimeFormat))}
+	}
+	_, setLength := h["Content-Length"]
+	switch {
+	case setLength || !bodyAllowed(w.status):
+	case length >= 0:
+		h["Content-Length"] = []string{strconv.Itoa(length)}
+	default:
+		w.chunked = true
+		h["Transfer-Encoding"] = []string{"chunked"}
+	}
+	if strings.EqualFold(h.Get("Connection"), "close") || !w.fc.l.keepAlives() {
+		w.close = true
+	}
+	if w.close {
+		h["Connection"] = []string{"close"}
+	}
+	var line [64]byte
+	l := append(line[:0], "HTTP/1.1 "...)
+	l = strconv.AppendInt(l, int64(w.status), 10)
+	l = append(l, ' ')
+	_, _ = bw.Write(l)
+	_, _ = bw.WriteString(http.StatusText(w.status))
+	_, _ = bw.WriteString("\r\n")
+	_ = h.Write(bw)
+	_, _ = bw.WriteString("\r\n")
+	if len(w.pending) > 0 {
+		p := w.pending
+		w.pending = nil
+		_ = w.writeBody(p)
+	}
+}
+
+func (w *frontWriter) writeBody(p []byte) error {
+	if len(p) == 0 {
+		return nil
+	}
+	bw := w.fc.bw
+	if w.chunked {
+		var size [20]byte
+		_, _ = bw.Write(append(strconv.AppendInt(size[:0], int64(len(p)), 16), '\r', '\n'))
+		_, _ = bw.Write(p)
+		_, err := bw.WriteString("\r\n")
+		return err
+	}
+	_, err := bw.Write(p)
+	return err
+}
+
+// Flush sends what was written.
+func (w *frontWriter) Flush() { _ = w.FlushError() }
+
+func (w *frontWriter) FlushError() error {
+	if w.fc.hijacked {
+		return http.ErrHijacked
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.sentHead {
+		w.sendHead(-1, nil)
+	}
+	return w.fc.bw.Flush()
+}
+
+// finish ends the answer after the handler returned.
+func (w *frontWriter) finish() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.sentHead {
+		w.sendHead(len(w.pending), nil)
+	}
+	if w.chunked {
+		_, _ = w.fc.bw.WriteString("0\r\n\r\n")
+	}
+	return w.fc.bw.Flush()
+}
+
+// Hijack gives the connection to the caller, as net/http's does: its
+// buffered reader holds what the client sent ahead.
+func (w *frontWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.fc.hijacked {
+		return nil, nil, http.ErrHijacked
+	}
+	w.body.unwatch() // the takeover watches it itself
+	w.fc.hijacked = true
+	w.fc.l.untrackFront(w.fc)
+	return w.fc.c, bufio.NewReadWriter(w.fc.br, w.fc.bw), nil
+}
+
+// SetReadDeadline and SetWriteDeadline serve http.ResponseController, as
+// net/http's do.
+func (w *frontWriter) SetReadDeadline(t time.Time) error  { return w.fc.c.SetReadDeadline(t) }
+func (w *frontWriter) SetWriteDeadline(t time.Time) error { return w.fc.c.SetWriteDeadline(t) }

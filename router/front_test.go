@@ -1,0 +1,469 @@
+//go:build linux
+
+package router
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// frontServer serves h through a Listener with the front on, as pdplane
+// serve does; served counts the requests h answered through the front's
+// writer and through net/http's.
+type frontServer struct {
+	addr              string
+	ln                *Listener
+	byFront, byNetHTP atomic.Int64
+}
+
+func startFront(t *testing.T, headTimeout, idle time.Duration, h http.HandlerFunc) *frontServer {
+	t.Helper()
+	rt, _ := newPickRouter(t, Config{}, nil)
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := &frontServer{addr: tcp.Addr().String()}
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := w.(*frontWriter); ok {
+			fs.byFront.Add(1)
+			// As net/http's: Host moved to Request.Host, no body is NoBody.
+			if _, ok := r.Header["Host"]; ok || r.Host == "" || (r.ContentLength == 0) != (r.Body == http.NoBody) {
+				t.Errorf("front's request: Host %q, header %v, length %d, body %T", r.Host, r.Header, r.ContentLength, r.Body)
+			}
+		} else {
+			fs.byNetHTP.Add(1)
+		}
+		h(w, r)
+	})
+	fs.ln = NewListener(tcp, idle)
+	if !fs.ln.Front(counted, headTimeout, rt) {
+		t.Fatal("no connection watcher: the front is Linux's")
+	}
+	srv := &http.Server{Handler: counted, ReadHeaderTimeout: headTimeout, IdleTimeout: idle}
+	go func() { _ = srv.Serve(fs.ln) }()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		fs.ln.CloseFront()
+	})
+	return fs
+}
+
+func (fs *frontServer) dial(t *testing.T) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", fs.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c, bufio.NewReader(c)
+}
+
+func rawPost(path, body string, fields ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
+	for _, f := range fields {
+		b.WriteString(f + "\r\n")
+	}
+	b.WriteString("\r\n" + body)
+	return b.String()
+}
+
+func readAnswer(t *testing.T, br *bufio.Reader) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("read answer: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read answer's body: %v", err)
+	}
+	return resp, string(b)
+}
+
+func echo(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// The front serves generation requests, pipelined too, on one connection
+// until one is not its own; that one and the rest of the connection are
+// net/http's, with nothing lost in the handover.
+func TestFrontServesGenerationRequestsAndHandsOverTheRest(t *testing.T) {
+	fs := startFront(t, 5*time.Second, time.Minute, echo)
+	c, br := fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/v1/completions", `{"a":1}`)+rawPost("/generate", `{"b":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`{"a":1}`, `{"b":2}`} {
+		resp, body := readAnswer(t, br)
+		if resp.StatusCode != 200 || body != want || resp.ContentLength != int64(len(want)) || resp.Header.Get("Date") == "" ||
+			resp.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("answer %d %q, length %d, header %v; want 200 %q with its length and a Date", resp.StatusCode, body, resp.ContentLength, resp.Header, want)
+		}
+	}
+	// Another route on the same connection, then a generation request
+	// behind it, sent together: both are net/http's now.
+	if _, err := io.WriteString(c, rawPost("/api/v1/other", `{"c":3}`)+rawPost("/v1/chat/completions", `{"d":4}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`{"c":3}`, `{"d":4}`} {
+		if resp, body := readAnswer(t, br); resp.StatusCode != 200 || body != want {
+			t.Fatalf("answer %d %q; want 200 %q", resp.StatusCode, body, want)
+		}
+	}
+	if f, n := fs.byFront.Load(), fs.byNetHTP.Load(); f != 2 || n != 2 {
+		t.Fatalf("%d answered by the front, %d by net/http; want 2 and 2", f, n)
+	}
+}
+
+// An answer gets the framing net/http would give it.
+func TestFrontFramesAnswersAsNetHTTPDoes(t *testing.T) {
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		switch r.Header.Get("X-Case") {
+		case "small":
+			_, _ = w.Write([]byte("hello"))
+		case "big":
+			_, _ = w.Write([]byte(strings.Repeat("x", 10000)))
+		case "flush":
+			_, _ = w.Write([]byte("a"))
+			w.(http.Flusher).Flush()
+			_, _ = w.Write([]byte("b"))
+		case "no-content":
+			w.WriteHeader(http.StatusNoContent)
+		case "close":
+			w.Header().Set("Connection", "close")
+			_, _ = w.Write([]byte("bye"))
+		case "error":
+			http.Error(w, "no", http.StatusTeapot)
+		}
+	})
+	for _, tc := range []struct {
+		name, field string
+		status      int
+		body        string
+		length      int64 // -1: chunked
+		closes      bool
+	}{
+		{"small", "", 200, "hello", 5, false},
+		{"big", "", 200, strings.Repeat("x", 10000), -1, false},
+		{"flush", "", 200, "ab", -1, false},
+		{"no-content", "", 204, "", 0, false},
+		{"close", "", 200, "bye", 3, true},
+		{"error", "", 418, "no\n", 3, false},
+		{"small", "Connection: close", 200, "hello", 5, true},
+	} {
+		t.Run(tc.name+tc.field, func(t *testing.T) {
+			c, br := fs.dial(t)
+			fields := []string{"X-Case: " + tc.name}
+			if tc.field != "" {
+				fields = append(fields, tc.field)
+			}
+			if _, err := io.WriteString(c, rawPost("/generate", "{}", fields...)); err != nil {
+				t.Fatal(err)
+			}
+			resp, body := readAnswer(t, br)
+			chunked := len(resp.TransferEncoding) == 1 && resp.TransferEncoding[0] == "chunked"
+			if resp.StatusCode != tc.status || body != tc.body || (tc.length < 0) != chunked || tc.length >= 0 && resp.ContentLength != tc.length {
+				t.Fatalf("answer %d, %d bytes, length %d, chunked %v; want %d, %d bytes, length %d", resp.StatusCode, len(body),
+					resp.ContentLength, chunked, tc.status, len(tc.body), tc.length)
+			}
+			if tc.status == 200 && resp.Header.Get("Content-Type") == "" {
+				t.Fatal("no Content-Type (net/http sniffs one)")
+			}
+			if resp.Close != tc.closes {
+				t.Fatalf("Connection: close %v, want %v", resp.Close, tc.closes)
+			}
+			if tc.closes {
+				if _, err := br.ReadByte(); err != io.EOF {
+					t.Fatalf("after a closing answer: %v, want EOF", err)
+				}
+			}
+		})
+	}
+	if n := fs.byNetHTP.Load(); n != 0 {
+		t.Fatalf("%d answered by net/http", n)
+	}
+}
+
+// A head the front would need more judgment for, or that is no
+// generation request, is net/http's to judge: the front never serves it.
+// Request smuggling lives in such heads (RFC 9112 §6.3, §11.2).
+func TestFrontLeavesOddHeadsToNetHTTP(t *testing.T) {
+	fs := startFront(t, 2*time.Second, time.Minute, echo)
+	long := "X-Long: " + strings.Repeat("y", frontBufSize)
+	for name, raw := range map[string]string{
+		"chunked and a length":    "POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"chunked":                 "POST /generate HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+		"two lengths":             "POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+		"a signed length":         "POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: +2\r\n\r\n{}",
+		"a list as length":        "POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 2, 2\r\n\r\n{}",
+		"no length":               "POST /generate HTTP/1.1\r\nHost: t\r\n\r\n",
+		"a folded line":           "POST /generate HTTP/1.1\r\nHost: t\r\nX-A: 1\r\n 2\r\nContent-Length: 2\r\n\r\n{}",
+		"bare LF":                 "POST /generate HTTP/1.1\nHost: t\nContent-Length: 2\n\n{}",
+		"a head ended by LF CRLF": "POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 2\n\r\nX-A: b\r\n\r\n{}",
+		"HTTP/1.0":                "POST /generate HTTP/1.0\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}",
+		"expect":                  "POST /generate HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}",
+		"a query":                 "POST /generate?x=1 HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}",
+		"an absolute target":      "POST http://t/generate HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}",
+		"a lower-case method":     "post /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}",
+		"a space in a name":       "POST /generate HTTP/1.1\r\nHost: t\r\nContent Length: 2\r\n\r\n{}",
+		"a space before colon":    "POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length : 2\r\n\r\n{}",
+		"a NUL in a value":        "POST /generate HTTP/1.1\r\nHost: t\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\n{}",
+		"a CR in a value":         "POST /generate HTTP/1.1\r\nHost: t\r\nX-A: a\rb\r\nContent-Length: 2\r\n\r\n{}",
+		"no host":                 "POST /generate HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+		"two hosts":               "POST /generate HTTP/1.1\r\nHost: t\r\nHost: u\r\nContent-Length: 2\r\n\r\n{}",
+		"an upgrade":              "POST /generate HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nContent-Length: 2\r\n\r\n{}",
+		"a head over a buffer":    "POST /generate HTTP/1.1\r\nHost: t\r\n" + long + "\r\nContent-Length: 2\r\n\r\n{}",
+		"a GET":                   "GET /generate HTTP/1.1\r\nHost: t\r\n\r\n",
+		"garbage":                 "\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03",
+		"another connection op":   "POST /generate HTTP/1.1\r\nHost: t\r\nConnection: keep-alive, Upgrade\r\nContent-Length: 2\r\n\r\n{}",
+	} {
+		t.Run(name, func(t *testing.T) {
+			before := fs.byFront.Load()
+			c, br := fs.dial(t)
+			if _, err := io.WriteString(c, raw); err != nil {
+				t.Fatal(err)
+			}
+			// net/http answers (400 or the echo) or closes; either way
+			// the front served nothing.
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if resp, err := http.ReadResponse(br, nil); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}
+			if n := fs.byFront.Load() - before; n != 0 {
+				t.Fatalf("the front served %d request(s) of %q", n, raw)
+			}
+		})
+	}
+}
+
+// A client that closes its connection while its request runs cancels the
+// request's context, as net/http's background read does; one that sends
+// its next request meanwhile (pipelining) cancels nothing, and gets both
+// answers.
+func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
+	causes := make(chan error, 4)
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		select {
+		case <-r.Context().Done():
+			causes <- context.Cause(r.Context())
+			return
+		case <-time.After(time.Duration(len(r.Header.Get("X-Wait"))) * 100 * time.Millisecond):
+			causes <- nil
+		}
+		_, _ = w.Write([]byte("done"))
+	})
+
+	c, _ := fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+strings.Repeat("w", 100))); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	_ = c.Close()
+	select {
+	case err := <-causes:
+		if !errors.Is(err, errClientClosed) {
+			t.Fatalf("the request ended with %v, want %v", err, errClientClosed)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client left and its request ran on")
+	}
+
+	c, br := fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: www")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: w")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if resp, body := readAnswer(t, br); resp.StatusCode != 200 || body != "done" {
+			t.Fatalf("answer %d: %d %q", i, resp.StatusCode, body)
+		}
+		if err := <-causes; err != nil {
+			t.Fatalf("request %d ended with %v", i, err)
+		}
+	}
+}
+
+// A head must come whole within the head timeout: a silent connection is
+// closed, a slow head goes to net/http, which times it out too. Between
+// requests the connection may stay idle up to the idle timeout.
+func TestFrontTimesOutHeadsAndIdleConnections(t *testing.T) {
+	const head, idle = 200 * time.Millisecond, 400 * time.Millisecond
+	fs := startFront(t, head, idle, echo)
+	closedWithin := func(c net.Conn, br *bufio.Reader, d time.Duration) {
+		t.Helper()
+		start := time.Now()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for {
+			if _, err := br.ReadByte(); err != nil {
+				if time.Since(start) > d {
+					t.Fatalf("closed after %v, want within %v", time.Since(start), d)
+				}
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					t.Fatal("never closed")
+				}
+				return
+			}
+		}
+	}
+	c, br := fs.dial(t)
+	closedWithin(c, br, 3*time.Second)
+
+	c, br = fs.dial(t)
+	if _, err := io.WriteString(c, "POST /generate HTTP/1.1\r\nHost: t\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	closedWithin(c, br, 3*time.Second)
+
+	c, br = fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	readAnswer(t, br)
+	time.Sleep(idle / 2)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	readAnswer(t, br) // within the idle time: served
+	closedWithin(c, br, 3*time.Second)
+}
+
+// A shutdown's DisableKeepAlives closes the idle connections at once and
+// makes an answer in progress the connection's last.
+func TestFrontKeepAlivesOff(t *testing.T) {
+	release := make(chan struct{})
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if r.Header.Get("X-Hold") != "" {
+			<-release
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	idle, idleBR := fs.dial(t)
+	if _, err := io.WriteString(idle, rawPost("/generate", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	readAnswer(t, idleBR)
+	busy, busyBR := fs.dial(t)
+	if _, err := io.WriteString(busy, rawPost("/generate", "{}", "X-Hold: 1")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	fs.ln.DisableKeepAlives()
+	if _, err := idleBR.ReadByte(); err != io.EOF {
+		t.Fatalf("idle connection after DisableKeepAlives: %v, want EOF", err)
+	}
+	close(release)
+	resp, body := readAnswer(t, busyBR)
+	if body != "ok" || !resp.Close {
+		t.Fatalf("answer in progress: %q, Connection: close %v; want ok and close", body, resp.Close)
+	}
+	if _, err := busyBR.ReadByte(); err != io.EOF {
+		t.Fatalf("after its last answer: %v, want EOF", err)
+	}
+}
+
+// A handler's panic closes its own connection only; a body it left unread
+// is read away before the connection's next request.
+func TestFrontPanicsAndUnreadBodies(t *testing.T) {
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get("X-Case") {
+		case "panic":
+			panic(http.ErrAbortHandler)
+		case "unread":
+			_, _ = w.Write([]byte("skipped"))
+		default:
+			echo(w, r)
+		}
+	})
+	c, br := fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Case: panic")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.ReadResponse(br, nil); err == nil {
+		t.Fatal("an answer after the handler panicked")
+	}
+	c, br = fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", strings.Repeat("z", 10000), "X-Case: unread")+rawPost("/generate", `{"e":5}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, body := readAnswer(t, br); body != "skipped" {
+		t.Fatalf("first answer %q", body)
+	}
+	if _, body := readAnswer(t, br); body != `{"e":5}` {
+		t.Fatalf("second answer %q: the first's body was not read away", body)
+	}
+}
+
+// Hijack hands over the connection with what the client sent ahead, as
+// net/http's does (the router's takeover relies on it).
+func TestFrontHijack(t *testing.T) {
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("hijack: %v", err)
+			return
+		}
+		defer c.Close()
+		time.Sleep(50 * time.Millisecond) // the pipelined request arrives
+		ahead := brw.Reader.Buffered()
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Ahead: %d\r\n\r\nhi", ahead)
+	})
+	c, br := fs.dial(t)
+	next := rawPost("/generate", "{}")
+	if _, err := io.WriteString(c, rawPost("/generate", "{}")+next); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := readAnswer(t, br)
+	if body != "hi" || resp.Header.Get("X-Ahead") != fmt.Sprint(len(next)) {
+		t.Fatalf("hijacked answer %q, %s bytes ahead; want hi, %d", body, resp.Header.Get("X-Ahead"), len(next))
+	}
+}
+
+// CloseFront, a shutdown's last resort, closes the front's connections and
+// cancels the requests in flight on them.
+func TestCloseFrontCutsRequestsInFlight(t *testing.T) {
+	causes := make(chan error, 1)
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		select {
+		case <-r.Context().Done():
+			causes <- context.Cause(r.Context())
+		case <-time.After(10 * time.Second):
+			causes <- nil
+		}
+	})
+	c, br := fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	fs.ln.CloseFront()
+	if err := <-causes; !errors.Is(err, errStreamCut) {
+		t.Fatalf("the request in flight ended with %v, want %v", err, errStreamCut)
+	}
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("the connection outlived CloseFront")
+	}
+}
