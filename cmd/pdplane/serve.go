@@ -36,6 +36,7 @@ type serveConfig struct {
 	joinTokens  string
 	peerToken   string // deprecated alias of joinTokens
 	insecure    bool
+	front       bool
 	replica     string
 	logLevel    string
 	leaseTTL    time.Duration
@@ -106,6 +107,9 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.joinTokens, "join-token", "", "comma-separated bearer tokens that admit new peers (several during a rotation); "+
 		"each registration returns the peer's own credential")
 	fs.str(&c.peerToken, "peer-token", "", "deprecated: the same as --join-token")
+	fs.boolean(&c.front, "front", true, "read and answer generation requests (POST of HTTP/1.1 to /v1/chat/completions, /v1/completions, "+
+		"/generate) with pdplane's own HTTP/1.1 code, which costs less CPU than net/http's server; every other request, and every one "+
+		"it does not take, goes to net/http (false: net/http serves all; Linux only)")
 	fs.boolean(&c.insecure, "insecure", false, "serve without tokens on a non-loopback address: anyone who reaches it may register peers and read their KV metadata")
 	fs.str(&c.replica, "replica", "", "name of this replica in the stale reports its router makes (default: the host name)")
 	fs.str(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
@@ -351,6 +355,9 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	log.Info().Str("addr", ln.Addr().String()).Str("openai_base_url", cp.BaseURL+"/v1").
 		Str("status_page", cp.BaseURL+"/").Msg("pdplane listening")
 	cp.ln = router.NewListener(ln, cp.hs.IdleTimeout)
+	if c.front {
+		cp.ln.Front(counted, cp.hs.ReadHeaderTimeout, cp.router)
+	}
 	go func() { cp.errc <- cp.hs.Serve(cp.ln) }()
 	ok = true
 	return cp, nil
@@ -435,6 +442,7 @@ func (cp *controlPlane) shutdown(drain context.Context) {
 	}
 	if cut := cp.busy(); cut > 0 || (err != nil && !errors.Is(err, http.ErrServerClosed)) {
 		_ = cp.hs.Close()
+		cp.ln.CloseFront()
 		cp.router.CloseDetached()
 		cp.log.Warn().Int64("requests_cut", cut).Str("reason", context.Cause(drain).Error()).
 			Msgf("shutdown: cut %d request(s) still in flight", cut)
