@@ -24,7 +24,11 @@
 //     for 100 ms leaves net/http's connection (takeover.go), so that a
 //     held stream costs the router ~20 KiB instead of ~45; serve the
 //     router's server on its Listener to keep such connections alive
-//     after their stream.
+//     after their stream;
+//   - with Listener.Front, the reading and answering of generation
+//     requests without net/http's server (front.go): a plain POST of
+//     HTTP/1.1 is parsed by the Listener and run through the server's
+//     handler, anything else goes to net/http.
 //
 // With Config.TracerProvider set it traces each routed request: a server
 // span (continuing the client's W3C traceparent), a span per attempt on a
