@@ -15,20 +15,23 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // The front: generation requests read and answered without net/http's
 // server, which costs a request more CPU than the rest of pdplane's
 // handler chain (router/BENCHMARKS.md). A connection the Listener accepts
 // is read here first. A request of the router's hot path — a POST of
-// HTTP/1.1 to a generation route, its body sized by Content-Length, no
-// Expect, Upgrade, Transfer-Encoding or query, its head within one buffer —
-// is parsed here and passed to the server's whole handler (every
-// middleware, the same rules), with a ResponseWriter of the front's own.
-// Anything else goes to net/http with the bytes already read, and the
-// connection stays there for good: net/http answers it, and every
-// malformed request, as it always did. What net/http's server does for a
-// request the front keeps doing:
+// HTTP/1.1 to a generation route, its body sized by one Content-Length, a
+// valid Host, no Expect, Upgrade, Transfer-Encoding or query, its head
+// within one buffer and ended by CRLF CRLF — is parsed here and passed to
+// the server's whole handler (every middleware, the same rules), with a
+// ResponseWriter of the front's own. Anything else goes to net/http with
+// the bytes already read, and the connection stays there for good:
+// net/http answers it, and every malformed request, as it always did.
+// (Field lines may end in a bare LF, as net/http also reads them.) What
+// net/http's server does for a request the front keeps doing:
 //
 //   - a client that closes its connection while its request runs cancels
 //     the request's context: the router's connWatcher (Linux's epoll)
@@ -36,18 +39,26 @@ import (
 //     after the end of the body (net/http's background read watches from
 //     the end of the body);
 //   - a new connection's first request head must come within the server's
-//     ReadHeaderTimeout, a later one within its IdleTimeout and then the
-//     ReadHeaderTimeout; a head may not exceed frontBufSize (net/http
-//     takes up to 1 MiB);
-//   - an answer the handler ends before flushing, within one buffer, gets a
-//     Content-Length, any other is chunked; Date and, when missing,
-//     Content-Type (sniffed) are set; a client's or the handler's
-//     "Connection: close", or keep-alives disabled for a shutdown, close
-//     the connection after the answer; body the handler left unread is
-//     read away (up to 256 KiB, else the connection is closed);
+//     ReadHeaderTimeout (none when it is 0), a later one within its
+//     IdleTimeout and then the ReadHeaderTimeout; a connection whose head
+//     does not come whole in time is closed. A head may not exceed
+//     frontBufSize (net/http takes up to 1 MiB);
+//   - the answer: the header as it was at WriteHeader; a Content-Length for
+//     one the handler ends before flushing within one buffer, chunked
+//     otherwise (or as the handler's own Transfer-Encoding says); a
+//     declared length enforced (ErrContentLength past it, the connection
+//     closed when short of it); Date and, when missing, a sniffed
+//     Content-Type; "Connection: close" from the client or the handler,
+//     with keep-alives off for a shutdown, or with more than maxDiscard of
+//     the body unread, closes the connection after the answer; a smaller
+//     unread rest is read away;
 //   - a handler that panics gets its panic logged and its connection
 //     closed; Hijack hands the connection to the router's takeover, which
-//     gives it back to the front after the stream.
+//     gives it back to the front after the stream;
+//   - a shutdown: the Listener's DisableKeepAlives closes the idle
+//     connections, Close all that wait for a head, CloseFront every one,
+//     its request cut (closed before it is cancelled, so that the answer
+//     cannot end as if complete).
 
 // hotPaths are the routes the front serves itself.
 var hotPaths = [...]string{"/v1/chat/completions", "/v1/completions", "/generate"}
@@ -96,8 +107,10 @@ type frontConn struct {
 	remoteAddr string
 	hijacked   bool
 	mu         sync.Mutex
-	idle       bool                    // waiting for the client's next request
-	shut       bool                    // closed while idle (keep-alives disabled)
+	busy       bool                    // serving a request (from its head to its answer's end)
+	served     bool                    // it served one: waiting now is idle, not new
+	shut       bool                    // closed by the listener while waiting for a head
+	cut        bool                    // closed by CloseFront: the answer must not end as if complete
 	cancel     context.CancelCauseFunc // the request's (the last one's) context
 }
 
@@ -121,6 +134,10 @@ func (l *Listener) serveFront(c *clientConn, f *frontConfig) {
 			return
 		case headNotOurs:
 			fc.toNetHTTP()
+			return
+		}
+		if !fc.setBusy(true) {
+			_ = c.Close()
 			return
 		}
 		_, _ = fc.br.Discard(n)
@@ -164,19 +181,56 @@ func (l *Listener) untrackFront(fc *frontConn) {
 	l.mu.Unlock()
 }
 
-// setIdle marks fc as waiting for its client's next request (true), when
-// keep-alives are on, or as serving one; false when the connection must
-// close instead.
-func (fc *frontConn) setIdle(idle bool) bool {
+// setBusy marks fc as serving a request (true) or, after one, waiting for
+// the next (false); false when the connection must close instead: the
+// listener closed it or is closed (a new request), or keep-alives are off
+// (waiting).
+func (fc *frontConn) setBusy(busy bool) bool {
 	fc.l.mu.Lock()
 	defer fc.l.mu.Unlock()
-	if idle && !fc.l.keepAlive {
+	if busy && fc.l.frontClosed || !busy && !fc.l.keepAlive {
 		return false
 	}
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
-	fc.idle = idle
+	fc.busy = busy
+	if !busy {
+		fc.served = true
+	}
 	return !fc.shut
+}
+
+// shutIfWaiting closes fc if it is waiting for a head: after a request
+// (idle), or also for its first (new); it tells which it closed.
+func (fc *frontConn) shutIfWaiting(alsoNew bool) bool {
+	fc.mu.Lock()
+	if fc.busy || !fc.served && !alsoNew {
+		fc.mu.Unlock()
+		return false
+	}
+	fc.shut = true
+	fc.mu.Unlock()
+	_ = fc.c.Close()
+	return true
+}
+
+// cutRequest closes fc, then cancels its request, which must not end as
+// if complete (CloseFront).
+func (fc *frontConn) cutRequest() {
+	fc.mu.Lock()
+	fc.cut = true
+	cancel := fc.cancel
+	fc.mu.Unlock()
+	_ = fc.c.Close()
+	if cancel != nil {
+		cancel(errStreamCut)
+	}
+}
+
+func (fc *frontConn) wasCut() bool {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	return fc.cut
 }
 
 type headVerdict uint8
@@ -192,16 +246,19 @@ const (
 func (fc *frontConn) nextRequest(first bool) (q frontRequest, n int, v headVerdict) {
 	c, l := fc.c, fc.l
 	if !first {
-		if !fc.setIdle(true) {
+		if !fc.setBusy(false) {
 			return q, 0, headGone
 		}
 		_ = c.SetReadDeadline(time.Now().Add(l.idle))
-		_, err := fc.br.Peek(1)
-		if !fc.setIdle(false) || err != nil {
+		if _, err := fc.br.Peek(1); err != nil {
 			return q, 0, headGone
 		}
 	}
-	_ = c.SetReadDeadline(time.Now().Add(fc.f.headTimeout))
+	if fc.f.headTimeout > 0 { // as net/http: none without one
+		_ = c.SetReadDeadline(time.Now().Add(fc.f.headTimeout))
+	} else {
+		_ = c.SetReadDeadline(time.Time{})
+	}
 	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	for {
 		b, _ := fc.br.Peek(fc.br.Buffered())
@@ -222,12 +279,10 @@ func (fc *frontConn) nextRequest(first bool) (q frontRequest, n int, v headVerdi
 			return q, 0, headNotOurs
 		}
 		if _, err := fc.br.Peek(len(b) + 1); err != nil {
-			if len(b) == 0 {
-				return q, 0, headGone
-			}
-			// Part of a head, then nothing: net/http answers it (a 400,
-			// or its own timeout).
-			return q, 0, headNotOurs
+			// Nothing, or part of a head, then the end or the head
+			// timeout: closed, as net/http closes such a connection
+			// (handing it over would give a slow head a second timeout).
+			return q, 0, headGone
 		}
 	}
 }
@@ -235,8 +290,9 @@ func (fc *frontConn) nextRequest(first bool) (q frontRequest, n int, v headVerdi
 // toNetHTTP gives the connection, with what was read of it, to net/http.
 func (fc *frontConn) toNetHTTP() {
 	if n := fc.br.Buffered(); n > 0 {
+		// Read ahead of what clientConn.pending still holds, if anything.
 		b, _ := fc.br.Peek(n)
-		fc.c.pending = append(fc.c.pending[:0], b...)
+		fc.c.pending = append(append(make([]byte, 0, n+len(fc.c.pending)), b...), fc.c.pending...)
 	}
 	_ = fc.c.SetReadDeadline(time.Time{})
 	fc.l.untrackFront(fc)
@@ -306,7 +362,7 @@ func parseFrontRequest(head []byte) (frontRequest, bool) {
 		case "Transfer-Encoding", "Expect", "Upgrade", "Te", "Trailer":
 			return q, false
 		case "Host": // net/http moves it to Request.Host
-			if q.host != "" || value == "" {
+			if q.host != "" || value == "" || !httpguts.ValidHostHeader(value) {
 				return q, false
 			}
 			q.host = value
@@ -360,23 +416,42 @@ func (fc *frontConn) serve(q frontRequest) bool {
 		fc.br, fc.bw = nil, nil // the hijacker owns them now
 		return false
 	}
-	if ok {
-		ok = w.finish() == nil
+	if fc.wasCut() {
+		return false // closed: no terminator may make the answer look whole
 	}
-	if ok && body.left > 0 {
+	if ok {
+		ok = w.finish() == nil && !w.short()
+	}
+	if ok && body.left > 0 && !w.close {
 		// The handler left part of the body: read it away, as net/http
-		// does, up to a bound.
-		ok = body.left <= maxDiscard
-		if ok {
-			_, err := io.Copy(io.Discard, body)
-			ok = err == nil
-		}
+		// does (an answer sent with more than maxDiscard left says
+		// Connection: close).
+		_, err := io.CopyN(io.Discard, fc.br, body.left)
+		ok = err == nil
 	}
 	if !ok || w.close {
-		_ = fc.c.Close()
+		if body.left > 0 {
+			fc.closeLingering()
+		} else {
+			_ = fc.c.Close()
+		}
 		return false
 	}
 	return true
+}
+
+// closeLingering closes a connection whose client may still be sending
+// the body the handler left: its write side first, the rest a moment
+// later, so that the unread bytes do not make the kernel reset the
+// connection before the client has read the answer (net/http's
+// closeWriteAndWait, without holding a goroutine).
+func (fc *frontConn) closeLingering() {
+	if cw, ok := fc.c.Conn.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+		c := fc.c
+		time.AfterFunc(500*time.Millisecond, func() { _ = c.Close() })
+		return
+	}
+	_ = fc.c.Close()
 }
 
 // run calls the handler; false when it panicked (the connection is then
@@ -419,7 +494,10 @@ type frontBody struct {
 const watchDelay = 250 * time.Millisecond
 
 func (b *frontBody) Read(p []byte) (int, error) {
-	if b.left == 0 || b.closed {
+	if b.closed {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	if b.left == 0 {
 		return 0, io.EOF
 	}
 	if int64(len(p)) > b.left {
@@ -437,9 +515,8 @@ func (b *frontBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Close makes later reads see the end, as net/http's body does after a
-// Close; the rest is read away (or the connection closed) after the
-// answer.
+// Close makes later reads fail, as net/http's body does; the rest is
+// read away (or the connection closed) after the answer.
 func (b *frontBody) Close() error {
 	b.closed = true
 	return nil
@@ -486,17 +563,22 @@ func (b *frontBody) unwatch() {
 type frontWriter struct {
 	fc          *frontConn
 	body        *frontBody
-	h           http.Header
+	h           http.Header // the handler's
+	sent        http.Header // what goes out: h as it was at WriteHeader
 	status      int
 	wroteHeader bool // WriteHeader called
 	sentHead    bool // the head is in fc.bw
 	chunked     bool
 	close       bool
+	declared    int64  // the handler's Content-Length, -1 for none
+	written     int64  // body bytes written
 	pending     []byte // body written before the head went out
 }
 
 func (w *frontWriter) Header() http.Header { return w.h }
 
+// WriteHeader fixes the status and, as net/http does, the header: later
+// changes to the handler's map are not sent.
 func (w *frontWriter) WriteHeader(code int) {
 	if w.wroteHeader || w.fc.hijacked {
 		return
@@ -509,6 +591,15 @@ func (w *frontWriter) WriteHeader(code int) {
 	}
 	w.wroteHeader = true
 	w.status = code
+	w.sent = w.h.Clone()
+	w.declared = -1
+	if cl := w.sent.Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+			w.declared = n
+		} else {
+			delete(w.sent, "Content-Length") // as net/http: an invalid one is dropped
+		}
+	}
 }
 
 func (w *frontWriter) Write(p []byte) (int, error) {
@@ -521,6 +612,10 @@ func (w *frontWriter) Write(p []byte) (int, error) {
 	if !bodyAllowed(w.status) {
 		return 0, http.ErrBodyNotAllowed
 	}
+	if w.declared >= 0 && w.written+int64(len(p)) > w.declared {
+		return 0, http.ErrContentLength
+	}
+	w.written += int64(len(p))
 	if !w.sentHead {
 		if len(w.pending)+len(p) <= frontBufSize {
 			w.pending = append(w.pending, p...)
@@ -529,6 +624,13 @@ func (w *frontWriter) Write(p []byte) (int, error) {
 		w.sendHead(-1, p)
 	}
 	return len(p), w.writeBody(p)
+}
+
+// short reports whether the answer came short of its declared length:
+// the connection must close, or the client would read the next answer as
+// the rest of this one.
+func (w *frontWriter) short() bool {
+	return w.declared >= 0 && w.written < w.declared && bodyAllowed(w.status)
 }
 
 func bodyAllowed(status int) bool {
@@ -541,29 +643,40 @@ func bodyAllowed(status int) bool {
 // pending, else next).
 func (w *frontWriter) sendHead(length int, next []byte) {
 	w.sentHead = true
-	h, bw := w.h, w.fc.bw
+	h, bw := w.sent, w.fc.bw
 	first := w.pending
 	if len(first) == 0 {
 		first = next
 	}
-	if _, ok := h["Content-Type"]; !ok && bodyAllowed(w.status) && len(first) > 0 {
+	if _, ok := h["Content-Type"]; !ok && bodyAllowed(w.status) && len(first) > 0 && h.Get("Content-Encoding") == "" {
 		h["Content-Type"] = []string{http.DetectContentType(first)}
 	}
 	if _, ok := h["Date"]; !ok {
 		var d [len(http.TimeFormat)]byte
 		h["Date"] = []string{string(time.Now().UTC().AppendFormat(d[:0], http.TimeFormat))}
 	}
-	_, setLength := h["Content-Length"]
+	te := h.Get("Transfer-Encoding")
 	switch {
-	case setLength || !bodyAllowed(w.status):
+	case !bodyAllowed(w.status):
+		delete(h, "Transfer-Encoding")
+	case te == "chunked": // the handler's own choice: chunked, no length
+		w.chunked = true
+		delete(h, "Content-Length")
+		w.declared = -1
+	case te != "":
+		// Any other coding: the body goes as it is, ended by the close.
+		delete(h, "Transfer-Encoding")
+		delete(h, "Content-Length")
+		w.declared, w.close = -1, true
+	case w.declared >= 0:
 	case length >= 0:
 		h["Content-Length"] = []string{strconv.Itoa(length)}
 	default:
 		w.chunked = true
 		h["Transfer-Encoding"] = []string{"chunked"}
 	}
-	if strings.EqualFold(h.Get("Connection"), "close") || !w.fc.l.keepAlives() {
-		w.close = true
+	if strings.EqualFold(h.Get("Connection"), "close") || !w.fc.l.keepAlives() || w.body.left > maxDiscard {
+		w.close = true // (a body this large left unread is not read away)
 	}
 	if w.close {
 		h["Connection"] = []string{"close"}
@@ -630,15 +743,23 @@ func (w *frontWriter) finish() error {
 	return w.fc.bw.Flush()
 }
 
-// Hijack gives the connection to the caller, as net/http's does: its
-// buffered reader holds what the client sent ahead.
+// Hijack gives the connection to the caller, as net/http's does: what was
+// written goes out first, the deadlines are cleared, and its buffered
+// reader holds what the client sent ahead.
 func (w *frontWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if w.fc.hijacked {
 		return nil, nil, http.ErrHijacked
 	}
+	if w.wroteHeader && !w.sentHead {
+		w.sendHead(-1, nil)
+	}
+	if err := w.fc.bw.Flush(); err != nil {
+		return nil, nil, err
+	}
 	w.body.unwatch() // the takeover watches it itself
 	w.fc.hijacked = true
 	w.fc.l.untrackFront(w.fc)
+	_ = w.fc.c.SetDeadline(time.Time{})
 	return w.fc.c, bufio.NewReadWriter(w.fc.br, w.fc.bw), nil
 }
 

@@ -150,6 +150,19 @@ func TestFrontFramesAnswersAsNetHTTPDoes(t *testing.T) {
 			_, _ = w.Write([]byte("bye"))
 		case "error":
 			http.Error(w, "no", http.StatusTeapot)
+		case "own-chunked":
+			w.Header().Set("Transfer-Encoding", "chunked")
+			_, _ = w.Write([]byte("abc"))
+		case "late-header":
+			w.WriteHeader(http.StatusOK)
+			w.Header().Set("X-Late", "1") // after WriteHeader: not sent, as by net/http
+			_, _ = w.Write([]byte("late"))
+		case "over-length":
+			w.Header().Set("Content-Length", "3")
+			if n, err := w.Write([]byte("abcd")); n != 0 || !errors.Is(err, http.ErrContentLength) {
+				t.Errorf("a write past Content-Length: %d, %v; want 0, %v", n, err, http.ErrContentLength)
+			}
+			_, _ = w.Write([]byte("abc"))
 		}
 	})
 	for _, tc := range []struct {
@@ -166,6 +179,9 @@ func TestFrontFramesAnswersAsNetHTTPDoes(t *testing.T) {
 		{"close", "", 200, "bye", 3, true},
 		{"error", "", 418, "no\n", 3, false},
 		{"small", "Connection: close", 200, "hello", 5, true},
+		{"own-chunked", "", 200, "abc", -1, false},
+		{"late-header", "", 200, "late", 4, false},
+		{"over-length", "", 200, "abc", 3, false},
 	} {
 		t.Run(tc.name+tc.field, func(t *testing.T) {
 			c, br := fs.dial(t)
@@ -184,6 +200,9 @@ func TestFrontFramesAnswersAsNetHTTPDoes(t *testing.T) {
 			}
 			if tc.status == 200 && resp.Header.Get("Content-Type") == "" {
 				t.Fatal("no Content-Type (net/http sniffs one)")
+			}
+			if resp.Header.Get("X-Late") != "" {
+				t.Fatal("a field set after WriteHeader was sent")
 			}
 			if resp.Close != tc.closes {
 				t.Fatalf("Connection: close %v, want %v", resp.Close, tc.closes)
@@ -226,6 +245,7 @@ func TestFrontLeavesOddHeadsToNetHTTP(t *testing.T) {
 		"a NUL in a value":        "POST /generate HTTP/1.1\r\nHost: t\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\n{}",
 		"a CR in a value":         "POST /generate HTTP/1.1\r\nHost: t\r\nX-A: a\rb\r\nContent-Length: 2\r\n\r\n{}",
 		"no host":                 "POST /generate HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+		"a host with a space":     "POST /generate HTTP/1.1\r\nHost: a b\r\nContent-Length: 2\r\n\r\n{}",
 		"two hosts":               "POST /generate HTTP/1.1\r\nHost: t\r\nHost: u\r\nContent-Length: 2\r\n\r\n{}",
 		"an upgrade":              "POST /generate HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nContent-Length: 2\r\n\r\n{}",
 		"a head over a buffer":    "POST /generate HTTP/1.1\r\nHost: t\r\n" + long + "\r\nContent-Length: 2\r\n\r\n{}",
@@ -465,5 +485,77 @@ func TestCloseFrontCutsRequestsInFlight(t *testing.T) {
 	}
 	if _, err := br.ReadByte(); err == nil {
 		t.Fatal("the connection outlived CloseFront")
+	}
+}
+
+// An answer shorter than its declared Content-Length closes the
+// connection (the client would take the next answer for its rest), and
+// one sent while more of the body than the front reads away is unread says
+// Connection: close, as net/http's do.
+func TestFrontClosesAfterShortAnswersAndLargeUnreadBodies(t *testing.T) {
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Case") == "short" {
+			w.Header().Set("Content-Length", "10")
+			_, _ = w.Write([]byte("abc"))
+			return
+		}
+		http.Error(w, "unauthorized", http.StatusUnauthorized) // the body left unread
+	})
+	c, br := fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Case: short")+rawPost("/generate", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := io.ReadAll(resp.Body); string(b) != "abc" || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("short answer: %q, %v; want abc and the connection closed (%v)", b, err, io.ErrUnexpectedEOF)
+	}
+
+	c, br = fs.dial(t)
+	big := strings.Repeat("b", maxDiscard+1)
+	go func() { _, _ = io.WriteString(c, rawPost("/generate", big)) }()
+	resp, body := readAnswer(t, br)
+	if resp.StatusCode != http.StatusUnauthorized || !resp.Close {
+		t.Fatalf("answer with %d bytes of body unread: %d %q, Connection: close %v; want 401 and close", len(big), resp.StatusCode, body, resp.Close)
+	}
+}
+
+// No head timeout means none, as in net/http, not an instant one.
+func TestFrontWithoutAHeadTimeout(t *testing.T) {
+	fs := startFront(t, 0, time.Minute, echo)
+	c, br := fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	if resp, body := readAnswer(t, br); resp.StatusCode != 200 || body != "{}" {
+		t.Fatalf("answer %d %q", resp.StatusCode, body)
+	}
+}
+
+// A stream that CloseFront cuts does not end as if it were complete: no
+// chunked terminator reaches the client.
+func TestCloseFrontLeavesACutStreamIncomplete(t *testing.T) {
+	started := make(chan struct{})
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		_, _ = w.Write([]byte("data: 1\n\n"))
+		w.(http.Flusher).Flush()
+		close(started)
+		<-r.Context().Done()
+	})
+	c, br := fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	fs.ln.CloseFront()
+	if b, err := io.ReadAll(resp.Body); err == nil {
+		t.Fatalf("the cut stream ended cleanly after %q", b)
 	}
 }

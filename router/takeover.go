@@ -143,8 +143,23 @@ func (l *Listener) Close() error {
 	l.DisableKeepAlives()
 	l.mu.Lock()
 	l.frontClosed = true
+	waiting := l.frontList()
 	l.mu.Unlock()
+	// The front's connections waiting for a head, a first one too, are
+	// closed: a request arriving from here would meet a closing router.
+	for _, fc := range waiting {
+		fc.shutIfWaiting(true)
+	}
 	return l.Listener.Close()
+}
+
+// frontList is the front's connections; l.mu is held.
+func (l *Listener) frontList() []*frontConn {
+	conns := make([]*frontConn, 0, len(l.fronts))
+	for fc := range l.fronts {
+		conns = append(conns, fc)
+	}
+	return conns
 }
 
 // CloseFront closes every connection the front serves and cancels the
@@ -152,19 +167,10 @@ func (l *Listener) Close() error {
 func (l *Listener) CloseFront() {
 	l.mu.Lock()
 	l.frontClosed = true
-	conns := make([]*frontConn, 0, len(l.fronts))
-	for fc := range l.fronts {
-		conns = append(conns, fc)
-	}
+	conns := l.frontList()
 	l.mu.Unlock()
 	for _, fc := range conns {
-		fc.mu.Lock()
-		cancel := fc.cancel
-		fc.mu.Unlock()
-		if cancel != nil {
-			cancel(errStreamCut)
-		}
-		_ = fc.c.Close()
+		fc.cutRequest()
 	}
 }
 
@@ -184,18 +190,10 @@ func (l *Listener) DisableKeepAlives() {
 	l.keepAlive = false
 	idle := l.idleConns
 	l.idleConns = map[*takenConn]struct{}{}
-	var idleFronts []*frontConn
-	for fc := range l.fronts {
-		fc.mu.Lock()
-		if fc.idle {
-			fc.shut = true
-			idleFronts = append(idleFronts, fc)
-		}
-		fc.mu.Unlock()
-	}
+	fronts := l.frontList()
 	l.mu.Unlock()
-	for _, fc := range idleFronts {
-		_ = fc.c.Close()
+	for _, fc := range fronts {
+		fc.shutIfWaiting(false) // idle ones; a new one gets its first answer, with Connection: close
 	}
 	for tc := range idle {
 		tc.mu.Lock()
