@@ -27,8 +27,8 @@
 //     after their stream;
 //   - with Listener.Front, the reading and answering of generation
 //     requests without net/http's server (front.go): a plain POST of
-//     HTTP/1.1 is parsed by the Listener and run through the server's
-//     handler, anything else goes to net/http.
+//     HTTP/1.1 (or GET of the model list) is parsed by the Listener and run
+//     through the server's handler, anything else goes to net/http.
 //
 // With Config.TracerProvider set it traces each routed request: a server
 // span (continuing the client's W3C traceparent), a span per attempt on a

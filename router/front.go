@@ -25,7 +25,8 @@ import (
 // is read here first. A request of the router's hot path — a POST of
 // HTTP/1.1 to a generation route, its body sized by one Content-Length, a
 // valid Host, no Expect, Upgrade, Transfer-Encoding or query, its head
-// within one buffer and ended by CRLF CRLF — is parsed here and passed to
+// within one buffer and ended by CRLF CRLF — or a GET of /v1/models
+// without a body, is parsed here and passed to
 // the server's whole handler (every middleware, the same rules), with a
 // ResponseWriter of the front's own. Anything else goes to net/http with
 // the bytes already read, and the connection stays there for good:
@@ -60,8 +61,14 @@ import (
 //     its request cut (closed before it is cancelled, so that the answer
 //     cannot end as if complete).
 
-// hotPaths are the routes the front serves itself.
-var hotPaths = [...]string{"/v1/chat/completions", "/v1/completions", "/generate"}
+// hotPaths are the routes the front serves itself, POSTed; getPaths are
+// the ones it serves on a GET without a body: a client that lists the
+// models first (as OpenAI's SDKs are often used) keeps its connection on
+// the front for the generation requests that follow.
+var (
+	hotPaths = [...]string{"/v1/chat/completions", "/v1/completions", "/generate"}
+	getPaths = [...]string{"/v1/models"}
+)
 
 // frontBufSize bounds a head the front reads; a longer one goes to
 // net/http. It is also the answer's write buffer.
@@ -262,7 +269,7 @@ func (fc *frontConn) nextRequest(first bool) (q frontRequest, n int, v headVerdi
 	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	for {
 		b, _ := fc.br.Peek(fc.br.Buffered())
-		if len(b) >= len("POST ") && string(b[:len("POST ")]) != "POST " {
+		if !mayBeFrontMethod(b) {
 			return q, 0, headNotOurs
 		}
 		if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
@@ -287,6 +294,18 @@ func (fc *frontConn) nextRequest(first bool) (q frontRequest, n int, v headVerdi
 	}
 }
 
+// mayBeFrontMethod reports whether a head beginning with b may be a
+// request the front serves (b may be shorter than its method).
+func mayBeFrontMethod(b []byte) bool {
+	for _, m := range [...]string{"POST ", "GET "} {
+		n := min(len(b), len(m))
+		if string(b[:n]) == m[:n] {
+			return true
+		}
+	}
+	return false
+}
+
 // toNetHTTP gives the connection, with what was read of it, to net/http.
 func (fc *frontConn) toNetHTTP() {
 	if n := fc.br.Buffered(); n > 0 {
@@ -301,6 +320,7 @@ func (fc *frontConn) toNetHTTP() {
 
 // frontRequest is a request head the front accepted.
 type frontRequest struct {
+	method string
 	path   string
 	header http.Header
 	length int64
@@ -319,17 +339,27 @@ func parseFrontRequest(head []byte) (frontRequest, bool) {
 	line, rest := nextLine(string(head))
 	method, line, ok1 := strings.Cut(line, " ")
 	target, proto, ok2 := strings.Cut(line, " ")
-	if !ok1 || !ok2 || method != http.MethodPost || proto != "HTTP/1.1" {
+	if !ok1 || !ok2 || proto != "HTTP/1.1" {
 		return q, false
 	}
-	for _, p := range hotPaths {
-		if target == p {
-			q.path = p
+	switch method {
+	case http.MethodPost:
+		for _, p := range hotPaths {
+			if target == p {
+				q.path = p
+			}
+		}
+	case http.MethodGet:
+		for _, p := range getPaths {
+			if target == p {
+				q.path = p
+			}
 		}
 	}
 	if q.path == "" {
 		return q, false
 	}
+	q.method = method
 	q.header = make(http.Header, 8)
 	q.length = -1
 	for {
@@ -381,7 +411,13 @@ func parseFrontRequest(head []byte) (frontRequest, bool) {
 	if rest != "" {
 		return q, false // a blank line ended the head before its CRLF CRLF: net/http's to judge
 	}
-	if q.length < 0 || q.host == "" {
+	if q.host == "" {
+		return q, false
+	}
+	switch {
+	case q.method == http.MethodGet && q.length < 0:
+		q.length = 0 // no body (RFC 9112 §6.3); a GET with a length is net/http's
+	case q.method == http.MethodGet, q.length < 0:
 		return q, false
 	}
 	return q, true
@@ -396,7 +432,7 @@ func (fc *frontConn) serve(q frontRequest) bool {
 	fc.cancel = cancel
 	fc.mu.Unlock()
 	body := &frontBody{fc: fc, left: q.length, cancel: cancel}
-	r := &http.Request{Method: http.MethodPost, URL: &url.URL{Path: q.path}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+	r := &http.Request{Method: q.method, URL: &url.URL{Path: q.path}, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: q.header, Body: body, ContentLength: q.length, Host: q.host, RemoteAddr: fc.remoteAddr, RequestURI: q.path, Close: q.close}
 	if q.length == 0 {
 		r.Body = http.NoBody // as net/http's

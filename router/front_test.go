@@ -130,6 +130,44 @@ func TestFrontServesGenerationRequestsAndHandsOverTheRest(t *testing.T) {
 	}
 }
 
+// A client that lists the models first, as OpenAI's SDKs are often used,
+// keeps its connection on the front for what follows. The GET is the head
+// the OpenAI Python SDK sends (openai 3.57.0 on httpx 0.28.1, captured),
+// its POST too, on one kept-alive connection.
+func TestFrontServesTheModelListBeforeGenerations(t *testing.T) {
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			_, _ = w.Write([]byte(`{"object":"list","data":[]}`))
+			return
+		}
+		echo(w, r)
+	})
+	sdk := "\r\nAccept-Encoding: gzip, deflate\r\nConnection: keep-alive\r\nauthorization: Bearer sk-test\r\naccept: application/json\r\n" +
+		"user-agent: OpenAI/Python 3.57.0\r\nx-stainless-lang: python\r\nx-stainless-package-version: 3.57.0\r\nx-stainless-os: Linux\r\n" +
+		"x-stainless-arch: x64\r\nx-stainless-runtime: CPython\r\nx-stainless-runtime-version: 3.11.7\r\nx-stainless-async: false\r\n" +
+		"x-stainless-retry-count: 0\r\nx-stainless-read-timeout: 600\r\n"
+	body := `{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hello"}],"max_tokens":8}`
+	c, br := fs.dial(t)
+	if _, err := io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:8080"+sdk+"\r\n"+
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080"+sdk+"content-type: application/json\r\n"+
+		fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`{"object":"list","data":[]}`, body} {
+		if resp, got := readAnswer(t, br); resp.StatusCode != 200 || got != want {
+			t.Fatalf("answer %d %q, want %q", resp.StatusCode, got, want)
+		}
+	}
+	// A GET with a body (a length) is net/http's, as is a GET elsewhere.
+	if _, err := io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+		t.Fatal(err)
+	}
+	readAnswer(t, br)
+	if f, n := fs.byFront.Load(), fs.byNetHTP.Load(); f != 2 || n != 1 {
+		t.Fatalf("%d answered by the front, %d by net/http; want 2 and 1", f, n)
+	}
+}
+
 // An answer gets the framing net/http would give it.
 func TestFrontFramesAnswersAsNetHTTPDoes(t *testing.T) {
 	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
@@ -250,6 +288,10 @@ func TestFrontLeavesOddHeadsToNetHTTP(t *testing.T) {
 		"an upgrade":              "POST /generate HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nContent-Length: 2\r\n\r\n{}",
 		"a head over a buffer":    "POST /generate HTTP/1.1\r\nHost: t\r\n" + long + "\r\nContent-Length: 2\r\n\r\n{}",
 		"a GET":                   "GET /generate HTTP/1.1\r\nHost: t\r\n\r\n",
+		"a GET of another path":   "GET /health HTTP/1.1\r\nHost: t\r\n\r\n",
+		"a HEAD of the models":    "HEAD /v1/models HTTP/1.1\r\nHost: t\r\n\r\n",
+		"a POST of the models":    "POST /v1/models HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}",
+		"a GET with chunks":       "GET /v1/models HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 		"garbage":                 "\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03",
 		"another connection op":   "POST /generate HTTP/1.1\r\nHost: t\r\nConnection: keep-alive, Upgrade\r\nContent-Length: 2\r\n\r\n{}",
 	} {
