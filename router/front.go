@@ -127,6 +127,17 @@ func (l *Listener) serveFront(c *clientConn, f *frontConfig) {
 	fc := &frontConn{l: l, f: f, c: c, br: frontReaders.Get().(*bufio.Reader), remoteAddr: c.RemoteAddr().String()}
 	fc.br.Reset(c)
 	defer fc.release()
+	// A fault of the front's own (outside the handler, which run guards)
+	// ends this connection only, as net/http's per-connection recover
+	// does: never the process, with every other client's request.
+	defer func() {
+		if p := recover(); p != nil {
+			log.Printf("http: panic serving %s: %v\n%s", fc.remoteAddr, p, debug.Stack())
+			if !fc.hijacked {
+				_ = c.Close()
+			}
+		}
+	}()
 	if !l.trackFront(fc) {
 		_ = c.Close()
 		return
