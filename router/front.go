@@ -320,9 +320,8 @@ func mayBeFrontMethod(b []byte) bool {
 // toNetHTTP gives the connection, with what was read of it, to net/http.
 func (fc *frontConn) toNetHTTP() {
 	if n := fc.br.Buffered(); n > 0 {
-		// Read ahead of what clientConn.pending still holds, if anything.
 		b, _ := fc.br.Peek(n)
-		fc.c.pending = append(append(make([]byte, 0, n+len(fc.c.pending)), b...), fc.c.pending...)
+		fc.c.unread(b)
 	}
 	_ = fc.c.SetReadDeadline(time.Time{})
 	fc.l.untrackFront(fc)

@@ -248,9 +248,9 @@ func (l *Listener) toServer(c net.Conn) {
 }
 
 // clientConn is a connection the Listener accepted: it knows where to go
-// back to. pending holds bytes net/http had read ahead of a takeover (the
-// next request's first bytes, pipelined): they are read first once the
-// connection is back.
+// back to. pending holds bytes read ahead of a takeover or of the front's
+// hand-over to net/http (the next request's first bytes, pipelined): they
+// are read first once the connection is back.
 type clientConn struct {
 	net.Conn
 	l       *Listener
@@ -264,6 +264,13 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return c.Conn.Read(p)
+}
+
+// unread puts b, read from c ahead of its reader's need (net/http's or the
+// front's buffer at a hand-over), back before what pending still holds:
+// the connection's next reader gets both, in order.
+func (c *clientConn) unread(b []byte) {
+	c.pending = append(append(make([]byte, 0, len(b)+len(c.pending)), b...), c.pending...)
 }
 
 // CloseWrite lets net/http half-close the connection as it does a TCP one.
@@ -343,7 +350,7 @@ func (d *dispatch) takeover() bool {
 		tc.readAhead = true
 		if cc != nil {
 			b, _ := brw.Reader.Peek(n)
-			cc.pending = append(cc.pending[:0], b...)
+			cc.unread(b)
 		}
 	}
 	// From here the request's context is the router's: net/http cancels
