@@ -219,17 +219,16 @@ func (fc *frontConn) setBusy(busy bool) bool {
 }
 
 // shutIfWaiting closes fc if it is waiting for a head: after a request
-// (idle), or also for its first (new); it tells which it closed.
-func (fc *frontConn) shutIfWaiting(alsoNew bool) bool {
+// (idle), or also for its first (new).
+func (fc *frontConn) shutIfWaiting(alsoNew bool) {
 	fc.mu.Lock()
 	if fc.busy || !fc.served && !alsoNew {
 		fc.mu.Unlock()
-		return false
+		return
 	}
 	fc.shut = true
 	fc.mu.Unlock()
 	_ = fc.c.Close()
-	return true
 }
 
 // cutRequest closes fc, then cancels its request, which must not end as
@@ -452,7 +451,7 @@ func (fc *frontConn) serve(q frontRequest) bool {
 		fc.bw = frontWriters.Get().(*bufio.Writer)
 		fc.bw.Reset(fc.c)
 	}
-	w := &frontWriter{fc: fc, body: body, h: make(http.Header, 4), close: q.close || !fc.l.keepAlives()}
+	w := &frontWriter{fc: fc, body: body, h: make(http.Header, 4), close: q.close} // sendHead adds keep-alives off
 	if q.length == 0 {
 		body.watch()
 	}
