@@ -93,6 +93,18 @@ func readAnswer(t *testing.T, br *bufio.Reader) (*http.Response, string) {
 	return resp, string(b)
 }
 
+// readThenWait reads r's body, then waits d for its context to end: the
+// cause if it did, nil if not.
+func readThenWait(r *http.Request, d time.Duration) error {
+	_, _ = io.ReadAll(r.Body)
+	select {
+	case <-r.Context().Done():
+		return context.Cause(r.Context())
+	case <-time.After(d):
+		return nil
+	}
+}
+
 func echo(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
 	w.Header().Set("Content-Type", "application/json")
@@ -322,15 +334,11 @@ func TestFrontLeavesOddHeadsToNetHTTP(t *testing.T) {
 func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
 	causes := make(chan error, 4)
 	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		select {
-		case <-r.Context().Done():
-			causes <- context.Cause(r.Context())
-			return
-		case <-time.After(time.Duration(len(r.Header.Get("X-Wait"))) * 100 * time.Millisecond):
-			causes <- nil
+		err := readThenWait(r, time.Duration(len(r.Header.Get("X-Wait")))*100*time.Millisecond)
+		causes <- err
+		if err == nil {
+			_, _ = w.Write([]byte("done"))
 		}
-		_, _ = w.Write([]byte("done"))
 	})
 
 	c, _ := fs.dial(t)
@@ -508,13 +516,7 @@ func TestFrontHijack(t *testing.T) {
 func TestCloseFrontCutsRequestsInFlight(t *testing.T) {
 	causes := make(chan error, 1)
 	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		select {
-		case <-r.Context().Done():
-			causes <- context.Cause(r.Context())
-		case <-time.After(10 * time.Second):
-			causes <- nil
-		}
+		causes <- readThenWait(r, 10*time.Second)
 	})
 	c, br := fs.dial(t)
 	if _, err := io.WriteString(c, rawPost("/generate", "{}")); err != nil {
