@@ -307,8 +307,18 @@ func peerName(p Peer) string {
 // kvPages sizes the engines' KV pools for n requests at once: one page
 // each under cheap transfer (the prompt is short), doubled for pages still
 // held while the next request starts. The simulator maps and touches the
-// whole pool up front (32 KiB a page), so it is not oversized.
+// whole pool up front, so it is not oversized.
 func kvPages(n int) int { return max(512, 2*n) }
+
+// The engines' KV geometry under load: one layer of one head of 16, so that
+// a page (16 tokens, a K and a V region, bfloat16) is 1 KiB rather than the
+// simulator's default 32 KiB. What a request's transfer moves costs the
+// engines, not the routers, and the engines share the routers' machine.
+const (
+	loadNumLayers  = 1
+	loadNumKVHeads = 1
+	loadHeadDim    = 16
+)
 
 // fleetSpec is how a fleet's engines run.
 type fleetSpec struct {
@@ -435,7 +445,8 @@ func startServe(ctx context.Context, cfg Config, bin, name string) (*Process, st
 func (f *fleet) startEngines(ctx context.Context, cfg Config, spec fleetSpec, controlPlane string) (prefill, decode *Sim, err error) {
 	for _, role := range []string{"prefill", "decode"} {
 		s, err := StartSim(ctx, cfg.Pdplane, SimSpec{Engine: f.engine, Role: role, ControlPlane: controlPlane,
-			KVPages: spec.kvPages, CheapTransfer: spec.cheap, DecodeTimePerToken: spec.decodeTime})
+			KVPages: spec.kvPages, CheapTransfer: spec.cheap, DecodeTimePerToken: spec.decodeTime,
+			NumLayers: loadNumLayers, NumKVHeads: loadNumKVHeads, HeadDim: loadHeadDim})
 		if err != nil {
 			return nil, nil, err
 		}

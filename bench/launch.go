@@ -20,6 +20,9 @@ type SimSpec struct {
 	// CheapTransfer computes and verifies no KV and moves one page per
 	// request (see `pdplane sim --cheap-transfer`).
 	CheapTransfer bool
+	// NumLayers, NumKVHeads and HeadDim set the KV geometry, so how many
+	// bytes a page moves (0: the simulator's defaults).
+	NumLayers, NumKVHeads, HeadDim int
 	// DecodeTimePerToken slows generation (held streams).
 	DecodeTimePerToken time.Duration
 	LogLevel           string // default "warn"
@@ -62,6 +65,14 @@ func StartSim(ctx context.Context, bin string, spec SimSpec) (*Sim, error) {
 	}
 	if spec.CheapTransfer {
 		args = append(args, "--cheap-transfer")
+	}
+	for _, g := range []struct {
+		flag string
+		v    int
+	}{{"--num-layers", spec.NumLayers}, {"--num-kv-heads", spec.NumKVHeads}, {"--head-dim", spec.HeadDim}} {
+		if g.v > 0 {
+			args = append(args, g.flag, strconv.Itoa(g.v))
+		}
 	}
 	if spec.DecodeTimePerToken > 0 {
 		args = append(args, "--decode-time-per-token", spec.DecodeTimePerToken.String())

@@ -26,7 +26,7 @@ func (r *Report) Print(w io.Writer) {
 		if peer != "" {
 			title = "pdplane vs " + peer
 		}
-		fmt.Fprintf(w, "%s: %s engines (pdplane sim --cheap-transfer), %d round(s) of %v windows per router\n\n",
+		fmt.Fprintf(w, "%s: %s engines (pdplane sim --cheap-transfer, 1 KiB pages), %d round(s) of %v windows per router\n\n",
 			title, engineTitle(c.Engine), r.Config.Rounds, r.Config.Window)
 		t := &table{peer: peer}
 		for _, row := range c.Rows {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/bench"
+	"github.com/pdplane/pdplane/sim"
 )
 
 // waitOutput waits until the process's output matches re and returns the
@@ -116,5 +117,48 @@ func TestSimAlone(t *testing.T) {
 	case <-p.done:
 		t.Fatal("sim without a control plane exited")
 	default:
+	}
+}
+
+// TestSimGeometryFlags: `pdplane sim`'s KV geometry flags reach what its
+// agent registers, with the pool sized by them (2 regions of 512 pages of
+// 8 tokens × 1 head × 16 × 2 bytes), and the GC and pprof flags parse.
+func TestSimGeometryFlags(t *testing.T) {
+	t.Parallel()
+	addr := bench.FreeAddr(t)
+	base := "http://" + addr
+	startProcess(t, "serve", "serve", "--addr", addr)
+	waitHTTP(t, base+"/healthz", 30*time.Second)
+	startProcess(t, "decode", "sim", "--role", "decode", "--name", "d-geom", "--control-plane", base,
+		"--page-size", "8", "--num-layers", "1", "--num-kv-heads", "1", "--head-dim", "16",
+		"--gc-min-heap-mib", "0", "--pprof-addr", bench.FreeAddr(t))
+	var peers struct {
+		Peers []struct {
+			KV struct {
+				PageSize   int `json:"page_size"`
+				NumLayers  int `json:"num_layers"`
+				NumKVHeads int `json:"num_kv_heads"`
+				HeadDim    int `json:"head_dim"`
+			} `json:"kv"`
+			Ranks []struct {
+				KVDataLens []int64 `json:"kv_data_lens"`
+			} `json:"ranks"`
+		} `json:"peers"`
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(peers.Peers) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the sim did not register within 30s")
+		}
+		time.Sleep(100 * time.Millisecond)
+		getJSON(t, base+"/api/v1/peers", &peers)
+	}
+	p := peers.Peers[0]
+	if p.KV.PageSize != 8 || p.KV.NumLayers != 1 || p.KV.NumKVHeads != 1 || p.KV.HeadDim != 16 {
+		t.Errorf("registered geometry %+v, want page_size 8, 1 layer, 1 KV head, head_dim 16", p.KV)
+	}
+	regionBytes := int64(sim.DefaultPages * 8 * 1 * 16 * 2)
+	if len(p.Ranks) != 1 || len(p.Ranks[0].KVDataLens) != 2 || p.Ranks[0].KVDataLens[0] != regionBytes {
+		t.Errorf("registered ranks %+v, want one with 2 regions of %d bytes", p.Ranks, regionBytes)
 	}
 }

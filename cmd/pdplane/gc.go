@@ -71,6 +71,25 @@ func startGCFloor(minHeap uint64) (stop func()) {
 	}
 }
 
+// defaultGCMinHeapMiB is --gc-min-heap-mib's default.
+const defaultGCMinHeapMiB = 64
+
+// gcMinHeapFlag is --gc-min-heap-mib, for the commands that serve load
+// alone in their process (serve, sim); start it with startGCFloorMiB after
+// parsing.
+func gcMinHeapFlag(fs *flagSet, mib *int) {
+	fs.int(mib, "gc-min-heap-mib", defaultGCMinHeapMiB, "MiB the heap may grow to between garbage collections however little of it is live "+
+		"(fewer collections under load; above half of it live, collections are as at GOGC=100); 0, or GOGC set, leaves the Go defaults")
+}
+
+// startGCFloorMiB checks --gc-min-heap-mib's value and starts the floor.
+func startGCFloorMiB(mib int) (stop func(), err error) {
+	if mib < 0 || mib > 1<<20 {
+		return nil, usageErrorf("invalid value %d for --gc-min-heap-mib: want 0 to 1048576 (1 TiB)", mib)
+	}
+	return startGCFloor(uint64(mib) << 20), nil
+}
+
 // gcSentinel is an object made unreachable on purpose: its finalizer runs
 // once a collection has found it so, that is after every cycle.
 type gcSentinel struct{ g *gcFloor }

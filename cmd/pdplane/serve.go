@@ -148,9 +148,6 @@ func (c *serveConfig) flags(fs *flagSet) {
 		"on a listener of its own; empty serves none")
 }
 
-// defaultGCMinHeapMiB is --gc-min-heap-mib's default.
-const defaultGCMinHeapMiB = 64
-
 // DefaultShutdownGrace is --shutdown-grace's default: room for a long
 // streamed completion, and within what an orchestrator usually waits
 // (Kubernetes' terminationGracePeriodSeconds is 30 s).
@@ -162,8 +159,7 @@ func runServe(ctx context.Context, args []string) error {
 	c.flags(fs)
 	// serve's alone: dev runs its engines in the same process.
 	var gcMinHeapMiB int
-	fs.int(&gcMinHeapMiB, "gc-min-heap-mib", defaultGCMinHeapMiB, "MiB the heap may grow to between garbage collections however little of it is live "+
-		"(fewer collections under load; above half of it live, collections are as at GOGC=100); 0, or GOGC set, leaves the Go defaults")
+	gcMinHeapFlag(fs, &gcMinHeapMiB)
 	if err := fs.parse(args); err != nil {
 		return err
 	}
@@ -171,10 +167,11 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if gcMinHeapMiB < 0 || gcMinHeapMiB > 1<<20 {
-		return usageErrorf("invalid value %d for --gc-min-heap-mib: want 0 to 1048576 (1 TiB)", gcMinHeapMiB)
+	stopGC, err := startGCFloorMiB(gcMinHeapMiB)
+	if err != nil {
+		return err
 	}
-	defer startGCFloor(uint64(gcMinHeapMiB) << 20)()
+	defer stopGC()
 	cp, err := startControlPlane(ctx, c, log)
 	if err != nil {
 		return err

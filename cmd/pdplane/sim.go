@@ -25,6 +25,10 @@ func simFlags(fs *flagSet, c *sim.Config, role, engine *string) {
 	fs.dur(&c.DecodeTimePerToken, "decode-time-per-token", 0, "simulated decode time per generated token (an SGLang decode sends its first, the prefill's, at once)")
 	fs.int(&c.Pages, "kv-pages", sim.DefaultPages, "pages in the KV pool (page_size tokens each); a request holds its prompt's pages "+
 		"until its answer ends, so held streams need as many")
+	fs.int(&c.PageSize, "page-size", sim.DefaultPageSize, "tokens per KV page")
+	fs.int(&c.NumLayers, "num-layers", sim.DefaultNumLayers, "model layers: the KV pool has a K and a V region per layer")
+	fs.int(&c.NumKVHeads, "num-kv-heads", sim.DefaultNumKVHeads, "KV heads")
+	fs.int(&c.HeadDim, "head-dim", sim.DefaultHeadDim, "size of one head; with the dtype, page size, heads and layers it sets how many bytes a page moves")
 	fs.dur(&c.RoomTimeout, "room-timeout", sim.DefaultRoomTimeout, "how long either side of a transfer waits for the other "+
 		"(SGLang's bootstrap and waiting timeouts, vLLM's held-blocks timeout) before failing the request")
 	fs.boolean(&c.CheapTransfer, "cheap-transfer", false, "keep the PD protocol (bootstrap, transfer notifications, per-token times) "+
@@ -34,7 +38,8 @@ func simFlags(fs *flagSet, c *sim.Config, role, engine *string) {
 // runSim runs one simulated engine and, with --control-plane, its agent.
 func runSim(ctx context.Context, args []string) error {
 	var c sim.Config
-	var role, engine, controlPlane, token, legacyToken, logLevel, sharedSecret string
+	var role, engine, controlPlane, token, legacyToken, logLevel, sharedSecret, pprofAddr string
+	var gcMinHeapMiB int
 	fs := newFlagSet("sim")
 	simFlags(fs, &c, &role, &engine)
 	fs.int(&c.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill (0 picks a free one)")
@@ -45,6 +50,8 @@ func runSim(ctx context.Context, args []string) error {
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.str(&sharedSecret, "transfer-secret", "", "without --control-plane: the TCP transfer secret (16 to 64 bytes) shared by "+
 		"the sims that move KV between them, e.g. behind another router; prefer the environment variable, which ps does not show")
+	gcMinHeapFlag(fs, &gcMinHeapMiB)
+	fs.str(&pprofAddr, "pprof-addr", "", "loopback HOST:PORT to serve Go runtime profiles on (/debug/pprof/), e.g. to profile the engine under a load test")
 	if err := fs.parse(args); err != nil {
 		return err
 	}
@@ -65,6 +72,18 @@ func runSim(ctx context.Context, args []string) error {
 	log, err := newLogger(logLevel, false)
 	if err != nil {
 		return err
+	}
+	stopGC, err := startGCFloorMiB(gcMinHeapMiB)
+	if err != nil {
+		return err
+	}
+	defer stopGC()
+	if pprofAddr != "" {
+		ps, err := startPprof(pprofAddr, log)
+		if err != nil {
+			return err
+		}
+		defer ps.Close()
 	}
 	e, err := devfleet.StartEngine(ctx, devfleet.EngineConfig{Sim: c, ControlPlane: controlPlane, JoinToken: token}, log)
 	if err != nil {
