@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"maps"
 	"net/http"
@@ -175,5 +176,47 @@ func TestUnscopedRouteRefused(t *testing.T) {
 		if rec.Code != http.StatusOK {
 			t.Errorf("open=%v GET /api/v1/peers: %d %s", s.open(), rec.Code, rec.Body)
 		}
+	}
+}
+
+// TestServerLogsCarryRequestID: the server's own log lines (the access
+// log, a failure's cause) carry the request's ID, the client's when valid,
+// as its X-Request-Id answer does.
+func TestServerLogsCarryRequestID(t *testing.T) {
+	var buf bytes.Buffer
+	s, err := New(Config{}, Deps{Store: memstore.New(memstore.Config{}), Snaps: emptySnaps{}, Registry: prometheus.NewRegistry()},
+		zerolog.New(&buf).Level(zerolog.DebugLevel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodGet, "/api/v1/peers/00000000-0000-0000-0000-000000000001", nil)
+	req.Header.Set(registry.RequestIDHeader, "client-id-42")
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusNotFound || rec.Header().Get(registry.RequestIDHeader) != "client-id-42" {
+		t.Fatalf("answer %d with X-Request-Id %q, want 404 with client-id-42", rec.Code, rec.Header().Get(registry.RequestIDHeader))
+	}
+	var lines int
+	for line := range strings.Lines(buf.String()) {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		lines++
+		if rec["request_id"] != "client-id-42" {
+			t.Errorf("log line without the request's ID: %s", line)
+		}
+	}
+	if lines == 0 {
+		t.Fatal("nothing logged at debug level, want the access log line")
+	}
+
+	// A server-made ID when the client sent none, the same in the log.
+	buf.Reset()
+	rec = httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	id := rec.Header().Get(registry.RequestIDHeader)
+	if id == "" || !strings.Contains(buf.String(), `"request_id":"`+id+`"`) {
+		t.Errorf("X-Request-Id %q, log %s: want the answer's ID in the access log line", id, buf.String())
 	}
 }

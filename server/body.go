@@ -65,7 +65,7 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 func (s *Server) limitBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > s.cfg.MaxBodyBytes {
-			writeProblem(w, toProblem(r, &http.MaxBytesError{Limit: s.cfg.MaxBodyBytes}))
+			writeProblem(w, s.toProblem(r, &http.MaxBytesError{Limit: s.cfg.MaxBodyBytes}))
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/rs/zerolog/hlog"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
@@ -78,7 +77,7 @@ func unavailable() *Problem {
 
 // toProblem classifies an error at the HTTP edge. Anything unexpected is a
 // 500 whose detail says nothing about the cause; the cause goes to the log.
-func toProblem(r *http.Request, err error) *Problem {
+func (s *Server) toProblem(r *http.Request, err error) *Problem {
 	var p *Problem
 	var fe *registry.FieldError
 	var tooLarge *http.MaxBytesError
@@ -99,12 +98,12 @@ func toProblem(r *http.Request, err error) *Problem {
 		// or fails over to another replica. The cause is logged, not echoed,
 		// at debug level: during an outage every heartbeat of the fleet
 		// lands here, and the sweeper and the listener report the outage.
-		hlog.FromRequest(r).Debug().Err(err).Msg("registry store unavailable (503)")
+		s.requestLog(r).Debug().Err(err).Msg("registry store unavailable (503)")
 		return unavailable()
 	case errors.Is(err, registry.ErrConflict):
 		return &Problem{Type: ProblemConflict, Title: "Conflict", Status: http.StatusConflict, Detail: "the request conflicts with a stored peer"}
 	}
-	hlog.FromRequest(r).Error().Err(err).Msg("request failed")
+	s.requestLog(r).Error().Err(err).Msg("request failed")
 	return &Problem{Type: ProblemInternal, Title: "Internal error", Status: http.StatusInternalServerError,
 		Detail: "the server could not complete the request; see its log"}
 }

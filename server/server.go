@@ -230,7 +230,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 
 	r := chi.NewRouter()
 	s.mux = r
-	r.Use(requestID(log), s.accessLog,
+	r.Use(requestID, s.accessLog,
 		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardWrites)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", s.readyz)
@@ -293,7 +293,7 @@ func (s *Server) requestError(w http.ResponseWriter, r *http.Request, err error)
 	var required *api.RequiredParamError
 	switch {
 	case errors.As(err, &tooLarge):
-		writeProblem(w, toProblem(r, err))
+		writeProblem(w, s.toProblem(r, err))
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		writeProblem(w, &Problem{Type: ProblemMalformed, Title: "Request timeout", Status: http.StatusRequestTimeout,
 			Detail: "the request body did not arrive in time", Field: "body"})
@@ -323,10 +323,10 @@ func (s *Server) requestError(w http.ResponseWriter, r *http.Request, err error)
 // answer, so it is logged at debug level and nothing is written.
 func (s *Server) responseError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
-		hlog.FromRequest(r).Debug().Err(err).Msg("client gone (499)")
+		s.requestLog(r).Debug().Err(err).Msg("client gone (499)")
 		return
 	}
-	writeProblem(w, toProblem(r, err))
+	writeProblem(w, s.toProblem(r, err))
 }
 
 // readyz is 200 when the routing snapshot holds at least one compatible
@@ -350,7 +350,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.store.Ping(ctx); err != nil {
-		hlog.FromRequest(r).Warn().Err(err).Msg("readiness: store does not answer; routing from the last snapshot")
+		s.requestLog(r).Warn().Err(err).Msg("readiness: store does not answer; routing from the last snapshot")
 		_, _ = w.Write([]byte("ready (registry store does not answer: routing from the last snapshot)\n"))
 		return
 	}
@@ -360,19 +360,24 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // requestID gives each request its one ID: the client's X-Request-Id when
 // it is valid (registry.ValidRequestID: short, printable ASCII), else a new
 // one. The ID goes into the request's context, where the router takes it
-// for both upstream legs and its own logs, into the request's own logger
-// there (zerolog.Ctx, hlog.FromRequest: so the access log shows it), and
-// once into the answer's X-Request-Id.
-func requestID(log zerolog.Logger) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			id := registry.AcceptRequestID(r.Header.Get(registry.RequestIDHeader))
-			l := log.With().Str("request_id", id).Logger()
-			ctx := registry.ContextWithRequestID(l.WithContext(r.Context()), id)
-			w.Header().Set(registry.RequestIDHeader, id)
-			next.ServeHTTP(w, r.WithContext(ctx))
-		})
-	}
+// for both upstream legs and its own logs and requestLog for the server's,
+// and once into the answer's X-Request-Id.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := registry.AcceptRequestID(r.Header.Get(registry.RequestIDHeader))
+		w.Header().Set(registry.RequestIDHeader, id)
+		next.ServeHTTP(w, r.WithContext(registry.ContextWithRequestID(r.Context(), id)))
+	})
+}
+
+// requestLog is r's logger: the server's, with the request's ID. It is made
+// when there is something to log rather than for every request: most
+// requests log nothing here (the router logs its generation requests
+// itself, with their ID).
+func (s *Server) requestLog(r *http.Request) *zerolog.Logger {
+	id, _ := registry.RequestIDFromContext(r.Context())
+	l := s.log.With().Str("request_id", id).Logger()
+	return &l
 }
 
 // accessLog logs each request once it is done and counts it by route. A
@@ -389,11 +394,11 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		if s.selfLogged[route] {
 			return
 		}
-		ev := hlog.FromRequest(r).Debug()
+		level := zerolog.DebugLevel
 		if status >= 500 && route != "/readyz" { // not ready is an answer, not a failure
-			ev = hlog.FromRequest(r).Warn()
+			level = zerolog.WarnLevel
 		}
-		ev.Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).
+		s.requestLog(r).WithLevel(level).Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).
 			Float64("duration_ms", float64(d.Microseconds())/1e3).Msg("request")
 	})(next)
 }
