@@ -143,9 +143,12 @@ type dispatch struct {
 	ctx   context.Context // the client's: ends when it leaves
 	route route
 	q     *request
-	rid   string
-	key   uint64
-	ex    exclusions
+	// series are the model's series on the route, once the model is
+	// resolved (at dispatch).
+	series *modelSeries
+	rid    string
+	key    uint64
+	ex     exclusions
 
 	start      time.Time
 	dispatched time.Time
@@ -271,6 +274,7 @@ func (d *dispatch) prepare() (*view, *modelView) {
 	}
 	d.key = xxhash.Sum64(q.prefix)
 	d.rc = *http.NewResponseController(d.w)
+	d.series = &mv.series[d.route]
 	d.dispatched = rt.cfg.Now()
 	return v, mv
 }
@@ -652,7 +656,7 @@ func (d *dispatch) send(b []byte, flush bool) error {
 	d.sent += int64(len(b))
 	if !d.ttftSeen {
 		d.ttftSeen = true
-		d.rt.m.ttft.WithLabelValues(d.route.label(), d.q.model).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
+		d.series.ttftOf(d.rt.m, d.route, d.q.model).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
 	}
 	return nil
 }
@@ -870,15 +874,15 @@ func (d *dispatch) finish() {
 		d.endSpan()
 	}
 	elapsed := rt.cfg.Now().Sub(d.start)
-	rt.m.requests.WithLabelValues(d.route.label(), d.outcome).Inc()
+	rt.m.countRequest(d.route, d.outcome)
 	if !d.dispatched.IsZero() {
 		// The model is one the snapshot serves: a bounded label.
-		route, model := d.route.label(), d.q.model
-		rt.m.duration.WithLabelValues(route, model).Observe(elapsed.Seconds())
+		model := d.q.model
+		d.series.durationOf(rt.m, d.route, model).Observe(elapsed.Seconds())
 		if d.outcome == outcomeOK {
 			if u := &d.usage; u.seenP || u.seenC {
-				rt.m.promptTokens.WithLabelValues(route, model).Add(float64(u.prompt))
-				rt.m.completionTokens.WithLabelValues(route, model).Add(float64(u.completion))
+				d.series.promptOf(rt.m, d.route, model).Add(float64(u.prompt))
+				d.series.completionOf(rt.m, d.route, model).Add(float64(u.completion))
 			}
 		}
 	}

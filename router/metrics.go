@@ -40,6 +40,8 @@ type metrics struct {
 	quarantines        prometheus.Counter
 	inflight           prometheus.Gauge
 	takenOver          prometheus.Counter
+
+	cache seriesCache // series.go
 }
 
 // latencyBuckets span loopback (sub-millisecond) to long prefills.

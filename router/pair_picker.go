@@ -237,6 +237,7 @@ type modelView struct {
 	ring     *hashRing // for cache_aware prefill selection; nil otherwise
 	pairable bool      // at least one prefill has a compatible decode
 	rr       [2]paddedCounter
+	series   [numRoutes]modelSeries // its series by route (series.go)
 }
 
 // paddedCounter keeps the round-robin counters of the two roles on separate

@@ -240,7 +240,7 @@ func (rt *Router) requireAPIKey(next http.Handler) http.Handler {
 			if i := routeOf(r.URL.Path); i >= 0 {
 				// A generation request: counted and logged here, as
 				// dispatch does for the others.
-				rt.m.requests.WithLabelValues(route(i).label(), outcomeUnauthorized).Inc()
+				rt.m.countRequest(route(i), outcomeUnauthorized)
 				rt.log.Info().Str(logRequestID, requestID(w, r)).Str(logRoute, route(i).label()).
 					Int(logStatus, http.StatusUnauthorized).Str(logOutcome, outcomeUnauthorized).Msg("request")
 			}

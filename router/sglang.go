@@ -162,7 +162,7 @@ func (d *dispatch) sglangPrefill(ctx context.Context, pr *pair, body []byte) pre
 	} else {
 		ls.end(res.fail, attrAnswerKept.Int(len(res.body)))
 	}
-	rt.m.prefillDuration.WithLabelValues("sglang", result).Observe(rt.cfg.Now().Sub(start).Seconds())
+	rt.m.prefillSeries("sglang", result).Observe(rt.cfg.Now().Sub(start).Seconds())
 	return res
 }
 
@@ -348,5 +348,5 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 
 // observeDecode records the decode leg's duration.
 func (d *dispatch) observeDecode(proto string, start time.Time, result string) {
-	d.rt.m.decodeDuration.WithLabelValues(proto, result).Observe(d.rt.cfg.Now().Sub(start).Seconds())
+	d.rt.m.decodeSeries(proto, result).Observe(d.rt.cfg.Now().Sub(start).Seconds())
 }

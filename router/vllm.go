@@ -69,7 +69,7 @@ func (d *dispatch) vllmPrefill(pr *pair) (kv []byte, f *failure) {
 	ctx, ls := d.startLeg(d.ctx, legPrefill, pr.p, pr.p.ep.urls[d.route])
 	var ans []byte
 	defer func() {
-		rt.m.prefillDuration.WithLabelValues("vllm", result).Observe(rt.cfg.Now().Sub(start).Seconds())
+		rt.m.prefillSeries("vllm", result).Observe(rt.cfg.Now().Sub(start).Seconds())
 		ls.end(f, attrAnswerKept.Int(len(ans)))
 	}()
 	ctx, cancel := context.WithTimeout(ctx, rt.cfg.PrefillTimeout)
