@@ -11,6 +11,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -609,7 +610,7 @@ type frontWriter struct {
 	fc          *frontConn
 	body        *frontBody
 	h           http.Header // the handler's
-	sent        http.Header // what goes out: h as it was at WriteHeader
+	sent        sentHeader  // what goes out: h as it was at WriteHeader
 	status      int
 	wroteHeader bool // WriteHeader called
 	sentHead    bool // the head is in fc.bw
@@ -636,15 +637,96 @@ func (w *frontWriter) WriteHeader(code int) {
 	}
 	w.wroteHeader = true
 	w.status = code
-	w.sent = w.h.Clone()
-	w.declared = -1
-	if cl := w.sent.Get("Content-Length"); cl != "" {
-		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
-			w.declared = n
-		} else {
-			delete(w.sent, "Content-Length") // as net/http: an invalid one is dropped
+	w.declared = w.sent.fix(w.h)
+}
+
+// sentHeader is the handler's header as it was at WriteHeader, where
+// net/http fixes it too: its fields written out (keys sorted, invalid names
+// dropped, line breaks in values made spaces, as http.Header.Write does),
+// less the framing fields sendHead decides from it (Content-Length,
+// Transfer-Encoding, Connection), and whether it set the fields sendHead
+// adds when absent.
+type sentHeader struct {
+	fields   *[]byte
+	te, conn []string // its Transfer-Encoding and Connection values
+	// Whether it had these fields, which sendHead adds when absent (a
+	// Content-Length even invalid, as in net/http, where it stops the
+	// length being set).
+	hasType, hasDate, hasEncoding, hasLength bool
+}
+
+// sentHeaderBufs hold sentHeader fields from WriteHeader to the head's sending.
+var sentHeaderBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+// fix takes h's fields and returns its Content-Length, -1 when it has none
+// or an invalid one (dropped, as net/http drops it).
+func (s *sentHeader) fix(h http.Header) (declared int64) {
+	declared = -1
+	var arr [16]string
+	keys := arr[:0]
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	s.fields = sentHeaderBufs.Get().(*[]byte)
+	b := (*s.fields)[:0]
+	for _, k := range keys {
+		vs := h[k]
+		switch k {
+		case "Content-Length":
+			s.hasLength = true
+			if len(vs) > 0 {
+				if n, err := strconv.ParseInt(vs[0], 10, 64); err == nil && n >= 0 {
+					declared = n
+				}
+			}
+			continue
+		case "Transfer-Encoding":
+			s.te = slices.Clone(vs)
+			continue
+		case "Connection":
+			s.conn = slices.Clone(vs)
+			continue
+		case "Content-Type": // present, even empty: nothing is sniffed (as in net/http)
+			s.hasType = true
+		case "Date":
+			s.hasDate = true
+		case "Content-Encoding":
+			s.hasEncoding = len(vs) > 0 && vs[0] != ""
+		}
+		if !httpguts.ValidHeaderFieldName(k) {
+			continue
+		}
+		for _, v := range vs {
+			b = appendField(b, k, v)
 		}
 	}
+	*s.fields = b
+	return declared
+}
+
+// appendField appends one header line, its value as http.Header.Write
+// writes it.
+func appendField(b []byte, k, v string) []byte {
+	b = append(b, k...)
+	b = append(b, ": "...)
+	if strings.ContainsAny(v, "\r\n") {
+		v = strings.Map(func(r rune) rune {
+			if r == '\r' || r == '\n' {
+				return ' '
+			}
+			return r
+		}, v)
+	}
+	b = append(b, textproto.TrimString(v)...)
+	return append(b, "\r\n"...)
+}
+
+func firstValue(vs []string) string {
+	if len(vs) == 0 {
+		return ""
+	}
+	return vs[0]
 }
 
 func (w *frontWriter) Write(p []byte) (int, error) {
@@ -688,53 +770,68 @@ func bodyAllowed(status int) bool {
 // pending, else next).
 func (w *frontWriter) sendHead(length int, next []byte) {
 	w.sentHead = true
-	h, bw := w.sent, w.fc.bw
+	hd, bw := &w.sent, w.fc.bw
 	first := w.pending
 	if len(first) == 0 {
 		first = next
 	}
-	if _, ok := h["Content-Type"]; !ok && bodyAllowed(w.status) && len(first) > 0 && h.Get("Content-Encoding") == "" {
-		h["Content-Type"] = []string{http.DetectContentType(first)}
+	b := append(*hd.fields, "HTTP/1.1 "...) // the fields go after the status line: b is built past them
+	fields := len(*hd.fields)
+	b = strconv.AppendInt(b, int64(w.status), 10)
+	b = append(b, ' ')
+	b = append(b, http.StatusText(w.status)...)
+	b = append(b, "\r\n"...)
+	_, _ = bw.Write(b[fields:])
+	_, _ = bw.Write(b[:fields])
+	b = b[:0]
+	if !hd.hasType && bodyAllowed(w.status) && len(first) > 0 && !hd.hasEncoding && firstValue(hd.te) == "" {
+		b = appendField(b, "Content-Type", http.DetectContentType(first))
 	}
-	if _, ok := h["Date"]; !ok {
-		var d [len(http.TimeFormat)]byte
-		h["Date"] = []string{string(time.Now().UTC().AppendFormat(d[:0], http.TimeFormat))}
+	if !hd.hasDate {
+		b = append(b, "Date: "...)
+		b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
+		b = append(b, "\r\n"...)
 	}
-	te := h.Get("Transfer-Encoding")
-	switch {
+	declared := w.declared
+	switch te := firstValue(hd.te); {
 	case !bodyAllowed(w.status):
-		delete(h, "Transfer-Encoding")
+		// no Transfer-Encoding; a declared length stays
 	case te == "chunked": // the handler's own choice: chunked, no length
 		w.chunked = true
-		delete(h, "Content-Length")
-		w.declared = -1
+		declared, w.declared = -1, -1
+		for _, v := range hd.te {
+			b = appendField(b, "Transfer-Encoding", v)
+		}
 	case te != "":
 		// Any other coding: the body goes as it is, ended by the close.
-		delete(h, "Transfer-Encoding")
-		delete(h, "Content-Length")
-		w.declared, w.close = -1, true
-	case w.declared >= 0:
-	case length >= 0:
-		h["Content-Length"] = []string{strconv.Itoa(length)}
+		declared, w.declared, w.close = -1, -1, true
+	case declared >= 0:
+	case length >= 0 && !hd.hasLength:
+		declared = int64(length)
 	default:
 		w.chunked = true
-		h["Transfer-Encoding"] = []string{"chunked"}
+		b = append(b, "Transfer-Encoding: chunked\r\n"...)
 	}
-	if strings.EqualFold(h.Get("Connection"), "close") || !w.fc.l.keepAlives() || w.body.left > maxDiscard {
+	if declared >= 0 {
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, declared, 10)
+		b = append(b, "\r\n"...)
+	}
+	if strings.EqualFold(firstValue(hd.conn), "close") || !w.fc.l.keepAlives() || w.body.left > maxDiscard {
 		w.close = true // (a body this large left unread is not read away)
 	}
 	if w.close {
-		h["Connection"] = []string{"close"}
+		b = append(b, "Connection: close\r\n"...)
+	} else {
+		for _, v := range hd.conn {
+			b = appendField(b, "Connection", v)
+		}
 	}
-	var line [64]byte
-	l := append(line[:0], "HTTP/1.1 "...)
-	l = strconv.AppendInt(l, int64(w.status), 10)
-	l = append(l, ' ')
-	_, _ = bw.Write(l)
-	_, _ = bw.WriteString(http.StatusText(w.status))
-	_, _ = bw.WriteString("\r\n")
-	_ = h.Write(bw)
-	_, _ = bw.WriteString("\r\n")
+	b = append(b, "\r\n"...)
+	_, _ = bw.Write(b)
+	*hd.fields = b[:0]
+	sentHeaderBufs.Put(hd.fields)
+	hd.fields = nil
 	if len(w.pending) > 0 {
 		p := w.pending
 		w.pending = nil

@@ -10,6 +10,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -248,7 +250,9 @@ func TestFrontFramesAnswersAsNetHTTPDoes(t *testing.T) {
 				t.Fatalf("answer %d, %d bytes, length %d, chunked %v; want %d, %d bytes, length %d", resp.StatusCode, len(body),
 					resp.ContentLength, chunked, tc.status, len(tc.body), tc.length)
 			}
-			if tc.status == 200 && resp.Header.Get("Content-Type") == "" {
+			// net/http sniffs one, but not under the handler's own
+			// Transfer-Encoding (TestFrontHeadFieldsAsNetHTTP).
+			if tc.status == 200 && tc.name != "own-chunked" && resp.Header.Get("Content-Type") == "" {
 				t.Fatal("no Content-Type (net/http sniffs one)")
 			}
 			if resp.Header.Get("X-Late") != "" {
@@ -601,5 +605,68 @@ func TestCloseFrontLeavesACutStreamIncomplete(t *testing.T) {
 	fs.ln.CloseFront()
 	if b, err := io.ReadAll(resp.Body); err == nil {
 		t.Fatalf("the cut stream ended cleanly after %q", b)
+	}
+}
+
+// TestFrontHeadFieldsAsNetHTTP sends each answer's request once to the
+// front and once to net/http (a query sends it there) and compares the
+// heads: the same fields, values and framing, a handler's odd fields
+// included (line breaks in values, invalid names, empty and repeated
+// values, its own framing fields).
+func TestFrontHeadFieldsAsNetHTTP(t *testing.T) {
+	cases := map[string]func(h http.Header){
+		"plain":          func(h http.Header) { h.Set("Content-Type", "application/json") },
+		"sniffed":        func(http.Header) {},
+		"repeated":       func(h http.Header) { h.Add("X-Multi", "a"); h.Add("X-Multi", "b") },
+		"line-breaks":    func(h http.Header) { h["X-Injected"] = []string{"a\r\nSet-Cookie: x=1", " padded\t"} },
+		"invalid-name":   func(h http.Header) { h["Bad Name"] = []string{"v"}; h["x-lower"] = []string{"kept"} },
+		"empty-type":     func(h http.Header) { h["Content-Type"] = nil },
+		"encoded":        func(h http.Header) { h.Set("Content-Encoding", "gzip") },
+		"own-date":       func(h http.Header) { h.Set("Date", "Mon, 02 Jan 2006 15:04:05 GMT") },
+		"keep-alive":     func(h http.Header) { h.Set("Connection", "keep-alive") },
+		"bad-length":     func(h http.Header) { h.Set("Content-Length", "abc") },
+		"length":         func(h http.Header) { h.Set("Content-Length", "5") },
+		"own-chunked":    func(h http.Header) { h.Set("Transfer-Encoding", "chunked") },
+		"connection-all": func(h http.Header) { h.Add("Connection", "keep-alive"); h.Add("Connection", "Upgrade") },
+	}
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		cases[r.Header.Get("X-Case")](w.Header())
+		_, _ = w.Write([]byte("hello"))
+	})
+	answer := func(t *testing.T, name, target string) (*http.Response, string) {
+		c, br := fs.dial(t)
+		if _, err := io.WriteString(c, rawPost(target, "{}", "X-Case: "+name)); err != nil {
+			t.Fatal(err)
+		}
+		return readAnswer(t, br)
+	}
+	for name := range cases {
+		t.Run(name, func(t *testing.T) {
+			before := fs.byNetHTP.Load()
+			front, frontBody := answer(t, name, "/generate")
+			if fs.byNetHTP.Load() != before {
+				t.Fatal("the plain request went to net/http")
+			}
+			std, stdBody := answer(t, name, "/generate?to=net-http")
+			if fs.byNetHTP.Load() != before+1 {
+				t.Fatal("the request with a query did not go to net/http")
+			}
+			for _, r := range []*http.Response{front, std} {
+				if r.Header.Get("Date") == "" {
+					t.Errorf("no Date in %v", r.Header)
+				}
+			}
+			if name != "own-date" {
+				front.Header.Del("Date")
+				std.Header.Del("Date")
+			}
+			if !reflect.DeepEqual(front.Header, std.Header) || front.StatusCode != std.StatusCode || frontBody != stdBody ||
+				front.ContentLength != std.ContentLength || !slices.Equal(front.TransferEncoding, std.TransferEncoding) || front.Close != std.Close {
+				t.Errorf("front: %d %v length %d %v close %v %q\nnet/http: %d %v length %d %v close %v %q",
+					front.StatusCode, front.Header, front.ContentLength, front.TransferEncoding, front.Close, frontBody,
+					std.StatusCode, std.Header, std.ContentLength, std.TransferEncoding, std.Close, stdBody)
+			}
+		})
 	}
 }
