@@ -6,7 +6,9 @@
 // kind (SGLang engines for SMG, vLLM engines for vllm-router), registers them
 // with a `pdplane serve` and puts the peer router in front of the same
 // engines, then drives the same load through pdplane and the peer in
-// alternating windows. Held streams are measured on a second set of engines
+// alternating windows. The engines share the routers' machine, so they run
+// as cheaply as the PD protocol allows: --cheap-transfer (one page moved a
+// request, no KV computed) with 1 KiB pages. Held streams are measured on a second set of engines
 // whose decode generates a token a second (Config.HeldTokenTime), with
 // fresh routers in front:
 // at each level (Config.HeldStreams, in increasing order, through the same
