@@ -125,3 +125,16 @@ func checkHeldLevels(t *testing.T, who string, hs []bench.Held, levels []int) {
 		}
 	}
 }
+
+// TestSimIgnoresServesProfileAndGCEnvironment: the router's profiling and
+// GC variables in the harness's environment do not reach its engines (a
+// sim that took this address would not start).
+func TestSimIgnoresServesProfileAndGCEnvironment(t *testing.T) {
+	t.Setenv("PDPLANE_PPROF_ADDR", "not-an-address")
+	t.Setenv("PDPLANE_GC_MIN_HEAP_MIB", "-1")
+	s, err := bench.StartSim(t.Context(), pdplaneBin, bench.SimSpec{Engine: "sglang", Role: "decode", TransferSecret: "0123456789abcdef"})
+	if err != nil {
+		t.Fatalf("a sim with serve's profile and GC variables set: %v", err)
+	}
+	s.Stop()
+}

@@ -77,7 +77,10 @@ func StartSim(ctx context.Context, bin string, spec SimSpec) (*Sim, error) {
 	if spec.DecodeTimePerToken > 0 {
 		args = append(args, "--decode-time-per-token", spec.DecodeTimePerToken.String())
 	}
-	var env []string
+	// $PDPLANE_PPROF_ADDR and $PDPLANE_GC_MIN_HEAP_MIB in the harness's
+	// environment are for the router's serve: an engine that took them
+	// would fail on the profile port serve holds, or run differently.
+	env := []string{"PDPLANE_PPROF_ADDR=", "PDPLANE_GC_MIN_HEAP_MIB="}
 	if spec.TransferSecret != "" {
 		env = append(env, "PDPLANE_TRANSFER_SECRET="+spec.TransferSecret)
 	}
