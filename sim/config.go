@@ -247,10 +247,25 @@ func (c Config) validate() error {
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return bad("addr", "%v", err)
 	}
-	if c.poolBytes() > maxPoolBytes {
-		return bad("pages", "a pool of %d pages of %d bytes in %d regions exceeds %d bytes", c.Pages, c.itemLen(), c.regions(), maxPoolBytes)
+	if !c.poolFits() {
+		return bad("pages", "a pool of %d pages of %d tokens in %d layers' K and V, %d heads of %d %s values a token, exceeds %d bytes",
+			c.Pages, c.PageSize, c.NumLayers, c.NumKVHeads, c.HeadDim, c.DType, maxPoolBytes)
 	}
 	return nil
+}
+
+// poolFits reports whether the pool's bytes stay within maxPoolBytes,
+// checked factor by factor so that no product of the geometry overflows
+// (the sizes below are computed only once it fits).
+func (c Config) poolFits() bool {
+	n := int64(1)
+	for _, f := range []int{2, c.NumLayers, c.Pages, c.PageSize, c.NumKVHeads, c.HeadDim, dtypeBytes(c.DType)} {
+		if n > maxPoolBytes/int64(f) {
+			return false
+		}
+		n *= int64(f)
+	}
+	return true
 }
 
 // slotLen is the bytes of one token's K (or V) in one layer.

@@ -153,6 +153,9 @@ func TestConfigValidate(t *testing.T) {
 		{"bootstrap port", func(c *sim.Config) { c.BootstrapPort = 70000 }, "bootstrap_port"},
 		{"addr", func(c *sim.Config) { c.Addr = "nowhere" }, "addr"},
 		{"huge pool", func(c *sim.Config) { c.Pages = 1 << 30 }, "pages"},
+		// Each factor alone fits; their product wraps around int64 to 0.
+		{"overflowing geometry", func(c *sim.Config) { c.PageSize, c.NumKVHeads, c.HeadDim = 1<<21, 1<<21, 1<<21 }, "pages"},
+		{"head dim", func(c *sim.Config) { c.HeadDim = -1 }, "head_dim"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
