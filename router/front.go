@@ -637,7 +637,7 @@ func (w *frontWriter) WriteHeader(code int) {
 	}
 	w.wroteHeader = true
 	w.status = code
-	w.declared = w.sent.fix(w.h)
+	w.declared = w.sent.fix(w.h, code)
 }
 
 // sentHeader is the handler's header as it was at WriteHeader, where
@@ -655,12 +655,16 @@ type sentHeader struct {
 	hasType, hasDate, hasEncoding, hasLength bool
 }
 
-// sentHeaderBufs hold sentHeader fields from WriteHeader to the head's sending.
+// sentHeaderBufs hold sentHeader fields from WriteHeader to the head's
+// sending; one grown past maxPooledHead is left to the collector.
+const maxPooledHead = 16 << 10
+
 var sentHeaderBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
-// fix takes h's fields and returns its Content-Length, -1 when it has none
-// or an invalid one (dropped, as net/http drops it).
-func (s *sentHeader) fix(h http.Header) (declared int64) {
+// fix takes h's fields for an answer of status code and returns its
+// Content-Length, -1 when it has none or an invalid one (dropped, as
+// net/http drops it). A 304 sends no Content-Type, as net/http's.
+func (s *sentHeader) fix(h http.Header, code int) (declared int64) {
 	declared = -1
 	var arr [16]string
 	keys := arr[:0]
@@ -689,6 +693,9 @@ func (s *sentHeader) fix(h http.Header) (declared int64) {
 			continue
 		case "Content-Type": // present, even empty: nothing is sniffed (as in net/http)
 			s.hasType = true
+			if code == http.StatusNotModified {
+				continue
+			}
 		case "Date":
 			s.hasDate = true
 		case "Content-Encoding":
@@ -779,7 +786,12 @@ func (w *frontWriter) sendHead(length int, next []byte) {
 	fields := len(*hd.fields)
 	b = strconv.AppendInt(b, int64(w.status), 10)
 	b = append(b, ' ')
-	b = append(b, http.StatusText(w.status)...)
+	if text := http.StatusText(w.status); text != "" {
+		b = append(b, text...)
+	} else { // as net/http's
+		b = append(b, "status code "...)
+		b = strconv.AppendInt(b, int64(w.status), 10)
+	}
 	b = append(b, "\r\n"...)
 	_, _ = bw.Write(b[fields:])
 	_, _ = bw.Write(b[:fields])
@@ -795,7 +807,8 @@ func (w *frontWriter) sendHead(length int, next []byte) {
 	declared := w.declared
 	switch te := firstValue(hd.te); {
 	case !bodyAllowed(w.status):
-		// no Transfer-Encoding; a declared length stays
+		// Neither framing field, as net/http's (suppressedHeaders).
+		declared, w.declared = -1, -1
 	case te == "chunked": // the handler's own choice: chunked, no length
 		w.chunked = true
 		declared, w.declared = -1, -1
@@ -829,8 +842,10 @@ func (w *frontWriter) sendHead(length int, next []byte) {
 	}
 	b = append(b, "\r\n"...)
 	_, _ = bw.Write(b)
-	*hd.fields = b[:0]
-	sentHeaderBufs.Put(hd.fields)
+	if cap(b) <= maxPooledHead { // one huge header does not stay pooled
+		*hd.fields = b[:0]
+		sentHeaderBufs.Put(hd.fields)
+	}
 	hd.fields = nil
 	if len(w.pending) > 0 {
 		p := w.pending

@@ -612,7 +612,8 @@ func TestCloseFrontLeavesACutStreamIncomplete(t *testing.T) {
 // front and once to net/http (a query sends it there) and compares the
 // heads: the same fields, values and framing, a handler's odd fields
 // included (line breaks in values, invalid names, empty and repeated
-// values, its own framing fields).
+// values, its own framing fields, answers without a body, a status with
+// no name).
 func TestFrontHeadFieldsAsNetHTTP(t *testing.T) {
 	cases := map[string]func(h http.Header){
 		"plain":          func(h http.Header) { h.Set("Content-Type", "application/json") },
@@ -628,10 +629,18 @@ func TestFrontHeadFieldsAsNetHTTP(t *testing.T) {
 		"length":         func(h http.Header) { h.Set("Content-Length", "5") },
 		"own-chunked":    func(h http.Header) { h.Set("Transfer-Encoding", "chunked") },
 		"connection-all": func(h http.Header) { h.Add("Connection", "keep-alive"); h.Add("Connection", "Upgrade") },
+		"no-content":     func(h http.Header) { h.Set("Content-Length", "5"); h.Set("Content-Type", "text/plain") },
+		"not-modified":   func(h http.Header) { h.Set("Content-Length", "5"); h.Set("Content-Type", "text/plain") },
 	}
+	cases["unnamed-status"] = func(http.Header) {}
+	statuses := map[string]int{"no-content": http.StatusNoContent, "not-modified": http.StatusNotModified, "unnamed-status": 599}
 	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
-		cases[r.Header.Get("X-Case")](w.Header())
+		name := r.Header.Get("X-Case")
+		cases[name](w.Header())
+		if code, ok := statuses[name]; ok {
+			w.WriteHeader(code)
+		}
 		_, _ = w.Write([]byte("hello"))
 	})
 	answer := func(t *testing.T, name, target string) (*http.Response, string) {
@@ -661,11 +670,11 @@ func TestFrontHeadFieldsAsNetHTTP(t *testing.T) {
 				front.Header.Del("Date")
 				std.Header.Del("Date")
 			}
-			if !reflect.DeepEqual(front.Header, std.Header) || front.StatusCode != std.StatusCode || frontBody != stdBody ||
+			if !reflect.DeepEqual(front.Header, std.Header) || front.Status != std.Status || frontBody != stdBody ||
 				front.ContentLength != std.ContentLength || !slices.Equal(front.TransferEncoding, std.TransferEncoding) || front.Close != std.Close {
-				t.Errorf("front: %d %v length %d %v close %v %q\nnet/http: %d %v length %d %v close %v %q",
-					front.StatusCode, front.Header, front.ContentLength, front.TransferEncoding, front.Close, frontBody,
-					std.StatusCode, std.Header, std.ContentLength, std.TransferEncoding, std.Close, stdBody)
+				t.Errorf("front: %s %v length %d %v close %v %q\nnet/http: %s %v length %d %v close %v %q",
+					front.Status, front.Header, front.ContentLength, front.TransferEncoding, front.Close, frontBody,
+					std.Status, std.Header, std.ContentLength, std.TransferEncoding, std.Close, stdBody)
 			}
 		})
 	}
