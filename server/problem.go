@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
 	"github.com/pdplane/pdplane/server/api/apiconv"

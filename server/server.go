@@ -398,7 +398,10 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		if status >= 500 && route != "/readyz" { // not ready is an answer, not a failure
 			level = zerolog.WarnLevel
 		}
-		s.requestLog(r).WithLevel(level).Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).
+		// The request's ID as requestLog adds it, without a logger made
+		// for a line the level drops (every heartbeat's, by default).
+		id, _ := registry.RequestIDFromContext(r.Context())
+		s.log.WithLevel(level).Str("request_id", id).Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).
 			Float64("duration_ms", float64(d.Microseconds())/1e3).Msg("request")
 	})(next)
 }
