@@ -281,7 +281,7 @@ func (t *upstreamTransport) awaitBytes(uc *upConn) {
 	}
 	t.readers.Put(uc.br)
 	uc.br = nil
-	_ = uc.raw.Read(readable)
+	_ = waitReadable(uc.raw)
 	uc.br = t.reader(uc)
 }
 
@@ -297,9 +297,27 @@ func (t *upstreamTransport) awaitBytesFor(uc *upConn, d time.Duration) bool {
 	if uc.c.SetReadDeadline(time.Now().Add(d)) != nil {
 		return true
 	}
-	err := uc.raw.Read(readable)
+	err := waitReadable(uc.raw)
 	_ = uc.c.SetReadDeadline(time.Time{})
 	return !errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// waitReadable returns once raw has bytes to read, has reached its end, or
+// has failed (or its read deadline passed: the error). It asks the socket
+// once (readable); when nothing is there it waits for the poller's word that
+// something arrived and takes that word rather than asking again, which
+// saves a slow stream a system call a token. The read that follows finds
+// the bytes, the end or the error; were the word ever wrong, that read
+// waits for them as any read does, only with its buffer.
+func waitReadable(raw syscall.RawConn) error {
+	asked := false
+	return raw.Read(func(fd uintptr) bool {
+		if asked {
+			return true
+		}
+		asked = true
+		return readable(fd)
+	})
 }
 
 // put returns a connection whose answer was read in full to the idle pool.
