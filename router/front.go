@@ -372,6 +372,7 @@ func parseFrontRequest(head []byte) (frontRequest, bool) {
 	q.method = method
 	q.header = make(http.Header, 8)
 	q.length = -1
+	vals := make([]string, min(strings.Count(rest, "\n"), maxFieldsHint))
 	for {
 		var field string
 		field, rest = nextLine(rest)
@@ -416,7 +417,7 @@ func parseFrontRequest(head []byte) (frontRequest, bool) {
 				return q, false
 			}
 		}
-		q.header[key] = append(q.header[key], value)
+		addField(q.header, &vals, key, value)
 	}
 	if rest != "" {
 		return q, false // a blank line ended the head before its CRLF CRLF: net/http's to judge

@@ -147,17 +147,23 @@ func parseFields(s string) (http.Header, error) {
 				return nil, fmt.Errorf("upstream answer: malformed header line %.64q", line)
 			}
 		}
-		key := textproto.CanonicalMIMEHeaderKey(name) // name itself, no copy, when already canonical
-		if vv, ok := h[key]; ok {
-			h[key] = append(vv, value)
-			continue
-		}
-		if len(vals) == 0 {
-			vals = make([]string, 1)
-		}
-		vals[0] = value
-		h[key], vals = vals[:1:1], vals[1:]
+		addField(h, &vals, textproto.CanonicalMIMEHeaderKey(name), value) // the name itself, no copy, when already canonical
 	}
+}
+
+// addField adds value under key: a new key's value takes the next slot of
+// vals, so that a head's values share one array rather than a slice a
+// field (vals grows by a slot when a head has more fields than counted).
+func addField(h http.Header, vals *[]string, key, value string) {
+	if vv, ok := h[key]; ok {
+		h[key] = append(vv, value)
+		return
+	}
+	if len(*vals) == 0 {
+		*vals = make([]string, 1)
+	}
+	(*vals)[0] = value
+	h[key], *vals = (*vals)[:1:1], (*vals)[1:]
 }
 
 // validFieldName: a token (RFC 9110 §5.1, §5.6.2).
