@@ -656,10 +656,12 @@ type sentHeader struct {
 	hasType, hasDate, hasEncoding, hasLength bool
 }
 
-// sentHeaderBufs hold sentHeader fields from WriteHeader to the head's
-// sending; one grown past maxPooledHead is left to the collector.
+// maxPooledHead is the largest head buffer kept for the next answer: one
+// grown past it for a huge header is left to the collector.
 const maxPooledHead = 16 << 10
 
+// sentHeaderBufs hold sentHeader fields from WriteHeader to the head's
+// sending.
 var sentHeaderBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
 // fix takes h's fields for an answer of status code and returns its
