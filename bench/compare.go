@@ -165,8 +165,20 @@ type Stats struct {
 	FirstError string        // the first failure's text
 	Elapsed    time.Duration // the windows' total length, until their last request ended
 	CPU        time.Duration // router CPU over the windows
-	TTFT50     time.Duration // client-side time to first token, p50
-	TTFT99     time.Duration // and p99
+	// EngineCPU is the CPU of the engines behind the router (its
+	// prefill and decode sims) over the same windows: what the same
+	// requests cost them, which the router's CPU shares the machine with.
+	EngineCPU time.Duration
+	TTFT50    time.Duration // client-side time to first token, p50
+	TTFT99    time.Duration // and p99
+}
+
+// EngineCPUPerRequest is the engines' CPU time per request served.
+func (s Stats) EngineCPUPerRequest() time.Duration {
+	if s.Requests == 0 {
+		return 0
+	}
+	return s.EngineCPU / time.Duration(s.Requests)
 }
 
 // ReqPerSec is requests served per second of window.
@@ -250,6 +262,19 @@ type target struct {
 	proc    *Process
 	url     string
 	engines []*Sim // the prefill and decode it routes to
+}
+
+// engineCPU is the CPU its engines have used so far.
+func (t target) engineCPU() (time.Duration, error) {
+	var sum time.Duration
+	for _, e := range t.engines {
+		u, err := ReadUsage(e.PID())
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", e.Name, err)
+		}
+		sum += u.CPU
+	}
+	return sum, nil
 }
 
 // compareWith runs the load windows, then the held streams, for pdplane
@@ -525,12 +550,20 @@ func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (R
 			if err != nil {
 				return Row{}, fmt.Errorf("%s: %w", t.name, err)
 			}
+			enginesBefore, err := t.engineCPU()
+			if err != nil {
+				return Row{}, err
+			}
 			start := time.Now()
 			res := runWindow(ctx, f.load(t, mode, cfg.MaxTokens), conc, cfg.Window)
 			elapsed := time.Since(start)
 			after, err := ReadUsage(t.proc.PID())
 			if err != nil {
 				return Row{}, fmt.Errorf("%s: %w", t.name, err)
+			}
+			enginesAfter, err := t.engineCPU()
+			if err != nil {
+				return Row{}, err
 			}
 			if err := ctx.Err(); err != nil {
 				return Row{}, err
@@ -543,6 +576,7 @@ func (f *fleet) measure(ctx context.Context, cfg Config, mode Mode, conc int) (R
 			}
 			s.Elapsed += elapsed
 			s.CPU += after.CPU - before.CPU
+			s.EngineCPU += enginesAfter - enginesBefore
 			ttfts[i] = append(ttfts[i], res.TTFT...)
 			fmt.Fprintf(f.progress, "bench: %s %s c=%d round %d: %d ok, %d failed, %.0f req/s, CPU %v\n",
 				t.name, mode, conc, round+1, res.OK, res.Failed, float64(res.OK)/elapsed.Seconds(), after.CPU-before.CPU)

@@ -75,8 +75,8 @@ func TestBenchCompareSmoke(t *testing.T) {
 				measured[c.Peer] = *r.Peer
 			}
 			for who, s := range measured {
-				if s.ReqPerSec() <= 0 || s.Failed != 0 || s.CPUPerRequest() <= 0 || s.TTFT50 <= 0 {
-					t.Errorf("%s, %s: %+v: want requests served, none failed, CPU and TTFT measured", who, r.Mode, s)
+				if s.ReqPerSec() <= 0 || s.Failed != 0 || s.CPUPerRequest() <= 0 || s.EngineCPUPerRequest() <= 0 || s.TTFT50 <= 0 {
+					t.Errorf("%s, %s: %+v: want requests served, none failed, CPU (the router's and its engines') and TTFT measured", who, r.Mode, s)
 				}
 			}
 		}
@@ -92,7 +92,8 @@ func TestBenchCompareSmoke(t *testing.T) {
 	}
 	var out bytes.Buffer
 	rep.Print(&out)
-	rows := []string{"| stream, 4 clients: req/s |", "| unary, 4 clients: CPU per request |", "| pdplane | 3 of 3 |", "| pdplane | 8 of 8 |"}
+	rows := []string{"| stream, 4 clients: req/s |", "| unary, 4 clients: CPU per request |", "| unary, 4 clients: engines' CPU per request |",
+		"| pdplane | 3 of 3 |", "| pdplane | 8 of 8 |"}
 	for _, p := range ps {
 		rows = append(rows, "| "+p.Name+" | 3 of 3 |", "| "+p.Name+" | 8 of 8 |")
 	}

@@ -17,10 +17,11 @@
 // through it while the streams stay held, for their time to first token.
 // It raises its own open-files limit to the hard limit first, so that the
 // processes it starts inherit it (RaiseFDLimit).
-// The load generator runs in the calling process; only
-// the router processes (each with its children) are measured: CPU from
-// /proc/<pid>/stat divided by the requests served, resident memory and open
-// file descriptors per held stream, client-side time to first byte.
+// The load generator runs in the calling process. The router processes
+// (each with its children) are measured: CPU from /proc/<pid>/stat divided
+// by the requests served, resident memory and open file descriptors per
+// held stream, client-side time to first byte; beside them, the CPU of the
+// engines behind each router per request, which shares the machine.
 //
 // The package also owns the command lines those processes are started with
 // (Process, SimArgs, SMGArgs, VLLMRouterArgs), which the interop tests share.

@@ -39,6 +39,7 @@ func (r *Report) Print(w io.Writer) {
 			t.dur(what+": TTFT p50", row.Pdplane.TTFT50, ps.TTFT50)
 			t.dur(what+": TTFT p99", row.Pdplane.TTFT99, ps.TTFT99)
 			t.dur(what+": CPU per request", row.Pdplane.CPUPerRequest(), ps.CPUPerRequest())
+			t.dur(what+": engines' CPU per request", row.Pdplane.EngineCPUPerRequest(), ps.EngineCPUPerRequest())
 			t.add(what+": failed", 0, 0, fmt.Sprint(row.Pdplane.Failed), fmt.Sprint(ps.Failed))
 		}
 		t.print(w)

@@ -61,8 +61,8 @@ func benchCompare(ctx context.Context, args []string, out io.Writer) error {
 	fs.about = `Starts pdplane sim engines once per engine kind (SGLang for SMG, vLLM for
 vllm-router), registers them with a pdplane serve, puts each peer router in
 front of the same engines, and runs the same load through pdplane and the peer
-in alternating windows. Measures the router processes only: CPU per request
-from /proc, client-side time to first token, and RSS and file descriptors per
+in alternating windows. Measures the router processes: CPU per request from
+/proc (and, beside it, the engines'), client-side time to first token, and RSS and file descriptors per
 stream held open on a slow decode, at each level of --held-streams in turn,
 with the time to first token of new requests sent while the streams are held.
 Prints Markdown tables per peer.`
