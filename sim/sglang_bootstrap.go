@@ -540,7 +540,8 @@ func (p *pushers) init() {
 
 // send sends frames as one multipart message to endpoint. A connection the
 // prefill is known to have closed (it restarted or went away: its close
-// reached watch) is replaced before the send by a new one; a send that
+// reached watch, or the socket says so now) is replaced before the send by
+// a new one; a send that
 // fails drops the connection and is an error. libzmq's PUSH instead queues
 // the message until it has reconnected, and never fails the send; here the
 // caller (exchangeRoom) fetches the prefill's rank again and tries once
@@ -553,7 +554,9 @@ func (p *pushers) send(ctx context.Context, endpoint string, frames [][]byte) er
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed.Load() {
+	// The socket is asked too: under load the prefill's close may have
+	// arrived before watch's goroutine has run to see it.
+	if c.closed.Load() || peerClosed(c.nc) {
 		p.drop(endpoint, c)
 		if c, err = p.get(ctx, endpoint); err != nil {
 			return err
