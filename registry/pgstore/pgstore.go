@@ -264,16 +264,21 @@ func becameStale(prev, next *registry.Peer) bool {
 	return next.State == registry.StateStale && prev.State != registry.StateStale
 }
 
-// hintStale sends the stale hints of peers in tx, which must send the
-// notification of their change after them (see queueChange): for the
-// writes that change several peers one statement at a time.
+// hintStale sends the stale hints of peers in tx, in one statement, which
+// must send the notification of their change after them (see
+// queueChange): for the writes that change several peers at once (a
+// heartbeat batch, the lease sweep).
 func (s *Store) hintStale(ctx context.Context, tx pgx.Tx, peers []registry.Peer) error {
-	for i := range peers {
-		if _, err := tx.Exec(ctx, notifySQL, s.cfg.staleChannel(), encodeStaleHint(peers[i].ID, peers[i].Generation)); err != nil {
-			return err
-		}
+	if len(peers) == 0 {
+		return nil
 	}
-	return nil
+	hints := make([]string, len(peers))
+	for i := range peers {
+		hints[i] = encodeStaleHint(peers[i].ID, peers[i].Generation)
+	}
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, hint) FROM unnest($2::text[]) WITH ORDINALITY AS h(hint, i) ORDER BY i`,
+		s.cfg.staleChannel(), hints)
+	return err
 }
 
 const notifySQL = "SELECT pg_notify($1, $2)"
