@@ -754,7 +754,10 @@ func (w *frontWriter) Write(p []byte) (int, error) {
 	}
 	w.written += int64(len(p))
 	if !w.sentHead {
-		if len(w.pending)+len(p) <= frontBufSize {
+		// Held back while the answer's length may still be measured: not
+		// when the handler declared it (the router's unary answers), which
+		// would only copy the body once more.
+		if w.declared < 0 && len(w.pending)+len(p) <= frontBufSize {
 			w.pending = append(w.pending, p...)
 			return len(p), nil
 		}
