@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -482,31 +483,96 @@ func (rt *Router) settle(pr *pair, f *failure) {
 	b.failure(pr.pairProbe, rt.cfg.BreakerFailures, now)
 }
 
+// legTarget is where one route's legs go on an engine, parsed once per
+// spec rather than once per request.
+type legTarget struct {
+	url string // as registered, with the route's path
+	// plain: an http:// URL, whose requests the router's own transport
+	// sends from the parts below; any other goes through an http.Request.
+	plain bool
+	addr  string // host:port to dial
+	host  string // the Host field
+	uri   string // the request target
+}
+
+func newLegTarget(raw string) legTarget {
+	tg := legTarget{url: raw}
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return tg // newUpstream reports what is wrong with it
+	}
+	tg.plain, tg.addr, tg.host, tg.uri = true, dialAddr(u), u.Host, u.RequestURI()
+	return tg
+}
+
+// legRequest is one leg's request to be sent (roundTrip): on a plain
+// target with the router's own transport, its parts; else an http.Request.
+type legRequest struct {
+	ctx  context.Context
+	tg   *legTarget
+	body []byte
+	req  *http.Request
+}
+
 // newUpstream builds one leg's request.
-func (d *dispatch) newUpstream(ctx context.Context, url string, body []byte) (*http.Request, error) {
+func (d *dispatch) newUpstream(ctx context.Context, tg *legTarget, body []byte) (legRequest, error) {
+	if d.rt.ownedTr != nil && tg.plain {
+		return legRequest{ctx: ctx, tg: tg, body: body}, nil
+	}
 	ub := newUpstreamBody(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, ub)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, tg.url, ub)
 	if err != nil {
-		return nil, err
+		return legRequest{}, err
 	}
 	req.ContentLength = int64(len(body))
 	req.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
 	h := newFields(req.Header, 6)
-	h.set("Content-Type", "application/json")
-	h.set(registry.RequestIDHeader, d.rid)
-	if d.rt.upstreamAuth != "" {
-		h.set("Authorization", d.rt.upstreamAuth)
+	d.legFields(ctx, h.set)
+	return legRequest{req: req}, nil
+}
+
+// roundTrip sends a leg's request and returns the engine's answer.
+func (d *dispatch) roundTrip(lr legRequest) (*http.Response, error) {
+	if lr.req != nil {
+		return d.rt.transport.RoundTrip(lr.req)
 	}
-	// The trace context: the leg's span's, else the client's own.
+	hb := getHeadBuf()
+	head := d.appendLegHead(*hb, lr)
+	defer putHeadBuf(hb, head)
+	return d.rt.ownedTr.sendPost(lr.ctx, lr.tg.addr, head, lr.body)
+}
+
+// appendLegHead writes the head of lr, a request without an http.Request:
+// the one appendRequestHead would write from newUpstream's.
+func (d *dispatch) appendLegHead(b []byte, lr legRequest) []byte {
+	b = appendRequestLine(b, http.MethodPost, lr.tg.uri, lr.tg.host, len(lr.body))
+	d.legFields(lr.ctx, func(k, v string) { b = appendRequestField(b, k, v) })
+	return append(b, "\r\n"...)
+}
+
+// legFields gives add each field of a leg's request but its framing: the
+// body's type, the request's ID, the engines' credentials, and the trace
+// context (the leg's span's in ctx, else the client's own).
+func (d *dispatch) legFields(ctx context.Context, add func(k, v string)) {
+	add("Content-Type", "application/json")
+	add(registry.RequestIDHeader, d.rid)
+	if d.rt.upstreamAuth != "" {
+		add("Authorization", d.rt.upstreamAuth)
+	}
 	if d.span != nil {
-		injectSpan(ctx, req.Header)
+		h := make(http.Header, 2)
+		injectSpan(ctx, h)
+		for k, vs := range h {
+			for _, v := range vs {
+				add(k, v)
+			}
+		}
 	} else if tp, ts := d.passedTrace(); tp != "" {
-		h.set(traceparentField, tp)
+		add(traceparentField, tp)
 		if ts != "" {
-			h.set(tracestateField, ts)
+			add(tracestateField, ts)
 		}
 	}
-	return req, nil
 }
 
 // transportFailure classifies an error of a leg that got no answer.

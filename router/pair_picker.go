@@ -50,8 +50,8 @@ type endpoint struct {
 	name     string
 	url      string
 	protocol registry.Engine
-	urls     [numRoutes]string
-	hostJSON string // the bootstrap host as a JSON string
+	targets  [numRoutes]legTarget // where each route's legs go
+	hostJSON string               // the bootstrap host as a JSON string
 	port     int
 	selected [2]prometheus.Counter // by role index (0 prefill, 1 decode)
 }
@@ -443,7 +443,7 @@ func (rt *Router) newEndpoint(p *registry.Peer) *endpoint {
 		port:     p.BootstrapPort,
 	}
 	for r := range numRoutes {
-		e.urls[r] = base + r.path()
+		e.targets[r] = newLegTarget(base + r.path())
 	}
 	e.selected[0] = rt.m.selections.WithLabelValues(string(registry.RolePrefill), p.Name)
 	e.selected[1] = rt.m.selections.WithLabelValues(string(registry.RoleDecode), p.Name)

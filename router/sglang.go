@@ -85,14 +85,14 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 	}
 
 	start := rt.cfg.Now()
-	dctx, ls := d.startLeg(actx, legDecode, pr.d, pr.d.ep.urls[d.route])
+	dctx, ls := d.startLeg(actx, legDecode, pr.d, &pr.d.ep.targets[d.route])
 	defer func() { ls.end(f, attrBodySize.Int64(d.sent)) }()
-	req, err := d.newUpstream(dctx, pr.d.ep.urls[d.route], body)
+	req, err := d.newUpstream(dctx, &pr.d.ep.targets[d.route], body)
 	if err != nil {
 		cancel(errDecodeLegFailed)
 		return &failure{kind: failProtocol, leg: legDecode, err: err}
 	}
-	resp, err := rt.transport.RoundTrip(req)
+	resp, err := d.roundTrip(req)
 	if err != nil {
 		f := d.transportFailure(legDecode, err)
 		cancel(errDecodeLegFailed)
@@ -145,7 +145,7 @@ func (d *dispatch) prefillGuarded(ctx context.Context, pr *pair, body []byte) (r
 func (d *dispatch) sglangPrefill(ctx context.Context, pr *pair, body []byte) prefillResult {
 	rt := d.rt
 	start := rt.cfg.Now()
-	ctx, ls := d.startLeg(ctx, legPrefill, pr.p, pr.p.ep.urls[d.route])
+	ctx, ls := d.startLeg(ctx, legPrefill, pr.p, &pr.p.ep.targets[d.route])
 	ctx, cancel := context.WithTimeout(ctx, rt.cfg.PrefillTimeout)
 	defer cancel()
 	res := d.prefillLegResult(ctx, pr, body, ls)
@@ -168,11 +168,11 @@ func (d *dispatch) sglangPrefill(ctx context.Context, pr *pair, body []byte) pre
 
 func (d *dispatch) prefillLegResult(ctx context.Context, pr *pair, body []byte, ls legSpan) prefillResult {
 	engine := pr.p.ep.protocol
-	req, err := d.newUpstream(ctx, pr.p.ep.urls[d.route], body)
+	req, err := d.newUpstream(ctx, &pr.p.ep.targets[d.route], body)
 	if err != nil {
 		return prefillResult{fail: &failure{kind: failProtocol, leg: legPrefill, err: err}}
 	}
-	resp, err := d.rt.transport.RoundTrip(req)
+	resp, err := d.roundTrip(req)
 	if err != nil {
 		return prefillResult{fail: d.transportFailure(legPrefill, err)}
 	}

@@ -142,13 +142,13 @@ type legSpan struct {
 // startLeg opens the span of leg l to peer ref at url, a child of the
 // attempt's, and returns the context that carries it: newUpstream injects
 // it into the engine's request. With tracing off it returns ctx as it is.
-func (d *dispatch) startLeg(ctx context.Context, l leg, ref *peerRef, url string) (context.Context, legSpan) {
+func (d *dispatch) startLeg(ctx context.Context, l leg, ref *peerRef, tg *legTarget) (context.Context, legSpan) {
 	if d.attemptSpan == nil {
 		return ctx, legSpan{}
 	}
 	ctx, span := d.rt.tracer.Start(trace.ContextWithSpan(ctx, d.attemptSpan), l.String(), trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrLeg.String(l.String()), attrPeerID.String(ref.peer.ID), attrPeerName.String(ref.peer.Name),
-			attrGeneration.Int64(ref.peer.Generation), attrURLFull.String(url), attrHTTPMethod.String(http.MethodPost)))
+			attrGeneration.Int64(ref.peer.Generation), attrURLFull.String(tg.url), attrHTTPMethod.String(http.MethodPost)))
 	return ctx, legSpan{span: span, leg: l}
 }
 

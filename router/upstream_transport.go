@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -166,7 +167,21 @@ func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	hb := getHeadBuf()
 	head := appendRequestHead(*hb, req, len(body))
 	defer putHeadBuf(hb, head)
-	addr := hostPort(req)
+	return t.send(ctx, hostPort(req), head, body, req)
+}
+
+// sendPost sends a POST whose head the caller wrote (with its Host and
+// Content-Length, as appendRequestHead writes them) to addr, host:port:
+// the router's own legs, without an http.Request to build and take apart
+// again. Its answer's Request is nil.
+func (t *upstreamTransport) sendPost(ctx context.Context, addr string, head, body []byte) (*http.Response, error) {
+	return t.send(ctx, addr, head, body, nil)
+}
+
+// send is RoundTrip's and sendPost's: req, when not nil, is the request
+// head was written from (its method and Close are heeded, and it is the
+// answer's Request); nil is a POST.
+func (t *upstreamTransport) send(ctx context.Context, addr string, head, body []byte, req *http.Request) (*http.Response, error) {
 	for try := 0; ; try++ {
 		uc, err := t.get(ctx, addr)
 		if err != nil {
@@ -458,42 +473,58 @@ func (b *upBody) finish(clean bool) {
 
 // appendRequestHead writes an HTTP/1.1 request head with the body's length.
 func appendRequestHead(b []byte, req *http.Request, bodyLen int) []byte {
-	b = append(b, req.Method...)
-	b = append(b, ' ')
-	b = append(b, req.URL.RequestURI()...)
-	b = append(b, " HTTP/1.1\r\nHost: "...)
 	host := req.Host
 	if host == "" {
 		host = req.URL.Host
 	}
-	b = append(b, host...)
-	b = append(b, "\r\nUser-Agent: pdplane-router\r\nContent-Length: "...)
-	b = strconv.AppendInt(b, int64(bodyLen), 10)
-	b = append(b, "\r\n"...)
+	b = appendRequestLine(b, req.Method, req.URL.RequestURI(), host, bodyLen)
 	for k, vs := range req.Header {
 		if k == "Content-Length" || k == "Host" || k == "User-Agent" || k == "Connection" {
 			continue
 		}
 		for _, v := range vs {
-			if strings.ContainsAny(v, "\r\n") {
-				continue
-			}
-			b = append(b, k...)
-			b = append(b, ": "...)
-			b = append(b, v...)
-			b = append(b, "\r\n"...)
+			b = appendRequestField(b, k, v)
 		}
 	}
 	return append(b, "\r\n"...)
 }
 
-// hostPort is the address to dial for req: its URL's host:port, with
-// port 80 when the URL names none.
-func hostPort(req *http.Request) string {
-	if req.URL.Port() != "" {
-		return req.URL.Host // host:port already, an engine's URL as registered
+// appendRequestLine writes a request's line and the fields the transport
+// sets: Host, User-Agent and Content-Length. The caller's fields follow
+// (appendRequestField), then the blank line.
+func appendRequestLine(b []byte, method, uri, host string, bodyLen int) []byte {
+	b = append(b, method...)
+	b = append(b, ' ')
+	b = append(b, uri...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	b = append(b, "\r\nUser-Agent: pdplane-router\r\nContent-Length: "...)
+	b = strconv.AppendInt(b, int64(bodyLen), 10)
+	return append(b, "\r\n"...)
+}
+
+// appendRequestField writes one field of a request head; a value with a
+// line break, which would end the field early, is left out.
+func appendRequestField(b []byte, k, v string) []byte {
+	if strings.ContainsAny(v, "\r\n") {
+		return b
 	}
-	return net.JoinHostPort(req.URL.Hostname(), "80")
+	b = append(b, k...)
+	b = append(b, ": "...)
+	b = append(b, v...)
+	return append(b, "\r\n"...)
+}
+
+// hostPort is the address to dial for req (dialAddr).
+func hostPort(req *http.Request) string { return dialAddr(req.URL) }
+
+// dialAddr is the address to dial for u: its host:port, with port 80 when
+// it names none.
+func dialAddr(u *url.URL) string {
+	if u.Port() != "" {
+		return u.Host // host:port already, an engine's URL as registered
+	}
+	return net.JoinHostPort(u.Hostname(), "80")
 }
 
 // withCtxErr reports a cancelled or expired request as such, not as the
@@ -550,9 +581,10 @@ func (t *upstreamTransport) framing(resp *http.Response, uc *upConn, req *http.R
 	cl, hasCL := h["Content-Length"]
 	// §9.3, §9.6: Connection: close ends the connection after this answer;
 	// HTTP/1.0 connections are not kept (keep-alive is not spoken).
-	resp.Close = req.Close || resp.ProtoMinor == 0 || hasToken(h["Connection"], "close")
+	head := req != nil && req.Method == http.MethodHead // a nil req is a POST
+	resp.Close = req != nil && req.Close || resp.ProtoMinor == 0 || hasToken(h["Connection"], "close")
 	resp.ContentLength = -1
-	noBody := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
+	noBody := head || resp.StatusCode == http.StatusNoContent ||
 		resp.StatusCode == http.StatusNotModified // §6.3(1)
 	var n int64
 	switch {
@@ -586,7 +618,7 @@ func (t *upstreamTransport) framing(resp *http.Response, uc *upConn, req *http.R
 			return nil, err // §6.3(5): unrecoverable
 		}
 		resp.ContentLength = n
-		if req.Method == http.MethodHead {
+		if head {
 			return nil, nil // the length of the body a GET would have had
 		}
 	}

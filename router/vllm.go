@@ -33,13 +33,13 @@ func (d *dispatch) runVLLM(pr *pair) (f *failure) {
 		d.fb.arm(rt.cfg.DecodeFirstByteTimeout, cancel)
 	}
 	start := rt.cfg.Now()
-	dctx, ls := d.startLeg(actx, legDecode, pr.d, pr.d.ep.urls[d.route])
+	dctx, ls := d.startLeg(actx, legDecode, pr.d, &pr.d.ep.targets[d.route])
 	defer func() { ls.end(f, attrBodySize.Int64(d.sent)) }()
-	req, err := d.newUpstream(dctx, pr.d.ep.urls[d.route], body)
+	req, err := d.newUpstream(dctx, &pr.d.ep.targets[d.route], body)
 	if err != nil {
 		return &failure{kind: failProtocol, leg: legDecode, err: err}
 	}
-	resp, err := rt.transport.RoundTrip(req)
+	resp, err := d.roundTrip(req)
 	if err != nil {
 		d.observeDecode("vllm", start, "error")
 		return d.transportFailure(legDecode, err)
@@ -66,7 +66,7 @@ func (d *dispatch) vllmPrefill(pr *pair) (kv []byte, f *failure) {
 	rt, q := d.rt, d.q
 	start := rt.cfg.Now()
 	result := "error"
-	ctx, ls := d.startLeg(d.ctx, legPrefill, pr.p, pr.p.ep.urls[d.route])
+	ctx, ls := d.startLeg(d.ctx, legPrefill, pr.p, &pr.p.ep.targets[d.route])
 	var ans []byte
 	defer func() {
 		rt.m.prefillSeries("vllm", result).Observe(rt.cfg.Now().Sub(start).Seconds())
@@ -75,11 +75,11 @@ func (d *dispatch) vllmPrefill(pr *pair) (kv []byte, f *failure) {
 	ctx, cancel := context.WithTimeout(ctx, rt.cfg.PrefillTimeout)
 	defer cancel()
 	body := appendVLLMPrefillBody(make([]byte, 0, len(q.body)+256), q)
-	req, err := d.newUpstream(ctx, pr.p.ep.urls[d.route], body)
+	req, err := d.newUpstream(ctx, &pr.p.ep.targets[d.route], body)
 	if err != nil {
 		return nil, &failure{kind: failProtocol, leg: legPrefill, err: err}
 	}
-	resp, err := rt.transport.RoundTrip(req)
+	resp, err := d.roundTrip(req)
 	if err != nil {
 		return nil, d.transportFailure(legPrefill, err)
 	}
