@@ -144,6 +144,7 @@ func (l *Listener) serveFront(c *clientConn, f *frontConfig) {
 		return
 	}
 	defer l.untrackFront(fc)
+	c.deferReadDeadlines(true) // until toNetHTTP or Hijack
 	first := true
 	for {
 		q, n, verdict := fc.nextRequest(first)
@@ -324,6 +325,7 @@ func (fc *frontConn) toNetHTTP() {
 		fc.c.unread(b)
 	}
 	_ = fc.c.SetReadDeadline(time.Time{})
+	fc.c.deferReadDeadlines(false)
 	fc.l.untrackFront(fc)
 	fc.l.toServer(fc.c)
 }
@@ -922,6 +924,7 @@ func (w *frontWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	w.body.unwatch() // the takeover watches it itself
 	w.fc.hijacked = true
 	w.fc.l.untrackFront(w.fc)
+	w.fc.c.deferReadDeadlines(false)
 	_ = w.fc.c.SetDeadline(time.Time{})
 	return w.fc.c, bufio.NewReadWriter(w.fc.br, w.fc.bw), nil
 }

@@ -255,6 +255,65 @@ type clientConn struct {
 	net.Conn
 	l       *Listener
 	pending []byte
+	rd      readDeadlines
+}
+
+// readDeadlines are a clientConn's read deadlines. While the front owns the
+// connection they are deferred: a deadline set goes on the socket when a
+// read needs it, not at once. The front sets up to five per request (the
+// idle wait, the head's timeout and its clearing, BodyDeadline's and its
+// clearing), each a timer changed under the poller's lock, and a request
+// whose head and body came in one read needs only the first. A deadline set
+// while a read is under way (from another goroutine, to cut it short) goes
+// on at once, as does every one while net/http or a takeover owns the
+// connection.
+type readDeadlines struct {
+	mu       sync.Mutex
+	deferred bool
+	reading  int       // reads under way
+	known    bool      // applied is the socket's deadline
+	want     time.Time // the deadline last set
+	applied  time.Time
+}
+
+// apply puts the deadline last set on c's socket, if it is not there.
+func (d *readDeadlines) apply(c net.Conn) error {
+	if d.known && d.applied.Equal(d.want) {
+		return nil
+	}
+	err := c.SetReadDeadline(d.want)
+	d.applied, d.known = d.want, err == nil
+	return err
+}
+
+// deferReadDeadlines defers the connection's read deadlines (the front
+// takes it) or stops deferring them, putting the last one set on the
+// socket (the front gives it to net/http or a hijacker).
+func (c *clientConn) deferReadDeadlines(on bool) {
+	c.rd.mu.Lock()
+	defer c.rd.mu.Unlock()
+	c.rd.deferred = on
+	if !on {
+		_ = c.rd.apply(c.Conn)
+	}
+}
+
+func (c *clientConn) SetReadDeadline(t time.Time) error {
+	c.rd.mu.Lock()
+	defer c.rd.mu.Unlock()
+	c.rd.want = t
+	if c.rd.deferred && c.rd.reading == 0 {
+		return nil
+	}
+	return c.rd.apply(c.Conn)
+}
+
+func (c *clientConn) SetDeadline(t time.Time) error {
+	err := c.SetReadDeadline(t)
+	if werr := c.Conn.SetWriteDeadline(t); err == nil {
+		err = werr
+	}
+	return err
 }
 
 func (c *clientConn) Read(p []byte) (int, error) {
@@ -263,7 +322,18 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		c.pending = c.pending[n:]
 		return n, nil
 	}
-	return c.Conn.Read(p)
+	c.rd.mu.Lock()
+	if err := c.rd.apply(c.Conn); err != nil {
+		c.rd.mu.Unlock()
+		return 0, err
+	}
+	c.rd.reading++
+	c.rd.mu.Unlock()
+	n, err := c.Conn.Read(p)
+	c.rd.mu.Lock()
+	c.rd.reading--
+	c.rd.mu.Unlock()
+	return n, err
 }
 
 // unread puts b, read from c ahead of its reader's need (net/http's or the
