@@ -73,9 +73,12 @@ type upConn struct {
 	// Made once per connection rather than once per request: the hook
 	// that closes it when a request's context ends, and the request's
 	// head and body as one writev.
-	closeConn func()
-	outArr    [2][]byte
-	out       net.Buffers
+	closeConn   func()
+	writeInWait func(uintptr) bool // writeRequest's callback
+	outArr      [2][]byte
+	out         net.Buffers
+	wrote       bool  // writeRequest's state
+	writeErr    error // (on the connection: a closure per request would be allocated)
 	// The reader of the answer being read, one of the two (see framing);
 	// an answer's upBody stops using it at its end, before the connection
 	// can carry another.
@@ -212,7 +215,7 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	stop := context.AfterFunc(ctx, uc.closeConn)
 	uc.outArr = [2][]byte{head, body}
 	uc.out = uc.outArr[:]
-	_, err := uc.out.WriteTo(uc.c)
+	err := uc.writeRequest()
 	uc.outArr, uc.out = [2][]byte{}, nil // the head's buffer goes back to the pool
 	if err != nil {
 		stop()
@@ -236,6 +239,42 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	}
 	resp.Body = ub
 	return resp, nil
+}
+
+// writeRequest sends uc.out, then waits for the answer's first bytes
+// without asking the socket for them first: right after the request they
+// are not there yet (the engine has yet to read it), and asking costs a
+// system call a leg. The write is made inside the poller's wait for bytes
+// (RawConn.Read), after the wait has forgotten readiness seen before it
+// and before it parks, so bytes arriving at any time after the write wake
+// it. The read that follows (readResponse) finds the bytes, or the end or
+// error that woke the wait; were the wake-up ever spurious, that read
+// waits as any read does. A closed connection (the request cancelled)
+// ends the wait at once, and its read reports it.
+func (uc *upConn) writeRequest() error {
+	if uc.raw == nil {
+		_, err := uc.out.WriteTo(uc.c)
+		return err
+	}
+	uc.wrote, uc.writeErr = false, nil
+	err := uc.raw.Read(uc.writeInWait)
+	if !uc.wrote {
+		return err // the connection was closed before the write
+	}
+	err, uc.writeErr = uc.writeErr, nil
+	return err
+}
+
+// writeInWait is writeRequest's callback (made once per connection, as
+// uc.writeInWait): it writes on the first call and asks to wait unless the
+// write failed; woken, it ends the wait.
+func (uc *upConn) writeInWaitFunc(uintptr) bool {
+	if uc.wrote {
+		return true
+	}
+	uc.wrote = true
+	_, uc.writeErr = uc.out.WriteTo(uc.c)
+	return uc.writeErr != nil
 }
 
 // get returns an idle connection to addr that is still open, or a new one.
@@ -266,6 +305,7 @@ func (t *upstreamTransport) get(ctx context.Context, addr string) (*upConn, erro
 	}
 	uc := &upConn{addr: addr, c: c, limit: math.MaxInt64}
 	uc.closeConn = func() { _ = c.Close() }
+	uc.writeInWait = uc.writeInWaitFunc
 	uc.br = t.reader(uc)
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {

@@ -635,3 +635,96 @@ func TestLegHeadAsHTTPRequest(t *testing.T) {
 		t.Fatal("an https target must go through an http.Request")
 	}
 }
+
+// TestUpstreamWaitAfterWrite pins writeRequest's wait, which begins before
+// the request is written and does not ask the socket first: an answer
+// that comes at once, one that comes after a pause, bytes an engine sent
+// before it was asked anything (read with the answer, which then fails to
+// parse), and an engine that sent such bytes and never answers (the
+// request's context ends the wait) all end as a read would have.
+func TestUpstreamWaitAfterWrite(t *testing.T) {
+	const answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	engine := func(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					serve(c, bufio.NewReader(c))
+				}()
+			}
+		}()
+		return "http://" + ln.Addr().String() + "/generate"
+	}
+	readRequest := func(br *bufio.Reader) bool {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return false
+		}
+		_, err = io.Copy(io.Discard, req.Body)
+		return err == nil
+	}
+	tr := newTestTransport()
+	defer tr.CloseIdleConnections()
+
+	t.Run("answers", func(t *testing.T) {
+		url := engine(t, func(c net.Conn, br *bufio.Reader) {
+			for i := 0; readRequest(br); i++ {
+				if i%2 == 1 {
+					time.Sleep(50 * time.Millisecond)
+				}
+				if _, err := io.WriteString(c, answer); err != nil {
+					return
+				}
+			}
+		})
+		for range 6 { // on one connection, reused: at once, after a pause, ...
+			resp, err := post(t, tr, context.Background(), url, `{}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := readAll(t, resp); got != "ok" {
+				t.Fatalf("body %q", got)
+			}
+		}
+	})
+	t.Run("bytes before the request", func(t *testing.T) {
+		url := engine(t, func(c net.Conn, br *bufio.Reader) {
+			_, _ = io.WriteString(c, "junk\r\n")
+			time.Sleep(50 * time.Millisecond) // the router has taken the bytes' readiness by now
+			if readRequest(br) {
+				_, _ = io.WriteString(c, answer)
+			}
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := post(t, tr, ctx, url, `{}`); err == nil || ctx.Err() != nil {
+			t.Fatalf("an answer after unasked bytes: %v (context: %v), want a parse error", err, ctx.Err())
+		}
+	})
+	t.Run("bytes and no answer", func(t *testing.T) {
+		url := engine(t, func(c net.Conn, br *bufio.Reader) {
+			_, _ = io.WriteString(c, "junk\r\n")
+			readRequest(br)
+			time.Sleep(10 * time.Second)
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := post(t, tr, ctx, url, `{}`)
+		if err == nil {
+			t.Fatal("no error")
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("the request's context ended the wait only after %v", d)
+		}
+	})
+}
