@@ -4,6 +4,8 @@ import (
 	"regexp"
 	"runtime"
 	"runtime/debug"
+	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,6 +16,7 @@ import (
 // its own on the same registry.
 type serverMetrics struct {
 	requests      *prometheus.CounterVec
+	requestsBy    routeCounters // requests' series, resolved once each
 	registrations *prometheus.CounterVec
 	heartbeats    *prometheus.CounterVec
 	staleMarks    *prometheus.CounterVec
@@ -46,9 +49,42 @@ func newServerMetrics(reg prometheus.Registerer, snaps Snapshots, version string
 			Name: "pdplane_preflight_reports_total", Help: "Pair preflights reported by agents, by backend and state (passed, failed).",
 		}, []string{"backend", "state"}),
 	}
+	m.requestsBy.vec = m.requests
 	reg.MustRegister(m.requests, m.registrations, m.heartbeats, m.staleMarks, m.eventStreams, m.rejected, m.preflights,
 		&snapshotCollector{snaps: snaps}, buildInfo(version))
 	return m
+}
+
+// routeCounters are pdplane_api_requests_total's series by route pattern
+// and status code, each resolved on its first request and kept: a
+// request's count is then two loads, where WithLabelValues checks, hashes
+// and looks up both values under the vector's lock. The routes are the
+// mux's patterns and "unmatched", a small set.
+type routeCounters struct {
+	vec    *prometheus.CounterVec
+	routes sync.Map // route pattern → *statusCounters
+}
+
+type statusCounters [len(statusLabels)]atomic.Pointer[prometheus.Counter]
+
+// inc counts a request to route answered with status.
+func (rc *routeCounters) inc(route string, status int) {
+	if status < 100 || status >= len(statusLabels) {
+		rc.vec.WithLabelValues(route, statusLabel(status)).Inc()
+		return
+	}
+	v, ok := rc.routes.Load(route)
+	if !ok {
+		v, _ = rc.routes.LoadOrStore(route, new(statusCounters))
+	}
+	slot := &v.(*statusCounters)[status]
+	c := slot.Load()
+	if c == nil {
+		s := rc.vec.WithLabelValues(route, statusLabels[status])
+		c = &s
+		slot.Store(c)
+	}
+	(*c).Inc()
 }
 
 // buildInfo is pdplane_build_info: 1, labelled with the build's version

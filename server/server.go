@@ -386,11 +386,14 @@ func (s *Server) requestLog(r *http.Request) *zerolog.Logger {
 // routing (route "unmatched") is logged here.
 func (s *Server) accessLog(next http.Handler) http.Handler {
 	return hlog.AccessHandler(func(r *http.Request, status, size int, d time.Duration) {
-		route := "unmatched"
-		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
-			route = rc.RoutePattern()
+		route := ""
+		if rc := chi.RouteContext(r.Context()); rc != nil {
+			route = rc.RoutePattern() // joined from its parts at each call
 		}
-		s.metrics.requests.WithLabelValues(route, statusLabel(status)).Inc()
+		if route == "" {
+			route = "unmatched"
+		}
+		s.metrics.requestsBy.inc(route, status)
 		if s.selfLogged[route] {
 			return
 		}

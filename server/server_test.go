@@ -768,3 +768,32 @@ func TestRegistrationRefusesMetadataAndLinkLocal(t *testing.T) {
 		t.Fatalf("refused registrations stored %d peers (%v)", len(peers), err)
 	}
 }
+
+// TestAPIRequestsCounted: pdplane_api_requests_total counts each request by
+// its route pattern and status code, a request no route matched as
+// "unmatched", and keeps counting on the series it resolved first.
+func TestAPIRequestsCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for range 3 {
+		if code, _, _ := b.raw(t, http.MethodGet, "/healthz", ""); code != 200 {
+			t.Fatalf("healthz: %d", code)
+		}
+	}
+	if code, _, _ := b.raw(t, http.MethodGet, "/api/v1/peers/nope", ""); code != 404 {
+		t.Fatalf("a missing peer: %d", code)
+	}
+	if code, _, _ := b.raw(t, http.MethodGet, "/no/such/page", ""); code != 404 {
+		t.Fatalf("no route: %d", code)
+	}
+	_, _, data := b.raw(t, http.MethodGet, "/metrics", "")
+	for _, want := range []string{
+		`pdplane_api_requests_total{code="200",route="/healthz"} 3`,
+		`pdplane_api_requests_total{code="404",route="/api/v1/peers/{id}"} 1`,
+		`pdplane_api_requests_total{code="404",route="unmatched"} 1`,
+	} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
