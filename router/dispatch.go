@@ -155,9 +155,8 @@ type dispatch struct {
 	dispatched time.Time
 
 	// Per attempt: the attempt's context (its cause tells which leg or
-	// deadline ended it) and the decode's first-byte deadline.
-	actx context.Context
-	fb   *firstByteDeadline
+	// deadline ended it; it keeps the decode's first-byte deadline).
+	actx *attemptCtx
 
 	// Tracing, all nil when it is off: the request's span and the context
 	// that carries it, and the span of the attempt under way.
@@ -580,7 +579,7 @@ func (d *dispatch) transportFailure(l leg, err error) *failure {
 	if d.ctx.Err() != nil {
 		return &failure{kind: failClientGone, leg: l, err: err}
 	}
-	if l == legDecode && d.actx != nil && errors.Is(context.Cause(d.actx), errDecodeFirstByte) {
+	if l == legDecode && d.actx != nil && errors.Is(d.actx.Cause(), errDecodeFirstByte) {
 		return &failure{kind: failPair, leg: legDecode, err: errDecodeFirstByte}
 	}
 	var ne net.Error

@@ -18,7 +18,7 @@ import (
 func TestPrefillLegPanicFailsTheLegNotTheProcess(t *testing.T) {
 	d := &dispatch{rt: &Router{log: zerolog.Nop()}, rid: "r1"}
 	pr := &pair{p: &peerRef{peer: &registry.Peer{PeerSpec: registry.PeerSpec{Name: "p0"}}}}
-	res := d.prefillGuarded(context.Background(), pr, []byte(`{}`))
+	res := d.prefillGuarded(newAttemptCtx(context.Background()), pr, []byte(`{}`))
 	if res.fail == nil || res.fail.kind != failProtocol || res.fail.leg != legPrefill {
 		t.Fatalf("result %+v, want a protocol failure of the prefill leg", res.fail)
 	}
@@ -35,7 +35,7 @@ func TestPrefillLegPanicIsRaisedOnTheDispatch(t *testing.T) {
 	d := &dispatch{rt: &Router{log: zerolog.Nop()}, rid: "r1"}
 	pr := &pair{p: &peerRef{peer: &registry.Peer{PeerSpec: registry.PeerSpec{Name: "p0"}}}}
 	pl := &prefillLeg{ch: make(chan prefillResult, 1)}
-	pl.ch <- d.prefillGuarded(context.Background(), pr, []byte(`{}`))
+	pl.ch <- d.prefillGuarded(newAttemptCtx(context.Background()), pr, []byte(`{}`))
 	func() {
 		defer func() {
 			if p := recover(); p == nil || !strings.Contains(p.(string), "prefill leg") {

@@ -58,9 +58,9 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 	body := appendSGLangBody(make([]byte, 0, len(q.body)+160+q.bootstrapCount()*48), q, pr.p.ep.hostJSON, pr.p.ep.port)
 	engine := pr.d.ep.protocol
 
-	actx, cancel := context.WithCancelCause(d.ctx)
-	d.actx, d.fb = actx, &firstByteDeadline{}
-	defer d.fb.stop()
+	actx := newAttemptCtx(d.ctx)
+	cancel := actx.cancel
+	d.actx = actx
 	pl := &prefillLeg{ch: make(chan prefillResult, 1)}
 	defer pl.wait()
 	defer cancel(errAttemptOver)
@@ -69,7 +69,7 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 		if res.fail != nil {
 			cancel(errPrefillLegFailed)
 		} else if q.stream {
-			d.fb.arm(rt.cfg.DecodeFirstByteTimeout, cancel)
+			actx.armFirstByte(rt.cfg.DecodeFirstByteTimeout)
 		}
 		pl.ch <- res
 	}()
@@ -78,7 +78,7 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 	// brought the attempt down.
 	prefillFailedFirst := func() *failure {
 		res := pl.wait()
-		if res.fail != nil && errors.Is(context.Cause(actx), errPrefillLegFailed) {
+		if res.fail != nil && errors.Is(actx.Cause(), errPrefillLegFailed) {
 			return res.fail
 		}
 		return nil
@@ -105,7 +105,7 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 	defer resp.Body.Close()
 	ls.answered(resp.StatusCode)
 	if resp.StatusCode >= 300 {
-		d.fb.firstByte()
+		d.actx.firstByte()
 		f := d.statusFailure(engine, legDecode, resp)
 		cancel(errDecodeLegFailed)
 		if pf := prefillFailedFirst(); pf != nil {
@@ -130,7 +130,7 @@ func (d *dispatch) runSGLang(pr *pair) (f *failure) {
 // likely on an engine's odd answer) fails this leg, which cancels the
 // decode, and goes back to the dispatch (prefillLeg.wait) instead of ending
 // the process and every request in it.
-func (d *dispatch) prefillGuarded(ctx context.Context, pr *pair, body []byte) (res prefillResult) {
+func (d *dispatch) prefillGuarded(a *attemptCtx, pr *pair, body []byte) (res prefillResult) {
 	defer func() {
 		if p := recover(); p != nil {
 			d.rt.log.Error().Str(logRequestID, d.rid).Str("peer", pr.p.peer.Name).Interface("panic", p).
@@ -138,20 +138,20 @@ func (d *dispatch) prefillGuarded(ctx context.Context, pr *pair, body []byte) (r
 			res = prefillResult{fail: &failure{kind: failProtocol, leg: legPrefill, err: fmt.Errorf("panic in the prefill leg: %v", p)}, panicked: p}
 		}
 	}()
-	return d.sglangPrefill(ctx, pr, body)
+	return d.sglangPrefill(a, pr, body)
 }
 
 // sglangPrefill posts the prefill leg and reads its answer to the end.
-func (d *dispatch) sglangPrefill(ctx context.Context, pr *pair, body []byte) prefillResult {
+func (d *dispatch) sglangPrefill(a *attemptCtx, pr *pair, body []byte) prefillResult {
 	rt := d.rt
 	start := rt.cfg.Now()
-	ctx, ls := d.startLeg(ctx, legPrefill, pr.p, &pr.p.ep.targets[d.route])
-	ctx, cancel := context.WithTimeout(ctx, rt.cfg.PrefillTimeout)
-	defer cancel()
+	ctx, ls := d.startLeg(a, legPrefill, pr.p, &pr.p.ep.targets[d.route])
+	a.limitPrefill(rt.cfg.PrefillTimeout)
 	res := d.prefillLegResult(ctx, pr, body, ls)
+	a.prefillDone()
 	result := "ok"
 	if res.fail != nil {
-		if errors.Is(context.Cause(ctx), errDecodeLegFailed) || res.fail.kind == failClientGone {
+		if errors.Is(a.Cause(), errDecodeLegFailed) || res.fail.kind == failClientGone {
 			result = "cancelled"
 		} else {
 			result = "error"
@@ -209,7 +209,7 @@ func (d *dispatch) readFirstEvent(body io.Reader, buf []byte, limit int) ([]byte
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			d.fb.firstByte()
+			d.actx.firstByte()
 			acc = append(acc, buf[:n]...)
 			if _, _, ok := pdproto.NextEvent(acc); ok || len(acc) > limit {
 				return acc, nil
@@ -254,7 +254,7 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 	case merge && !q.stream:
 		// Both answers whole, merged, then sent.
 		all, err := readKeep(resp, rt.cfg.MaxResponseBytes+1)
-		d.fb.firstByte()
+		d.actx.firstByte()
 		if pf := pl.wait().fail; pf != nil {
 			return pf
 		}
@@ -320,7 +320,7 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 
 	default:
 		n, rerr := readFirst(resp.Body, buf)
-		d.fb.firstByte()
+		d.actx.firstByte()
 		if _, pf := waitPrefill(); pf != nil {
 			return pf
 		}

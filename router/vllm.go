@@ -25,12 +25,11 @@ func (d *dispatch) runVLLM(pr *pair) (f *failure) {
 		return f
 	}
 	body := appendVLLMDecodeBody(make([]byte, 0, len(q.body)+len(kv)+64), q, kv)
-	actx, cancel := context.WithCancelCause(d.ctx)
-	defer cancel(errAttemptOver)
-	d.actx, d.fb = actx, &firstByteDeadline{}
-	defer d.fb.stop()
+	actx := newAttemptCtx(d.ctx)
+	defer actx.cancel(errAttemptOver)
+	d.actx = actx
 	if q.stream {
-		d.fb.arm(rt.cfg.DecodeFirstByteTimeout, cancel)
+		actx.armFirstByte(rt.cfg.DecodeFirstByteTimeout)
 	}
 	start := rt.cfg.Now()
 	dctx, ls := d.startLeg(actx, legDecode, pr.d, &pr.d.ep.targets[d.route])

@@ -1,0 +1,245 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// errPrefillTimeout ends an attempt whose prefill leg ran past
+// PrefillTimeout; it counts as the prefill failing first.
+var errPrefillTimeout = fmt.Errorf("%w: it ran past its timeout", errPrefillLegFailed)
+
+// attemptCtx is the context of one attempt's legs. It ends when the
+// attempt does (cancel), when one leg fails (cancelling the other), when
+// the prefill's timeout or the decode's first-byte deadline passes, or
+// when the client's request ends (its parent). It does the work of
+// context.WithCancelCause, a WithTimeout for the prefill and a
+// context.AfterFunc per leg in one object: the legs' hooks (the
+// transport's, closing their connections) sit in a small array rather
+// than as children in maps, and the two deadlines are timers that end it
+// with their cause.
+//
+// Its cause (Cause) says which of these ended it; context.Cause does not
+// see it, finding the nearest context made by the context package (the
+// request's). A context derived from it (a leg's span) ends with it, as
+// one derived from any context of a type of its own: through a goroutine
+// of the context package's.
+type attemptCtx struct {
+	parent context.Context
+
+	mu         sync.Mutex
+	done       chan struct{} // made on the first Done
+	err        error
+	cause      error
+	stopParent func() bool // ends the watch on parent
+	hooks      [2]func()   // AfterFunc's, nil once stopped or run
+	hooked     int         // hooks used
+	more       []func()    // beyond the array (not used by the router's legs)
+
+	prefillTimer *time.Timer
+	prefillOver  bool // the prefill leg ended: its timeout no longer applies
+	fbTimer      *time.Timer
+	fbSeen       bool // the decode sent its first byte: its deadline no longer applies
+}
+
+// closedDone is the Done of an attemptCtx that ended before anyone asked.
+var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// newAttemptCtx starts an attempt's context under parent.
+func newAttemptCtx(parent context.Context) *attemptCtx {
+	a := &attemptCtx{parent: parent}
+	if parent.Err() != nil {
+		a.end(parent.Err(), context.Cause(parent), nil)
+		return a
+	}
+	stop := context.AfterFunc(parent, a.parentEnded)
+	a.mu.Lock()
+	a.stopParent = stop
+	a.mu.Unlock()
+	return a
+}
+
+func (a *attemptCtx) parentEnded() { a.end(a.parent.Err(), context.Cause(a.parent), nil) }
+
+func (a *attemptCtx) Deadline() (time.Time, bool) { return a.parent.Deadline() }
+func (a *attemptCtx) Value(key any) any           { return a.parent.Value(key) }
+
+func (a *attemptCtx) Done() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.done == nil {
+		if a.err != nil {
+			a.done = closedDone
+		} else {
+			a.done = make(chan struct{})
+		}
+	}
+	return a.done
+}
+
+func (a *attemptCtx) Err() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
+}
+
+// Cause is what ended the attempt (nil while it runs): the cause given to
+// cancel, errPrefillTimeout, errDecodeFirstByte, or the request's own.
+func (a *attemptCtx) Cause() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cause
+}
+
+// cancel ends the attempt with cause (context.Canceled when nil), as a
+// context.CancelCauseFunc does.
+func (a *attemptCtx) cancel(cause error) { a.end(context.Canceled, cause, nil) }
+
+// AfterFunc runs f in its own goroutine once the attempt ends, as
+// context.AfterFunc does (which calls it); stop unregisters f, true when
+// that kept it from running.
+func (a *attemptCtx) AfterFunc(f func()) (stop func() bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	if i := a.hooked; i < len(a.hooks) { // a slot is never reused: a stop called twice stops nothing else
+		a.hooked++
+		a.hooks[i] = f
+		return func() bool { return a.unhook(i) }
+	}
+	a.more = append(a.more, f)
+	i := len(a.hooks) + len(a.more) - 1
+	return func() bool { return a.unhook(i) }
+}
+
+// unhook stops hook i (of hooks, then of more).
+func (a *attemptCtx) unhook(i int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	slot := (*func())(nil)
+	switch {
+	case i < len(a.hooks):
+		slot = &a.hooks[i]
+	case i-len(a.hooks) < len(a.more):
+		slot = &a.more[i-len(a.hooks)]
+	default:
+		return false // ran: end took them
+	}
+	if *slot == nil {
+		return false
+	}
+	*slot = nil
+	return true
+}
+
+// end ends the attempt with err and cause, unless it has ended or unless
+// *unless (a deadline's: its leg is past it) is set. Its hooks run, its
+// timers stop, and its watch on the request ends.
+func (a *attemptCtx) end(err, cause error, unless *bool) {
+	if cause == nil {
+		cause = err
+	}
+	a.mu.Lock()
+	if a.err != nil || unless != nil && *unless {
+		a.mu.Unlock()
+		return
+	}
+	a.err, a.cause = err, cause
+	if a.done != nil {
+		close(a.done)
+	}
+	var run [2]func()
+	run, a.hooks = a.hooks, [2]func(){}
+	more := a.more
+	a.more = nil
+	stop, pt, ft := a.stopParent, a.prefillTimer, a.fbTimer
+	a.mu.Unlock()
+	for _, f := range run {
+		if f != nil {
+			go f()
+		}
+	}
+	for _, f := range more {
+		if f != nil {
+			go f()
+		}
+	}
+	if stop != nil {
+		stop()
+	}
+	for _, t := range [...]*time.Timer{pt, ft} {
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+// limitPrefill ends the attempt with errPrefillTimeout after d, unless
+// prefillDone comes first.
+func (a *attemptCtx) limitPrefill(d time.Duration) {
+	t := time.AfterFunc(d, a.prefillTimedOut)
+	a.mu.Lock()
+	a.prefillTimer = t
+	a.mu.Unlock()
+}
+
+func (a *attemptCtx) prefillTimedOut() {
+	a.end(context.DeadlineExceeded, errPrefillTimeout, &a.prefillOver)
+}
+
+// prefillDone lifts the prefill's timeout: its leg has ended.
+func (a *attemptCtx) prefillDone() {
+	a.mu.Lock()
+	a.prefillOver = true
+	t := a.prefillTimer
+	a.mu.Unlock()
+	if t != nil {
+		t.Stop()
+	}
+}
+
+// armFirstByte bounds how long a streamed decode may stay silent once its
+// prefill has answered in full: SGLang's decode, when the KV it waits for
+// never comes, waits out SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by
+// default) before it aborts, and a decode that hangs would hold the client
+// for ever. When d passes before the decode's first byte (firstByte), the
+// attempt ends with errDecodeFirstByte, which counts as a failure of the
+// pair. d <= 0 arms nothing.
+func (a *attemptCtx) armFirstByte(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.fbSeen || a.fbTimer != nil || a.err != nil {
+		return
+	}
+	a.fbTimer = time.AfterFunc(d, a.firstByteLate)
+}
+
+func (a *attemptCtx) firstByteLate() {
+	a.end(context.Canceled, errDecodeFirstByte, &a.fbSeen)
+}
+
+// firstByte records that the decode sent something.
+func (a *attemptCtx) firstByte() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	if a.fbSeen {
+		a.mu.Unlock()
+		return
+	}
+	a.fbSeen = true
+	t := a.fbTimer
+	a.mu.Unlock()
+	if t != nil {
+		t.Stop()
+	}
+}

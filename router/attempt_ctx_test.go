@@ -1,0 +1,113 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// waitDone fails t unless ch is closed within a few seconds.
+func waitDone(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: not done", what)
+	}
+}
+
+// TestAttemptCtx pins the attempt's context against what the context
+// package's WithCancelCause, WithTimeout and AfterFunc did for it.
+func TestAttemptCtx(t *testing.T) {
+	cause := errors.New("the decode leg failed")
+
+	t.Run("cancel", func(t *testing.T) {
+		a := newAttemptCtx(context.Background())
+		ran := make(chan struct{})
+		stopRun := context.AfterFunc(a, func() { close(ran) })
+		stopped := context.AfterFunc(a, func() { t.Error("a stopped hook ran") })
+		if !stopped() || stopped() {
+			t.Fatal("stop: want true once, then false")
+		}
+		child, cancelChild := context.WithCancel(a)
+		defer cancelChild()
+		derived := context.WithValue(a, attemptKey{}, 1) // a leg's span: not the context package's cancelCtx
+		viaDerived := make(chan struct{})
+		context.AfterFunc(derived, func() { close(viaDerived) })
+		if a.Err() != nil || a.Cause() != nil {
+			t.Fatal("ended before cancel")
+		}
+		a.cancel(cause)
+		a.cancel(errAttemptOver) // the first cause stays
+		waitDone(t, "Done", a.Done())
+		waitDone(t, "a hook", ran)
+		waitDone(t, "a child", child.Done())
+		waitDone(t, "a hook of a derived context", viaDerived)
+		if !errors.Is(a.Err(), context.Canceled) || a.Cause() != cause || stopRun() {
+			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
+		}
+		late := make(chan struct{})
+		if context.AfterFunc(a, func() { close(late) })() {
+			t.Fatal("a hook after the end was stopped before it ran")
+		}
+		waitDone(t, "a hook after the end", late)
+	})
+
+	t.Run("request ends", func(t *testing.T) {
+		req, end := context.WithCancelCause(context.Background())
+		a := newAttemptCtx(context.WithValue(req, attemptKey{}, 2))
+		if a.Value(attemptKey{}) != 2 {
+			t.Fatal("values are the request's")
+		}
+		end(errClientClosed)
+		waitDone(t, "Done", a.Done())
+		if !errors.Is(a.Err(), context.Canceled) || a.Cause() != errClientClosed {
+			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
+		}
+		gone := newAttemptCtx(req) // under a request already ended
+		if gone.Cause() != errClientClosed {
+			t.Fatalf("an attempt under an ended request: cause %v", gone.Cause())
+		}
+		waitDone(t, "Done", gone.Done())
+	})
+
+	t.Run("prefill timeout", func(t *testing.T) {
+		a := newAttemptCtx(context.Background())
+		a.limitPrefill(20 * time.Millisecond)
+		waitDone(t, "Done", a.Done())
+		if !errors.Is(a.Err(), context.DeadlineExceeded) || a.Cause() != errPrefillTimeout || !errors.Is(a.Cause(), errPrefillLegFailed) {
+			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
+		}
+		b := newAttemptCtx(context.Background())
+		b.limitPrefill(20 * time.Millisecond)
+		b.prefillDone()
+		time.Sleep(60 * time.Millisecond)
+		if b.Err() != nil {
+			t.Fatalf("the prefill's timeout ended the attempt after its leg: %v", b.Cause())
+		}
+	})
+
+	t.Run("first byte", func(t *testing.T) {
+		a := newAttemptCtx(context.Background())
+		a.armFirstByte(20 * time.Millisecond)
+		waitDone(t, "Done", a.Done())
+		if !errors.Is(a.Err(), context.Canceled) || a.Cause() != errDecodeFirstByte {
+			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
+		}
+		b := newAttemptCtx(context.Background())
+		b.armFirstByte(20 * time.Millisecond)
+		b.firstByte()
+		c := newAttemptCtx(context.Background())
+		c.firstByte() // before the deadline is armed: it is not
+		c.armFirstByte(20 * time.Millisecond)
+		time.Sleep(60 * time.Millisecond)
+		if b.Err() != nil || c.Err() != nil {
+			t.Fatalf("the first-byte deadline ended an attempt after its byte: %v, %v", b.Cause(), c.Cause())
+		}
+		var none *attemptCtx
+		none.firstByte() // outside an attempt: nothing
+	})
+}
+
+type attemptKey struct{}
