@@ -30,6 +30,8 @@ func TestAttemptCtx(t *testing.T) {
 		if !stopped() || stopped() {
 			t.Fatal("stop: want true once, then false")
 		}
+		direct := make(chan struct{})
+		afterFunc(a, func() { close(direct) }) // the transport's: the method itself
 		child, cancelChild := context.WithCancel(a)
 		defer cancelChild()
 		derived := context.WithValue(a, attemptKey{}, 1) // a leg's span: not the context package's cancelCtx
@@ -42,6 +44,7 @@ func TestAttemptCtx(t *testing.T) {
 		a.cancel(errAttemptOver) // the first cause stays
 		waitDone(t, "Done", a.Done())
 		waitDone(t, "a hook", ran)
+		waitDone(t, "a hook given directly", direct)
 		waitDone(t, "a child", child.Done())
 		waitDone(t, "a hook of a derived context", viaDerived)
 		if !errors.Is(a.Err(), context.Canceled) || a.Cause() != cause || stopRun() {

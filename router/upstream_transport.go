@@ -212,7 +212,7 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	// even when nobody is reading the answer at that moment (a decode left
 	// waiting for a bootstrap that will never come). A connection whose
 	// cancellation fired is never pooled (see upBody.finish).
-	stop := context.AfterFunc(ctx, uc.closeConn)
+	stop := afterFunc(ctx, uc.closeConn)
 	uc.outArr = [2][]byte{head, body}
 	uc.out = uc.outArr[:]
 	err := uc.writeRequest()
@@ -239,6 +239,16 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	}
 	resp.Body = ub
 	return resp, nil
+}
+
+// afterFunc is context.AfterFunc, but calls the AfterFunc method of a
+// context that has one (an attemptCtx) itself: context.AfterFunc would
+// wrap it in a context of its own first, with a done channel.
+func afterFunc(ctx context.Context, f func()) (stop func() bool) {
+	if a, ok := ctx.(interface{ AfterFunc(func()) func() bool }); ok {
+		return a.AfterFunc(f)
+	}
+	return context.AfterFunc(ctx, f)
 }
 
 // writeRequest sends uc.out, then waits for the answer's first bytes
