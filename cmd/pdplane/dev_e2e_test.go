@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -80,6 +81,17 @@ func TestDevQuickStart(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || err != nil || len(answer.Choices) == 0 || answer.Choices[0].Message.Content == "" {
 		t.Fatalf("chat completion at the printed base URL: %d %v %+v", resp.StatusCode, err, answer)
+	}
+	// The router's front served it (not net/http), and the access log
+	// counted it by its route and status all the same.
+	resp, err = http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `pdplane_api_requests_total{code="200",route="/v1/chat/completions"} 1`; !strings.Contains(string(metrics), want) {
+		t.Errorf("metrics lack %s:\n%s", want, metrics)
 	}
 }
 
