@@ -775,7 +775,14 @@ func (d *dispatch) relay(body io.Reader) *failure {
 	// minutes later). It costs a stream one more system call.
 	watchFirst := rb != nil && d.mayTakeOver()
 	for {
-		start := d.rt.cfg.Now()
+		// Only a read that may wait is timed: one of bytes already
+		// buffered returns at once (and the clock is read twice a chunk
+		// otherwise, a stream's tokens being mostly buffered ones).
+		timed := rb == nil || !rb.ready()
+		var start time.Time
+		if timed {
+			start = d.rt.cfg.Now()
+		}
 		if watchFirst {
 			watchFirst = false
 			slow = !rb.awaitFor(slowStreamWait)
@@ -793,7 +800,7 @@ func (d *dispatch) relay(body io.Reader) *failure {
 		}
 		bp := d.rt.getRelayBuf()
 		n, err := body.Read(*bp)
-		slow = rb != nil && (inHand || d.rt.cfg.Now().Sub(start) > slowStreamWait)
+		slow = rb != nil && (inHand || timed && d.rt.cfg.Now().Sub(start) > slowStreamWait)
 		var werr error
 		if n > 0 {
 			werr = d.send((*bp)[:n], d.mustFlush(rb, err))
