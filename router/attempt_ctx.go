@@ -21,13 +21,19 @@ var errPrefillTimeout = fmt.Errorf("%w: it ran past its timeout", errPrefillLegF
 // than as children in maps, and the two deadlines are timers that end it
 // with their cause.
 //
+// A stream's request context, detached from net/http's (detachable), is
+// one too (newDetachedCtx): without its parent's values, and with a watch
+// on the parent that detach ends. An attempt under it then hooks into it
+// directly.
+//
 // Its cause (Cause) says which of these ended it; context.Cause does not
 // see it, finding the nearest context made by the context package (the
 // request's). A context derived from it (a leg's span) ends with it, as
 // one derived from any context of a type of its own: through a goroutine
 // of the context package's.
 type attemptCtx struct {
-	parent context.Context
+	parent   context.Context // nil for a detached one
+	detached bool
 
 	mu         sync.Mutex
 	done       chan struct{} // made on the first Done
@@ -50,21 +56,68 @@ var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // newAttemptCtx starts an attempt's context under parent.
 func newAttemptCtx(parent context.Context) *attemptCtx {
 	a := &attemptCtx{parent: parent}
-	if parent.Err() != nil {
-		a.end(parent.Err(), context.Cause(parent), nil)
-		return a
-	}
-	stop := context.AfterFunc(parent, a.parentEnded)
-	a.mu.Lock()
-	a.stopParent = stop
-	a.mu.Unlock()
+	a.watch(parent)
 	return a
 }
 
-func (a *attemptCtx) parentEnded() { a.end(a.parent.Err(), context.Cause(a.parent), nil) }
+// newDetachedCtx is a request's context that outlives parent, net/http's
+// (which ends with the handler), and ends with it until unwatch: it has
+// none of parent's values, so that a stream held open does not keep what
+// the middleware put there once unwatched.
+func newDetachedCtx(parent context.Context) *attemptCtx {
+	a := &attemptCtx{detached: true}
+	a.watch(parent)
+	return a
+}
 
-func (a *attemptCtx) Deadline() (time.Time, bool) { return a.parent.Deadline() }
-func (a *attemptCtx) Value(key any) any           { return a.parent.Value(key) }
+// watch ends a when parent ends, with its error and cause.
+func (a *attemptCtx) watch(parent context.Context) {
+	if err := parent.Err(); err != nil {
+		a.end(err, causeOf(parent), nil)
+		return
+	}
+	var stop func() bool
+	if p, ok := parent.(*attemptCtx); ok {
+		stop = p.AfterFunc(func() { a.end(p.Err(), p.Cause(), nil) })
+	} else {
+		stop = context.AfterFunc(parent, func() { a.end(parent.Err(), context.Cause(parent), nil) })
+	}
+	a.mu.Lock()
+	a.stopParent = stop
+	a.mu.Unlock()
+}
+
+// causeOf is ctx's cause, an attemptCtx's included.
+func causeOf(ctx context.Context) error {
+	if a, ok := ctx.(*attemptCtx); ok {
+		return a.Cause()
+	}
+	return context.Cause(ctx)
+}
+
+// unwatch stops ending a with its parent, and lets go of the parent;
+// false when the parent had ended it already (or it was unwatched).
+func (a *attemptCtx) unwatch() bool {
+	a.mu.Lock()
+	stop := a.stopParent
+	a.stopParent = nil
+	a.mu.Unlock()
+	return stop != nil && stop()
+}
+
+func (a *attemptCtx) Deadline() (time.Time, bool) {
+	if a.detached {
+		return time.Time{}, false
+	}
+	return a.parent.Deadline()
+}
+
+func (a *attemptCtx) Value(key any) any {
+	if a.detached {
+		return nil
+	}
+	return a.parent.Value(key)
+}
 
 func (a *attemptCtx) Done() <-chan struct{} {
 	a.mu.Lock()
@@ -158,6 +211,7 @@ func (a *attemptCtx) end(err, cause error, unless *bool) {
 	more := a.more
 	a.more = nil
 	stop, pt, ft := a.stopParent, a.prefillTimer, a.fbTimer
+	a.stopParent = nil
 	a.mu.Unlock()
 	for _, f := range run {
 		if f != nil {

@@ -75,6 +75,38 @@ func TestAttemptCtx(t *testing.T) {
 		waitDone(t, "Done", gone.Done())
 	})
 
+	t.Run("detached", func(t *testing.T) {
+		req, end := context.WithCancelCause(context.WithValue(context.Background(), attemptKey{}, 3))
+		d := newDetachedCtx(req)
+		if d.Value(attemptKey{}) != nil {
+			t.Fatal("a detached context carries its parent's values")
+		}
+		a := newAttemptCtx(d) // hooked into d itself
+		end(errClientClosed)
+		waitDone(t, "the detached context", d.Done())
+		waitDone(t, "the attempt under it", a.Done())
+		if d.Cause() != errClientClosed || a.Cause() != errClientClosed || d.unwatch() {
+			t.Fatalf("causes %v, %v; or unwatched after its parent ended it", d.Cause(), a.Cause())
+		}
+
+		req, end = context.WithCancelCause(context.Background())
+		d = newDetachedCtx(req)
+		if !d.unwatch() || d.unwatch() {
+			t.Fatal("unwatch: want true once, then false")
+		}
+		end(errClientClosed)
+		time.Sleep(20 * time.Millisecond)
+		if d.Err() != nil {
+			t.Fatal("an unwatched context ended with its parent")
+		}
+		a = newAttemptCtx(d)
+		d.cancel(errStreamCut)
+		waitDone(t, "the attempt under a cancelled detached context", a.Done())
+		if a.Cause() != errStreamCut {
+			t.Fatalf("the attempt's cause %v, want its parent's", a.Cause())
+		}
+	})
+
 	t.Run("prefill timeout", func(t *testing.T) {
 		a := newAttemptCtx(context.Background())
 		a.limitPrefill(20 * time.Millisecond)

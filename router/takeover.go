@@ -722,10 +722,8 @@ func (d *dispatch) mayTakeOver() bool {
 // dispatch (request ID, spans), and a held stream does not keep the
 // middleware's (a logger, the route's context) for its whole life.
 func (d *dispatch) detachable() {
-	rctx := d.r.Context()
-	ctx, cancel := context.WithCancelCause(context.Background())
-	d.ctx, d.clientCancel = ctx, cancel
-	d.stopClientWatch = context.AfterFunc(rctx, func() { cancel(context.Cause(rctx)) })
+	ctx := newDetachedCtx(d.r.Context())
+	d.ctx, d.clientCancel, d.stopClientWatch = ctx, ctx.cancel, ctx.unwatch
 }
 
 // out writes b to the client: through net/http, flushed when flush is set,
