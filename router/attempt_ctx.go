@@ -28,9 +28,10 @@ var errPrefillTimeout = fmt.Errorf("%w: it ran past its timeout", errPrefillLegF
 //
 // Its cause (Cause) says which of these ended it; context.Cause does not
 // see it, finding the nearest context made by the context package (the
-// request's). A context derived from it (a leg's span) ends with it, as
-// one derived from any context of a type of its own: through a goroutine
-// of the context package's.
+// request's), and a context the context package derives from it takes its
+// Err for a cause. Such a context (net/http's transport's,
+// a dialer's) ends with it through its AfterFunc; a leg's span is put in a
+// hookedCtx so that it keeps the method.
 type attemptCtx struct {
 	parent   context.Context // nil for a detached one
 	detached bool
@@ -49,6 +50,19 @@ type attemptCtx struct {
 	fbTimer      *time.Timer
 	fbSeen       bool // the decode sent its first byte: its deadline no longer applies
 }
+
+// hookedCtx is a context derived from an attemptCtx (a leg's span put in
+// it) that takes AfterFunc hooks into the attemptCtx itself: the context
+// package's wrappers hide the method, and context.AfterFunc, or a
+// WithCancel or WithTimeout, on such a context would watch the attempt
+// with a goroutine of its own, which a stream held open keeps for its
+// life. It ends with the attemptCtx, which is all that ends it.
+type hookedCtx struct {
+	context.Context
+	a *attemptCtx
+}
+
+func (h hookedCtx) AfterFunc(f func()) func() bool { return h.a.AfterFunc(f) }
 
 // closedDone is the Done of an attemptCtx that ended before anyone asked.
 var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -236,10 +250,12 @@ func (a *attemptCtx) end(err, cause error, unless *bool) {
 // limitPrefill ends the attempt with errPrefillTimeout after d, unless
 // prefillDone comes first.
 func (a *attemptCtx) limitPrefill(d time.Duration) {
-	t := time.AfterFunc(d, a.prefillTimedOut)
 	a.mu.Lock()
-	a.prefillTimer = t
-	a.mu.Unlock()
+	defer a.mu.Unlock()
+	if a.err != nil || a.prefillOver {
+		return // a timer would only keep the attempt until it fired
+	}
+	a.prefillTimer = time.AfterFunc(d, a.prefillTimedOut)
 }
 
 func (a *attemptCtx) prefillTimedOut() {

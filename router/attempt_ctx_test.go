@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -55,6 +56,36 @@ func TestAttemptCtx(t *testing.T) {
 			t.Fatal("a hook after the end was stopped before it ran")
 		}
 		waitDone(t, "a hook after the end", late)
+	})
+
+	t.Run("a leg's span", func(t *testing.T) {
+		// Hooks on a context carrying a leg's span (a hookedCtx) go into
+		// the attempt: no goroutine watches it per hook, as the context
+		// package would for a context whose AfterFunc a wrapper hides.
+		a := newAttemptCtx(context.Background())
+		leg := hookedCtx{context.WithValue(a, attemptKey{}, 4), a}
+		before := runtime.NumGoroutine()
+		ran := make(chan struct{}, 200)
+		var children []context.Context
+		for range 100 {
+			afterFunc(leg, func() { ran <- struct{}{} })
+			child, cancelChild := context.WithTimeout(leg, time.Minute) // a dialer's, the vLLM prefill's
+			defer cancelChild()
+			children = append(children, child)
+		}
+		if n := runtime.NumGoroutine() - before; n > 10 {
+			t.Fatalf("%d goroutines for 100 hooks and 100 children", n)
+		}
+		if leg.Value(attemptKey{}) != 4 {
+			t.Fatal("the span's values are lost")
+		}
+		a.cancel(cause)
+		for range 100 {
+			waitDone(t, "a hook", func() <-chan struct{} { c := make(chan struct{}); go func() { <-ran; close(c) }(); return c }())
+		}
+		for _, c := range children {
+			waitDone(t, "a child", c.Done())
+		}
 	})
 
 	t.Run("request ends", func(t *testing.T) {

@@ -147,6 +147,7 @@ func (d *dispatch) sglangPrefill(a *attemptCtx, pr *pair, body []byte) prefillRe
 	start := rt.cfg.Now()
 	ctx, ls := d.startLeg(a, legPrefill, pr.p, &pr.p.ep.targets[d.route])
 	a.limitPrefill(rt.cfg.PrefillTimeout)
+	defer a.prefillDone() // also when the leg panics (prefillGuarded)
 	res := d.prefillLegResult(ctx, pr, body, ls)
 	a.prefillDone()
 	result := "ok"

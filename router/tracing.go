@@ -146,10 +146,13 @@ func (d *dispatch) startLeg(ctx context.Context, l leg, ref *peerRef, tg *legTar
 	if d.attemptSpan == nil {
 		return ctx, legSpan{}
 	}
-	ctx, span := d.rt.tracer.Start(trace.ContextWithSpan(ctx, d.attemptSpan), l.String(), trace.WithSpanKind(trace.SpanKindClient),
+	spanCtx, span := d.rt.tracer.Start(trace.ContextWithSpan(ctx, d.attemptSpan), l.String(), trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrLeg.String(l.String()), attrPeerID.String(ref.peer.ID), attrPeerName.String(ref.peer.Name),
 			attrGeneration.Int64(ref.peer.Generation), attrURLFull.String(tg.url), attrHTTPMethod.String(http.MethodPost)))
-	return ctx, legSpan{span: span, leg: l}
+	if a, ok := ctx.(*attemptCtx); ok {
+		spanCtx = hookedCtx{spanCtx, a}
+	}
+	return spanCtx, legSpan{span: span, leg: l}
 }
 
 // answered records the engine's status code.

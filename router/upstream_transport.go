@@ -52,6 +52,7 @@ type upstreamTransport struct {
 	maxHead     int64 // bytes of an answer's heads and of its trailers
 	fallback    *http.Transport
 	readers     sync.Pool // *bufio.Reader of readBuf bytes, lent to connections (see awaitBytes)
+	afterWrite  func()    // tests' hook, given to each new connection (upConn.afterWrite)
 
 	mu   sync.Mutex
 	idle map[string][]*upConn
@@ -77,8 +78,9 @@ type upConn struct {
 	writeInWait func(uintptr) bool // writeRequest's callback
 	outArr      [2][]byte
 	out         net.Buffers
-	wrote       bool  // writeRequest's state
-	writeErr    error // (on the connection: a closure per request would be allocated)
+	wrote       bool   // writeRequest's state
+	writeErr    error  // (on the connection: a closure per request would be allocated)
+	afterWrite  func() // tests': between the write and the wait (upstreamTransport.afterWrite)
 	// The reader of the answer being read, one of the two (see framing);
 	// an answer's upBody stops using it at its end, before the connection
 	// can carry another.
@@ -284,6 +286,9 @@ func (uc *upConn) writeInWaitFunc(uintptr) bool {
 	}
 	uc.wrote = true
 	_, uc.writeErr = uc.out.WriteTo(uc.c)
+	if uc.afterWrite != nil {
+		uc.afterWrite()
+	}
 	return uc.writeErr != nil
 }
 
@@ -315,7 +320,7 @@ func (t *upstreamTransport) get(ctx context.Context, addr string) (*upConn, erro
 	}
 	uc := &upConn{addr: addr, c: c, limit: math.MaxInt64}
 	uc.closeConn = func() { _ = c.Close() }
-	uc.writeInWait = uc.writeInWaitFunc
+	uc.writeInWait, uc.afterWrite = uc.writeInWaitFunc, t.afterWrite
 	uc.br = t.reader(uc)
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {

@@ -675,6 +675,34 @@ func TestUpstreamWaitAfterWrite(t *testing.T) {
 	tr := newTestTransport()
 	defer tr.CloseIdleConnections()
 
+	t.Run("an answer before the wait", func(t *testing.T) {
+		// The answer comes, and the poller sees it, between the leg's
+		// write and its wait: the wait must not forget it (it would wait
+		// for bytes that never come, here until the context's end).
+		answered := make(chan struct{}, 1)
+		url := engine(t, func(c net.Conn, br *bufio.Reader) {
+			if readRequest(br) {
+				_, _ = io.WriteString(c, answer)
+				answered <- struct{}{}
+				readRequest(br)
+			}
+		})
+		tr := newTestTransport()
+		defer tr.CloseIdleConnections()
+		tr.afterWrite = func() {
+			<-answered
+			time.Sleep(20 * time.Millisecond) // the poller takes the bytes' readiness meanwhile
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := post(t, tr, ctx, url, `{}`)
+		if err != nil {
+			t.Fatalf("%v (context: %v)", err, ctx.Err())
+		}
+		if got := readAll(t, resp); got != "ok" {
+			t.Fatalf("body %q", got)
+		}
+	})
 	t.Run("answers", func(t *testing.T) {
 		url := engine(t, func(c net.Conn, br *bufio.Reader) {
 			for i := 0; readRequest(br); i++ {
@@ -686,8 +714,10 @@ func TestUpstreamWaitAfterWrite(t *testing.T) {
 				}
 			}
 		})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		for range 6 { // on one connection, reused: at once, after a pause, ...
-			resp, err := post(t, tr, context.Background(), url, `{}`)
+			resp, err := post(t, tr, ctx, url, `{}`)
 			if err != nil {
 				t.Fatal(err)
 			}
