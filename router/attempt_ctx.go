@@ -41,9 +41,7 @@ type attemptCtx struct {
 	err        error
 	cause      error
 	stopParent func() bool // ends the watch on parent
-	hooks      [2]func()   // AfterFunc's, nil once stopped or run
-	hooked     int         // hooks used
-	more       []func()    // beyond the array (not used by the router's legs)
+	hooks      hookSet     // AfterFunc's
 
 	prefillTimer *time.Timer
 	prefillOver  bool // the prefill leg ended: its timeout no longer applies
@@ -93,6 +91,8 @@ func (a *attemptCtx) watch(parent context.Context) {
 	var stop func() bool
 	if p, ok := parent.(*attemptCtx); ok {
 		stop = p.AfterFunc(func() { a.end(p.Err(), p.Cause(), nil) })
+	} else if r := frontRequestCtx(parent); r != nil {
+		stop = r.AfterFunc(func() { a.end(parent.Err(), context.Cause(parent), nil) })
 	} else {
 		stop = context.AfterFunc(parent, func() { a.end(parent.Err(), context.Cause(parent), nil) })
 	}
@@ -174,34 +174,72 @@ func (a *attemptCtx) AfterFunc(f func()) (stop func() bool) {
 		go f()
 		return func() bool { return false }
 	}
-	if i := a.hooked; i < len(a.hooks) { // a slot is never reused: a stop called twice stops nothing else
-		a.hooked++
-		a.hooks[i] = f
-		return func() bool { return a.unhook(i) }
+	i := a.hooks.add(f)
+	return func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.hooks.remove(i)
 	}
-	a.more = append(a.more, f)
-	i := len(a.hooks) + len(a.more) - 1
-	return func() bool { return a.unhook(i) }
 }
 
-// unhook stops hook i (of hooks, then of more).
-func (a *attemptCtx) unhook(i int) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	slot := (*func())(nil)
+// hookSet holds the AfterFunc hooks of a context of the router's own, under
+// its lock: a small array (an attempt has two legs), then a slice. A slot
+// is never reused, so that a stop called twice stops nothing else.
+type hookSet struct {
+	n     int
+	array [2]func()
+	more  []func()
+}
+
+// add keeps f and returns its index for remove.
+func (h *hookSet) add(f func()) int {
+	if h.n < len(h.array) {
+		h.array[h.n] = f
+	} else {
+		h.more = append(h.more, f)
+	}
+	h.n++
+	return h.n - 1
+}
+
+// remove drops hook i; false when it was dropped or taken already.
+func (h *hookSet) remove(i int) bool {
+	var slot *func()
 	switch {
-	case i < len(a.hooks):
-		slot = &a.hooks[i]
-	case i-len(a.hooks) < len(a.more):
-		slot = &a.more[i-len(a.hooks)]
+	case i < len(h.array):
+		slot = &h.array[i]
+	case i-len(h.array) < len(h.more):
+		slot = &h.more[i-len(h.array)]
 	default:
-		return false // ran: end took them
+		return false
 	}
 	if *slot == nil {
 		return false
 	}
 	*slot = nil
 	return true
+}
+
+// take empties the set (later removes find nothing) and returns what it
+// held, to run.
+func (h *hookSet) take() hookSet {
+	held := *h
+	*h = hookSet{n: h.n}
+	return held
+}
+
+// run runs each hook in its own goroutine.
+func (h hookSet) run() {
+	for _, f := range h.array {
+		if f != nil {
+			go f()
+		}
+	}
+	for _, f := range h.more {
+		if f != nil {
+			go f()
+		}
+	}
 }
 
 // end ends the attempt with err and cause, unless it has ended or unless
@@ -220,23 +258,11 @@ func (a *attemptCtx) end(err, cause error, unless *bool) {
 	if a.done != nil {
 		close(a.done)
 	}
-	var run [2]func()
-	run, a.hooks = a.hooks, [2]func(){}
-	more := a.more
-	a.more = nil
+	hooks := a.hooks.take()
 	stop, pt, ft := a.stopParent, a.prefillTimer, a.fbTimer
 	a.stopParent = nil
 	a.mu.Unlock()
-	for _, f := range run {
-		if f != nil {
-			go f()
-		}
-	}
-	for _, f := range more {
-		if f != nil {
-			go f()
-		}
-	}
+	hooks.run()
 	if stop != nil {
 		stop()
 	}
@@ -311,5 +337,79 @@ func (a *attemptCtx) firstByte() {
 	a.mu.Unlock()
 	if t != nil {
 		t.Stop()
+	}
+}
+
+// requestCtx is the context of a request the front serves. It is a
+// context.WithCancelCause's (so that context.Cause finds its cause, and
+// the context package's children of it work as ever), cancelled only by
+// the front, which runs the hooks given to its AfterFunc then too: an
+// attempt's context, or a stream's detached one, watches the request
+// through them (watch) rather than through context.AfterFunc, which would
+// make the request's context a map of children for it.
+type requestCtx struct {
+	context.Context
+	cancelInner context.CancelCauseFunc
+
+	mu    sync.Mutex
+	ended bool
+	hooks hookSet
+}
+
+// requestCtxKey finds a requestCtx under the values put on it.
+type requestCtxKey struct{}
+
+func newRequestCtx() *requestCtx {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &requestCtx{Context: ctx, cancelInner: cancel}
+}
+
+func (r *requestCtx) Value(key any) any {
+	if key == (requestCtxKey{}) {
+		return r
+	}
+	return r.Context.Value(key)
+}
+
+// frontRequestCtx is the requestCtx ctx derives from, when it ends exactly
+// when that one does (only values put on it in between), else nil.
+func frontRequestCtx(ctx context.Context) *requestCtx {
+	r, ok := ctx.Value(requestCtxKey{}).(*requestCtx)
+	if !ok || ctx.Done() != r.Done() {
+		return nil
+	}
+	return r
+}
+
+// cancel ends the request with cause, then runs its hooks, each in its own
+// goroutine.
+func (r *requestCtx) cancel(cause error) {
+	r.cancelInner(cause)
+	r.mu.Lock()
+	if r.ended {
+		r.mu.Unlock()
+		return
+	}
+	r.ended = true
+	hooks := r.hooks.take()
+	r.mu.Unlock()
+	hooks.run()
+}
+
+// AfterFunc runs f in its own goroutine once the front has cancelled the
+// request, as context.AfterFunc does; stop unregisters it, true when that
+// kept it from running.
+func (r *requestCtx) AfterFunc(f func()) (stop func() bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		go f()
+		return func() bool { return false }
+	}
+	i := r.hooks.add(f)
+	return func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.hooks.remove(i)
 	}
 }

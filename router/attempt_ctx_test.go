@@ -106,6 +106,41 @@ func TestAttemptCtx(t *testing.T) {
 		waitDone(t, "Done", gone.Done())
 	})
 
+	t.Run("the front's request", func(t *testing.T) {
+		// An attempt (or a detached context) under the front's request
+		// context, through the values the middleware put on it, watches it
+		// through its hooks; context.Cause still finds the request's cause.
+		r := newRequestCtx()
+		withValues := context.WithValue(context.WithValue(r, attemptKey{}, 5), attemptKey{}, 6)
+		a, d := newAttemptCtx(withValues), newDetachedCtx(withValues)
+		r.mu.Lock()
+		hooked := r.hooks.n
+		r.mu.Unlock()
+		if hooked != 2 {
+			t.Fatalf("%d hooks on the request, want 2 (the attempt's and the detached context's)", hooked)
+		}
+		between, cancelBetween := context.WithCancel(withValues)
+		defer cancelBetween()
+		if frontRequestCtx(between) != nil {
+			t.Fatal("a context that may end before the request's was taken for it")
+		}
+		ended := newAttemptCtx(withValues)
+		ended.cancel(errAttemptOver) // its hook goes: the request's cancel does not run it
+		r.cancel(errClientClosed)
+		waitDone(t, "the attempt", a.Done())
+		waitDone(t, "the detached context", d.Done())
+		waitDone(t, "a child of the request", between.Done())
+		if context.Cause(withValues) != errClientClosed || a.Cause() != errClientClosed || d.Cause() != errClientClosed ||
+			ended.Cause() != errAttemptOver {
+			t.Fatalf("causes: request %v, attempt %v, detached %v, ended attempt %v",
+				context.Cause(withValues), a.Cause(), d.Cause(), ended.Cause())
+		}
+		late := newAttemptCtx(withValues) // under a request already ended
+		if late.Cause() != errClientClosed {
+			t.Fatalf("an attempt under an ended request: %v", late.Cause())
+		}
+	})
+
 	t.Run("detached", func(t *testing.T) {
 		req, end := context.WithCancelCause(context.WithValue(context.Background(), attemptKey{}, 3))
 		d := newDetachedCtx(req)

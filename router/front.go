@@ -439,7 +439,8 @@ func parseFrontRequest(head []byte) (frontRequest, bool) {
 // serve runs one request through the handler; false: the connection is
 // no longer the front's (closed or hijacked).
 func (fc *frontConn) serve(q frontRequest) bool {
-	ctx, cancel := context.WithCancelCause(context.Background())
+	ctx := newRequestCtx()
+	cancel := context.CancelCauseFunc(ctx.cancel)
 	defer cancel(nil)
 	fc.mu.Lock()
 	fc.cancel = cancel
