@@ -40,8 +40,8 @@ type attemptCtx struct {
 	done       chan struct{} // made on the first Done
 	err        error
 	cause      error
-	stopParent func() bool // ends the watch on parent
-	hooks      hookSet     // AfterFunc's
+	parentHook ctxHook // the watch on parent
+	hooks      hookSet // AfterFunc's
 
 	prefillTimer *time.Timer
 	prefillOver  bool // the prefill leg ended: its timeout no longer applies
@@ -61,6 +61,45 @@ type hookedCtx struct {
 }
 
 func (h hookedCtx) AfterFunc(f func()) func() bool { return h.a.AfterFunc(f) }
+func (h hookedCtx) hook(f func()) int              { return h.a.hook(f) }
+func (h hookedCtx) unhook(i int) bool              { return h.a.unhook(i) }
+
+// hooker is a context of the router's own, which keeps hooks to run when
+// it ends by index (hook returns -1, and runs f at once in its own
+// goroutine, when it has ended): no stop function is made per hook, as
+// its AfterFunc, which the context package calls, must.
+type hooker interface {
+	hook(f func()) int
+	unhook(i int) bool
+}
+
+// ctxHook is f hooked on a context's end (hookOn): on a hooker by index,
+// on any other context through context.AfterFunc.
+type ctxHook struct {
+	h      hooker
+	i      int
+	stopFn func() bool
+}
+
+// hookOn runs f in its own goroutine when ctx ends.
+func hookOn(ctx context.Context, f func()) ctxHook {
+	if h, ok := ctx.(hooker); ok {
+		return ctxHook{h: h, i: h.hook(f)}
+	}
+	return ctxHook{stopFn: context.AfterFunc(ctx, f)}
+}
+
+// stop unhooks f: true when that kept it from running (false also for
+// the zero ctxHook).
+func (c ctxHook) stop() bool {
+	switch {
+	case c.h != nil:
+		return c.i >= 0 && c.h.unhook(c.i)
+	case c.stopFn != nil:
+		return c.stopFn()
+	}
+	return false
+}
 
 // closedDone is the Done of an attemptCtx that ended before anyone asked.
 var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -88,16 +127,16 @@ func (a *attemptCtx) watch(parent context.Context) {
 		a.end(err, causeOf(parent), nil)
 		return
 	}
-	var stop func() bool
+	var h ctxHook
 	if p, ok := parent.(*attemptCtx); ok {
-		stop = p.AfterFunc(func() { a.end(p.Err(), p.Cause(), nil) })
+		h = hookOn(p, func() { a.end(p.Err(), p.Cause(), nil) })
 	} else if r := frontRequestCtx(parent); r != nil {
-		stop = r.AfterFunc(func() { a.end(parent.Err(), context.Cause(parent), nil) })
+		h = hookOn(r, func() { a.end(parent.Err(), context.Cause(parent), nil) })
 	} else {
-		stop = context.AfterFunc(parent, func() { a.end(parent.Err(), context.Cause(parent), nil) })
+		h = hookOn(parent, func() { a.end(parent.Err(), context.Cause(parent), nil) })
 	}
 	a.mu.Lock()
-	a.stopParent = stop
+	a.parentHook = h
 	a.mu.Unlock()
 }
 
@@ -113,10 +152,10 @@ func causeOf(ctx context.Context) error {
 // false when the parent had ended it already (or it was unwatched).
 func (a *attemptCtx) unwatch() bool {
 	a.mu.Lock()
-	stop := a.stopParent
-	a.stopParent = nil
+	h := a.parentHook
+	a.parentHook = ctxHook{}
 	a.mu.Unlock()
-	return stop != nil && stop()
+	return h.stop()
 }
 
 func (a *attemptCtx) Deadline() (time.Time, bool) {
@@ -168,18 +207,24 @@ func (a *attemptCtx) cancel(cause error) { a.end(context.Canceled, cause, nil) }
 // context.AfterFunc does (which calls it); stop unregisters f, true when
 // that kept it from running.
 func (a *attemptCtx) AfterFunc(f func()) (stop func() bool) {
+	i := a.hook(f)
+	return func() bool { return i >= 0 && a.unhook(i) }
+}
+
+func (a *attemptCtx) hook(f func()) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.err != nil {
 		go f()
-		return func() bool { return false }
+		return -1
 	}
-	i := a.hooks.add(f)
-	return func() bool {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return a.hooks.remove(i)
-	}
+	return a.hooks.add(f)
+}
+
+func (a *attemptCtx) unhook(i int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.hooks.remove(i)
 }
 
 // hookSet holds the AfterFunc hooks of a context of the router's own, under
@@ -259,13 +304,11 @@ func (a *attemptCtx) end(err, cause error, unless *bool) {
 		close(a.done)
 	}
 	hooks := a.hooks.take()
-	stop, pt, ft := a.stopParent, a.prefillTimer, a.fbTimer
-	a.stopParent = nil
+	parent, pt, ft := a.parentHook, a.prefillTimer, a.fbTimer
+	a.parentHook = ctxHook{}
 	a.mu.Unlock()
 	hooks.run()
-	if stop != nil {
-		stop()
-	}
+	parent.stop()
 	for _, t := range [...]*time.Timer{pt, ft} {
 		if t != nil {
 			t.Stop()
@@ -400,16 +443,22 @@ func (r *requestCtx) cancel(cause error) {
 // request, as context.AfterFunc does; stop unregisters it, true when that
 // kept it from running.
 func (r *requestCtx) AfterFunc(f func()) (stop func() bool) {
+	i := r.hook(f)
+	return func() bool { return i >= 0 && r.unhook(i) }
+}
+
+func (r *requestCtx) hook(f func()) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ended {
 		go f()
-		return func() bool { return false }
+		return -1
 	}
-	i := r.hooks.add(f)
-	return func() bool {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return r.hooks.remove(i)
-	}
+	return r.hooks.add(f)
+}
+
+func (r *requestCtx) unhook(i int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hooks.remove(i)
 }

@@ -31,8 +31,12 @@ func TestAttemptCtx(t *testing.T) {
 		if !stopped() || stopped() {
 			t.Fatal("stop: want true once, then false")
 		}
+		byIndex := hookOn(a, func() { t.Error("a stopped hook ran") })
+		if !byIndex.stop() || byIndex.stop() || (ctxHook{}).stop() {
+			t.Fatal("ctxHook.stop: want true once, then false; false for none")
+		}
 		direct := make(chan struct{})
-		afterFunc(a, func() { close(direct) }) // the transport's: the method itself
+		hookOn(a, func() { close(direct) }) // the transport's: by index
 		child, cancelChild := context.WithCancel(a)
 		defer cancelChild()
 		derived := context.WithValue(a, attemptKey{}, 1) // a leg's span: not the context package's cancelCtx
@@ -51,11 +55,12 @@ func TestAttemptCtx(t *testing.T) {
 		if !errors.Is(a.Err(), context.Canceled) || a.Cause() != cause || stopRun() {
 			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
 		}
-		late := make(chan struct{})
-		if context.AfterFunc(a, func() { close(late) })() {
+		late, lateByIndex := make(chan struct{}), make(chan struct{})
+		if context.AfterFunc(a, func() { close(late) })() || hookOn(a, func() { close(lateByIndex) }).stop() {
 			t.Fatal("a hook after the end was stopped before it ran")
 		}
 		waitDone(t, "a hook after the end", late)
+		waitDone(t, "a hook by index after the end", lateByIndex)
 	})
 
 	t.Run("a leg's span", func(t *testing.T) {
@@ -68,7 +73,7 @@ func TestAttemptCtx(t *testing.T) {
 		ran := make(chan struct{}, 200)
 		var children []context.Context
 		for range 100 {
-			afterFunc(leg, func() { ran <- struct{}{} })
+			hookOn(leg, func() { ran <- struct{}{} })
 			child, cancelChild := context.WithTimeout(leg, time.Minute) // a dialer's, the vLLM prefill's
 			defer cancelChild()
 			children = append(children, child)

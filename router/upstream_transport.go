@@ -214,13 +214,13 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	// even when nobody is reading the answer at that moment (a decode left
 	// waiting for a bootstrap that will never come). A connection whose
 	// cancellation fired is never pooled (see upBody.finish).
-	stop := afterFunc(ctx, uc.closeConn)
+	hook := hookOn(ctx, uc.closeConn)
 	uc.outArr = [2][]byte{head, body}
 	uc.out = uc.outArr[:]
 	err := uc.writeRequest()
 	uc.outArr, uc.out = [2][]byte{}, nil // the head's buffer goes back to the pool
 	if err != nil {
-		stop()
+		hook.stop()
 		if errors.Is(err, net.ErrClosed) || isConnReset(err) {
 			return nil, &nothingReceivedError{err} // retryable on a reused conn
 		}
@@ -228,10 +228,10 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	}
 	resp, rb, err := t.readResponse(uc, req)
 	if err != nil {
-		stop()
+		hook.stop()
 		return nil, err
 	}
-	ub := &upBody{rc: rb, t: t, uc: uc, stop: stop, ctx: ctx, reusable: !resp.Close}
+	ub := &upBody{rc: rb, t: t, uc: uc, hook: hook, ctx: ctx, reusable: !resp.Close}
 	if rb == nil {
 		// Nothing to wait for (RFC 9112 §6.3): the connection is free now,
 		// whether or not the caller reads the empty body.
@@ -241,16 +241,6 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	}
 	resp.Body = ub
 	return resp, nil
-}
-
-// afterFunc is context.AfterFunc, but calls the AfterFunc method of a
-// context that has one (an attemptCtx) itself: context.AfterFunc would
-// wrap it in a context of its own first, with a done channel.
-func afterFunc(ctx context.Context, f func()) (stop func() bool) {
-	if a, ok := ctx.(interface{ AfterFunc(func()) func() bool }); ok {
-		return a.AfterFunc(f)
-	}
-	return context.AfterFunc(ctx, f)
 }
 
 // writeRequest sends uc.out, then waits for the answer's first bytes
@@ -428,7 +418,7 @@ type upBody struct {
 	rc       io.Reader // returns io.EOF itself only at the body's clean end
 	t        *upstreamTransport
 	uc       *upConn
-	stop     func() bool
+	hook     ctxHook // closes uc when ctx ends
 	ctx      context.Context
 	reusable bool
 	done     bool
@@ -518,7 +508,7 @@ func (b *upBody) Close() error {
 
 func (b *upBody) finish(clean bool) {
 	b.done = true
-	fired := !b.stop()
+	fired := !b.hook.stop()
 	if clean && b.reusable && !fired {
 		b.t.put(b.uc)
 		return
