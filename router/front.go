@@ -120,6 +120,13 @@ type frontConn struct {
 	shut       bool                    // closed by the listener while waiting for a head
 	cut        bool                    // closed by CloseFront: the answer must not end as if complete
 	cancel     context.CancelCauseFunc // the request's (the last one's) context
+
+	// The timer that starts a request's watch (frontBody.watch), one per
+	// connection, and the request it runs for.
+	wmu        sync.Mutex
+	watchTimer *time.Timer
+	watchBody  *frontBody
+	watchAt    time.Time
 }
 
 // serveFront reads requests from c until one is not the front's, the
@@ -529,7 +536,7 @@ type frontBody struct {
 	closed bool
 
 	mu      sync.Mutex
-	timer   *time.Timer
+	armed   bool       // the connection's watch timer runs for it
 	watched *takenConn // the connWatcher's entry
 	over    bool       // the request ended or was hijacked: no watch from here
 }
@@ -576,8 +583,44 @@ func (b *frontBody) Close() error {
 func (b *frontBody) watch() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.timer == nil && !b.over {
-		b.timer = time.AfterFunc(watchDelay, b.startWatch)
+	if !b.armed && !b.over {
+		b.armed = true
+		b.fc.armWatch(b)
+	}
+}
+
+// armWatch has the connection's watch timer (made once, not once per
+// request) start b's watch watchDelay from now.
+func (fc *frontConn) armWatch(b *frontBody) {
+	fc.wmu.Lock()
+	defer fc.wmu.Unlock()
+	fc.watchBody, fc.watchAt = b, time.Now().Add(watchDelay) // before the timer's own start: never after its firing
+	if fc.watchTimer == nil {
+		fc.watchTimer = time.AfterFunc(watchDelay, fc.fireWatch)
+	} else {
+		fc.watchTimer.Reset(watchDelay)
+	}
+}
+
+// fireWatch is the watch timer's: it starts the watch of the request it
+// was armed for, unless that one ended meanwhile or this is the late run
+// of a timer armed before (a Reset timer's earlier run may still come).
+func (fc *frontConn) fireWatch() {
+	fc.wmu.Lock()
+	b, early := fc.watchBody, time.Now().Before(fc.watchAt)
+	fc.wmu.Unlock()
+	if b != nil && !early {
+		b.startWatch()
+	}
+}
+
+// disarmWatch stops the watch timer if it runs for b.
+func (fc *frontConn) disarmWatch(b *frontBody) {
+	fc.wmu.Lock()
+	defer fc.wmu.Unlock()
+	if fc.watchBody == b {
+		fc.watchBody = nil
+		fc.watchTimer.Stop()
 	}
 }
 
@@ -598,8 +641,8 @@ func (b *frontBody) startWatch() {
 func (b *frontBody) unwatch() {
 	b.mu.Lock()
 	b.over = true
-	if b.timer != nil {
-		b.timer.Stop()
+	if b.armed {
+		b.fc.disarmWatch(b)
 	}
 	tc := b.watched
 	b.watched = nil

@@ -378,6 +378,45 @@ func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
 	}
 }
 
+// The watch for a client that leaves runs on a timer the connection keeps
+// from request to request: a request that outlived the watch delay, then
+// short ones, then a long one the client leaves, which is cancelled.
+func TestFrontWatchesEachRequestOfAConnection(t *testing.T) {
+	causes := make(chan error, 8)
+	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		err := readThenWait(r, time.Duration(len(r.Header.Get("X-Wait")))*100*time.Millisecond)
+		causes <- err
+		if err == nil {
+			_, _ = w.Write([]byte("done"))
+		}
+	})
+	c, br := fs.dial(t)
+	for i, wait := range []string{"www", "", "w", ""} { // 300 ms: past the watch delay
+		if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+wait)); err != nil {
+			t.Fatal(err)
+		}
+		if resp, body := readAnswer(t, br); resp.StatusCode != 200 || body != "done" {
+			t.Fatalf("answer %d: %d %q", i, resp.StatusCode, body)
+		}
+		if err := <-causes; err != nil {
+			t.Fatalf("request %d ended with %v", i, err)
+		}
+	}
+	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+strings.Repeat("w", 100))); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(watchDelay + 100*time.Millisecond)
+	_ = c.Close()
+	select {
+	case err := <-causes:
+		if !errors.Is(err, errClientClosed) {
+			t.Fatalf("the request ended with %v, want %v", err, errClientClosed)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client left and its request ran on")
+	}
+}
+
 // A head must come whole within the head timeout: a silent connection is
 // closed, a slow head goes to net/http, which times it out too. Between
 // requests the connection may stay idle up to the idle timeout.
