@@ -28,10 +28,10 @@ var errPrefillTimeout = fmt.Errorf("%w: it ran past its timeout", errPrefillLegF
 //
 // Its cause (Cause) says which of these ended it; context.Cause does not
 // see it, finding the nearest context made by the context package (the
-// request's), and a context the context package derives from it takes its
-// Err for a cause. Such a context (net/http's transport's,
-// a dialer's) ends with it through its AfterFunc; a leg's span is put in a
-// hookedCtx so that it keeps the method.
+// request's), and a context the context package derives from it (net/http's
+// transport's, a dialer's) takes its Err for a cause. Such a context ends
+// with it through its AfterFunc; a leg's span is put in a hookedCtx so that
+// it keeps the method.
 type attemptCtx struct {
 	parent   context.Context // nil for a detached one
 	detached bool
