@@ -73,6 +73,12 @@ type hooker interface {
 	unhook(i int) bool
 }
 
+// afterFuncOf is a hooker's AfterFunc, for the context package.
+func afterFuncOf(h hooker, f func()) (stop func() bool) {
+	i := h.hook(f)
+	return func() bool { return i >= 0 && h.unhook(i) }
+}
+
 // ctxHook is f hooked on a context's end (hookOn): on a hooker by index,
 // on any other context through context.AfterFunc.
 type ctxHook struct {
@@ -206,10 +212,7 @@ func (a *attemptCtx) cancel(cause error) { a.end(context.Canceled, cause, nil) }
 // AfterFunc runs f in its own goroutine once the attempt ends, as
 // context.AfterFunc does (which calls it); stop unregisters f, true when
 // that kept it from running.
-func (a *attemptCtx) AfterFunc(f func()) (stop func() bool) {
-	i := a.hook(f)
-	return func() bool { return i >= 0 && a.unhook(i) }
-}
+func (a *attemptCtx) AfterFunc(f func()) (stop func() bool) { return afterFuncOf(a, f) }
 
 func (a *attemptCtx) hook(f func()) int {
 	a.mu.Lock()
@@ -442,10 +445,7 @@ func (r *requestCtx) cancel(cause error) {
 // AfterFunc runs f in its own goroutine once the front has cancelled the
 // request, as context.AfterFunc does; stop unregisters it, true when that
 // kept it from running.
-func (r *requestCtx) AfterFunc(f func()) (stop func() bool) {
-	i := r.hook(f)
-	return func() bool { return i >= 0 && r.unhook(i) }
-}
+func (r *requestCtx) AfterFunc(f func()) (stop func() bool) { return afterFuncOf(r, f) }
 
 func (r *requestCtx) hook(f func()) int {
 	r.mu.Lock()
