@@ -186,9 +186,9 @@ func TestAttemptCtx(t *testing.T) {
 			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
 		}
 		b := newAttemptCtx(context.Background())
-		b.limitPrefill(20 * time.Millisecond)
+		b.limitPrefill(200 * time.Millisecond) // longer: the leg must end before it even on a loaded machine
 		b.prefillDone()
-		time.Sleep(60 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond)
 		if b.Err() != nil {
 			t.Fatalf("the prefill's timeout ended the attempt after its leg: %v", b.Cause())
 		}
@@ -202,12 +202,12 @@ func TestAttemptCtx(t *testing.T) {
 			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
 		}
 		b := newAttemptCtx(context.Background())
-		b.armFirstByte(20 * time.Millisecond)
+		b.armFirstByte(200 * time.Millisecond) // longer: the byte must come before it even on a loaded machine
 		b.firstByte()
 		c := newAttemptCtx(context.Background())
 		c.firstByte() // before the deadline is armed: it is not
 		c.armFirstByte(20 * time.Millisecond)
-		time.Sleep(60 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond)
 		if b.Err() != nil || c.Err() != nil {
 			t.Fatalf("the first-byte deadline ended an attempt after its byte: %v, %v", b.Cause(), c.Cause())
 		}
