@@ -41,7 +41,7 @@ type attemptCtx struct {
 	err        error
 	cause      error
 	parentHook ctxHook // the watch on parent
-	hooks      hookSet // AfterFunc's
+	ctxHooks           // AfterFunc's and hook's, run when it ends
 
 	prefillTimer *time.Timer
 	prefillOver  bool // the prefill leg ended: its timeout no longer applies
@@ -57,12 +57,8 @@ type attemptCtx struct {
 // life. It ends with the attemptCtx, which is all that ends it.
 type hookedCtx struct {
 	context.Context
-	a *attemptCtx
+	*ctxHooks // the attemptCtx's
 }
-
-func (h hookedCtx) AfterFunc(f func()) func() bool { return h.a.AfterFunc(f) }
-func (h hookedCtx) hook(f func()) int              { return h.a.hook(f) }
-func (h hookedCtx) unhook(i int) bool              { return h.a.unhook(i) }
 
 // hooker is a context of the router's own, which keeps hooks to run when
 // it ends by index (hook returns -1, and runs f at once in its own
@@ -71,12 +67,6 @@ func (h hookedCtx) unhook(i int) bool              { return h.a.unhook(i) }
 type hooker interface {
 	hook(f func()) int
 	unhook(i int) bool
-}
-
-// afterFuncOf is a hooker's AfterFunc, for the context package.
-func afterFuncOf(h hooker, f func()) (stop func() bool) {
-	i := h.hook(f)
-	return func() bool { return i >= 0 && h.unhook(i) }
 }
 
 // ctxHook is f hooked on a context's end (hookOn): on a hooker by index,
@@ -100,7 +90,7 @@ func hookOn(ctx context.Context, f func()) ctxHook {
 func (c ctxHook) stop() bool {
 	switch {
 	case c.h != nil:
-		return c.i >= 0 && c.h.unhook(c.i)
+		return c.h.unhook(c.i)
 	case c.stopFn != nil:
 		return c.stopFn()
 	}
@@ -209,38 +199,36 @@ func (a *attemptCtx) Cause() error {
 // context.CancelCauseFunc does.
 func (a *attemptCtx) cancel(cause error) { a.end(context.Canceled, cause, nil) }
 
-// AfterFunc runs f in its own goroutine once the attempt ends, as
-// context.AfterFunc does (which calls it); stop unregisters f, true when
-// that kept it from running.
-func (a *attemptCtx) AfterFunc(f func()) (stop func() bool) { return afterFuncOf(a, f) }
-
-func (a *attemptCtx) hook(f func()) int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.err != nil {
-		go f()
-		return -1
-	}
-	return a.hooks.add(f)
-}
-
-func (a *attemptCtx) unhook(i int) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.hooks.remove(i)
-}
-
-// hookSet holds the AfterFunc hooks of a context of the router's own, under
-// its lock: a small array (an attempt has two legs), then a slice. A slot
-// is never reused, so that a stop called twice stops nothing else.
-type hookSet struct {
+// ctxHooks are the hooks of a context of the router's own (attemptCtx,
+// requestCtx), run each in its own goroutine when it ends (fire): a small
+// array (an attempt has two legs), then a slice. A slot is never reused, so
+// that a stop called twice stops nothing else. Its lock is its own: a hook
+// added while the context ends is either run by fire or, after it, at once.
+type ctxHooks struct {
+	mu    sync.Mutex
+	fired bool
 	n     int
 	array [2]func()
 	more  []func()
 }
 
-// add keeps f and returns its index for remove.
-func (h *hookSet) add(f func()) int {
+// AfterFunc runs f in its own goroutine once the context ends, as
+// context.AfterFunc does (which calls it); stop unregisters f, true when
+// that kept it from running.
+func (h *ctxHooks) AfterFunc(f func()) (stop func() bool) {
+	i := h.hook(f)
+	return func() bool { return i >= 0 && h.unhook(i) }
+}
+
+// hook keeps f and returns its index for unhook; -1, and f run at once in
+// its own goroutine, when the context has ended.
+func (h *ctxHooks) hook(f func()) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fired {
+		go f()
+		return -1
+	}
 	if h.n < len(h.array) {
 		h.array[h.n] = f
 	} else {
@@ -250,10 +238,14 @@ func (h *hookSet) add(f func()) int {
 	return h.n - 1
 }
 
-// remove drops hook i; false when it was dropped or taken already.
-func (h *hookSet) remove(i int) bool {
+// unhook drops hook i; false when it was dropped or has run.
+func (h *ctxHooks) unhook(i int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	var slot *func()
 	switch {
+	case i < 0:
+		return false
 	case i < len(h.array):
 		slot = &h.array[i]
 	case i-len(h.array) < len(h.more):
@@ -268,26 +260,23 @@ func (h *hookSet) remove(i int) bool {
 	return true
 }
 
-// take empties the set (later removes find nothing) and returns what it
-// held, to run.
-func (h *hookSet) take() hookSet {
-	held := *h
-	*h = hookSet{n: h.n}
-	return held
-}
-
-// run runs each hook in its own goroutine.
-func (h hookSet) run() {
-	for _, f := range h.array {
+// fire runs the hooks, once: false when they have run already.
+func (h *ctxHooks) fire() bool {
+	h.mu.Lock()
+	if h.fired {
+		h.mu.Unlock()
+		return false
+	}
+	h.fired = true
+	array, more := h.array, h.more
+	h.array, h.more = [2]func(){}, nil
+	h.mu.Unlock()
+	for _, f := range append(array[:], more...) {
 		if f != nil {
 			go f()
 		}
 	}
-	for _, f := range h.more {
-		if f != nil {
-			go f()
-		}
-	}
+	return true
 }
 
 // end ends the attempt with err and cause, unless it has ended or unless
@@ -306,11 +295,10 @@ func (a *attemptCtx) end(err, cause error, unless *bool) {
 	if a.done != nil {
 		close(a.done)
 	}
-	hooks := a.hooks.take()
 	parent, pt, ft := a.parentHook, a.prefillTimer, a.fbTimer
 	a.parentHook = ctxHook{}
 	a.mu.Unlock()
-	hooks.run()
+	a.fire()
 	parent.stop()
 	for _, t := range [...]*time.Timer{pt, ft} {
 		if t != nil {
@@ -397,9 +385,7 @@ type requestCtx struct {
 	context.Context
 	cancelInner context.CancelCauseFunc
 
-	mu    sync.Mutex
-	ended bool
-	hooks hookSet
+	ctxHooks // AfterFunc's and hook's, run when the front cancels it
 }
 
 // requestCtxKey finds a requestCtx under the values put on it.
@@ -431,34 +417,5 @@ func frontRequestCtx(ctx context.Context) *requestCtx {
 // goroutine.
 func (r *requestCtx) cancel(cause error) {
 	r.cancelInner(cause)
-	r.mu.Lock()
-	if r.ended {
-		r.mu.Unlock()
-		return
-	}
-	r.ended = true
-	hooks := r.hooks.take()
-	r.mu.Unlock()
-	hooks.run()
-}
-
-// AfterFunc runs f in its own goroutine once the front has cancelled the
-// request, as context.AfterFunc does; stop unregisters it, true when that
-// kept it from running.
-func (r *requestCtx) AfterFunc(f func()) (stop func() bool) { return afterFuncOf(r, f) }
-
-func (r *requestCtx) hook(f func()) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ended {
-		go f()
-		return -1
-	}
-	return r.hooks.add(f)
-}
-
-func (r *requestCtx) unhook(i int) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.hooks.remove(i)
+	r.fire()
 }

@@ -68,7 +68,7 @@ func TestAttemptCtx(t *testing.T) {
 		// the attempt: no goroutine watches it per hook, as the context
 		// package would for a context whose AfterFunc a wrapper hides.
 		a := newAttemptCtx(context.Background())
-		leg := hookedCtx{context.WithValue(a, attemptKey{}, 4), a}
+		leg := hookedCtx{context.WithValue(a, attemptKey{}, 4), &a.ctxHooks}
 		before := runtime.NumGoroutine()
 		ran := make(chan struct{}, 200)
 		var children []context.Context
@@ -118,9 +118,9 @@ func TestAttemptCtx(t *testing.T) {
 		r := newRequestCtx()
 		withValues := context.WithValue(context.WithValue(r, attemptKey{}, 5), attemptKey{}, 6)
 		a, d := newAttemptCtx(withValues), newDetachedCtx(withValues)
-		r.mu.Lock()
-		hooked := r.hooks.n
-		r.mu.Unlock()
+		r.ctxHooks.mu.Lock()
+		hooked := r.ctxHooks.n
+		r.ctxHooks.mu.Unlock()
 		if hooked != 2 {
 			t.Fatalf("%d hooks on the request, want 2 (the attempt's and the detached context's)", hooked)
 		}
