@@ -331,12 +331,12 @@ func TestFrontLeavesOddHeadsToNetHTTP(t *testing.T) {
 	}
 }
 
-// A client that closes its connection while its request runs cancels the
-// request's context, as net/http's background read does; one that sends
-// its next request meanwhile (pipelining) cancels nothing, and gets both
-// answers.
-func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
-	causes := make(chan error, 4)
+// startWaitingFront serves a handler that reads the body, then waits 100 ms
+// for each "w" of X-Wait and answers "done", unless the request's context
+// ends first; each request's end (nil, or the context's cause) goes to the
+// channel.
+func startWaitingFront(t *testing.T) (*frontServer, chan error) {
+	causes := make(chan error, 8)
 	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
 		err := readThenWait(r, time.Duration(len(r.Header.Get("X-Wait")))*100*time.Millisecond)
 		causes <- err
@@ -344,13 +344,13 @@ func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
 			_, _ = w.Write([]byte("done"))
 		}
 	})
+	return fs, causes
+}
 
-	c, _ := fs.dial(t)
-	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+strings.Repeat("w", 100))); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond)
-	_ = c.Close()
+// wantClientClosed fails t unless the next request to end ends with
+// errClientClosed within a few seconds.
+func wantClientClosed(t *testing.T, causes <-chan error) {
+	t.Helper()
 	select {
 	case err := <-causes:
 		if !errors.Is(err, errClientClosed) {
@@ -359,6 +359,22 @@ func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the client left and its request ran on")
 	}
+}
+
+// A client that closes its connection while its request runs cancels the
+// request's context, as net/http's background read does; one that sends
+// its next request meanwhile (pipelining) cancels nothing, and gets both
+// answers.
+func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
+	fs, causes := startWaitingFront(t)
+
+	c, _ := fs.dial(t)
+	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+strings.Repeat("w", 100))); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	_ = c.Close()
+	wantClientClosed(t, causes)
 
 	c, br := fs.dial(t)
 	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: www")); err != nil {
@@ -382,14 +398,7 @@ func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
 // from request to request: a request that outlived the watch delay, then
 // short ones, then a long one the client leaves, which is cancelled.
 func TestFrontWatchesEachRequestOfAConnection(t *testing.T) {
-	causes := make(chan error, 8)
-	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
-		err := readThenWait(r, time.Duration(len(r.Header.Get("X-Wait")))*100*time.Millisecond)
-		causes <- err
-		if err == nil {
-			_, _ = w.Write([]byte("done"))
-		}
-	})
+	fs, causes := startWaitingFront(t)
 	c, br := fs.dial(t)
 	for i, wait := range []string{"www", "", "w", ""} { // 300 ms: past the watch delay
 		if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+wait)); err != nil {
@@ -407,14 +416,7 @@ func TestFrontWatchesEachRequestOfAConnection(t *testing.T) {
 	}
 	time.Sleep(watchDelay + 100*time.Millisecond)
 	_ = c.Close()
-	select {
-	case err := <-causes:
-		if !errors.Is(err, errClientClosed) {
-			t.Fatalf("the request ended with %v, want %v", err, errClientClosed)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the client left and its request ran on")
-	}
+	wantClientClosed(t, causes)
 }
 
 // A head must come whole within the head timeout: a silent connection is
