@@ -33,8 +33,7 @@ var errPrefillTimeout = fmt.Errorf("%w: it ran past its timeout", errPrefillLegF
 // with it through its AfterFunc; a leg's span is put in a hookedCtx so that
 // it keeps the method.
 type attemptCtx struct {
-	parent   context.Context // nil for a detached one
-	detached bool
+	parent context.Context // nil for a detached one: none of its values or deadline
 
 	mu         sync.Mutex
 	done       chan struct{} // made on the first Done
@@ -112,7 +111,7 @@ func newAttemptCtx(parent context.Context) *attemptCtx {
 // none of parent's values, so that a stream held open does not keep what
 // the middleware put there once unwatched.
 func newDetachedCtx(parent context.Context) *attemptCtx {
-	a := &attemptCtx{detached: true}
+	a := &attemptCtx{}
 	a.watch(parent)
 	return a
 }
@@ -155,14 +154,14 @@ func (a *attemptCtx) unwatch() bool {
 }
 
 func (a *attemptCtx) Deadline() (time.Time, bool) {
-	if a.detached {
+	if a.parent == nil {
 		return time.Time{}, false
 	}
 	return a.parent.Deadline()
 }
 
 func (a *attemptCtx) Value(key any) any {
-	if a.detached {
+	if a.parent == nil {
 		return nil
 	}
 	return a.parent.Value(key)

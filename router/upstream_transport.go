@@ -172,7 +172,7 @@ func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	hb := getHeadBuf()
 	head := appendRequestHead(*hb, req, len(body))
 	defer putHeadBuf(hb, head)
-	return t.send(ctx, hostPort(req), head, body, req)
+	return t.send(ctx, dialAddr(req.URL), head, body, req)
 }
 
 // sendPost sends a POST whose head the caller wrote (with its Host and
@@ -559,9 +559,6 @@ func appendRequestField(b []byte, k, v string) []byte {
 	b = append(b, v...)
 	return append(b, "\r\n"...)
 }
-
-// hostPort is the address to dial for req (dialAddr).
-func hostPort(req *http.Request) string { return dialAddr(req.URL) }
 
 // dialAddr is the address to dial for u: its host:port, with port 80 when
 // it names none.
