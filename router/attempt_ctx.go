@@ -259,12 +259,12 @@ func (h *ctxHooks) unhook(i int) bool {
 	return true
 }
 
-// fire runs the hooks, once: false when they have run already.
-func (h *ctxHooks) fire() bool {
+// fire runs the hooks, once.
+func (h *ctxHooks) fire() {
 	h.mu.Lock()
 	if h.fired {
 		h.mu.Unlock()
-		return false
+		return
 	}
 	h.fired = true
 	array, more := h.array, h.more
@@ -275,7 +275,6 @@ func (h *ctxHooks) fire() bool {
 			go f()
 		}
 	}
-	return true
 }
 
 // end ends the attempt with err and cause, unless it has ended or unless
