@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func setup(t *testing.T, cfg router.Config, peers ...registry.Peer) *bundle {
 	if cfg.RetryBackoff == 0 {
 		cfg.RetryBackoff = time.Millisecond
 	}
-	rt, err := router.New(cfg, b.reg.mirror, b.reg.store, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel), b.prom)
+	rt, err := router.New(cfg, b.reg.mirror, b.reg.store, testLog(t).Level(zerolog.DebugLevel), b.prom)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +77,37 @@ func setup(t *testing.T, cfg router.Config, peers ...registry.Peer) *bundle {
 		rt.Close()
 	})
 	return b
+}
+
+// testLog is a logger that writes to t until t's cleanups end: a request
+// the front is still finishing when the test's server has closed
+// (httptest.Server.Close waits only for the connections net/http serves)
+// must not log to a test that has ended. Made before the server's cleanup
+// is registered, its own runs after it.
+func testLog(t *testing.T) zerolog.Logger {
+	w := &untilEnd{w: zerolog.NewTestWriter(t)}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.ended = true
+		w.mu.Unlock()
+	})
+	return zerolog.New(w)
+}
+
+// untilEnd passes writes to w until ended, then drops them.
+type untilEnd struct {
+	mu    sync.Mutex
+	ended bool
+	w     io.Writer
+}
+
+func (u *untilEnd) Write(p []byte) (int, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.ended {
+		return len(p), nil
+	}
+	return u.w.Write(p)
 }
 
 // routerFront says whether the router's tests reach it through the
