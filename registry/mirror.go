@@ -57,19 +57,38 @@ func (c MirrorConfig) WithDefaults() MirrorConfig {
 // once, then follows the store's change announcements, reloads only the
 // peers that changed and builds the next snapshot from the previous one
 // and those peers.
+//
+// Two goroutines share the work. follow takes each announcement as it
+// arrives: a stale hint (Change.Stale) is applied to the routes at once,
+// and changed peers are queued for run, which reads them back from the
+// store and publishes what it read. A read that waits on a busy or absent
+// database therefore never holds a stale hint back.
 type Mirror struct {
 	cfg   MirrorConfig
 	store Store
 	log   zerolog.Logger
 
-	cur atomic.Pointer[Snapshot]
-	// peers is what the current snapshot was built from, by ID, owned by
-	// the run loop after Start. A record is never modified once stored; a
-	// change stores a new one.
+	cur   atomic.Pointer[Snapshot]
+	loads LoadTable // shared by every snapshot
+
+	// pmu guards what snapshots are built from; every publish holds it.
+	pmu sync.Mutex
+	// peers is what the current snapshot was built from, by ID. A record
+	// is never modified once stored; a change stores a new one.
 	peers   map[string]*Peer
 	pairs   pairState // what the current snapshot's pairs were built from
 	version uint64
-	loads   LoadTable // shared by every snapshot
+	// reading is set while run reads the store. Hints applied meanwhile
+	// are kept in late and applied again over what that read returns,
+	// which may predate them.
+	reading bool
+	late    []StaleHint
+
+	// qmu guards the changes follow queued for run; kick wakes run.
+	qmu        sync.Mutex
+	pendingIDs map[string]struct{}
+	pendingAll bool
+	kick       chan struct{}
 
 	mu       sync.Mutex
 	watchers map[chan *Snapshot]struct{}
@@ -77,7 +96,8 @@ type Mirror struct {
 
 // NewMirror returns a mirror of store; call Start before Snapshot.
 func NewMirror(cfg MirrorConfig, store Store, log zerolog.Logger) *Mirror {
-	m := &Mirror{cfg: cfg.WithDefaults(), store: store, log: log, watchers: map[chan *Snapshot]struct{}{}}
+	m := &Mirror{cfg: cfg.WithDefaults(), store: store, log: log, watchers: map[chan *Snapshot]struct{}{},
+		pendingIDs: map[string]struct{}{}, kick: make(chan struct{}, 1)}
 	m.cur.Store(NewSnapshot(0, nil, nil, m.cfg.Now()))
 	return m
 }
@@ -89,10 +109,15 @@ func (m *Mirror) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load peers: %w", err)
 	}
-	if err := m.publishAll(ctx, peers); err != nil {
+	pairs, err := m.loadPairs(ctx)
+	if err != nil {
 		return err
 	}
-	go m.run(ctx, changes)
+	m.pmu.Lock()
+	m.publishAll(peers, pairs)
+	m.pmu.Unlock()
+	go m.follow(ctx, changes)
+	go m.run(ctx)
 	if m.cfg.LoadRefresh > 0 {
 		go m.refreshLoads(ctx)
 	}
@@ -142,67 +167,87 @@ func (m *Mirror) Watch(ctx context.Context) <-chan *Snapshot {
 	return ch
 }
 
-func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
-	// ids and all are what the snapshot still has to catch up with. They
-	// are kept until a refresh succeeds: a refresh that fails (the store is
-	// away, or its first query after an outage meets a broken connection)
-	// is retried with backoff, since the change that asked for it — often
-	// the full reload after the listener reconnected — will not come again.
-	ids, all := map[string]struct{}{}, false
-	var stale []StaleHint // not yet taken out of the routes
-	merge := func(c Change) {
-		if c.ReloadAll() {
-			all = true
+// follow takes the store's announcements until ctx ends: hints at once,
+// changed peers queued for run. Every announcement wakes run, even one of
+// hints alone: while run retries a failed refresh, any announcement says
+// the store answers again.
+func (m *Mirror) follow(ctx context.Context, changes <-chan Change) {
+	for {
+		var c Change
+		select {
+		case <-ctx.Done():
+			return
+		case more, ok := <-changes:
+			if !ok {
+				return
+			}
+			c = more
 		}
-		for _, id := range c.PeerIDs {
-			ids[id] = struct{}{}
+		if len(c.Stale) > 0 {
+			m.takeOutStale(c.Stale)
 		}
-		stale = append(stale, c.Stale...)
+		m.queue(c.PeerIDs, c.ReloadAll())
+		select {
+		case m.kick <- struct{}{}:
+		default:
+		}
 	}
-	applyHints := func() {
-		if len(stale) > 0 {
-			m.takeOutStale(stale)
-			stale = stale[:0]
-		}
+}
+
+// queue adds changed peers (or a reload of everything) to run's work.
+func (m *Mirror) queue(ids []string, all bool) {
+	m.qmu.Lock()
+	defer m.qmu.Unlock()
+	for _, id := range ids {
+		m.pendingIDs[id] = struct{}{}
 	}
+	m.pendingAll = m.pendingAll || all
+}
+
+// takeQueued returns and clears run's work.
+func (m *Mirror) takeQueued() (map[string]struct{}, bool) {
+	m.qmu.Lock()
+	defer m.qmu.Unlock()
+	ids, all := m.pendingIDs, m.pendingAll
+	m.pendingIDs, m.pendingAll = map[string]struct{}{}, false
+	return ids, all
+}
+
+// run reads back the peers follow queued and publishes them, until ctx
+// ends. A refresh that fails (the store is away, or its first query after
+// an outage meets a broken connection) is queued again and retried with
+// backoff, since the change that asked for it — often the full reload
+// after the listener reconnected — will not come again.
+func (m *Mirror) run(ctx context.Context) {
 	retrying, backoff := false, m.cfg.MinRetry
 	var lastRebuild time.Time
 	for {
+		var retry <-chan time.Time
+		var t *time.Timer
 		if retrying {
-			timer := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return
-			case c, ok := <-changes:
-				timer.Stop()
-				if !ok {
-					return
-				}
-				merge(c) // a notification arrived: the store answers again
-			case <-timer.C:
-				backoff = min(2*backoff, m.cfg.MaxRetry)
-			}
-		} else {
-			select {
-			case <-ctx.Done():
-				return
-			case c, ok := <-changes:
-				if !ok {
-					return
-				}
-				merge(c)
-			}
+			t = time.NewTimer(backoff)
+			retry = t.C
 		}
-		applyHints()
-		// Gather what else arrives until Debounce after the last rebuild:
-		// a change after a quiet spell is applied at once (a stale mark
-		// reaches the router without waiting out a window), while a storm
-		// of changes still rebuilds at most once per Debounce.
-		if !m.gather(ctx, changes, merge, m.cfg.Debounce-time.Since(lastRebuild)) {
+		select {
+		case <-ctx.Done():
+		case <-m.kick:
+		case <-retry:
+			backoff = min(2*backoff, m.cfg.MaxRetry)
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if ctx.Err() != nil {
 			return
 		}
-		applyHints() // hints that arrived meanwhile
+		// Wait out the rest of Debounce since the last rebuild: a change
+		// after a quiet spell is applied at once, while a storm of changes
+		// still rebuilds at most once per Debounce, with what the wait
+		// gathered.
+		if !sleepCtx(ctx, m.cfg.Debounce-time.Since(lastRebuild)) {
+			return
+		}
+		ids, all := m.takeQueued()
 		if len(ids) == 0 && !all {
 			continue // only hints so far: their changes follow
 		}
@@ -211,39 +256,28 @@ func (m *Mirror) run(ctx context.Context, changes <-chan Change) {
 			if ctx.Err() != nil {
 				return
 			}
+			m.queue(slices.Collect(maps.Keys(ids)), all)
 			m.log.Warn().Err(err).Dur("retry_in", backoff).Msg("refresh registry snapshot; routing from the previous one")
 			retrying = true
 			continue
 		}
-		ids, all = map[string]struct{}{}, false
 		retrying, backoff = false, m.cfg.MinRetry
 	}
 }
 
-// gather merges the changes that arrive within wait; when wait is not
-// positive it returns at once, having merged at most what was already
-// queued. It reports false when ctx ended.
-func (m *Mirror) gather(ctx context.Context, changes <-chan Change, merge func(Change), wait time.Duration) bool {
-	done := make(chan time.Time)
-	close(done)
-	fire := (<-chan time.Time)(done)
-	if wait > 0 {
-		timer := time.NewTimer(wait)
-		defer timer.Stop()
-		fire = timer.C
+// sleepCtx waits d (nothing when d is not positive); false when ctx ended
+// first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case more, ok := <-changes:
-			if !ok {
-				return true
-			}
-			merge(more)
-		case <-fire:
-			return true
-		}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -253,16 +287,32 @@ func (m *Mirror) gather(ctx context.Context, changes <-chan Change, merge func(C
 // in one round trip instead of thousands, each waiting for a connection.
 const reloadAbove = 64
 
+// apply reads the changed peers (every peer when all) from the store and
+// publishes them. Hints that arrive during the read are applied again over
+// it; a failed read leaves the mirror as it was, to be retried whole.
 func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) error {
+	m.pmu.Lock()
+	m.reading, m.late = true, nil
+	m.pmu.Unlock()
+	defer func() {
+		m.pmu.Lock()
+		m.reading, m.late = false, nil
+		m.pmu.Unlock()
+	}()
 	if all || len(ids) > reloadAbove {
 		peers, err := m.store.List(ctx, Filter{})
 		if err != nil {
 			return fmt.Errorf("reload peers: %w", err)
 		}
-		return m.publishAll(ctx, peers)
+		pairs, err := m.loadPairs(ctx)
+		if err != nil {
+			return err
+		}
+		m.pmu.Lock()
+		defer m.pmu.Unlock()
+		m.publishAll(peers, pairs)
+		return nil
 	}
-	// Read every changed peer before changing anything: a failed read
-	// leaves the mirror as it was, to be retried whole.
 	keys := slices.Collect(maps.Keys(ids))
 	peers, pairs, err := m.refresh(ctx, keys)
 	if err != nil {
@@ -275,6 +325,8 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 	for i := range peers {
 		changed[peers[i].ID] = &peers[i]
 	}
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
 	for id, p := range changed {
 		if p == nil {
 			delete(m.peers, id)
@@ -282,23 +334,42 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 			m.peers[id] = p
 		}
 	}
+	late := m.staleCopies(m.late)
+	maps.Copy(m.peers, late)
+	maps.Copy(changed, late)
 	m.publish(changed, pairs)
 	return nil
 }
 
 // takeOutStale publishes a snapshot in which the peers a change hinted
 // stale (Change.Stale) are stale, before the refresh that reads them back:
-// routers stop picking them one database round trip sooner. The store
-// announces each hinted peer's change too, and the refresh that follows it
-// replaces these records with the store's. A hint only takes a peer out of
-// the routes, and not one of a later generation than the hint's (it
-// registered again since): a late hint about a peer that is ready again
-// in the same generation keeps it out until that refresh.
+// routers stop picking them one database round trip sooner, and without
+// waiting for a refresh already under way. The store announces each
+// hinted peer's change too, and the refresh that follows it replaces these
+// records with the store's. A hint only takes a peer out of the routes, and
+// not one of a later generation than the hint's (it registered again
+// since): a late hint about a peer that is ready again in the same
+// generation keeps it out until that refresh.
 func (m *Mirror) takeOutStale(hints []StaleHint) {
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	if m.reading {
+		m.late = append(m.late, hints...)
+	}
+	changed := m.staleCopies(hints)
+	if changed == nil {
+		return
+	}
+	maps.Copy(m.peers, changed)
+	m.publish(changed, m.pairs)
+}
+
+// staleCopies returns a stale copy of each peer in m.peers that hints take
+// out of the routes, by ID, or nil when there is none. m.pmu is held.
+func (m *Mirror) staleCopies(hints []StaleHint) map[string]*Peer {
 	var changed map[string]*Peer
 	for _, h := range hints {
-		id := h.ID
-		p := m.peers[id]
+		p := m.peers[h.ID]
 		if p == nil || p.State == StateStale || p.Generation > h.Generation {
 			continue
 		}
@@ -307,15 +378,9 @@ func (m *Mirror) takeOutStale(hints []StaleHint) {
 		if changed == nil {
 			changed = map[string]*Peer{}
 		}
-		changed[id] = &cp
+		changed[h.ID] = &cp
 	}
-	if changed == nil {
-		return
-	}
-	for id, p := range changed {
-		m.peers[id] = p
-	}
-	m.publish(changed, m.pairs)
+	return changed
 }
 
 // refresh reads the peers with ids that still exist, and the pair state:
@@ -344,18 +409,15 @@ func (m *Mirror) refresh(ctx context.Context, ids []string) ([]Peer, pairState, 
 	return peers, pairs, err
 }
 
-// publishAll makes the snapshot of peers, built whole, current.
-func (m *Mirror) publishAll(ctx context.Context, peers []Peer) error {
-	pairs, err := m.loadPairs(ctx)
-	if err != nil {
-		return err
-	}
+// publishAll makes the snapshot of peers, built whole, current, with the
+// hints that arrived while they were read applied over them. m.pmu is held.
+func (m *Mirror) publishAll(peers []Peer, pairs pairState) {
 	m.peers = make(map[string]*Peer, len(peers))
 	for i := range peers {
 		m.peers[peers[i].ID] = &peers[i]
 	}
+	maps.Copy(m.peers, m.staleCopies(m.late))
 	m.publish(nil, pairs)
-	return nil
 }
 
 // pairState is what a snapshot holds of pairs besides their peers.
@@ -377,7 +439,8 @@ func (m *Mirror) loadPairs(ctx context.Context) (pairState, error) {
 }
 
 // publish builds the snapshot of m.peers from the current one and the
-// peers that changed (nil: build it whole) and makes it current.
+// peers that changed (nil: build it whole) and makes it current. m.pmu is
+// held.
 func (m *Mirror) publish(changed map[string]*Peer, pairs pairState) {
 	m.pairs = pairs
 	m.version++

@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,28 +15,41 @@ import (
 )
 
 // slowStore is a memstore whose refreshes each wait for a token on gate,
-// standing in for a database that answers slowly. Each refresh first tells
-// reading which peers it reads. The test sends the changes itself.
+// standing in for a database that answers slowly: a refresh reads the peers
+// when it begins, as a query reads the database's state when it starts, and
+// returns them once the gate opens. Each refresh first tells reading which
+// peers it reads. The test sends the changes itself.
 type slowStore struct {
 	*memstore.Store
 	gate    chan struct{}
 	reading chan []string
 	changes chan registry.Change
+	// slowList makes List, a reload of every peer, slow too; it then
+	// tells reading "*".
+	slowList atomic.Bool
+}
+
+func (s *slowStore) List(ctx context.Context, f registry.Filter) ([]registry.Peer, error) {
+	peers, err := s.Store.List(ctx, f)
+	if err != nil || !s.slowList.Load() {
+		return peers, err
+	}
+	select {
+	case s.reading <- []string{"*"}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return peers, nil
 }
 
 func (s *slowStore) Subscribe(context.Context) <-chan registry.Change { return s.changes }
 
 func (s *slowStore) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []registry.Quarantine, []registry.Preflight, error) {
-	select {
-	case s.reading <- slices.Sorted(slices.Values(ids)):
-	case <-ctx.Done():
-		return nil, nil, nil, ctx.Err()
-	}
-	select {
-	case <-s.gate:
-	case <-ctx.Done():
-		return nil, nil, nil, ctx.Err()
-	}
 	var peers []registry.Peer
 	for _, id := range ids {
 		if p, err := s.Get(ctx, id); err == nil {
@@ -47,7 +61,20 @@ func (s *slowStore) Refresh(ctx context.Context, ids []string) ([]registry.Peer,
 		return nil, nil, nil, err
 	}
 	pfs, err := s.Preflights(ctx)
-	return peers, qs, pfs, err
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	select {
+	case s.reading <- slices.Sorted(slices.Values(ids)):
+	case <-ctx.Done():
+		return nil, nil, nil, ctx.Err()
+	}
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return nil, nil, nil, ctx.Err()
+	}
+	return peers, qs, pfs, nil
 }
 
 // routable reports whether peer id is among the model's routable decodes.
@@ -64,10 +91,12 @@ func routable(snap *registry.Snapshot, id string) bool {
 
 // TestMirrorTakesAHintedStalePeerOutAtOnce: a peer hinted stale
 // (Change.Stale) leaves the routes before the mirror has read it back from
-// a slow store, and the record the store then returns replaces the
-// mirror's; a peer whose change comes without a hint stays until its read
-// answers; a hint about an earlier generation than the mirror's record is
-// ignored.
+// a slow store, even while the mirror waits on another read, and the record
+// the store then returns replaces the mirror's; a peer whose change comes
+// without a hint stays until its read answers; a hint about an earlier
+// generation than the mirror's record is ignored; a read that began before
+// a hint arrived, of some peers or of all, does not bring the hinted peer
+// back.
 func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -76,7 +105,9 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 		reading: make(chan []string), changes: make(chan registry.Change, 8)}
 	var peers []registry.Peer
 	for _, spec := range []registry.PeerSpec{registrytest.Spec("p0", registry.RolePrefill),
-		registrytest.Spec("d0", registry.RoleDecode), registrytest.Spec("d1", registry.RoleDecode), registrytest.Spec("d2", registry.RoleDecode)} {
+		registrytest.Spec("d0", registry.RoleDecode), registrytest.Spec("d1", registry.RoleDecode),
+		registrytest.Spec("d2", registry.RoleDecode), registrytest.Spec("d3", registry.RoleDecode),
+		registrytest.Spec("d4", registry.RoleDecode)} {
 		res, err := store.Register(ctx, spec, registry.Claim{Admin: true})
 		if err != nil {
 			t.Fatal(err)
@@ -86,12 +117,12 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 		}
 		peers = append(peers, res.Peer)
 	}
-	d0, d1, d2 := peers[1], peers[2], peers[3]
+	d0, d1, d2, d3, d4 := peers[1], peers[2], peers[3], peers[4], peers[5]
 	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1}, store, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []registry.Peer{d0, d1, d2} {
+	for _, d := range []registry.Peer{d0, d1, d2, d3, d4} {
 		if !routable(m.Snapshot(), d.ID) {
 			t.Fatalf("%s is not routable to begin with", d.Name)
 		}
@@ -140,20 +171,25 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 	if !routable(m.Snapshot(), d1.ID) {
 		t.Fatal("d1 left the routes before the store answered, and its change had no hint")
 	}
-	// d0's hint, then its change, arrive while the mirror reads d1; a hint
-	// about d2 of an earlier generation than the mirror's comes with them.
+	// d0's hint, then its change, arrive while the mirror waits for d1's
+	// read; a hint about d2 of an earlier generation than the mirror's
+	// comes with them. d0 leaves the routes at once: its record is the
+	// mirror's copy, with the state the hint gave and not the store's
+	// reason.
 	store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d0.ID, Generation: d0.Generation}, {ID: d2.ID, Generation: d2.Generation - 1}}}
 	store.changes <- registry.Change{PeerIDs: []string{d0.ID}}
-	answer() // d1's read
-	waitFor("d1 out after its read", func(s *registry.Snapshot) bool { return !routable(s, d1.ID) })
-	// d0 leaves the routes before its own read answers: its record is the
-	// mirror's copy, with the state the hint gave and not the store's reason.
-	expectRead(d0.ID)
-	if routable(m.Snapshot(), d0.ID) {
-		t.Fatal("d0 still routable while it is read, after its hint")
-	}
+	waitFor("d0 out while the mirror waits for d1's read", func(s *registry.Snapshot) bool { return !routable(s, d0.ID) })
 	if p, _ := m.Snapshot().Peer(d0.ID); p.State != registry.StateStale || p.StateReason == reason {
 		t.Fatalf("d0 before its read: %s (%q), want stale with the mirror's earlier reason", p.State, p.StateReason)
+	}
+	if !routable(m.Snapshot(), d1.ID) {
+		t.Fatal("d1 left the routes before its read answered")
+	}
+	answer() // d1's read
+	waitFor("d1 out after its read", func(s *registry.Snapshot) bool { return !routable(s, d1.ID) })
+	expectRead(d0.ID)
+	if routable(m.Snapshot(), d0.ID) {
+		t.Fatal("d0 routable again while it is read, after its hint")
 	}
 	if !routable(m.Snapshot(), d2.ID) {
 		t.Fatal("a hint about an earlier generation of d2 took it out of the routes")
@@ -161,6 +197,50 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 	answer() // d0's read
 	waitFor("d0's record from the store", func(s *registry.Snapshot) bool {
 		p, _ := s.Peer(d0.ID)
+		return p.State == registry.StateStale && p.StateReason == reason
+	})
+
+	// d3's read begins while d3 is ready; d3 is marked stale and its hint
+	// arrives before that read answers. The read's older record must not
+	// bring d3 back into the routes; d3's own change then reads the mark.
+	store.changes <- registry.Change{PeerIDs: []string{d3.ID}}
+	expectRead(d3.ID)
+	if _, err := store.MarkStale(ctx, d3.ID, reason, ""); err != nil {
+		t.Fatal(err)
+	}
+	store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d3.ID, Generation: d3.Generation}}}
+	waitFor("d3 out after its hint", func(s *registry.Snapshot) bool { return !routable(s, d3.ID) })
+	answer() // the read that began before the mark
+	store.changes <- registry.Change{PeerIDs: []string{d3.ID}}
+	expectRead(d3.ID)
+	if routable(m.Snapshot(), d3.ID) {
+		t.Fatal("a read that began before d3's hint brought d3 back into the routes")
+	}
+	answer()
+	waitFor("d3's record from the store", func(s *registry.Snapshot) bool {
+		p, _ := s.Peer(d3.ID)
+		return p.State == registry.StateStale && p.StateReason == reason
+	})
+
+	// The same with a reload of every peer (the listener reconnected).
+	store.slowList.Store(true)
+	store.changes <- registry.Change{}
+	expectRead("*")
+	if _, err := store.MarkStale(ctx, d4.ID, reason, ""); err != nil {
+		t.Fatal(err)
+	}
+	store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d4.ID, Generation: d4.Generation}}}
+	waitFor("d4 out after its hint", func(s *registry.Snapshot) bool { return !routable(s, d4.ID) })
+	answer() // the reload that began before the mark
+	store.slowList.Store(false)
+	store.changes <- registry.Change{PeerIDs: []string{d4.ID}}
+	expectRead(d4.ID)
+	if routable(m.Snapshot(), d4.ID) {
+		t.Fatal("a reload of every peer that began before d4's hint brought d4 back into the routes")
+	}
+	answer()
+	waitFor("d4's record from the store", func(s *registry.Snapshot) bool {
+		p, _ := s.Peer(d4.ID)
 		return p.State == registry.StateStale && p.StateReason == reason
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -343,7 +344,9 @@ func runFleet(tb testing.TB, cfg fleetConfig) fleetResult {
 	for _, r := range reps {
 		waitAllReady(tb, ctx, r.mirror, len(peers))
 	}
+	stopProfile := profileCPU(tb, os.Getenv("PDPLANE_FLEET_CPUPROFILE"))
 	markAndWatch(tb, ctx, reps, peers, cfg, &res)
+	stopProfile()
 	agents.stop(tb, &res)
 	res.elapsed = time.Since(start)
 	pg1, _ := cpuOf(pg)
@@ -518,6 +521,28 @@ func waitAllReady(tb testing.TB, ctx context.Context, m *registry.Mirror, n int)
 	}
 }
 
+// profileCPU profiles this process's CPU into path (nothing when path is
+// empty) until the returned function is called: the replicas while the
+// marks are timed, without the registrations before.
+func profileCPU(tb testing.TB, path string) func() {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		tb.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			tb.Error(err)
+		}
+	}
+}
+
 func cpuOf(pid int) (time.Duration, error) {
 	if pid == 0 {
 		return 0, nil
@@ -572,7 +597,9 @@ func pct(ds []time.Duration, p float64) time.Duration {
 // from sending a mark until replicas B and C's snapshots show it. The
 // agents heartbeat from a process of their own, at nice 19 unless
 // PDPLANE_FLEET_AGENTS_NICE says otherwise (startFleetAgents). It does not
-// depend on b.N. Set PDPLANE_FLEET_PEERS / _MARKS to resize it.
+// depend on b.N. Set PDPLANE_FLEET_PEERS / _MARKS to resize it, and
+// PDPLANE_FLEET_CPUPROFILE to a file to profile the replicas while the marks
+// are timed.
 func BenchmarkRegistryFleet(b *testing.B) {
 	nice := 19
 	if v := os.Getenv("PDPLANE_FLEET_AGENTS_NICE"); v != "" {
@@ -592,6 +619,7 @@ func BenchmarkRegistryFleet(b *testing.B) {
 		b.ReportMetric(ms(pct(res.hbLatency, 0.5)), "hb-p50-ms")
 		b.ReportMetric(ms(pct(res.hbLatency, 0.99)), "hb-p99-ms")
 		b.ReportMetric(ms(pct(res.markLatency, 0.5)), "mark-p50-ms")
+		b.ReportMetric(ms(pct(res.markLatency, 0.99)), "mark-p99-ms")
 		b.ReportMetric(ms(pct(res.fanOut, 0.5)), "fanout-p50-ms")
 		b.ReportMetric(ms(pct(res.fanOut, 0.99)), "fanout-p99-ms")
 		b.ReportMetric(ms(pct(res.fanOutCommitted, 0.5)), "committed-fanout-p50-ms")
