@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -60,6 +62,10 @@ type fleetResult struct {
 	// pgCPU is PostgreSQL's CPU, replicasCPU this process's (the three
 	// replicas), agentsCPU the agents' process's.
 	pgCPU, replicasCPU, agentsCPU time.Duration
+	// schedP50 and schedP99 are how long this process's goroutines waited
+	// to run once runnable (the runtime's /sched/latencies:seconds) while
+	// the marks were timed: each step of a mark waits about as long.
+	schedP50, schedP99 time.Duration
 }
 
 // fleetPeer is one registered peer as its agent knows it.
@@ -345,7 +351,9 @@ func runFleet(tb testing.TB, cfg fleetConfig) fleetResult {
 		waitAllReady(tb, ctx, r.mirror, len(peers))
 	}
 	stopProfile := profileCPU(tb, os.Getenv("PDPLANE_FLEET_CPUPROFILE"))
+	sched0 := schedLatencies()
 	markAndWatch(tb, ctx, reps, peers, cfg, &res)
+	res.schedP50, res.schedP99 = sched0.since(schedLatencies(), 0.5), sched0.since(schedLatencies(), 0.99)
 	stopProfile()
 	agents.stop(tb, &res)
 	res.elapsed = time.Since(start)
@@ -543,6 +551,45 @@ func profileCPU(tb testing.TB, path string) func() {
 	}
 }
 
+// schedHist is the runtime's histogram of how long goroutines waited to
+// run once runnable.
+type schedHist struct{ *metrics.Float64Histogram }
+
+func schedLatencies() schedHist {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return schedHist{}
+	}
+	return schedHist{s[0].Value.Float64Histogram()}
+}
+
+// since is the quantile q of the waits counted between h and later, to
+// the upper bound of its bucket.
+func (h schedHist) since(later schedHist, q float64) time.Duration {
+	if h.Float64Histogram == nil || later.Float64Histogram == nil {
+		return 0
+	}
+	counts := make([]uint64, len(later.Counts))
+	var total uint64
+	for i := range counts {
+		counts[i] = later.Counts[i] - h.Counts[i]
+		total += counts[i]
+	}
+	var seen uint64
+	for i, c := range counts {
+		seen += c
+		if total > 0 && float64(seen) >= q*float64(total) {
+			upper := later.Buckets[i+1]
+			if math.IsInf(upper, 1) {
+				upper = later.Buckets[i]
+			}
+			return time.Duration(upper * float64(time.Second))
+		}
+	}
+	return 0
+}
+
 func cpuOf(pid int) (time.Duration, error) {
 	if pid == 0 {
 		return 0, nil
@@ -627,6 +674,8 @@ func BenchmarkRegistryFleet(b *testing.B) {
 		b.ReportMetric(ms(pct(res.announced, 0.5)), "announced-p50-ms")
 		b.ReportMetric(ms(pct(res.announced, 0.99)), "announced-p99-ms")
 		b.ReportMetric(float64(res.missed), "fanout-missed")
+		b.ReportMetric(ms(res.schedP50), "replicas-sched-wait-p50-ms")
+		b.ReportMetric(ms(res.schedP99), "replicas-sched-wait-p99-ms")
 		b.ReportMetric(res.pgCPU.Seconds()/secs, "pg-cores")
 		b.ReportMetric(res.replicasCPU.Seconds()/secs, "replicas-cores")
 		b.ReportMetric(res.agentsCPU.Seconds()/secs, "agents-cores")
