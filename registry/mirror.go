@@ -244,8 +244,14 @@ func (m *Mirror) run(ctx context.Context) {
 		// after a quiet spell is applied at once, while a storm of changes
 		// still rebuilds at most once per Debounce, with what the wait
 		// gathered.
-		if !sleepCtx(ctx, m.cfg.Debounce-time.Since(lastRebuild)) {
-			return
+		if wait := m.cfg.Debounce - time.Since(lastRebuild); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
 		}
 		ids, all := m.takeQueued()
 		if len(ids) == 0 && !all {
@@ -262,22 +268,6 @@ func (m *Mirror) run(ctx context.Context) {
 			continue
 		}
 		retrying, backoff = false, m.cfg.MinRetry
-	}
-}
-
-// sleepCtx waits d (nothing when d is not positive); false when ctx ended
-// first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

@@ -200,49 +200,35 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 		return p.State == registry.StateStale && p.StateReason == reason
 	})
 
-	// d3's read begins while d3 is ready; d3 is marked stale and its hint
-	// arrives before that read answers. The read's older record must not
-	// bring d3 back into the routes; d3's own change then reads the mark.
-	store.changes <- registry.Change{PeerIDs: []string{d3.ID}}
-	expectRead(d3.ID)
-	if _, err := store.MarkStale(ctx, d3.ID, reason, ""); err != nil {
-		t.Fatal(err)
+	// A read (of the peers read names, "*" for all) begins while d is
+	// ready; d is marked stale and its hint arrives before that read
+	// answers. The read's older record must not bring d back into the
+	// routes; d's own change then reads the mark.
+	markDuringRead := func(d registry.Peer, read registry.Change, reading string) {
+		t.Helper()
+		store.changes <- read
+		expectRead(reading)
+		if _, err := store.MarkStale(ctx, d.ID, reason, ""); err != nil {
+			t.Fatal(err)
+		}
+		store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d.ID, Generation: d.Generation}}}
+		waitFor(d.Name+" out after its hint", func(s *registry.Snapshot) bool { return !routable(s, d.ID) })
+		answer() // the read that began before the mark
+		store.slowList.Store(false)
+		store.changes <- registry.Change{PeerIDs: []string{d.ID}}
+		expectRead(d.ID)
+		if routable(m.Snapshot(), d.ID) {
+			t.Fatalf("a read of %s that began before %s's hint brought it back into the routes", reading, d.Name)
+		}
+		answer()
+		waitFor(d.Name+"'s record from the store", func(s *registry.Snapshot) bool {
+			p, _ := s.Peer(d.ID)
+			return p.State == registry.StateStale && p.StateReason == reason
+		})
 	}
-	store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d3.ID, Generation: d3.Generation}}}
-	waitFor("d3 out after its hint", func(s *registry.Snapshot) bool { return !routable(s, d3.ID) })
-	answer() // the read that began before the mark
-	store.changes <- registry.Change{PeerIDs: []string{d3.ID}}
-	expectRead(d3.ID)
-	if routable(m.Snapshot(), d3.ID) {
-		t.Fatal("a read that began before d3's hint brought d3 back into the routes")
-	}
-	answer()
-	waitFor("d3's record from the store", func(s *registry.Snapshot) bool {
-		p, _ := s.Peer(d3.ID)
-		return p.State == registry.StateStale && p.StateReason == reason
-	})
-
-	// The same with a reload of every peer (the listener reconnected).
-	store.slowList.Store(true)
-	store.changes <- registry.Change{}
-	expectRead("*")
-	if _, err := store.MarkStale(ctx, d4.ID, reason, ""); err != nil {
-		t.Fatal(err)
-	}
-	store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d4.ID, Generation: d4.Generation}}}
-	waitFor("d4 out after its hint", func(s *registry.Snapshot) bool { return !routable(s, d4.ID) })
-	answer() // the reload that began before the mark
-	store.slowList.Store(false)
-	store.changes <- registry.Change{PeerIDs: []string{d4.ID}}
-	expectRead(d4.ID)
-	if routable(m.Snapshot(), d4.ID) {
-		t.Fatal("a reload of every peer that began before d4's hint brought d4 back into the routes")
-	}
-	answer()
-	waitFor("d4's record from the store", func(s *registry.Snapshot) bool {
-		p, _ := s.Peer(d4.ID)
-		return p.State == registry.StateStale && p.StateReason == reason
-	})
+	markDuringRead(d3, registry.Change{PeerIDs: []string{d3.ID}}, d3.ID)
+	store.slowList.Store(true) // a reload of every peer (the listener reconnected)
+	markDuringRead(d4, registry.Change{}, "*")
 }
 
 // TestBroadcasterCarriesStaleHints: a change of hints only is not a reload
