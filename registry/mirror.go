@@ -15,9 +15,10 @@ import (
 
 // MirrorConfig configures a Mirror.
 type MirrorConfig struct {
-	// Debounce is the least time between two snapshot rebuilds: a change
-	// that arrives sooner after the last rebuild waits out the rest, with
-	// every other change that arrives meanwhile. It bounds how often
+	// Debounce is the least time between two snapshot rebuilds from the
+	// store's reads, and between two from stale hints: a change that
+	// arrives sooner after the last rebuild of its kind waits out the rest,
+	// with every other change that arrives meanwhile. It bounds how often
 	// snapshots are rebuilt under a storm of changes; a change after a
 	// quiet spell is applied at once.
 	Debounce time.Duration
@@ -167,30 +168,62 @@ func (m *Mirror) Watch(ctx context.Context) <-chan *Snapshot {
 	return ch
 }
 
-// follow takes the store's announcements until ctx ends: hints at once,
-// changed peers queued for run. Every announcement wakes run, even one of
-// hints alone: while run retries a failed refresh, any announcement says
-// the store answers again.
+// follow takes the store's announcements until ctx ends (or the store
+// closes changes; run then idles until ctx ends): hints into the routes,
+// changed peers queued for run. A hint after a quiet spell is applied at
+// once; hints within Debounce of the last ones gather until it has
+// passed, so that a storm of them (a lease sweep marking a rack stale)
+// builds a snapshot per Debounce rather than one per peer.
 func (m *Mirror) follow(ctx context.Context, changes <-chan Change) {
+	var lastHints time.Time
 	for {
-		var c Change
+		var hints []StaleHint
 		select {
 		case <-ctx.Done():
 			return
-		case more, ok := <-changes:
+		case c, ok := <-changes:
 			if !ok {
 				return
 			}
-			c = more
+			m.hand(c)
+			hints = c.Stale
 		}
-		if len(c.Stale) > 0 {
-			m.takeOutStale(c.Stale)
+		if len(hints) == 0 {
+			continue
 		}
-		m.queue(c.PeerIDs, c.ReloadAll())
-		select {
-		case m.kick <- struct{}{}:
-		default:
+		if wait := m.cfg.Debounce - time.Since(lastHints); wait > 0 {
+			t := time.NewTimer(wait)
+		gather:
+			for {
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case c, ok := <-changes:
+					if !ok {
+						break gather
+					}
+					m.hand(c)
+					hints = append(hints, c.Stale...)
+				case <-t.C:
+					break gather
+				}
+			}
+			t.Stop()
 		}
+		m.takeOutStale(hints)
+		lastHints = time.Now()
+	}
+}
+
+// hand queues c's changed peers for run and wakes it. Every announcement
+// wakes run, even one of hints alone: while run retries a failed refresh,
+// any announcement says the store answers again.
+func (m *Mirror) hand(c Change) {
+	m.queue(c.PeerIDs, c.ReloadAll())
+	select {
+	case m.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -252,6 +285,13 @@ func (m *Mirror) run(ctx context.Context) {
 				return
 			case <-t.C:
 			}
+		}
+		// The wake-ups of what the wait gathered are spent here, before
+		// taking it: left over, one would cut the backoff short should
+		// this refresh fail. One that comes after this still has work.
+		select {
+		case <-m.kick:
+		default:
 		}
 		ids, all := m.takeQueued()
 		if len(ids) == 0 && !all {

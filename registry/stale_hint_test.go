@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -268,5 +269,95 @@ func TestBroadcasterCarriesStaleHints(t *testing.T) {
 	}
 	if last != 3 {
 		t.Fatalf("latest hinted generation %d, want 3", last)
+	}
+}
+
+// failingStore is a memstore whose next fail refreshes fail, standing in for
+// a database that is away; each refresh is counted on tries. The test sends
+// the changes itself.
+type failingStore struct {
+	*memstore.Store
+	fail    atomic.Int32
+	tries   chan struct{}
+	changes chan registry.Change
+}
+
+func (s *failingStore) Subscribe(context.Context) <-chan registry.Change { return s.changes }
+
+func (s *failingStore) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []registry.Quarantine, []registry.Preflight, error) {
+	s.tries <- struct{}{}
+	if s.fail.Add(-1) >= 0 {
+		return nil, nil, nil, errors.New("test: the database is away")
+	}
+	var peers []registry.Peer
+	for _, id := range ids {
+		if p, err := s.Get(ctx, id); err == nil {
+			peers = append(peers, p)
+		}
+	}
+	qs, err := s.Quarantines(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pfs, err := s.Preflights(ctx)
+	return peers, qs, pfs, err
+}
+
+// TestMirrorRetriesAFailedRead: a change whose read fails is kept, the
+// snapshot routes as before meanwhile, and the next announcement (here a
+// hint about no peer the mirror holds) retries it without waiting out the
+// backoff, which this test sets to an hour.
+func TestMirrorRetriesAFailedRead(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := &failingStore{Store: memstore.New(memstore.Config{}), tries: make(chan struct{}, 8), changes: make(chan registry.Change, 8)}
+	var d registry.Peer
+	for _, spec := range []registry.PeerSpec{registrytest.Spec("p0", registry.RolePrefill), registrytest.Spec("d0", registry.RoleDecode)} {
+		res, err := store.Register(ctx, spec, registry.Claim{Admin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: res.Peer.InstanceID}); err != nil {
+			t.Fatal(err)
+		}
+		d = res.Peer
+	}
+	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1, MinRetry: time.Hour, MaxRetry: time.Hour}, store, zerolog.New(zerolog.NewTestWriter(t)))
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const reason = "test: transfer failed"
+	if _, err := store.MarkStale(ctx, d.ID, reason, ""); err != nil {
+		t.Fatal(err)
+	}
+	store.fail.Store(1)
+	try := func() {
+		t.Helper()
+		select {
+		case <-store.tries:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the mirror does not read")
+		}
+	}
+	store.changes <- registry.Change{PeerIDs: []string{d.ID}}
+	try() // fails
+	if !routable(m.Snapshot(), d.ID) {
+		t.Fatal("d0 left the routes though its read failed")
+	}
+	store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: "00000000-0000-0000-0000-000000000000", Generation: 1}}}
+	try() // the retry, woken by the announcement
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if p, _ := m.Snapshot().Peer(d.ID); p.State == registry.StateStale && p.StateReason == reason {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the retried read did not publish d0's mark")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if routable(m.Snapshot(), d.ID) {
+		t.Fatal("d0 routable after its mark was read")
 	}
 }
