@@ -174,23 +174,29 @@ func (m *Mirror) Watch(ctx context.Context) <-chan *Snapshot {
 // once; hints within Debounce of the last ones gather until it has
 // passed, so that a storm of them (a lease sweep marking a rack stale)
 // builds a snapshot per Debounce rather than one per peer.
+//
+// A change's peers are queued only once its hints are applied, so that a
+// read of each hinted peer begins after its hint: that read, not the hint,
+// has the last word (the peer may be ready again by then). Changes that
+// arrive while hints gather wait with them.
 func (m *Mirror) follow(ctx context.Context, changes <-chan Change) {
 	var lastHints time.Time
 	for {
-		var hints []StaleHint
+		var c Change
 		select {
 		case <-ctx.Done():
 			return
-		case c, ok := <-changes:
+		case more, ok := <-changes:
 			if !ok {
 				return
 			}
-			m.hand(c)
-			hints = c.Stale
+			c = more
 		}
-		if len(hints) == 0 {
+		if len(c.Stale) == 0 {
+			m.hand(c.PeerIDs, c.ReloadAll())
 			continue
 		}
+		hints, ids, all := c.Stale, c.PeerIDs, c.ReloadAll()
 		if wait := m.cfg.Debounce - time.Since(lastHints); wait > 0 {
 			t := time.NewTimer(wait)
 		gather:
@@ -199,12 +205,11 @@ func (m *Mirror) follow(ctx context.Context, changes <-chan Change) {
 				case <-ctx.Done():
 					t.Stop()
 					return
-				case c, ok := <-changes:
+				case more, ok := <-changes:
 					if !ok {
 						break gather
 					}
-					m.hand(c)
-					hints = append(hints, c.Stale...)
+					hints, ids, all = append(hints, more.Stale...), append(ids, more.PeerIDs...), all || more.ReloadAll()
 				case <-t.C:
 					break gather
 				}
@@ -213,14 +218,15 @@ func (m *Mirror) follow(ctx context.Context, changes <-chan Change) {
 		}
 		m.takeOutStale(hints)
 		lastHints = time.Now()
+		m.hand(ids, all)
 	}
 }
 
-// hand queues c's changed peers for run and wakes it. Every announcement
-// wakes run, even one of hints alone: while run retries a failed refresh,
-// any announcement says the store answers again.
-func (m *Mirror) hand(c Change) {
-	m.queue(c.PeerIDs, c.ReloadAll())
+// hand queues changed peers (or a reload of everything) for run and wakes
+// it. Every announcement wakes run, even one of hints alone: while run
+// retries a failed refresh, any announcement says the store answers again.
+func (m *Mirror) hand(ids []string, all bool) {
+	m.queue(ids, all)
 	select {
 	case m.kick <- struct{}{}:
 	default:
