@@ -361,3 +361,59 @@ func TestMirrorRetriesAFailedRead(t *testing.T) {
 		t.Fatal("d0 routable after its mark was read")
 	}
 }
+
+// TestMirrorReadsAHintedPeerAfterItsHint: the read of a hinted peer begins
+// only once its hint is applied, even while hints gather within Debounce, so
+// that the read has the last word. Here the store holds the peer ready (as
+// after a heal in the same generation), and the peer must end in the routes.
+func TestMirrorReadsAHintedPeerAfterItsHint(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := &slowStore{Store: memstore.New(memstore.Config{}), gate: make(chan struct{}),
+		reading: make(chan []string), changes: make(chan registry.Change, 8)}
+	var peers []registry.Peer
+	for _, spec := range []registry.PeerSpec{registrytest.Spec("p0", registry.RolePrefill),
+		registrytest.Spec("d0", registry.RoleDecode), registrytest.Spec("d1", registry.RoleDecode)} {
+		res, err := store.Register(ctx, spec, registry.Claim{Admin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: res.Peer.InstanceID}); err != nil {
+			t.Fatal(err)
+		}
+		peers = append(peers, res.Peer)
+	}
+	d0, d1 := peers[1], peers[2]
+	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1, Debounce: 200 * time.Millisecond}, store, zerolog.New(zerolog.NewTestWriter(t)))
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// d0's hint comes after a quiet spell and is applied at once; d1's
+	// comes right after, with d1's change, and gathers.
+	store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d0.ID, Generation: d0.Generation}}}
+	store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d1.ID, Generation: d1.Generation}}, PeerIDs: []string{d1.ID}}
+	select {
+	case got := <-store.reading:
+		if !slices.Equal(got, []string{d1.ID}) {
+			t.Fatalf("the mirror reads %v, want d1", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the mirror does not read d1")
+	}
+	if routable(m.Snapshot(), d1.ID) {
+		t.Fatal("the mirror reads d1 before its hint took it out of the routes")
+	}
+	select {
+	case store.gate <- struct{}{}:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no read to answer")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !routable(m.Snapshot(), d1.ID) {
+		if time.Now().After(deadline) {
+			t.Fatal("d1, ready in the store, stays out of the routes after its read")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
