@@ -51,17 +51,7 @@ func (s *slowStore) List(ctx context.Context, f registry.Filter) ([]registry.Pee
 func (s *slowStore) Subscribe(context.Context) <-chan registry.Change { return s.changes }
 
 func (s *slowStore) Refresh(ctx context.Context, ids []string) ([]registry.Peer, []registry.Quarantine, []registry.Preflight, error) {
-	var peers []registry.Peer
-	for _, id := range ids {
-		if p, err := s.Get(ctx, id); err == nil {
-			peers = append(peers, p)
-		}
-	}
-	qs, err := s.Quarantines(ctx)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	pfs, err := s.Preflights(ctx)
+	peers, qs, pfs, err := readPeers(ctx, s.Store, ids)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -104,21 +94,8 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 	defer cancel()
 	store := &slowStore{Store: memstore.New(memstore.Config{}), gate: make(chan struct{}),
 		reading: make(chan []string), changes: make(chan registry.Change, 8)}
-	var peers []registry.Peer
-	for _, spec := range []registry.PeerSpec{registrytest.Spec("p0", registry.RolePrefill),
-		registrytest.Spec("d0", registry.RoleDecode), registrytest.Spec("d1", registry.RoleDecode),
-		registrytest.Spec("d2", registry.RoleDecode), registrytest.Spec("d3", registry.RoleDecode),
-		registrytest.Spec("d4", registry.RoleDecode)} {
-		res, err := store.Register(ctx, spec, registry.Claim{Admin: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := store.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: res.Peer.InstanceID}); err != nil {
-			t.Fatal(err)
-		}
-		peers = append(peers, res.Peer)
-	}
-	d0, d1, d2, d3, d4 := peers[1], peers[2], peers[3], peers[4], peers[5]
+	peers := registerReady(t, ctx, store.Store, "d0", "d1", "d2", "d3", "d4")
+	d0, d1, d2, d3, d4 := peers[0], peers[1], peers[2], peers[3], peers[4]
 	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1}, store, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -289,18 +266,46 @@ func (s *failingStore) Refresh(ctx context.Context, ids []string) ([]registry.Pe
 	if s.fail.Add(-1) >= 0 {
 		return nil, nil, nil, errors.New("test: the database is away")
 	}
+	return readPeers(ctx, s.Store, ids)
+}
+
+// readPeers is a Refresh of store: the peers with ids that exist, and the
+// pair state.
+func readPeers(ctx context.Context, store *memstore.Store, ids []string) ([]registry.Peer, []registry.Quarantine, []registry.Preflight, error) {
 	var peers []registry.Peer
 	for _, id := range ids {
-		if p, err := s.Get(ctx, id); err == nil {
+		if p, err := store.Get(ctx, id); err == nil {
 			peers = append(peers, p)
 		}
 	}
-	qs, err := s.Quarantines(ctx)
+	qs, err := store.Quarantines(ctx)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	pfs, err := s.Preflights(ctx)
+	pfs, err := store.Preflights(ctx)
 	return peers, qs, pfs, err
+}
+
+// registerReady registers a prefill p0 and the named decodes in store and
+// heartbeats each once, so that they are ready; it returns the decodes.
+func registerReady(t *testing.T, ctx context.Context, store *memstore.Store, decodes ...string) []registry.Peer {
+	t.Helper()
+	specs := []registry.PeerSpec{registrytest.Spec("p0", registry.RolePrefill)}
+	for _, name := range decodes {
+		specs = append(specs, registrytest.Spec(name, registry.RoleDecode))
+	}
+	var peers []registry.Peer
+	for _, spec := range specs {
+		res, err := store.Register(ctx, spec, registry.Claim{Admin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: res.Peer.InstanceID}); err != nil {
+			t.Fatal(err)
+		}
+		peers = append(peers, res.Peer)
+	}
+	return peers[1:]
 }
 
 // TestMirrorRetriesAFailedRead: a change whose read fails is kept, the
@@ -312,17 +317,7 @@ func TestMirrorRetriesAFailedRead(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	store := &failingStore{Store: memstore.New(memstore.Config{}), tries: make(chan struct{}, 8), changes: make(chan registry.Change, 8)}
-	var d registry.Peer
-	for _, spec := range []registry.PeerSpec{registrytest.Spec("p0", registry.RolePrefill), registrytest.Spec("d0", registry.RoleDecode)} {
-		res, err := store.Register(ctx, spec, registry.Claim{Admin: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := store.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: res.Peer.InstanceID}); err != nil {
-			t.Fatal(err)
-		}
-		d = res.Peer
-	}
+	d := registerReady(t, ctx, store.Store, "d0")[0]
 	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1, MinRetry: time.Hour, MaxRetry: time.Hour}, store, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -372,19 +367,8 @@ func TestMirrorReadsAHintedPeerAfterItsHint(t *testing.T) {
 	defer cancel()
 	store := &slowStore{Store: memstore.New(memstore.Config{}), gate: make(chan struct{}),
 		reading: make(chan []string), changes: make(chan registry.Change, 8)}
-	var peers []registry.Peer
-	for _, spec := range []registry.PeerSpec{registrytest.Spec("p0", registry.RolePrefill),
-		registrytest.Spec("d0", registry.RoleDecode), registrytest.Spec("d1", registry.RoleDecode)} {
-		res, err := store.Register(ctx, spec, registry.Claim{Admin: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := store.Heartbeat(ctx, registry.Heartbeat{PeerID: res.Peer.ID, InstanceID: res.Peer.InstanceID}); err != nil {
-			t.Fatal(err)
-		}
-		peers = append(peers, res.Peer)
-	}
-	d0, d1 := peers[1], peers[2]
+	peers := registerReady(t, ctx, store.Store, "d0", "d1")
+	d0, d1 := peers[0], peers[1]
 	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1, Debounce: 200 * time.Millisecond}, store, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
