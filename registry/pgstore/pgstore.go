@@ -38,7 +38,8 @@ type Config struct {
 	// HeartbeatBatch is the most heartbeats written by one statement.
 	HeartbeatBatch int
 	// HeartbeatLinger is how long the batcher waits for more heartbeats
-	// after the first one of a batch arrives.
+	// after the first one of a batch arrives; a batch of fewer than 64
+	// waits up to ten lingers (see fillTo).
 	HeartbeatLinger time.Duration
 	// HeartbeatWriters is how many batches may be written at once: while
 	// one batch is in the database the next one gathers and is sent, so
@@ -182,8 +183,9 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Store, error) {
 	go func() {
 		defer close(s.done)
 		for range cfg.HeartbeatWriters {
-			go s.hb.run(runCtx)
+			go s.hb.write(runCtx)
 		}
+		go s.hb.gather(runCtx)
 		s.listen(runCtx, pcfg.ConnConfig, listening)
 	}()
 	select {
