@@ -122,14 +122,17 @@ func (a *attemptCtx) watch(parent context.Context) {
 		a.end(err, causeOf(parent), nil)
 		return
 	}
-	var h ctxHook
-	if p, ok := parent.(*attemptCtx); ok {
-		h = hookOn(p, func() { a.end(p.Err(), p.Cause(), nil) })
-	} else if r := frontRequestCtx(parent); r != nil {
-		h = hookOn(r, func() { a.end(parent.Err(), context.Cause(parent), nil) })
-	} else {
-		h = hookOn(parent, func() { a.end(parent.Err(), context.Cause(parent), nil) })
+	// A request the front serves is watched through its own hooks, under
+	// whatever values were put on it (frontRequestCtx); an attemptCtx is
+	// a hooker itself, and asking it for a value or its Done would cost
+	// it for nothing.
+	on := parent
+	if _, own := parent.(*attemptCtx); !own {
+		if r := frontRequestCtx(parent); r != nil {
+			on = r
+		}
 	}
+	h := hookOn(on, func() { a.end(parent.Err(), causeOf(parent), nil) })
 	a.mu.Lock()
 	a.parentHook = h
 	a.mu.Unlock()
