@@ -353,7 +353,8 @@ func runFleet(tb testing.TB, cfg fleetConfig) fleetResult {
 	stopProfile := profileCPU(tb, os.Getenv("PDPLANE_FLEET_CPUPROFILE"))
 	sched0 := schedLatencies()
 	markAndWatch(tb, ctx, reps, peers, cfg, &res)
-	res.schedP50, res.schedP99 = sched0.since(schedLatencies(), 0.5), sched0.since(schedLatencies(), 0.99)
+	sched1 := schedLatencies()
+	res.schedP50, res.schedP99 = schedWait(sched0, sched1, 0.5), schedWait(sched0, sched1, 0.99)
 	stopProfile()
 	agents.stop(tb, &res)
 	res.elapsed = time.Since(start)
@@ -551,38 +552,34 @@ func profileCPU(tb testing.TB, path string) func() {
 	}
 }
 
-// schedHist is the runtime's histogram of how long goroutines waited to
-// run once runnable.
-type schedHist struct{ *metrics.Float64Histogram }
-
-func schedLatencies() schedHist {
+// schedLatencies is the runtime's histogram of how long goroutines waited
+// to run once runnable, nil where the runtime has none.
+func schedLatencies() *metrics.Float64Histogram {
 	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
 	metrics.Read(s)
 	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
-		return schedHist{}
+		return nil
 	}
-	return schedHist{s[0].Value.Float64Histogram()}
+	return s[0].Value.Float64Histogram()
 }
 
-// since is the quantile q of the waits counted between h and later, to
-// the upper bound of its bucket.
-func (h schedHist) since(later schedHist, q float64) time.Duration {
-	if h.Float64Histogram == nil || later.Float64Histogram == nil {
+// schedWait is the quantile q of the waits counted between the histograms
+// before and after, to the upper bound of its bucket.
+func schedWait(before, after *metrics.Float64Histogram, q float64) time.Duration {
+	if before == nil || after == nil {
 		return 0
 	}
-	counts := make([]uint64, len(later.Counts))
 	var total uint64
-	for i := range counts {
-		counts[i] = later.Counts[i] - h.Counts[i]
-		total += counts[i]
+	for i := range after.Counts {
+		total += after.Counts[i] - before.Counts[i]
 	}
 	var seen uint64
-	for i, c := range counts {
-		seen += c
+	for i := range after.Counts {
+		seen += after.Counts[i] - before.Counts[i]
 		if total > 0 && float64(seen) >= q*float64(total) {
-			upper := later.Buckets[i+1]
+			upper := after.Buckets[i+1]
 			if math.IsInf(upper, 1) {
-				upper = later.Buckets[i]
+				upper = after.Buckets[i]
 			}
 			return time.Duration(upper * float64(time.Second))
 		}
