@@ -82,7 +82,7 @@ func (b *heartbeatBatcher) gather(ctx context.Context) {
 		var batch []*hbRequest
 		select {
 		case <-ctx.Done():
-			b.drain(ctx.Err())
+			b.drain(nil, ctx.Err())
 			return
 		case r := <-b.in:
 			batch = append(make([]*hbRequest, 0, min(max, fillTo)), r)
@@ -102,11 +102,7 @@ func (b *heartbeatBatcher) gather(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				linger.Stop()
-				for _, r := range batch {
-					r.err = ctx.Err()
-					close(r.done)
-				}
-				b.drain(ctx.Err())
+				b.drain(batch, ctx.Err())
 				return
 			case r := <-in:
 				batch = append(batch, r)
@@ -134,7 +130,13 @@ func (b *heartbeatBatcher) write(ctx context.Context) {
 	}
 }
 
-func (b *heartbeatBatcher) drain(err error) {
+// drain answers with err the heartbeats held in a batch and those still
+// waiting to join one.
+func (b *heartbeatBatcher) drain(held []*hbRequest, err error) {
+	for _, r := range held {
+		r.err = err
+		close(r.done)
+	}
 	for {
 		select {
 		case r := <-b.in:
