@@ -60,10 +60,10 @@ func (c MirrorConfig) WithDefaults() MirrorConfig {
 // and those peers.
 //
 // Two goroutines share the work. follow takes each announcement as it
-// arrives: a stale hint (Change.Stale) is applied to the routes at once,
-// and changed peers are queued for run, which reads them back from the
-// store and publishes what it read. A read that waits on a busy or absent
-// database therefore never holds a stale hint back.
+// arrives: a stale hint (Change.Stale) goes into the routes (at once
+// after a quiet spell), and changed peers are queued for run, which reads
+// them back from the store and publishes what it read. A read that waits
+// on a busy or absent database therefore never holds a stale hint back.
 type Mirror struct {
 	cfg   MirrorConfig
 	store Store
