@@ -328,20 +328,26 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.registerRetrying(ctx); err != nil {
 		return err
 	}
+	restarted, registered := a.watchRestarts(ctx)
 	backoff := a.cfg.MinBackoff
 	for {
 		a.mu.Lock()
 		wait := a.interval
 		a.mu.Unlock()
-		if !sleep(ctx, wait) {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return ctx.Err()
-		}
-		if w, ok := a.eng.(restartWatcher); ok && w.Restarted(ctx, a.Peer().InstanceId) {
+		case <-restarted:
+			t.Stop()
 			a.log.Info().Msg("engine restarted; registering the new instance")
 			if err := a.registerRetrying(ctx); err != nil {
 				return err
 			}
+			registered <- struct{}{}
 			continue
+		case <-t.C:
 		}
 		reply, err := a.heartbeat(ctx)
 		var refused *RefusedError
@@ -382,6 +388,48 @@ func (a *Agent) Run(ctx context.Context) error {
 			backoff = a.cfg.MinBackoff
 		}
 	}
+}
+
+// watchRestarts asks an engine that can tell (a restartWatcher) whether it
+// restarted since the instance the agent registered, once a heartbeat
+// interval, in a goroutine of its own: the question reads the engine
+// (/metrics, /health), which a busy or wedged engine may take seconds to
+// answer, and the heartbeats must not wait for it — a real vLLM decode
+// stuck in a failing KV transfer answered so slowly that its lease ran out
+// while its agent was alive. A restart is sent on restarted; the watcher
+// then waits on registered, which the loop sends once the new instance is
+// registered, so that it never reports the same restart twice. Both are
+// nil (never ready) for an engine that cannot tell.
+func (a *Agent) watchRestarts(ctx context.Context) (restarted <-chan struct{}, registered chan<- struct{}) {
+	w, ok := a.eng.(restartWatcher)
+	if !ok {
+		return nil, nil
+	}
+	found, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		for {
+			a.mu.Lock()
+			wait := a.interval
+			a.mu.Unlock()
+			if !sleep(ctx, wait) || !w.Restarted(ctx, a.Peer().InstanceId) {
+				if ctx.Err() != nil {
+					return
+				}
+				continue
+			}
+			select {
+			case found <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return found, done
 }
 
 // healTimeout bounds one run of a heal action.

@@ -370,3 +370,52 @@ func TestAgentFetchesTransferSecrets(t *testing.T) {
 		t.Fatalf("an unregistered agent with the join token: %v, want a 403 refusal", err)
 	}
 }
+
+// slowRestartEngine is an engine whose answer to "did you restart?" (a
+// stock engine's /metrics) hangs until released, as a real vLLM decode's
+// did while a NIXL transfer it could not finish held it.
+type slowRestartEngine struct {
+	fakeEngine
+	release chan struct{}
+}
+
+func (e *slowRestartEngine) Restarted(ctx context.Context, registered string) bool {
+	select {
+	case <-e.release:
+	case <-ctx.Done():
+		return false
+	}
+	s, _ := e.Spec(ctx)
+	return s.InstanceID != registered
+}
+
+// TestAgentHeartbeatsWhileTheEngineIsSlowToAnswer: the agent asks its
+// engine whether it restarted beside its heartbeats, not before each one,
+// so an engine that takes longer than the lease to answer keeps its
+// lease; once it answers that it restarted, the new instance is
+// registered at the next generation. Before, the question sat in the
+// heartbeat loop, and a real vLLM decode's lease ran out twice while its
+// agent waited on the engine's /metrics.
+func TestAgentHeartbeatsWhileTheEngineIsSlowToAnswer(t *testing.T) {
+	t.Parallel()
+	cp := startControlPlane(t, nil)
+	eng := &slowRestartEngine{fakeEngine: fakeEngine{spec: registrytest.Spec("slow-d", registry.RoleDecode)}, release: make(chan struct{})}
+	eng.spec.InstanceID = "instance-1"
+	runAgent(t, cp.url, eng)
+	first := waitPeer(t, cp.store, "slow-d", func(p registry.Peer) bool { return p.State == registry.StateReady })
+	// Three lease TTLs (1 s) with the engine's answer hanging.
+	for range 30 {
+		time.Sleep(100 * time.Millisecond)
+		p := waitPeer(t, cp.store, "slow-d", func(registry.Peer) bool { return true })
+		if p.State != registry.StateReady || p.Generation != first.Generation {
+			t.Fatalf("while the engine was slow to answer: %s at generation %d (reason %q)", p.State, p.Generation, p.StateReason)
+		}
+	}
+	eng.mu.Lock()
+	eng.spec.InstanceID = "instance-2"
+	eng.mu.Unlock()
+	close(eng.release)
+	waitPeer(t, cp.store, "slow-d", func(p registry.Peer) bool {
+		return p.Generation == first.Generation+1 && p.InstanceID == "instance-2" && p.State == registry.StateReady
+	})
+}
