@@ -359,8 +359,11 @@ func (d *dispatch) run(v *view, mv *modelView) {
 			return
 		}
 		d.lastFail = f
-		if f.kind == failMemKind {
+		switch {
+		case f.kind == failMemKind:
 			rt.onMemKindFailure(&pr, errText(f.body), d.rid, d.spanContext())
+		case f.kind == failPair && f.status >= 500 && pr.d.ep.protocol == registry.EngineVLLM:
+			rt.onKVLoadFailure(&pr, errText(f.body), d.rid, d.spanContext())
 		}
 		if d.committed {
 			d.brokenStream(f)

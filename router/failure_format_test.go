@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/sim"
@@ -117,11 +118,14 @@ func TestDecodeFirstByteDeadline(t *testing.T) {
 // answers vLLM's error ("Internal server error" under
 // kv_load_failure_policy=fail: vllm entrypoints/openai/engine/serving.py
 // _raise_if_error); the router moves the request to the other decode, the
-// pair (not the decode) takes the failure, and nothing is marked stale
-// (vLLM never raises SGLang's memory-kind error).
+// pair (not the decode's breaker) takes the failure, and the failure is
+// reported to the registry, whose rule starts the decode's heal (its only
+// prefill cannot reach it; a real vLLM decode that cached a restarted
+// prefill's NIXL agent fails this way until it restarts: realengine's
+// heal step). It is never counted as SGLang's memory-kind error.
 func TestVLLMDecodeFailureFromTheSimulator(t *testing.T) {
 	t.Parallel()
-	b, _, ds := simFleet(t, registry.EngineVLLM, router.Config{}, nil)
+	b, _, ds := simFleet(t, registry.EngineVLLM, router.Config{Replica: "r7"}, nil)
 	if err := ds[0].SetFault(sim.FaultMissingMemKind); err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +149,12 @@ func TestVLLMDecodeFailureFromTheSimulator(t *testing.T) {
 	if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "decode-0"}); got != 0 {
 		t.Fatalf("decode-0's own breaker moved (%v); the failure is the pair's", got)
 	}
+	m := b.reg.waitStale(t, "decode-0")
+	if !strings.Contains(m.Message, "could not load the KV of prefill prefill-0") || !strings.Contains(m.Message, "(reported by router:r7)") ||
+		!strings.Contains(m.Error, pdproto.VLLMGenerationError) {
+		t.Fatalf("stale mark %+v", m)
+	}
+	b.waitMetric(t, "pdplane_router_stale_marks_total", map[string]string{"cause": "kv_load"}, 1)
 }
 
 func TestDecodeFirstByteTimeoutConfig(t *testing.T) {

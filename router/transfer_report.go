@@ -12,7 +12,10 @@ import (
 )
 
 // Stale-mark causes, the values of the cause label.
-const causeMissingMemKind = "missing_mem_kind"
+const (
+	causeMissingMemKind = "missing_mem_kind"
+	causeKVLoad         = "kv_load"
+)
 
 // onMemKindFailure handles a prefill answer that says the decode's memory
 // kind is missing. This router skips the decode's generation at once, so
@@ -59,6 +62,42 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string, sc trac
 			rt.m.quarantines.Inc()
 			log.Warn().Str(logDetail, registry.GeometryDiff(&p.peer.PeerSpec, &d.peer.PeerSpec)).
 				Msg("registry quarantined the pair: it failed with missing KV memory kind again after the decode re-registered")
+		}
+	})
+}
+
+// onKVLoadFailure handles a vLLM decode that answered 5xx after a good
+// prefill: under kv_load_failure_policy=fail (vLLM 0.32's default) that is
+// a KV load from this prefill that failed, and its only remedy on a stock
+// engine is the decode's restart, which drops the NIXL handshakes it
+// cached (a prefill restarted under the same engine_id leaves the decode
+// reading from the old agent: NIXL_ERR_REMOTE_DISCONNECT on every
+// request, until the decode restarts). The registry's rule decides, as for
+// SGLang's memory-kind error: a first failure quarantines the pair and
+// holds the decode's heal plan while other prefills can use it, or starts
+// the heal at once when none can; a repeat right after the heal
+// quarantines the pair. Unlike the memory-kind error, the router does not
+// skip the whole decode meanwhile: the message names no broken
+// registration, and its pair breaker already keeps the pair out.
+func (rt *Router) onKVLoadFailure(pr *pair, errText string, rid string, sc trace.SpanContext) {
+	d, p := pr.d, pr.p
+	log := rt.log.With().Str(logRequestID, rid).Str(logPrefill, p.peer.Name).Str(logDecode, d.peer.Name).
+		Int64(logGeneration, d.peer.Generation).Logger()
+	report := registry.TransferFailure{
+		DecodeID: d.peer.ID, PrefillID: p.peer.ID, Error: errText,
+		Reason:   "decode could not load the KV of prefill " + p.peer.Name + " (vLLM answered 5xx after a good prefill)",
+		Reporter: "router:" + rt.cfg.Replica,
+	}
+	if len(d.peer.Ranks) > 0 {
+		report.DecodeAgent = d.peer.Ranks[0].AgentName
+	}
+	log.Warn().Msg("decode failed to load the prefill's KV; reporting the pair to the registry")
+	rt.reportFailure(report, log, sc, func(out registry.TransferOutcome) {
+		switch out {
+		case registry.OutcomeStale:
+			rt.m.staleMarks.WithLabelValues(causeKVLoad).Inc()
+		case registry.OutcomeHealPending, registry.OutcomeQuarantined:
+			rt.m.quarantines.Inc()
 		}
 	})
 }
