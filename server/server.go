@@ -41,8 +41,10 @@ type Config struct {
 	StaleReportBurst int
 	// Now is the clock of the report limiter; time.Now when nil.
 	Now func() time.Time
-	// MaxBodyBytes bounds request bodies on /api/v1. It leaves room for NIXL
-	// agent metadata of several MiB per rank.
+	// MaxBodyBytes caps request bodies on /api/v1 below each operation's
+	// own limit (x-pdplane-max-body in openapi.yaml; see limits.go), for an
+	// operator or a test that wants less. By default it is the largest
+	// operation's limit, so the spec alone decides.
 	MaxBodyBytes int64
 	// HeartbeatInterval and LeaseTTL are what agents are told at
 	// registration; LeaseTTL must match the store's.
@@ -77,7 +79,7 @@ type Config struct {
 // WithDefaults fills in unset fields.
 func (c Config) WithDefaults() Config {
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 64 << 20
+		c.MaxBodyBytes = 64 << 20 // above every operation's limit
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = registry.DefaultHeartbeatInterval
@@ -203,6 +205,9 @@ type Server struct {
 	// access is who may call each /api/v1 operation, read from the
 	// x-pdplane-access declarations of the embedded openapi.yaml.
 	access map[string]access
+	// maxBody is the largest body each /api/v1 operation takes, from its
+	// x-pdplane-max-body (limits.go).
+	maxBody map[string]int64
 	// shuttingDown is closed by BeginShutdown (shutdown.go).
 	shuttingDown chan struct{}
 	shutdownOnce sync.Once
@@ -223,7 +228,11 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, breakers: deps.Breakers, log: log, access: access,
+	maxBody, err := loadRouteMaxBody()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, breakers: deps.Breakers, log: log, access: access, maxBody: maxBody,
 		reports:      newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now),
 		shuttingDown: make(chan struct{})}
 	s.metrics = newServerMetrics(deps.Registry, deps.Snaps, cfg.Version)
