@@ -59,6 +59,10 @@ type Config struct {
 	// AllowedHosts, when set, are the only Host headers served (host, any
 	// port; or host:port), against DNS rebinding. Others get 421.
 	AllowedHosts []string
+	// Loopback says that the server listens on loopback addresses only.
+	// Without tokens it then serves only loopback Host names (localhost,
+	// 127.0.0.1, [::1], any loopback IP) and AllowedHosts (checkHost).
+	Loopback bool
 	// PeerNetworks decides which addresses a registration's url and
 	// bootstrap_host may name; the zero value refuses link-local,
 	// metadata-service and unspecified addresses.
@@ -240,7 +244,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	r := chi.NewRouter()
 	s.mux = r
 	r.Use(requestID, s.accessLog,
-		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardWrites)
+		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardCrossSite, s.guardWrites)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", s.readyz)
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
