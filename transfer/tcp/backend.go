@@ -549,8 +549,25 @@ func (b *Backend) track(c net.Conn) bool {
 	return true
 }
 
-// run performs one transfer on c.
+// run performs one transfer on c: one request, or, when it has more spans
+// than a request may carry (maxSpans), several in a row on c, the
+// notification on the last, so that the target has every byte in place
+// (or sent) before it queues it.
 func (b *Backend) run(c *conn, x transfer.Xfer) error {
+	for len(x.Dst.Descs) > maxSpans {
+		part := x
+		part.Dst.Descs, x.Dst.Descs = x.Dst.Descs[:maxSpans], x.Dst.Descs[maxSpans:]
+		part.Local.Descs, x.Local.Descs = x.Local.Descs[:maxSpans], x.Local.Descs[maxSpans:] // pairwise (transfer.Xfer)
+		part.Notif = nil
+		if err := b.runOne(c, part); err != nil {
+			return err
+		}
+	}
+	return b.runOne(c, x)
+}
+
+// runOne performs one request on c.
+func (b *Backend) runOne(c *conn, x transfer.Xfer) error {
 	h := header{Op: x.Op, HasNotif: x.Notif != nil, Spans: uint32(len(x.Dst.Descs)), NotifLen: uint32(len(x.Notif)), Total: x.Dst.Bytes()}
 	hdr := make([]byte, headerBytes+spanBytes*len(x.Dst.Descs), headerBytes+spanBytes*len(x.Dst.Descs)+len(x.Notif))
 	putHeader(hdr, h)

@@ -64,3 +64,6 @@ func AnnounceHeader(op transfer.Op, spans uint32, total uint64) []byte {
 	putHeader(b, header{Op: op, Spans: spans, Total: total})
 	return b
 }
+
+// MaxSpans is the most spans one request carries.
+const MaxSpans = maxSpans

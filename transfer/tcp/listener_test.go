@@ -2,6 +2,7 @@ package tcp_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -172,5 +173,57 @@ func TestSpanCountsAreBoundedByTheRegisteredRegions(t *testing.T) {
 	transfertest.Connect(t, friend, v)
 	if err := transfer.Do(ctxT(t), friend.B, transfer.Xfer{Op: transfer.OpRead, Remote: v.B.AgentName(), Local: friend.Buf.Region(), Dst: v.Buf.Region()}); err != nil {
 		t.Fatalf("READ with the secret: %v", err)
+	}
+}
+
+// TestATransferOfMoreSpansThanARequestCarries: the initiator splits it
+// into requests of at most MaxSpans, and the target has every byte before
+// the notification, which comes once.
+func TestATransferOfMoreSpansThanARequestCarries(t *testing.T) {
+	t.Parallel()
+	const spans, size = tcp.MaxSpans + 100, 4
+	var vb *tcp.Backend
+	v := transfertest.NewAgent(t, func(t testing.TB, name string) transfer.Backend {
+		var err error
+		if vb, err = tcp.New(tcp.Config{AgentName: name}, zerolog.New(zerolog.NewTestWriter(t))); err != nil {
+			t.Fatal(err)
+		}
+		return vb
+	}, transfertest.UniqueName("decode"), spans*size)
+	friend := transfertest.NewAgent(t, func(t testing.TB, n string) transfer.Backend {
+		b, err := tcp.New(tcp.Config{AgentName: n, RemoteSecret: func(context.Context, string) ([]byte, error) { return vb.Secret(), nil }},
+			zerolog.New(zerolog.NewTestWriter(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}, transfertest.UniqueName("prefill"), spans*size)
+	transfertest.Connect(t, friend, v)
+	// The target's spans backwards, so that none merges with the next.
+	dst, local := transfer.DescList{Kind: v.Buf.Region().Kind}, transfer.DescList{Kind: friend.Buf.Region().Kind}
+	for i := range spans {
+		dst.Descs = append(dst.Descs, transfer.Desc{Addr: v.Buf.Addr() + uint64(spans-1-i)*size, Len: size})
+		local.Descs = append(local.Descs, transfer.Desc{Addr: friend.Buf.Addr() + uint64(i)*size, Len: size})
+	}
+	transfertest.Fill(friend.Buf.Bytes(), 3)
+	if err := transfer.Do(ctxT(t), friend.B, transfer.Xfer{Op: transfer.OpWrite, Remote: v.B.AgentName(), Local: local, Dst: dst, Notif: []byte("done")}); err != nil {
+		t.Fatalf("WRITE of %d spans: %v", spans, err)
+	}
+	src, got := friend.Buf.Bytes(), v.Buf.Bytes()
+	for i := range spans {
+		if !bytes.Equal(got[(spans-1-i)*size:(spans-i)*size], src[i*size:(i+1)*size]) {
+			t.Fatalf("span %d of %d did not arrive", i, spans)
+		}
+	}
+	notifs, err := v.B.GetNotifs()
+	if err != nil || len(notifs) != 1 || string(notifs[0].Msg) != "done" {
+		t.Fatalf("notifications %v, %v; want one", notifs, err)
+	}
+	clear(friend.Buf.Bytes())
+	if err := transfer.Do(ctxT(t), friend.B, transfer.Xfer{Op: transfer.OpRead, Remote: v.B.AgentName(), Local: local, Dst: dst}); err != nil {
+		t.Fatalf("READ of %d spans: %v", spans, err)
+	}
+	if err := transfertest.Verify(friend.Buf.Bytes(), 3); err != nil {
+		t.Fatalf("READ of %d spans: %v", spans, err)
 	}
 }

@@ -55,9 +55,12 @@ const (
 	nonceBytes = 32
 	proofBytes = sha256.Size
 
-	maxName     = 1024
-	maxRegions  = 1 << 16
-	maxSpans    = 1 << 22
+	maxName    = 1024
+	maxRegions = 1 << 16
+	// maxSpans bounds one request's spans: 1 MiB of them on the wire,
+	// some 2.5 MiB at the target while it serves them. An initiator sends
+	// a transfer of more as several requests (Backend.run).
+	maxSpans    = 1 << 16
 	maxNotif    = 1 << 20
 	maxMessage  = 1 << 12
 	headerBytes = 24
