@@ -131,7 +131,7 @@ type Probe struct {
 
 // Probe field limits.
 const (
-	maxProbeMetadata = 1 << 20
+	maxProbeMetadata = MaxAgentMetadata // a probe carries the same agent's metadata
 	maxProbeAgent    = 253
 )
 
@@ -144,7 +144,7 @@ func ValidateProbe(p Probe) error {
 	case !p.MemKind.Valid():
 		return fieldErr("mem_kind", "unknown memory kind %d", int(p.MemKind))
 	case len(p.Metadata) == 0 || len(p.Metadata) > maxProbeMetadata:
-		return fieldErr("metadata", "required, at most %d bytes", maxProbeMetadata)
+		return fieldErr("metadata", "required, at most %d bytes (%d of base64)", maxProbeMetadata, base64Len(maxProbeMetadata))
 	case p.Len == 0 || p.Addr+p.Len < p.Addr:
 		return fieldErr("region.len", "must be positive and not wrap around")
 	case len(p.TransferSecret) != 0 && (len(p.TransferSecret) < MinTransferSecret || len(p.TransferSecret) > MaxTransferSecret):

@@ -46,6 +46,16 @@ const (
 	MaxReasonLen        = 1024
 	MaxErrorLen         = 64 << 10
 	MaxEventPage        = 1000
+	// MaxAgentMetadata bounds a rank's NIXL agent metadata (and a probe's),
+	// in bytes. NIXL's serialized metadata is the agent's name, its UCX
+	// worker address (some hundred bytes to a few KiB) and a descriptor
+	// with a remote key per registered region: an SGLang rank registers
+	// one region per layer's K and V (about 100 to 200 on today's models),
+	// so a real 8-GPU rank publishes some KiB to a few hundred KiB. 1.5 MiB
+	// is several times that and is 2 MiB of base64 exactly (a multiple of
+	// 3 bytes, so openapi.yaml's maxLength says the same bound); the
+	// finding it answers was a 45 MiB blob, accepted.
+	MaxAgentMetadata = 3 << 19
 	// MaxInt32 bounds every field stored in an integer column.
 	MaxInt32 = math.MaxInt32
 	// MaxPort bounds bootstrap_port; 0 means "the default".
@@ -303,6 +313,9 @@ func validateRanks(ranks []Rank) error {
 		if len(r.AuxDataLens) != len(r.AuxDataPtrs) {
 			return fieldErr(at("aux_data_lens"), "need one length per aux region: %d regions, %d lengths", len(r.AuxDataPtrs), len(r.AuxDataLens))
 		}
+		if len(r.AgentMetadata) > MaxAgentMetadata {
+			return fieldErr(at("agent_metadata"), "at most %d bytes (%d of base64), got %d", MaxAgentMetadata, base64Len(MaxAgentMetadata), len(r.AgentMetadata))
+		}
 		if n := len(r.TransferSecret); n != 0 && (n < MinTransferSecret || n > MaxTransferSecret) {
 			return fieldErr(at("transfer_secret"), "must be %d to %d bytes (at least 128 random bits), got %d", MinTransferSecret, MaxTransferSecret, n)
 		}
@@ -545,3 +558,7 @@ const MaxEngineErrorLen = 1024
 // MaxHealErrorLen bounds a failed heal action's report (its error and the
 // tail of its output).
 const MaxHealErrorLen = 4096
+
+// base64Len is the length of n bytes in padded base64, as the API carries
+// them.
+func base64Len(n int) int { return (n + 2) / 3 * 4 }

@@ -69,6 +69,8 @@ func TestValidate(t *testing.T) {
 		}, ""},
 		{"wraps", func(s *registry.PeerSpec) { s.Ranks[0].KVDataPtrs[0] = ^uint64(0) - 10 }, "ranks[0].kv_data_lens[0]"},
 		{"transfer secret too short", func(s *registry.PeerSpec) { s.Ranks[0].TransferSecret = []byte("short") }, "ranks[0].transfer_secret"},
+		{"agent metadata at its cap", func(s *registry.PeerSpec) { s.Ranks[0].AgentMetadata = make([]byte, registry.MaxAgentMetadata) }, ""},
+		{"agent metadata a byte over its cap", func(s *registry.PeerSpec) { s.Ranks[0].AgentMetadata = make([]byte, registry.MaxAgentMetadata+1) }, "ranks[0].agent_metadata"},
 		{"transfer secret of 128 bits", func(s *registry.PeerSpec) { s.Ranks[0].TransferSecret = make([]byte, 16) }, ""},
 
 		// Provenance: what may be unknown, and that unknown means absent.

@@ -31,9 +31,22 @@ import (
 // the server's whole handler (every middleware, the same rules), with a
 // ResponseWriter of the front's own. Anything else goes to net/http with
 // the bytes already read, and the connection stays there for good:
-// net/http answers it, and every malformed request, as it always did.
-// (Field lines may end in a bare LF, as net/http also reads them.) What
-// net/http's server does for a request the front keeps doing:
+// net/http answers it, and every other malformed request, as it always did.
+//
+// Before either, the front judges every request head it reads whole (the
+// first of each connection, and each on a connection it keeps), whatever
+// its method, more strictly than net/http, where RFC 9112 leaves a server
+// the choice and request smuggling lives (§11.2): it answers 400 and
+// closes the connection for a head with both Content-Length and
+// Transfer-Encoding (§6.1: a server may reject it, and must close the
+// connection after answering it either way; net/http reads it as chunked
+// and keeps the connection), with a line folded onto the one before it
+// (obs-fold, §5.2: reject with 400 or replace by spaces), or with a bare
+// LF or a bare CR (§2.2: a server may take a bare LF as a line's end, and
+// must treat a bare CR as invalid or as a space; net/http takes both). A
+// head longer than frontBufSize, or one after the connection went to
+// net/http, is net/http's alone. What net/http's server does for a request
+// the front keeps doing:
 //
 //   - a client that closes its connection while its request runs cancels
 //     the request's context: the router's connWatcher (Linux's epoll)
@@ -159,6 +172,8 @@ func (l *Listener) serveFront(c *clientConn, f *frontConfig) {
 		case headGone:
 			_ = c.Close()
 			return
+		case headRefused:
+			return // refuse closed it
 		case headNotOurs:
 			fc.toNetHTTP()
 			return
@@ -265,6 +280,7 @@ const (
 	headOurs    headVerdict = iota // a request the front serves
 	headNotOurs                    // net/http's: hand the connection over
 	headGone                       // nothing came: closed, failed, timed out or shut down
+	headRefused                    // refused (refuseHead): answered 400 and closed
 )
 
 // nextRequest waits for the next request's head and parses it if it is
@@ -288,20 +304,24 @@ func (fc *frontConn) nextRequest(first bool) (q frontRequest, n int, v headVerdi
 	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	for {
 		b, _ := fc.br.Peek(fc.br.Buffered())
-		if !mayBeFrontMethod(b) {
-			return q, 0, headNotOurs
+		if len(b) > 0 && (b[0] < 'A' || b[0] > 'Z') {
+			return q, 0, headNotOurs // no request line of a method (TLS, a leading CRLF): net/http's
 		}
-		if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
-			if bytes.Contains(b[:i+2], []byte("\n\n")) {
-				return q, 0, headNotOurs // a bare LF ends the head first: net/http's to judge
+		if end := headEnd(b); end > 0 {
+			if why := refuseHead(b[:end]); why != "" {
+				fc.refuse(why)
+				return q, 0, headRefused
 			}
-			q, ok := parseFrontRequest(b[:i+4])
+			if !mayBeFrontMethod(b) || !bytes.HasSuffix(b[:end], []byte("\r\n\r\n")) {
+				return q, 0, headNotOurs
+			}
+			q, ok := parseFrontRequest(b[:end])
 			if !ok {
 				return q, 0, headNotOurs
 			}
-			return q, i + 4, headOurs
+			return q, end, headOurs
 		}
-		if bytes.Contains(b, []byte("\n\n")) || len(b) == frontBufSize {
+		if len(b) == frontBufSize {
 			return q, 0, headNotOurs
 		}
 		if _, err := fc.br.Peek(len(b) + 1); err != nil {
@@ -311,6 +331,72 @@ func (fc *frontConn) nextRequest(first bool) (q frontRequest, n int, v headVerdi
 			return q, 0, headGone
 		}
 	}
+}
+
+// headEnd is the length of the head at the start of b, through the empty
+// line that ends it (CRLF, or a bare LF: refuseHead judges it), or 0 when
+// b holds no whole head yet.
+func headEnd(b []byte) int {
+	for i := bytes.IndexByte(b, '\n'); i >= 0 && i+1 < len(b); {
+		switch {
+		case b[i+1] == '\n':
+			return i + 2
+		case b[i+1] == '\r' && i+2 < len(b) && b[i+2] == '\n':
+			return i + 3
+		}
+		j := bytes.IndexByte(b[i+1:], '\n')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	return 0
+}
+
+// refuseHead says why a whole request head is refused with 400 and the
+// connection closed (see the comment at the top), or "" when it is not.
+func refuseHead(head []byte) string {
+	for i, c := range head {
+		switch {
+		case c == '\n' && (i == 0 || head[i-1] != '\r'):
+			return "a line ends in a bare LF (RFC 9112 §2.2)"
+		case c == '\r' && (i+1 == len(head) || head[i+1] != '\n'):
+			return "a bare CR (RFC 9112 §2.2)"
+		}
+	}
+	var length, chunked bool
+	lines := bytes.Split(head[:len(head)-4], []byte("\r\n")) // without the final CRLF CRLF
+	for _, line := range lines[1:] {
+		if len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
+			return "a field line is folded onto the one before it (obs-fold, RFC 9112 §5.2)"
+		}
+		name, _, _ := bytes.Cut(line, []byte(":"))
+		switch {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			length = true
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			chunked = true
+		}
+	}
+	if length && chunked {
+		return "both Content-Length and Transfer-Encoding (RFC 9112 §6.1, §6.3)"
+	}
+	return ""
+}
+
+// badRequestHead is the head of the front's own 400, as net/http words
+// its own.
+const badRequestHead = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n" +
+	"Connection: close\r\nContent-Length: "
+
+// refuse answers 400 Bad Request saying why, and closes the connection,
+// letting the client read the answer before the rest of what it sent is
+// thrown away.
+func (fc *frontConn) refuse(why string) {
+	body := "400 Bad Request: " + why
+	_ = fc.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, _ = io.WriteString(fc.c, badRequestHead+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+	fc.closeLingering()
 }
 
 // mayBeFrontMethod reports whether a head beginning with b may be a

@@ -59,20 +59,6 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// limitBody caps request bodies: a declared length over the cap is refused
-// before anything is read, and reading past the cap fails with
-// *http.MaxBytesError; both become a 413.
-func (s *Server) limitBody(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength > s.cfg.MaxBodyBytes {
-			writeProblem(w, s.toProblem(r, &http.MaxBytesError{Limit: s.cfg.MaxBodyBytes}))
-			return
-		}
-		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-		next.ServeHTTP(w, r)
-	})
-}
-
 // oneJSONValue refuses anything after the JSON body. The generated decoder
 // stops at the end of the first value and would silently ignore the rest
 // ("{...} {...}" or "{...}garbage"), so the body is read here (as it

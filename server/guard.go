@@ -4,6 +4,8 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
@@ -45,12 +47,22 @@ func hasBody(r *http.Request) bool {
 // (DNS rebinding) reaches nothing. It answers 421 Misdirected Request: this
 // server is not the one for that authority, which is the truth from the
 // client's side, and 403 would suggest a credential could help.
+//
+// An open control plane (no tokens) that listens on loopback only
+// (Config.Loopback) serves only loopback names (loopbackHosts, and any
+// loopback IP) besides AllowedHosts: there a rebound name is all a page
+// would need to read every registration with its secrets.
 func (s *Server) checkHost(next http.Handler) http.Handler {
-	if len(s.cfg.AllowedHosts) == 0 {
+	loopback := s.open() && s.cfg.Loopback
+	if len(s.cfg.AllowedHosts) == 0 && !loopback {
 		return next
 	}
+	allowed := s.cfg.AllowedHosts
+	if loopback {
+		allowed = append(slices.Clone(loopbackHosts), allowed...)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !hostAllowed(s.cfg.AllowedHosts, r.Host) {
+		if !hostAllowed(allowed, r.Host) && !(loopback && loopbackIP(r.Host)) {
 			s.metrics.rejected.WithLabelValues(rejectHost).Inc()
 			writeProblem(w, &Problem{Type: ProblemMisdirected, Title: "Misdirected request", Status: http.StatusMisdirectedRequest,
 				Detail: "host " + quoteHost(r.Host) + " is not served here (see --allowed-hosts)", Field: "Host"})
@@ -58,6 +70,21 @@ func (s *Server) checkHost(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// loopbackHosts are the names an open control plane on loopback answers
+// to, with any port.
+var loopbackHosts = []string{"localhost", "127.0.0.1", "::1"}
+
+// loopbackIP reports whether the Host header is a loopback IP literal
+// (127.0.0.0/8, ::1), with or without a port.
+func loopbackIP(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
 }
 
 // hostAllowed matches a Host header against entries that are either a bare
@@ -90,6 +117,66 @@ func quoteHost(h string) string {
 		h = h[:256] + "…"
 	}
 	return `"` + strings.ToValidUTF8(h, "�") + `"`
+}
+
+// isGeneration reports whether r is for the router's OpenAI and SGLang
+// routes, which spend the fleet's GPUs.
+func isGeneration(r *http.Request) bool {
+	return strings.HasPrefix(r.URL.Path, "/v1/") || r.URL.Path == "/generate"
+}
+
+// crossSite reports whether a browser says r comes from a page of another
+// origin: Sec-Fetch-Site other than same-origin or none (a link typed or
+// bookmarked), or, from a browser that does not send it, an Origin that is
+// not the Host. A client that is not a browser sends neither.
+func crossSite(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "same-origin", "none":
+		return false
+	case "":
+	default: // cross-site, same-site (another port of localhost is one)
+		return true
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return false
+	}
+	u, err := url.Parse(origin)
+	return err != nil || u.Host == "" || !strings.EqualFold(u.Host, r.Host)
+}
+
+// guardCrossSite refuses requests a page of another origin makes a browser
+// send, when they carry no Authorization (a page cannot add one without a
+// preflight this server never grants): on the generation routes always,
+// since a text/plain or form POST needs no preflight and spends the
+// fleet's GPUs as a chat completion does; on every route when the control
+// plane is open (no tokens), where nothing else stands between such a page
+// and the registry. A top-level navigation by GET (a link to the status
+// page) reads nothing back to the page and is let through.
+func (s *Server) guardCrossSite(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "" || !(s.open() || isGeneration(r)) || !crossSite(r) ||
+			(r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Sec-Fetch-Mode") == "navigate" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		s.metrics.rejected.WithLabelValues(rejectCrossOrigin).Inc()
+		const detail = "a request from a page of another origin is refused here unless it carries an Authorization header"
+		switch {
+		case isAPI(r):
+			writeProblem(w, &Problem{Type: ProblemForbiddenOrigin, Title: "Cross-origin request refused", Status: http.StatusForbidden,
+				Detail: detail, Field: "Origin"})
+		case isGeneration(r):
+			// The OpenAI error format of these routes (router/api_error.go).
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = w.Write([]byte(`{"error":{"message":"` + detail + `","type":"invalid_request_error","param":"Origin","code":"cross_origin"}}` + "\n"))
+		default:
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			http.Error(w, detail, http.StatusForbidden)
+		}
+	})
 }
 
 // guardWrites protects the control plane's writes from browsers on other

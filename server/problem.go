@@ -79,15 +79,14 @@ func unavailable() *Problem {
 func (s *Server) toProblem(r *http.Request, err error) *Problem {
 	var p *Problem
 	var fe *registry.FieldError
-	var tooLarge *http.MaxBytesError
+	var big *http.MaxBytesError
 	switch {
 	case errors.As(err, &p):
 		return p
 	case errors.As(err, &fe):
 		return invalidField(fe.Field, fe.Error())
-	case errors.As(err, &tooLarge):
-		return &Problem{Type: ProblemTooLarge, Title: "Body too large", Status: http.StatusRequestEntityTooLarge,
-			Detail: fmt.Sprintf("request body exceeds %d bytes", tooLarge.Limit), Field: "body"}
+	case errors.As(err, &big):
+		return tooLarge(big.Limit)
 	case errors.Is(err, registry.ErrForbidden):
 		return forbidden(err.Error())
 	case errors.Is(err, registry.ErrNotFound):

@@ -41,8 +41,10 @@ type Config struct {
 	StaleReportBurst int
 	// Now is the clock of the report limiter; time.Now when nil.
 	Now func() time.Time
-	// MaxBodyBytes bounds request bodies on /api/v1. It leaves room for NIXL
-	// agent metadata of several MiB per rank.
+	// MaxBodyBytes caps request bodies on /api/v1 below each operation's
+	// own limit (x-pdplane-max-body in openapi.yaml; see limits.go), for an
+	// operator or a test that wants less. By default it is the largest
+	// operation's limit, so the spec alone decides.
 	MaxBodyBytes int64
 	// HeartbeatInterval and LeaseTTL are what agents are told at
 	// registration; LeaseTTL must match the store's.
@@ -57,6 +59,10 @@ type Config struct {
 	// AllowedHosts, when set, are the only Host headers served (host, any
 	// port; or host:port), against DNS rebinding. Others get 421.
 	AllowedHosts []string
+	// Loopback says that the server listens on loopback addresses only.
+	// Without tokens it then serves only loopback Host names (localhost,
+	// 127.0.0.1, [::1], any loopback IP) and AllowedHosts (checkHost).
+	Loopback bool
 	// PeerNetworks decides which addresses a registration's url and
 	// bootstrap_host may name; the zero value refuses link-local,
 	// metadata-service and unspecified addresses.
@@ -77,7 +83,7 @@ type Config struct {
 // WithDefaults fills in unset fields.
 func (c Config) WithDefaults() Config {
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 64 << 20
+		c.MaxBodyBytes = 64 << 20 // above every operation's limit
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = registry.DefaultHeartbeatInterval
@@ -203,6 +209,9 @@ type Server struct {
 	// access is who may call each /api/v1 operation, read from the
 	// x-pdplane-access declarations of the embedded openapi.yaml.
 	access map[string]access
+	// maxBody is the largest body each /api/v1 operation takes, from its
+	// x-pdplane-max-body (limits.go).
+	maxBody map[string]int64
 	// shuttingDown is closed by BeginShutdown (shutdown.go).
 	shuttingDown chan struct{}
 	shutdownOnce sync.Once
@@ -223,7 +232,11 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, breakers: deps.Breakers, log: log, access: access,
+	maxBody, err := loadRouteMaxBody()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, breakers: deps.Breakers, log: log, access: access, maxBody: maxBody,
 		reports:      newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now),
 		shuttingDown: make(chan struct{})}
 	s.metrics = newServerMetrics(deps.Registry, deps.Snaps, cfg.Version)
@@ -231,7 +244,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	r := chi.NewRouter()
 	s.mux = r
 	r.Use(requestID, s.accessLog,
-		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardWrites)
+		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardCrossSite, s.guardWrites)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", s.readyz)
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))

@@ -692,7 +692,7 @@ func TestSummaryHidesTheKeysToKVMemory(t *testing.T) {
 	// However large the NIXL metadata, the list stays small: the status
 	// page polls it.
 	big := registrytest.Spec("d1", registry.RoleDecode)
-	big.Ranks[0].AgentMetadata = bytes.Repeat([]byte{0xcd}, 4<<20)
+	big.Ranks[0].AgentMetadata = bytes.Repeat([]byte{0xcd}, registry.MaxAgentMetadata)
 	b.register(t, big)
 	resp, err := http.Get(b.url + "/api/v1/peers")
 	if err != nil {

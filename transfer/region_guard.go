@@ -1,6 +1,10 @@
 package transfer
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/pdplane/pdplane/registry"
+)
 
 // RegionGuard keeps registered regions and the transfers that use them
 // apart from deregistration: a transfer acquires its spans (which must lie in
@@ -109,6 +113,13 @@ func (g *RegionGuard) Snapshot() []DescList {
 		out = append(out, DescList{Kind: k, Descs: g.regions.Regions(k)})
 	}
 	return out
+}
+
+// Bytes is the registered bytes of kind k.
+func (g *RegionGuard) Bytes(k registry.MemKind) uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.regions.Bytes(k)
 }
 
 // Contains checks spans against the registered regions without holding

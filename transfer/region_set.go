@@ -126,6 +126,16 @@ func (s *RegionSet) Kinds() []registry.MemKind {
 	return ks
 }
 
+// Bytes is the registered bytes of kind k: no request for more can lie in
+// the set (the regions do not overlap).
+func (s *RegionSet) Bytes(k registry.MemKind) uint64 {
+	var n uint64
+	for _, d := range s.byKind[k] {
+		n += d.Len
+	}
+	return n
+}
+
 // Empty reports whether nothing is registered.
 func (s *RegionSet) Empty() bool { return len(s.Kinds()) == 0 }
 

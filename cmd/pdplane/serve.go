@@ -124,7 +124,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 		"how long a quarantined pair stays out of routing before its next transfer re-tests it (0: until an operator lifts it)")
 	fs.str(&c.allowPeerNetworks, "allow-peer-networks", "", "comma-separated CIDR prefixes a peer's url or bootstrap_host may name although "+
 		"they are link-local, a metadata service or unspecified (refused by default)")
-	fs.str(&c.allowedHosts, "allowed-hosts", "", "comma-separated host or host:port names the server answers to (others get 421, against DNS rebinding); empty allows any")
+	fs.str(&c.allowedHosts, "allowed-hosts", "", "comma-separated host or host:port names the server answers to (others get 421, against DNS rebinding); "+
+		"empty allows any, except without tokens on a loopback --addr, where only localhost, 127.0.0.1 and [::1] are served besides these")
 	fs.dur(&c.bodyTimeout, "body-timeout", 30*time.Second, "how long a client may take to send a request body")
 	fs.int(&c.maxInflight, "max-inflight", 4096, "generation requests served at once; more get 503 with Retry-After")
 	fs.int(&c.maxEventStreams, "max-event-streams", 256, "event streams (/api/v1/events/stream) open at once; more get 503 with Retry-After")
@@ -213,6 +214,12 @@ func (c *serveConfig) checkExposure() error {
 		return nil
 	}
 	return fmt.Errorf("refusing to serve on %s without tokens: set --join-token and --admin-token, or --insecure to run open", c.addr)
+}
+
+// loopback says whether --addr is a loopback address.
+func (c *serveConfig) loopback() bool {
+	host, _, err := net.SplitHostPort(c.addr)
+	return err == nil && isLoopback(host)
 }
 
 // parseAccessLog reads --access-log as router.Config.LogServedEvery:
@@ -318,7 +325,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	srv, err := server.New(server.Config{
 		AdminToken: c.adminToken, JoinTokens: c.tokens(), Version: version,
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
-		BodyTimeout: c.bodyTimeout, MaxEventStreams: c.maxEventStreams, AllowedHosts: splitList(c.allowedHosts),
+		BodyTimeout: c.bodyTimeout, MaxEventStreams: c.maxEventStreams, AllowedHosts: splitList(c.allowedHosts), Loopback: c.loopback(),
 		PeerNetworks: registry.PeerNetworkPolicy{Allow: peerNets},
 		Replica:      c.replica, StoreKind: storeKind(c),
 	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Breakers: cp.router, Web: web.Handler()},

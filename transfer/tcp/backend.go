@@ -40,6 +40,17 @@ type Config struct {
 	// MaxIdleConns is the number of idle connections kept per remote agent;
 	// default 4.
 	MaxIdleConns int
+	// HandshakeTimeout bounds an incoming connection's hello and proof: a
+	// connection that has not proved it holds the secret by then is
+	// closed. The handshake is two round trips and two HMACs; default 5s.
+	HandshakeTimeout time.Duration
+	// MaxHandshakes caps the incoming connections still in their
+	// handshake; one accepted beyond it is closed at once, before anything
+	// is read or allocated for it. Initiators open at most MaxIdleConns
+	// connections to an agent at a time, so a fleet of a hundred prefills
+	// has a few hundred in flight at its worst moment (all starting
+	// together), each for a round trip; default 256.
+	MaxHandshakes int
 	// Secret is this agent's transfer secret (16 to 64 bytes): every
 	// incoming connection must prove it holds it (an HMAC challenge-response,
 	// see wire.go). Empty draws a random 32-byte one (Backend.Secret returns
@@ -65,6 +76,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxIdleConns <= 0 {
 		c.MaxIdleConns = 4
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = 5 * time.Second
+	}
+	if c.MaxHandshakes <= 0 {
+		c.MaxHandshakes = 256
 	}
 	return c
 }
@@ -99,6 +116,9 @@ type Backend struct {
 	remotes map[string]*remote
 	conns   map[net.Conn]struct{} // every open connection, both directions
 	notifs  []transfer.Notif
+	// handshakes counts the incoming connections in their handshake
+	// (Config.MaxHandshakes).
+	handshakes int
 
 	wg sync.WaitGroup
 }
@@ -529,8 +549,25 @@ func (b *Backend) track(c net.Conn) bool {
 	return true
 }
 
-// run performs one transfer on c.
+// run performs one transfer on c: one request, or, when it has more spans
+// than a request may carry (maxSpans), several in a row on c, the
+// notification on the last, so that the target has every byte in place
+// (or sent) before it queues it.
 func (b *Backend) run(c *conn, x transfer.Xfer) error {
+	for len(x.Dst.Descs) > maxSpans {
+		part := x
+		part.Dst.Descs, x.Dst.Descs = x.Dst.Descs[:maxSpans], x.Dst.Descs[maxSpans:]
+		part.Local.Descs, x.Local.Descs = x.Local.Descs[:maxSpans], x.Local.Descs[maxSpans:] // pairwise (transfer.Xfer)
+		part.Notif = nil
+		if err := b.runOne(c, part); err != nil {
+			return err
+		}
+	}
+	return b.runOne(c, x)
+}
+
+// runOne performs one request on c.
+func (b *Backend) runOne(c *conn, x transfer.Xfer) error {
 	h := header{Op: x.Op, HasNotif: x.Notif != nil, Spans: uint32(len(x.Dst.Descs)), NotifLen: uint32(len(x.Notif)), Total: x.Dst.Bytes()}
 	hdr := make([]byte, headerBytes+spanBytes*len(x.Dst.Descs), headerBytes+spanBytes*len(x.Dst.Descs)+len(x.Notif))
 	putHeader(hdr, h)
@@ -679,7 +716,16 @@ func (b *Backend) accept() {
 			}
 			return
 		}
+		if !b.beginHandshake() {
+			// Over the cap: closed before a goroutine or a buffer is spent
+			// on it. The initiator sees ErrPeerGone and retries.
+			b.log.Debug().Str(transfer.LogRemoteAddr, nc.RemoteAddr().String()).Int("handshakes", b.cfg.MaxHandshakes).
+				Msg("refused a connection: too many in their handshake")
+			nc.Close()
+			continue
+		}
 		if !b.track(nc) {
+			b.endHandshake()
 			return
 		}
 		b.wg.Add(1)
@@ -687,50 +733,93 @@ func (b *Backend) accept() {
 	}
 }
 
-// serve answers one incoming connection: the hello, then requests until the
-// connection closes.
+// beginHandshake counts an incoming connection into its handshake; false
+// when MaxHandshakes are already in theirs.
+func (b *Backend) beginHandshake() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.handshakes >= b.cfg.MaxHandshakes {
+		return false
+	}
+	b.handshakes++
+	return true
+}
+
+func (b *Backend) endHandshake() {
+	b.mu.Lock()
+	b.handshakes--
+	b.mu.Unlock()
+}
+
+// handshakeBuf is the read buffer of a connection in its handshake: a
+// hello is at most some 2 KiB. The large buffer of the transfers comes
+// only after the proof.
+const handshakeBuf = 4 << 10
+
+// serve answers one incoming connection: the handshake, then requests
+// until the connection closes.
 func (b *Backend) serve(nc net.Conn) {
 	defer b.wg.Done()
 	defer b.dropConn(&conn{c: nc})
-	br := bufio.NewReaderSize(nc, 256<<10)
-	nc.SetReadDeadline(time.Now().Add(b.cfg.IOTimeout))
+	hs, initiator, ok := b.handshake(nc)
+	b.endHandshake()
+	if !ok {
+		return
+	}
+	b.serveRequests(nc, hs, initiator)
+}
+
+// handshake reads the hello and checks the initiator's proof, all within
+// HandshakeTimeout; ok is false when the connection is to be closed.
+func (b *Backend) handshake(nc net.Conn) (hs *bufio.Reader, initiator string, ok bool) {
+	nc.SetDeadline(time.Now().Add(b.cfg.HandshakeTimeout))
+	br := bufio.NewReaderSize(nc, handshakeBuf)
 	h, err := readHello(br)
 	if err != nil {
 		b.log.Debug().Err(err).Str(transfer.LogRemoteAddr, nc.RemoteAddr().String()).Msg("bad hello")
-		return
+		return nil, "", false
 	}
 	if h.Target != b.cfg.AgentName || h.Instance != b.instance {
 		b.log.Info().Str(transfer.LogInitiator, h.Initiator).Str(transfer.LogTarget, h.Target).Msg("hello for another agent or instance")
 		nc.Write(appendReply(nil, stStranger, fmt.Sprintf("this is agent %s, not %s at that instance", b.cfg.AgentName, h.Target)))
-		return
+		return nil, "", false
 	}
 	// The challenge: our nonce and our proof, then the initiator's proof.
 	// Nothing of the memory is reachable before it checks out.
 	var targetNonce [nonceBytes]byte
 	if _, err := rand.Read(targetNonce[:]); err != nil {
-		return
+		return nil, "", false
 	}
 	mine := proof(b.cfg.Secret, roleTarget, h, targetNonce)
 	challenge := appendReply(nil, stOK, "")
 	challenge = append(append(challenge, targetNonce[:]...), mine[:]...)
 	if _, err := nc.Write(challenge); err != nil {
-		return
+		return nil, "", false
 	}
 	var theirs [proofBytes]byte
 	if _, err := io.ReadFull(br, theirs[:]); err != nil {
 		b.log.Info().Err(err).Str(transfer.LogInitiator, h.Initiator).Str(transfer.LogRemoteAddr, nc.RemoteAddr().String()).
 			Msg("connection left during the handshake (an initiator without the transfer secret hangs up here)")
-		return
+		return nil, "", false
 	}
 	if want := proof(b.cfg.Secret, roleInitiator, h, targetNonce); !hmac.Equal(theirs[:], want[:]) {
 		b.log.Warn().Str(transfer.LogInitiator, h.Initiator).Str(transfer.LogRemoteAddr, nc.RemoteAddr().String()).
 			Msg("refused a connection that does not hold the transfer secret")
 		nc.Write(appendReply(nil, stUnauthenticated, "the connection did not prove it holds this agent's transfer secret"))
-		return
+		return nil, "", false
 	}
 	if _, err := nc.Write(appendReply(nil, stOK, "")); err != nil {
-		return
+		return nil, "", false
 	}
+	nc.SetDeadline(time.Time{})
+	return br, h.Initiator, true
+}
+
+// serveRequests serves the requests of initiator's authenticated
+// connection, read through hs (the handshake's reader, with what it
+// buffered).
+func (b *Backend) serveRequests(nc net.Conn, hs *bufio.Reader, initiator string) {
+	br := bufio.NewReaderSize(hs, 256<<10)
 	hdr := make([]byte, headerBytes)
 	var reply []byte
 	// The deadline bounds a stalled transfer (which holds memory that
@@ -748,18 +837,27 @@ func (b *Backend) serve(nc net.Conn) {
 			nc.Write(appendReply(reply[:0], stInvalid, err.Error()))
 			return
 		}
-		body := make([]byte, int(req.Spans)*spanBytes+int(req.NotifLen))
-		if _, err := io.ReadFull(br, body); err != nil {
+		// Nothing is allocated from what the header announces: a request
+		// for more bytes than are registered, or with more spans than
+		// bytes, could never be served, and is refused before its spans
+		// are read; the spans and the notification are then read as they
+		// arrive, so that a header is no way to make this agent allocate.
+		if registered := b.mem.Bytes(registry.DRAM); req.Total > registered || uint64(req.Spans) > req.Total {
+			nc.Write(appendReply(reply[:0], stInvalid, fmt.Sprintf("%d spans of %d bytes in all: this agent has %d bytes registered", req.Spans, req.Total, registered)))
 			return
 		}
-		spans, err := parseSpans(body[:int(req.Spans)*spanBytes], req.Total)
+		spans, err := readSpans(br, req.Spans, req.Total)
 		if err != nil {
-			nc.Write(appendReply(reply[:0], stInvalid, err.Error()))
+			if errors.Is(err, errBadSpans) {
+				nc.Write(appendReply(reply[:0], stInvalid, err.Error()))
+			}
 			return
 		}
 		var notif []byte
 		if req.HasNotif {
-			notif = body[int(req.Spans)*spanBytes:]
+			if notif, err = readUpTo(br, int(req.NotifLen)); err != nil {
+				return
+			}
 		}
 		list := transfer.DescList{Kind: registry.DRAM, Descs: spans}
 		acc, accErr := b.mem.Acquire(list)
@@ -781,7 +879,7 @@ func (b *Backend) serve(nc net.Conn) {
 					}
 				}
 				b.mem.Release(acc)
-				b.deliver(h.Initiator, notif, req.HasNotif)
+				b.deliver(initiator, notif, req.HasNotif)
 			}
 			reply = appendReply(reply[:0], st, msg)
 			if _, err := nc.Write(reply); err != nil {
@@ -805,7 +903,7 @@ func (b *Backend) serve(nc net.Conn) {
 		if err != nil {
 			return
 		}
-		b.deliver(h.Initiator, notif, req.HasNotif)
+		b.deliver(initiator, notif, req.HasNotif)
 	}
 }
 

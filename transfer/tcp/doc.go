@@ -19,6 +19,16 @@
 // regions before touching memory. The target queues the notification of a
 // transfer only after the bytes are in place (WRITE) or sent (READ).
 //
+// What a connection can cost the target is bounded before it
+// authenticates and after: the handshake must finish within
+// Config.HandshakeTimeout, at most Config.MaxHandshakes connections are in
+// theirs at once (one more is closed as it is accepted), a connection in
+// its handshake holds a 4 KiB buffer, a request carries at most 65,536
+// spans (an initiator sends a larger transfer as several), and a request
+// for more bytes than the agent has registered, or with more spans than
+// bytes, is refused before its spans are read; spans and notifications are
+// read as they arrive, never allocated from the header's counts.
+//
 // It owns the listener, the connection pools and the wire format (wire.go);
 // it does not know about KV geometry or the control plane.
 package tcp

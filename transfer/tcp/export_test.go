@@ -46,3 +46,24 @@ func RequestHeader(op transfer.Op, addr, n uint64) []byte {
 	binary.LittleEndian.PutUint64(b[headerBytes+8:], n)
 	return b
 }
+
+// StatusInvalid is the status of a request the target refuses as malformed.
+const StatusInvalid = stInvalid
+
+// InitiatorProof is the proof an initiator holding secret answers the
+// target's challenge with.
+func InitiatorProof(secret []byte, initiator, target string, instance uint64, nonce, targetNonce [32]byte) []byte {
+	p := proof(secret, roleInitiator, hello{Initiator: initiator, Target: target, Instance: instance, Nonce: nonce}, targetNonce)
+	return p[:]
+}
+
+// AnnounceHeader encodes a request header announcing spans spans of total
+// bytes, without the spans.
+func AnnounceHeader(op transfer.Op, spans uint32, total uint64) []byte {
+	b := make([]byte, headerBytes)
+	putHeader(b, header{Op: op, Spans: spans, Total: total})
+	return b
+}
+
+// MaxSpans is the most spans one request carries.
+const MaxSpans = maxSpans

@@ -55,9 +55,12 @@ const (
 	nonceBytes = 32
 	proofBytes = sha256.Size
 
-	maxName     = 1024
-	maxRegions  = 1 << 16
-	maxSpans    = 1 << 22
+	maxName    = 1024
+	maxRegions = 1 << 16
+	// maxSpans bounds one request's spans: 1 MiB of them on the wire,
+	// some 2.5 MiB at the target while it serves them. An initiator sends
+	// a transfer of more as several requests (Backend.run).
+	maxSpans    = 1 << 16
 	maxNotif    = 1 << 20
 	maxMessage  = 1 << 12
 	headerBytes = 24
@@ -283,19 +286,80 @@ func parseHeader(b []byte) (header, error) {
 	return h, nil
 }
 
-// parseSpans decodes count spans and checks that they add up to total.
-func parseSpans(b []byte, total uint64) ([]transfer.Desc, error) {
-	ds := make([]transfer.Desc, len(b)/spanBytes)
+// spanChunk is how many spans readSpans reads at a time (64 KiB of them).
+const spanChunk = 4096
+
+// errBadSpans marks spans that are not what the header says.
+var errBadSpans = errors.New("bad spans")
+
+// readSpans reads count spans that must add up to total bytes. The spans
+// are read spanChunk at a time and the slice grows as they arrive, so that
+// what a header announces costs nothing until its bytes have come. An
+// error wraps errBadSpans when the spans are wrong, and is the read's
+// otherwise.
+func readSpans(r io.Reader, count uint32, total uint64) ([]transfer.Desc, error) {
+	first := min(int(count), spanChunk)
+	ds := make([]transfer.Desc, 0, first)
+	buf := make([]byte, first*spanBytes)
 	var sum uint64
+	for left := int(count); left > 0; {
+		n := min(left, spanChunk)
+		if _, err := io.ReadFull(r, buf[:n*spanBytes]); err != nil {
+			return nil, err
+		}
+		chunk, err := decodeSpans(buf[:n*spanBytes])
+		if err != nil {
+			return nil, fmt.Errorf("%w: from span %d: %w", errBadSpans, len(ds), err)
+		}
+		for _, d := range chunk {
+			if sum+d.Len < sum || sum+d.Len > total {
+				return nil, fmt.Errorf("%w: spans add up to more than the %d bytes the header says", errBadSpans, total)
+			}
+			sum += d.Len
+		}
+		ds = append(ds, chunk...)
+		left -= n
+	}
+	if sum != total {
+		return nil, fmt.Errorf("%w: spans add up to %d bytes, header says %d", errBadSpans, sum, total)
+	}
+	return ds, nil
+}
+
+// readUpTo reads n bytes, growing its buffer as they arrive rather than
+// allocating n at once.
+func readUpTo(r io.Reader, n int) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(n)))
+	if err == nil && len(b) < n {
+		err = io.ErrUnexpectedEOF
+	}
+	return b, err
+}
+
+// decodeSpans decodes the spans of b, none of zero length.
+func decodeSpans(b []byte) ([]transfer.Desc, error) {
+	ds := make([]transfer.Desc, len(b)/spanBytes)
 	for i := range ds {
 		ds[i] = transfer.Desc{Addr: binary.LittleEndian.Uint64(b[i*spanBytes:]), Len: binary.LittleEndian.Uint64(b[i*spanBytes+8:])}
 		if ds[i].Len == 0 {
 			return nil, fmt.Errorf("span %d has zero length", i)
 		}
-		if sum+ds[i].Len < sum {
+	}
+	return ds, nil
+}
+
+// parseSpans decodes count spans and checks that they add up to total.
+func parseSpans(b []byte, total uint64) ([]transfer.Desc, error) {
+	ds, err := decodeSpans(b)
+	if err != nil {
+		return nil, err
+	}
+	var sum uint64
+	for _, d := range ds {
+		if sum+d.Len < sum {
 			return nil, errors.New("span lengths overflow")
 		}
-		sum += ds[i].Len
+		sum += d.Len
 	}
 	if sum != total {
 		return nil, fmt.Errorf("spans add up to %d bytes, header says %d", sum, total)

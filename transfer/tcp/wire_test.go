@@ -2,8 +2,12 @@ package tcp
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"io"
 	"reflect"
+	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/pdplane/pdplane/registry"
@@ -121,4 +125,36 @@ func FuzzReadHello(f *testing.F) {
 			t.Fatalf("hello %+v does not round-trip: %+v, %v", h, got, err)
 		}
 	})
+}
+
+// TestReadSpansAllocatesAsTheyArrive: spans announced but not sent cost
+// one chunk, not the announcement (4,194,304 spans were 64 MiB at once),
+// and spans that are sent are read whole and checked against the total.
+func TestReadSpansAllocatesAsTheyArrive(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if _, err := readSpans(bytes.NewReader(make([]byte, 3*spanBytes)), maxSpans, maxSpans); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("spans announced, three sent: %v", err)
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+		t.Fatalf("reading 3 of %d announced spans allocated %d bytes", maxSpans, got)
+	}
+
+	var wire []byte
+	want := make([]transfer.Desc, 2*spanChunk+5)
+	for i := range want {
+		want[i] = transfer.Desc{Addr: uint64(i) * 8, Len: 8}
+		wire = binary.LittleEndian.AppendUint64(wire, want[i].Addr)
+		wire = binary.LittleEndian.AppendUint64(wire, want[i].Len)
+	}
+	got, err := readSpans(bytes.NewReader(wire), uint32(len(want)), uint64(len(want))*8)
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("%d spans over three chunks: %d back, %v", len(want), len(got), err)
+	}
+	for name, total := range map[string]uint64{"short of the total": uint64(len(want))*8 + 1, "past the total": 8} {
+		if _, err := readSpans(bytes.NewReader(wire), uint32(len(want)), total); !errors.Is(err, errBadSpans) {
+			t.Fatalf("spans %s: %v, want errBadSpans", name, err)
+		}
+	}
 }
