@@ -213,8 +213,8 @@ func TestProducersMatchTheEngines(t *testing.T) {
 	for _, tc := range []struct{ name, got, want string }{
 		{"sglang body", string(SGLangErrorBody(500, "500", "m")), `{"object":"error","message":"m","type":"500","param":null,"code":500}`},
 		{"sglang stream", string(SGLangStreamError(500, "m")), `{"error": {"object": "error", "message": "m", "type": "INTERNAL_SERVER_ERROR", "param": null, "code": 500}}`},
-		{"vllm body", string(VLLMErrorBody(500, VLLMErrorTypeInternal, VLLMGenerationError)), `{"error":{"message":"Internal server error","type":"InternalServerError","param":null,"code":500}}`},
-		{"vllm stream", string(VLLMStreamError(500, VLLMErrorTypeInternal, VLLMGenerationError)), `{"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}`},
+		{"vllm body", string(VLLMErrorBody(500, VLLMErrorTypeInternal, "", VLLMGenerationError)), `{"error":{"message":"Internal server error","type":"InternalServerError","param":null,"code":500}}`},
+		{"vllm stream", string(VLLMStreamError(500, VLLMErrorTypeInternal, "", VLLMGenerationError)), `{"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}`},
 		{"decode message", SGLangDecodeTransferFailed(0, "r", 3, "e"), `Decode transfer failed for request rank=0 decode_req.req.rid='r' decode_req.req.bootstrap_room=3 with exception e`},
 		{"status name", StatusName(503), "SERVICE_UNAVAILABLE"},
 	} {

@@ -78,7 +78,8 @@ func TestVLLMProtocol(t *testing.T) {
 	for c := sr.next(t); c != "[DONE]"; c = sr.next(t) {
 		chunks = append(chunks, c)
 	}
-	if len(chunks) != 4 || !strings.Contains(chunks[0], "chat.completion.chunk") || !strings.Contains(chunks[3], `"usage"`) {
+	// vLLM's role chunk, three tokens, the usage chunk.
+	if len(chunks) != 5 || !strings.Contains(chunks[0], "chat.completion.chunk") || !strings.Contains(chunks[4], `"usage"`) {
 		t.Fatalf("chunks %q", chunks)
 	}
 

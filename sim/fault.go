@@ -235,6 +235,9 @@ type counters struct {
 	ignoredKVArgs   atomic.Int64
 	foreignMessages atomic.Int64
 	roomTimeouts    atomic.Int64
+	// The prompt tokens a vLLM engine computed, and those a vLLM decode
+	// received by KV transfer (vllm:prompt_tokens_by_source_total).
+	promptComputed, promptTransferred atomic.Int64
 
 	fromMu sync.Mutex
 	from   map[string]int64 // KV received by an SGLang decode, by prefill

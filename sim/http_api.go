@@ -47,6 +47,7 @@ type httpError struct {
 	status int
 	msg    string
 	typ    string
+	param  string // vLLM's error param: the request member at fault
 	cause  error
 	// abort: the engine failed the request once it was running (SGLang's
 	// scheduler aborts it; vLLM finishes it with an error), so a streamed
@@ -167,6 +168,7 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 		}
 		ans.model = q.model
 		ans.created = s.cfg.Now().Unix()
+		ans.vllm = s.cfg.Engine == registry.EngineVLLM && rt != routeGenerate
 		if ans.id == "" {
 			prefix := "cmpl-"
 			if rt == routeChat {
@@ -286,14 +288,26 @@ func (s *Sim) local(ctx context.Context, q *genRequest) (*answer, func(), *httpE
 }
 
 func (s *Sim) handleModels(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, map[string]any{
-		"object": "list",
-		"data": []any{map[string]any{
-			"id": s.cfg.Model, "object": "model", "created": s.cfg.Now().Unix(), "owned_by": "pdplane-sim",
-			"root": s.cfg.Model, "max_model_len": s.cfg.Pages * s.cfg.PageSize,
-		}},
-	})
+	created := s.cfg.Now().Unix()
+	m := map[string]any{
+		"id": s.cfg.Model, "object": "model", "created": created, "owned_by": "pdplane-sim",
+		"root": s.cfg.Model, "max_model_len": s.maxModelLen(),
+	}
+	if s.cfg.Engine == registry.EngineVLLM {
+		// vLLM's ModelCard (vllm/entrypoints/openai/protocol.py), with its
+		// default ModelPermission.
+		m["owned_by"], m["parent"] = "vllm", nil
+		m["permission"] = []any{map[string]any{
+			"id": "modelperm-" + s.cfg.Name, "object": "model_permission", "created": created,
+			"allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true, "allow_search_indices": false,
+			"allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": nil, "is_blocking": false,
+		}}
+	}
+	writeJSON(w, map[string]any{"object": "list", "data": []any{m}})
 }
+
+// maxModelLen is the longest prompt the engine takes: its KV pool.
+func (s *Sim) maxModelLen() int { return s.cfg.Pages * s.cfg.PageSize }
 
 func (s *Sim) handleModelInfo(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]any{

@@ -62,7 +62,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"hi"}]}`,
 		`{"prompt":["a","b"],"bootstrap_host":["h","h"],"bootstrap_port":[1,null],"bootstrap_room":[1,2]}`,
 		`{"text":"a","return_logprob":[true],"sampling_params":[{"max_new_tokens":2}]}`,
-		`{"input_ids":[[1,2],[3]],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1]}}`,
+		`{"input_ids":[[1,2],[3]],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[[1]]}}`,
 	} {
 		f.Add(0, s)
 		f.Add(1, s)

@@ -53,6 +53,7 @@ type answer struct {
 	created int64
 	seqs    []seq
 	kv      *pdproto.KVTransferParams // vLLM prefill only
+	vllm    bool                      // written in vLLM's shapes (vllm_answer.go)
 }
 
 type usage struct {
@@ -176,8 +177,10 @@ func strp(s string) *string { return &s }
 // write writes a non-streamed answer.
 func (a *answer) write(w http.ResponseWriter, q *genRequest) {
 	var v any
-	switch q.route {
-	case routeGenerate:
+	switch {
+	case a.vllm:
+		v = a.vllmObject(q)
+	case q.route == routeGenerate:
 		if q.batch {
 			l := make([]generateAnswer, len(a.seqs))
 			for i, s := range a.seqs {
@@ -187,7 +190,7 @@ func (a *answer) write(w http.ResponseWriter, q *genRequest) {
 		} else {
 			v = a.generateObject(q, 0, a.seqs[0].n, true)
 		}
-	case routeChat:
+	case q.route == routeChat:
 		s := a.seqs[0]
 		v = openAIAnswer{
 			ID: a.id, Object: "chat.completion", Created: a.created, Model: a.model,
@@ -232,6 +235,13 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, q *genReques
 			return false
 		}
 		return rc.Flush() == nil
+	}
+	if a.vllm && q.route == routeChat {
+		for i := range a.seqs {
+			if !event(a.vllmRoleChunk(i)) {
+				return false
+			}
+		}
 	}
 	for k := range a.longest() {
 		if d := pause(k); d > 0 && !sleepCtx(ctx, d) {
@@ -279,6 +289,9 @@ func (a *answer) chunk(q *genRequest, i, k int, last bool) any {
 	var finish *string
 	if last {
 		finish = strp(s.finish)
+	}
+	if a.vllm {
+		return a.vllmChunk(q, i, k, last)
 	}
 	_, tok, _ := outputToken(s.seed, k)
 	switch q.route {
@@ -346,7 +359,7 @@ func (s *Sim) writeFailure(w http.ResponseWriter, q *genRequest, e *httpError) {
 	if q == nil || !q.streaming && !(q.stream && e.abort) {
 		b := pdproto.SGLangErrorBody(e.status, typ, e.msg)
 		if vllm {
-			b = pdproto.VLLMErrorBody(e.status, typ, e.msg)
+			b = pdproto.VLLMErrorBody(e.status, typ, e.param, e.msg)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(e.status)
@@ -356,7 +369,7 @@ func (s *Sim) writeFailure(w http.ResponseWriter, q *genRequest, e *httpError) {
 	var data []byte
 	switch {
 	case vllm:
-		data = pdproto.VLLMStreamError(e.status, typ, e.msg)
+		data = pdproto.VLLMStreamError(e.status, typ, e.param, e.msg)
 	case q.route == routeGenerate:
 		g := generateAnswer{OutputIDs: []int{}, MetaInfo: metaInfo{
 			ID: q.rid, FinishReason: pdproto.AbortFinish(e.status, e.msg), PromptTokens: len(q.prompts[0]),

@@ -145,6 +145,11 @@ func decodeTokenTimes(t *testing.T, p, d *sim.Sim, streamed bool) (first, next t
 		}
 	} else {
 		status, evs, err := stream(ctx, d.URL(), "/v1/chat/completions", body, nil)
+		if p.Config().Engine == registry.EngineVLLM && len(evs) > 0 {
+			// vLLM's chat stream opens with a chunk of the role and no
+			// token (serving_chat.py chat_completion_stream_generator).
+			evs = evs[1:]
+		}
 		if err != nil || status != http.StatusOK || len(evs) != 3 || string(evs[2].data) != "[DONE]" {
 			t.Fatalf("decode stream: %v %d %d events", err, status, len(evs))
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
@@ -24,10 +25,11 @@ import (
 func (s *Sim) vllmPrefill(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
 	kv := q.kv
 	if kv == nil || !kv.DoRemoteDecode {
-		return s.local(ctx, q)
+		return s.vllmLocal(ctx, q)
 	}
 	st := s.state.Load()
 	prompt := q.prompts[0]
+	s.counters.promptComputed.Add(int64(len(prompt)))
 	seeds := promptSeeds(prompt)
 	pages, ok := s.pool.alloc(s.pool.pagesFor(len(prompt)))
 	if !ok {
@@ -43,13 +45,14 @@ func (s *Sim) vllmPrefill(ctx context.Context, q *genRequest) (*answer, func(), 
 		s.log.Warn().Str("request", id).Msg("held blocks timed out before a decode read them")
 	})
 	s.kickPoller()
-	engine, host, port := st.name, s.host, s.bootstrapPort
+	engine, host, port, cached := st.name, s.host, s.bootstrapPort, 0
 	ans := &answer{
 		seqs: []seq{newSeq(prompt, seeds, 1, "length")},
 		kv: &pdproto.KVTransferParams{
 			DoRemotePrefill: true, DoRemoteDecode: false,
-			RemoteEngineID: &engine, RemoteBlockIDs: append([]int(nil), pages...),
-			RemoteHost: &host, RemotePort: &port, RemoteRequestID: id, TPSize: 1,
+			RemoteEngineID: &engine, RemoteBlockIDs: [][]int{append([]int(nil), pages...)},
+			RemoteHost: &host, RemotePort: &port, RemoteRequestID: id, TPSize: 1, DCPSize: 1, PPSize: 1,
+			RemoteNumTokens: len(prompt), TransferMode: "pull", RemotePrefillCachedTokens: &cached,
 		},
 	}
 	return ans, nil, nil
@@ -58,6 +61,20 @@ func (s *Sim) vllmPrefill(ctx context.Context, q *genRequest) (*answer, func(), 
 // vllmCheck refuses a request whose kv_transfer_params this engine cannot
 // serve, before anything is accepted.
 func (s *Sim) vllmCheck(q *genRequest) *httpError {
+	if q.model != s.cfg.Model {
+		// OpenAIServing._check_model (vllm/entrypoints/openai/engine/serving.py).
+		return &httpError{status: http.StatusNotFound, typ: "NotFoundError", param: "model",
+			msg: fmt.Sprintf("The model `%s` does not exist. Valid aliases: %s.", q.model, s.cfg.Model)}
+	}
+	if limit := s.maxModelLen(); len(q.prompts) > 0 && len(q.prompts[0]) > limit {
+		// The renderer's context-length check, before anything is
+		// scheduled or streamed (vllm/renderers, "maximum context length").
+		n := len(q.prompts[0])
+		return &httpError{status: http.StatusBadRequest, typ: "BadRequestError", param: "input_tokens",
+			msg: fmt.Sprintf("This model's maximum context length is %d tokens. However, your prompt contains at least %d input tokens, "+
+				"which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=%d)",
+				limit, n, n)}
+	}
 	kv := q.kv
 	if s.cfg.Role == registry.RolePrefill {
 		if kv == nil || !kv.DoRemoteDecode {
@@ -91,8 +108,11 @@ func (s *Sim) vllmCheck(q *genRequest) *httpError {
 	case q.batch || len(q.prompts) != 1:
 		return badRequestErr(badf("prompt", "a PD request carries one prompt"))
 	}
-	if n := s.pool.pagesFor(len(q.prompts[0])); len(kv.RemoteBlockIDs) != n {
-		return badRequestErr(badf("kv_transfer_params.remote_block_ids", "%d blocks for a prompt of %d tokens (%d pages)", len(kv.RemoteBlockIDs), len(q.prompts[0]), n))
+	if len(kv.RemoteBlockIDs) != 1 {
+		return badRequestErr(badf("kv_transfer_params.remote_block_ids", "%d KV cache groups, want 1", len(kv.RemoteBlockIDs)))
+	}
+	if n := s.pool.pagesFor(len(q.prompts[0])); len(kv.RemoteBlockIDs[0]) != n {
+		return badRequestErr(badf("kv_transfer_params.remote_block_ids", "%d blocks for a prompt of %d tokens (%d pages)", len(kv.RemoteBlockIDs[0]), len(q.prompts[0]), n))
 	}
 	return nil
 }
@@ -101,7 +121,7 @@ func (s *Sim) vllmCheck(q *genRequest) *httpError {
 func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
 	kv := q.kv
 	if kv == nil || !kv.DoRemotePrefill {
-		return s.local(ctx, q)
+		return s.vllmLocal(ctx, q)
 	}
 	prompt := q.prompts[0]
 	seeds := promptSeeds(prompt)
@@ -125,7 +145,7 @@ func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *
 	if !s.cfg.CheapTransfer {
 		s.pool.poison(pages)
 	}
-	moved := s.movedPages(pages, kv.RemoteBlockIDs)
+	moved := s.movedPages(pages, kv.RemoteBlockIDs[0])
 	if err := s.readKV(ctx, st, &info, moved.SrcPages, moved.DstPages, notifDone+kv.RemoteRequestID); err != nil {
 		release()
 		s.releaseBlocks(*kv.RemoteHost, *kv.RemotePort, kv.RemoteRequestID)
@@ -145,12 +165,22 @@ func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *
 		return nil, nil, kvLoadFailed(err)
 	}
 	s.counters.transfers.Add(1)
+	s.counters.promptTransferred.Add(int64(len(prompt)))
 	s.counters.bytesMoved.Add(int64(len(moved.SrcPages) * s.pool.itemLen * s.pool.regions))
 	if err := s.verifyKV(seeds, pages); err != nil {
 		release()
 		return nil, nil, err
 	}
 	return &answer{seqs: []seq{q.seqFor(prompt, seeds, q.maxTokens)}}, release, nil
+}
+
+// vllmLocal serves a request with no hand-off: the engine computes every
+// prompt token itself.
+func (s *Sim) vllmLocal(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
+	for _, p := range q.prompts {
+		s.counters.promptComputed.Add(int64(len(p)))
+	}
+	return s.local(ctx, q)
 }
 
 // kvLoadFailed is how vLLM answers a request whose KV could not be loaded

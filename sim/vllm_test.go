@@ -27,7 +27,12 @@ func TestVLLM(t *testing.T) {
 		kv["remote_host"] != "127.0.0.1" || int(kv["remote_port"].(float64)) != p.BootstrapPort() || kv["tp_size"] != 1.0 {
 		t.Fatalf("prefill kv_transfer_params %v", kv)
 	}
-	if blocks, _ := kv["remote_block_ids"].([]any); len(blocks) != (pa.Usage.PromptTokens+3)/4 {
+	// One list of blocks per KV cache group, as vLLM 0.32 answers.
+	groups, _ := kv["remote_block_ids"].([]any)
+	if len(groups) != 1 {
+		t.Fatalf("remote_block_ids %v: want one KV cache group", kv["remote_block_ids"])
+	}
+	if blocks, _ := groups[0].([]any); len(blocks) != (pa.Usage.PromptTokens+3)/4 {
 		t.Fatalf("%d blocks for %d prompt tokens", len(blocks), pa.Usage.PromptTokens)
 	}
 	if pa.Usage.CompletionTokens != 1 || da.Usage.CompletionTokens != 5 || len(strings.Fields(da.Choices[0].Message.Content)) != 5 {
@@ -150,7 +155,7 @@ func TestVLLMRequestParams(t *testing.T) {
 	for name, edit := range map[string]func(kv map[string]any){
 		"no engine":  func(kv map[string]any) { kv["remote_engine_id"] = nil },
 		"no port":    func(kv map[string]any) { kv["remote_port"] = nil },
-		"few blocks": func(kv map[string]any) { kv["remote_block_ids"] = []int{} },
+		"few blocks": func(kv map[string]any) { kv["remote_block_ids"] = [][]int{{}} },
 	} {
 		kv := map[string]any{}
 		for k, v := range a.KV {

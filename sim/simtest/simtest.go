@@ -171,6 +171,10 @@ func (c *Client) Post(ctx context.Context, url, path string, body any, header ht
 	for k, v := range header {
 		req.Header[k] = v
 	}
+	return c.do(req)
+}
+
+func (c *Client) do(req *http.Request) (Response, error) {
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return Response{}, err
