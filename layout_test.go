@@ -173,6 +173,13 @@ var layerRules = []layerRule{
 		allowed: onlyInternal(),
 	},
 	{
+		// realengine's tests run the pdplane binary and real vLLM
+		// engines as processes; the package itself is only their doc.
+		name:    "the real-engine suite drives real processes from outside: realengine imports no pdplane package",
+		applies: is("realengine"),
+		allowed: onlyInternal(),
+	},
+	{
 		name:    "server/api is the wire between control plane and its clients: only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it",
 		applies: func(p string) bool { return !is("server", "server/api/apiconv", "agent", "devfleet", "cmd/pdplane")(p) },
 		allowed: func(_, imp string) bool { return imp != module+"/server/api" },
@@ -213,7 +220,7 @@ var everywhereRules = []layerRule{
 // package must be placed in the layout (and given a rule) before it lands.
 var governed = []string{
 	"", // the module root: only this test
-	"agent", "bench", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto",
+	"agent", "bench", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto", "realengine",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
 	"router", "router/routertest", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",

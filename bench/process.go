@@ -80,6 +80,25 @@ func (p *Process) Stop() {
 	<-p.done
 }
 
+// StopGrace sends the process group SIGTERM, so that a process that
+// cleans up at exit (vLLM frees its shared memory) may, and kills it after
+// grace if it has not ended. It is idempotent.
+func (p *Process) StopGrace(grace time.Duration) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-p.PID(), syscall.SIGTERM)
+	select {
+	case <-p.done:
+		// The leader is gone; what it started may not be.
+		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
+	case <-time.After(grace):
+		p.Stop()
+	}
+}
+
 // tailBuffer keeps the last outputTail bytes written to it.
 type tailBuffer struct {
 	mu  sync.Mutex

@@ -12,8 +12,12 @@
 #  - Chromium: found on PATH (Debian's `chromium`) for the browser test.
 #  - schemathesis: installed into .venv by scripts/install-schemathesis.sh
 #    for the spec fuzz run (scripts/fuzz-api.sh).
-# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL, Chromium, hadolint, pyzmq or
-# schemathesis fails the run.
+#  - vLLM: its CPU build with NIXL, into .venv-vllm by
+#    scripts/install-vllm.sh (~7 GB, ~5 min the first time), for the
+#    real-engine suite (./realengine), which runs in a step of its own after
+#    the race tests: two vLLM engines take both cores.
+# Under CI=true nothing may be skipped: a missing PostgreSQL, NIXL, Chromium, hadolint, pyzmq,
+# schemathesis or vLLM fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -56,6 +60,7 @@ install_tool() {
 install_tool PDPLANE_NIXL_LIB scripts/install-nixl.sh -f NIXL
 install_tool PDPLANE_HADOLINT scripts/install-hadolint.sh -x hadolint "Dockerfile lint"
 install_tool PDPLANE_PYZMQ_PYTHON scripts/install-pyzmq.sh -x pyzmq "the sims' libzmq interop"
+install_tool PDPLANE_VLLM_PYTHON scripts/install-vllm.sh -x "vLLM's CPU build" "the real-engine suite, in .venv-vllm"
 
 if [ -z "${PDPLANE_SMG:-}" ] || [ -z "${PDPLANE_VLLM_ROUTER:-}" ]; then
   step "installing SMG and vllm-router into .venv (interop tests)"
@@ -83,11 +88,14 @@ step "registry store contract suite, on both stores"
 go test -race -count=1 -v -run 'TestContract' ./registry/registrytest |
   grep -E -- '--- (PASS|FAIL|SKIP): TestContract/(memstore|pgstore) ' || true
 
-step "go test -race ./..."
-go test -race -count=1 -timeout 12m ./...
+step "go test -race ./... (all but ./realengine)"
+go test -race -count=1 -timeout 12m $(go list ./... | grep -v '/realengine$')
 
 step "the router's tests again, served by net/http alone (serve --front=false)"
 PDPLANE_ROUTER_FRONT=false go test -race -count=1 ./router/
+
+step "the real-engine suite: pdplane in front of a real vLLM prefill/decode pair (./realengine)"
+go test -count=1 -timeout 30m -v ./realengine/
 
 step "property-based fuzzing of the API against openapi.yaml (schemathesis)"
 scripts/fuzz-api.sh
