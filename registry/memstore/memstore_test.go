@@ -16,7 +16,7 @@ import (
 // path must not copy it. A copy is one allocation among a few, so the test
 // bounds the bytes allocated per heartbeat as well as their count.
 func TestHeartbeatDoesNotCopyMetadata(t *testing.T) {
-	const metadata = 4 << 20
+	const metadata = registry.MaxAgentMetadata // the most a rank may publish
 	s := memstore.New(memstore.Config{})
 	spec := registrytest.Spec("d0", registry.RoleDecode)
 	spec.Ranks[0].AgentMetadata = make([]byte, metadata)
