@@ -1434,10 +1434,12 @@ type ClientInterface interface {
 	// MarkPeerStaleWithBody Mark a peer stale; its next heartbeat answer is reregister
 	//
 	// The admin token may mark any peer stale. A peer credential may report
-	// itself, or report a failed transfer to another peer (with
-	// `agent_name`, and `prefill_id` only when it is the reporter's own
-	// ID); reports about other peers are rate-limited per reporter (429
-	// with Retry-After), and the stale event names the reporter.
+	// itself, or report a failed transfer of one of its own pairs: with
+	// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+	// this peer a decode the registry pairs with it (otherwise 403).
+	// Accepted reports about other peers are rate-limited per reporter and
+	// per reported peer (429 with Retry-After), and the stale event names
+	// the reporter.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1447,10 +1449,12 @@ type ClientInterface interface {
 	// MarkPeerStale Mark a peer stale; its next heartbeat answer is reregister
 	//
 	// The admin token may mark any peer stale. A peer credential may report
-	// itself, or report a failed transfer to another peer (with
-	// `agent_name`, and `prefill_id` only when it is the reporter's own
-	// ID); reports about other peers are rate-limited per reporter (429
-	// with Retry-After), and the stale event names the reporter.
+	// itself, or report a failed transfer of one of its own pairs: with
+	// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+	// this peer a decode the registry pairs with it (otherwise 403).
+	// Accepted reports about other peers are rate-limited per reporter and
+	// per reported peer (429 with Retry-After), and the stale event names
+	// the reporter.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1803,10 +1807,12 @@ func (c *Client) GetPeerRegistration(ctx context.Context, id PeerID, reqEditors 
 // MarkPeerStaleWithBody Mark a peer stale; its next heartbeat answer is reregister
 //
 // The admin token may mark any peer stale. A peer credential may report
-// itself, or report a failed transfer to another peer (with
-// `agent_name`, and `prefill_id` only when it is the reporter's own
-// ID); reports about other peers are rate-limited per reporter (429
-// with Retry-After), and the stale event names the reporter.
+// itself, or report a failed transfer of one of its own pairs: with
+// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+// this peer a decode the registry pairs with it (otherwise 403).
+// Accepted reports about other peers are rate-limited per reporter and
+// per reported peer (429 with Retry-After), and the stale event names
+// the reporter.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1826,10 +1832,12 @@ func (c *Client) MarkPeerStaleWithBody(ctx context.Context, id PeerID, contentTy
 // MarkPeerStale Mark a peer stale; its next heartbeat answer is reregister
 //
 // The admin token may mark any peer stale. A peer credential may report
-// itself, or report a failed transfer to another peer (with
-// `agent_name`, and `prefill_id` only when it is the reporter's own
-// ID); reports about other peers are rate-limited per reporter (429
-// with Retry-After), and the stale event names the reporter.
+// itself, or report a failed transfer of one of its own pairs: with
+// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+// this peer a decode the registry pairs with it (otherwise 403).
+// Accepted reports about other peers are rate-limited per reporter and
+// per reported peer (429 with Retry-After), and the stale event names
+// the reporter.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2888,10 +2896,12 @@ type ClientWithResponsesInterface interface {
 	// MarkPeerStaleWithBodyWithResponse Mark a peer stale; its next heartbeat answer is reregister
 	//
 	// The admin token may mark any peer stale. A peer credential may report
-	// itself, or report a failed transfer to another peer (with
-	// `agent_name`, and `prefill_id` only when it is the reporter's own
-	// ID); reports about other peers are rate-limited per reporter (429
-	// with Retry-After), and the stale event names the reporter.
+	// itself, or report a failed transfer of one of its own pairs: with
+	// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+	// this peer a decode the registry pairs with it (otherwise 403).
+	// Accepted reports about other peers are rate-limited per reporter and
+	// per reported peer (429 with Retry-After), and the stale event names
+	// the reporter.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2901,10 +2911,12 @@ type ClientWithResponsesInterface interface {
 	// MarkPeerStaleWithResponse Mark a peer stale; its next heartbeat answer is reregister
 	//
 	// The admin token may mark any peer stale. A peer credential may report
-	// itself, or report a failed transfer to another peer (with
-	// `agent_name`, and `prefill_id` only when it is the reporter's own
-	// ID); reports about other peers are rate-limited per reporter (429
-	// with Retry-After), and the stale event names the reporter.
+	// itself, or report a failed transfer of one of its own pairs: with
+	// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+	// this peer a decode the registry pairs with it (otherwise 403).
+	// Accepted reports about other peers are rate-limited per reporter and
+	// per reported peer (429 with Retry-After), and the stale event names
+	// the reporter.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4348,10 +4360,12 @@ func (c *ClientWithResponses) GetPeerRegistrationWithResponse(ctx context.Contex
 // MarkPeerStaleWithBodyWithResponse Mark a peer stale; its next heartbeat answer is reregister
 //
 // The admin token may mark any peer stale. A peer credential may report
-// itself, or report a failed transfer to another peer (with
-// `agent_name`, and `prefill_id` only when it is the reporter's own
-// ID); reports about other peers are rate-limited per reporter (429
-// with Retry-After), and the stale event names the reporter.
+// itself, or report a failed transfer of one of its own pairs: with
+// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+// this peer a decode the registry pairs with it (otherwise 403).
+// Accepted reports about other peers are rate-limited per reporter and
+// per reported peer (429 with Retry-After), and the stale event names
+// the reporter.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -4367,10 +4381,12 @@ func (c *ClientWithResponses) MarkPeerStaleWithBodyWithResponse(ctx context.Cont
 // MarkPeerStaleWithResponse Mark a peer stale; its next heartbeat answer is reregister
 //
 // The admin token may mark any peer stale. A peer credential may report
-// itself, or report a failed transfer to another peer (with
-// `agent_name`, and `prefill_id` only when it is the reporter's own
-// ID); reports about other peers are rate-limited per reporter (429
-// with Retry-After), and the stale event names the reporter.
+// itself, or report a failed transfer of one of its own pairs: with
+// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+// this peer a decode the registry pairs with it (otherwise 403).
+// Accepted reports about other peers are rate-limited per reporter and
+// per reported peer (429 with Retry-After), and the stale event names
+// the reporter.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8133,185 +8149,185 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3tchs5kuCrIHgbYXK2SH1YdrupmNjw2O4eb9ttj+zu2YhmjwhWgSRGRYBdQInmOvT/4m7/b8S9yP2/",
-	"fZN5kovMBKpQVaBE2ZK7Y3b+2CJZBSQSifzOxMdeqldrrYSypjf+2Fvzgq+EFQV+eitE8fI5/JUJkxZy",
-	"baVWvXHvKVsLUTCZnTKutkzbpSiYsYVUC6b4ShimND3SPzk8GYx6SU/Ce2tul72kB4/0xj2Z9ZJeIX4p",
-	"ZSGy3tgWpUh6Jl2KFYcp/6kQ89649z8OaggP6FdzQIC9wxl7V1dXMI5Za2UEwV3oWS5W8GeqlRXKwp98",
-	"vc5lymENB2t64p//amBBH/ed1o2LM7ZQopgoCl0kjBt29s0z9vXJo6+Ym4ZlwnKZm1HvKun9oPgllzmf",
-	"5eJLAvjmUhSMs1SruVyUhchYLlfSsv5wuOIfhuJSKDs0thB8ZQYJ0wWzS8GMKOA9aZhZltbCBmd6o06Z",
-	"LbaML7hUjM+tKNiZsMV2+BT/NiLVKjOw7UvBM0dMwRPNBdntGslBWbEQBcAO0LslwQN/KAS/oLeaa3q/",
-	"FCyVRVpKy2b0ELNLbhF0rsxGIEkWAvH6wLBClwDghRBrw+YaEAJkOlH0J5fFmElrmN4opmeweNwNpucM",
-	"CFUYaxKmtGWFWEgDODCWW5Ewo5nd6IlyUxm24luWScMXhRAj9nRmhLJssxSKAHSA2IKnF3BalGB9AJrO",
-	"lZkomEQqBAaehWUYxddmqW21OQAvUwI2aM5lLrLBaKJ6SW9d6LUorKTDYKRKRRd3CIu0LOfGMr0WSsBp",
-	"9nDKXLA010bAGZ3rYsVtb9zLuBVDK1eil/hdM+4MJj3ERHceGHrMCjEvjchYqazMEfhU63wItMSEyswp",
-	"W/J8fk4PAzaA/oVHOtBfLmBbC10ugIUIVa564596FYzwJtCbH6X3cwfEq5Db/OTgrR/Ts7+K1MJKXqiF",
-	"VLgUP41Z5FwteknvMs9XvaRn5CoyQdJ7cemOcnMLOH63HxqRiwTHov5lIZQoOKE1GE0q+/ikHqk6Rgkw",
-	"2P0evJAqC5dL1C0KQRyaZ9se7m8u8LP/+dxtj3us8Zb4sJb0V1ZwqdwjK32Jf/1S8oIr674v1VLw3C63",
-	"xDDyc2N5QaPiR54C/btP9ddE843Rzm0hed78KpdzGCu2XSthDF+IKLbhJJ4TBuO/kRT7eAOVoZDzY4Vv",
-	"Oqw3tjUBSolSJNDVK2kitIWMG/+SVqzMTRKCKPSqmoMXBd/CZyU+2PO0LIyOMNo1NwYE23Qm5roQU+Sd",
-	"cIrhLdbXeSaKAVsDLpObCa6FIreC2Lq/yYWwjv2bLlhRNu946wPjRYIhlssLgaybWEbN66Rd6tIy/16H",
-	"fwKXNcRTIniRRT0NPAO8GZjQ0DGk7mEDEtg5HrD/W43XwmUweBJCvhO5r3Um8i5VZSLVmYignH4YpnwN",
-	"CgzKKxNd5soPHD09Jib4AfNiLvM8Mq/7ZY+JiV/F9IomqghAD07N5yoYkgoLO7H3FjDcxV7I3qI0Y1ip",
-	"MtDHFAPmdilY/Up8Ubq0XmPs/mq15Xl3JtAMtqzvFpQwWs4A9YabSYkGDaZusu2dOHlXrla82HbBeaZL",
-	"BbrVpSiuVdCaug7wsNKKzB9U0LF4hm9xdWHGLF0KvmZwwNWWzQECZuS/ixED7RCEfGmQMz0wjLRRxlU2",
-	"UYbAjGlMs4DhXMdLm9zpKunNtueFpk3iWSZh3Tx/2xi7u3ldDmDYbMtgoM7eJWym7XLQi+B+tj2vNLDP",
-	"npxGisyChyZyPI0GgQ2v+mO1lzQKWFBEJK396bpxCDqH1/MWR2T7SpE+mj5sOHRfwBbMeZmTcbHUxqKp",
-	"O4iqwo56zy9FYZy+1p2zTesshQPS1Lh362zG6kLsGLg2TnQhmF1KUwtHwTMTKNArsdIFsj1t7KJoMLt6",
-	"Qdevo1QK1jErZZ49MMw/fJMC7jfEr6WeJoLBmk/7QxaQfEWXnmZizOlboVdggj7LuYlQ8FukfT1H6yOF",
-	"Z5hZgs5AXHQuRZ45GxHJpMwFIZP1cfJkogTaDWC6WJ3qPAHzTpm5KNii0OU6Yd/9iJwI+VPCMgAxYTnf",
-	"isIk7PWrp8lEvX0L7Ilxa4UCyIbv3+LjJmG0VQzURoMPwT5rRWRj2FoUyBKTidqAviNByFwovVEDtE9p",
-	"HaSxCLsRYIpuNC1VGLYQ1pDJz1dioi5FkcnUEheVGXoAUAwwnhbaVATlIUGV3cS4qYzIQDeUzADhaA0i",
-	"wvtL8SF6oHYrE2bJ1zuOAY0pFdvoIjMJE6PFiE16uAOPT9j/+79sNs81t0eP4e/Xr57Cf4+P3IbAB26t",
-	"Yu/fsmP4cEwCh/3Xf8JDP549fT3p3UjjqPR7lkiwxmjzj4Lnb3Ou4i4OsHbYOufoh+BOFIwDlSEj5wEY",
-	"RECbpGEA7YJiq+cT5VhNgrim92E7twZJeFup8+TJ8xpQYK0vNRzticoEz3KpxACHUgyNO5gz9F4wNBXH",
-	"bnZWTe5dKEyqiZrncrG0bC6VNEs/HLLiBajl0jCr84xplQpmNTAZdIYgLkBn0mqi+o7u8D06fX6kS1HI",
-	"+RYh23CJfJb8PUpsmFTGchgYtAaWcyuKiartsFP0i8i5OxCA+QcmQLcZND06StPuFKUyI/Z0ogIgyfaA",
-	"nTHot1G6CcFs6/aE8JqwFS8u3LzomSIrN3aweGpj+uWmicgNd5i0GkDa253jIbpmgrQsCphiveQGxYCB",
-	"Ld97hnmhV+dNp0b3ENe/15jcV0RW+kN32IrEN0tthDsxoGGGJ8RvPmu6KyrNprOijgIDiAkdK82B/OEh",
-	"yUfkGhW/heDODRzzuhWODPbBettcRAC7W1GPGxDCDsZV2JngMccEnsfzyp/V5WvoeqQNJX/fA0NO9FOm",
-	"Vb6l/XDDOA8Rm/PciBEwVf7hlVALu+yNjw6PT2KetMabcRDwjJDOAuKOASIQFmAYwG9okAeGHdA4rA8A",
-	"l4VAuWfKNBXGTJRdFsIAkzQMvfgiq3nESnBFjAsW0AebD08m0nOmMVpiCQGDERz43Ai20pfCMO74MzJW",
-	"q1nlKTtltiirp1T9A6ovM55eEMdwSJlpnQuuACvoOtuxKe9E5aMWrMnEYuwEeDJtH3nNcVSyruAFy2UO",
-	"/B8d6qVdl06b8FIC+TS9nzg3Njn4XGBhtp0oaY3I57SWYMdPDr9+DOfbWlEA4H/56S+TSXl4eHj48+/+",
-	"KcZrPL91Hr1gqONHj5PeSqqKmOLjDvH/o2/wv6++oY9ff7Njulzz7CbD5RU809EXAjivPW9nYp1vI57m",
-	"NM5Ka+/sOBCWD0wtiNIlVwuRnTL/IAhB3IgRbssYtps2NqQMlM/XyOELIdbwAkEt1YL20jNEpVXTp+yc",
-	"u5/ABsn0vQ7j7/ChNsodypJrAgLf/eiNhy5mVbk69yo8/H1xCRwH9E347zyTK+QU0pyvco5KmZ+clSoX",
-	"Bs/BRDmbjSRdLg3pHitQX50WjyoWHsUtDkP+y8GpG3qinEMTZgOG4l8j9kN8M6JFZLTaxpl4fHL3R8Jj",
-	"ox2SeHhMR1uugCKOj06+Onny8PHJVwgBfXnUEe5J78NwoYf1t3jGEQ8BeQRcL9yZ+4OgpoX7mwPMl3Ow",
-	"CO9riraKUM2XOFqJnZBXjuE1aevi8rz0AZZaO9EleRMrWI8CEA+rwVW5mpEe90spSpF9wnoP90Opc2Dc",
-	"1wRtt4ebrVpXUuMphtrXYvWdi881Oc/3L//tVegUIOvwux+dX2AUsNnnZ09f95Lej/TfH169efZdL+m9",
-	"+cO/vnj2vpf0vnn56kWU477lsuhu66yOx1/Hbn3Y/irBJBNupXNgx7R8ZK8SlJk81xsUJN57ElVjSEXf",
-	"J0/kTMzp3AAra0/OAzPOx6h1wXxwPBNroTLDtCIlizgq+oJCH1rO4dMvJc/P7RolmBWFpr9X8oPIzo1Y",
-	"rFpRriAgQsbIbRZTCLKfb3yHy+Jt9fBV6MLf59U/1U9fJdeHNaqEBGkangkQRxdibVveANCjQc9F/QE0",
-	"xPod5mLHJDfRFQAqaCF5PojSQq0XtA3VLQvBCjYYczjqwEZX1QjiLc1Ba1ImZzxFokhPp9yQhl+GPIbV",
-	"AhAMN/YgcbK6toHcRlVeMWdgh8qBiaKgVGhBytjO1BA7OxeMK1IDkZLRzChzwZQQmcjILgEzwshMsEyS",
-	"OgGk73xo6Af76Xc/jy4uz1didY4eyVsZxrcGtnZeVs5XsETSpUgvYEcVo6N5yfNSIL3g3sAKYghryzh3",
-	"ACu20uBYATXE+DOck28LXa7jFiatwntca+eyntdOCCCDxi8u8OjpwPCVoMDKqKO/3cRanX/3wSfz2PPU",
-	"O8yv4xZN7/pVcrsIcsMNfBtfDmFXkoWKXnY8cmBhIq/JBRECmZeBm4cMy8GOuUhU3DF//0RE3jImfjMq",
-	"7yE6fQMD9jEGsn6QCd+O6RJU/nem9GbMOow4zoL3yJlobE+L7KP5AJ4cd7GJmyPlFdOIJ/UgJd8cZnU2",
-	"toMQ2YhzXXrg94rC1hzsuiDs/rkFiY8RUVSOWa3BeNVGhBRA4h2957jcwc075dByXZQP1hLHabWQvXES",
-	"Q8eOVAsyVpCpO34/p9CroDTbPajQURRNsGtpb0PFLy5sHhhyrFbaBIl6t1MPjHfkFdoKDGiiZc+ksjp0",
-	"fnvPqE/ExFAjsk4OR0zOXaZygucO9LQZTy9wU/FQgAIHX26twMgL/JFQ8gfHiCbLeZaJop0c69Q1kO6O",
-	"aft1iKwr/WBOoXaoo1X41T01Zkp+yDF7Nl03HYoPj9sejw53crrG+W2SOZ0CtzsGQeoeLFbPA3XyQVz1",
-	"O2Xc64pV7KUahJKaKwS2g2+gX6B325EmZ4UYNrxOfY6evUHlk3ZJUW9UvvXp+V0lYYcr2YFZq5puD7yL",
-	"n/VRlYRf0I6lRB3yGnoydmKlsVHHhydPIohezNbRSA/mC69Ly1xSeM6LhTCUIUSK7hpEU8b6QJ+GbQpp",
-	"rVAuqM0zIuoqZQn2mbbJan0xSNjR4V++RtI2B6YR+KqcHNc5NnJuhUq356WJIdBYgPTPZy/fv6gUwRXP",
-	"cw9/AtxzJYHVUsL97QHw2vtN3ND7IEJPq9eOCIEwN4Xm9ky8TqqzG4DhNrKBmcbJ28UX/9Qwa3cyxlos",
-	"J1610bVxFuS/EysqBNhrSivR5TzcXhMZrVhYUxHZN/Jqucxjo1fxT7Icl16J3+hQu8/kvKHRBxExNKzN",
-	"+c2wL7Sore46F6peztDafOARNqZ4HVcMMMStLlz4XO4fDabM7Sij7LoGxk273uuFGK5InN/AUHJyJQSE",
-	"xOQG9Oe0RtUFK4QSGwfwDdai2x9M1vZwx+mygNOaS7OKlQRYdW7XlSe3bSNhqhmoTsw9dAosbKWN9V+0",
-	"YuB352HO0vU5mPhdsGYC7Eb4/dMAONwfgJvxcnR/CPh1p19fj/71PWN//euuPjgTXyC64WeLnl9BPm6e",
-	"52/mvfFP+3hna3Wqd5Xc/MI71Hrw0ZZXpxCZUDbKEkEf8y4PylvF3J6Gqki6jTSmFORa6mPm00SBepkw",
-	"DgaiXIkMc1hJ6eLZSqpaKcRs2MG4ykR6YCaqhmrEvhNiDQp+f7rO1jlXPkFgOKyfGs5lLqaDU/LiUlEb",
-	"5nqS8Zdy/GYmmFnqjXLR5kk8c7S1PT8n0ZrUB4bNyzxv4CJB+8OX9SGU4YrR+UZ5b6R6VxIDH6WizUbB",
-	"6e56WMDsDz+8fA7bk+uNKFJuBKxTK5nyHABZoSoRhFMPh1/z4fznj0+uhtXfJ3v8fXR8FQ20Aqg7LGCf",
-	"HL2fBQz06XL5O4ZwrOxk5yE6g0k+RtNCO9DfoqoKH909Z3AUOxv2IsjplcaVeoIVgDo/mkl1KsMpxuMF",
-	"Oiv8k4Nkoqq4fP2z+4pUEPTNuCg900VCVLaRRqC7JAcTeTRRlFWK4YlmXkBn2DFYzlanF8xnGpezXJql",
-	"wKNFdhQdQizCpnxjDcywMKDjhAnE0boHrS3gbH2+1CaiIr779hVXC+9JGFMSfOAyKARPl4K0q2osX0LM",
-	"Les7CTKuU+j1nJUFhnUaKTkP7yLjoF7OWhd7LKcGGZ5n/UPAmVdwn3z99ZPBtULv8aNHDx/dXtyKqtj0",
-	"2rI9eqqbydSKnmASj6l9KXVKeiowaZvytNv4vocUqIvLm9YUZNWgLTxzlSW7qlfaEH8+jE3kfSe25KI+",
-	"Anl6/OgxS5e84CkeH18mmGplC50HP7lkxBDWxye7Smda63h0dHz3mPcstH2i7noezwsjvgsKK8aYqQu8",
-	"7O2aLvSlUEDv32DQ/Qpx/ZJePT5qiaWkVyr5Sync77YoBXqwG3bY9V7f+lEQOcCa9xaYZ6C0NwCkxNSV",
-	"VP5z15/s68WuHRieQROZFJPzhQ833v2RcKJm554qPdPZlqW6zDNmRZ6fMuD6IL+c86Ta8FAH23e/f6Dp",
-	"I5v9aK+9LouIwry0dt03AzYDZeyHs1fem+ZYb8S/eLdHpaW8uPJvV8RUAQGg17UiIZtvkjCy1l1qjzMo",
-	"xhF7gttbOq9v3W8AEzdv2OCq0oWep7TQc9RRLnl+7j2Z0YSxjvtyhw6Zc2PPl2Fm+n4LzgU34hxdTNvb",
-	"vmXtbYHfP0f4dumt7unza7Jly3V2S2qI6d/ej9uoG2jg0C0yCcmvMfu1NBBD7U66r4uO9zfXd1rfXUV4",
-	"D+Wyex5unyf3mcrgF1DCdqX2RPScfW27X02T6Ia6P1tR2J1diBIRTT1QMRuGolTs2xfv2QFfy4PLowM0",
-	"pv/lUorN712R+r5rBA1kp8n+ubrGXagKreT1T9UK2gtzUv/XELsdP9Sfl9SKQCuBTaCQdPmMWozA1o7Y",
-	"9zq0zBNns6+E5Rm3HOPT3gVlRFoI74Mq9Ezscj61IvXYhkxaH+yvHAVMOuu76eQidyHVL0nvHXMJABVc",
-	"zqfB6j4/1WRzXTgfGvnMwICqItOR2FmWFQ3JU3qlos4Jf3Jy8virk5PDrx5+dfj1o0fHh4eH1xrXV0kP",
-	"5z7fz/zpMvRdmQSfkzOQicvzVhemu1nqTWWTjiSC6sk6vodksuGmoopoOeWOyH8AQy7U563sKNo35vYh",
-	"aU+hN2SBtAk6QYPg8Qnr+8jaEXst/9Dw8sy2dke00rFHOqCRoPOzt3XaSXicWkeb9Y8ew2l5fEJpBIOE",
-	"LbnKXOoEOvZLuxTKyhSUpqrvTRvCgC6fNA2YaG3kHhrgDgLYwV2Ds7cjsl/tUkLnnwgoqtDV7RvbXYl8",
-	"ZLxbTIyyobMN//ruzfdsze3S23x6PheK2se43nL4ZiOz+aiT2byznnBnMVq5owuJlTYX1yhSHSclRbZ/",
-	"OHvJFF8B3HVrAz33PScReDBzzfjgwMVjRpm49G0kzYFUlzyX2dDXLly/m/irB7ZaUJWasGPTGvpVRE41",
-	"AlTkfHfl19W75AdPdZFRtlfVkS4qtVt6ekcr30Ouj+poevhtIzzf/CmLfrve9S2GclsjpPGB0+rpi8tR",
-	"WHd1cTnK3JZcXI6CKrPqc1Xbht9UtXb4ydXFeS01lqF85uLNLTGNZ3o3dw0CDm2eug8PbYrrnUPDA6eu",
-	"cQNWJaAH233RsD3v2+HJyw/nsMjzXKiIto9tK0HOlB+cYhTqt3esANSOMaqFbqvEFaxr24r5fWFAFusy",
-	"GqoYHjXtIrbk2Db427c/3D63YLhncsHF5T4beJebd7QPzq71EHuY/Ua2C7sxMZfKr0GuCmOEOXVrqBoa",
-	"hWWCq9JYzJLXl6LI+fo3tFCAY6/NSepsqGWVnZzTYf/tLKdWISJJHM1NgaVVpZunVSy46vWbCWOlItEZ",
-	"vkfWtUujKITR+SVJzr0M61CJvs3afH7S/WQg3ahcv4uqzl72DLyuB1CGGjelfkxUVvCN8p13SMiAAYtx",
-	"jFrmYNOs6vta0Iwm6v1SMFDw2wnmjKepWKNwSrVSwrdIyLeuSzZX7I+vnz6bqHQJYl8txNA3LqckY2lH",
-	"7EzYslDeAphtJ2racQ8dfJTZ1UGoUE0pov9ZdkG7UpmUkYZq3+BGLYbaOsKtIxBTGkOHVUxhBLngI6/S",
-	"mlu6TSKOh4ZGc45k052Y+IinooiW07vZ+xBVHhxTjlsGnyYoI82cL3eti1LcqQQjz2t207Any2vaRLek",
-	"5zVsNmL43MAeb8uvdrGkWHVahfVdRTsNVNxQqBM7FfXLFfZjZyM0KUN6SOKEGT0xzodbZd93S1dn2i6j",
-	"Wv47y3NxJuLZMH92x8xXw0msk65XSW0kpQmzvB+4Vm/YtGzEYAjsELNyZdu+WmVYHcwCZ098kyRgwiDY",
-	"saBXKyrzrbroj2EAWbgmUWUhqMMBpn0H3djqXHBsyUTmATZVIZQ8MHUHvYRtljJdBsUyde7Szj54E0WN",
-	"8LD/nHYpY3CK+lgonQqHBd8MrvE2S7lipRFMgujRRcXPakQPwLzJSrr8AbPRuUOUdxzXLaN8WzilWa7V",
-	"QhTIDnzej9J2idU+2EMSBhG8gb2qmhjwNVEFVg6RbGogYxg4eaOoBoNa8Ay7C8Lue89E3VzQ5+NHW9dd",
-	"Y/q1eC7SHkIujeuD5W94cDVGFXFZXiwENS27+2yyHXVOGI/CgiaL1QZ4uYO4pD5W3t2ai1UTpsePHj28",
-	"XQOrmlqubWjnHCo1SnSAuKp33n2mn9Zh506Htpvt8X3SJ9wEMeb4Ln4FBZ1t6jhGSlVVMYIx7FHdPi3M",
-	"d3YEWEWoDZuRGjJR6EM3zTwSRC/1wSQQXTzF+k535HhHYhk0u2CtySUZNCEPr0TwFy8E7QJ3llolvUas",
-	"bD8nHBLtim/BhKiSWrHaKMw2NSzT1KmOwgaD0D93H26pq6RnRFoW0m7fgfz3saOVVO/1Rax9/nQ4xJ+H",
-	"Fn6fjutyJGryZVg/E7mwIqHGpUkgvgxwYVTfRTZRm6UosPq0vt8IxwTmXOe3M+nyaFE/wZohwYuw9mpp",
-	"LVZVu+8j+5HmEqjs6duX7EJsWR/WsJbDC7E10wFzvfferIV6+nIYNMfAywrM6UR5cRK+R3FWyy8EFa9N",
-	"1ESBcGbKFUG1EMVALk2Hw7/q+iu6o4WSHSm/X5qJwisJXIexJfZIrJtw1JUAmbicouU69YVjUuFWiunA",
-	"mU8usu1bKHctnGlCpdQJo/shBhQ3zjd8G8KR8qLYgtC9bUR1v30DjOwmthBffbD5Vis+NGLNC4zV5NJY",
-	"uhoIO6rkVPWgxIZtdHExUVYvBG5HVmJbE84KbfFgDsZYnIA1bBuK+YzYS1uFXp37c6LIUEVE5Fyu8HsQ",
-	"mCQGMH8GFYSiVFgR3F/qDWt0oJyoXBuyrgLCTvVKGDRrByP2vdtrUbWQuxFvAPKza2pYgASm9XzTdvlK",
-	"gTYwmPS6VBlzpemOL6NHeKKQk6NOxs2S2g7rQmQOUcMAVyoLuTh3F4JgKQwqmxo0xpY2YViflK+gNoRZ",
-	"rRMGmzvEqn6MxxV+CFG4jj5E06ihtGtRKplB48m6PtFM1Hc/UoF9n6YsdC6SoPfLwCuvsOZW/F4JAVPq",
-	"iXKOB4ey1V77dYURrbmO3dkQcgBcHN1cBZqy0zkOnM6H110tCrFA4n/16jWm/lPLx4mautM99YK4wVxq",
-	"uVt1r2+df9xWYEHOE4OVEVY7FlPA6FPWt3zBpm7k6YD6je5inhPVnwK7+d00YdMDP+w0YTgIcBgup4Mq",
-	"7YFkCaZEMaEyZDYGZ5yoqV4DtwYO5SpJZluM4w59QTl8yD0xZjotV0LBGrDIGCgZkfQClAMsvK3RBYNO",
-	"d10NN2V9f9ncwHdnoObqEzWFPZ4mjLNlueKKTSl6NyUinaLsn4ZRxR2xUScN64JoECmsBrUWUA6xaO4E",
-	"35J7ABd4VubCuG5OFULZXOe53hjHK12KEF2ztsbEQbQNebocTxQHtr7U1IvfLusGusBtyT41G7RbTg4f",
-	"OZQoNn0KM0zdDSAT1Q+R6NrdEMqn7hC/P3v67AWMB8MgwIiFUz8vvuPJeurr7SpIREYGcGOek8OTEftz",
-	"IRFH4ZxgNXPrhBlnmDeFbnojYKue0R2Bw/fbtRizkBYcDZwcPZqoqrwI7UkgPNfxgbNZoTdGFNTHjriL",
-	"LuRCKmxHPH2Df0+dPHCrQLuBDtcD6l0+fSfS4TfCpsvhO2nFmGGXl6GRVkwHhKqH3gsAGgagXGTDpTbW",
-	"TJkRYPdXpEUSavpHbey0i7iT46OJei1NJguRwndn7rXGxsFWgYlpLHv+/TtWiJlE+h2xp36eiUJkNnst",
-	"86KQlwKJQypQfOAZzHvQJUFzcvjEH/yKpQKlgrqD90eNGNWQuQJM2DmJJfOCTf9t6KAdvsymYzcGqnkP",
-	"qAbRtxfE7EB4Rc+p6OTo+AlbF1KRcfL03bOXL4NKk1rZM2ueCtBzqqhotfmn5NXGvtQs167nf3UnVq4X",
-	"EwUrwy4W5ZpufGS5WBjyrgQpQ/1uY6GBo1FcE4qml8+Jy5JkIS3ZXT6wJm45rl1GlIikDbzsVHvX7Hb6",
-	"8WrqpBjehgiU2tI/XUvy+iIgN1e/qYklbe32NMqkEqLRStUm/ttiTGgeYpN4tI9Snufo2lJs+mHotN0h",
-	"4XqaNAgmgFuouS5SYQKejsdSfOCpzR1tot1o1iIFEhOrmcgysENgpkDAnTIj/KWcB7y0y9FCD8YkrEAF",
-	"xbTDQcKmXvlBvRSQ47CVuCTEUNdzPi+qhsWnTlnjGplMpDJDNMh0STqnoagIIAXMDJjSiHw+re+BcKRe",
-	"z0NggaI0pR7hU3iMoG7DlDDFiwK4hw/TVHsCwyCoNNdEBXCjIB2ctpdT7x36Jnmej9ibkCToggzYIUcP",
-	"U9c1uXF0QnIhmp96Ip4SFcOR2NY+NvQmap0b4EfEj/tv37x7n7C3P8A/T98/+2PCnr949eL9i0FN1l3S",
-	"As12HdGaiI7wXNRev4auhcCTFMRjFXTB7J8cPhz4xutAQHgCnqptQKcOabxSMLu3CxEDNGz66PDhFGfy",
-	"mgebXpuRVNb34E6dv3Ia3BE7xWs0QEbSbaSIVZyxLhungtOM9d/S5UXv/vQKUbUWGSr2HjNA4qXCp5Gx",
-	"ukxydNWhLA2MHEQyz3Nk6gpGybfAQDaVmxV7pKOCSspbQ6y6AV0VOyV79dz6gxuOxr3D0dHoEJPfQdFc",
-	"y96493B0OHpI7rkl+jq8QVzf8bigcGh1Gl5mvXHvlTT2BT2SNG5w/qlTH4r3O9L6gwsfT1mj1pUudtwI",
-	"TKnCi5t/KQVmobubm6mFVC+8rbmTP3pd1shV8jE6rm+VVg/rKoZ74yOMzlfB+xuD9bumqK/i/KSbpn9u",
-	"3TR9fHh4zSXOt7u8ub7kM3a/NN0cpefeHALSOaHZY4NWUAZ3Qic9X09ABjiORDoCbTdFW4Bw+cLg9brE",
-	"bXo/J702U3JX++KwTTo9IJ1iJ7m+w5/3I1g4Tnzr1lwFKqRhMquAjW0zPvl5BNr1saMXl5AmM5DEivVx",
-	"Ge90WaQClXW06dGB4bTGwSnbSOXDrg4sBJnYWw3zK27sEMcbvnz+GbDfTKNWfLAH4Y3f0Qu5TXC9euey",
-	"83fvXjB695SR5wtpCXs0oRJ19IgZF2aTdME0WvCunXa+rYParkGAWZbW4O3iSRCR8iNPPBPt3EU+6X3C",
-	"WUh6jw4f3vx8eFd78/x8LzYVVXozaYj6vPu2T4QC/IYuV0+Yq6JguMeDTz9meMnlzuP1rbB4J2LvHllV",
-	"46LPCIEEHt5RC3H4qruzjjQWcmpV1yx6tSLzFwk6FePT8VV1/twpPd+65pstXnR7GdWRUvvIqXaiW771",
-	"nYpddjRZYdJUcVB3XR5njW7BTGaDhJS9sIct6zuvP8+1EmN2cnxMfX3qfm+VW5LC7X/7j//1t//5f3Cl",
-	"f/uP/93sU91qTR1eITjbusQpzswvJZiAs1ynF+7itRW3hfxwyrDBqb+0EIbYLHXumjfv4ObtDr017luX",
-	"lkQCm/8cjSjeiHTn02zj/JTQ2wYoBnSrjfA9wdzaQWkqcqkvmgLbpBmfR55cFWiZwSm6RbpLA62wSUpA",
-	"PNfv0m9Rtaq6Au/gVYjBTxIjJ8fHn6qCvbimhXLVpNzfTPaZ3O+g7ii9iGVUvlG+ffpaFLXjBzc9aTSV",
-	"HnSb0ju/obv+zGLYifxaMPcpS7WxMPomuGKvzr1y3AMbd5OHq2Y4//WfnmBH7HmBTFBhrzOC1Vmbjdgh",
-	"rPZfGkT8+0l5eHj8OKTj37tsybgk+Na3mb5Xeqzbf+8gStqyUURxpwOPv5OHxHX/3DrBAHzaNQhHfBKz",
-	"/VwS+uiwenXwkXB5ddC4h+RaRT7MUXHN0k6D4DpxOepbhfdpwiP9k8OTitlgU/4Ir6lTQ6hM7ZN4T1Td",
-	"d1R/B9BWqXl3AuzPSW9d7moAXnX5bjrfnH9RZq7rccEVa/SgHkTcgCP2tHs1ybVtpqscvlqdqxiZux3Q",
-	"dDs8J+6iWe6bMWNKIFh+KUkqXXVvdRHCOrg76pxiSnCsG6UT1oWxf9DZ9k5PcHCxTjNJyTWjuVf20Zo8",
-	"Tgq0ZTysqfsUGXd4dMvnH97y+ZPbPX90y/GPHt2zTHduYOR77dSHn34G9hKmLeE3cIxrrn6G+xMejXVA",
-	"wPuxbZh4P7b9S6tbdi5iaXMvfKfkTvNs1u82zx4wlww7bnIAHxOuk3TrJs01l31gam8UXUXOg/nOczm3",
-	"InOPuIj1ZqmZ+17aETs5PCGXQsgp6jvQPXvzPaNbt4SMIsrA3P4pvPakdZpP4gw4QJI0Dr7Rb/MQPfoM",
-	"Ir+BnAF5LlO7QTh70zKO73uy/EOp+AJKRcg3fJ/Y3f4S14VgD3+Jq9zeDyjqPrPLd+8bTu03VnXba3yw",
-	"6lL+mF2OfRk/v+1b5/oel/SYC35ZpcG4YCn1BsIcPdz8YuirGqWxZjBmmJDLGTr/hhvQ5C6l2LC1pruJ",
-	"YmuEB+Kuqt68REL3+bvuoz/BkWTcezXPfcviXaoMJkB+ZsQDJqCRElbfo+QKeG5jGCW9dbQ97lNMxsD0",
-	"S4qWUuTdxaD7Xf3aR6obKSR0xbIjijBFkpJaqqqMYJ5W7qabqREZx5SgABqMiOdcrihcgSFOdxFjI2l0",
-	"onRpR+ypqrMgH5hmBnQzoAxQNmLUE9XK2/ApIv1c6/WMpxeYW1SnCA+CNJCYlX7mcIDt2e9Jue/0cv/C",
-	"+j1pcrG4i/jgnHkoHjbcMNfKhfXRIQMyJUjhmZWrNaDeO3ur6751UacBIym52PYAj9kxKSv3u5gqt/k3",
-	"apQ8ueXzX/8dGTFB3jvZL59o1bir5HXDaPc5SP1ybURhPRvePyJWXRZ/1dZasC66adQ0ucdz/L7iHTep",
-	"9GdipS//+2jwt1TOd8Uf4+i9W/54Q/TRSao6CHlb/F7dWilo6sKxaepHnPrd6+rdVNmP5UkRp+q+o9Y6",
-	"Sov8YdzfyPYkTOkN81Vt/zhikSMWJ45Ga+PPJpBW46Uqzy+axBlVY7vOkz96CO9RSavm+NLaWTXxmVjn",
-	"UQr/s69QJv3KLLFJS6Yx5+7vwwV7W+3o78Vlu9/xxcbEO07v2rdxjQZin3bSs6mazF9fREXE5DzVpqrp",
-	"J/NsyfM5fAMPv33OzDqXtuppEMRr+9xFYhulaYMkGgOqHKtVhVbVN7S6GrGrAeAi71PG4AQ7Qx96Jn6D",
-	"AuWOQgU8cxp0p+lv2HbX3WV4i9BB8hnCpLwrWcLOfODPeXcvpS6N39I2qb0lUqzJ7R6cATWlfUEPwI3k",
-	"/Y+o3m8/queoMzwCjeu0fREtZWH17kK6FK17z6JC5hsfDKuPZftavDpA5yuV2zXHE4VORFduTIXLXVHE",
-	"K0GU+HLgShpNFNU1jxmP1zNzVoiVtqLThdw9jFVkhcBi56DuWaLH0sdVAoaDgcWTw4cxt6IzW8+al9Z8",
-	"cRefN47+Ds2hTzpCgS3fKaZn/WuaPiSdlg+DLyUO4yeT2rjcvcX2PlLstuLFBavq6nDmEeuqlnQ/wVoX",
-	"dqLoNo2EXHXUe6rbYElXdU7kwHMJeHU7J19cXrcrmgbZ/tQVjIrIqGMCcZ+Jevl8cMp8J4Zu3wVeiE7b",
-	"hWoM1j85/tplDgYFZIOahVGXlyp7QDRhiHGD17y4cFfE5PelWITt2H6FAMMeHpqgDsPRRB9RmVBBnQsZ",
-	"BO0J6aENN2FDs4Tp0mKMAt8Lsi6qjIzBP4ziX13jgee//tLs/TUyqoBNndY3t1duLh8hxVhj5fvfP1jg",
-	"TljSq5p89MYf6aM9RxXk3HU/8V9SPU/4LbXjanz4d/cJ791Pjf/UHg9bevlnuwNfHh2kS24R2bmwrlOl",
-	"/yX2Jc6An1tbgKjFCUiy4LU42OJlfHBwdPzV6HB0ODoaPzl8ctgLfBkffbqAxyPsm/uKuqA0vzEg4v5/",
-	"AAAA//8=",
+	"7H3tchs5kuCrIHgbYXK2SH1YdrupmNjQ2O4eb9ttj+zu2YhmjwhWgSRGRYBdQInmOvT/4m7/b8S9yP2/",
+	"fZN5kovMBKpQVaBE2Za7Y3b+2CJZBSQSifzOxIdeqldrrYSypjf+0Fvzgq+EFQV+eiNE8eIZ/JUJkxZy",
+	"baVWvXHvjK2FKJjMThlXW6btUhTM2EKqBVN8JQxTmh7pnxyeDEa9pCfhvTW3y17Sg0d6457MekmvEL+U",
+	"shBZb2yLUiQ9ky7FisOU/1SIeW/c+x8HNYQH9Ks5IMDe4oy96+trGMestTKC4C70LBcr+DPVygpl4U++",
+	"Xucy5bCGgzU98c9/NbCgD/tO68bFGVsoUUwUhS4Sxg07/+Yp+/rk0VfMTcMyYbnMzah3nfR+UPyKy5zP",
+	"cvElAXx9JQrGWarVXC7KQmQslytpWX84XPH3Q3EllB0aWwi+MoOE6YLZpWBGFPCeNMwsS2thgzO9UafM",
+	"FlvGF1wqxudWFOxc2GI7PMO/jUi1ygxs+1LwzBFT8ERzQXa7RnJQVixEAbAD9G5J8MAfCsEv6a3mmt4t",
+	"BUtlkZbSshk9xOySWwSdK7MRSJKFQLw+MKzQJQB4KcTasLkGhACZThT9yWUxZtIapjeK6RksHneD6TkD",
+	"QhXGmoQpbVkhFtIADozlViTMaGY3eqLcVIat+JZl0vBFIcSInc2MUJZtlkIRgA4QW/D0Ek6LEqwPQNO5",
+	"MhMFk0iFwMCzsAyj+Nosta02B+BlSsAGzbnMRTYYTVQv6a0LvRaFlXQYjFSp6OIOYZGW5dxYptdCCTjN",
+	"Hk6ZC5bm2gg4o3NdrLjtjXsZt2Jo5Ur0Er9rxp3BpIeY6M4DQ49ZIealERkrlZU5Ap9qnQ+BlphQmTll",
+	"S57PL+hhwAbQv/BIB/rLBWxrocsFsBChylVv/FOvghHeBHrzo/R+7oB4HXKbnxy89WN69leRWljJc7WQ",
+	"CpfipzGLnKtFL+ld5fmql/SMXEUmSHrPr9xRbm4Bx+/2QyNykeBY1L8shBIFJ7QGo0llH5/UI1XHKAEG",
+	"u9+Dl1Jl4XKJukUhiEPzbNvD/c0FfvY/X7jtcY813hLv15L+ygoulXtkpa/wr19KXnBl3felWgqe2+WW",
+	"GEZ+YSwvaFT8yFOgf/ep/ppovjHahS0kz5tf5XIOY8W2ayWM4QsRxTacxAvCYPw3kmIfbqEyFHJ+rPBN",
+	"h/XGtiZAKVGKBLp6KU2EtpBx41/SipW5TUIQhV5Xc/Ci4Fv4rMR7e5GWhdERRrvmxoBgm87EXBdiirwT",
+	"TjG8xfo6z0QxYGvAZXI7wbVQ5FYQW/c3uRDWsX/TBSvK5h1vfWC8SDDEcnkhkHUTy6h5nbRLXVrm3+vw",
+	"T+CyhnhKBC+yqKeBZ4A3AxMaOobUPWxAAjvHA/Z/p/FauAwGT0LIdyL3lc5E3qWqTKQ6ExGU0w/DlK9B",
+	"gUF5ZaLLXPmBo6fHxAQ/YF7MZZ5H5nW/7DEx8auYXtFEFQHowan5XAVDUmFhJ/beAIa72AvZW5RmDCtV",
+	"BvqYYsDcrgSrX4kvSpfWa4zdX622PO/OBJrBlvXdghJGyxmg3nA7KdGgwdRNtr0TJ2/L1YoX2y44T3Wp",
+	"QLe6EsWNClpT1wEeVlqR+YMKOhbP8C2uLs2YpUvB1wwOuNqyOUDAjPx3MWKgHYKQLw1ypgeGkTbKuMom",
+	"yhCYMY1pFjCcm3hpkztdJ73Z9qLQtEk8yySsm+dvGmN3N6/LAQybbRkM1Nm7hM20XQ56EdzPtheVBvbJ",
+	"k9NIkVnw0ESOp9EgsOFVf6z2kkYBC4qIpLU/XbcOQefwZt7iiGxfKdJH04cNh+4L2II5L3MyLpbaWDR1",
+	"B1FV2FHvxZUojNPXunO2aZ2lcECaGvdunc1YXYgdA9fGiS4Es0tpauEoeGYCBXolVrpAtqeNXRQNZlcv",
+	"6OZ1lErBOmalzLMHhvmHb1PA/Yb4tdTTRDBY82l/yAKSr+jS00yMOX0r9ApM0Kc5NxEKfoO0r+dofaTw",
+	"DDNL0BmIi86lyDNnIyKZlLkgZLI+Tp5MlEC7AUwXq1OdJ2DeKTMXBVsUulwn7LsfkRMhf0pYBiAmLOdb",
+	"UZiEvXp5lkzUmzfAnhi3ViiAbPjuDT5uEkZbxUBtNPgQ7LNWRDaGrUWBLDGZqA3oOxKEzKXSGzVA+5TW",
+	"QRqLsBsBpuhG01KFYQthDZn8fCUm6koUmUwtcVGZoQcAxQDjaaFNRVAeElTZTYybyogMdEPJDBCO1iAi",
+	"vL8U76MHarcyYZZ8veMY0JhSsY0uMpMwMVqM2KSHO/D4hP2//8tm81xze/QY/n718gz+e3zkNgQ+cGsV",
+	"e/eGHcOHYxI47L/+Ex768fzs1aR3K42j0u9ZIsEao80/Cp6/ybmKuzjA2mHrnKMfgjtRMA5UhoycB2AQ",
+	"AW2ShgG0C4qtnk+UYzUJ4preh+3cGiThbaXOkyfPa0CBtb7UcLQnKhM8y6USAxxKMTTuYM7Qe8HQVBy7",
+	"2Vk1uXehMKkmap7LxdKyuVTSLP1wyIoXoJZLw6zOM6ZVKpjVwGTQGYK4AJ1Jq4nqO7rD9+j0+ZGuRCHn",
+	"W4RswyXyWfL3KLFhUhnLYWDQGljOrSgmqrbDTtEvIufuQADmH5gA3WbQ9OgoTbtTlMqM2NlEBUCS7QE7",
+	"Y9Bvo3QTgtnW7QnhNWErXly6edEzRVZu7GDx1Mb0y00TkRvuMGk1gLS3O8dDdMMEaVkUMMV6yQ2KAQNb",
+	"vvcM80KvLppOje4hrn+vMbmviKz0h+6wFYlvltoId2JAwwxPiN981nRXVJpNZ0UdBQYQEzpWmgP5w0OS",
+	"j8g1Kn4LwZ0bOOZ1KxwZ7IP1trmIAHa3oh43IIQdjKuwM8Fjjgk8jxeVP6vL19D1SBtK/r4Hhpzop0yr",
+	"fEv74YZxHiI257kRI2Cq/P1LoRZ22RsfHR6fxDxpjTfjIOAZIZ0FxB0DRCAswDCA39AgDww7oHFYHwAu",
+	"C4Fyz5RpKoyZKLsshAEmaRh68UVW84iV4IoYFyygDzYfnkyk50xjtMQSAgYjOPC5EWylr4Rh3PFnZKxW",
+	"s8pTdspsUVZPqfoHVF9mPL0kjuGQMtM6F1wBVtB1tmNT3orKRy1Yk4nF2AnwZNo+8prjqGRdwQuWyxz4",
+	"PzrUS7sunTbhpQTyaXo/cW5scvC5wMJsO1HSGpHPaS3Bjp8cfv0Yzre1ogDA//LTXyaT8vDw8PDn3/1T",
+	"jNd4fus8esFQx48eJ72VVBUxxccd4v9H3+B/X31DH7/+Zsd0uebZbYbLS3imoy8EcN543s7FOt9GPM1p",
+	"nJXW3tlxICwfmFoQpUuuFiI7Zf5BEIK4ESPcljFsN21sSBkon2+Qw5dCrOEFglqqBe2lZ4hKq6ZP2Tl3",
+	"P4INkul7E8bf4kNtlDuUJTcEBL770RsPXcyqcnXhVXj4+/IKOA7om/DfRSZXyCmkuVjlHJUyPzkrVS4M",
+	"noOJcjYbSbpcGtI9VqC+Oi0eVSw8ilschvyXg1M39EQ5hybMBgzFv0bsh/hmRIvIaLWNM/H45PMfCY+N",
+	"dkji4TEdbbkCijg+Ovnq5MnDxydfIQT05VFHuCe998OFHtbf4hlHPATkEXC9cGfuD4KaFu5vDjBfLsAi",
+	"vK8p2ipCNV/iaCV2Ql46htekrcuri9IHWGrtRJfkTaxgPQpAPKwGV+VqRnrcL6UoRfYR6z3cD6XOgXFf",
+	"E7TdHm62al1JjacYal+J1XcuPtfkPN+/+LeXoVOArMPvfnR+gVHAZp+dn73qJb0f6b8/vHz99Lte0nv9",
+	"h399/vRdL+l98+Ll8yjHfcNl0d3WWR2Pv4nd+rD9dYJJJtxK58COafnIXiUoM3muNyhIvPckqsaQir5P",
+	"nsi5mNO5AVbWnpwHZpyPUeuC+eB4JtZCZYZpRUoWcVT0BYU+tJzDp19Knl/YNUowKwpNf6/ke5FdGLFY",
+	"taJcQUCEjJG7LKYQZD/f+g6XxZvq4evQhb/Pq3+qn75Obg5rVAkJ0jQ8EyCOLsXatrwBoEeDnov6A2iI",
+	"9TvMxY5JbqIrAFTQQvJ8EKWFWi9oG6pbFoIVbDDmcNSBja6qEcRbmoPWpEzOeIpEkZ5OuSENvwx5DKsF",
+	"IBhu7EHiZHVtA7mNqrxizsAOlQMTRUGp0IKUsZ2pIXZ2LhhXpAYiJaOZUeaCKSEykZFdAmaEkZlgmSR1",
+	"Akjf+dDQD/bT734eXV5drMTqAj2SdzKM7wxs7bysnK9giaRLkV7CjipGR/OK56VAesG9gRXEENaWce4A",
+	"VmylwbECaojxZzgn3xa6XMctTFqF97jWzmU9r50QQAaNX1zg0dOB4StBgZVRR3+7jbU6/+6Dj+axF6l3",
+	"mN/ELZre9evkbhHkhhv4Lr4cwq4kCxW97HjkwMJEXpMLIgQyLwM3DxmWgx1zkaj4zPz9IxF5x5j47ai8",
+	"h+j0LQzYxxjI+kEmfDemS1D535nSmzHrMOI4C94jZ6KxPS2yj+YDeHLcxSZuj5RXTCOe1IOUfHuY1dnY",
+	"DkJkI8516YHfKwpbc7CbgrD75xYkPkZEUTlmtQbjVRsRUgCJd/Se43IHt++UQ8tNUT5YSxyn1UL2xkkM",
+	"HTtSLchYQabu+P2cQq+C0mz3oEJHUTTBrqW9CRW/uLB5YMixWmkTJOrdTj0w3pFXaCswoImWPZPK6tD5",
+	"7T2jPhETQ43IOjkcMTl3mcoJnjvQ02Y8vcRNxUMBChx8ubUCIy/wR0LJHxwjmiznWSaKdnKsU9dAujum",
+	"7dchsq70gzmF2qGOVuFX99SYKfk+x+zZdN10KD48bns8OtzJ6RoXd0nmdArc7hgEqXuwWD0P1MkHcdXv",
+	"lHGvK1axl2oQSmquENgOvoF+gd5tR5qcFWLY8Dr1OXr2BpVP2iVFvVb51qfnd5WEHa5kB2ataro98C5+",
+	"1kdVEn5BO5YSdchr6MnYiZXGRh0fnjyJIHoxW0cjPZgvvC4tc0nhOS8WwlCGECm6axBNGesDfRq2KaS1",
+	"QrmgNs+IqKuUJdhn2iar9eUgYUeHf/kaSdscmEbgq3Jy3OTYyLkVKt1elCaGQGMB0j+fv3j3vFIEVzzP",
+	"PfwJcM+VBFZLCfd3B8Br77dxQ++DCD2tXjsiBMLcFJrbM/E6qc5uAIbbyAZmGidvF1/8U8Os3ckYa7Gc",
+	"eNVG18ZZkP9OrKgQYK8prUSX83B7Q2S0YmFNRWTfyKvlMo+NXsU/yXJceiV+o0PtPpPzhkYfRMTQsDYX",
+	"t8O+0KK2uutcqHo5Q2vzgUfYmOJ1XDHAELe6cOFzuX80mDK3o4yy6xoYN+16rxdiuCJxfgNDycmVEBAS",
+	"kxvQn9MaVResEEpsHMC3WItufzBZ28Mdp8sCTmsuzSpWEmDVhV1Xnty2jYSpZqA6MffQKbCwlTbWf9GK",
+	"gX8+D3OWri/AxO+CNRNgN8LvHwfA4f4A3I6Xo/tDwK87/fpm9K/vGfvrX3f1wZn4AtENP1v0/ArycfM8",
+	"fz3vjX/axztbq1O96+T2F96i1oOPtrw6hciEslGWCPqYd3lQ3irm9jRURdJtpDGlINdSHzOfJgrUy4Rx",
+	"MBDlSmSYw0pKF89WUtVKIWbDDsZVJtIDM1E1VCP2nRBrUPD703W2zrnyCQLDYf3UcC5zMR2ckheXitow",
+	"15OMv5TjNzPBzFJvlIs2T+KZo63t+TmJ1qQ+MGxe5nkDFwnaH76sD6EMV4zON8p7I9W7khj4KBVtNgpO",
+	"d9fDAmZ/+OHFM9ieXG9EkXIjYJ1ayZTnAMgKVYkgnHo4/JoP5z9/eHI9rP4+2ePvo+PraKAVQN1hAfvk",
+	"6P0sYKBPl8vfMYRjZSc7D9E5TPIhmhbagf4OVVX46O45g6PY2bDnQU6vNK7UE6wA1PnRTKpTGU4xHi/Q",
+	"WeGfHCQTVcXl65/dV6SCoG/GRemZLhKiso00At0lOZjIo4mirFIMTzTzAjrDjsFytjq9ZD7TuJzl0iwF",
+	"Hi2yo+gQYhE25RtrYIaFAR0nTCCO1j1obQFn64ulNhEV8e23L7laeE/CmJLgA5dBIXi6FKRdVWP5EmJu",
+	"Wd9JkHGdQq/nrCwwrNNIyXn4OTIO6uWsdbHHcmqQ4XnWPwSceQX3yddfPxncKPQeP3r08NHdxa2oik1v",
+	"LNujp7qZTK3oCSbxmNqXUqekpwKTtilPu43ve0iBury6bU1BVg3awjNXWbKreqUN8afD2ETed2JLLuoj",
+	"kKfHjx6zdMkLnuLx8WWCqVa20Hnwk0tGDGF9fLKrdKa1jkdHx58f856Ftk/U557H88KI74LCijFm6gIv",
+	"e7umC30lFND7Nxh0v0Zcv6BXj49aYinplUr+Ugr3uy1KgR7shh12s9e3fhREDrDmvQXmOSjtDQApMXUl",
+	"lf/c9Sf7erEbB4Zn0EQmxeRi4cONn/9IOFGzc0+Vnulsy1Jd5hmzIs9PGXB9kF/OeVJteKiD7bvfP9D0",
+	"kc1+tNdel0VEYV5au+6bAZuBMvbD+UvvTXOsN+Jf/LxHpaW8uPJvV8RUAQGg17UiIZtvkjCy1l1qjzMo",
+	"xhF7gts7Oq/v3G8AEzdv2eCq0oWep7TQC9RRrnh+4T2Z0YSxjvtyhw6Zc2MvlmFm+n4LzgU34gJdTNu7",
+	"vmXtXYHfP0f4bumt7umLG7Jly3V2R2qI6d/ej9uoG2jg0C0yCcmvMfuNNBBD7U66r4uO9zfXd1rfXUV4",
+	"D+Wyex7unif3icrgF1DCdqX2RPScfW27X02T6Ia6P1lR2J1diBIRTT1QMRuGolTs2+fv2AFfy4OrowM0",
+	"pv/lSorN712R+r5rBA1kp8n+qbrG51AVWsnrH6sVtBfmpP6vIXY7fqg/L6kVgVYCm0Ah6fIZtRiBrR2x",
+	"73VomSfOZl8JyzNuOcanvQvKiLQQ3gdV6JnY5XxqReqxDZm0PthfOQqYdNZ308lF7kKqX5LeO+YSACq4",
+	"nE+D1X1+qsnmunA+NPKZgQFVRaYjsbMsKxqSp/RKRZ0T/uTk5PFXJyeHXz386vDrR4+ODw8PbzSur5Me",
+	"zn2xn/nTZei7Mgk+JWcgE1cXrS5Mn2ept5VNOpIIqifr+B6SyYabiiqi5ZQ7Iv8BDLlQn7ayo2jfmLuH",
+	"pD2F3pIF0iboBA2Cxyes7yNrR+yV/EPDyzPb2h3RSsce6YBGgs5P39RpJ+Fxah1t1j96DKfl8QmlEQwS",
+	"tuQqc6kT6Ngv7VIoK1NQmqq+N20IA7p80jRgorWRe2iAOwhgB3cNzt6OyH61SwmdfyKgqEJXt29sdyXy",
+	"kfFuMTHKhs42/Ovb19+zNbdLb/Pp+Vwoah/jesvhm43M5qNOZvPOesKdxWjlji4kVtpc3KBIdZyUFNn+",
+	"4fwFU3wFcNetDfTc95xE4MHMNeODAxePGWXiyreRNAdSXfFcZkNfu3DzbuKvHthqQVVqwo5Na+hXETnV",
+	"CFCR892VX1fvkh881UVG2V5VR7qo1G7p6R2tfA+5Pqqj6eG3jfB886cs+u1617cYym2NkMYHTqunL69G",
+	"Yd3V5dUoc1tyeTUKqsyqz1VtG35T1drhJ1cX57XUWIbyuYs3t8Q0nund3DUIOLR56j48tCmudw4ND5y6",
+	"xg1YlYAebPdFw/a8b4cnL99fwCIvcqEi2j62rQQ5U753ilGo335mBaB2jFEtdFslrmBd21bM7wsDsliX",
+	"0VDF8KhpF7Elx7bB37754e65BcM9kwsur/bZwM+5eUf74OxGD7GH2W9ku7AbE3Op/BrkqjBGmFO3hqqh",
+	"UVgmuCqNxSx5fSWKnK9/QwsFOPbanKTOhlpW2ck5HfbfznJqFSKSxNHcFFhaVbp5WsWCq16/mTBWKhKd",
+	"4XtkXbs0ikIYnV+R5NzLsA6V6Luszecn3U8G0q3K9duo6uxlz8DregBlqHFT6sdEZQXfKN95h4QMGLAY",
+	"x6hlDjbNqr6vBc1oot4tBQMFv51gzniaijUKp1QrJXyLhHzrumRzxf746uzpRKVLEPtqIYa+cTklGUs7",
+	"YufCloXyFsBsO1HTjnvo4IPMrg9ChWpKEf1PsgvalcqkjDRU+wY3ajHU1hFuHYGY0hg6rGIKI8gFH3mV",
+	"1tzRbRJxPDQ0mgskm+7ExEc8FUW0nN7t3oeo8uCYctwy+DhBGWnmfLVrXZTiTiUYeV6zm4Y9Wd7QJrol",
+	"PW9gsxHD5xb2eFd+tYslxarTKqzvKtppoOKWQp3YqahfrrAfOxuhSRnSQxInzOiJcT7cKvu+W7o603YZ",
+	"1fLfWp6LcxHPhvmzO2a+Gk5inXS9SmojKU2Y5f3AtXrDpmUjBkNgh5iVK9v21SrD6mAWOHvimyQBEwbB",
+	"jgW9WlGZb9VFfwwDyMI1iSoLQR0OMO076MZW54JjSyYyD7CpCqHkgak76CVss5TpMiiWqXOXdvbBmyhq",
+	"hIf957RLGYNT1MdC6VQ4LPhmcI23WcoVK41gEkSPLip+ViN6AOZNVtLlD5iNzh2ivOO4bhnl28IpzXKt",
+	"FqJAduDzfpS2S6z2wR6SMIjgDexV1cSAr4kqsHKIZFMDGcPAyRtFNRjUgmfYXRB233sm6uaCPh8/2rru",
+	"BtOvxXOR9hByaVwfLH/Dg6sxqojL8mIhqGnZ588m21HnhPEoLGiyWG2AlzuIK+pj5d2tuVg1YXr86NHD",
+	"uzWwqqnlxoZ2zqFSo0QHiKt6591n+mkddu50aLvdHt8nfcJNEGOOb+NXUNDZpo5jpFRVFSMYwx7V7dPC",
+	"fGdHgFWE2rAZqSEThT5008wjQfRSH0wC0cVTrO90R453JJZBswvWmlySQRPy8EoEf/FC0C5wZ6lV0mvE",
+	"yvZzwiHRrvgWTIgqqRWrjcJsU8MyTZ3qKGwwCP1z9+GWuk56RqRlIe32Lch/HztaSfVOX8ba50+HQ/x5",
+	"aOH36bguR6ImX4b1M5ELKxJqXJoE4ssAF0b1XWQTtVmKAqtP6/uNcExgznV+O5Mujxb1E6wZErwIa6+W",
+	"1mJVtfs+sh9pLoHKzt68YJdiy/qwhrUcXoqtmQ6Y6733ei3U2Yth0BwDLyswpxPlxUn4HsVZLb8UVLw2",
+	"URMFwpkpVwTVQhQDuTQdDv+q66/ojhZKdqT8fmkmCq8kcB3GltgjsW7CUVcCZOJqipbr1BeOSYVbKaYD",
+	"Zz65yLZvody1cKYJlVInjO6HGFDcON/wbQhHyotiC0L3rhHV/fYNMLKb2EJ89cHmW6340Ig1LzBWk0tj",
+	"6Wog7KiSU9WDEhu20cXlRFm9ELgdWYltTTgrtMWDORhjcQLWsG0o5jNiL2wVenXuz4kiQxURkXO5wu9B",
+	"YJIYwPwZVBCKUmFFcH+pN6zRgXKicm3IugoIO9UrYdCsHYzY926vRdVC7la8AchPb6hhARKY1vNN2+Ur",
+	"BdrAYNLrUmXMlaY7vowe4YlCTo46GTdLajusC5E5RA0DXKks5OLcXQiCpTCobGrQGFvahGF9Ur6C2hBm",
+	"tU4YbO4Qq/oxHlf4IUThOvoQTaOG0q5FqWQGjSfr+kQzUd/9SAX2fZqy0LlIgt4vA6+8wppb8XslBEyp",
+	"J8o5HhzKVnvt1zVGtOY6dmdDyAFwcXRzFWjKTuc4cDofXne1KMQCif/ly1eY+k8tHydq6k731AviBnOp",
+	"5W7Vvb51/nFbgQU5TwxWRljtWEwBo09Z3/IFm7qRpwPqN7qLeU5Ufwrs5nfThE0P/LDThOEgwGG4nA6q",
+	"tAeSJZgSxYTKkNkYnHGipnoN3Bo4lKskmW0xjjv0BeXwIffEmOm0XAkFa8AiY6BkRNJzUA6w8LZGFww6",
+	"3XU13JT1/WVzA9+dgZqrT9QU9niaMM6W5YorNqXo3ZSIdIqyfxpGFXfERp00rAuiQaSwGtRaQDnEorkT",
+	"fEvuAVzgeZkL47o5VQhlc53nemMcr3QpQnTN2hoTB9E25OlyPFEc2PpSUy9+u6wb6AK3JfvUbNBuOTl8",
+	"5FCi2PQMZpi6G0Amqh8i0bW7IZRP3SF+d3729DmMB8MgwIiFUz8vvuPJeurr7SpIREYGcGOek8OTEftz",
+	"IRFH4ZxgNXPrhBlnmDeFbnojYKue0h2Bw3fbtRizkBYcDZwcPZqoqrwI7UkgPNfxgbNZoTdGFNTHjriL",
+	"LuRCKmxHPH2Nf0+dPHCrQLuBDtcD6l0+fSvS4TfCpsvhW2nFmGGXl6GRVkwHhKqH3gsAGgagXGTDpTbW",
+	"TJkRYPdXpEUSavpHbey0i7iT46OJeiVNJguRwnfn7rXGxsFWgYlpLHv2/VtWiJlE+h2xMz/PRCEym72W",
+	"eVHIK4HEIRUoPvAM5j3okqA5OXziD37FUoFSQd3B+6NGjGrIXAEm7JzEknnBpv82dNAOX2TTsRsD1bwH",
+	"VIPo2wtidiC8oudUdHJ0/IStC6nIODl7+/TFi6DSpFb2zJqnAvScKipabf4pebWxLzXLtev5X92JlevF",
+	"RMHKsItFuaYbH1kuFoa8K0HKUL/bWGjgaBTXhKLpxTPisiRZSEt2lw+siVuOa5cRJSJpAy871d41u51+",
+	"uJ46KYa3IQKltvRP15K8vgjIzdVvamJJW7s9jTKphGi0UrWJ/7YYE5qH2CQe7aOU5zm6thSbvh86bXdI",
+	"uJ4mDYIJ4BZqrotUmICn47EU73lqc0ebaDeatUiBxMRqJrIM7BCYKRBwp8wIfynnAS/tcrTQgzEJK1BB",
+	"Me1wkLCpV35QLwXkOGwlLgkx1PWcz4uqYfGpU9a4RiYTqcwQDTJdks5pKCoCSAEzA6Y0Ip9P63sgHKnX",
+	"8xBYoChNqUf4FB4jqNswJUzxogDu4cM01Z7AMAgqzTVRAdwoSAen7eXUe4e+SZ7nI/Y6JAm6IAN2yNHD",
+	"1HVNbhydkFyI5qeeiKdExXAktrWPDb2JWucG+BHx4/6b12/fJezND/DP2bunf0zYs+cvn797PqjJukta",
+	"oNmuI1oT0RGei9rr19C1EHiSgnisgi6Y/ZPDhwPfeB0ICE/AmdoGdOqQxisFs3u7EDFAw6aPDh9OcSav",
+	"ebDpjRlJZX0P7tT5K6fBHbFTvEYDZCTdRopYxRnrsnEqOM1Y/w1dXvT2Ty8RVWuRoWLvMQMkXip8Ghmr",
+	"yyRHVx3K0sDIQSTzPEemrmCUfAsMZFO5WbFHOiqopLw1xKob0FWxU7JXz60/uOFo3DscHY0OMfkdFM21",
+	"7I17D0eHo4fknluir8MbxPUdjwsKh1an4UXWG/deSmOf0yNJ4wbnnzr1oXi/I60/uPDxlDVqXelix43A",
+	"lCq8uPmXUmAWuru5mVpI9cLbmjv5ozdljVwnH6Lj+lZp9bCuYrg3PsLofBW8vzVYv2uK+irOj7pp+ufW",
+	"TdPHh4c3XOJ8t8ub60s+Y/dL081Reu7NISCdE5o9NmgFZXAndNLz9QRkgONIpCPQdlO0BQiXLwxer0vc",
+	"pvdz0mszJXe1Lw7bpNMD0il2kutb/Hk/goXjxLduzVWgQhomswrY2Dbjk59GoF0fO3pxCWkyA0msWB+X",
+	"8VaXRSpQWUebHh0YTmscnLKNVD7s6sBCkIm91TC/5MYOcbzhi2efAPvtNGrFe3sQ3vgdvZDbBNerdy47",
+	"f/v2OaN3Txl5vpCWsEcTKlFHj5hxYTZJF0yjBe/aaefbOqjtGgSYZWkN3i6eBBEpP/LEM9HOXeST3kec",
+	"haT36PDh7c+Hd7U3z8/3YlNRpTeThqjPu2/7RCjAb+hy9YS5KgqGezz4+GOGl1zuPF7fCot3IvbukVU1",
+	"LvqMEEjg4R21EIevujvrSGMhp1Z1zaJXKzJ/kaBTMT4eX1Xnz53S841rvtniRXeXUR0ptY+caie65Vvf",
+	"qdhlR5MVJk0VB3XX5XHW6BbMZDZISNkLe9iyvvP681wrMWYnx8fU16fu91a5JSnc/rf/+F9/+5//B1f6",
+	"t//4380+1a3W1OEVgrOtS5zizPxSggk4y3V66S5eW3FbyPenDBuc+ksLYYjNUueuefMObt7u0FvjvnVp",
+	"SSSw+c/RiOKtSHc+zTbOTwm9bYBiQLfaCN8TzK0dlKYil/qiKbBNmvF55MlVgZYZnKJbpLs00AqbpATE",
+	"c/Mu/RZVq6or8A5ehRj8KDFycnz8sSrY8xtaKFdNyv3NZJ/I/Q7qjtKLWEbla+Xbp69FUTt+cNOTRlPp",
+	"QbcpvfMbuuvPLIadyK8Fc5+yVBsLo2+CK/bq3CvHPbBxN3m4aobzX//pCXbEnhXIBBX2OiNYnbXZiB3C",
+	"av+lQcS/n5SHh8ePQzr+vcuWjEuCb32b6Xulx7r99w6ipC0bRRR3OvD4O3lIXPfPrRMMwKddg3DEJzHb",
+	"TyWhDw6r1wcfCJfXB417SG5U5MMcFdcs7TQIrhOXo75VeJ8mPNI/OTypmA025Y/wmjo1hMrUPor3RNV9",
+	"R/WfAdoqNe+zAPtz0luXuxqAV12+m84351+Umet6XHDFGj2oBxE34Iidda8mubHNdJXDV6tzFSNztwOa",
+	"bofnxF00y30zZkwJBMsvJUmlq+6tLkJYB3dHnVNMCY51o3TCujD2DzrbftYTHFys00xScs1o7pV9tCaP",
+	"kwJtGQ9r6j5Gxh0e3fH5h3d8/uRuzx/dcfyjR/cs050bGPleO/Xhp5+BvYRpS/gNHOOaq5/j/oRHYx0Q",
+	"8H5sGybej23/0uqWnYtY2txz3ym50zyb9bvNswfMJcOOmxzAx4TrJN26SXPNZR+Y2htFV5HzYL6LXM6t",
+	"yNwjLmK9WWrmvpd2xE4OT8ilEHKK+g50z958z+jWLSGjiDIwt38Krz1pneaTOAMOkCSNg2/02zxEjz6B",
+	"yG8hZ0Cey9RuEM7etIzj+54s/1AqvoBSEfIN3yd2t7/EdSHYw1/iKrf3A4q6z+zy3fuGU/uNVd32Gh+s",
+	"upQ/ZpdjX8ZPb/vWub7HJT3mgl9VaTAuWEq9gTBHDze/GPqqRmmsGYwZJuRyhs6/4QY0uSspNmyt6W6i",
+	"2BrhgbirqjcvkdB9/q776E9wJBn3Xs1z37J4lyqDCZCfGPGACWikhNX3KLkCnrsYRklvHW2Pe4bJGJh+",
+	"SdFSiry7GHS/q1/7SHUjhYSuWHZEEaZIUlJLVZURzNPK3XQzNSLjmBIUQIMR8ZzLFYUrMMTpLmJsJI1O",
+	"lC7tiJ2pOgvygWlmQDcDygBlI0Y9Ua28DZ8i0s+1Xs94eom5RXWK8CBIA4lZ6ecOB9ie/Z6U+04v9y+s",
+	"35MmF4u7iPfOmYfiYcMNc61cWB8dMiBTghSeWblaA+q9s7e67lsXdRowkpKLbQ/wmB2TsnK/i6lym3+j",
+	"RsmTOz7/9d+RERPkvZP98pFWjbtKXjeMdp+D1C/XRhTWs+H9I2LVZfHXba0F66KbRk2TezzD7yvecZtK",
+	"fy5W+uq/jwZ/R+V8V/wxjt7Pyx9viT46SVUHIe+K3+s7KwVNXTg2Tf2IU797Xb2bKvuxPCniVN131FpH",
+	"aZE/jPsb2Z6EKb1hvqrtH0cscsTixNFobfzJBNJqvFTl+UWTOKNqbNd58kcP4T0qadUcX1o7qyY+F+s8",
+	"SuF/9hXKpF+ZJTZpyTTm3P19uGDvqh39vbhs9zu+2Jh4x+ld+zau0UDsWSc9m6rJ/PVFVERMzlNtqpp+",
+	"Ms+WPJ/DN/Dwm2fMrHNpq54GQby2z10ktlGaNkiiMaDKsVpVaFV9Q6urEbsaAC7yPmUMTrAz9KFn4jco",
+	"UD5TqIBnToPuNP0N2+66uwzvEDpIPkGYlJ9LlrBzH/hz3t0rqUvjt7RNam+IFGtyuwdnQE1pX9ADcCt5",
+	"/yOq99uP6jnqDI9A4zptX0RLWVi9zyFdita9Z1Eh840PhtXHsn0tXh2g85XK7ZrjiUInois3psLlriji",
+	"lSBKfDlwJY0miuqax4zH65k5K8RKW9HpQu4exiqyQmCxc1D3LNFj6eMqAcPBwOLJ4cOYW9GZrefNS2u+",
+	"uIvPG0d/h+bQRx2hwJbvFNOz/g1NH5JOy4fBlxKH8ZNJbVw+v8X2LlLstuLFJavq6nDmEeuqlnQ/wVoX",
+	"dqLoNo2EXHXUe6rTYMk1E3UaJqqjXBZm7BPx6iZFWO7r2zb49giO1bx4ljS+xirpqtB0ouqGRdyHSxt1",
+	"Zy5Nl/KKXLOEjTSCYfxhos5cFxfmOzt0+zjwQnTaOATwABTBN5mPxR5/TdMGZWqDmlFSL5kqR8GHcvyw",
+	"MabziheX7iaa/L70l7Dr268Qx9jDERSUezjS6yMuE6rbc5GJoAsiPbThJuybljBdWgyF4HtBckeV+DH4",
+	"h+39qytW8PzXX1qKvEJ+GHDD0/qC+Mqb5gOxGNKsQgz7xyTcCUt6VS+R3vgDfbQXqOlcuCYr/ksqGwq/",
+	"pa5fjQ//7j7h9f6p8Z/a42HnMP9sd+Cro4N0yS0iOxfWNcT0v8S+xBnwc2sLELU4AQkwvH0HO8mMDw6O",
+	"jr8aHY4OR0fjJ4dPDnuBy+SDz0rweIR9c19Rs5XmNwYk6f8PAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
