@@ -28,8 +28,9 @@ import (
 //   - A join token admits new peers: it registers a new name (and claims a
 //     name whose lease ran out; registry.AuthorizeRegistration decides).
 //   - A peer credential (issued by a registration) acts as its own peer:
-//     re-register, heartbeat, report itself. It may also report failed
-//     transfers to other peers (rate-limited per reporter, checkReport) and
+//     re-register, heartbeat, report itself. It may also report the failed
+//     transfers of its own pairs (a prefill about a decode it pairs with,
+//     rate-limited per reporter and per victim; checkReport decides) and
 //     read the full registrations of its counterparts (the other half of
 //     its PD split, same model; checkRegistrationRead), which its transfer
 //     agent needs to connect to them.
@@ -328,19 +329,38 @@ func (s *Server) checkRegistrationRead(who principal, target *registry.Peer) *Pr
 		" (a peer reads the registrations of the other half of its PD split, for the same model)")
 }
 
-// checkReport applies what a stale report may say to who sends it. A peer
-// may mark itself stale; about another peer it may only report a failed
-// transfer (naming the agent it targeted), as itself, at a bounded rate.
-func (s *Server) checkReport(who principal, id string, body *api.StaleReport) *Problem {
+// checkReport is the one decision of who may file a stale report about
+// peer id, and so spend its heal budget. Every report path goes through it
+// (POST /api/v1/peers/{id}/stale; the router replicas call the store in
+// process and report only pairs they routed). What it accepts:
+//
+//   - the admin token, anything (an operator; also what a router outside
+//     the process would use: there is no router identity);
+//   - a peer about itself (a vLLM decode that could not pull KV);
+//   - about another peer, only a failed transfer of a pair the reporter is
+//     a party to: prefill_id is the reporter's own ID, the reporter
+//     prefills, the victim decodes, and the registry's pairing verdict
+//     admits the pair (same model, compatible geometry). A compatible pair
+//     rather than a routable one: the report lags the failure, and the
+//     failure's first report may already have quarantined the pair; a late
+//     duplicate changes nothing in the store but is no attack.
+//
+// Then two rate limits, per reporter and per victim, both taken only for a
+// report that passed the checks above, so that a refused report spends
+// neither a limit nor the victim's heal budget.
+func (s *Server) checkReport(ctx context.Context, who principal, id string, body *api.StaleReport) *Problem {
 	if s.open() || who.kind == admin || (who.kind == peerCred && who.peerID == id) {
 		return nil
 	}
 	if body.PrefillId == nil && body.AgentName == nil {
 		return forbidden("marking another peer stale outright needs the admin token; a peer reports a failed transfer to it (agent_name, prefill_id)")
 	}
-	if body.PrefillId != nil && *body.PrefillId != who.peerID {
-		p := forbidden("prefill_id must be the reporting peer's own ID (" + who.peerID + "): a peer reports only its own transfers")
+	if body.PrefillId == nil || *body.PrefillId != who.peerID {
+		p := forbidden("prefill_id must be the reporting peer's own ID (" + who.peerID + "): a peer reports only the failed transfers of its own pairs")
 		p.Field = "prefill_id"
+		return p
+	}
+	if p := s.checkReportPair(ctx, who, id); p != nil {
 		return p
 	}
 	if ok, wait := s.reports.allow(who.peerID); !ok {
@@ -349,5 +369,57 @@ func (s *Server) checkReport(who principal, id string, body *api.StaleReport) *P
 				who.peerName, s.cfg.StaleReportRate, s.cfg.StaleReportBurst),
 			RetryAfter: wait}
 	}
+	if ok, wait := s.victims.allow(id); !ok {
+		return &Problem{Type: ProblemRateLimited, Title: "Too many reports", Status: http.StatusTooManyRequests,
+			Detail: fmt.Sprintf("peer %s is reported stale too often (at most %g a second, %d at once, from all reporters)",
+				id, s.cfg.StaleVictimRate, s.cfg.StaleVictimBurst),
+			RetryAfter: wait}
+	}
 	return nil
+}
+
+// checkReportPair refuses a report from who about victimID unless who
+// prefills and the pair (who, victim) is one the registry pairs. It reads
+// the routing snapshot, and the store for a peer the snapshot has not
+// caught up with yet. A victim that does not exist is left to the store
+// (404).
+func (s *Server) checkReportPair(ctx context.Context, who principal, victimID string) *Problem {
+	snap := s.snaps.Snapshot()
+	get := func(id string) (*registry.Peer, error) {
+		if p, ok := snap.Peer(id); ok {
+			return p, nil
+		}
+		p, err := s.store.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return &p, nil
+	}
+	reporter, err := get(who.peerID)
+	if err != nil {
+		return s.reportLookupProblem(err)
+	}
+	victim, err := get(victimID)
+	if errors.Is(err, registry.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return s.reportLookupProblem(err)
+	}
+	if !reporter.Role.Prefills() || !victim.Role.Decodes() {
+		return forbidden("peer " + who.peerName + " (" + string(reporter.Role) + ") is no prefill of a pair with peer " +
+			victim.Name + " (" + string(victim.Role) + "): a peer reports only the failed transfers of its own pairs")
+	}
+	if v := snap.Verdict(reporter, victim); !v.Compatible {
+		return forbidden("peer " + who.peerName + " and peer " + victim.Name +
+			" are no pair the registry routes (" + v.Reason + "): a peer reports only the failed transfers of its own pairs")
+	}
+	return nil
+}
+
+func (s *Server) reportLookupProblem(err error) *Problem {
+	if errors.Is(err, registry.ErrUnavailable) {
+		return unavailable()
+	}
+	return forbidden("the reporting peer is not registered")
 }

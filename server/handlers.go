@@ -165,7 +165,7 @@ func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleReques
 	}
 	// The store validates the report (a *registry.FieldError is a 422).
 	who := principalFrom(ctx)
-	if p := h.checkReport(who, req.Id, req.Body); p != nil {
+	if p := h.checkReport(ctx, who, req.Id, req.Body); p != nil {
 		return nil, p
 	}
 	if req.Body.PrefillId == nil && req.Body.AgentName == nil {

@@ -39,6 +39,13 @@ type Config struct {
 	// peer may make about other peers (per second, and at once).
 	StaleReportRate  float64
 	StaleReportBurst int
+	// StaleVictimRate and StaleVictimBurst bound the accepted reports
+	// about one peer from all reporters together (per second, and at
+	// once), so that the prefills of a fleet cannot spend a decode's heal
+	// budget faster than it heals. Twice the per-reporter limits by
+	// default.
+	StaleVictimRate  float64
+	StaleVictimBurst int
 	// Now is the clock of the report limiter; time.Now when nil.
 	Now func() time.Time
 	// MaxBodyBytes caps request bodies on /api/v1 below each operation's
@@ -97,6 +104,12 @@ func (c Config) WithDefaults() Config {
 	if c.StaleReportBurst == 0 {
 		c.StaleReportBurst = 20
 	}
+	if c.StaleVictimRate == 0 {
+		c.StaleVictimRate = 2 * c.StaleReportRate
+	}
+	if c.StaleVictimBurst == 0 {
+		c.StaleVictimBurst = 2 * c.StaleReportBurst
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -128,6 +141,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("lease ttl %s must be longer than the heartbeat interval %s", c.LeaseTTL, c.HeartbeatInterval)
 	case c.StaleReportRate < 0 || c.StaleReportBurst < 1:
 		return fmt.Errorf("stale report rate must be positive and burst at least 1, got %g/s burst %d", c.StaleReportRate, c.StaleReportBurst)
+	case c.StaleVictimRate < 0 || c.StaleVictimBurst < 1:
+		return fmt.Errorf("stale victim rate must be positive and burst at least 1, got %g/s burst %d", c.StaleVictimRate, c.StaleVictimBurst)
 	case c.BodyTimeout < 0:
 		return fmt.Errorf("body timeout must not be negative, got %s", c.BodyTimeout)
 	case c.MaxEventStreams < 1:
@@ -206,6 +221,8 @@ type Server struct {
 	mux      *chi.Mux
 	handler  http.Handler
 	reports  *reportLimiter
+	// victims bounds the accepted reports about each peer.
+	victims *reportLimiter
 	// access is who may call each /api/v1 operation, read from the
 	// x-pdplane-access declarations of the embedded openapi.yaml.
 	access map[string]access
@@ -238,6 +255,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, breakers: deps.Breakers, log: log, access: access, maxBody: maxBody,
 		reports:      newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now),
+		victims:      newReportLimiter(cfg.StaleVictimRate, cfg.StaleVictimBurst, cfg.Now),
 		shuttingDown: make(chan struct{})}
 	s.metrics = newServerMetrics(deps.Registry, deps.Snaps, cfg.Version)
 

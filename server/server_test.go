@@ -321,7 +321,7 @@ func TestTokens(t *testing.T) {
 		{"report in another prefill's name", "POST", "/api/v1/peers/" + id + "/stale", other, map[string]any{"reason": "r", "agent_name": "p0-agent-0", "prefill_id": id}, 403},
 		{"join token stale report", "POST", "/api/v1/peers/" + id + "/stale", joinToken, report, 403},
 		{"anonymous stale report", "POST", "/api/v1/peers/" + id + "/stale", "", report, 401},
-		{"a peer reports a failed transfer to another", "POST", "/api/v1/peers/" + id + "/stale", other, report, 200},
+		{"a decode reports a prefill, a pair it is no party to (issue 31)", "POST", "/api/v1/peers/" + id + "/stale", other, report, 403},
 		{"peer credential drain", "POST", "/api/v1/peers/" + id + "/drain", own, nil, 403},
 		{"join token drain", "POST", "/api/v1/peers/" + id + "/drain", joinToken, nil, 403},
 		{"admin drain", "POST", "/api/v1/peers/" + id + "/drain", adminToken, nil, 200},

@@ -1434,10 +1434,12 @@ type ClientInterface interface {
 	// MarkPeerStaleWithBody Mark a peer stale; its next heartbeat answer is reregister
 	//
 	// The admin token may mark any peer stale. A peer credential may report
-	// itself, or report a failed transfer to another peer (with
-	// `agent_name`, and `prefill_id` only when it is the reporter's own
-	// ID); reports about other peers are rate-limited per reporter (429
-	// with Retry-After), and the stale event names the reporter.
+	// itself, or report a failed transfer of one of its own pairs: with
+	// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+	// this peer a decode the registry pairs with it (otherwise 403).
+	// Accepted reports about other peers are rate-limited per reporter and
+	// per reported peer (429 with Retry-After), and the stale event names
+	// the reporter.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1447,10 +1449,12 @@ type ClientInterface interface {
 	// MarkPeerStale Mark a peer stale; its next heartbeat answer is reregister
 	//
 	// The admin token may mark any peer stale. A peer credential may report
-	// itself, or report a failed transfer to another peer (with
-	// `agent_name`, and `prefill_id` only when it is the reporter's own
-	// ID); reports about other peers are rate-limited per reporter (429
-	// with Retry-After), and the stale event names the reporter.
+	// itself, or report a failed transfer of one of its own pairs: with
+	// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+	// this peer a decode the registry pairs with it (otherwise 403).
+	// Accepted reports about other peers are rate-limited per reporter and
+	// per reported peer (429 with Retry-After), and the stale event names
+	// the reporter.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1803,10 +1807,12 @@ func (c *Client) GetPeerRegistration(ctx context.Context, id PeerID, reqEditors 
 // MarkPeerStaleWithBody Mark a peer stale; its next heartbeat answer is reregister
 //
 // The admin token may mark any peer stale. A peer credential may report
-// itself, or report a failed transfer to another peer (with
-// `agent_name`, and `prefill_id` only when it is the reporter's own
-// ID); reports about other peers are rate-limited per reporter (429
-// with Retry-After), and the stale event names the reporter.
+// itself, or report a failed transfer of one of its own pairs: with
+// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+// this peer a decode the registry pairs with it (otherwise 403).
+// Accepted reports about other peers are rate-limited per reporter and
+// per reported peer (429 with Retry-After), and the stale event names
+// the reporter.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1826,10 +1832,12 @@ func (c *Client) MarkPeerStaleWithBody(ctx context.Context, id PeerID, contentTy
 // MarkPeerStale Mark a peer stale; its next heartbeat answer is reregister
 //
 // The admin token may mark any peer stale. A peer credential may report
-// itself, or report a failed transfer to another peer (with
-// `agent_name`, and `prefill_id` only when it is the reporter's own
-// ID); reports about other peers are rate-limited per reporter (429
-// with Retry-After), and the stale event names the reporter.
+// itself, or report a failed transfer of one of its own pairs: with
+// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+// this peer a decode the registry pairs with it (otherwise 403).
+// Accepted reports about other peers are rate-limited per reporter and
+// per reported peer (429 with Retry-After), and the stale event names
+// the reporter.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2888,10 +2896,12 @@ type ClientWithResponsesInterface interface {
 	// MarkPeerStaleWithBodyWithResponse Mark a peer stale; its next heartbeat answer is reregister
 	//
 	// The admin token may mark any peer stale. A peer credential may report
-	// itself, or report a failed transfer to another peer (with
-	// `agent_name`, and `prefill_id` only when it is the reporter's own
-	// ID); reports about other peers are rate-limited per reporter (429
-	// with Retry-After), and the stale event names the reporter.
+	// itself, or report a failed transfer of one of its own pairs: with
+	// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+	// this peer a decode the registry pairs with it (otherwise 403).
+	// Accepted reports about other peers are rate-limited per reporter and
+	// per reported peer (429 with Retry-After), and the stale event names
+	// the reporter.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2901,10 +2911,12 @@ type ClientWithResponsesInterface interface {
 	// MarkPeerStaleWithResponse Mark a peer stale; its next heartbeat answer is reregister
 	//
 	// The admin token may mark any peer stale. A peer credential may report
-	// itself, or report a failed transfer to another peer (with
-	// `agent_name`, and `prefill_id` only when it is the reporter's own
-	// ID); reports about other peers are rate-limited per reporter (429
-	// with Retry-After), and the stale event names the reporter.
+	// itself, or report a failed transfer of one of its own pairs: with
+	// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+	// this peer a decode the registry pairs with it (otherwise 403).
+	// Accepted reports about other peers are rate-limited per reporter and
+	// per reported peer (429 with Retry-After), and the stale event names
+	// the reporter.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4348,10 +4360,12 @@ func (c *ClientWithResponses) GetPeerRegistrationWithResponse(ctx context.Contex
 // MarkPeerStaleWithBodyWithResponse Mark a peer stale; its next heartbeat answer is reregister
 //
 // The admin token may mark any peer stale. A peer credential may report
-// itself, or report a failed transfer to another peer (with
-// `agent_name`, and `prefill_id` only when it is the reporter's own
-// ID); reports about other peers are rate-limited per reporter (429
-// with Retry-After), and the stale event names the reporter.
+// itself, or report a failed transfer of one of its own pairs: with
+// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+// this peer a decode the registry pairs with it (otherwise 403).
+// Accepted reports about other peers are rate-limited per reporter and
+// per reported peer (429 with Retry-After), and the stale event names
+// the reporter.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -4367,10 +4381,12 @@ func (c *ClientWithResponses) MarkPeerStaleWithBodyWithResponse(ctx context.Cont
 // MarkPeerStaleWithResponse Mark a peer stale; its next heartbeat answer is reregister
 //
 // The admin token may mark any peer stale. A peer credential may report
-// itself, or report a failed transfer to another peer (with
-// `agent_name`, and `prefill_id` only when it is the reporter's own
-// ID); reports about other peers are rate-limited per reporter (429
-// with Retry-After), and the stale event names the reporter.
+// itself, or report a failed transfer of one of its own pairs: with
+// `prefill_id` set to the reporter's own ID, the reporter a prefill and
+// this peer a decode the registry pairs with it (otherwise 403).
+// Accepted reports about other peers are rate-limited per reporter and
+// per reported peer (429 with Retry-After), and the stale event names
+// the reporter.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8133,189 +8149,190 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3bchs5luCvILgTYbInSV1M+UJFx4TbdlV7yi6rZVf1RBSrRZAJkmglAVYCKZrj0PvG7rxPxP7Ivu/8",
-	"SX/JxjkHyERmghJlW66Knn6xRTITl4Nzv+FjZ6ZXa62EsqYz+thZ85yvhBU5fjoTIn/1Av5KhZnlcm2l",
-	"Vp1R5xlbC5EzmZ4yrrZM26XImbG5VAum+EoYpjQ90h0eDnuDTtKR8N6a22Un6cAjnVFHpp2kk4tfCpmL",
-	"tDOyeSGSjpktxYrDlP+Ui3ln1PkfB9UKD+hXc0ALe4czdq6vr2Ecs9bKCFp3rqeZWMGfM62sUBb+5Ot1",
-	"Jmcc9nCwpif++a8GNvRx32nduDhjAySKiTzXecK4YeffPGdPhyePmZuGpcJymZlB5zrp/KD4FZcZn2bi",
-	"ay7w7ZXIGWczreZyUeQiZZlcScu6/f6Kf+iLK6Fs39hc8JXpJUznzC4FMyKH96RhZllYCwec6o06ZTbf",
-	"Mr7gUjE+tyJn58Lm2/4z/NuImVapgWNfCp46ZAqeqG/IbteIDsqKhchh7bB6tyV44A+54Jf0Vn1P75eC",
-	"zWQ+K6RlU3qI2SW3uHSuzEYgSuYC4frAsFwXsMBLIdaGzTUABNB0rOhPLvMRk9YwvVFMT2HzeBpMzxkg",
-	"qjDWJExpy3KxkAZgYCy3ImFGM7vRY+WmMmzFtyyVhi9yIQbs2dQIZdlmKRQt0C3E5nx2CdSiBOvCoomu",
-	"zFjBJFLhYuBZ2IZRfG2W2paHA+tlSsABzbnMRNobjFUn6axzvRa5lUQMRqqZaMMO1yIty7ixTK+FEkDN",
-	"fp0yE2yWaSOARuc6X3HbGXVSbkXfypXoJP7UjKPBpIOQaM8DQ49YLuaFESkrlJUZLn6mddYHXGJCpeaU",
-	"LXk2v6CHARqA/8IDHfAvE3CsuS4WwEKEKlad0U+dco3wJuCbH6Xzc2uJ1yG3+cmtt3pMT/8qZhZ28lIt",
-	"pMKt+GnMIuNq0Uk6V1m26iQdI1eRCZLOyytHyvUj4PjdfmBELhKQRfXLQiiRcwJrMJpU9tGwGqkkowQY",
-	"7H4PXkqVhtsl7Ba5IA7N020HzzcT+Nn/fOGOxz1We0t8WEv6K825VO6Rlb7Cv34peM6Vdd8Xail4Zpdb",
-	"YhjZhbE8p1HxI58B/rtP1deE87XRLmwueVb/KpNzGCt2XCthDF+IKLSBEi8IgvHfSIp9vAXLUMj5scI3",
-	"HdRrx5oApkQxEvDqtTQR3ELGjX9JK1bmNglBGHpdzsHznG/hsxIf7MWsyI2OMNo1NwYE22Qq5joXE+Sd",
-	"QMXwFuvqLBV5j60BlsntCNcAkdtBbN/fZEJYx/5Ne1lRNu946wPjRYIhlstzgaybWEbF66Rd6sIy/16L",
-	"fwKXNcRTInCReTUNPAO8GZhQ3zGkNrEBCuwcD9j/ncZrwDIYPAlXvhO4b3QqsjZWpWKmUxEBOf3Qn/E1",
-	"KDAor0x0mys/cJR6TEzwA+TFXGZZZF73yx4TE7+K6RV1UNEC/XIqPleuISmhsBN6ZwDhNvRC9hbFGcMK",
-	"lYI+phgwtyvBqlfim9KF9Rpj+1erLc/aM4FmsGVdt6GE0XZ6qDfcjko0aDB1nW3vhMm7YrXi+ba9nOe6",
-	"UKBbXYn8RgWtrusADyusSD2hgo7FU3yLq0szYrOl4GsGBK62bA4rYEb+uxgw0A5ByBcGOdMDw0gbZVyl",
-	"Y2VomTGNaRownJt4aZ07XSed6fYi13RIPE0l7JtnZ7Wx24fX5gCGTbcMBmqdXcKm2i57nQjsp9uLUgP7",
-	"7MlppMgsSDQR8jQaBDa86slqL2kUsKCISFp76rp1CKLDm3mLQ7J9pUgXTR/W77sv4AjmvMjIuFhqY9HU",
-	"7UVVYYe9F1ciN05fa8/ZxHU2AwKpa9y7dTZjdS52DFwZJzoXzC6lqYSj4KkJFOiVWOkc2Z42dpHXmF21",
-	"oZv3USgF+5gWMksfGOYfvk0B9wfi91JNE4Fgxac9kQUoX+Klx5kYc/pW6BWYoM8zbiIYfIa4r+dofczg",
-	"GWaWoDMQF51LkaXORkQ0KTJBwGRdnDwZK4F2A5guVs90loB5p8xc5GyR62KdsO9+RE6E/ClhKSwxYRnf",
-	"itwk7M3rZ8lYnZ0Be2LcWqFgZf33Z/i4SRgdFQO10eBDcM5aEdoYthY5ssRkrDag70gQMpdKb1QP7VPa",
-	"B2kswm4EmKIbTVsVhi2ENWTy85UYqyuRp3JmiYvKFD0AKAYYn+XalAjlV4Iqu4lxUxmRgW4omQLA0RpE",
-	"gHeX4kOUoHYrE2bJ1zvIgMaUim10npqEicFiwMYdPIFHQ/b//i+bzjPN7dEj+PvN62fw36MjdyDwgVur",
-	"2PszdgwfjkngsP/6T3jox/Nnb8adW3EclX7PEmmtMdz8o+DZWcZV3MUB1g5bZxz9ENyJglGgMqTkPACD",
-	"CHCTNAzAXVBs9XysHKtJENb0Phzn1iAKb0t1njx5XgMKrPWlBtIeq1TwNJNK9HAoxdC4gzlD7wVDU3Hk",
-	"Zmfl5N6FwqQaq3kmF0vL5lJJs/TDIStegFouDbM6S5lWM8GsBiaDzhCEBehMWo1V1+EdvkfU50e6Ermc",
-	"b3FlGy6Rz5K/R4kNk8pYDgOD1sAybkU+VpUddop+ETl3BAGQf2ACcJte3aOjNJ1OXigzYM/GKlgk2R5w",
-	"Mgb9NkrXVzDdujMhuCZsxfNLNy96psjKjREWn9mYfrmpA3LDHSSthiXt7c7xK7phglmR5zDFeskNigED",
-	"R773DPNcry7qTo02EVe/V5DcV0SW+kN72BLFN0tthKMY0DBDCvGHz+ruilKzae2opcAAYELHSn0gTzwk",
-	"+Qhdo+I3F9y5gWNet9yhwT5Qb5qLuMD2UVTjBoiwg3Hldip4zDGB9HhR+rPafA1dj3Sg5O97YMiJfsq0",
-	"yrZ0Hm4Y5yFic54ZMQCmyj+8Fmphl53R0eHxMOZJq70ZXwLSCOksIO4YAALXAgwD+A0N8sCwAxqHdWHB",
-	"RS5Q7pliNhPGjJVd5sIAkzQMvfgirXjESnBFjAs20AWbDykT8TnVGC2xBIDeAAg+M4Kt9JUwjDv+jIzV",
-	"alZ6yk6ZzYvyKVX9gOrLlM8uiWM4oEy1zgRXABV0ne04lHei9FELVmdiMXYCPJmOj7zmOCpZV/CC5TID",
-	"/o8O9cKuC6dNeCmBfJreT5wbmxx8LrAw3Y6VtEZkc9pLcOLDw6ePgL6tFTks/C8//WU8Lg4PDw9//t0/",
-	"xXiN57fOoxcMdXzyKOmspCqRKT5uH/8/+gb/e/wNfXz6zY7pMs3T2wyX1/BMS18I1nkjvZ2LdbaNeJpn",
-	"cVZaeWdHgbB8YCpBNFtytRDpKfMPghDEgxjgsYzguOlgQ8xA+XyDHL4UYg0v0KqlWtBZeoaotKr7lJ1z",
-	"9xPYIJm+N0H8HT7UBLkDWXJDQOC7H73x0IasKlYXXoWHvy+vgOOAvgn/XaRyhZxCmotVxlEp85OzQmXC",
-	"IB2MlbPZSNJl0pDusQL11WnxqGIhKW5xGPJf9k7d0GPlHJowGzAU/xqxH+KbES0ipd3WaOLR8MuThIdG",
-	"MyTx8JhIW64AI46Pho+HTx4+Gj7GFdCXRy3hnnQ+9Be6X32LNI5wCNAj4HrhydzfCipcuL85wHy5AIvw",
-	"vqZoqgjlfInDlRiFvHYMr45bl1cXhQ+wVNqJLsibWK71KFjiYTm4KlZT0uN+KUQh0k/Y7+F+IHUOjPua",
-	"oOn2cLOV+0oqOMVA+0asvnPxuTrn+f7Vv70OnQJkHX73o/MLDAI2++L82ZtO0vmR/vvD67fPv+sknbd/",
-	"+NeXz993ks43r16/jHLcMy7z9rFOq3j8TezWh+2vE0wy4VY6B3ZMy0f2KkGZyTK9QUHivSdRNYZU9H3y",
-	"RM7FnOgGWFlzch6YcT5GrXPmg+OpWAuVGqYVKVnEUdEXFPrQMg6ffil4dmHXKMGsyDX9vZIfRHphxGLV",
-	"iHIFAREyRu6ymVyQ/XzrO1zmZ+XD16ELf59X/1Q9fZ3cHNYoExKkqXkmQBxdirVteANAjwY9F/UH0BCr",
-	"d5iLHZPcRFcAqKC55FkviguVXtA0VLcsXFZwwJjDUQU22qpGEG+pD1qhMjnjKRJFejrlhtT8MuQxLDeA",
-	"y3Bj9xInqysbyB1U6RVzBnaoHJgoCAqFFqSMnUy1YmfngnFFaiBiMpoZRSaYEiIVKdklYEYYmQqWSlIn",
-	"APWdDw39YD/97ufB5dXFSqwu0CN5J8P4zoutnJel8xUskdlSzC7hRBUj0rziWSEQX/BsYAcxgDVlnCPA",
-	"kq3UOFaADTH+DHTyba6LddzCpF14j2vlXNbzygkBaFD7xQUePR4YvhIUWBm09LfbWKvz7z74ZB57MfMO",
-	"85u4Rd27fp3cLYJccwPfxZdD0JVkoaKXHUkOLEzkNZkgRCDzMnDzkGHZ2zEXiYovzN8/EZB3jInfDsp7",
-	"iE7fwoB9jIGsH2TCd2O6tCr/O1N6M2ItRhxnwXvkTNSOp4H20XwAj4672MTtkfKSacSTehCTbw+zOhvb",
-	"rRDZiHNd+sXvFYWtONhNQdj9cwsSHyOiqByzWoPxqo0IMYDEO3rPcbu920/KgeWmKB/sJQ7TciN7wyQG",
-	"jh2pFmSsIFN3/H5OoVdBabZ7YKHDKJpg19bOQsUvLmweGHKsltoEiXp3Ug+Md+Tl2goMaKJlz6SyOnR+",
-	"e8+oT8TEUCOyTg4kJucuUzlBugM9bcpnl3ioSBSgwMGXWysw8gJ/JJT8wTGiyTKepiJvJsc6dQ2ku2Pa",
-	"fh8ibUs/mFOoHepoGX51T42Ykh8yzJ6dresOxYfHTY9Hizs5XePiLsmcToHbHYMgdQ82q+eBOvkgrvqd",
-	"Mu51xTL2Ug5CSc0lAJvBN9Av0LvtUJOzXPRrXqcuR89er/RJu6Sotyrb+vT8tpKww5Xsllmpmu4MvIuf",
-	"dVGVhF/QjqVEHfIaejR2YqV2UMeHwycRQC+m62ikB/OF14VlLik84/lCGMoQIkV3DaIpZV3AT8M2ubRW",
-	"KBfU5ikhdZmyBOdMx2S1vuwl7OjwL08Rtc2BqQW+SifHTY6NjFuhZtuLwsQAaCys9M/nr96/LBXBFc8y",
-	"v/4EuOdKAqulhPu7L8Br77dxQ++DCD2tXjsiAMLcFJrbM/E6KWk3WIY7yBpkapS3iy/+qWbW7mSMlVhO",
-	"vGqjK+MsyH8nVpQLsNeUVqLNebi9ITJasrC6IrJv5NVymcVGL+OfZDkuvRK/0aF2n8p5TaMPImJoWJuL",
-	"29e+0KKyuqtcqGo7fWuzngfYiOJ1XDGAELc6d+FzuX80mDK3o4yy7RoY1e16rxdiuCJxfgNDycmlEBAS",
-	"kxvQn9MYVecsF0ps3IJvsRbd+WCytl93HC9zoNZMmlWsJMCqC7suPblNGwlTzUB1Yu6hU2BhK22s/6IR",
-	"A/9yHuZ0tr4AE7+9rKkAuxF+/7QFHO6/gNvhcnR/APh1p1/fDP71PUN//evuPqCJrxDd8LNF6VeQj5tn",
-	"2dt5Z/TTPt7ZSp3qXCe3v/AOtR58tOHVyUUqlI2yRNDHvMuD8lYxt6emKpJuI40pBLmWupj5NFagXiaM",
-	"g4EoVyLFHFZSuni6kqpSCjEbtjcqM5EemLGqVjVg3wmxBgW/O1mn64wrnyDQ71dP9ecyE5PeKXlxqagN",
-	"cz3J+Jtx/GYqmFnqjXLR5nE8c7RxPD8n0ZrUB4bNiyyrwSJB+8OX9eEqwx2j843y3kj1LiUGPkpFm7WC",
-	"0931sADZH3549QKOJ9Mbkc+4EbBPreSMZ7CQFaoSQTj1sP+U9+c/f3xy3S//Hu7x99HxdTTQCkvdYQH7",
-	"5Oj9LGDAT5fL3zKEY2UnO4noHCb5GE0Lba3+DlVV+OjuOQNSbB3YyyCnVxpX6glWAOr8aCZVqQynGI8X",
-	"6KzwT/aSsSrj8tXP7itSQdA346L0TOcJYdlGGoHukgxM5MFYUVYphifqeQGtYUdgOVs9u2Q+07iYZtIs",
-	"BZIW2VFEhFiETfnGGphhbkDHCROIo3UPWluA2fpiqU1ERXz37WuuFt6TMKIk+MBlkAs+WwrSrsqxfAkx",
-	"t6zrJMioSqHXc1bkGNappeQ8/BIZB9V21jrfYzvVkuF51j0EmHkF98nTp096Nwq9RycnD0/uLm5FWWx6",
-	"Y9kePdXOZGpETzCJx1S+lColfSYwaZvytJvwvocUqMur2/YUZNWgLTx1lSW7qleaK/78NdaB953Ykov6",
-	"COTp8ckjNlvynM+QfHyZ4Ewrm+ss+MklI4ZrfTTcVTrT2MfJ0fGXh7xnoU2K+tLzeF4Y8V1QWDHGTF3g",
-	"ZW/XdK6vhAJ8/waD7tcI61f06vFRQywlnULJXwrhfrd5IdCDXbPDbvb6Vo+CyAHWvLfAPAelvbZASkxd",
-	"SeU/t/3Jvl7sxoHhGTSRSTG5WPhw45cnCSdqdp6p0lOdbtlMF1nKrMiyUwZcH+SXc56UBx7qYPue9w80",
-	"feSwT/Y66yKPKMxLa9dd02NTUMZ+OH/tvWmO9Ub8i1+WVBrKiyv/dkVM5SJg6VWtSMjm6yiMrHWX2uMM",
-	"ilHEnuD2js7rO/cbwMTNWw64rHSh5ykt9AJ1lCueXXhPZjRhrOW+3KFDZtzYi2WYmb7fhjPBjbhAF9P2",
-	"rm9Ze9fF758jfLf0Vvf0xQ3ZssU6vSM2xPRv78et1Q3UYOg2mYToV5v9RhyIgXYn3ldFx/ub6zut77Yi",
-	"vIdy2aaHu+fJfaYy+BWUsF2pPRE9Z1/b7lfTJNqh7s9WFHZnF6JERFMPVMyaoSgV+/ble3bA1/Lg6ugA",
-	"jel/uZJi83tXpL7vHkED2Wmyf66u8SVUhUby+qdqBc2NOan/a4jdlh/qz0tqRaCVwCZQiLp8Si1G4GgH",
-	"7HsdWuaJs9lXwvKUW47xae+CMmKWC++DyvVU7HI+NSL12IZMWh/sLx0FTDrru+7kInch1S9J7x1zCQDl",
-	"upxPg1V9fsrJ5jp3PjTymYEBVUamI7GzNM1rkqfwSkWVE/5kOHz0eDg8fPzw8eHTk5Pjw8PDG43r66SD",
-	"c1/sZ/60GfquTILPyRlIxdVFowvTl9nqbWWTDiWC6skqvodosuGmxIpoOeWOyH+whkyoz9vZUbRvzN1D",
-	"0h5Db8kCaSJ0ggbBo+GojKwdDU7YG/kH1j3G//TcPdFDcuLIv30CzUU5awC86da27Imnj49OjqMBT8dh",
-	"icYjcevnZ1XmSkiRDe7AukePgOAeDSkToZewJVepy77A2EBhl0JZOQO9q2ydc8Oqn9RtoGh55R5K5A4c",
-	"2sGgA/LdkRwQgBxZCOFgVCesOkA2Gxv54Hq7HhnFS+sY/vXd2+/ZmtulNxv1fC4UdaBx7enwzVpy9FEr",
-	"OXpnSeLOerZiRyMTK20mbtDFWn5OCo7/cP6KKb6CdVfdEfTct63ExYOlbEYHBy6kM0jFle9EaQ6kuuKZ",
-	"TPu+/OHm08Rf/WLLDZXZDTsOraaiRURdLcZF/ntXwV2+S670mc5TShgrm9pFBX9D1W8p9nuoBoMqIB9+",
-	"W4vw139Ko9+ud32L0eDGCLP4wLPy6curQVi6dXk1SN2RXF4NgkK18nNZHofflOV6+MmV1nlFN5bkfO5C",
-	"1g1JX2eV8Rqmuv5zB7b8qay3rijsXBE8cOpaRmA9BPrO3Rc1q/e+Xa28+HABsLnIhIrYGdgwEyRc8cGp",
-	"ZKFm/YVVj8olR1XYTWW8XOvaNqKNX3khi3URDZL0j+oWGVtybFj87dkPd89q6O+Z1nB5tc8BfsnDO9oH",
-	"Zjf6pv2a/UE2S8oxJZgKv0EcC2OEOXV7KFsphQWKq8JYzM/XVyLP+Po3tFFYx16Hk1R5WMsyLzojYv/t",
-	"bKfSPCLpI/VDga2VRaOnZRS67DKcCmOlIokbvkd2vUvgyIXR2RUJ3L1M+lB9v8vefGbU/eQ+3aqTv4tq",
-	"3F5k9byK6AyFuumRjFWa843yPX9IyIDpjBGUSuZgu67y+0rQDMbq/VIwsAuaqe2Mz2ZijcJpppUSvjlD",
-	"tnX9ublif3zz7PlYzZagLaiF6PuW6ZTeLO2AnQtb5MobDtPtWE1ajqmDjzK9Pgj1sAnlEnyWOdGskSYd",
-	"pmYR1LhRg6E2SLhBAjFdM3SVxfRMkAs+5iutuaPDJuLyqClCF4g27YmJj3gsiihHndv9HlHlwTHluEHx",
-	"aYIy0kb6ate+KLmeij+yrGI3NTO0uKFBdUN63sBmI/bSLezxrvxqF0uK1cWVUN9VLlQDxS0lQjGqqF4u",
-	"oR+jjdASDfEhiSNmlGKc97jM+28XzU61XUaNg3eWZ+JcxPNw/uzIzNfhSazQrnZJDSylCfPLH7gmc9gu",
-	"bcBgCOxNs3IF475Opl8SZo6zJ749EzBhEOxYSqwVFRiX/ftHMIDMXXuqIhfUWwETzoM+cFUWOjaDIvMA",
-	"27kQSB6YqndfwjZLOVsGZTpV1tTODnxjRS34sPOddslqQEVdLNGeCQcF34au9jabccUKI5gE0aPzkp9V",
-	"gO6BeZMWdO0E5sFzByjvsq6aVfmGdEqzTKuFyJEd+Iwjpe0S64yweyUMIngNemUdM8BrrHKsWSLZVANG",
-	"P3AvR0ENdrjgKfY1hNP3Do2qraGvBIg2zbvB9GvwXMQ9XLk0rgOXv1vCVTeVyGV5vhDULu3L57HtqLDC",
-	"SBiWUlmsc8BrJcQVddDyjt5MrOprenRy8vBurbMqbLmxlZ7zw1Qg0QHgyq5995n4WgW8W73hbrfH90nc",
-	"cBPEmOO7+OUXRNvU64yUqrJWBaPng6pxW5hp7RCwjI0bNiU1ZKzQe2/qGSwIXurASUt0kRzre+yRyx+R",
-	"pVfvv7UmT2bQ/jy8jMFf+RA0KtxZ5JV0alG6/Xx3iLQrvgUTokynxTqnMM/VsFRTjzwKWPRCt959eLOu",
-	"k44RsyKXdvsO5L+PWq2keq8vY437J/0+/ty38PtkVBVCUXsxw7qpyIQVCbVMTQLxZYALo/ou0rHaLEWO",
-	"da/VzUo4JjDnKrOeSZfBi/oJVisJnodVX0trsZ7bfR85j1kmAcuenb1il2LLurCHtexfiq2Z9Jjr+vd2",
-	"LdSzV/2gLQdek2BOx8qLk/A9ivBafimobG6sxgqEM1Ou/KoBKAZyadLv/1VXX9HtMJRmSZUF0owVXobg",
-	"epstsTtj1f6jqkFIxdUELdeJL1mTCo9STHrOfHIxdd+8uW3hTBIq4k4Y3UzRo4h1tuHbcB0znudbELp3",
-	"jeXud24Akd3IFsKrCzbfasX7Rqx5jiGeTBpLlxJhL5eM6i2U2LCNzi/HyuqFwONIC2yowlmuLRJmb4Rl",
-	"EVg9t6FQ0YC9smXQ17k/x4oMVQRExuUKvweBSWIAM3dQQcgLhbXI3aXesFrvy7HKtCHrKkDsmV4Jg2Zt",
-	"b8C+d2ctyuZ1t8INlvz8huoZQIFJNd+kWTiTow0MJr0uVMpcUbzjy+gRHivk5KiTcbOkhsc6F6kDVD+A",
-	"lUpDLs7dVSRYhIPKpgaNsaFNGNYl5SuoSmFW64TB4faxnwCG8XI/hMhdLyHCadRQmlUwpcyg8WRVGWnG",
-	"6rsfqbS/S1PmOhNJ0HWm55VX2HMjc0AJAVPqsXKOBwey1V7ndY2BsLmO3RYRcgDcHN2ZBZqy0zkOnM6H",
-	"F20tcrFA5H/9+g0WHVCzybGaOOqeeEFcYy6V3C375jfoH48VWJDzxGBNhtWOxeQw+oR1LV+wiRt50qNO",
-	"p7uY51h1J8BufjdJ2OTADztJGA4CHIbLSa9MuCBZgslYTKgUmY3BGcdqotfArYFDuRqW6RbDv31fyg4f",
-	"Mo+MqZ4VK6FgD1jeDJiMQHoJygGW/FbggkEnuy6lm7Cuv+au5/tCUFv3sZrAGU8SxtmyWHHFJhT0mxCS",
-	"TlD2T8Jg5I6QqpOGVSk2iBRWLbUSUA6waO4E35J7ADd4XmTCuD5SJUDZXGeZ3hjHK11yEl3wtsaURbQN",
-	"+Ww5GisObH2p6RYAu6xa9wK3JfvUbNBuGR6eOJAoNnkGM0zc3SNj1Q2B6BrtEMgnjojfnz97/hLGg2Fw",
-	"wQiFUz8vvuPReuIr/cqViJQM4No8w8PhgP05lwijcE6wmrl1wowzzNhCN70RcFTP6XbC/vvtWoxYiAsO",
-	"B4ZHJ2NVFjahPQmI53pNcDbN9caInDroEXfRuVxIhY2QJ2/x74mTB24XaDcQcT2grumTd2LW/0bY2bL/",
-	"TloxYthfpm+kFZMegeqh9wKAhgEgF2l/qY01E2YE2P0lapGEmvxRGztpA254fDRWb6RJZS5m8N25e612",
-	"cHBUYGIay158/47lYioRfwfsmZ9nrBCY9S7PPM/llUDkkAoUH3gG0yV0QasZHj7xhF+yVMBUUHfw5qoB",
-	"o+o1V/oJJyexWF+wyb/13Wr7r9LJyI2Bat4Dqn70jQ0xLxFe0XMqdzk6fsLWuVRknDx79/zVq6DGpVL2",
-	"zJrPBOg5ZVS0PPxT8mpjR2yWaXfbQHkbV6YXYwU7w/4ZxZrummSZWBjyrgTJSt12S6Oew1HcE4qmVy+I",
-	"y5JkIS3ZXXuwJm45qlxGlAKlDbzsVHvXZnfy8XripBjewwiY2tA/XTP06goiN1e3roklTe32NMqkEsLR",
-	"UtUm/ttgTGgeYnt6tI9mPMvQtaXY5EPfabt9gvUkqSFMsG6h5jqfCRPwdCRL8YHPbOZwE+1GsxYzQDGx",
-	"moo0BTsEZgoE3Ckzwl8HesALuxwsdG9EwgpUUEx47CVs4pUf1EsBOA5aiUt/DHU95/OiOlx86pTVLrBJ",
-	"xUymCAY5W5LOaSgqAkABMwOmNCKbT6obKByqV/PQskBRmlB38gk8Rqturilhiuc5cA8fpinPBIbBpdJc",
-	"YxWsGwVp77S5ners0DfJs2zA3oYoQVdzwAk5fJi4fs010gnRhXB+4pF4QlgMJLGtfGzoTdQ6M8CPiB93",
-	"z96+e5+wsx/gn2fvn/8xYS9evn75/mWvQus2aoFmu45oTYRHSBeV16+ma+HiSQoiWQX9N7vDw4c93/Id",
-	"ECiggGqAihbI7cYvsSE+MlVXPmtqPX2kHSsfBqvTyYp/QEY7cW1+eiXFsDjBjFWdRBzeo+ptBgvtFG0Z",
-	"VDt5ykFSAisKVzpWLriGrP3oYV0qO0nktCN3dXLZMyzxABsrnAWU71IgkztrUnZzUltqtU9w5hS+5YYZ",
-	"DfzMMD5Ws2WhLl07gDU15CvnGrBnNU5ZXoqI4C6Di3asMPT9aMi+o0wc0siAIsmjs3R5x0CBk9IPB6zR",
-	"h3knTIP2UiuZhH1gr07EhGcqxANHPrw0Ndo3XJEoNGxycvhwgov3Oiib3JjSVlR3MU+c53oS3FM8watc",
-	"QFuiG3GRvnDGqnUBFT2nrHtGF2i9+9NrJJq1SNHE8zQC51EofBpFrEMcdNqiVhWYu4iYPMtQvCsYJduC",
-	"KNmUDnfs04+mCqnxNQXLDeg6KVC2YMftP7hla9Q5HBwNDrEAA0yOteyMOg8Hh4OH5KhdotfLu0aqe0YX",
-	"FBgvseVV2hl1XktjX9IjSe0W8Z9aNcp4xyjtP7h09JTV6q3pctGNwJw8vDz8l0JgJYS7PZwQvxPeGN7K",
-	"Yb4pf+g6+Rgd17frq4Z1Veud0RHmaZRpHLembeyaoroO9pNuO/+5cdv58eHhDReJ3+0C8eqi2dgd53R7",
-	"mZ57wxhQZ0izxwYtVxncS550fE0LuWJwJNIW6bgp7gaIyxcGr3gmDt35Oek0xZO7XhqHrePpAWmXO9H1",
-	"Hf68H8ICOfGt23MZspKGybRcbOyY8cnPQ9B2tAX9+QQ0mYJOplgXt/FOF/lMoNmGggldWc5+6J2yjVQ+",
-	"AO+WhUsm9lat+TU3to/j9V+9+Iy1346jVnywB+Gt89FL4U1wxX/rwv13714yeveUkQ8UcQn7hKEycXTC",
-	"jAu4SrrkHH05rqV7tq3SG1yTCrMsrMEb7pMgNulHHnsm2roPf9z5BFpIOieHD29//odKRjXo53uxKbHS",
-	"G8x9tOzct11CFOA3dMF/wlwlD8Mz7n06meFFqzvJ61th8V7Ozj2yqtplsxEECXz9gwbg8FV3byKpguTe",
-	"LK/69GpF6i+zdCrGp8Or7D67U3qeuQawDV50dxnVklL7yKlmymO29d2yXXo92ePSlBFxd2UjZ7WO1Uym",
-	"vYTU/rCPMuu6+A/PtBIjNjw+pt5SVc/B0kFNiRd/+4//9bf/+X9wp3/7j/9d75XeaI8eXmM53boUOs7M",
-	"LwXPBZtmenbpLv9bcZvLD6cMm+z6izNhiM1SZ66B+A5u3uwSXcG+cXFOJMT9z9HY8q1Ad97tJsxPCbzN",
-	"BcUW3WhlfU9rbpygNCW6VJedgZVaz9RAnlwWCZreKTrI2lsDrbCOSoA8N5/Sb1G1KjtT7+BVCMFPEiPD",
-	"4+NPVcFe3tDGu2yU72/H+0zud1B1NV/EcmvfKt/Cfy3yygWIh57UGpv32hcjOA+yu4LPYgDSOlNX5qds",
-	"BmbrIteb4JrHKgvPcQ9sHk++zorh/Nd/eoQdsBc5MkGF/fZorc7arEWRYbf/UkPi34+Lw8PjRyEe/97l",
-	"zcYlwbe+1fm94mPVgn4HUtKRDSKKOxE8/k6+MteBdusEA/Bp16Qe4UnM9nNR6KOD6vXBR4Ll9UHtLpwb",
-	"FfkwW8k17DsN0iyIyzkvjNL0SHd4OCyZDV4MEeE1VZIQ1Tl+Eu+JqvsO67/AasskzS+y2J+TzrrY1YS+",
-	"7DRfd8M6T7NMXeftnCtW64PeiziEB+xZ+3qcG1udl9mclTpXMjJ3Q6VpdxlP3GXH3DcEx+RQsPxmJKl0",
-	"2UHYxYqrMP+gRcWU6lo16yeoC2P/oNPtF6Xg4HKnerqaa4h0r+yjMXkcFejIeFiU+Sky7vDojs8/vOPz",
-	"w7s9f3TH8Y9O7lmmu4AA8r1mEsxPPwN7CRPY8Bsg44qrn+P5hKSxDhB4P7YNE3fCX7zr3WWe7sXRf2k0",
-	"c89ELLfypW/k3ertzrrt3u495jKmR3Xm4BMHqkzuqod4xYAfmMpRRTfl82C+i0zOrUjdIy6tYbPUzH0v",
-	"7YAND4fkbQiZSHVFv+d8vqV54xKbQURPmNs/hbfyNAh9GOfNAZCkcesb/Dbp6+Qz8P8WTAfguXT+GuLs",
-	"jeY4vm8Z9A994yvoGyHf8G2Md7tSXIeLPVwprivAfoui5ki73Pq+H9p+Y5WXEccH810HoiY7tg39/K6E",
-	"rdulXGZsJvhVmSvlIurUugoTOfHw874vfZXGmt6IYdY2Z+gX7G9AybuSYsPWmq7Oiu0RHoh7sTrzAhHd",
-	"J3m7j56CIxnb92q5+47au7QczJL9zGAITEAjJay65stVed3FZko662j35meYsYM5uhRIpfQMl6jQbave",
-	"Pp2hlmdEN4A7pAjzaCnzqSzdCeZpJPi6mWrpE5g3FqwG0yYyLlcUycDop7sntJZZPFa6wNh1lSr7wNTT",
-	"5OtZB7DKWsh/rBrJPT6PqJtpvZ7y2SVG0qs88l6QKxQz4M8dDM5IE7oXvb911cBXVv0Feo1jIRnxwfn5",
-	"UDxsuGGuTRDroq8GZEqQ5zUtVmsAvfcDl7fR67zKFUdUcmHvHpLZMSkr97uZMgH+N2qvPLnj80//juyb",
-	"oDiCTJtPNHiIVOn+n9Ke94lq3WJtRG49G94/WOYH2mEIHZ8cPTp5cjy8buo0WFpfN3nqvOUFfl9yltsU",
-	"/nOx0lf/ffT7O6ruuwKXcfB+We55S9jSybEqenlX+F7fWWWoa8qxaapHnHLeaWvl1BwCK9wi3th9R600",
-	"mAb6w7i/keNJmNIb5gsj/0FiERKLI0etL/dnI0ijd1eZIBjNA44quW3Xyh/9Cu9RhSvn+Nq6WznxuVhn",
-	"UQz/sy9yJ+3LLLHPT6oxWe/vw3d7V93p78XXux/5uq7aUdXl0fHRcIfiglm1Ymd091kr+9/nUBOZUo06",
-	"uV21KVtGkGG35Nmc8psNO3vBzDqTtmyZEQSBu9yFd2uVj70kGlgqXbJlAWDZELe887OtHeAm71P+4AQ7",
-	"4yl6Kn6DwuYLxR946nTvVjfrsJ+0u6Rz/3jEp+s3O6KcnyRn2LmPJjq/8JXUhfFH2kS1M0LFCt3uwY1Q",
-	"YdpX9B3cit7/CBX+9kOFDjtDEqjdE+9rtCm1q/MFJM/Do+HJ4+MnO0RP3rjtLyqBvvExtopmm5dBVnE/",
-	"XyXfrHcfK/RNulJ3KppvyyleSqnEl6KXomqsqKZ+xHi8lp6zXKy0Fa3e++5hrGDMBRbaBzX3VMTjwzUB",
-	"N8J45fDwYcxb6ezd8/pVTV/dc+itqr9DO+qT6CtwArQaObDuDQ1Hkla7kd7XkpVxyqQWQl/e1HsfKbRc",
-	"8fySlTWdOPOAtfVOupVjrXM7VnSHTEIeQOp71m7upcvKKvILupS/qpWYb2xQtcqaBPUFVJRHZWvUrYO4",
-	"z1i9etE7Zb4LSLvnB89Fq+VHOQbrDo+fulzFoGQtKG2kDkNlUoKoryHGDd7w/NJdjJTdl9YRtgL8FeIW",
-	"e7h2gsoPhxNdBGVCJXwuEhG0xqSHNnhFRNlML2G6sBj6wPeCZI4y0aP3D2v6V1eH4PmnX5u9v0FGFbCp",
-	"U0Ydlz4ETd984BVDmEFIYd8YhLu+IKZMHR0On5w8pmQs332mM/pIH+0F6icXri2P/5LKi8JvqU9c7cO/",
-	"u08rYXM5M/5TczzsNeefbQ98dXQwW3KLJ5EJ61qo+l9iX+IM+LlxPgh3nIDEDt4Uhb2HRgcHR8ePB4eD",
-	"w8HR6Mnhk8NO4CH56FMUPJDhUN1X1J6n/o0B+ff/AwAA//8=",
+	"7H3bchs5luCvILgTYbInSV0s+UJFx4TadlV7yi6rJVf1RBSrRZAJkmglAVYCKZrj0PvG7rxPxP7Ivu/8",
+	"SX/JxjkHyERmghJlW66Knn6xRTITl4Nzv+FjZ6qXK62EsqYz/NhZ8ZwvhRU5fjoTIn/9Ev5KhZnmcmWl",
+	"Vp1h55SthMiZTE8YVxum7ULkzNhcqjlTfCkMU5oe6R7tH/UGnaQj4b0Vt4tO0oFHOsOOTDtJJxe/FDIX",
+	"aWdo80IkHTNdiCWHKf8pF7POsPM/9qoV7tGvZo8WdoEzdm5ubmAcs9LKCFp3rieZWMKfU62sUBb+5KtV",
+	"Jqcc9rC3oif++a8GNvRx12nduDhjAySKiTzXecK4YeffvGDPj46fMjcNS4XlMjODzk3S+UHxay4zPsnE",
+	"11zgu2uRM86mWs3kvMhFyjK5lJZ1+/0l/9AX10LZvrG54EvTS5jOmV0IZkQO70nDzKKwFg441Wt1wmy+",
+	"YXzOpWJ8ZkXOzoXNN/1T/NuIqVapgWNfCJ46ZAqeqG/IblaIDsqKuchh7bB6tyV44A+54Ff0Vn1P7xeC",
+	"TWU+LaRlE3qI2QW3uHSuzFogSuYC4frIsFwXsMArIVaGzTQABNB0pOhPLvMhk9YwvVZMT2DzeBpMzxgg",
+	"qjDWJExpy3IxlwZgYCy3ImFGM7vWI+WmMmzJNyyVhs9zIQbsdGKEsmy9EIoW6BZicz69AmpRgnVh0URX",
+	"ZqRgEqlwMfAsbMMovjILbcvDgfUyJeCAZlxmIu0NRqqTdFa5XoncSiIGI9VUtGGHa5GWZdxYpldCCaBm",
+	"v06ZCTbNtBFAozOdL7ntDDspt6Jv5VJ0En9qxtFg0kFItOeBoYcsF7PCiJQVysoMFz/VOusDLjGhUnPC",
+	"FjybXdLDAA3Af+GBDviXCTjWXBdzYCFCFcvO8KdOuUZ4E/DNj9L5ubXEm5Db/OTWWz2mJ38VUws7eaXm",
+	"UuFW/DRmnnE17ySd6yxbdpKOkcvIBEnn1bUj5foRcPxuNzAiFwnIovplLpTIOYE1GE0q++SoGqkkowQY",
+	"7G4PXkmVhtsl7Ba5IA7N000HzzcT+Nn/fOmOxz1We0t8WEn6K825VO6Rpb7Gv34peM6Vdd8XaiF4Zhcb",
+	"YhjZpbE8p1HxI58C/rtP1deE87XRLm0ueVb/KpMzGCt2XEthDJ+LKLSBEi8JgvHfSIp9vAPLUMj5scI3",
+	"HdRrx5oApkQxEvDqjTQR3ELGjX9JK5bmLglBGHpTzsHznG/gsxIf7OW0yI2OMNoVNwYE23giZjoXY+Sd",
+	"QMXwFuvqLBV5j60AlsndCNcAkdtBbN/fZEJYx/5Ne1lRNu946yPjRYIhlstzgaybWEbF66Rd6MIy/16L",
+	"fwKXNcRTInCReTUNPAO8GZhQ3zGkNrEBCmwdD9j/vcZrwDIYPAlXvhW4b3UqsjZWpWKqUxEBOf3Qn/IV",
+	"KDAor0x0m0s/cJR6TEzwA+TFTGZZZF73yw4TE7+K6RV1UNEC/XIqPleuISmhsBV6ZwDhNvRC9hbFGcMK",
+	"lYI+phgwt2vBqlfim9KF9Rpj+1erLc/aM4FmsGFdt6GE0XZ6qDfcjUo0aDB1nW1vhclFsVzyfNNezgtd",
+	"KNCtrkV+q4JW13WAhxVWpJ5QQcfiKb7F1ZUZsulC8BUDAlcbNoMVMCP/XQwYaIcg5AuDnOmRYaSNMq7S",
+	"kTK0zJjGNAkYzm28tM6dbpLOZHOZazoknqYS9s2zs9rY7cNrcwDDJhsGA7XOLmETbRe9TgT2k81lqYF9",
+	"9uQ0UmQWJJoIeRoNAhte9WS1kzQKWFBEJK08dd05BNHh7bzFIdmuUqSLpg/r990XcAQzXmRkXCy0sWjq",
+	"9qKqsMPey2uRG6evteds4jqbAoHUNe7tOpuxOhdbBq6ME50LZhfSVMJR8NQECvRSLHWObE8bO89rzK7a",
+	"0O37KJSCfUwKmaWPDPMP36WA+wPxe6mmiUCw4tOeyAKUL/HS40yMOX0r9BJM0BcZNxEMPkPc1zO0Pqbw",
+	"DDML0BmIi86kyFJnIyKaFJkgYLIuTp6MlEC7AUwXq6c6S8C8U2YmcjbPdbFK2Hc/IidC/pSwFJaYsIxv",
+	"RG4S9vbNaTJSZ2fAnhi3VihYWf/9GT5uEkZHxUBtNPgQnLNWhDaGrUSOLDEZqTXoOxKEzJXSa9VD+5T2",
+	"QRqLsGsBpuha01aFYXNhDZn8fClG6lrkqZxa4qIyRQ8AigHGp7k2JUL5laDKbmLcVEZkoBtKpgBwtAYR",
+	"4N2F+BAlqO3KhFnw1RYyoDGlYmudpyZhYjAfsFEHT+DJEft//5dNZpnm9uAJ/P32zSn89+TAHQh84NYq",
+	"9v6MHcKHQxI47L/+Ex768fz07ahzJ46j0u9ZIq01hpt/FDw7y7iKuzjA2mGrjKMfgjtRMAxUhpScB2AQ",
+	"AW6ShgG4C4qtno2UYzUJwpreh+PcGEThTanOkyfPa0CBtb7QQNojlQqeZlKJHg6lGBp3MGfovWBoKg7d",
+	"7Kyc3LtQmFQjNcvkfGHZTCppFn44ZMVzUMulYVZnKdNqKpjVwGTQGYKwAJ1Jq5HqOrzD94j6/EjXIpez",
+	"Da5szSXyWfL3KLFmUhnLYWDQGljGrchHqrLDTtAvImeOIADyj0wAbtOre3SUptPJC2UG7HSkgkWS7QEn",
+	"Y9Bvo3R9BZONOxOCa8KWPL9y86JniqzcGGHxqY3pl+s6INfcQdJqWNLO7hy/olsmmBZ5DlOsFtygGDBw",
+	"5DvPMMv18rLu1GgTcfV7BcldRWSpP7SHLVF8vdBGOIoBDTOkEH/4rO6uKDWb1o5aCgwAJnSs1AfyxEOS",
+	"j9A1Kn5zwZ0bOOZ1yx0a7AL1prmIC2wfRTVugAhbGFduJ4LHHBNIj5elP6vN19D1SAdK/r5HhpzoJ0yr",
+	"bEPn4YZxHiI245kRA2Cq/MMboeZ20Rke7B8exTxptTfjS0AaIZ0FxB0DQOBagGEAv6FBHhm2R+OwLiy4",
+	"yAXKPVNMp8KYkbKLXBhgkoahF1+kFY9YCq6IccEGumDzIWUiPqcaoyWWANAbAMFnRrClvhaGccefkbFa",
+	"zUpP2QmzeVE+paofUH2Z8OkVcQwHlInWmeAKoIKusy2HciFKH7VgdSYWYyfAk+n4yGuOo5J1BS9YLjPg",
+	"/+hQL+yqcNqElxLIp+n9xLmxycHnAguTzUhJa0Q2o70EJ360//wJ0Le1IoeF/+Wnv4xGxf7+/v7Pv/un",
+	"GK/x/NZ59IKhDo+fJJ2lVCUyxcft4/8H3+B/T7+hj8+/2TJdpnl6l+HyBp5p6QvBOm+lt3OxyjYRT/M0",
+	"zkor7+wwEJaPTCWIpguu5iI9Yf5BEIJ4EAM8liEcNx1siBkon2+Rw1dCrOAFWrVUczpLzxCVVnWfsnPu",
+	"fgIbJNP3Nohf4ENNkDuQJbcEBL770RsPbciqYnnpVXj4++oaOA7om/DfZSqXyCmkuVxmHJUyPzkrVCYM",
+	"0sFIOZuNJF0mDekeS1BfnRaPKhaS4gaHIf9l78QNPVLOoQmzAUPxrxH7Ib4Z0SJS2m2NJp4cfXmS8NBo",
+	"hiQeHxJpyyVgxOHB0dOjZ4+fHD3FFdCXBy3hnnQ+9Oe6X32LNI5wCNAj4HrhyTzcCipceLg5wHy5BIvw",
+	"oaZoqgjlfInDlRiFvHEMr45bV9eXhQ+wVNqJLsibWK71IFjifjm4KpYT0uN+KUQh0k/Y7/5uIHUOjIea",
+	"oOn2cLOV+0oqOMVA+1Ysv3PxuTrn+f71v70JnQJkHX73o/MLDAI2+/L89G0n6fxI//3hzbsX33WSzrs/",
+	"/OurF+87Seeb129eRTnuGZd5+1gnVTz+Nnbrw/Y3CSaZcCudAzum5SN7laDMZJleoyDx3pOoGkMq+i55",
+	"IudiRnQDrKw5OQ/MOB+j1jnzwfFUrIRKDdOKlCziqOgLCn1oGYdPvxQ8u7QrlGBW5Jr+XsoPIr00Yr5s",
+	"RLmCgAgZI/fZTC7Ifr7zHS7zs/Lhm9CFv8urf6qevkluD2uUCQnS1DwTII6uxMo2vAGgR4Oei/oDaIjV",
+	"O8zFjkluoisAVNBc8qwXxYVKL2gaqhsWLis4YMzhqAIbbVUjiLfUB61QmZzxFIkiPZ1yQ2p+GfIYlhvA",
+	"Zbixe4mT1ZUN5A6q9Io5AztUDkwUBIVCC1LGTqZasbNzwbgiNRAxGc2MIhNMCZGKlOwSMCOMTAVLJakT",
+	"gPrOh4Z+sJ9+9/Pg6vpyKZaX6JG8l2F878VWzsvS+QqWyHQhpldwoooRaV7zrBCIL3g2sIMYwJoyzhFg",
+	"yVZqHCvAhhh/Bjr5NtfFKm5h0i68x7VyLutZ5YQANKj94gKPHg8MXwoKrAxa+ttdrNX5dx99Mo+9nHqH",
+	"+W3cou5dv0nuF0GuuYHv48sh6EqyUNHLjiQHFibymkwQIpB5Gbh5yLDsbZmLRMUX5u+fCMh7xsTvBuUD",
+	"RKfvYMA+xkDWDzLh+zFdWpX/nSm9HrIWI46z4B1yJmrH00D7aD6AR8dtbOLuSHnJNOJJPYjJd4dZnY3t",
+	"VohsxLku/eJ3isJWHOy2IOzuuQWJjxFRVI5ZrcF41UaEGEDiHb3nuN3e3SflwHJblA/2EodpuZGdYRID",
+	"x5ZUCzJWkKk7fj+j0KugNNsdsNBhFE2wbWtnoeIXFzaPDDlWS22CRL07qUfGO/JybQUGNNGyZ1JZHTq/",
+	"vWfUJ2JiqBFZJwcSkzOXqZwg3YGeNuHTKzxUJApQ4ODLjRUYeYE/Ekr+4BjRZBlPU5E3k2OdugbS3TFt",
+	"vw+RtqUfzCnUFnW0DL+6p4ZMyQ8ZZs9OV3WH4uPDpsejxZ2crnF5n2ROp8Btj0GQugeb1bNAnXwUV/1O",
+	"GPe6Yhl7KQehpOYSgM3gG+gX6N12qMlZLvo1r1OXo2evV/qkXVLUO5VtfHp+W0nY4kp2y6xUTXcG3sXP",
+	"uqhKwi9ox1KiDnkNPRo7sVI7qMP9o2cRQM8nq2ikB/OFV4VlLik84/lcGMoQIkV3BaIpZV3AT8PWubRW",
+	"KBfU5ikhdZmyBOdMx2S1vuol7GD/L88Rtc2eqQW+SifHbY6NjFuhppvLwsQAaCys9M/nr9+/KhXBJc8y",
+	"v/4EuOdSAqulhPv7L8Br73dxQ++DCD2tXjsiAMLcFJrbMfE6KWk3WIY7yBpkapS3jS/+qWbWbmWMlVhO",
+	"vGqjK+MsyH8nVpQLsNeUVqLNebi9JTJasrC6IrJr5NVymcVGL+OfZDkuvBK/1qF2n8pZTaMPImJoWJvL",
+	"u9c+16KyuqtcqGo7fWuzngfYkOJ1XDGAELc6d+FzuXs0mDK3o4yy7RoY1u16rxdiuCJxfgNDycmlEBAS",
+	"kxvQn9MYVecsF0qs3YLvsBbd+WCytl93HC9zoNZMmmWsJMCqS7sqPblNGwlTzUB1Yu6hE2BhS22s/6IR",
+	"A/9yHuZ0uroEE7+9rIkAuxF+/7QF7O++gLvhcvBwAPh1p1/dDv7VA0N/9evuPqCJrxDd8LNF6VeQj5tn",
+	"2btZZ/jTLt7ZSp3q3CR3v3CBWg8+2vDq5CIVykZZIuhj3uVBeauY21NTFUm3kcYUglxLXcx8GilQLxPG",
+	"wUCUS5FiDispXTxdSlUphZgN2xuWmUiPzEhVqxqw74RYgYLfHa/SVcaVTxDo96un+jOZiXHvhLy4VNSG",
+	"uZ5k/E05fjMRzCz0Wrlo8yieOdo4np+TaE3qI8NmRZbVYJGg/eHL+nCV4Y7R+UZ5b6R6lxIDH6WizVrB",
+	"6fZ6WIDsDz+8fgnHk+m1yKfcCNinVnLKM1jIElWJIJy633/O+7OfPz676Zd/H+3w98HhTTTQCkvdYgH7",
+	"5OjdLGDAT5fL3zKEY2UnW4noHCb5GE0Lba3+HlVV+Oj2OQNSbB3YqyCnVxpX6glWAOr8aCZVqQwnGI8X",
+	"6KzwT/aSkSrj8tXP7itSQdA346L0TOcJYdlaGoHukgxM5MFIUVYphifqeQGtYYdgOVs9vWI+07iYZNIs",
+	"BJIW2VFEhFiETfnGGphhbkDHCROIo3UPWluA2epyoU1ERbz49g1Xc+9JGFISfOAyyAWfLgRpV+VYvoSY",
+	"W9Z1EmRYpdDrGStyDOvUUnIef4mMg2o7K53vsJ1qyfA86+4DzLyC++z582e9W4Xek+Pjx8f3F7eiLDa9",
+	"tWyPnmpnMjWiJ5jEYypfSpWSPhWYtE152k14P0AK1NX1XXsKsmrQFp64ypJt1SvNFX/+GuvA+05syEV9",
+	"APL08PgJmy54zqdIPr5McKqVzXUW/OSSEcO1PjnaVjrT2MfxweGXh7xnoU2K+tLzeF4Y8V1QWDHGTF3g",
+	"ZWfXdK6vhQJ8/waD7jcI69f06uFBQywlnULJXwrhfrd5IdCDXbPDbvf6Vo+CyAHWvLPAPAelvbZASkxd",
+	"SuU/t/3Jvl7s1oHhGTSRSTG5nPtw45cnCSdqtp6p0hOdbthUF1nKrMiyEwZcH+SXc56UBx7qYLue9w80",
+	"feSwj3c66yKPKMwLa1dd02MTUMZ+OH/jvWmO9Ub8i1+WVBrKiyv/dkVM5SJg6VWtSMjm6yiMrHWb2uMM",
+	"imHEnuD2ns7re/cbwMTNOw64rHSh5ykt9BJ1lGueXXpPZjRhrOW+3KJDZtzYy0WYmb7bhjPBjbhEF9Pm",
+	"vm9Ze9/F754jfL/0Vvf05S3ZssUqvSc2xPRv78et1Q3UYOg2mYToV5v9VhyIgXYr3ldFx7ub61ut77Yi",
+	"vINy2aaH++fJfaYy+BWUsG2pPRE9Z1fb7lfTJNqh7s9WFLZnF6JERFMPVMyaoSgV+/bVe7bHV3Lv+mAP",
+	"jel/uZZi/XtXpL7rHkED2Wqyf66u8SVUhUby+qdqBc2NOan/a4jdlh/qzwtqRaCVwCZQiLp8Qi1G4GgH",
+	"7HsdWuaJs9mXwvKUW47xae+CMmKaC++DyvVEbHM+NSL12IZMWh/sLx0FTDrru+7kInch1S9J7x1zCQDl",
+	"upxPg1V9fsrJZjp3PjTymYEBVUamI7GzNM1rkqfwSkWVE/7s6OjJ06Oj/aePn+4/Pz4+3N/fv9W4vkk6",
+	"OPflbuZPm6FvyyT4nJyBVFxfNrowfZmt3lU26VAiqJ6s4nuIJmtuSqyIllNuifwHa8iE+rydHUT7xtw/",
+	"JO0x9I4skCZCJ2gQPDkalpG1g8Exeyv/wLqH+J+euSd6SE4c+bdPoLksZw2AN9nYlj3x/OnB8WE04Ok4",
+	"LNF4JG794qzKXAkpssEdWPfgCRDckyPKROglbMFV6rIvMDZQ2IVQVk5B7ypb59yy6md1GyhaXrmDErkF",
+	"h7Yw6IB8tyQHBCBHFkI4GNUJqw6QzcZGPrjerkdG8dI6hn+9ePc9W3G78Gajns2Eog40rj0dvllLjj5o",
+	"JUdvLUncWs9WbGlkYqXNxC26WMvPScHxH85fM8WXsO6qO4Ke+baVuHiwlM1wb8+FdAapuPadKM2eVNc8",
+	"k2nflz/cfpr4q19suaEyu2HLodVUtIioq8W4yH/vKrjLd8mVPtV5SgljZVO7qOBvqPotxX4H1WBQBeTD",
+	"b2sR/vpPafTb1bZvMRrcGGEaH3haPn11PQhLt66uB6k7kqvrQVCoVn4uy+Pwm7JcDz+50jqv6MaSnM9d",
+	"yLoh6eusMl7DVNd/7sGWP5X11hWFrSuCB05cywish0DfufuiZvU+tKuVFx8uATaXmVAROwMbZoKEKz44",
+	"lSzUrL+w6lG55KgKu6mMl2td2Ua08SsvZL4qokGS/kHdImMLjg2Lvz374f5ZDf0d0xqurnc5wC95eAe7",
+	"wOxW37Rfsz/IZkk5pgRT4TeIY2GMMCduD2UrpbBAcVkYi/n5+lrkGV/9hjYK69jpcJIqD2tR5kVnROy/",
+	"ne1UmkckfaR+KLC1smj0pIxCl12GU2GsVCRxw/fIrncJHLkwOrsmgbuTSR+q7/fZm8+Mepjcpzt18ouo",
+	"xu1FVs+riM5QqJseyUilOV8r3/OHhAyYzhhBqWQOtusqv68EzWCk3i8EA7ugmdrO+HQqViicplop4Zsz",
+	"ZBvXn5sr9se3py9GaroAbUHNRd+3TKf0ZmkH7FzYIlfecJhsRmrcckztfZTpzV6oh40pl+CzzIlmjTTp",
+	"MDWLoMaNGgy1QcINEojpmqGrLKZnglzwMV9pzT0dNhGXR00RukS0aU9MfMRjUUQ56tzt94gqD44pxw2K",
+	"TxOUkTbS19v2Rcn1VPyRZRW7qZmhxS0NqhvS8xY2G7GX7mCP9+VX21hSrC6uhPq2cqEaKO4oEYpRRfVy",
+	"Cf0YbYSWaIgPSRwxoxTjvMdl3n+7aHai7SJqHFxYnolzEc/D+bMjM1+HJ7FCu9olNbCUJswvf+SazGG7",
+	"tAGDIbA3zdIVjPs6mX5JmDnOnvj2TMCEQbBjKbFWVGBc9u8fwgAyd+2pilxQbwVMOA/6wFVZ6NgMiswD",
+	"bOdCIHlkqt59CVsv5HQRlOlUWVNbO/CNFLXgw8532iWrARV1sUR7KhwUfBu62ttsyhUrjGASRI/OS35W",
+	"AboH5k1a0LUTmAfPHaC8y7pqVuUb0inNMq3mIkd24DOOlLYLrDPC7pUwiOA16JV1zACvkcqxZolkUw0Y",
+	"/cC9HAU12OGCp9jXEE7fOzSqtoa+EiDaNO8W06/BcxH3cOXSuA5c/m4JV91UIpfl+VxQu7Qvn8e2pcIK",
+	"I2FYSmWxzgGvlRDX1EHLO3ozsayv6cnx8eP7tc6qsOXWVnrOD1OBRAeAK7v2PWTiaxXwbvWGu9se3yVx",
+	"w00QY44X8csviLap1xkpVWWtCkbPB1XjtjDT2iFgGRs3bEJqyEih997UM1gQvNSBk5boIjnW99gjlz8i",
+	"S6/ef2tFnsyg/Xl4GYO/8iFoVLi1yCvp1KJ0u/nuEGmXfAMmRJlOi3VOYZ6rYammHnkUsOiFbr2H8Gbd",
+	"JB0jpkUu7eYC5L+PWi2leq+vYo37x/0+/ty38Pt4WBVCUXsxw7qpyIQVCbVMTQLxZYALo/ou0pFaL0SO",
+	"da/VzUo4JjDnKrOeSZfBi/oJVisJnodVXwtrsZ7bfR85j2kmActOz16zK7FhXdjDSvavxMaMe8x1/Xu3",
+	"Eur0dT9oy4HXJJiTkfLiJHyPIryWXwkqmxupkQLhzJQrv2oAioFcGvf7f9XVV3Q7DKVZUmWBNCOFlyG4",
+	"3mYL7M5Ytf+oahBScT1Gy3XsS9akwqMU454zn1xM3Tdvbls444SKuBNGN1P0KGKdrfkmXMeU5/kGhO59",
+	"Y7m7nRtAZDuyhfDqgs23XPK+ESueY4gnk8bSpUTYyyWjegsl1myt86uRsnou8DjSAhuqcJZri4TZG2JZ",
+	"BFbPrSlUNGCvbRn0de7PkSJDFQGRcbnE70FgkhjAzB1UEPJCYS1yd6HXrNb7cqQybci6ChB7qpfCoFnb",
+	"G7Dv3VmLsnndnXCDJb+4pXoGUGBczTduFs7kaAODSa8LlTJXFO/4MnqERwo5Oepk3Cyo4bHOReoA1Q9g",
+	"pdKQi3N3FQkW4aCyqUFjbGgThnVJ+QqqUpjVOmFwuH3sJ4BhvNwPIXLXS4hwGjWUZhVMKTNoPFlVRpqR",
+	"+u5HKu3v0pS5zkQSdJ3peeUV9tzIHFBCwJR6pJzjwYFsudN53WAgbKZjt0WEHAA3R3dmgabsdI49p/Ph",
+	"RVvzXMwR+d+8eYtFB9RscqTGjrrHXhDXmEsld8u++Q36x2MFFuQ8MViTYbVjMTmMPmZdy+ds7EYe96jT",
+	"6TbmOVLdMbCb340TNt7zw44ThoMAh+Fy3CsTLkiWYDIWEypFZmNwxpEa6xVwa+BQroZlssHwb9+XssOH",
+	"zCNjqqfFUijYA5Y3AyYjkF6BcoAlvxW4YNDxtkvpxqzrr7nr+b4Q1NZ9pMZwxuOEcbYollyxMQX9xoSk",
+	"Y5T94zAYuSWk6qRhVYoNIoVVS60ElAMsmjvBt+QewA2eF5kwro9UCVA201mm18bxSpecRBe8rTBlEW1D",
+	"Pl0MR4oDW19ougXALqrWvcBtyT41a7RbjvaPHUgUG5/CDGN398hIdUMgukY7BPKxI+L356cvXsF4MAwu",
+	"GKFw4ufFdzxaj32lX7kSkZIBXJvnaP9owP6cS4RROCdYzdw6YcYZZmyhm94IOKoXdDth//1mJYYsxAWH",
+	"A0cHxyNVFjahPQmI53pNcDbJ9dqInDroEXfRuZxLhY2Qx+/w77GTB24XaDcQcT2irunjCzHtfyPsdNG/",
+	"kFYMGfaX6RtpxbhHoHrsvQCgYQDIRdpfaGPNmBkBdn+JWiShxn/Uxo7bgDs6PBipt9KkMhdT+O7cvVY7",
+	"ODgqMDGNZS+/v2C5mEjE3wE79fOMFAKz3uWZ57m8FogcUoHiA89guoQuaDVH+8884ZcsFTAV1B28uWrA",
+	"qHrNlX7CyUks1hds/G99t9r+63Q8dGOgmveIqh99Y0PMS4RX9IzKXQ4On7FVLhUZJ6cXL16/DmpcKmXP",
+	"rPhUgJ5TRkXLwz8hrzZ2xGaZdrcNlLdxZXo+UrAz7J9RrOiuSZaJuSHvSpCs1G23NOo5HMU9oWh6/ZK4",
+	"LEkW0pLdtQcr4pbDymVEKVDawMtOtXdtdscfb8ZOiuE9jICpDf3TNUOvriByc3XrmljS1G5PokwqIRwt",
+	"VW3ivw3GhOYhtqdH+2jKswxdW4qNP/SdttsnWI+TGsIE6xZqpvOpMAFPR7IUH/jUZg430W40KzEFFBPL",
+	"iUhTsENgpkDAnTAj/HWge7ywi8Fc94YkrEAFxYTHXsLGXvlBvRSA46CVuPTHUNdzPi+qw8WnTljtAptU",
+	"TGWKYJDTBemchqIiABQwM2BKI7LZuLqBwqF6NQ8tCxSlMXUnH8NjtOrmmhKmeJ4D9/BhmvJMYBhcKs01",
+	"UsG6UZD2Tprbqc4OfZM8ywbsXYgSdDUHnJDDh7Hr11wjnRBdCOfHHonHhMVAEpvKx4beRK0zA/yI+HH3",
+	"7N3F+4Sd/QD/nL5/8ceEvXz15tX7V70KrduoBZrtKqI1ER4hXVRev5quhYsnKYhkFfTf7B7tP+75lu+A",
+	"QAEFVANUtEBuN36FDfGRqbryWVPr6SPtSPkwWJ1OlvwDMtqxa/PTKymGxQlmpOok4vAeVW8zmGunaMug",
+	"2slTDpISWFG40pFywTVk7QeP61LZSSKnHbmrk8ueYYkH2EjhLKB8lwKZ3FnjspuT2lCrfYIzp/AtN8xo",
+	"4GeG8ZGaLgp15doBrKghXznXgJ3WOGV5KSKCuwwu2pHC0PeTI/YdZeKQRgYUSR6dhcs7Bgocl344YI0+",
+	"zDtmGrSXWskk7AN7dSImnKoQDxz58NLUaN9wRaLQsPHx/uMxLt7roGx8a0pbUd3FPHae63FwT/EYr3IB",
+	"bYluxEX6whmr1gVU9Jyy7hldoHXxpzdINCuRoonnaQTOo1D4NIpYhzjotEWtKjB3ETF5lqF4VzBKtgFR",
+	"si4d7tinH00VUuNrCpYb0HVSoGzBjtt/cMvWsLM/OBjsYwEGmBwr2Rl2Hg/2B4/JUbtAr5d3jVT3jM4p",
+	"MF5iy+u0M+y8kca+okeS2i3iP7VqlPGOUdp/cOnoCavVW9PlomuBOXl4efgvhcBKCHd7OCF+J7wxvJXD",
+	"fFv+0E3yMTqub9dXDeuq1jvDA8zTKNM47kzb2DZFdR3sJ912/nPjtvPD/f1bLhK/3wXi1UWzsTvO6fYy",
+	"PfOGMaDOEc0eG7RcZXAvedLxNS3kisGRSFuk46a4GyAunxu84pk4dOfnpNMUT+56aRy2jqd7pF1uRdcL",
+	"/Hk3hAVy4hu35zJkJQ2TabnY2DHjk5+HoO1oC/rzCWgyBZ1MsS5u40IX+VSg2YaCCV1Zzn7onbC1VD4A",
+	"75aFSyb2Vq35DTe2j+P1X7/8jLXfjaNWfLB74a3z0UvhTXDFf+vC/YuLV4zePWHkA0Vcwj5hqEwcHDPj",
+	"Aq6SLjlHX45r6Z5tqvQG16TCLApr8Ib7JIhN+pFHnom27sMfdT6BFpLO8f7ju5//oZJRDfr5XqxLrPQG",
+	"cx8tO/dtlxAF+A1d8J8wV8nD8Ix7n05meNHqVvL6Vli8l7PzgKyqdtlsBEECX/+gATh81d2bSKoguTfL",
+	"qz69WpH6yyydivHp8Cq7z26VnmeuAWyDF91fRrWk1C5yqpnymG18t2yXXk/2uDRlRNxd2chZrWM1k2kv",
+	"IbU/7KPMui7+wzOtxJAdHR5Sb6mq52DpoKbEi7/9x//62//8P7jTv/3H/673Sm+0Rw+vsZxsXAodZ+aX",
+	"gueCTTI9vXKX/y25zeWHE4ZNdv3FmTDEeqEz10B8CzdvdomuYN+4OCcS4v7naGz5TqA773YT5icE3uaC",
+	"YotutLJ+oDU3TlCaEl2qy87ASq1naiBPLosETe8EHWTtrYFWWEclQJ7bT+m3qFqVnam38CqE4CeJkaPD",
+	"w09VwV7d0sa7bJTvb8f7TO63V3U1n8dya98p38J/JfLKBYiHntQam/faFyM4D7K7gs9iANI6U1fmJ2wK",
+	"Zus81+vgmscqC89xD2weT77OiuH81396hB2wlzkyQYX99mitztqsRZFht/9SQ+Lfj4r9/cMnIR7/3uXN",
+	"xiXBt77V+YPiY9WCfgtS0pENIoo7ETz+Tr4y14F24wQD8GnXpB7hScz2c1Hoo4Pqzd5HguXNXu0unFsV",
+	"+TBbyTXsOwnSLIjLOS+M0vRI92j/qGQ2eDFEhNdUSUJU5/hJvCeq7jus/wKrLZM0v8hif046q2JbE/qy",
+	"03zdDes8zTJ1nbdzrlitD3ov4hAesNP29Ti3tjovszkrda5kZO6GStPuMp64y465bwiOyaFg+U1JUumy",
+	"g7CLFVdh/kGLiinVtWrWT1AXxv5Bp5svSsHB5U71dDXXEOlB2Udj8jgq0JHxsCjzU2Tc/sE9n398z+eP",
+	"7vf8wT3HPzh+YJnuAgLI95pJMD/9DOwlTGDDb4CMK65+jucTksYqQODd2DZM3Al/8a53l3m6E0f/pdHM",
+	"PROx3MpXvpF3q7c767Z7u/eYy5ge1pmDTxyoMrmrHuIVA35kKkcV3ZTPg/kuMzmzInWPuLSG9UIz9720",
+	"A3a0f0TehpCJVFf0e87nW5o3LrEZRPSEmf1TeCtPg9CP4rw5AJI0bn2D3yZ9HX8G/t+B6QA8l85fQ5yd",
+	"0RzH9y2D/qFvfAV9I+Qbvo3xdleK63CxgyvFdQXYbVHUHGmbW9/3Q9ttrPIy4vhgvutA1GTHtqGf35Ww",
+	"dbuUy4zNBL8uc6VcRJ1aV2EiJx5+3velr9JY0xsyzNrmDP2C/TUoeddSrNlK09VZsT3CA3EvVmdWIKL7",
+	"JG/30VNwJGP7QS1331F7m5aDWbKfGQyBCWikhFXXfLkqr/vYTElnFe3efIoZO5ijS4FUSs9wiQrdturt",
+	"0xlqeUZ0A7hDijCPljKfytKdYJ5Ggq+bqZY+gXljwWowbSLjckmRDIx+untCa5nFI6ULjF1XqbKPTD1N",
+	"vp51AKushfxHqpHc4/OIupnWqwmfXmEkvcoj7wW5QjED/tzB4Iw0oQfR+1tXDXxl1V+g1zgWkhEfnJ8P",
+	"xcOaG+baBLEu+mpApgR5XpNiuQLQez9weRu9zqtccUQlF/buIZkdkrLysJspE+B/o/bKs3s+//zvyL4J",
+	"iiPItPlEg4dIle7/Ke15n6jWLVZG5Naz4d2DZX6gLYbQ4fHBk+Nnh0c3TZ0GS+vrJk+dt7zE70vOcpfC",
+	"fy6W+vq/j35/T9V9W+AyDt4vyz3vCFs6OVZFL+8L35t7qwx1TTk2TfWIU847ba2cmkNghVvEG7vrqJUG",
+	"00B/GPc3cjwJU3rNfGHkP0gsQmJx5Kj15f5sBGn07ioTBKN5wFElt+1a+aNf4QOqcOUcX1t3Kyc+F6ss",
+	"iuF/9kXupH2ZBfb5STUm6/19+G7vqzv9vfh6dyNf11U7qro8OTw42qK4YFat2BrdPW1l//scaiJTqlEn",
+	"t6s2ZcsIMuwWPJtRfrNhZy+ZWWXSli0zgiBwl7vwbq3ysZdEA0ulS7YsACwb4pZ3fra1A9zkQ8ofnGBr",
+	"PEVPxG9Q2Hyh+ANPne7d6mYd9pN2l3TuHo/4dP1mS5Tzk+QMO/fRROcXvpa6MP5Im6h2RqhYodsDuBEq",
+	"TPuKvoM70fsfocLffqjQYWdIArV74n2NNqV2db6A5Hl8cHT89PDZFtGTN277i0qgb3yMraLZ5mWQVdzP",
+	"V8k3691HCn2TrtSdiubbcoqXUirxpeilqBopqqkfMh6vpecsF0ttRav3vnsYKxhzgYX2Qc09FfH4cE3A",
+	"jTBeebT/OOatdPbuef2qpq/uOfRW1d+hHfVJ9BU4AVqNHFj3loYjSavdSO9ryco4ZVILoS9v6r2PFFou",
+	"eX7FyppOnHnA2non3cqx0rkdKbpDJiEPIPU9azX3co1snfqJuiqXuRn61L+qQRaWmvuWIb41h2M1r18m",
+	"ta+xQr8sch6pqlkW91HYWqWbSwymTCbXqGMtjWAY1hipU9dBiPmuIu0eIjwXrRYiwXpgFcE3qQ/xHj6n",
+	"aYPCuKCAkvoYlakPPkLkh40xnbc8v3L3L2UPpdyEHQd/hfDIDh6koMDEoV4XYZlQpaALeAQdOOmhNd5E",
+	"UfbsS5guLEZY8L0gZ6TMJ+n9w2j/1bUueP7515Yib5EfBtzwhFFjpw9Bbzkf38VIaRC52DXU4W5JiOls",
+	"B/tHz46fUs6Xb3LTGX6kj/YS1aBL1/3Hf0lVTOG31I6u9uHf3aelsLmcGv+pOR62tPPPtge+PtibLrjF",
+	"k8iEdZ1a/S+xL3EG/Nw4H4Q7TkDSDS+kwhZHw729g8Ong/3B/uBg+Gz/2X4ncMR89JkQHshwqO4r6gJU",
+	"/8aAmP3/AQAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
