@@ -14,7 +14,10 @@ import (
 // agent only, so a prefill that must report a failed transfer, or fetch
 // the decode's transfer secret, finds the peer this way. Peers of the
 // opposite role are searched (a prefill asks about decodes and the other
-// way round); an agent no registered peer has is an error.
+// way round); an agent no registered peer has is an error. The registry
+// keeps agent names unique across live peers (a second live registrant is
+// refused), and a failed peer's ranks are passed over, so that the answer
+// is the one peer that registered the agent and still holds it.
 //
 // Answers are cached (an agent name names one peer for its life), so that a
 // burst of failed transfers to one decode costs one listing, not one each.
@@ -40,6 +43,9 @@ func (a *Agent) PeerOfAgent(ctx context.Context, agentName string) (string, erro
 		return "", fmt.Errorf("peer of agent %s: %w", agentName, refusal(resp.HTTPResponse, resp.Body))
 	}
 	for _, p := range resp.JSON200.Peers {
+		if p.State == api.StateFailed {
+			continue
+		}
 		for _, r := range apiconv.Deref(p.Ranks) {
 			if r.AgentName == agentName {
 				a.rememberPeer(agentName, p.Id)

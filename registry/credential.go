@@ -91,9 +91,14 @@ type Claim struct {
 //     credential (registered while the control plane was open) — may be
 //     claimed with a join token, and gets a fresh credential. This is how an
 //     agent that lost its credential comes back: it waits out the lease.
+//   - A credential is bound to what its peer was when it joined: its role
+//     and its model. Re-registering as another role or model widens what
+//     the credential may read and report (the other half of another PD
+//     split), so it needs the admin token or a new joining: a join token
+//     once the name is free.
 //   - On an open control plane anything goes, and a fresh credential is
 //     issued unless the caller presented the current one.
-func AuthorizeRegistration(prev *Peer, c Claim, now time.Time) (issue bool, err error) {
+func AuthorizeRegistration(prev *Peer, next *PeerSpec, c Claim, now time.Time) (issue bool, err error) {
 	if prev == nil {
 		if c.Open || c.Admin || c.Join {
 			return true, nil
@@ -101,15 +106,68 @@ func AuthorizeRegistration(prev *Peer, c Claim, now time.Time) (issue bool, err 
 		return false, fmt.Errorf("registering a new peer needs a join token: %w", ErrForbidden)
 	}
 	if c.Credential != "" && CredentialMatches(prev.CredentialHash, c.Credential) {
+		if c.Open {
+			return false, nil
+		}
+		switch {
+		case next.Role != prev.Role:
+			return false, &ForbiddenFieldError{Field: "role", Detail: fmt.Sprintf("peer %s joined as %s: its credential cannot re-register it as %s; "+
+				"that needs the admin token, or a join token once the name is free", prev.Name, prev.Role, next.Role)}
+		case next.Model != prev.Model:
+			return false, &ForbiddenFieldError{Field: "model", Detail: fmt.Sprintf("peer %s joined serving model %q: its credential cannot re-register it for model %q; "+
+				"that needs the admin token, or a join token once the name is free", prev.Name, prev.Model, next.Model)}
+		}
 		return false, nil
 	}
 	if c.Open || c.Admin {
 		return true, nil
 	}
-	gone := prev.State == StateFailed || now.After(prev.LeaseExpiry)
-	if c.Join && (gone || len(prev.CredentialHash) == 0) {
+	if c.Join && (!prev.Live(now) || len(prev.CredentialHash) == 0) {
 		return true, nil
 	}
 	return false, fmt.Errorf("peer %s is held by another agent: re-registering it needs its credential or the admin token "+
 		"(a join token may claim it once its lease expires, at %s): %w", prev.Name, prev.LeaseExpiry.Format(time.RFC3339), ErrForbidden)
+}
+
+// ForbiddenFieldError is a caller who may not set a field to what it asked
+// (a credential re-registering its peer as another role). It is an
+// ErrForbidden that names the field.
+type ForbiddenFieldError struct {
+	Field  string
+	Detail string
+}
+
+func (e *ForbiddenFieldError) Error() string { return e.Field + ": " + e.Detail }
+
+// Is makes every *ForbiddenFieldError match ErrForbidden.
+func (e *ForbiddenFieldError) Is(target error) bool { return target == ErrForbidden }
+
+// AgentNameTakenError is a registration naming a NIXL agent that another
+// live peer registered. A prefill's transfer agent finds a decode by its
+// agent name (SGLang's bootstrap names a decode by its agent only), so a
+// second holder would take the first one's transfers.
+type AgentNameTakenError struct {
+	Field  string // the rank's field, ranks[i].agent_name
+	Agent  string
+	Holder string // the name of the peer that holds it
+}
+
+func (e *AgentNameTakenError) Error() string {
+	return fmt.Sprintf("%s: NIXL agent %q is registered by live peer %s; agent names are unique across live peers", e.Field, e.Agent, e.Holder)
+}
+
+// Is makes every *AgentNameTakenError match ErrConflict.
+func (e *AgentNameTakenError) Is(target error) bool { return target == ErrConflict }
+
+// CheckAgentNames is the rule that NIXL agent names are unique across live
+// peers. holder returns the name of the live peer other than spec's that
+// registered agent, if any; the store answers it under the lock it
+// registers under.
+func CheckAgentNames(spec *PeerSpec, holder func(agent string) (peer string, ok bool)) error {
+	for i, r := range spec.Ranks {
+		if name, ok := holder(r.AgentName); ok && name != spec.Name {
+			return &AgentNameTakenError{Field: fmt.Sprintf("ranks[%d].agent_name", i), Agent: r.AgentName, Holder: name}
+		}
+	}
+	return nil
 }

@@ -229,6 +229,11 @@ type Peer struct {
 	CredentialHash []byte
 }
 
+// Live reports whether the peer still holds what it registered (its name,
+// its NIXL agent names): until it fails or its lease runs out, even if the
+// sweeper has not run yet.
+func (p *Peer) Live(now time.Time) bool { return p.State != StateFailed && !now.After(p.LeaseExpiry) }
+
 // Routable reports whether the router may send work to the peer.
 func (p *Peer) Routable() bool { return p.State == StateReady }
 

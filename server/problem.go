@@ -80,11 +80,19 @@ func (s *Server) toProblem(r *http.Request, err error) *Problem {
 	var p *Problem
 	var fe *registry.FieldError
 	var big *http.MaxBytesError
+	var ff *registry.ForbiddenFieldError
+	var taken *registry.AgentNameTakenError
 	switch {
 	case errors.As(err, &p):
 		return p
 	case errors.As(err, &fe):
 		return invalidField(fe.Field, fe.Error())
+	case errors.As(err, &ff):
+		p := forbidden(ff.Error())
+		p.Field = ff.Field
+		return p
+	case errors.As(err, &taken):
+		return &Problem{Type: ProblemConflict, Title: "Conflict", Status: http.StatusConflict, Detail: taken.Error(), Field: taken.Field}
 	case errors.As(err, &big):
 		return tooLarge(big.Limit)
 	case errors.Is(err, registry.ErrForbidden):

@@ -165,7 +165,10 @@ func (s *Store) Register(_ context.Context, spec registry.PeerSpec, claim regist
 	if id, ok := s.byName[spec.Name]; ok {
 		prev = s.byID[id]
 	}
-	issue, err := registry.AuthorizeRegistration(prev, claim, now)
+	issue, err := registry.AuthorizeRegistration(prev, &spec, claim, now)
+	if err == nil {
+		err = registry.CheckAgentNames(&spec, func(agent string) (string, bool) { return s.agentHolder(agent, now) })
+	}
 	if err != nil {
 		s.mu.Unlock()
 		return res, fmt.Errorf("register peer %s: %w", spec.Name, err)
@@ -195,6 +198,23 @@ func (s *Store) Register(_ context.Context, spec registry.PeerSpec, claim regist
 	s.mu.Unlock()
 	s.publish(res.Peer.ID)
 	return res, nil
+}
+
+// agentHolder returns the name of the live peer one of whose ranks is the
+// NIXL agent; the caller holds mu. Registrations are rare next to
+// heartbeats, so it searches rather than keeping an index up to date.
+func (s *Store) agentHolder(agent string, now time.Time) (string, bool) {
+	for _, p := range s.byID {
+		if !p.Live(now) {
+			continue
+		}
+		for i := range p.Ranks {
+			if p.Ranks[i].AgentName == agent {
+				return p.Name, true
+			}
+		}
+	}
+	return "", false
 }
 
 // liftHealed lifts the quarantines of the pairs (prefill, decodeID) that

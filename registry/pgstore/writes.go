@@ -38,8 +38,11 @@ func (s *Store) Register(ctx context.Context, spec registry.PeerSpec, claim regi
 		if len(prev) > 0 {
 			prevPeer = &prev[0]
 		}
-		issue, err := registry.AuthorizeRegistration(prevPeer, claim, now)
+		issue, err := registry.AuthorizeRegistration(prevPeer, &spec, claim, now)
 		if err != nil {
+			return err
+		}
+		if err := checkAgentNames(ctx, tx, &spec, now); err != nil {
 			return err
 		}
 		var next registry.Peer
@@ -85,6 +88,31 @@ func (s *Store) Register(ctx context.Context, spec registry.PeerSpec, claim regi
 		return registry.RegisterResult{}, classify(err, "register peer "+spec.Name)
 	}
 	return res, nil
+}
+
+// checkAgentNames applies registry.CheckAgentNames to the live peers in the
+// store. It first locks spec's agent names (in order, so that two
+// registrations cannot deadlock), so that two peers of other names cannot
+// both take one agent name at once.
+func checkAgentNames(ctx context.Context, tx pgx.Tx, spec *registry.PeerSpec, now time.Time) error {
+	agents := spec.AgentNames()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended(a, 8)) FROM (SELECT DISTINCT unnest($1::text[]) AS a ORDER BY 1) s`, agents); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `SELECT r.agent_name, p.name FROM peer_ranks r JOIN peers p ON p.id = r.peer_id
+		WHERE r.agent_name = ANY($1::text[]) AND p.name <> $2 AND p.state <> 'failed' AND p.lease_expiry >= $3`, agents, spec.Name, now)
+	if err != nil {
+		return err
+	}
+	holders := map[string]string{}
+	var agent, name string
+	if _, err := pgx.ForEachRow(rows, []any{&agent, &name}, func() error { holders[agent] = name; return nil }); err != nil {
+		return err
+	}
+	return registry.CheckAgentNames(spec, func(agent string) (string, bool) {
+		name, ok := holders[agent]
+		return name, ok
+	})
 }
 
 // liftHealed deletes the quarantines of the pairs (prefill, decodeID)

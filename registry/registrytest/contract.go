@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -51,6 +52,8 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"RefusesBadFields", testRefusesBadFields},
 		{"MalformedHeartbeatFlood", testMalformedHeartbeatFlood},
 		{"Credentials", testCredentials},
+		{"CredentialBoundToRoleAndModel", testCredentialBinding},
+		{"AgentNamesUniqueAcrossLivePeers", testAgentNamesUnique},
 		{"TransferSecretRoundTrip", testTransferSecret},
 		{"Preflight", testPreflight},
 		{"Probe", testProbe},
@@ -955,6 +958,67 @@ func testCredentials(t *testing.T, s registry.Store) {
 	admin, err := s.Register(ctx(t), spec, registry.Claim{Admin: true})
 	if err != nil || admin.Credential == "" || admin.Credential == claimed.Credential {
 		t.Fatalf("admin re-registration: credential %q, err %v", admin.Credential, err)
+	}
+}
+
+// testCredentialBinding re-runs issue 31's second finding: a decode's own
+// credential re-registering it as another role or model (which would widen
+// the registrations it may read) is refused naming the field, and leaves
+// the peer as it was; the admin token may.
+func testCredentialBinding(t *testing.T, s registry.Store) {
+	spec := Spec("d0", registry.RoleDecode)
+	res, err := s.Register(ctx(t), spec, registry.Claim{Join: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := spec
+	both.Role = registry.RoleBoth
+	otherModel := spec
+	otherModel.Model = "another-model"
+	for field, next := range map[string]registry.PeerSpec{"role": both, "model": otherModel} {
+		_, err := s.Register(ctx(t), next, registry.Claim{Credential: res.Credential})
+		var ff *registry.ForbiddenFieldError
+		if !errors.As(err, &ff) || ff.Field != field || !errors.Is(err, registry.ErrForbidden) {
+			t.Fatalf("re-registering d0 with another %s under its credential: err = %v", field, err)
+		}
+	}
+	if got := mustGet(t, s, res.Peer.ID); got.Role != registry.RoleDecode || got.Model != spec.Model || got.Generation != res.Peer.Generation {
+		t.Fatalf("a refused re-registration changed d0: role %s model %s generation %d", got.Role, got.Model, got.Generation)
+	}
+	if _, err := s.Register(ctx(t), both, registry.Claim{Admin: true}); err != nil {
+		t.Fatalf("the admin re-registers d0 as both: %v", err)
+	}
+}
+
+// testAgentNamesUnique re-runs issue 31's third finding: a new peer that
+// registers another live peer's NIXL agent name is refused with a conflict
+// that names the holder and the rank's field, whoever asks; the holder
+// keeps re-registering it; once the holder's lease ran out the name is free.
+func testAgentNamesUnique(t *testing.T, s registry.Store) {
+	holder := mustRegister(t, s, Spec("d0", registry.RoleDecode)).Peer
+	mustHeartbeat(t, s, holder)
+	squat := Spec("d1", registry.RoleDecode)
+	squat.Ranks = slices.Clone(squat.Ranks)
+	squat.Ranks[0].AgentName = holder.Ranks[0].AgentName
+	for name, c := range map[string]registry.Claim{"a join token": {Join: true}, "the admin token": {Admin: true}} {
+		_, err := s.Register(ctx(t), squat, c)
+		var taken *registry.AgentNameTakenError
+		if !errors.As(err, &taken) || !errors.Is(err, registry.ErrConflict) || taken.Holder != "d0" || taken.Field != "ranks[0].agent_name" {
+			t.Fatalf("d1 registers d0's agent name with %s: err = %v", name, err)
+		}
+	}
+	if ps, err := s.List(ctx(t), registry.Filter{}); err != nil || len(ps) != 1 {
+		t.Fatalf("after the refused squat: %d peers, %v", len(ps), err)
+	}
+	again := mustRegister(t, s, Spec("d0", registry.RoleDecode)).Peer
+	if again.ID != holder.ID {
+		t.Fatalf("d0 re-registered its own agent name as a new peer %s", again.ID)
+	}
+	if _, err := s.ExpireLeases(ctx(t), time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Register(ctx(t), squat, registry.Claim{Join: true}); err != nil {
+		t.Fatalf("d1 takes the agent name of d0, whose lease ran out: %v", err)
 	}
 }
 
