@@ -4,8 +4,10 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -142,4 +144,72 @@ func TestReportsArePerVictimLimited(t *testing.T) {
 		!strings.Contains(out["detail"].(string), "from all reporters") {
 		t.Fatalf("a report past the victim's burst: %d %v", code, out)
 	}
+}
+
+// TestReregistrationKeepsRoleAndModel re-runs issue 31's second finding: a
+// decode re-registers itself as role both (or for another model) with its
+// own credential, to read another decode's transfer secret. The
+// re-registration is refused with 403 naming the field, the decode stays
+// what it was, and the read stays refused; the admin token may change it.
+func TestReregistrationKeepsRoleAndModel(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, store registry.Store) {
+		b := setupOver(t, store, nil)
+		d0 := registrytest.Spec("d0", registry.RoleDecode)
+		attacker := b.ready(t, d0)
+		victim := b.ready(t, registrytest.Spec("d1", registry.RoleDecode))
+		both := d0
+		both.Role = registry.RoleBoth
+		otherModel := d0
+		otherModel.Model = "another-model"
+		for field, spec := range map[string]registry.PeerSpec{"role": both, "model": otherModel} {
+			code, out, _ := b.do(t, "POST", "/api/v1/peers", b.cred(attacker), spec)
+			if code != http.StatusForbidden || out["field"] != field || !strings.Contains(out["detail"].(string), "admin token") {
+				t.Fatalf("d0 re-registers with another %s: %d %v", field, code, out)
+			}
+			if code, out, _ := b.do(t, "GET", "/api/v1/peers/"+victim+"/registration", b.cred(attacker), nil); code != http.StatusForbidden {
+				t.Fatalf("d0 reads d1's registration after its refused re-registration: %d %v", code, out)
+			}
+		}
+		code, out, _ := b.do(t, "GET", "/api/v1/peers/"+attacker, "", nil)
+		if code != 200 || out["role"] != "decode" || out["model"] != d0.Model || out["generation"] != float64(1) {
+			t.Fatalf("d0 after the refused re-registrations: %d %v", code, out)
+		}
+		if code, out, _ := b.do(t, "POST", "/api/v1/peers", adminToken, both); code != 200 || out["role"] != "both" {
+			t.Fatalf("the admin re-registers d0 as both: %d %v", code, out)
+		}
+	})
+}
+
+// TestAgentNamesCannotBeSquatted re-runs issue 31's third finding: a new
+// decode registers another live decode's public NIXL agent name. It is
+// refused with 409 naming the holder and the rank's field, nothing is
+// stored, and the holder stays ready; once the holder's lease is gone the
+// name is free again.
+func TestAgentNamesCannotBeSquatted(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, store registry.Store) {
+		b := setupOver(t, store, nil)
+		holder := b.ready(t, registrytest.Spec("d0", registry.RoleDecode))
+		squat := registrytest.Spec("d9", registry.RoleDecode)
+		squat.Ranks = slices.Clone(squat.Ranks)
+		squat.Ranks[0].AgentName = "d0-agent-0"
+		for _, token := range []string{joinToken, adminToken} {
+			code, out, _ := b.do(t, "POST", "/api/v1/peers", token, squat)
+			if code != http.StatusConflict || out["type"] != server.ProblemConflict || out["field"] != "ranks[0].agent_name" ||
+				!strings.Contains(out["detail"].(string), "live peer d0") {
+				t.Fatalf("d9 registers d0's agent name: %d %v", code, out)
+			}
+		}
+		if code, out, _ := b.do(t, "GET", "/api/v1/peers", "", nil); code != 200 || len(out["peers"].([]any)) != 1 {
+			t.Fatalf("the refused squatter was stored: %d %v", code, out)
+		}
+		b.wantState(t, holder, "ready")
+		if _, err := store.ExpireLeases(context.Background(), time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if code, out, _ := b.do(t, "POST", "/api/v1/peers", joinToken, squat); code != http.StatusCreated {
+			t.Fatalf("d9 takes the agent name after d0's lease ran out: %d %v", code, out)
+		}
+	})
 }
