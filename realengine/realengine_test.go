@@ -16,6 +16,7 @@ import (
 
 	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/pdproto"
+	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
 
@@ -107,6 +108,15 @@ func needSuite(t *testing.T) *suite {
 	if shared == nil {
 		t.Skip(skipReason)
 	}
+	t.Cleanup(func() {
+		if t.Failed() { // what the engines said is most of what explains a failure
+			for _, e := range []*vllmEngine{shared.prefill, shared.decode} {
+				if e.p != nil {
+					t.Logf("--- %s output (its end) ---\n%s", e.p.Name, tailOf(e.p.Output(), 30000))
+				}
+			}
+		}
+	})
 	return shared
 }
 
@@ -187,8 +197,14 @@ func TestVLLM(t *testing.T) {
 		}
 		t.Log("PDPLANE_TEST_DATABASE_URL is not set: the rest of the suite runs on the embedded store")
 	}
+	dbURL := s.dbURL
+	if dbURL != "" {
+		// A schema of its own: nothing an earlier run left in the database
+		// (peers whose leases still run) takes part.
+		dbURL, _ = registrytest.NewSchema(t)
+	}
 	sv := s.startSupervisor(t)
-	cp := s.startControlPlane(t, s.dbURL)
+	cp := s.startControlPlane(t, dbURL)
 	s.startAgent(t, cp, s.prefill)
 	s.startAgent(t, cp, s.decode, "--heal", s.healCommand(sv, "decode"))
 	waitFor(t, "a routable pair", 60*time.Second, cp.routable)
@@ -245,7 +261,7 @@ func (s *suite) checkRegistered(t *testing.T, cp *controlPlane) {
 		// From vLLM's /metrics (cache_config_info, process start time),
 		// /v1/models and the model's config.json: the CPU build's block
 		// size is 128 and the tiny model is 2 layers × 2 KV heads × 64.
-		if p.KV.PageSize != 128 || p.KV.Dtype != "bfloat16" || p.KV.NumLayers != 2 || p.KV.NumKVHeads != 2 || p.KV.HeadDim != 64 {
+		if p.KV.PageSize != 128 || p.KV.Dtype != "float32" || p.KV.NumLayers != 2 || p.KV.NumKVHeads != 2 || p.KV.HeadDim != 64 {
 			t.Errorf("%s: kv %+v", role, p.KV)
 		}
 		for _, f := range []string{"model", "kv.page_size", "kv.dtype", "instance_id", "kv.num_layers", "kv.num_kv_heads", "kv.head_dim"} {

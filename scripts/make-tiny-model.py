@@ -4,13 +4,20 @@
 
 writes DIR/{config.json, model.safetensors, tokenizer.json, ...}: a
 LlamaForCausalLM with 2 layers, hidden size 128, 2 attention heads of 64,
-2 KV heads, bf16 (~1.4 M parameters), and a byte-level BPE tokenizer trained
+2 KV heads, float32 (~1.4 M parameters), and a byte-level BPE tokenizer trained
 here on generated text, wrapped as a PreTrainedTokenizerFast with a chat
 template. No hub access: everything is made on this machine, in seconds, and
 the same seed gives the same weights, so greedy output is the same from run
 to run. Idempotent: a DIR that already holds a complete model is left as is.
 Run by the real-engine suite (realengine/) with the venv that
 scripts/install-vllm.sh makes.
+
+float32, not bf16: on a CPU that advertises AMX, vLLM 0.32 serves a bf16
+model with its AMX attention kernel (vllm/v1/attention/backends/cpu_attn.py,
+_get_attn_isa), whose worker died with SIGILL (exit code -4) on its first
+decode step on this project's machines; float32 takes the AVX-512 kernel.
+The model's own dtype is also what an agent registers as the KV dtype of an
+engine whose cache_dtype is "auto", so the engines run it as it is saved.
 """
 
 import json
@@ -18,7 +25,7 @@ import os
 import random
 import sys
 
-DONE = ".tiny-model-complete"
+DONE = ".tiny-model-complete-f32"  # a model of an older recipe is built again
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -81,9 +88,9 @@ def main(out):
         eos_token_id=tok.token_to_id("</s>"),
         pad_token_id=tok.token_to_id("</s>"),
         tie_word_embeddings=True,
-        torch_dtype="bfloat16",
+        torch_dtype="float32",
     )
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = LlamaForCausalLM(cfg).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}, f)
