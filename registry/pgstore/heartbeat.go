@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -193,12 +192,14 @@ func rowMayBeToBlame(err error) bool {
 	return true
 }
 
-// writeHeartbeats runs the batch statement and returns the driver's error
-// unclassified, so that flush can tell what failed. The prev CTE locks the
-// rows in id order, so concurrent batches from several replicas cannot
-// deadlock, and returns each peer's state before the update; the answer is
-// computed from it with the same rule (registry.ApplyHeartbeat) the
-// in-memory store uses.
+// writeHeartbeats writes one batch in a transaction and returns the
+// driver's error unclassified, so that flush can tell what failed. It
+// locks the batch's rows in id order (concurrent batches from several
+// replicas cannot deadlock) and reads their state; the rule
+// (registry.ApplyHeartbeat, the in-memory store's too) runs once per row,
+// here; then one statement stores what it computed for every row (load,
+// lease, a state that moved, its events). A healing peer's heartbeat may
+// move its heal plan, which writeHealSteps writes.
 func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[string]registry.HeartbeatReply, error) {
 	last := map[string]*hbRequest{} // a peer heartbeating twice in one batch: the later one wins
 	for _, r := range batch {
@@ -211,89 +212,51 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[st
 		}
 	}
 	sort.Strings(ids)
-	n := len(ids)
-	instances, running, queued, usage := make([]string, n), make([]int32, n), make([]int32, n), make([]float64, n)
-	// Heartbeats share a few transition tables (one per engine verdict);
-	// each row names its table by index, so PostgreSQL parses each once.
-	var tables []string
-	tableIdx, trans := map[[2]string]int32{}, make([]int32, n)
-	for i, id := range ids {
-		hb := last[id].hb
-		instances[i], running[i], queued[i], usage[i] = hb.InstanceID, int32(hb.Load.Running), int32(hb.Load.Queued), hb.Load.KVUsage
-		key := [2]string{fmt.Sprint(hb.EngineDown), hb.EngineError}
-		ti, ok := tableIdx[key]
-		if !ok {
-			ti = int32(len(tables)) + 1 // PostgreSQL arrays count from 1
-			tableIdx[key] = ti
-			tables = append(tables, transitions(hb))
-		}
-		trans[i] = ti
-	}
 	now := s.now()
-	replies := make(map[string]registry.HeartbeatReply, n)
-	if n == 0 {
+	replies := make(map[string]registry.HeartbeatReply, len(ids))
+	if len(ids) == 0 {
 		return replies, nil
 	}
 	err := pgx.BeginTxFunc(ctx, s.pool, s.heartbeatTx(), func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `
-WITH hb AS (
-	SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $3::int[], $4::int[], $5::float8[], $8::int[])
-		AS t(id, instance_id, running, queued, kv_usage, trans)
-), prev AS (
-	SELECT p.id, p.name, p.state, p.state_reason, p.instance_id, p.generation, p.heal,
-		CASE WHEN hb.instance_id = p.instance_id AND (p.state <> 'failed' OR p.state_reason = $10)
-			THEN ($9::jsonb[])[hb.trans] -> p.state END AS t
-	FROM peers p JOIN hb USING (id) ORDER BY p.id FOR NO KEY UPDATE OF p
-), upd AS (
-	UPDATE peers p SET
-		load_running = hb.running, load_queued = hb.queued, load_kv_usage = hb.kv_usage,
-		last_heartbeat = $6, lease_expiry = $7,
-		state = COALESCE(prev.t ->> 'state', p.state),
-		state_reason = COALESCE(prev.t ->> 'reason', p.state_reason),
-		updated_at = CASE WHEN prev.t IS NULL THEN p.updated_at ELSE $6 END
-	FROM hb JOIN prev USING (id)
-	WHERE p.id = hb.id
-	RETURNING p.id
-), ev AS (
-	INSERT INTO peer_events (peer_id, peer_name, kind, generation, message, error, at)
-	SELECT prev.id, prev.name, prev.t ->> 'kind', prev.generation, prev.t ->> 'message', prev.t ->> 'error', $6
-	FROM prev JOIN upd USING (id) WHERE prev.t IS NOT NULL
-)
-SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id, prev.generation, prev.heal,
-	COALESCE(prev.heal ->> 'phase', '') FROM prev`,
-			ids, instances, running, queued, usage, now, now.Add(s.cfg.LeaseTTL), trans, tables, registry.ReasonLeaseExpired)
+		rows, err := tx.Query(ctx, `SELECT id::text, name, state, state_reason, instance_id, generation, heal, COALESCE(heal ->> 'phase', '')
+			FROM peers WHERE id = ANY($1::text[]::uuid[]) ORDER BY id FOR NO KEY UPDATE`, ids)
 		if err != nil {
 			return err
 		}
-		var changed []string
+		var w heartbeatWrite
 		var steps []healStep
-		var id, name, state, reason, instance string
-		var generation int64
+		var changed []string
+		var prev registry.Peer
+		var state, phase string
 		var heal []byte
-		var phase string
-		_, err = pgx.ForEachRow(rows, []any{&id, &name, &state, &reason, &instance, &generation, &heal, &phase}, func() error {
-			prev := registry.Peer{ID: id, State: registry.State(state), StateReason: reason, Generation: generation}
-			prev.Name, prev.InstanceID = name, instance
-			holding := phase == string(registry.HealQuarantined)
-			if prev.State == registry.StateStale || holding {
+		_, err = pgx.ForEachRow(rows, []any{&prev.ID, &prev.Name, &state, &prev.StateReason, &prev.InstanceID, &prev.Generation, &heal, &phase}, func() error {
+			prev.State = registry.State(state)
+			prev.Heal = registry.Heal{}
+			if prev.State == registry.StateStale || phase == string(registry.HealQuarantined) {
 				// Only a healing peer's heartbeat reads its heal plan:
 				// the rest of the batch skips the decode.
-				prev.Heal = s.readHeal(id, heal)
+				prev.Heal = s.readHeal(prev.ID, heal)
 			}
-			next, reply, events := registry.ApplyHeartbeat(prev, last[id].hb, now, s.cfg.LeaseTTL, s.cfg.Heal)
-			replies[id] = reply
-			same := instance == last[id].hb.InstanceID
-			switch {
-			case (prev.State == registry.StateStale || holding && next.Heal.Phase != prev.Heal.Phase) && same:
-				// The batch statement left it alone; its heal plan moves
-				// here.
+			hb := last[prev.ID].hb
+			next, reply, events := registry.ApplyHeartbeat(prev, hb, now, s.cfg.LeaseTTL, s.cfg.Heal)
+			replies[prev.ID] = reply
+			healing := prev.State == registry.StateStale || prev.Heal.Phase == registry.HealQuarantined && next.Heal.Phase != prev.Heal.Phase
+			if healing && hb.InstanceID == prev.InstanceID {
+				// The statement below writes its load and lease only.
 				steps = append(steps, healStep{prev: prev, next: next, events: events})
-			case next.State != prev.State:
-				changed = append(changed, id)
+				next.State, next.StateReason, events = prev.State, prev.StateReason, nil
+			}
+			w.add(&prev, &next, hb.Load, events)
+			if next.State != prev.State {
+				changed = append(changed, prev.ID)
 			}
 			return nil
 		})
 		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, writeHeartbeatRows, w.ids, w.running, w.queued, w.usage, w.state, w.reason, w.moved, now, now.Add(s.cfg.LeaseTTL),
+			w.evPeer, w.evName, w.evKind, w.evGeneration, w.evMessage, w.evError); err != nil {
 			return err
 		}
 		healed, drained, err := s.writeHealSteps(ctx, tx, steps, now)
@@ -315,6 +278,50 @@ SELECT prev.id::text, prev.name, prev.state, prev.state_reason, prev.instance_id
 	return replies, nil
 }
 
+// writeHeartbeatRows stores a batch's rows as writeHeartbeats computed
+// them, in one statement: each row's load and lease, its state and reason
+// where they moved ($7), and the events of the moves. A row's state is set
+// to itself otherwise, which keeps the update heap-only (HOT).
+const writeHeartbeatRows = `
+WITH hb AS (
+	SELECT * FROM unnest($1::text[]::uuid[], $2::int[], $3::int[], $4::float8[], $5::text[], $6::text[], $7::bool[])
+		AS t(id, running, queued, kv_usage, state, reason, moved)
+), upd AS (
+	UPDATE peers p SET
+		load_running = hb.running, load_queued = hb.queued, load_kv_usage = hb.kv_usage,
+		last_heartbeat = $8, lease_expiry = $9,
+		state = CASE WHEN hb.moved THEN hb.state ELSE p.state END,
+		state_reason = CASE WHEN hb.moved THEN hb.reason ELSE p.state_reason END,
+		updated_at = CASE WHEN hb.moved THEN $8 ELSE p.updated_at END
+	FROM hb WHERE p.id = hb.id
+)
+INSERT INTO peer_events (peer_id, peer_name, kind, generation, message, error, at)
+SELECT e.peer_id, e.name, e.kind, e.generation, e.message, e.error, $8
+FROM unnest($10::text[]::uuid[], $11::text[], $12::text[], $13::bigint[], $14::text[], $15::text[])
+	AS e(peer_id, name, kind, generation, message, error)`
+
+// heartbeatWrite gathers a batch's rows as writeHeartbeatRows takes them.
+type heartbeatWrite struct {
+	ids, state, reason     []string
+	running, queued        []int32
+	usage                  []float64
+	moved                  []bool
+	evPeer, evName, evKind []string
+	evMessage, evError     []string
+	evGeneration           []int64
+}
+
+// add is one peer's row: prev as read, next as the rule made it.
+func (w *heartbeatWrite) add(prev, next *registry.Peer, load registry.Load, events []registry.Event) {
+	moved := next.State != prev.State || next.StateReason != prev.StateReason
+	w.ids, w.state, w.reason, w.moved = append(w.ids, prev.ID), append(w.state, string(next.State)), append(w.reason, next.StateReason), append(w.moved, moved)
+	w.running, w.queued, w.usage = append(w.running, int32(load.Running)), append(w.queued, int32(load.Queued)), append(w.usage, load.KVUsage)
+	for _, e := range events {
+		w.evPeer, w.evName, w.evKind = append(w.evPeer, prev.ID), append(w.evName, prev.Name), append(w.evKind, string(e.Kind))
+		w.evGeneration, w.evMessage, w.evError = append(w.evGeneration, prev.Generation), append(w.evMessage, e.Message), append(w.evError, e.Error)
+	}
+}
+
 // heartbeatTx begins a heartbeat batch's transaction with
 // synchronous_commit off (in the same round trip as BEGIN): its COMMIT
 // returns before the WAL reaches disk instead of waiting for the flush,
@@ -332,49 +339,4 @@ func (s *Store) heartbeatTx() pgx.TxOptions {
 		return pgx.TxOptions{}
 	}
 	return pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL synchronous_commit = off"}
-}
-
-// transition is one entry of a heartbeat's transition table: the state a
-// peer moves to from one prior state, and the event that records it.
-type transition struct {
-	State   registry.State     `json:"state"`
-	Reason  string             `json:"reason"`
-	Kind    registry.EventKind `json:"kind"`
-	Message string             `json:"message"`
-	Error   string             `json:"error"`
-}
-
-// transitions is hb's transition table as JSON: for every prior state the
-// heartbeat changes, what registry.ApplyHeartbeat makes of it. The batch
-// statement looks a peer's state up in it, so the rule stays in one place
-// while a whole batch is still one statement.
-func transitions(hb registry.Heartbeat) string {
-	table := map[registry.State]transition{}
-	for _, st := range registry.States() {
-		prev := registry.Peer{State: st}
-		prev.InstanceID = hb.InstanceID
-		if st == registry.StateFailed {
-			// The table's failed peers are those whose lease ran out; the
-			// batch statement leaves a failed heal alone
-			// (registry.HealFailed).
-			prev.StateReason = registry.ReasonLeaseExpired
-		}
-		if st == registry.StateStale {
-			continue // a stale peer's heal plan is applied per row (writeHealSteps)
-		}
-		next, _, events := registry.ApplyHeartbeat(prev, hb, time.Time{}, 0, registry.HealConfig{})
-		if next.State == st {
-			continue
-		}
-		t := transition{State: next.State, Reason: next.StateReason}
-		if len(events) > 0 {
-			t.Kind, t.Message, t.Error = events[0].Kind, events[0].Message, events[0].Error
-		}
-		table[st] = t
-	}
-	b, err := json.Marshal(table)
-	if err != nil {
-		panic(fmt.Sprintf("encode heartbeat transitions: %v", err)) // plain strings always encode
-	}
-	return string(b)
 }

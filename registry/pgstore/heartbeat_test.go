@@ -16,8 +16,9 @@ import (
 )
 
 // TestBadRowFailsOnlyItsHeartbeat puts rows PostgreSQL refuses (NUL and
-// invalid UTF-8 in instance_id, which the field checks would have stopped
-// earlier) into one batch with good heartbeats. The batch is exactly full,
+// invalid UTF-8 in the error text of a probe that failed, which the event
+// of the peer's move to unhealthy carries, and which the field checks
+// would have stopped earlier) into one batch with good heartbeats. The batch is exactly full,
 // so all of them are written by one statement; only the bad rows' requests
 // may fail, and every good peer must end up ready.
 func TestBadRowFailsOnlyItsHeartbeat(t *testing.T) {
@@ -25,7 +26,7 @@ func TestBadRowFailsOnlyItsHeartbeat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const good = 30
-	bad := []string{"inst\x00", "\xff\xfe"}
+	bad := []string{"probe\x00", "\xff\xfe"}
 	// A linger far longer than the test and one writer: the batch is
 	// written when full.
 	s, _ := registrytest.NewPGStore(t, pgstore.Config{HeartbeatBatch: good + len(bad), HeartbeatLinger: time.Minute, HeartbeatWriters: 1})
@@ -39,11 +40,11 @@ func TestBadRowFailsOnlyItsHeartbeat(t *testing.T) {
 	errs := make(chan error, good+len(bad))
 	for _, inst := range bad {
 		wg.Add(1)
-		go func(inst string) {
+		go func(text string) {
 			defer wg.Done()
-			_, err := s.HeartbeatUnchecked(ctx, registry.Heartbeat{PeerID: victim.Peer.ID, InstanceID: inst})
+			_, err := s.HeartbeatUnchecked(ctx, registry.Heartbeat{PeerID: victim.Peer.ID, InstanceID: victim.Peer.InstanceID, EngineDown: true, EngineError: text})
 			if err == nil || errors.Is(err, context.DeadlineExceeded) {
-				errs <- fmt.Errorf("heartbeat with instance %q: %v, want the row's own error", inst, err)
+				errs <- fmt.Errorf("heartbeat with engine error %q: %v, want the row's own error", text, err)
 			}
 		}(inst)
 	}
