@@ -1,7 +1,7 @@
 package pdplane_test
 
-// The import rules drawn in DESIGN.md's "Layout (imports point down; nothing
-// points up)", checked from `go list` so that a change breaking one fails
+// The import rules of docs/architecture.md ("Imports point down", and the
+// table of parts), checked from `go list` so that a change breaking one fails
 // `go test ./...` (and so `make test`) with a message naming the rule.
 
 import (
@@ -279,7 +279,7 @@ func violations(pkgs []listedPackage) []string {
 			continue
 		}
 		if !slices.Contains(governed, rel) {
-			out = append(out, fmt.Sprintf("%s: new package not placed in the layout: add it to DESIGN.md's Layout and to this test's rules", display(rel)))
+			out = append(out, fmt.Sprintf("%s: new package not placed in the layout: add it to docs/architecture.md's parts and to this test's rules", display(rel)))
 		}
 		check(layerRules, rel, p.Imports, "")
 		check(everywhereRules, rel, p.Imports, "")
