@@ -37,9 +37,11 @@
 // that SGLang's and vLLM's own spans join the trace. The request log line
 // carries the trace_id. Without a provider no span is made.
 //
-// It must not touch a database or the store beyond the two calls of
-// PeerReporter, and it keeps no package-level mutable state: everything lives
-// in a Router built by New. Request bodies are never fully unmarshalled: the
+// It must not touch a database or the store beyond PeerReporter (a failed
+// transfer) and TrialReporter (a pair on trial that transferred). Its state
+// lives in a Router built by New, except what every Router of a process
+// shares on purpose: buffer pools and the pool of spare goroutines that run
+// streams beside their handlers (workers.go). Request bodies are never fully unmarshalled: the
 // router validates the JSON, reads the few top-level fields it needs, and
 // splices its own fields into the original bytes.
 //

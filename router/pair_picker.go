@@ -39,7 +39,8 @@ type peerState struct {
 	// gauge is the peer's breaker_state series, under its current name.
 	gauge atomic.Pointer[prometheus.Gauge]
 
-	// Touched only while building a view (under Router.viewMu).
+	// Touched only while building a view (under the view builder's lock,
+	// viewBuilder.mu).
 	gen  int64
 	ep   *endpoint
 	name string // the name gauge is labelled with

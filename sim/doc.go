@@ -42,8 +42,10 @@
 // misbehave on purpose, including SGLang's "Missing NIXL destination KV
 // memory kind", reproduced by the mechanism that causes it in a real fleet.
 //
-// The package owns only the simulator. It must not reach into the control
-// plane or the router; the wiring connects a Sim to an agent (SetPeerID
-// from OnRegistered; OnTransferError through agent.PeerOfAgent and
-// agent.ReportFor to agent.ReportTransferFailure).
+// The package owns only the simulator. It never calls the control plane or
+// the router itself (of the server package it uses only the request body
+// deadline, server.BodyDeadline, that the control plane's handlers have
+// too); devfleet wires a Sim to an agent (SetPeerID from OnRegistered;
+// OnTransferError through agent.PeerOfAgent and agent.ReportFor to
+// agent.ReportTransferFailure), and the agent talks to the control plane.
 package sim
