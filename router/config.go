@@ -70,6 +70,11 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; larger bodies get 413. 32 MiB by
 	// default.
 	MaxBodyBytes int64
+	// DisableTakeover keeps every stream on net/http's connection for its
+	// whole life (takeover.go): a held stream then costs ~45 KiB instead
+	// of ~19 (router/BENCHMARKS.md). For comparison and for platforms
+	// where the takeover misbehaves.
+	DisableTakeover bool
 	// MaxInflight caps the generation requests this router serves at once;
 	// 4096 by default. Over it, a request is answered 503 with Retry-After
 	// before its body is read, and counted with outcome max_inflight.

@@ -233,7 +233,7 @@ func (d *dispatch) serve() {
 	v, mv := d.prepare()
 	switch {
 	case mv == nil:
-	case d.q.stream && d.r.ProtoMajor == 1 && d.r.ProtoMinor >= 1 && rt.connWatcher() != nil:
+	case d.q.stream && d.r.ProtoMajor == 1 && d.r.ProtoMinor >= 1 && !rt.cfg.DisableTakeover && rt.connWatcher() != nil:
 		hopped = true
 		d.detachable()
 		d.serveOnOwnGoroutine(v, mv)
