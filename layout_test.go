@@ -100,9 +100,14 @@ var layerRules = []layerRule{
 		allowed: func(_, imp string) bool { return !under("github.com/jackc/pgx")(imp) },
 	},
 	{
-		name:    "the router never talks to the database or the control plane: router imports only registry and pdproto",
+		name:    "the router never talks to the database or the control plane: router imports only registry, pdproto and httpwire",
 		applies: is("router"),
-		allowed: onlyInternal("registry", "pdproto"),
+		allowed: onlyInternal("registry", "pdproto", "httpwire"),
+	},
+	{
+		name:    "httpwire is HTTP plumbing, under the router: it imports no other pdplane package",
+		applies: is("httpwire"),
+		allowed: onlyInternal(),
 	},
 	{
 		name:    "pdproto holds the engines' wire formats shared by router and sim: it imports only registry and transfer",
@@ -222,7 +227,7 @@ var governed = []string{
 	"", // the module root: only this test
 	"agent", "bench", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto", "realengine",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
-	"router", "router/routertest", "server", "server/api", "server/api/apiconv",
+	"router", "router/routertest", "httpwire", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
 	"tracing", "tracing/tracingtest",
 	"transfer", "transfer/cuda", "transfer/nixl", "transfer/tcp", "transfer/tcp/tcptest", "transfer/transfertest",
@@ -317,8 +322,8 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"registry", m("transfer"), "registry is the domain"},
 		{"registry/memstore", m("registry/pgstore"), "registry/memstore imports only registry"},
 		{"registry/pgstore", m("server"), "registry/pgstore imports only registry and migrations"},
-		{"router", m("server"), "router imports only registry and pdproto"},
-		{"router", m("registry/pgstore"), "router imports only registry and pdproto"},
+		{"router", m("server"), "router imports only registry, pdproto and httpwire"},
+		{"router", m("registry/pgstore"), "router imports only registry, pdproto and httpwire"},
 		{"router", "github.com/jackc/pgx/v5", "only it, migrations and registrytest's Postgres helpers import pgx"},
 		{"transfer", m("router"), "transfer imports only registry"},
 		{"transfer/tcp", m("registry/memstore"), "transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer"},

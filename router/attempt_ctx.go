@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pdplane/pdplane/httpwire"
 )
 
 // errPrefillTimeout ends an attempt whose prefill leg ran past
@@ -35,12 +37,12 @@ var errPrefillTimeout = fmt.Errorf("%w: it ran past its timeout", errPrefillLegF
 type attemptCtx struct {
 	parent context.Context // nil for a detached one: none of its values or deadline
 
-	mu         sync.Mutex
-	done       chan struct{} // made on the first Done
-	err        error
-	cause      error
-	parentHook ctxHook // the watch on parent
-	ctxHooks           // AfterFunc's and hook's, run when it ends
+	mu             sync.Mutex
+	done           chan struct{} // made on the first Done
+	err            error
+	cause          error
+	parentHook     httpwire.Hooked // the watch on parent
+	httpwire.Hooks                 // AfterFunc's and hook's, run when it ends
 
 	prefillTimer *time.Timer
 	prefillOver  bool // the prefill leg ended: its timeout no longer applies
@@ -56,44 +58,7 @@ type attemptCtx struct {
 // life. It ends with the attemptCtx, which is all that ends it.
 type hookedCtx struct {
 	context.Context
-	*ctxHooks // the attemptCtx's
-}
-
-// hooker is a context of the router's own, which keeps hooks to run when
-// it ends by index (hook returns -1, and runs f at once in its own
-// goroutine, when it has ended): no stop function is made per hook, as
-// its AfterFunc, which the context package calls, must.
-type hooker interface {
-	hook(f func()) int
-	unhook(i int) bool
-}
-
-// ctxHook is f hooked on a context's end (hookOn): on a hooker by index,
-// on any other context through context.AfterFunc.
-type ctxHook struct {
-	h      hooker
-	i      int
-	stopFn func() bool
-}
-
-// hookOn runs f in its own goroutine when ctx ends.
-func hookOn(ctx context.Context, f func()) ctxHook {
-	if h, ok := ctx.(hooker); ok {
-		return ctxHook{h: h, i: h.hook(f)}
-	}
-	return ctxHook{stopFn: context.AfterFunc(ctx, f)}
-}
-
-// stop unhooks f: true when that kept it from running (false also for
-// the zero ctxHook).
-func (c ctxHook) stop() bool {
-	switch {
-	case c.h != nil:
-		return c.h.unhook(c.i)
-	case c.stopFn != nil:
-		return c.stopFn()
-	}
-	return false
+	*httpwire.Hooks // the attemptCtx's
 }
 
 // closedDone is the Done of an attemptCtx that ended before anyone asked.
@@ -123,16 +88,9 @@ func (a *attemptCtx) watch(parent context.Context) {
 		return
 	}
 	// A request the front serves is watched through its own hooks, under
-	// whatever values were put on it (frontRequestCtx); an attemptCtx is
-	// a hooker itself, and asking it for a value or its Done would cost
-	// it for nothing.
-	on := parent
-	if _, own := parent.(*attemptCtx); !own {
-		if r := frontRequestCtx(parent); r != nil {
-			on = r
-		}
-	}
-	h := hookOn(on, func() { a.end(parent.Err(), causeOf(parent), nil) })
+	// whatever values were put on it; an attemptCtx is a Hooker itself,
+	// and asking it for a value or its Done would cost it for nothing.
+	h := httpwire.OnDone(httpwire.HookTarget(parent), func() { a.end(parent.Err(), causeOf(parent), nil) })
 	a.mu.Lock()
 	a.parentHook = h
 	a.mu.Unlock()
@@ -151,9 +109,9 @@ func causeOf(ctx context.Context) error {
 func (a *attemptCtx) unwatch() bool {
 	a.mu.Lock()
 	h := a.parentHook
-	a.parentHook = ctxHook{}
+	a.parentHook = httpwire.Hooked{}
 	a.mu.Unlock()
-	return h.stop()
+	return h.Stop()
 }
 
 func (a *attemptCtx) Deadline() (time.Time, bool) {
@@ -201,85 +159,6 @@ func (a *attemptCtx) Cause() error {
 // context.CancelCauseFunc does.
 func (a *attemptCtx) cancel(cause error) { a.end(context.Canceled, cause, nil) }
 
-// ctxHooks are the hooks of a context of the router's own (attemptCtx,
-// requestCtx), run each in its own goroutine when it ends (fire): a small
-// array (an attempt has two legs), then a slice. A slot is never reused, so
-// that a stop called twice stops nothing else. Its lock is its own: a hook
-// added while the context ends is either run by fire or, after it, at once.
-type ctxHooks struct {
-	mu    sync.Mutex
-	fired bool
-	n     int
-	array [2]func()
-	more  []func()
-}
-
-// AfterFunc runs f in its own goroutine once the context ends, as
-// context.AfterFunc does (which calls it); stop unregisters f, true when
-// that kept it from running.
-func (h *ctxHooks) AfterFunc(f func()) (stop func() bool) {
-	i := h.hook(f)
-	return func() bool { return i >= 0 && h.unhook(i) }
-}
-
-// hook keeps f and returns its index for unhook; -1, and f run at once in
-// its own goroutine, when the context has ended.
-func (h *ctxHooks) hook(f func()) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.fired {
-		go f()
-		return -1
-	}
-	if h.n < len(h.array) {
-		h.array[h.n] = f
-	} else {
-		h.more = append(h.more, f)
-	}
-	h.n++
-	return h.n - 1
-}
-
-// unhook drops hook i; false when it was dropped or has run.
-func (h *ctxHooks) unhook(i int) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var slot *func()
-	switch {
-	case i < 0:
-		return false
-	case i < len(h.array):
-		slot = &h.array[i]
-	case i-len(h.array) < len(h.more):
-		slot = &h.more[i-len(h.array)]
-	default:
-		return false
-	}
-	if *slot == nil {
-		return false
-	}
-	*slot = nil
-	return true
-}
-
-// fire runs the hooks, once.
-func (h *ctxHooks) fire() {
-	h.mu.Lock()
-	if h.fired {
-		h.mu.Unlock()
-		return
-	}
-	h.fired = true
-	array, more := h.array, h.more
-	h.array, h.more = [2]func(){}, nil
-	h.mu.Unlock()
-	for _, f := range append(array[:], more...) {
-		if f != nil {
-			go f()
-		}
-	}
-}
-
 // end ends the attempt with err and cause, unless it has ended or unless
 // *unless (a deadline's: its leg is past it) is set. Its hooks run, its
 // timers stop, and its watch on the request ends.
@@ -297,10 +176,10 @@ func (a *attemptCtx) end(err, cause error, unless *bool) {
 		close(a.done)
 	}
 	parent, pt, ft := a.parentHook, a.prefillTimer, a.fbTimer
-	a.parentHook = ctxHook{}
+	a.parentHook = httpwire.Hooked{}
 	a.mu.Unlock()
-	a.fire()
-	parent.stop()
+	a.Fire()
+	parent.Stop()
 	for _, t := range [...]*time.Timer{pt, ft} {
 		if t != nil {
 			t.Stop()
@@ -373,50 +252,4 @@ func (a *attemptCtx) firstByte() {
 	if t != nil {
 		t.Stop()
 	}
-}
-
-// requestCtx is the context of a request the front serves. It is a
-// context.WithCancelCause's (so that context.Cause finds its cause, and
-// the context package's children of it work as ever), cancelled only by
-// the front, which runs the hooks given to its AfterFunc then too: an
-// attempt's context, or a stream's detached one, watches the request
-// through them (watch) rather than through context.AfterFunc, which would
-// make the request's context a map of children for it.
-type requestCtx struct {
-	context.Context
-	cancelInner context.CancelCauseFunc
-
-	ctxHooks // AfterFunc's and hook's, run when the front cancels it
-}
-
-// requestCtxKey finds a requestCtx under the values put on it.
-type requestCtxKey struct{}
-
-func newRequestCtx() *requestCtx {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	return &requestCtx{Context: ctx, cancelInner: cancel}
-}
-
-func (r *requestCtx) Value(key any) any {
-	if key == (requestCtxKey{}) {
-		return r
-	}
-	return r.Context.Value(key)
-}
-
-// frontRequestCtx is the requestCtx ctx derives from, when it ends exactly
-// when that one does (only values put on it in between), else nil.
-func frontRequestCtx(ctx context.Context) *requestCtx {
-	r, ok := ctx.Value(requestCtxKey{}).(*requestCtx)
-	if !ok || ctx.Done() != r.Done() {
-		return nil
-	}
-	return r
-}
-
-// cancel ends the request with cause, then runs its hooks, each in its own
-// goroutine.
-func (r *requestCtx) cancel(cause error) {
-	r.cancelInner(cause)
-	r.fire()
 }

@@ -2,6 +2,9 @@ package router
 
 import (
 	"context"
+
+	"github.com/pdplane/pdplane/httpwire"
+
 	"errors"
 	"runtime"
 	"testing"
@@ -31,12 +34,12 @@ func TestAttemptCtx(t *testing.T) {
 		if !stopped() || stopped() {
 			t.Fatal("stop: want true once, then false")
 		}
-		byIndex := hookOn(a, func() { t.Error("a stopped hook ran") })
-		if !byIndex.stop() || byIndex.stop() || (ctxHook{}).stop() {
-			t.Fatal("ctxHook.stop: want true once, then false; false for none")
+		byIndex := httpwire.OnDone(a, func() { t.Error("a stopped hook ran") })
+		if !byIndex.Stop() || byIndex.Stop() || (httpwire.Hooked{}).Stop() {
+			t.Fatal("Hooked.Stop: want true once, then false; false for none")
 		}
 		direct := make(chan struct{})
-		hookOn(a, func() { close(direct) }) // the transport's: by index
+		httpwire.OnDone(a, func() { close(direct) }) // the transport's: by index
 		child, cancelChild := context.WithCancel(a)
 		defer cancelChild()
 		derived := context.WithValue(a, attemptKey{}, 1) // a leg's span: not the context package's cancelCtx
@@ -56,7 +59,7 @@ func TestAttemptCtx(t *testing.T) {
 			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
 		}
 		late, lateByIndex := make(chan struct{}), make(chan struct{})
-		if context.AfterFunc(a, func() { close(late) })() || hookOn(a, func() { close(lateByIndex) }).stop() {
+		if context.AfterFunc(a, func() { close(late) })() || httpwire.OnDone(a, func() { close(lateByIndex) }).Stop() {
 			t.Fatal("a hook after the end was stopped before it ran")
 		}
 		waitDone(t, "a hook after the end", late)
@@ -68,12 +71,12 @@ func TestAttemptCtx(t *testing.T) {
 		// the attempt: no goroutine watches it per hook, as the context
 		// package would for a context whose AfterFunc a wrapper hides.
 		a := newAttemptCtx(context.Background())
-		leg := hookedCtx{context.WithValue(a, attemptKey{}, 4), &a.ctxHooks}
+		leg := hookedCtx{context.WithValue(a, attemptKey{}, 4), &a.Hooks}
 		before := runtime.NumGoroutine()
 		ran := make(chan struct{}, 200)
 		var children []context.Context
 		for range 100 {
-			hookOn(leg, func() { ran <- struct{}{} })
+			httpwire.OnDone(leg, func() { ran <- struct{}{} })
 			child, cancelChild := context.WithTimeout(leg, time.Minute) // a dialer's, the vLLM prefill's
 			defer cancelChild()
 			children = append(children, child)
@@ -115,23 +118,23 @@ func TestAttemptCtx(t *testing.T) {
 		// An attempt (or a detached context) under the front's request
 		// context, through the values the middleware put on it, watches it
 		// through its hooks; context.Cause still finds the request's cause.
-		r := newRequestCtx()
+		r, cancelRequest := httpwire.NewRequestContext()
 		withValues := context.WithValue(context.WithValue(r, attemptKey{}, 5), attemptKey{}, 6)
+		if httpwire.HookTarget(withValues) != r {
+			t.Fatal("the request under its values is not the context to hook on")
+		}
 		a, d := newAttemptCtx(withValues), newDetachedCtx(withValues)
-		r.ctxHooks.mu.Lock()
-		hooked := r.ctxHooks.n
-		r.ctxHooks.mu.Unlock()
-		if hooked != 2 {
+		if hooked := r.(interface{ Pending() int }).Pending(); hooked != 2 {
 			t.Fatalf("%d hooks on the request, want 2 (the attempt's and the detached context's)", hooked)
 		}
 		between, cancelBetween := context.WithCancel(withValues)
 		defer cancelBetween()
-		if frontRequestCtx(between) != nil {
+		if httpwire.HookTarget(between) != between {
 			t.Fatal("a context that may end before the request's was taken for it")
 		}
 		ended := newAttemptCtx(withValues)
 		ended.cancel(errAttemptOver) // its hook goes: the request's cancel does not run it
-		r.cancel(errClientClosed)
+		cancelRequest(errClientClosed)
 		waitDone(t, "the attempt", a.Done())
 		waitDone(t, "the detached context", d.Done())
 		waitDone(t, "a child of the request", between.Done())
@@ -217,3 +220,9 @@ func TestAttemptCtx(t *testing.T) {
 }
 
 type attemptKey struct{}
+
+// Causes a request's context may end with.
+var (
+	errClientClosed = errors.New("the client closed its connection")
+	errStreamCut    = errors.New("the router cut the stream")
+)

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 )
@@ -181,7 +182,7 @@ type dispatch struct {
 	// connection once the router took it over from net/http (takeover.go),
 	// and detachable's pair replaces net/http's context meanwhile.
 	hop             chan hop
-	tk              *takenConn
+	tk              *httpwire.Stream
 	noTakeover      bool // tried, and the connection could not be hijacked
 	clientCancel    func(error)
 	stopClientWatch func() bool
@@ -233,7 +234,7 @@ func (d *dispatch) serve() {
 	v, mv := d.prepare()
 	switch {
 	case mv == nil:
-	case d.q.stream && d.r.ProtoMajor == 1 && d.r.ProtoMinor >= 1 && !rt.cfg.DisableTakeover && rt.connWatcher() != nil:
+	case d.q.stream && d.r.ProtoMajor == 1 && d.r.ProtoMinor >= 1 && !rt.cfg.DisableTakeover && rt.Watcher() != nil:
 		hopped = true
 		d.detachable()
 		d.serveOnOwnGoroutine(v, mv)
@@ -503,7 +504,7 @@ func newLegTarget(raw string) legTarget {
 	if err != nil || u.Scheme != "http" || u.Host == "" {
 		return tg // newUpstream reports what is wrong with it
 	}
-	tg.plain, tg.addr, tg.host, tg.uri = true, dialAddr(u), u.Host, u.RequestURI()
+	tg.plain, tg.addr, tg.host, tg.uri = true, httpwire.DialAddr(u), u.Host, u.RequestURI()
 	return tg
 }
 
@@ -521,13 +522,13 @@ func (d *dispatch) newUpstream(ctx context.Context, tg *legTarget, body []byte) 
 	if d.rt.ownedTr != nil && tg.plain {
 		return legRequest{ctx: ctx, tg: tg, body: body}, nil
 	}
-	ub := newUpstreamBody(body)
+	ub := httpwire.NewRequestBody(body)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, tg.url, ub)
 	if err != nil {
 		return legRequest{}, err
 	}
 	req.ContentLength = int64(len(body))
-	req.GetBody = func() (io.ReadCloser, error) { return newUpstreamBody(body), nil }
+	req.GetBody = func() (io.ReadCloser, error) { return httpwire.NewRequestBody(body), nil }
 	h := newFields(req.Header, 6)
 	d.legFields(ctx, h.set)
 	return legRequest{req: req}, nil
@@ -538,17 +539,17 @@ func (d *dispatch) roundTrip(lr legRequest) (*http.Response, error) {
 	if lr.req != nil {
 		return d.rt.transport.RoundTrip(lr.req)
 	}
-	hb := getHeadBuf()
+	hb := httpwire.HeadBuf()
 	head := d.appendLegHead(*hb, lr)
-	defer putHeadBuf(hb, head)
-	return d.rt.ownedTr.sendPost(lr.ctx, lr.tg.addr, head, lr.body)
+	defer httpwire.PutHeadBuf(hb, head)
+	return d.rt.ownedTr.Post(lr.ctx, lr.tg.addr, head, lr.body)
 }
 
 // appendLegHead writes the head of lr, a request without an http.Request:
 // the one appendRequestHead would write from newUpstream's.
 func (d *dispatch) appendLegHead(b []byte, lr legRequest) []byte {
-	b = appendRequestLine(b, http.MethodPost, lr.tg.uri, lr.tg.host, len(lr.body))
-	d.legFields(lr.ctx, func(k, v string) { b = appendRequestField(b, k, v) })
+	b = httpwire.AppendRequestLine(b, http.MethodPost, lr.tg.uri, lr.tg.host, len(lr.body))
+	d.legFields(lr.ctx, func(k, v string) { b = httpwire.AppendField(b, k, v) })
 	return append(b, "\r\n"...)
 }
 
@@ -730,14 +731,14 @@ func (d *dispatch) send(b []byte, flush bool) error {
 }
 
 // relayBody is an answer's body that can say whether bytes are waiting and
-// wait for them without a buffer (upBody).
+// wait for them without a buffer: httpwire.Transport's.
 type relayBody interface {
-	ready() bool
-	// atEnd reports whether the next Read returns io.EOF without reading
+	Ready() bool
+	// AtEnd reports whether the next Read returns io.EOF without reading
 	// the connection: the answer's end has arrived.
-	atEnd() bool
-	await()
-	awaitFor(d time.Duration) bool
+	AtEnd() bool
+	Await()
+	AwaitFor(d time.Duration) bool
 }
 
 // mustFlush reports whether bytes of a stream just sent to the client must
@@ -751,7 +752,7 @@ func (d *dispatch) mustFlush(rb relayBody, err error) bool {
 	if !d.q.stream || err != nil {
 		return false
 	}
-	return rb == nil || !rb.ready() && !rb.atEnd()
+	return rb == nil || !rb.Ready() && !rb.AtEnd()
 }
 
 // slowStreamWait is how long a relay must have waited for the engine's
@@ -781,25 +782,25 @@ func (d *dispatch) relay(body io.Reader) *failure {
 		// Only a read that may wait is timed: one of bytes already
 		// buffered returns at once (and the clock is read twice a chunk
 		// otherwise, a stream's tokens being mostly buffered ones).
-		timed := rb == nil || !rb.ready()
+		timed := rb == nil || !rb.Ready()
 		var start time.Time
 		if timed {
 			start = d.rt.cfg.Now()
 		}
 		if watchFirst {
 			watchFirst = false
-			slow = !rb.awaitFor(slowStreamWait)
+			slow = !rb.AwaitFor(slowStreamWait)
 		}
 		// A slow stream is taken over, and waits without a buffer, when
 		// it is about to wait again: not while more of it has arrived
 		// (it stays slow until then), nor once its end has (taking it
 		// over would only end it, in more writes).
-		inHand := slow && (rb.ready() || rb.atEnd())
+		inHand := slow && (rb.Ready() || rb.AtEnd())
 		if slow && !inHand {
 			if d.mayTakeOver() {
 				d.noTakeover = !d.takeover()
 			}
-			rb.await()
+			rb.Await()
 		}
 		bp := d.rt.getRelayBuf()
 		n, err := body.Read(*bp)

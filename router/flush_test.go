@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/sim/simtest"
@@ -129,7 +130,7 @@ func flushFleet(t *testing.T, decode []string, rest <-chan string) (b *bundle, b
 	b.srv.Close()
 	writes = &atomic.Int64{}
 	b.srv = httptest.NewUnstartedServer(b.rt.Routes())
-	b.srv.Listener = router.NewListener(countingListener{Listener: b.srv.Listener, writes: writes}, time.Minute)
+	b.srv.Listener = httpwire.NewListener(countingListener{Listener: b.srv.Listener, writes: writes}, time.Minute)
 	b.srv.Start()
 	return b, `{"model":"` + dspec.Model + `","prompt":"hi","stream":true}`, writes
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
 )
 
@@ -45,7 +45,7 @@ type Router struct {
 	m        *metrics
 
 	transport http.RoundTripper
-	ownedTr   *upstreamTransport // the transport New built, closed by Close
+	ownedTr   *httpwire.Transport // the transport New built, closed by Close
 	// upstreamAuth is the Authorization value engines get, "" for none.
 	upstreamAuth string
 	apiKeys      [][]byte
@@ -59,13 +59,13 @@ type Router struct {
 	// is off (Config.TracerProvider nil), which skips every span.
 	tracer trace.Tracer
 
-	reports sync.WaitGroup // reporter calls in flight
-	admit   admission      // generation requests in flight, against MaxInflight
-	served  atomic.Uint64  // served requests, for LogServedEvery's sampling
-	taken   takenConns     // streams on connections taken over from net/http
+	reports sync.WaitGroup   // reporter calls in flight
+	admit   admission        // generation requests in flight, against MaxInflight
+	served  atomic.Uint64    // served requests, for LogServedEvery's sampling
+	taken   httpwire.Streams // streams on connections taken over from net/http
 
 	watchOnce sync.Once
-	watcher   *connWatcher // their clients' connections; nil until the first HTTP/1.1 stream, or where there is none
+	watcher   *httpwire.Watcher // their clients' connections; nil until the first HTTP/1.1 stream, or where there is none
 }
 
 // closeDetachedWait bounds how long Close waits for the streams it cut to
@@ -125,7 +125,7 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 	}
 	rt.transport = cfg.Transport
 	if rt.transport == nil {
-		rt.ownedTr = newUpstreamTransport(&cfg)
+		rt.ownedTr = httpwire.NewTransport(httpwire.TransportConfig{ConnectTimeout: cfg.ConnectTimeout, MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost})
 		rt.transport = rt.ownedTr
 	}
 	for _, k := range cfg.APIKeys {
@@ -148,27 +148,6 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 		count(to)
 	}
 	return rt, nil
-}
-
-// newTransport is the net/http transport for engines the router's own
-// transport does not speak to (https): a large idle pool per engine (each
-// request opens two legs), no compression (bytes are relayed as they come),
-// no proxy from the environment.
-func newTransport(cfg *Config) *http.Transport {
-	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
-	return &http.Transport{
-		DialContext:         d.DialContext,
-		MaxIdleConns:        0,
-		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-		ForceAttemptHTTP2:   false,
-		// Small connection buffers keep an open stream's footprint low:
-		// SSE events are far smaller, and large request bodies bypass the
-		// write buffer.
-		ReadBufferSize:  2 << 10,
-		WriteBufferSize: 2 << 10,
-	}
 }
 
 // Mount registers the router's routes on r: POST /v1/chat/completions,
@@ -221,7 +200,7 @@ func (rt *Router) Close() {
 	}
 	rt.watchOnce.Do(func() {}) // no watcher starts after this
 	if rt.watcher != nil {
-		rt.watcher.stop()
+		rt.watcher.Stop()
 	}
 	rt.reports.Wait()
 	if rt.ownedTr != nil {

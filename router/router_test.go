@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/router/routertest"
@@ -66,9 +67,9 @@ func setup(t *testing.T, cfg router.Config, peers ...registry.Peer) *bundle {
 	// which takes back the connections of slow streams (takeover.go).
 	b.srv = httptest.NewUnstartedServer(rt.Routes())
 	b.srv.Config.IdleTimeout = time.Minute
-	ln := router.NewListener(b.srv.Listener, b.srv.Config.IdleTimeout)
+	ln := httpwire.NewListener(b.srv.Listener, b.srv.Config.IdleTimeout)
 	if routerFront {
-		ln.Front(rt.Routes(), 10*time.Second, rt)
+		ln.Front(rt.Routes(), 10*time.Second, rt.Watcher())
 	}
 	b.srv.Listener = ln
 	b.srv.Start()

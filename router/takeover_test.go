@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/sim"
@@ -234,7 +235,7 @@ func TestUnwatchedTakenConnectionClosesAfterItsStream(t *testing.T) {
 	p, d := simtest.Pair(t, registry.EngineSGLang, func(c *sim.Config) { c.DecodeTimePerToken = slowToken })
 	b := setupSims(t, router.Config{}, p, d)
 	srv := httptest.NewUnstartedServer(b.rt.Routes())
-	srv.Listener = router.NewListener(opaqueListener{srv.Listener}, time.Minute)
+	srv.Listener = httpwire.NewListener(opaqueListener{srv.Listener}, time.Minute)
 	srv.Start()
 	defer srv.Close()
 	c := dialRaw(t, srv)
@@ -383,7 +384,7 @@ func takenRawServer(t *testing.T, b *bundle, idle time.Duration) (*httptest.Serv
 			hijacked.Add(1)
 		}
 	}
-	srv.Listener = router.NewListener(srv.Listener, idle)
+	srv.Listener = httpwire.NewListener(srv.Listener, idle)
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv, &hijacked

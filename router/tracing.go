@@ -150,7 +150,7 @@ func (d *dispatch) startLeg(ctx context.Context, l leg, ref *peerRef, tg *legTar
 		trace.WithAttributes(attrLeg.String(l.String()), attrPeerID.String(ref.peer.ID), attrPeerName.String(ref.peer.Name),
 			attrGeneration.Int64(ref.peer.Generation), attrURLFull.String(tg.url), attrHTTPMethod.String(http.MethodPost)))
 	if a, ok := ctx.(*attemptCtx); ok {
-		spanCtx = hookedCtx{spanCtx, &a.ctxHooks}
+		spanCtx = hookedCtx{spanCtx, &a.Hooks}
 	}
 	return spanCtx, legSpan{span: span, leg: l}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
@@ -51,8 +52,8 @@ func serveOpen(t *testing.T, front bool, allowed ...string) (string, string) {
 		t.Fatal(err)
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
-	ln := router.NewListener(tcp, hs.IdleTimeout)
-	if front && !ln.Front(srv.Handler(), hs.ReadHeaderTimeout, rt) {
+	ln := httpwire.NewListener(tcp, hs.IdleTimeout)
+	if front && !ln.Front(srv.Handler(), hs.ReadHeaderTimeout, rt.Watcher()) {
 		t.Fatal("no front on this system")
 	}
 	go func() { _ = hs.Serve(ln) }()

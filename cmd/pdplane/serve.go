@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/pgstore"
@@ -77,7 +78,7 @@ type controlPlane struct {
 	BaseURL string
 	log     zerolog.Logger
 	hs      *http.Server
-	ln      *router.Listener // hs's: takes back connections the router took over
+	ln      *httpwire.Listener // hs's: takes back connections the router took over
 	srv     *server.Server
 	store   registry.Store
 	mirror  *registry.Mirror
@@ -361,9 +362,9 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	cp.BaseURL = "http://" + ln.Addr().String()
 	log.Info().Str("addr", ln.Addr().String()).Str("openai_base_url", cp.BaseURL+"/v1").
 		Str("status_page", cp.BaseURL+"/").Msg("pdplane listening")
-	cp.ln = router.NewListener(ln, cp.hs.IdleTimeout)
+	cp.ln = httpwire.NewListener(ln, cp.hs.IdleTimeout)
 	if c.front {
-		cp.ln.Front(counted, cp.hs.ReadHeaderTimeout, cp.router)
+		cp.ln.Front(counted, cp.hs.ReadHeaderTimeout, cp.router.Watcher())
 	}
 	go func() { cp.errc <- cp.hs.Serve(cp.ln) }()
 	ok = true

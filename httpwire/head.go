@@ -1,4 +1,4 @@
-package router
+package httpwire
 
 import (
 	"bufio"
@@ -25,11 +25,11 @@ import (
 // long stream would keep it for nothing.
 var headBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
-// getHeadBuf and putHeadBuf lend and return one; an odd large one (a head
+// HeadBuf and PutHeadBuf lend and return one; an odd large one (a head
 // near maxHead) is not kept.
-func getHeadBuf() *[]byte { return headBufs.Get().(*[]byte) }
+func HeadBuf() *[]byte { return headBufs.Get().(*[]byte) }
 
-func putHeadBuf(bp *[]byte, b []byte) {
+func PutHeadBuf(bp *[]byte, b []byte) {
 	if cap(b) <= 64<<10 {
 		*bp = b[:0]
 		headBufs.Put(bp)
@@ -38,9 +38,9 @@ func putHeadBuf(bp *[]byte, b []byte) {
 
 // readHead is readHeadInto with a lent buffer.
 func readHead(br *bufio.Reader, status bool) (string, error) {
-	bp := getHeadBuf()
+	bp := HeadBuf()
 	head, buf, err := readHeadInto(br, *bp, status)
-	putHeadBuf(bp, buf)
+	PutHeadBuf(bp, buf)
 	return head, err
 }
 

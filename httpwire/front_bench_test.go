@@ -1,6 +1,6 @@
 //go:build linux
 
-package router
+package httpwire
 
 import (
 	"bufio"
@@ -22,7 +22,7 @@ import (
 // included, which are the same for both) and, for the front, the
 // connection watch each request gets (two epoll_ctl calls).
 //
-//	go test -run '^$' -bench ServerSide -benchtime 20000x -count 3 ./router/
+//	go test -run '^$' -bench ServerSide -benchtime 20000x -count 3 ./httpwire/
 func BenchmarkServerSide(b *testing.B) {
 	body := `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":16,"stream":false}`
 	answer := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}`)
@@ -37,7 +37,7 @@ func BenchmarkServerSide(b *testing.B) {
 			name = "server=front"
 		}
 		b.Run(name, func(b *testing.B) {
-			rt, _ := newPickRouter(b, Config{}, nil)
+			rt := testWatcher(b)
 			tcp, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				b.Fatal(err)

@@ -1,4 +1,4 @@
-package router
+package httpwire
 
 import (
 	"bufio"
@@ -49,7 +49,7 @@ import (
 // the front keeps doing:
 //
 //   - a client that closes its connection while its request runs cancels
-//     the request's context: the router's connWatcher (Linux's epoll)
+//     the request's context: the router's Watcher (Linux's epoll)
 //     watches the connection until the end of the answer, from watchDelay
 //     after the end of the body (net/http's background read watches from
 //     the end of the body);
@@ -100,10 +100,9 @@ var (
 // Front makes the listener read connections itself and serve the
 // generation requests with h (the server's whole handler), handing the
 // rest to net/http; headTimeout is the server's ReadHeaderTimeout. It
-// needs rt's connWatcher to see clients leave, and is left off (false)
-// where there is none. Call it before Serve.
-func (l *Listener) Front(h http.Handler, headTimeout time.Duration, rt *Router) bool {
-	cw := rt.connWatcher()
+// needs a Watcher to see clients leave, and is left off (false) without
+// one (nil: where there is none). Call it before Serve.
+func (l *Listener) Front(h http.Handler, headTimeout time.Duration, cw *Watcher) bool {
 	if cw == nil {
 		return false
 	}
@@ -115,7 +114,7 @@ func (l *Listener) Front(h http.Handler, headTimeout time.Duration, rt *Router) 
 type frontConfig struct {
 	h           http.Handler
 	headTimeout time.Duration
-	cw          *connWatcher
+	cw          *Watcher
 }
 
 // frontConn is one client connection while the front serves it.
@@ -622,9 +621,9 @@ type frontBody struct {
 	closed bool
 
 	mu      sync.Mutex
-	armed   bool       // the connection's watch timer runs for it
-	watched *takenConn // the connWatcher's entry
-	over    bool       // the request ended or was hijacked: no watch from here
+	armed   bool    // the connection's watch timer runs for it
+	watched *Stream // the Watcher's entry
+	over    bool    // the request ended or was hijacked: no watch from here
 }
 
 // watchDelay is how long a request runs, its body read, before its
@@ -716,7 +715,7 @@ func (b *frontBody) startWatch() {
 	if b.over || b.watched != nil {
 		return
 	}
-	tc := &takenConn{c: b.fc.c, w: b.fc.c.Conn, cw: b.fc.f.cw, cancel: b.cancel, state: takenStreaming}
+	tc := &Stream{c: b.fc.c, w: b.fc.c.Conn, cw: b.fc.f.cw, cancel: b.cancel, state: takenStreaming}
 	if b.fc.f.cw.add(tc) == nil {
 		b.watched = tc
 	}

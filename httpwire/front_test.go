@@ -1,6 +1,6 @@
 //go:build linux
 
-package router
+package httpwire
 
 import (
 	"bufio"
@@ -29,7 +29,7 @@ type frontServer struct {
 
 func startFront(t *testing.T, headTimeout, idle time.Duration, h http.HandlerFunc) *frontServer {
 	t.Helper()
-	rt, _ := newPickRouter(t, Config{}, nil)
+	rt := testWatcher(t)
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,6 @@
 //go:build linux
 
-package router
+package httpwire
 
 import (
 	"io"

@@ -1,4 +1,4 @@
-package router
+package httpwire
 
 import (
 	"errors"
@@ -8,19 +8,19 @@ import (
 	"time"
 )
 
-// connWatcher watches the client connections of taken-over streams, all of
+// Watcher watches the client connections of taken-over streams, all of
 // them from one goroutine, through an epoll set of its own (beside the Go
 // runtime's, which the connections stay in for the router's writes): a
 // held stream costs no goroutine for it. Each connection is watched for
 // one event at a time (EPOLLONESHOT): readable (bytes, or the client's
 // end of the connection) or hung up. Its bytes are only peeked at, never
 // read: they are the client's next request, for the server to read.
-type connWatcher struct {
+type Watcher struct {
 	epfd int
 	wake [2]int // a pipe: a byte on it ends the loop (stop)
 
 	mu     sync.Mutex
-	conns  map[int32]*takenConn
+	conns  map[int32]*Stream
 	next   int32
 	closed bool
 }
@@ -34,12 +34,12 @@ const watchEvents = syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT
 // wakeToken is the pipe's token; connections get 1 and up.
 const wakeToken = 0
 
-func newConnWatcher() (*connWatcher, error) {
+func NewWatcher() (*Watcher, error) {
 	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, err
 	}
-	w := &connWatcher{epfd: epfd, conns: map[int32]*takenConn{}}
+	w := &Watcher{epfd: epfd, conns: map[int32]*Stream{}}
 	if err := syscall.Pipe2(w.wake[:], syscall.O_CLOEXEC|syscall.O_NONBLOCK); err != nil {
 		_ = syscall.Close(epfd)
 		return nil, err
@@ -53,14 +53,14 @@ func newConnWatcher() (*connWatcher, error) {
 	return w, nil
 }
 
-func (w *connWatcher) closeFDs() {
+func (w *Watcher) closeFDs() {
 	_ = syscall.Close(w.wake[0])
 	_ = syscall.Close(w.wake[1])
 	_ = syscall.Close(w.epfd)
 }
 
 // control runs f on tc's descriptor while it is open.
-func control(tc *takenConn, f func(fd int)) error {
+func control(tc *Stream, f func(fd int)) error {
 	sc, ok := tc.w.(syscall.Conn)
 	if !ok {
 		return errors.New("not a socket")
@@ -73,7 +73,7 @@ func control(tc *takenConn, f func(fd int)) error {
 }
 
 // add starts watching tc.
-func (w *connWatcher) add(tc *takenConn) error {
+func (w *Watcher) add(tc *Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -106,7 +106,7 @@ func (w *connWatcher) add(tc *takenConn) error {
 }
 
 // remove stops watching tc; it must come before the connection is closed.
-func (w *connWatcher) remove(tc *takenConn) {
+func (w *Watcher) remove(tc *Stream) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed || tc.token == 0 || w.conns[tc.token] != tc {
@@ -119,7 +119,7 @@ func (w *connWatcher) remove(tc *takenConn) {
 
 // rearm watches tc for its next event after one that was not (a readiness
 // that went away before it was looked at).
-func (w *connWatcher) rearm(tc *takenConn) {
+func (w *Watcher) rearm(tc *Stream) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed || tc.token == 0 || w.conns[tc.token] != tc {
@@ -133,16 +133,16 @@ func (w *connWatcher) rearm(tc *takenConn) {
 }
 
 // stopped reports whether the loop has ended (stopped, or epoll failed).
-func (w *connWatcher) stopped() bool {
+func (w *Watcher) stopped() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.closed
 }
 
 // stop ends the loop. Streams still watched are left to their owners
-// (Router.Close cuts them first); connections parked between requests are
+// (the router cuts them first: Streams.CutAll); connections parked between requests are
 // closed, as nothing would hand them back or expire them any more.
-func (w *connWatcher) stop() {
+func (w *Watcher) Stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.closed {
@@ -151,7 +151,7 @@ func (w *connWatcher) stop() {
 	}
 }
 
-func (w *connWatcher) loop() {
+func (w *Watcher) loop() {
 	defer func() {
 		// Stopped, or epoll failed: nothing is watched from here (add
 		// fails, so new takeovers close their connections after their
@@ -159,11 +159,11 @@ func (w *connWatcher) loop() {
 		w.mu.Lock()
 		w.closed = true
 		left := w.conns
-		w.conns = map[int32]*takenConn{}
+		w.conns = map[int32]*Stream{}
 		w.closeFDs()
 		w.mu.Unlock()
 		for _, tc := range left {
-			tc.closeIfIdle() // a stream ending later closes its own (takenConn.end)
+			tc.closeIfIdle() // a stream ending later closes its own (Stream.end)
 		}
 	}()
 	events := make([]syscall.EpollEvent, 128)
@@ -200,9 +200,9 @@ func (w *connWatcher) loop() {
 }
 
 // sweep closes the idle connections whose idle time has passed.
-func (w *connWatcher) sweep(now time.Time) {
+func (w *Watcher) sweep(now time.Time) {
 	w.mu.Lock()
-	idle := make([]*takenConn, 0, 16)
+	idle := make([]*Stream, 0, 16)
 	for _, tc := range w.conns {
 		idle = append(idle, tc)
 	}
@@ -221,7 +221,7 @@ const (
 )
 
 // peek looks at what the client's side of tc has, without reading it.
-func peek(tc *takenConn) peekResult {
+func peek(tc *Stream) peekResult {
 	res := peekGone
 	_ = control(tc, func(fd int) {
 		var b [1]byte

@@ -1,6 +1,6 @@
-package router
+package httpwire
 
-// An HTTP/1.1 conformance suite for upstreamTransport, the router's own
+// An HTTP/1.1 conformance suite for Transport, the router's own
 // client for engine legs. Each case runs the client against a raw TCP server
 // that writes exact response bytes, so the case controls the wire; it names
 // what it checks and the section of RFC 9112 (message syntax and framing) or
@@ -113,11 +113,11 @@ func newWireServer(t *testing.T, serve func(c *wireConn, idx int)) *wireServer {
 
 // send makes one request with a watchdog: a client that waits for bytes
 // that never come fails the case instead of hanging the suite.
-func send(t *testing.T, tr *upstreamTransport, method, url, body string) (*http.Response, error) {
+func send(t *testing.T, tr *Transport, method, url, body string) (*http.Response, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
-	req, err := http.NewRequestWithContext(ctx, method, url, newUpstreamBody([]byte(body)))
+	req, err := http.NewRequestWithContext(ctx, method, url, NewRequestBody([]byte(body)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func send(t *testing.T, tr *upstreamTransport, method, url, body string) (*http.
 
 // wireTransport is a test transport whose idle connections close with the
 // test.
-func wireTransport(t *testing.T) *upstreamTransport {
+func wireTransport(t *testing.T) *Transport {
 	t.Helper()
 	tr := newTestTransport()
 	t.Cleanup(tr.CloseIdleConnections)
@@ -134,7 +134,7 @@ func wireTransport(t *testing.T) *upstreamTransport {
 }
 
 // mustPost sends a POST that must succeed and returns its body read to the end.
-func mustPost(t *testing.T, tr *upstreamTransport, url, body string) string {
+func mustPost(t *testing.T, tr *Transport, url, body string) string {
 	t.Helper()
 	resp, err := send(t, tr, http.MethodPost, url, body)
 	if err != nil {

@@ -1,4 +1,4 @@
-package router
+package httpwire
 
 import (
 	"bufio"

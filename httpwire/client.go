@@ -1,4 +1,4 @@
-package router
+package httpwire
 
 import (
 	"bufio"
@@ -19,7 +19,7 @@ import (
 	"time"
 )
 
-// upstreamTransport is the router's HTTP/1.1 client for engine legs. Unlike
+// Transport is the router's HTTP/1.1 client for engine legs. Unlike
 // net/http.Transport it keeps no goroutines per connection: a request is
 // written (head and body in one writev) and its answer read on the caller's
 // goroutine, and an idle connection is a socket and a read buffer. An open
@@ -43,7 +43,7 @@ import (
 // chunked alone, or keep-alive on HTTP/1.0 (such a connection is not
 // reused). Heads, interim ones and trailers included, are bounded by
 // maxHead; chunk lines by the read buffer.
-type upstreamTransport struct {
+type Transport struct {
 	dialer      net.Dialer
 	maxIdle     int           // idle connections kept per host
 	idleTimeout time.Duration // idle connections older than this are closed
@@ -80,7 +80,7 @@ type upConn struct {
 	out         net.Buffers
 	wrote       bool   // writeRequest's state
 	writeErr    error  // (on the connection: a closure per request would be allocated)
-	afterWrite  func() // tests': between the write and the wait (upstreamTransport.afterWrite)
+	afterWrite  func() // tests': between the write and the wait (Transport.afterWrite)
 	// The reader of the answer being read, one of the two (see framing);
 	// an answer's upBody stops using it at its end, before the connection
 	// can carry another.
@@ -120,8 +120,18 @@ func (e *nothingReceivedError) Unwrap() error {
 	return e.err
 }
 
-func newUpstreamTransport(cfg *Config) *upstreamTransport {
-	t := &upstreamTransport{
+// TransportConfig configures a Transport.
+type TransportConfig struct {
+	// ConnectTimeout bounds a dial; none when zero.
+	ConnectTimeout time.Duration
+	// MaxIdleConnsPerHost is how many idle connections are kept per engine.
+	MaxIdleConnsPerHost int
+}
+
+// NewTransport returns a Transport; answers from https:// engines go
+// through a tuned net/http transport of the same settings.
+func NewTransport(cfg TransportConfig) *Transport {
+	t := &Transport{
 		dialer:      net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second},
 		maxIdle:     cfg.MaxIdleConnsPerHost,
 		idleTimeout: 4 * time.Second,
@@ -135,29 +145,29 @@ func newUpstreamTransport(cfg *Config) *upstreamTransport {
 	return t
 }
 
-// upstreamBody is a request body the transport can write without copying.
-type upstreamBody struct {
+// requestBody is a request body the transport can write without copying.
+type requestBody struct {
 	bytes.Reader
 	b []byte
 }
 
-func (*upstreamBody) Close() error { return nil }
+func (*requestBody) Close() error { return nil }
 
-func newUpstreamBody(b []byte) *upstreamBody {
-	ub := &upstreamBody{b: b}
+func NewRequestBody(b []byte) *requestBody {
+	ub := &requestBody{b: b}
 	ub.Reset(b)
 	return ub
 }
 
 // RoundTrip sends one request and returns the answer, whose body must be
 // read to the end or closed (on the caller's goroutine).
-func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" {
 		return t.fallback.RoundTrip(req)
 	}
 	ctx := req.Context()
 	var body []byte
-	if ub, ok := req.Body.(*upstreamBody); ok {
+	if ub, ok := req.Body.(*requestBody); ok {
 		body = ub.b
 	} else if req.Body != nil && req.Body != http.NoBody {
 		var err error
@@ -169,24 +179,24 @@ func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	if req.Body != nil {
 		req.Body.Close()
 	}
-	hb := getHeadBuf()
-	head := appendRequestHead(*hb, req, len(body))
-	defer putHeadBuf(hb, head)
-	return t.send(ctx, dialAddr(req.URL), head, body, req)
+	hb := HeadBuf()
+	head := AppendRequestHead(*hb, req, len(body))
+	defer PutHeadBuf(hb, head)
+	return t.send(ctx, DialAddr(req.URL), head, body, req)
 }
 
-// sendPost sends a POST whose head the caller wrote (with its Host and
-// Content-Length, as appendRequestHead writes them) to addr, host:port:
+// Post sends a POST whose head the caller wrote (with its Host and
+// Content-Length, as AppendRequestHead writes them) to addr, host:port:
 // the router's own legs, without an http.Request to build and take apart
 // again. Its answer's Request is nil.
-func (t *upstreamTransport) sendPost(ctx context.Context, addr string, head, body []byte) (*http.Response, error) {
+func (t *Transport) Post(ctx context.Context, addr string, head, body []byte) (*http.Response, error) {
 	return t.send(ctx, addr, head, body, nil)
 }
 
-// send is RoundTrip's and sendPost's: req, when not nil, is the request
+// send is RoundTrip's and Post's: req, when not nil, is the request
 // head was written from (its method and Close are heeded, and it is the
 // answer's Request); nil is a POST.
-func (t *upstreamTransport) send(ctx context.Context, addr string, head, body []byte, req *http.Request) (*http.Response, error) {
+func (t *Transport) send(ctx context.Context, addr string, head, body []byte, req *http.Request) (*http.Response, error) {
 	for try := 0; ; try++ {
 		uc, err := t.get(ctx, addr)
 		if err != nil {
@@ -208,19 +218,19 @@ func (t *upstreamTransport) send(ctx context.Context, addr string, head, body []
 	}
 }
 
-func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.Request, head, body []byte) (*http.Response, error) {
+func (t *Transport) exchange(ctx context.Context, uc *upConn, req *http.Request, head, body []byte) (*http.Response, error) {
 	// Cancelling the request closes the connection: that wakes any read or
 	// write blocked on it, and the engine sees the leg cancelled at once
 	// even when nobody is reading the answer at that moment (a decode left
 	// waiting for a bootstrap that will never come). A connection whose
 	// cancellation fired is never pooled (see upBody.finish).
-	hook := hookOn(ctx, uc.closeConn)
+	hook := OnDone(ctx, uc.closeConn)
 	uc.outArr = [2][]byte{head, body}
 	uc.out = uc.outArr[:]
 	err := uc.writeRequest()
 	uc.outArr, uc.out = [2][]byte{}, nil // the head's buffer goes back to the pool
 	if err != nil {
-		hook.stop()
+		hook.Stop()
 		if errors.Is(err, net.ErrClosed) || isConnReset(err) {
 			return nil, &nothingReceivedError{err} // retryable on a reused conn
 		}
@@ -228,7 +238,7 @@ func (t *upstreamTransport) exchange(ctx context.Context, uc *upConn, req *http.
 	}
 	resp, rb, err := t.readResponse(uc, req)
 	if err != nil {
-		hook.stop()
+		hook.Stop()
 		return nil, err
 	}
 	ub := &upBody{rc: rb, t: t, uc: uc, hook: hook, ctx: ctx, reusable: !resp.Close}
@@ -283,7 +293,7 @@ func (uc *upConn) writeInWaitFunc(uintptr) bool {
 }
 
 // get returns an idle connection to addr that is still open, or a new one.
-func (t *upstreamTransport) get(ctx context.Context, addr string) (*upConn, error) {
+func (t *Transport) get(ctx context.Context, addr string) (*upConn, error) {
 	now := time.Now()
 	for {
 		t.mu.Lock()
@@ -321,7 +331,7 @@ func (t *upstreamTransport) get(ctx context.Context, addr string) (*upConn, erro
 }
 
 // reader lends a read buffer to uc.
-func (t *upstreamTransport) reader(uc *upConn) *bufio.Reader {
+func (t *Transport) reader(uc *upConn) *bufio.Reader {
 	br := t.readers.Get().(*bufio.Reader)
 	br.Reset(uc)
 	return br
@@ -335,7 +345,7 @@ func (t *upstreamTransport) reader(uc *upConn) *bufio.Reader {
 // seen before: bytes that arrived since the last read are found. It ends
 // too when the connection is closed (a cancelled request): the read that
 // follows reports it.
-func (t *upstreamTransport) awaitBytes(uc *upConn) {
+func (t *Transport) awaitBytes(uc *upConn) {
 	if uc.raw == nil || uc.br.Buffered() > 0 {
 		return
 	}
@@ -348,7 +358,7 @@ func (t *upstreamTransport) awaitBytes(uc *upConn) {
 // awaitBytesFor waits up to d for uc's next bytes, keeping its read
 // buffer: false when none came in time. Bytes already buffered, or a
 // connection without a descriptor, answer true at once.
-func (t *upstreamTransport) awaitBytesFor(uc *upConn, d time.Duration) bool {
+func (t *Transport) awaitBytesFor(uc *upConn, d time.Duration) bool {
 	if uc.raw == nil || uc.br.Buffered() > 0 {
 		return true
 	}
@@ -381,7 +391,7 @@ func waitReadable(raw syscall.RawConn) error {
 }
 
 // put returns a connection whose answer was read in full to the idle pool.
-func (t *upstreamTransport) put(uc *upConn) {
+func (t *Transport) put(uc *upConn) {
 	addr := uc.addr
 	uc.idleAt = time.Now()
 	uc.reused = false
@@ -399,7 +409,7 @@ func (t *upstreamTransport) put(uc *upConn) {
 }
 
 // CloseIdleConnections closes every idle connection.
-func (t *upstreamTransport) CloseIdleConnections() {
+func (t *Transport) CloseIdleConnections() {
 	t.mu.Lock()
 	idle := t.idle
 	t.idle = map[string][]*upConn{}
@@ -416,9 +426,9 @@ func (t *upstreamTransport) CloseIdleConnections() {
 // the pool; an error or an early Close closes it.
 type upBody struct {
 	rc       io.Reader // returns io.EOF itself only at the body's clean end
-	t        *upstreamTransport
+	t        *Transport
 	uc       *upConn
-	hook     ctxHook // closes uc when ctx ends
+	hook     Hooked // closes uc when ctx ends
 	ctx      context.Context
 	reusable bool
 	done     bool
@@ -443,9 +453,9 @@ func (b *upBody) Read(p []byte) (int, error) {
 }
 
 // await waits for more of a chunked answer without holding a read buffer
-// (see upstreamTransport.awaitBytes); other answers are short, and their
+// (see Transport.awaitBytes); other answers are short, and their
 // readers keep the buffer they were given.
-func (b *upBody) await() {
+func (b *upBody) Await() {
 	if cb, chunked := b.rc.(*chunkedBody); chunked && !b.done {
 		cb.skipDataEnd()
 		b.t.awaitBytes(b.uc)
@@ -454,7 +464,7 @@ func (b *upBody) await() {
 
 // awaitFor is await bounded by d, with the read buffer kept: false when
 // the engine sent nothing more within d.
-func (b *upBody) awaitFor(d time.Duration) bool {
+func (b *upBody) AwaitFor(d time.Duration) bool {
 	cb, chunked := b.rc.(*chunkedBody)
 	if !chunked || b.done {
 		return true
@@ -467,7 +477,7 @@ func (b *upBody) awaitFor(d time.Duration) bool {
 // engine: bytes of the body that already arrived. A relay flushes to the
 // client only when nothing is ready, so that events that arrived together
 // leave in one write, and none is held back waiting for the next.
-func (b *upBody) ready() bool {
+func (b *upBody) Ready() bool {
 	if b.done {
 		return false
 	}
@@ -485,7 +495,7 @@ func (b *upBody) ready() bool {
 // atEnd reports whether the next Read returns io.EOF without reading the
 // connection: the answer is over, or all that is left of it (a chunked
 // answer's last chunk, without trailers) is buffered.
-func (b *upBody) atEnd() bool {
+func (b *upBody) AtEnd() bool {
 	if b.done {
 		return true
 	}
@@ -508,7 +518,7 @@ func (b *upBody) Close() error {
 
 func (b *upBody) finish(clean bool) {
 	b.done = true
-	fired := !b.hook.stop()
+	fired := !b.hook.Stop()
 	if clean && b.reusable && !fired {
 		b.t.put(b.uc)
 		return
@@ -516,28 +526,28 @@ func (b *upBody) finish(clean bool) {
 	b.uc.c.Close()
 }
 
-// appendRequestHead writes an HTTP/1.1 request head with the body's length.
-func appendRequestHead(b []byte, req *http.Request, bodyLen int) []byte {
+// AppendRequestHead writes an HTTP/1.1 request head with the body's length.
+func AppendRequestHead(b []byte, req *http.Request, bodyLen int) []byte {
 	host := req.Host
 	if host == "" {
 		host = req.URL.Host
 	}
-	b = appendRequestLine(b, req.Method, req.URL.RequestURI(), host, bodyLen)
+	b = AppendRequestLine(b, req.Method, req.URL.RequestURI(), host, bodyLen)
 	for k, vs := range req.Header {
 		if k == "Content-Length" || k == "Host" || k == "User-Agent" || k == "Connection" {
 			continue
 		}
 		for _, v := range vs {
-			b = appendRequestField(b, k, v)
+			b = AppendField(b, k, v)
 		}
 	}
 	return append(b, "\r\n"...)
 }
 
-// appendRequestLine writes a request's line and the fields the transport
+// AppendRequestLine writes a request's line and the fields the transport
 // sets: Host, User-Agent and Content-Length. The caller's fields follow
-// (appendRequestField), then the blank line.
-func appendRequestLine(b []byte, method, uri, host string, bodyLen int) []byte {
+// (AppendField), then the blank line.
+func AppendRequestLine(b []byte, method, uri, host string, bodyLen int) []byte {
 	b = append(b, method...)
 	b = append(b, ' ')
 	b = append(b, uri...)
@@ -548,9 +558,9 @@ func appendRequestLine(b []byte, method, uri, host string, bodyLen int) []byte {
 	return append(b, "\r\n"...)
 }
 
-// appendRequestField writes one field of a request head; a value with a
+// AppendField writes one field of a request head; a value with a
 // line break, which would end the field early, is left out.
-func appendRequestField(b []byte, k, v string) []byte {
+func AppendField(b []byte, k, v string) []byte {
 	if strings.ContainsAny(v, "\r\n") {
 		return b
 	}
@@ -560,9 +570,9 @@ func appendRequestField(b []byte, k, v string) []byte {
 	return append(b, "\r\n"...)
 }
 
-// dialAddr is the address to dial for u: its host:port, with port 80 when
+// DialAddr is the address to dial for u: its host:port, with port 80 when
 // it names none.
-func dialAddr(u *url.URL) string {
+func DialAddr(u *url.URL) string {
 	if u.Port() != "" {
 		return u.Host // host:port already, an engine's URL as registered
 	}
@@ -581,7 +591,7 @@ func withCtxErr(ctx context.Context, err error) error {
 // readResponse reads an answer's head, skipping interim (1xx) ones, and
 // returns it with a reader of its body, nil when it has none. Sections are
 // those of RFC 9112 unless said otherwise.
-func (t *upstreamTransport) readResponse(uc *upConn, req *http.Request) (*http.Response, io.Reader, error) {
+func (t *Transport) readResponse(uc *upConn, req *http.Request) (*http.Response, io.Reader, error) {
 	// One budget for every head of this answer: an endless head, or an
 	// endless run of interim answers, fails at about maxHead bytes. Bytes
 	// of the body that came with the head are spent from it too, hence the
@@ -617,7 +627,7 @@ func (t *upstreamTransport) readResponse(uc *upConn, req *http.Request) (*http.R
 
 // framing sets the answer's length and connection fields and returns the
 // reader of its body (§6.3), nil when it has none.
-func (t *upstreamTransport) framing(resp *http.Response, uc *upConn, req *http.Request) (io.Reader, error) {
+func (t *Transport) framing(resp *http.Response, uc *upConn, req *http.Request) (io.Reader, error) {
 	h := resp.Header
 	te, hasTE := h["Transfer-Encoding"]
 	cl, hasCL := h["Content-Length"]
@@ -965,3 +975,26 @@ func onlyChunked(vs []string) bool {
 	})
 	return n == 1 && chunked
 }
+
+// newTransport is the net/http transport for engines the Transport does
+// not speak to itself (https): a large idle pool per engine (each
+// request opens two legs), no compression (bytes are relayed as they come),
+// no proxy from the environment.
+func newTransport(cfg TransportConfig) *http.Transport {
+	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		DialContext:         d.DialContext,
+		MaxIdleConns:        0,
+		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+		// Small connection buffers keep an open stream's footprint low:
+		// SSE events are far smaller, and large request bodies bypass the
+		// write buffer.
+		ReadBufferSize:  2 << 10,
+		WriteBufferSize: 2 << 10,
+	}
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package router
+package httpwire
 
 import (
 	"net"
@@ -12,11 +12,11 @@ import (
 // ended may already be back with the server (handed back, or parked for
 // the client's next request) and is left alone.
 func TestCutLeavesEndedStreamsAlone(t *testing.T) {
-	w, err := newConnWatcher()
+	w, err := NewWatcher()
 	if err != nil {
 		t.Fatal(err) // Linux only: elsewhere streams are never taken over
 	}
-	defer w.stop()
+	defer w.Stop()
 	for _, tc := range []struct {
 		state    takenState
 		wantCut  bool
@@ -28,7 +28,7 @@ func TestCutLeavesEndedStreamsAlone(t *testing.T) {
 	} {
 		a, b := net.Pipe()
 		cancelled := false
-		c := &takenConn{c: a, w: a, cw: w, state: tc.state, cancel: func(error) { cancelled = true }}
+		c := &Stream{c: a, w: a, cw: w, state: tc.state, cancel: func(error) { cancelled = true }}
 		c.cut()
 		err := a.SetDeadline(time.Now().Add(time.Second)) // io.ErrClosedPipe once a is closed (b is open)
 		closed := err != nil
