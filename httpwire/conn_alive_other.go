@@ -13,3 +13,7 @@ func isConnReset(error) bool { return false }
 // readable cannot peek without blocking here: it never waits, and the read
 // that follows waits with its buffer.
 func readable(uintptr) bool { return true }
+
+// Refused reports an engine that refused a connection or reset it before
+// answering: not told apart from other failures here.
+func Refused(error) bool { return false }

@@ -43,3 +43,9 @@ func readable(fd uintptr) bool {
 func isConnReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
+
+// Refused reports an engine that refused a connection or reset it before
+// answering: nothing serves there now.
+func Refused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
+}

@@ -72,6 +72,36 @@ func (c Class) String() string {
 	return "unknown"
 }
 
+// Blame is whom a failure counts against: what a retry of the request
+// avoids, and whose breaker counts it.
+type Blame uint8
+
+// Blames.
+const (
+	// BlameNone: nobody (the client's own error, or a failure that says
+	// nothing of the engines).
+	BlameNone Blame = iota
+	// BlamePeer: the engine of the leg that failed; another pair without
+	// it is tried.
+	BlamePeer
+	// BlamePair: the pair, not either engine: SGLang's broken registration
+	// is per (prefill, decode agent), and a failed KV transfer says nothing
+	// of the decode's other prefills; another pair is tried, the decode
+	// with another prefill included.
+	BlamePair
+)
+
+// Blame is the one rule of whom a class of failure counts against.
+func (c Class) Blame() Blame {
+	switch c {
+	case ClassMissingMemKind, ClassTransfer:
+		return BlamePair
+	case ClassOverload, ClassEngine:
+		return BlamePeer
+	}
+	return BlameNone
+}
+
 // Failure is one classified engine failure.
 type Failure struct {
 	Class Class

@@ -108,6 +108,25 @@ func (k failKind) String() string {
 	return "unknown"
 }
 
+// class is the kind as pdproto classifies engine failures: a failure the
+// router saw itself (a refused connection, a timeout, an unusable answer)
+// is the engine's, as an engine's 5xx is.
+func (k failKind) class() pdproto.Class {
+	switch k {
+	case failTransport, failTimeout, failStatus, failProtocol:
+		return pdproto.ClassEngine
+	case failOverload:
+		return pdproto.ClassOverload
+	case failUpstream4xx:
+		return pdproto.ClassRefused
+	case failMemKind:
+		return pdproto.ClassMissingMemKind
+	case failPair:
+		return pdproto.ClassTransfer
+	}
+	return pdproto.ClassNone
+}
+
 // failure is why one attempt did not deliver.
 type failure struct {
 	kind   failKind
@@ -117,6 +136,10 @@ type failure struct {
 	body   []byte      // the engine's answer, bounded, when it answered
 	err    error
 }
+
+// blame is whom the failure counts against (pdproto's one rule): a retry
+// avoids that peer, or only that pair.
+func (f *failure) blame() pdproto.Blame { return f.kind.class().Blame() }
 
 func (f *failure) retryable() bool {
 	switch f.kind {
@@ -375,10 +398,15 @@ func (d *dispatch) run(v *view, mv *modelView) {
 			d.respondFailure(f)
 			return
 		}
-		if f.leg == legPrefill && f.kind != failMemKind && f.kind != failPair {
-			d.ex.add(pr.p.peer.ID)
-		} else {
-			d.ex.add(pr.d.peer.ID)
+		switch f.blame() {
+		case pdproto.BlamePair:
+			d.ex.addPair(pr.p.peer.ID, pr.d.peer.ID)
+		case pdproto.BlamePeer:
+			if f.leg == legPrefill {
+				d.ex.add(pr.p.peer.ID)
+			} else {
+				d.ex.add(pr.d.peer.ID)
+			}
 		}
 		if !d.backoff(attempt) {
 			d.respondFailure(&failure{kind: failClientGone, leg: f.leg, err: d.ctx.Err()})
@@ -473,7 +501,15 @@ func (rt *Router) settle(pr *pair, f *failure) {
 		if f.leg == legDecode {
 			culprit, culpritProbe, other, otherProbe = pr.d, pr.dProbe, pr.p, pr.pProbe
 		}
-		if culprit.state.breaker.failure(culpritProbe, rt.cfg.BreakerFailures, now) {
+		if f.kind == failTransport && f.status == 0 && httpwire.Refused(f.err) {
+			// Nothing listens there, or it reset the connection before
+			// any answer: no other request should try it before the
+			// cool-down, nor wait for the threshold's worth of failures.
+			culprit.state.breaker.release(culpritProbe)
+			culprit.state.breaker.forceOpen(now)
+			rt.log.Warn().Str(logLeg, f.leg.String()).Str("peer", culprit.peer.Name).Err(f.err).
+				Msg("peer circuit breaker opened: the engine refused the connection")
+		} else if culprit.state.breaker.failure(culpritProbe, rt.cfg.BreakerFailures, now) {
 			rt.log.Warn().Str(logLeg, f.leg.String()).Str("peer", culprit.peer.Name).Str(logFailure, f.kind.String()).
 				Msg("peer circuit breaker opened")
 		}
@@ -482,6 +518,13 @@ func (rt *Router) settle(pr *pair, f *failure) {
 	b := pr.pairBrk
 	if b == nil {
 		b = rt.pairs.getOrCreate(pr.p.peer.ID, pr.d.peer.ID)
+	}
+	if f.kind == failMemKind {
+		// SGLang's broken registration fails every transfer of the pair
+		// until the decode re-registers (which resets the breaker).
+		b.release(pr.pairProbe)
+		b.forceOpen(now)
+		return
 	}
 	b.failure(pr.pairProbe, rt.cfg.BreakerFailures, now)
 }

@@ -20,15 +20,13 @@ import (
 )
 
 // peerState is what the router tracks about one peer across snapshots, keyed
-// by peer ID: requests in flight, the circuit breaker, and the generation it
-// has itself reported stale.
+// by peer ID: requests in flight and the circuit breaker, its own
+// observations. Whether the peer may take traffic at all is the
+// registry's, and reaches the router only through the snapshot.
 //
 // The fields a pick reads come first, so that eligibility and load cost one
-// cache line: staleGen, the breaker's state word and the load baseline.
+// cache line: the breaker's state word and the load baseline.
 type peerState struct {
-	// staleGen is 1 + the generation this router reported stale; the peer is
-	// skipped until the snapshot shows a newer generation. 0 when none.
-	staleGen atomic.Int64
 	inflight atomic.Int64
 	// loadAt is the time (Unix ns) of the heartbeat whose load this router
 	// last saw for the peer, and inflightAt its in-flight count then: the
@@ -44,6 +42,8 @@ type peerState struct {
 	gen  int64
 	ep   *endpoint
 	name string // the name gauge is labelled with
+
+	_ [8]byte // to 128 bytes: a state fills whole cache lines (TestPickLayout)
 }
 
 // endpoint is what the router derives from a peer's spec, once per spec.
@@ -306,9 +306,11 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 			case !seen:
 				st = rt.newPeerState(p)
 			case st.gen != p.Generation:
-				// A new generation is a fresh registration: forget what the
-				// old one did wrong.
+				// A new generation is a fresh registration (a heal, a
+				// restart): forget what the old one and its pairs did
+				// wrong.
 				st.breaker.reset()
+				rt.pairs.resetPeer(p.ID)
 			}
 			if seen {
 				known++
@@ -340,6 +342,9 @@ func (rt *Router) buildView(s *registry.Snapshot) *view {
 		}
 		b.states = v.byID
 		rt.forgetGonePeers(b, peers)
+	}
+	if old != nil {
+		rt.pairs.resetLifted(old.snap, s)
 	}
 	rt.armTrials(s, b)
 	resolved := map[decodeList]int32{}
@@ -570,6 +575,19 @@ type exclusions struct {
 	ids  [6]string
 	n    int
 	more []string
+	// pairs are the pairs that failed as pairs (pdproto.BlamePair): their
+	// peers stay eligible with others.
+	pairs []pairKey
+}
+
+// addPair excludes the pair (prefill, decode), not its peers.
+func (e *exclusions) addPair(prefill, decode string) {
+	e.pairs = append(e.pairs, pairKey{prefill, decode})
+}
+
+// hasPair reports whether the pair (prefill, decode) is excluded.
+func (e *exclusions) hasPair(prefill, decode string) bool {
+	return len(e.pairs) > 0 && slices.Contains(e.pairs, pairKey{prefill, decode})
 }
 
 func (e *exclusions) add(id string) {
@@ -585,7 +603,7 @@ func (e *exclusions) add(id string) {
 }
 
 // empty reports whether nothing is excluded, without reading any ID.
-func (e *exclusions) empty() bool { return e.n == 0 && len(e.more) == 0 }
+func (e *exclusions) empty() bool { return e.n == 0 && len(e.more) == 0 && len(e.pairs) == 0 }
 
 func (e *exclusions) has(id string) bool {
 	for i := 0; i < e.n; i++ {
@@ -677,11 +695,8 @@ func (rt *Router) eligible(pc *pickCtx, c cand) bool {
 	if st == nil {
 		return false
 	}
-	if sg := st.staleGen.Load(); sg != 0 && c.ref.peer.Generation < sg {
-		return false
-	}
-	if !pc.ex.empty() && pc.ex.has(c.ref.peer.ID) { // the common pick reads no ID
-		return false
+	if !pc.ex.empty() && (pc.ex.has(c.ref.peer.ID) || pc.prefill != nil && pc.ex.hasPair(pc.prefill.peer.ID, c.ref.peer.ID)) {
+		return false // the common pick reads no ID
 	}
 	if st.breaker.current() != breakerClosed && !st.breaker.available(pc.time(), rt.cfg.BreakerCooldown) {
 		return false
@@ -953,6 +968,39 @@ func (pb *pairBreakers) getOrCreate(prefillID, decodeID string) *breaker {
 	nb := &breaker{onChange: pb.onChange}
 	b, _ := pb.m.LoadOrStore(k, nb)
 	return b.(*breaker)
+}
+
+// resetPeer closes the breakers of the pairs of peer id: it re-registered,
+// and its pairs start afresh with it.
+func (pb *pairBreakers) resetPeer(id string) {
+	pb.m.Range(func(k, b any) bool {
+		if pk := k.(pairKey); pk.prefill == id || pk.decode == id {
+			b.(*breaker).reset()
+		}
+		return true
+	})
+}
+
+// resetLifted closes the breakers of the pairs quarantined in prev and no
+// longer in next: an operator lifted the quarantine, or its trial
+// succeeded. The router's own record of the pair's failures does not hold
+// it out longer than the registry does.
+func (pb *pairBreakers) resetLifted(prev, next *registry.Snapshot) {
+	if pb.notClosed.Load() == 0 || prev == next {
+		return
+	}
+	pb.m.Range(func(k, b any) bool {
+		pk, br := k.(pairKey), b.(*breaker)
+		if br.current() == breakerClosed {
+			return true
+		}
+		if _, was := prev.Quarantined(pk.prefill, pk.decode); was {
+			if _, is := next.Quarantined(pk.prefill, pk.decode); !is {
+				br.reset()
+			}
+		}
+		return true
+	})
 }
 
 // loadAware reports whether the policy compares candidates' loads.

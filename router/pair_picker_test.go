@@ -270,11 +270,12 @@ func TestEligibility(t *testing.T) {
 	rt, _ := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyRoundRobin, BreakerFailures: 1, BreakerCooldown: time.Hour}, fleet(6))
 	v := rt.currentView()
 	mv := v.models["m"]
-	// Exclude one prefill, open another's breaker, mark a decode stale.
+	// Exclude one prefill, open another's breaker, exclude the pair of the
+	// prefill left and one decode (a pair that failed as a pair).
 	ex := &exclusions{}
 	ex.add("id-peer-00000")
 	v.byID["id-peer-00002"].breaker.failure(false, 1, time.Now())
-	setMax(&v.byID["id-peer-00001"].staleGen, 2)
+	ex.addPair("id-peer-00004", "id-peer-00001")
 	for range 30 {
 		pr, ok := rt.pickPair(v, mv, 0, ex)
 		if !ok {
@@ -506,9 +507,8 @@ func TestRingLocateMatchesBinarySearch(t *testing.T) {
 
 // TestPickLayout: a view's ref is one cache line, a candidate list's entry
 // a quarter of one (a window of 8 candidates: two lines), and what
-// eligibility and load read of a peer's state (the stale generation, the
-// load baseline and the breaker's state word) lies in the state's first
-// line.
+// eligibility and load read of a peer's state (the load baseline and the
+// breaker's state word) lies in the state's first line.
 func TestPickLayout(t *testing.T) {
 	t.Parallel()
 	if got := unsafe.Sizeof(peerRef{}); got != peerRefSize {

@@ -84,8 +84,8 @@ func TestRetryOnAnotherPairBeforeFirstByte(t *testing.T) {
 // destination KV memory kind" moves the request to another decode, cancels
 // the failed decode's leg (which SGLang would otherwise hold until its room
 // times out), and reports the decode, which the registry marks stale, named
-// by the prefill and this replica. Until the snapshot catches up the router
-// skips the decode itself.
+// by the prefill and this replica; the mark reaches the router through the
+// snapshot, as it reaches every replica.
 func TestMemKindErrorMarksDecodeStaleAndRetries(t *testing.T) {
 	t.Parallel()
 	b, p, ds := simFleet(t, registry.EngineSGLang, router.Config{Replica: "r7"},
@@ -536,5 +536,105 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	}
 	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
 		t.Fatalf("decode %s after the quarantine of one pair", got)
+	}
+}
+
+// TestBrokenPairRetriesTheDecodeWithAnotherPrefill re-runs the reliability
+// core's first scenario: two prefills, one decode, and the decode's
+// registration broken on one prefill only (SGLang's entry is per (prefill,
+// decode agent): the sim's pair-limited fault). No request fails: the one
+// that lands on the broken pair is retried on the healthy one, the same
+// decode with the other prefill. The registry quarantines the pair only,
+// and the decode stays ready.
+func TestBrokenPairRetriesTheDecodeWithAnotherPrefill(t *testing.T) {
+	t.Parallel()
+	p1 := simtest.Start(t, simtest.Config("p1", registry.RolePrefill, registry.EngineSGLang))
+	p2 := simtest.Start(t, simtest.Config("p2", registry.RolePrefill, registry.EngineSGLang))
+	dc := simtest.Config("d1", registry.RoleDecode, registry.EngineSGLang)
+	dc.RoomTimeout = time.Minute // only the router's cancel frees the broken pair's room
+	d := simtest.Start(t, dc)
+	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, MaxAttempts: 2}, p1, p2, d)
+	if err := d.SetPairFault(sim.FaultMissingMemKind, p1.BootstrapPort()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		body := `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`
+		if resp, got := b.post(t, "/v1/chat/completions", body); resp.StatusCode != http.StatusOK || !strings.HasSuffix(string(got), "data: [DONE]\n\n") {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, got)
+		}
+	}
+	if n := p1.Stats().MissingMemKind; n == 0 {
+		t.Fatal("no request was routed to the broken pair")
+	}
+	if n := p2.Stats().MissingMemKind; n != 0 {
+		t.Fatalf("the healthy prefill raised the memory-kind error %d times", n)
+	}
+	if q := b.reg.waitQuarantine(t); q.PrefillID != b.reg.id(t, "p1") || q.DecodeID != b.reg.id(t, "d1") {
+		t.Fatalf("quarantine %+v, want the pair (p1, d1)", q)
+	}
+	if got := b.reg.peer(t, "d1").State; got != registry.StateReady {
+		t.Fatalf("the decode is %s after one of its pairs broke, want ready", got)
+	}
+}
+
+// TestLiftedPairRoutesAtOnce: a pair the registry quarantined and the
+// router's breaker holds open routes again as soon as an operator lifts the
+// quarantine, not after the breaker's cool-down (an hour here): the
+// registry owns the pair's state, and its lift resets what the router holds
+// against the pair.
+func TestLiftedPairRoutesAtOnce(t *testing.T) {
+	t.Parallel()
+	p1 := simtest.Start(t, simtest.Config("p1", registry.RolePrefill, registry.EngineSGLang))
+	p2 := simtest.Start(t, simtest.Config("p2", registry.RolePrefill, registry.EngineSGLang))
+	dc := simtest.Config("d1", registry.RoleDecode, registry.EngineSGLang)
+	dc.RoomTimeout = time.Minute
+	d := simtest.Start(t, dc)
+	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, MaxAttempts: 2, BreakerCooldown: time.Hour}, p1, p2, d)
+	if err := d.SetPairFault(sim.FaultMissingMemKind, p1.BootstrapPort()); err != nil {
+		t.Fatal(err)
+	}
+	const unary = `{"model":"sim-model","prompt":"x","max_tokens":2}`
+	for p1.Stats().MissingMemKind == 0 {
+		if resp, body := b.post(t, "/v1/completions", unary); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	q := b.reg.waitQuarantine(t)
+	setFault(t, d, sim.FaultNone)
+	if err := b.reg.store.LiftQuarantine(context.Background(), q.PrefillID, q.DecodeID, "operator"); err != nil {
+		t.Fatal(err)
+	}
+	before := p1.Stats().Requests
+	simtest.WaitFor(t, "the lifted pair routed again", func() bool {
+		if resp, body := b.post(t, "/v1/completions", unary); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		return p1.Stats().Requests > before
+	})
+}
+
+// TestRefusedConnectionOpensTheBreakerAtOnce: a decode that is registered
+// but whose port refuses connections (a crashed engine, before its agent
+// notices) costs one attempt, not BreakerFailures of them: its breaker
+// opens on the first refusal, the request moves on, and no client sees it.
+func TestRefusedConnectionOpensTheBreakerAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, engine := range []registry.Engine{registry.EngineSGLang, registry.EngineVLLM} {
+		t.Run(string(engine), func(t *testing.T) {
+			t.Parallel()
+			b, _, ds := simFleet(t, engine, router.Config{BreakerFailures: 5, BreakerCooldown: time.Hour}, nil)
+			ds[0].Close()
+			for i := range 6 {
+				if resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`); resp.StatusCode != http.StatusOK {
+					t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+				}
+			}
+			if got := b.metric(t, "pdplane_router_breaker_state", map[string]string{"peer": "decode-0"}); got != 1 {
+				t.Fatalf("the refusing decode's breaker is %v, want open (1) after its first refusal", got)
+			}
+			if got := b.metric(t, "pdplane_router_retries_total", map[string]string{"reason": "transport"}); got != 1 {
+				t.Fatalf("%v retries after transport failures, want 1: the open breaker keeps the decode out of later picks", got)
+			}
+		})
 	}
 }

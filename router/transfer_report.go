@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"sync/atomic"
 
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
@@ -18,13 +17,15 @@ const (
 )
 
 // onMemKindFailure handles a prefill answer that says the decode's memory
-// kind is missing. This router skips the decode's generation at once, so
-// that the retry does not wait for the registry, and reports the failure in
-// the background. What it means is the registry's to decide
-// (registry.ApplyTransferFailure): a stale mark of the decode, nothing (a
-// duplicate, or a report about an agent that is gone), or, on a repeat right
-// after the decode re-registered, a quarantine of the pair, after which
-// this router stops skipping the decode and keeps only the pair out.
+// kind is missing, and reports it in the background. The router keeps
+// only what it saw: the pair failed (its breaker, settle; the request's
+// retry avoids the pair, not the decode). What the failure means is the
+// registry's to decide (registry.ApplyTransferFailure): a quarantine of
+// the pair while the decode's heal plan holds (other prefills keep the
+// decode), a stale mark of the decode, nothing (a duplicate, or a report
+// about an agent that is gone), or, on a repeat right after the decode
+// re-registered, a quarantine for good; it reaches this router, as every
+// replica, through the snapshot.
 //
 // sc, when valid, is the span of the attempt that failed: the report's own
 // span (the registry's, when it traces its writes) joins its trace.
@@ -42,23 +43,15 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string, sc trac
 		// mark a freshly re-registered decode stale.
 		report.DecodeAgent = d.peer.Ranks[0].AgentName
 	}
-	prevSkip := d.state.staleGen.Load()
-	setMax(&d.state.staleGen, d.peer.Generation+1)
-	log.Warn().Msg("decode's KV memory kind is missing on the prefill side; skipping it and reporting it to the registry")
+	log.Warn().Msg("decode's KV memory kind is missing on the prefill side; the pair is out of this request, and the registry decides the rest")
 	rt.reportFailure(report, log, sc, func(out registry.TransferOutcome) {
 		switch out {
 		case registry.OutcomeStale:
 			rt.m.staleMarks.WithLabelValues(causeMissingMemKind).Inc()
 		case registry.OutcomeHealPending:
-			// The pair is quarantined and the decode's heal plan holds:
-			// the decode keeps serving the other prefills until it
-			// drains (the snapshot then carries its stale state).
-			rt.keepPairOut(pr, prevSkip)
 			rt.m.quarantines.Inc()
 			log.Warn().Msg("registry quarantined the pair and holds the decode's heal plan; other prefills keep using the decode")
 		case registry.OutcomeQuarantined:
-			// The decode is not stale and will not re-register.
-			rt.keepPairOut(pr, prevSkip)
 			rt.m.quarantines.Inc()
 			log.Warn().Str(logDetail, registry.GeometryDiff(&p.peer.PeerSpec, &d.peer.PeerSpec)).
 				Msg("registry quarantined the pair: it failed with missing KV memory kind again after the decode re-registered")
@@ -76,9 +69,7 @@ func (rt *Router) onMemKindFailure(pr *pair, errText string, rid string, sc trac
 // SGLang's memory-kind error: a first failure quarantines the pair and
 // holds the decode's heal plan while other prefills can use it, or starts
 // the heal at once when none can; a repeat right after the heal
-// quarantines the pair. Unlike the memory-kind error, the router does not
-// skip the whole decode meanwhile: the message names no broken
-// registration, and its pair breaker already keeps the pair out.
+// quarantines the pair.
 func (rt *Router) onKVLoadFailure(pr *pair, errText string, rid string, sc trace.SpanContext) {
 	d, p := pr.d, pr.p
 	log := rt.log.With().Str(logRequestID, rid).Str(logPrefill, p.peer.Name).Str(logDecode, d.peer.Name).
@@ -102,16 +93,9 @@ func (rt *Router) onKVLoadFailure(pr *pair, errText string, rid string, sc trace
 	})
 }
 
-// keepPairOut undoes this router's skip of the whole decode (back to
-// prevSkip) and keeps only the pair out of its picks until the snapshot
-// carries the pair's quarantine.
-func (rt *Router) keepPairOut(pr *pair, prevSkip int64) {
-	pr.d.state.staleGen.CompareAndSwap(pr.d.peer.Generation+1, prevSkip)
-	rt.pairs.getOrCreate(pr.p.peer.ID, pr.d.peer.ID).forceOpen(rt.cfg.Now())
-}
-
 // reportFailure sends f to the registry in the background; then, when set,
-// runs with the registry's outcome, which overrides this router's guess.
+// runs with the registry's outcome (for metrics and the log: the outcome
+// itself reaches routing through the snapshot).
 func (rt *Router) reportFailure(f registry.TransferFailure, log zerolog.Logger, sc trace.SpanContext, then func(registry.TransferOutcome)) {
 	rt.report(func(ctx context.Context) error {
 		_, out, err := rt.reporter.ReportTransferFailure(ctx, f)
@@ -145,14 +129,4 @@ func (rt *Router) report(call func(ctx context.Context) error, log zerolog.Logge
 			log.Error().Err(err).Msg(what)
 		}
 	}()
-}
-
-// setMax raises a to v unless it is already at least v.
-func setMax(a *atomic.Int64, v int64) {
-	for {
-		cur := a.Load()
-		if cur >= v || a.CompareAndSwap(cur, v) {
-			return
-		}
-	}
 }
