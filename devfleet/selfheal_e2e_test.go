@@ -433,6 +433,55 @@ func TestQuarantineAfterRepeatFailure(t *testing.T) {
 	}
 }
 
+// TestBrokenPairFailsNoClient is the reliability core's first scenario with
+// real agents and the TCP transfer (what pdplane dev runs): two prefills,
+// one decode, the decode's registration broken on one prefill only. Every
+// request succeeds: the one that meets the broken pair is retried on the
+// other prefill; the broken pair's failures do not touch the healthy
+// pair's transfers (the sim breaks only the pair it was told to), and the
+// registry quarantines the pair while the decode keeps serving.
+func TestBrokenPairFailsNoClient(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, fleetConfig{replicas: 1, prefills: 2, decodes: 1, engine: registry.EngineSGLang, transfer: sim.TransferTCP})
+	cp := f.replicas[0]
+	p0 := f.Engine("prefill-0").Sim()
+	body := fmt.Sprintf(`{"fault": %q, "bootstrap_port": %d}`, sim.FaultMissingMemKind, p0.BootstrapPort())
+	resp, err := http.Post(f.Engine("decode-0").Sim().URL()+"/_sim/fault", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("set the pair fault: %d", resp.StatusCode)
+	}
+	client := openai.NewClient(option.WithBaseURL(cp.BaseURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	for i := range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model: sim.DefaultModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("request %d", i))},
+			MaxTokens: openai.Int(2),
+		})
+		cancel()
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if n := p0.Stats().MissingMemKind; n == 0 {
+		t.Fatal("no request met the broken pair")
+	}
+	if n := f.Engine("prefill-1").Sim().Stats().MissingMemKind; n != 0 {
+		t.Fatalf("the healthy prefill failed %d transfers", n)
+	}
+	f.waitAll(t, "the broken pair quarantined", func(s *registry.Snapshot) bool {
+		pf, d := peerByName(s, "prefill-0"), peerByName(s, "decode-0")
+		if pf == nil || d == nil {
+			return false
+		}
+		_, ok := s.Quarantined(pf.ID, d.ID)
+		return ok
+	})
+}
+
 func eventKinds(t *testing.T, s registry.Store, peerID string) []registry.EventKind {
 	t.Helper()
 	evs, err := s.Events(context.Background(), registry.EventQuery{PeerID: peerID, Limit: 1000})

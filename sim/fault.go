@@ -44,8 +44,10 @@ const (
 	// kv_load_failure_policy=fail ("Internal server error"), never with
 	// SGLang's text; it lasts until Reregister. On an SGLang decode it may
 	// be limited to one prefill (SetPairFault): SGLang's broken entry is
-	// per (prefill, decode agent), so only that prefill's registration
-	// lacks the kinds and the other prefills keep sending.
+	// per (prefill, decode agent), so only toward that prefill does the
+	// decode take a fresh agent, registered there without the kinds; the
+	// other prefills keep sending to its own agent, as registered with the
+	// control plane.
 	FaultMissingMemKind Fault = "missing-mem-kind"
 	// FaultPrefillError: every generation request is answered with an
 	// ordinary HTTP 500.
@@ -124,7 +126,12 @@ func (s *Sim) SetPairFault(f Fault, bootstrapPort int) error {
 		s.crashCtx, s.crashCancel = context.WithCancel(context.Background())
 	}
 	s.faultMu.Unlock()
-	if f == FaultMissingMemKind {
+	switch {
+	case f == FaultMissingMemKind && bootstrapPort != 0:
+		if err := s.breakPair(bootstrapPort); err != nil {
+			return err
+		}
+	case f == FaultMissingMemKind:
 		if err := s.breakRegistrations(); err != nil {
 			return err
 		}

@@ -116,7 +116,6 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, rid string, promp
 // posted to the room's prefill, the KV awaited and verified; then the
 // generation. The pages stay held until the answer is written.
 func (s *Sim) sglangDecode(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
-	st := s.state.Load()
 	releases := make([]func(), len(q.prompts))
 	release := func() {
 		for _, r := range releases {
@@ -128,7 +127,7 @@ func (s *Sim) sglangDecode(ctx context.Context, q *genRequest) (*answer, func(),
 	ans := &answer{seqs: make([]seq, len(q.prompts))}
 	e := runAll(len(q.prompts), func(i int) *httpError {
 		seeds := promptSeeds(q.prompts[i])
-		rel, e := s.decodeRoom(ctx, st, q.rid, seeds, q.bootstrap[i])
+		rel, e := s.decodeRoom(ctx, s.stateFor(q.bootstrap[i].port), q.rid, seeds, q.bootstrap[i])
 		releases[i] = rel
 		if e != nil {
 			return e

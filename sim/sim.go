@@ -47,6 +47,11 @@ type Sim struct {
 
 	regMu sync.Mutex // serialises Start, Reregister and Close
 	state atomic.Pointer[agentState]
+	// pair is the decode's agent toward the one prefill that a
+	// pair-limited missing-mem-kind fault breaks (SetPairFault); nil when
+	// none. That prefill registered it without memory kinds; every other
+	// prefill keeps sending to the decode's own agent (state).
+	pair atomic.Pointer[pairAgent]
 
 	peerID atomic.Pointer[string]
 
@@ -255,6 +260,9 @@ func (s *Sim) Close() {
 		s.inflight.Wait()
 		s.held.releaseAll(s.pool)
 		s.bg.Wait()
+		if pa := s.pair.Swap(nil); pa != nil {
+			pa.st.close(s.log)
+		}
 		if st := s.state.Swap(nil); st != nil {
 			st.close(s.log)
 		}
@@ -383,8 +391,51 @@ func (s *Sim) Reregister(ctx context.Context, reason string) error {
 	s.faultMu.Unlock()
 	s.state.Store(next)
 	old.close(s.log)
+	if pa := s.pair.Swap(nil); pa != nil {
+		pa.st.close(s.log)
+	}
 	s.counters.reregistrations.Add(1)
 	s.log.Info().Str("reason", reason).Str("old_agent", old.name).Str("agent", next.name).Int64("generation", next.gen).Msg("re-registered with a fresh transfer agent")
+	return nil
+}
+
+// pairAgent is the agent a decode uses toward one prefill only: the one
+// whose bootstrap server listens on port.
+type pairAgent struct {
+	port int
+	st   *agentState
+}
+
+// stateFor is the agent a decode sends its KV args and destinations under
+// to the prefill whose bootstrap server listens on port.
+func (s *Sim) stateFor(port int) *agentState {
+	if pa := s.pair.Load(); pa != nil && pa.port == port {
+		return pa.st
+	}
+	return s.state.Load()
+}
+
+// breakPair starts the missing-mem-kind fault of one pair: toward the
+// prefill on port only, the decode takes a fresh agent of the same
+// generation (a restart of that registration), whose KV args it sends
+// without memory kinds. The other prefills keep the decode's own agent,
+// registered with the control plane, and keep sending; the broken entry
+// stays until Reregister, as SGLang's does.
+func (s *Sim) breakPair(port int) error {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	cur := s.state.Load()
+	if cur == nil || s.ctx.Err() != nil {
+		return nil
+	}
+	st, err := s.newAgentState(cur.gen)
+	if err != nil {
+		return fmt.Errorf("missing-mem-kind fault: a fresh agent toward one prefill: %w", err)
+	}
+	if old := s.pair.Swap(&pairAgent{port: port, st: st}); old != nil {
+		old.st.close(s.log)
+	}
+	s.log.Warn().Str("agent", st.name).Int("bootstrap_port", port).Msg("missing-mem-kind fault: a fresh agent toward one prefill")
 	return nil
 }
 
