@@ -1,6 +1,11 @@
 package pdproto
 
-import "bytes"
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
 
 // Done is the event that ends an OpenAI-style stream; SGLang ends /generate
 // streams with it too (http_server.generate_request).
@@ -49,3 +54,73 @@ func EventData(event []byte) []byte {
 
 // IsDone reports whether an event's payload is the end-of-stream marker.
 func IsDone(data []byte) bool { return string(data) == "[DONE]" }
+
+// The shapes an engine's 2xx answer must have before the router relays any
+// of it. SGLang and vLLM answer a generation request with JSON
+// (application/json), or, streamed, with server-sent events
+// (text/event-stream) whose data is JSON or [DONE]. Anything else (a
+// broken engine, a proxy's error page, a stream to a request that asked
+// for none) fails the attempt, which another pair may serve, instead of
+// reaching the client as an answer.
+
+// CheckStreamStart checks a streamed answer's media type and its first
+// event, complete.
+func CheckStreamStart(contentType string, first []byte, complete bool) error {
+	if !mediaType(contentType, "text/event-stream") {
+		return fmt.Errorf("a streamed answer of type %q, want text/event-stream", contentType)
+	}
+	if !complete {
+		return fmt.Errorf("a stream that ended before its first event (%d bytes)", len(first))
+	}
+	return CheckEvent(first)
+}
+
+// CheckEvent checks one event's lines: empty, a comment, or a field SSE
+// defines, whose data is JSON or [DONE].
+func CheckEvent(event []byte) error {
+	for len(event) > 0 {
+		line := event
+		if nl := bytes.IndexByte(event, '\n'); nl >= 0 {
+			line, event = event[:nl], event[nl+1:]
+		} else {
+			event = nil
+		}
+		line = bytes.TrimRight(line, "\r")
+		switch {
+		case len(line) == 0, line[0] == ':':
+		case bytes.HasPrefix(line, []byte("data:")):
+			d := bytes.TrimSpace(line[len("data:"):])
+			if !IsDone(d) && !json.Valid(d) {
+				return fmt.Errorf("an event whose data is not JSON: %.64q", d)
+			}
+		case bytes.HasPrefix(line, []byte("event:")), bytes.HasPrefix(line, []byte("id:")), bytes.HasPrefix(line, []byte("retry:")):
+		default:
+			return fmt.Errorf("not a server-sent event: %.64q", line)
+		}
+	}
+	return nil
+}
+
+// CheckUnary checks a non-streamed answer's media type and body: a JSON
+// object (an array for a batch of SGLang's /generate), whole when
+// complete, else its start.
+func CheckUnary(contentType string, body []byte, complete bool) error {
+	if !mediaType(contentType, "application/json") {
+		return fmt.Errorf("an answer of type %q, want application/json", contentType)
+	}
+	b := bytes.TrimLeft(body, " \t\r\n")
+	switch {
+	case len(b) == 0 || b[0] != '{' && b[0] != '[':
+		return fmt.Errorf("an answer that is not a JSON object: %.64q", body)
+	case complete && !json.Valid(b):
+		return fmt.Errorf("an answer that is not JSON: %.64q", body)
+	}
+	return nil
+}
+
+// mediaType reports whether a Content-Type names want, whatever its
+// parameters.
+func mediaType(contentType, want string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), want)
+}

@@ -39,3 +39,48 @@ func TestEventData(t *testing.T) {
 		t.Error("Done is not done")
 	}
 }
+
+// TestAnswerChecks pins what the router accepts of an engine's 2xx answer
+// before relaying it, with SGLang's and vLLM's real shapes among the cases
+// (sim/testdata/vllm holds vLLM 0.32's recorded answers; SGLang's
+// serving_chat sends "data: {json}\n\n" events and ORJSONResponse bodies).
+func TestAnswerChecks(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		stream   bool
+		ctype    string
+		body     string
+		complete bool
+		ok       bool
+	}{
+		{"vLLM chat chunk", true, "text/event-stream; charset=utf-8", `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[]}` + "\n\n", true, true},
+		{"CRLF framing", true, "text/event-stream", "data: {\"a\":1}\r\n\r\n", true, true},
+		{"the end marker", true, "text/event-stream", "data: [DONE]\n\n", true, true},
+		{"a comment and fields", true, "text/event-stream", ": ping\nevent: message\nid: 7\nretry: 100\ndata: {}\n\n", true, true},
+		{"a stream as plain text", true, "text/plain", "data: {}\n\n", true, false},
+		{"garbage bytes", true, "text/event-stream", "\x00\xffnot an answer\r\n<html>502</html>\n\n", true, false},
+		{"data that is not JSON", true, "text/event-stream", "data: hello\n\n", true, false},
+		{"a stream that ended before its first event", true, "text/event-stream", "data: {\"a\"", false, false},
+		{"a JSON body", false, "application/json", `{"id":"cmpl-1","choices":[]}`, true, true},
+		{"SGLang's batch", false, "application/json", `[{"text":"a"},{"text":"b"}]`, true, true},
+		{"the start of a long body", false, "application/json; charset=utf-8", `{"id":"cmpl-1","choices":[{"text":"abc`, false, true},
+		{"an SSE body to a request that asked for none", false, "text/event-stream", "data: {}\n\n", true, false},
+		{"garbage with 200", false, "text/plain", "\x00\xffnot an answer", true, false},
+		{"a JSON type on HTML", false, "application/json", "<html>502 Bad Gateway</html>", true, false},
+		{"a cut JSON body", false, "application/json", `{"id":"cmpl-1","choi`, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			if tc.stream {
+				ev, _, complete := NextEvent([]byte(tc.body))
+				err = CheckStreamStart(tc.ctype, ev, complete && tc.complete)
+			} else {
+				err = CheckUnary(tc.ctype, []byte(tc.body), tc.complete)
+			}
+			if (err == nil) != tc.ok {
+				t.Fatalf("err = %v, want ok %v", err, tc.ok)
+			}
+		})
+	}
+}

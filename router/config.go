@@ -47,6 +47,14 @@ func (p Policy) Valid() bool {
 // DefaultDecodeFirstByteTimeout is Config.DecodeFirstByteTimeout's default.
 const DefaultDecodeFirstByteTimeout = 30 * time.Second
 
+// DefaultPrefillTimeout is Config.PrefillTimeout's default: two minutes.
+// A prefill answers once it computed the whole prompt (and, SGLang, sent
+// its KV): a 128k-token prompt on a large model takes tens of seconds, so
+// a long real prompt stays well inside it, while a wedged engine (it
+// accepts and never answers) no longer holds a client for the ten minutes
+// the old default allowed.
+const DefaultPrefillTimeout = 2 * time.Minute
+
 // Config configures a Router. The zero value is usable: WithDefaults fills
 // in every unset field.
 type Config struct {
@@ -110,8 +118,11 @@ type Config struct {
 	// ConnectTimeout bounds dialling an engine; 3 s by default.
 	ConnectTimeout time.Duration
 	// PrefillTimeout bounds the whole prefill leg, from dispatch to the end of
-	// its answer; 10 min by default. The decode leg is bounded only by the
-	// client, since a long generation is legitimate.
+	// its answer (DefaultPrefillTimeout). Past it the attempt fails as the
+	// prefill's timeout (its breaker counts it) and the request moves to
+	// another pair. The decode leg is bounded only by its first byte
+	// (DecodeFirstByteTimeout) and the client, since a long generation is
+	// legitimate.
 	PrefillTimeout time.Duration
 	// DecodeFirstByteTimeout bounds how long a streamed decode may send
 	// nothing once its prefill answered in full (SGLang) or once it was
@@ -171,7 +182,7 @@ func (c Config) WithDefaults() Config {
 	c.BreakerFailures = cmp.Or(c.BreakerFailures, 5)
 	c.BreakerCooldown = cmp.Or(c.BreakerCooldown, 5*time.Second)
 	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, 3*time.Second)
-	c.PrefillTimeout = cmp.Or(c.PrefillTimeout, 10*time.Minute)
+	c.PrefillTimeout = cmp.Or(c.PrefillTimeout, DefaultPrefillTimeout)
 	c.DecodeFirstByteTimeout = cmp.Or(c.DecodeFirstByteTimeout, DefaultDecodeFirstByteTimeout)
 	c.MaxIdleConnsPerHost = cmp.Or(c.MaxIdleConnsPerHost, 512)
 	c.CacheAwarePrefixBytes = cmp.Or(c.CacheAwarePrefixBytes, 512)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/pdplane/pdplane/pdproto"
@@ -265,6 +266,9 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 		if int64(len(all)) > rt.cfg.MaxResponseBytes {
 			return &failure{kind: failProtocol, leg: legDecode, err: errors.New("decode answer too large to merge logprobs")}
 		}
+		if err := pdproto.CheckUnary(resp.Header.Get("Content-Type"), all, true); err != nil {
+			return &failure{kind: failProtocol, leg: legDecode, status: resp.StatusCode, body: all[:min(len(all), errorBodyLimit)], err: err}
+		}
 		res, _ := waitPrefill()
 		out := all
 		if pre, err := prefillLogprobs(res.body); err == nil {
@@ -286,6 +290,15 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 			limit = int(min(rt.cfg.MaxResponseBytes, 1<<30))
 		}
 		acc, rerr := d.readFirstEvent(resp.Body, buf, limit)
+		firstEv, _, complete := pdproto.NextEvent(acc)
+		if rerr == nil || errors.Is(rerr, io.EOF) {
+			if err := pdproto.CheckStreamStart(resp.Header.Get("Content-Type"), firstEv, complete); err != nil {
+				// Garbage, or no stream at all: the decode's own failure,
+				// judged without waiting for the prefill, and nothing of
+				// it reaches the client.
+				return &failure{kind: failProtocol, leg: legDecode, status: resp.StatusCode, body: acc[:min(len(acc), errorBodyLimit)], err: err}
+			}
+		}
 		res, pf := waitPrefill()
 		if pf != nil {
 			return pf
@@ -322,6 +335,11 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 	default:
 		n, rerr := readFirst(resp.Body, buf)
 		d.actx.firstByte()
+		if rerr == nil || errors.Is(rerr, io.EOF) {
+			if err := pdproto.CheckUnary(resp.Header.Get("Content-Type"), buf[:n], errors.Is(rerr, io.EOF)); err != nil {
+				return &failure{kind: failProtocol, leg: legDecode, status: resp.StatusCode, body: slices.Clone(buf[:n]), err: err}
+			}
+		}
 		if _, pf := waitPrefill(); pf != nil {
 			return pf
 		}

@@ -62,11 +62,25 @@ const (
 	// FaultCorruptKV (prefills): the computed KV has a wrong byte in every
 	// page, so that the decode's verification fails.
 	FaultCorruptKV Fault = "corrupt-kv"
+	// FaultHang: a wedged engine. It accepts every connection and request,
+	// /health included, and never answers; a request ends only when its
+	// client leaves (or the fault is lifted: then the connection is closed
+	// unanswered). Only POST /_sim/fault still answers.
+	FaultHang Fault = "hang"
+	// FaultGarbage: every generation request is answered 200 with bytes
+	// that are neither JSON nor SSE (Content-Type text/plain), streamed or
+	// not, as a broken engine or a proxy in front of it might answer.
+	FaultGarbage Fault = "garbage"
+	// FaultStallTransfer (SGLang prefills): the prefill computes the KV and
+	// then never sends it, nor answers, until the client leaves; its decode
+	// waits for the KV, as a real one whose transfer stalled does.
+	FaultStallTransfer Fault = "stall-transfer"
 )
 
 // Faults returns the known faults.
 func Faults() []Fault {
-	return []Fault{FaultNone, FaultMissingMemKind, FaultPrefillError, FaultSlow, FaultCrash, FaultCorruptKV}
+	return []Fault{FaultNone, FaultMissingMemKind, FaultPrefillError, FaultSlow, FaultCrash, FaultCorruptKV,
+		FaultHang, FaultGarbage, FaultStallTransfer}
 }
 
 const faultPath = "/_sim/fault"
@@ -116,6 +130,9 @@ func (s *Sim) SetPairFault(f Fault, bootstrapPort int) error {
 	if f == FaultCorruptKV && s.cfg.Role != registry.RolePrefill {
 		return &InvalidFaultError{Fault: f, Detail: "applies to prefills: they compute the KV"}
 	}
+	if f == FaultStallTransfer && (s.cfg.Role != registry.RolePrefill || s.cfg.Engine != registry.EngineSGLang) {
+		return &InvalidFaultError{Fault: f, Detail: "applies to SGLang prefills: they send the KV"}
+	}
 	s.faultMu.Lock()
 	prev := s.fault
 	s.fault, s.faultPort = f, bootstrapPort
@@ -146,6 +163,27 @@ func (s *Sim) breaksPair(port int) bool {
 	s.faultMu.Lock()
 	defer s.faultMu.Unlock()
 	return s.fault == FaultMissingMemKind && (s.faultPort == 0 || s.faultPort == port)
+}
+
+// hung reports whether the hang fault is in effect.
+func (s *Sim) hung() bool { return s.Fault() == FaultHang }
+
+// hang holds a request of a hung engine until its client leaves, the
+// fault is lifted or the sim closes; then the connection is closed
+// without an answer.
+func (s *Sim) hang(r *http.Request) {
+	t := time.NewTicker(50 * time.Millisecond) // the fault has no channel to wait on: look whether it lifted
+	defer t.Stop()
+	for s.hung() {
+		select {
+		case <-r.Context().Done():
+			panic(http.ErrAbortHandler)
+		case <-s.ctx.Done():
+			panic(http.ErrAbortHandler)
+		case <-t.C:
+		}
+	}
+	panic(http.ErrAbortHandler)
 }
 
 // crashed reports whether the crash fault is in effect.

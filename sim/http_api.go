@@ -115,6 +115,12 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 			s.fail(ctx, w, nil, e)
 			return
 		}
+		if s.Fault() == FaultGarbage {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte("\x00\xffnot an answer\r\n<html>502</html>\n"))
+			return
+		}
 		if s.Fault() == FaultPrefillError {
 			// The ordinary HTTP 500 of the fault comes before anything
 			// is accepted, streamed or not.

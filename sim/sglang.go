@@ -67,6 +67,11 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, rid string, promp
 	s.queued.Add(1)
 	dst, err := s.preRooms.waitDecode(ctx, bs.room, s.cfg.RoomTimeout)
 	s.queued.Add(-1)
+	if err == nil && s.Fault() == FaultStallTransfer {
+		<-ctx.Done() // the transfer never makes progress; only the client ends it
+		s.preRooms.fail(bs.room)
+		return errCancelled
+	}
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:

@@ -162,7 +162,7 @@ func (s *Sim) Start(ctx context.Context) error {
 	}
 	s.host = host
 	s.url = "http://" + net.JoinHostPort(host, port)
-	s.srv = s.newServer(s.routes())
+	s.srv = s.newServer(s.routes(), true)
 	bh, _, _ := net.SplitHostPort(s.cfg.Addr)
 	if s.cfg.Engine == registry.EngineSGLang {
 		if err := s.listenRank(bh); err != nil {
@@ -176,7 +176,7 @@ func (s *Sim) Start(ctx context.Context) error {
 		}
 		s.bootLn = bl
 		s.bootstrapPort = bl.Addr().(*net.TCPAddr).Port
-		s.bootSrv = s.newServer(s.bootstrapRoutes())
+		s.bootSrv = s.newServer(s.bootstrapRoutes(), false)
 		s.bg.Go(func() { s.serve(s.bootSrv, bl) })
 		if s.cfg.Engine == registry.EngineSGLang {
 			if err := s.registerRank(ctx); err != nil {
@@ -203,9 +203,12 @@ func (s *Sim) Start(ctx context.Context) error {
 // which would cut generation streams.
 const bodyTimeout = 30 * time.Second
 
-func (s *Sim) newServer(h http.Handler) *http.Server {
+// newServer serves h: the engine's own API (engine), or SGLang's bootstrap
+// server, which runs beside the scheduler and answers while a wedged
+// engine does not (the hang fault).
+func (s *Sim) newServer(h http.Handler, engine bool) *http.Server {
 	return &http.Server{
-		Handler:           s.gate(server.BodyDeadline(bodyTimeout)(h)),
+		Handler:           s.gate(server.BodyDeadline(bodyTimeout)(h), engine),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return s.ctx },
 	}
@@ -218,8 +221,9 @@ func (s *Sim) serve(srv *http.Server, ln net.Listener) {
 }
 
 // gate counts handlers in flight, so that Close can wait for them before it
-// unmaps the pool, and drops connections while the sim is "crashed".
-func (s *Sim) gate(next http.Handler) http.Handler {
+// unmaps the pool, drops connections while the sim is "crashed", and holds
+// the engine's requests while it is "hung".
+func (s *Sim) gate(next http.Handler, engine bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.gateMu.Lock()
 		if s.closing {
@@ -232,6 +236,9 @@ func (s *Sim) gate(next http.Handler) http.Handler {
 		defer s.inflight.Done()
 		if s.crashed() && r.URL.Path != faultPath {
 			panic(http.ErrAbortHandler) // a dead engine answers nothing
+		}
+		if engine && s.hung() && r.URL.Path != faultPath {
+			s.hang(r) // a wedged one accepts and never answers
 		}
 		next.ServeHTTP(w, r)
 	})

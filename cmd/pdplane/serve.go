@@ -52,6 +52,7 @@ type serveConfig struct {
 	decodePolicy  string
 
 	decodeFirstByteTimeout time.Duration
+	prefillTimeout         time.Duration
 	allowedHosts           string
 	allowPeerNetworks      string
 	bodyTimeout            time.Duration
@@ -121,6 +122,8 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two, least_load or cache_aware")
 	fs.dur(&c.decodeFirstByteTimeout, "decode-first-byte-timeout", router.DefaultDecodeFirstByteTimeout,
 		"how long a streamed decode may send nothing after its prefill succeeded before the request moves to another pair")
+	fs.dur(&c.prefillTimeout, "prefill-timeout", router.DefaultPrefillTimeout,
+		"how long a prefill may take to answer (the whole prompt computed and its KV sent) before the request moves to another pair")
 	fs.str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.dur(&c.heartbeat, "heartbeat-interval", registry.DefaultHeartbeatInterval, "how often agents heartbeat")
 	fs.dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
@@ -313,7 +316,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rcfg := router.Config{Replica: c.replica, PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy),
-		DecodeFirstByteTimeout: c.decodeFirstByteTimeout, MaxInflight: c.maxInflight, TracerProvider: tp.TracerProvider()}
+		DecodeFirstByteTimeout: c.decodeFirstByteTimeout, PrefillTimeout: c.prefillTimeout, MaxInflight: c.maxInflight, TracerProvider: tp.TracerProvider()}
 	rcfg.LogServedEvery, rcfg.DisableTakeover = c.logServedEvery, !c.takeover
 	if c.apiKeys != "" {
 		rcfg.APIKeys = strings.Split(c.apiKeys, ",")
