@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,7 +24,16 @@ type heartbeatBatcher struct {
 	s       *Store
 	in      chan *hbRequest
 	batches chan []*hbRequest
+	// waiters bounds the heartbeats written alone because another
+	// transaction held their row (flush): each holds a connection while it
+	// waits for the row.
+	waiters chan struct{}
 }
+
+// lockedRowWriters is how many heartbeats may wait for a row another
+// transaction holds at once; the rest wait for one of them to finish,
+// without a connection.
+const lockedRowWriters = 2
 
 type hbRequest struct {
 	hb    registry.Heartbeat
@@ -33,7 +43,8 @@ type hbRequest struct {
 }
 
 func newHeartbeatBatcher(s *Store) *heartbeatBatcher {
-	return &heartbeatBatcher{s: s, in: make(chan *hbRequest, s.cfg.HeartbeatBatch), batches: make(chan []*hbRequest)}
+	return &heartbeatBatcher{s: s, in: make(chan *hbRequest, s.cfg.HeartbeatBatch), batches: make(chan []*hbRequest),
+		waiters: make(chan struct{}, lockedRowWriters)}
 }
 
 // Heartbeat implements registry.Store by joining the next batch. A heartbeat
@@ -149,20 +160,44 @@ func (b *heartbeatBatcher) drain(held []*hbRequest, err error) {
 
 // flush writes one batch and answers every request in it. When the database
 // refuses the batch statement, one row may be to blame and must not fail the
-// others: each heartbeat is then written alone and gets its own answer.
+// others: each heartbeat is then written alone and gets its own answer. A
+// row that another transaction holds (an operator's, a long stale mark's)
+// is skipped by the batch, so that the others are answered at once, and
+// written alone, waiting for its row (waitLocked).
 func (b *heartbeatBatcher) flush(ctx context.Context, batch []*hbRequest) {
-	replies, err := b.s.writeHeartbeats(ctx, batch)
+	replies, err := b.s.writeHeartbeats(ctx, batch, true)
 	if err != nil && len(batch) > 1 && rowMayBeToBlame(err) {
 		b.s.log.Warn().Err(err).Int("heartbeats", len(batch)).Msg("heartbeat batch refused; writing its rows one by one")
 		for _, r := range batch {
-			replies, err := b.s.writeHeartbeats(ctx, []*hbRequest{r})
+			replies, err := b.s.writeHeartbeats(ctx, []*hbRequest{r}, false)
 			answer(r, replies, err)
 		}
 		return
 	}
 	for _, r := range batch {
+		if _, written := replies[r.hb.PeerID]; err == nil && !written && registry.IsPeerID(r.hb.PeerID) {
+			go b.waitLocked(ctx, r) // held by another transaction, or no such peer
+			continue
+		}
 		answer(r, replies, err)
 	}
+}
+
+// waitLocked writes a heartbeat whose row the batch found held by another
+// transaction, waiting for the row (at most one lease: past it the agent
+// tries again), and answers it. While it waits the lease sweeper, which
+// skips held rows, cannot expire the peer, and once the row is free the
+// heartbeat, queued for it first, extends the lease.
+func (b *heartbeatBatcher) waitLocked(ctx context.Context, r *hbRequest) {
+	select {
+	case b.waiters <- struct{}{}:
+	case <-ctx.Done():
+		answer(r, nil, ctx.Err())
+		return
+	}
+	defer func() { <-b.waiters }()
+	replies, err := b.s.writeHeartbeats(ctx, []*hbRequest{r}, false)
+	answer(r, replies, err)
 }
 
 func answer(r *hbRequest, replies map[string]registry.HeartbeatReply, err error) {
@@ -200,7 +235,10 @@ func rowMayBeToBlame(err error) bool {
 // here; then one statement stores what it computed for every row (load,
 // lease, a state that moved, its events). A healing peer's heartbeat may
 // move its heal plan, which writeHealSteps writes.
-func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[string]registry.HeartbeatReply, error) {
+//
+// With skipLocked, a row another transaction holds is left out (not in
+// the replies); without, the write waits for it, up to one lease.
+func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest, skipLocked bool) (map[string]registry.HeartbeatReply, error) {
 	last := map[string]*hbRequest{} // a peer heartbeating twice in one batch: the later one wins
 	for _, r := range batch {
 		last[r.hb.PeerID] = r
@@ -217,9 +255,18 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest) (map[st
 	if len(ids) == 0 {
 		return replies, nil
 	}
+	lock := "FOR NO KEY UPDATE SKIP LOCKED"
+	if !skipLocked {
+		lock = "FOR NO KEY UPDATE"
+	}
 	err := pgx.BeginTxFunc(ctx, s.pool, s.heartbeatTx(), func(tx pgx.Tx) error {
+		if !skipLocked {
+			if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(s.cfg.LeaseTTL.Milliseconds(), 10)); err != nil {
+				return err
+			}
+		}
 		rows, err := tx.Query(ctx, `SELECT id::text, name, state, state_reason, instance_id, generation, heal, COALESCE(heal ->> 'phase', '')
-			FROM peers WHERE id = ANY($1::text[]::uuid[]) ORDER BY id FOR NO KEY UPDATE`, ids)
+			FROM peers WHERE id = ANY($1::text[]::uuid[]) ORDER BY id `+lock, ids)
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,5 +123,106 @@ func TestUnreadableHealPlanFailsNoOtherPeer(t *testing.T) {
 	}
 	if _, err := s.ExpireLeases(ctx, time.Now()); err != nil {
 		t.Fatalf("lease sweep with an unreadable heal plan: %v", err)
+	}
+}
+
+// TestHeldRowDelaysNoOtherHeartbeat re-runs the reliability core's lock
+// finding: another database connection holds one peer's row (SELECT … FOR
+// UPDATE) for longer than a lease while the fleet heartbeats and the lease
+// sweeper runs. The other peers' heartbeats are answered as ever (they
+// used to wait in the same batch for the whole hold, and their leases ran
+// out); no peer expires, the one whose row is held included: its
+// heartbeat waits for the row and lands as soon as it is free.
+func TestHeldRowDelaysNoOtherHeartbeat(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const lease, hold, every = 2 * time.Second, 3 * time.Second, 100 * time.Millisecond
+	s, cfg := registrytest.NewPGStore(t, pgstore.Config{LeaseTTL: lease})
+	peers := registerFleet(t, ctx, s, 40)
+	for _, p := range peers {
+		if _, err := s.Heartbeat(ctx, registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victim := peers[17]
+
+	conn, err := pgxpool.New(ctx, cfg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM peers WHERE id = $1 FOR UPDATE", victim.ID); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now().Add(hold)
+
+	var wg sync.WaitGroup
+	var worst atomic.Int64 // the slowest heartbeat of a peer whose row is free, ns
+	victimDone := make(chan time.Time, 1)
+	stop := make(chan struct{})
+	for _, p := range peers {
+		wg.Go(func() {
+			for {
+				start := time.Now()
+				_, err := s.Heartbeat(ctx, registry.Heartbeat{PeerID: p.ID, InstanceID: p.InstanceID})
+				took := time.Since(start)
+				if p.ID == victim.ID {
+					if err == nil && time.Now().After(released) {
+						victimDone <- time.Now()
+						return
+					}
+				} else {
+					if err != nil {
+						t.Errorf("heartbeat of %s: %v", p.Name, err)
+						return
+					}
+					for w := worst.Load(); int64(took) > w && !worst.CompareAndSwap(w, int64(took)); w = worst.Load() {
+					}
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(every): // a fleet's pace, as agents heartbeat
+				}
+			}
+		})
+	}
+	wg.Go(func() { // the lease sweeper, as often as it runs
+		for {
+			if _, err := s.ExpireLeases(ctx, time.Now()); err != nil {
+				t.Errorf("sweep: %v", err)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(every):
+			}
+		}
+	})
+	time.Sleep(time.Until(released)) // the hold is the scenario's, not a wait for an event
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-victimDone:
+		if d := at.Sub(released); d > time.Second {
+			t.Errorf("the held peer's heartbeat landed %v after its row was free", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the held peer's heartbeat never landed")
+	}
+	close(stop)
+	wg.Wait()
+	if w := time.Duration(worst.Load()); w > lease/2 {
+		t.Errorf("a heartbeat of a peer whose row was free took %v while another row was held", w)
+	}
+	failed, err := s.List(ctx, registry.Filter{State: registry.StateFailed})
+	if err != nil || len(failed) != 0 {
+		t.Fatalf("%d peers expired (%v), want none: every one was heartbeating", len(failed), err)
 	}
 }

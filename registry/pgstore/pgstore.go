@@ -303,6 +303,8 @@ func classify(err error, what string) error {
 			return fmt.Errorf("%s: %w: %s", what, registry.ErrConflict, pgErr.Detail)
 		case "22P02": // invalid text representation, e.g. a malformed uuid
 			return fmt.Errorf("%s: %w", what, registry.ErrNotFound)
+		case "55P03": // lock_not_available: another transaction held the row past lock_timeout
+			return fmt.Errorf("%s: %w: the peer's row is held by another transaction", what, registry.ErrUnavailable)
 		}
 	}
 	return fmt.Errorf("%s: %w", what, err)

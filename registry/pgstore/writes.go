@@ -639,9 +639,14 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) (int, error) {
 		// No index serves the query
 		// (migration heartbeat_hot_updates: heartbeats stay heap-only updates); it reads the
 		// table once a sweep.
-		rows, err := tx.Query(ctx, `UPDATE peers SET state = 'failed', state_reason = $2, updated_at = $1
-			WHERE lease_expiry < $1 AND state IN `+holdsLeaseStates+`
-			RETURNING id::text, name, generation`, now.UTC(), registry.ReasonLeaseExpired)
+		// A row another transaction holds is skipped, not waited for: a
+		// heartbeat may be waiting for it (heartbeatBatcher.waitLocked),
+		// and the sweep must neither stall on it nor expire that peer
+		// before its heartbeat lands. The next sweep looks again.
+		rows, err := tx.Query(ctx, `UPDATE peers p SET state = 'failed', state_reason = $2, updated_at = $1
+			FROM (SELECT id FROM peers WHERE lease_expiry < $1 AND state IN `+holdsLeaseStates+` FOR UPDATE SKIP LOCKED) x
+			WHERE p.id = x.id
+			RETURNING p.id::text, p.name, p.generation`, now.UTC(), registry.ReasonLeaseExpired)
 		if err != nil {
 			return err
 		}
