@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -804,5 +805,58 @@ func TestEngineContainers(t *testing.T) {
 				t.Errorf("%s: allowPrivilegeEscalation is not false", where)
 			}
 		}
+	}
+}
+
+// TestEnginePodsDrainBeforeStopping: a pod with a pdplane agent drains its
+// peer before it stops. The agent's preStop is `pdplane peers drain self
+// --wait` with its own credential, a command line the binary accepts (run
+// here with -h appended: an unknown flag would fail it); every other
+// container of the pod waits in a preStop of its own; the grace period
+// outlasts the drain's --timeout.
+func TestEnginePodsDrainBeforeStopping(t *testing.T) {
+	t.Parallel()
+	m := loadManifests(t)
+	agents := 0
+	for _, pt := range m.pods {
+		var agent *corev1.Container
+		for i, c := range pt.spec.Containers {
+			if isPdplane(&c) && len(c.Args) > 0 && c.Args[0] == "agent" {
+				agent = &pt.spec.Containers[i]
+			}
+		}
+		if agent == nil {
+			continue
+		}
+		agents++
+		if agent.Lifecycle == nil || agent.Lifecycle.PreStop == nil || agent.Lifecycle.PreStop.Exec == nil {
+			t.Errorf("%s: the agent has no preStop exec", pt.owner)
+			continue
+		}
+		cmd := agent.Lifecycle.PreStop.Exec.Command
+		if len(cmd) < 5 || cmd[0] != "/usr/local/bin/pdplane" || strings.Join(cmd[1:5], " ") != "peers drain self --wait" {
+			t.Errorf("%s: the agent's preStop is %q, want /usr/local/bin/pdplane peers drain self --wait ...", pt.owner, cmd)
+			continue
+		}
+		if out, err := exec.Command(pdplaneBin, append(cmd[1:], "-h")...).CombinedOutput(); err != nil {
+			t.Errorf("%s: the agent's preStop is no command pdplane accepts: %v\n%s", pt.owner, err, out)
+		}
+		var timeout time.Duration
+		for _, a := range cmd {
+			if v, ok := strings.CutPrefix(a, "--timeout="); ok {
+				timeout, _ = time.ParseDuration(v)
+			}
+		}
+		if g := pt.spec.TerminationGracePeriodSeconds; timeout == 0 || g == nil || time.Duration(*g)*time.Second <= timeout {
+			t.Errorf("%s: the drain's --timeout %v does not end within the grace period %v", pt.owner, timeout, g)
+		}
+		for _, c := range pt.spec.Containers {
+			if c.Name != agent.Name && (c.Lifecycle == nil || c.Lifecycle.PreStop == nil) {
+				t.Errorf("%s: container %s stops without waiting for the drain", pt.owner, c.Name)
+			}
+		}
+	}
+	if agents == 0 {
+		t.Fatal("no pod with a pdplane agent")
 	}
 }

@@ -298,3 +298,23 @@ func QuarantineDetail(prefill, decode *Peer, errText string) string {
 	return fmt.Sprintf("failed again right after %s re-registered (generation %d): %s; geometry: %s",
 		decode.Name, decode.Generation, errText, GeometryDiff(&prefill.PeerSpec, &decode.PeerSpec))
 }
+
+// DrainSafe is the rule for when a draining peer may be stopped: it is
+// draining, its engine's load, reported by a heartbeat after the drain
+// began (UpdatedAt), shows no request running or queued, and inFlight,
+// the requests a router holds with it in either role (the KV handoff
+// between a prefill and its decode included), is zero. reason says what
+// is still missing.
+func DrainSafe(p *Peer, inFlight int64) (safe bool, reason string) {
+	switch {
+	case p.State != StateDraining:
+		return false, "the peer is " + string(p.State) + ", not draining"
+	case inFlight > 0:
+		return false, fmt.Sprintf("%d requests in flight through this replica", inFlight)
+	case p.LastHeartbeat == nil || !p.LastHeartbeat.After(p.UpdatedAt):
+		return false, "waiting for the engine's load, reported after the drain began"
+	case p.Load.Running > 0 || p.Load.Queued > 0:
+		return false, fmt.Sprintf("the engine reports %d requests running and %d queued", p.Load.Running, p.Load.Queued)
+	}
+	return true, ""
+}

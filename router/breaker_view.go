@@ -52,3 +52,14 @@ func (b *breaker) observe() (breakerState, time.Time) {
 	}
 	return s, b.openedAt
 }
+
+// InFlight is the requests this router has in flight with the peer, as
+// prefill or decode (an attempt counts on both from its start to its end,
+// the KV handoff between them included); 0 for a peer it does not know.
+func (rt *Router) InFlight(peerID string) int64 {
+	st, ok := rt.currentView().byID[peerID]
+	if !ok {
+		return 0
+	}
+	return st.inflight.Load()
+}

@@ -48,8 +48,10 @@ var authorityTable = map[string]string{
 	// A peer reads its own registration and those of its partners: its
 	// transfer agent connects to them.
 	"GET /api/v1/peers/{id}/registration": "anon=401 join=403 key=401 admin=200 self=200 partner=200 sibling=403 stranger=403",
-	"POST /api/v1/peers/{id}/drain":       "anon=401 join=403 key=401 admin=200 self=403 partner=403 sibling=403 stranger=403",
-	"POST /api/v1/peers/{id}/heartbeat":   "anon=401 join=403 key=401 admin=200 self=200 partner=403 sibling=403 stranger=403",
+	// A peer drains itself when it is going away (a pod's preStop).
+	"POST /api/v1/peers/{id}/drain":     "anon=401 join=403 key=401 admin=200 self=200 partner=403 sibling=403 stranger=403",
+	"GET /api/v1/peers/{id}/drain":      "anon=200 join=200 key=401 admin=200 self=200 partner=200 sibling=200 stranger=200",
+	"POST /api/v1/peers/{id}/heartbeat": "anon=401 join=403 key=401 admin=200 self=200 partner=403 sibling=403 stranger=403",
 	// A peer reports itself; a prefill reports the decodes it pairs with.
 	"POST /api/v1/peers/{id}/stale": "anon=401 join=403 key=401 admin=200 self=200 partner=403 sibling=403 stranger=403" +
 		" | anon=401 join=403 key=401 admin=200 self=200 partner=200 sibling=403 stranger=403",

@@ -46,6 +46,8 @@ func (f *fakeBreakers) PairBreaker(p, d string) (string, time.Time, bool) {
 
 func (*fakeBreakers) OpenBreakers() (int, int) { return 1, 1 }
 
+func (*fakeBreakers) InFlight(string) int64 { return 0 }
+
 // TestFleetSummaryGroupsAndBreakers reads what the status page reads: the
 // fleet summary naming replica, store and version; the peer list without
 // rank regions, with the router's breakers; the pair groups and a group's

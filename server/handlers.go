@@ -138,6 +138,25 @@ func (h handlers) DrainPeer(ctx context.Context, req api.DrainPeerRequestObject)
 	return api.DrainPeer200JSONResponse(apiconv.PeerSummary(&p, h.timing())), nil
 }
 
+// GetDrain says whether a draining peer may be stopped (registry.DrainSafe).
+func (h handlers) GetDrain(ctx context.Context, req api.GetDrainRequestObject) (api.GetDrainResponseObject, error) {
+	p, err := h.store.Get(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	var inFlight int64
+	if h.breakers != nil {
+		inFlight = h.breakers.InFlight(p.ID)
+	}
+	safe, reason := registry.DrainSafe(&p, inFlight)
+	out := api.DrainStatus{Id: p.ID, Name: p.Name, State: api.State(p.State), Safe: safe, Reason: reason, InFlightHere: inFlight,
+		LoadAt: p.LastHeartbeat, Load: &api.Load{Running: p.Load.Running, Queued: p.Load.Queued, KvUsage: p.Load.KVUsage}}
+	if p.State == registry.StateDraining {
+		out.DrainingSince = &p.UpdatedAt
+	}
+	return api.GetDrain200JSONResponse(out), nil
+}
+
 func (h handlers) HeartbeatPeer(ctx context.Context, req api.HeartbeatPeerRequestObject) (api.HeartbeatPeerResponseObject, error) {
 	if req.Body == nil {
 		return nil, malformed("body", "a JSON body is required")

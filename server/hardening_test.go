@@ -204,7 +204,7 @@ func TestMethodsAndPathsFollowTheSpec(t *testing.T) {
 	}{
 		{"PUT", "/api/v1/peers", 405, "GET, POST", true},
 		{"PATCH", "/api/v1/peers/x", 405, "GET, DELETE", true},
-		{"GET", "/api/v1/peers/x/drain", 405, "POST", true},
+		{"PUT", "/api/v1/peers/x/drain", 405, "GET, POST", true},
 		{"TRACE", "/api/v1/peers", 405, "GET, POST", true},
 		{"TRACE", "/metrics", 405, "GET", false},
 		{"TRACE", "/", 405, "GET, HEAD", false},

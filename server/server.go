@@ -193,6 +193,9 @@ type Breakers interface {
 	PeerBreaker(peerID string) (state string, since time.Time, ok bool)
 	PairBreaker(prefillID, decodeID string) (state string, since time.Time, ok bool)
 	OpenBreakers() (peers, pairs int)
+	// InFlight is the requests the router has in flight with the peer,
+	// as prefill or decode.
+	InFlight(peerID string) int64
 }
 
 // Deps are the server's collaborators.

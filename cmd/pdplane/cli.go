@@ -33,6 +33,7 @@ type client struct {
 // the deprecated --server and --token that `peers` took.
 type clientFlags struct {
 	controlPlane, adminToken string
+	credentialFile           string
 	legacyServer, legacyTok  string
 	output                   string
 }
@@ -40,6 +41,8 @@ type clientFlags struct {
 func (c *clientFlags) register(fs *flagSet, legacy, read bool) {
 	fs.str(&c.controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve (of several, comma-separated, the first)")
 	fs.str(&c.adminToken, "admin-token", "", "the control plane's admin token: needed to drain, mark stale, remove, lift, and for show --full")
+	fs.str(&c.credentialFile, "credential-file", "", "act as the peer whose credential this file holds (pdplane agent --credential-file): "+
+		"a peer may drain itself, as an engine going away does")
 	if legacy {
 		fs.deprecatedStr(&c.legacyServer, "server", "control-plane")
 		fs.deprecatedStr(&c.legacyTok, "token", "admin-token")
@@ -56,6 +59,13 @@ func (c *clientFlags) client(out io.Writer) (*client, error) {
 	}
 	if token == "" {
 		token = c.legacyTok
+	}
+	if c.credentialFile != "" {
+		b, err := os.ReadFile(c.credentialFile)
+		if err != nil {
+			return nil, fmt.Errorf("--credential-file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
 	}
 	base = firstToken(base)
 	opts := []api.ClientOption{api.WithHTTPClient(&http.Client{Timeout: 15 * time.Second})}

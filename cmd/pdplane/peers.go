@@ -8,7 +8,9 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 
+	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
 )
 
@@ -19,7 +21,8 @@ func runPeers(ctx context.Context, args []string) error {
 
 func peersGroup(out io.Writer) *group {
 	var role, state, model, reason, errText string
-	var full bool
+	var full, wait bool
+	var waitFor time.Duration
 	return &group{
 		name:   "peers",
 		about:  "PEER is a peer's name or its id.",
@@ -44,9 +47,19 @@ func peersGroup(out io.Writer) *group {
 				return showPeer(ctx, c, args[0], full)
 			},
 		}, {
-			name: "drain", args: "PEER", nargs: 1, summary: "take the peer out of routing; requests in flight finish (admin)", read: true,
+			name: "drain", args: "PEER", nargs: 1, summary: "take the peer out of routing; requests in flight finish (admin, or the peer's own credential)", read: true,
+			synopsis: "pdplane peers drain PEER [--wait [--timeout D]] [flags]\npdplane peers drain self --credential-file F [--wait [--timeout D]] [flags]",
+			setup: func(fs *flagSet) {
+				fs.boolean(&wait, "wait", false, "return only once the peer may be stopped: no request in flight in either role, no KV handoff pending "+
+					"(GET /api/v1/peers/{id}/drain); exit 1 when --timeout passes first")
+				fs.dur(&waitFor, "timeout", 10*time.Minute, "how long --wait waits")
+			},
 			run: func(ctx context.Context, c *client, args []string) error {
-				p, err := c.resolvePeer(ctx, args[0])
+				peer := args[0]
+				if id, ok := registry.CredentialPeerID(c.token); ok && peer == "self" {
+					peer = id // the peer whose credential this is (--credential-file)
+				}
+				p, err := c.resolvePeer(ctx, peer)
 				if err != nil {
 					return err
 				}
@@ -54,7 +67,10 @@ func peersGroup(out io.Writer) *group {
 				if err != nil {
 					return err
 				}
-				return printPeerChange(c, "drained", resp.StatusCode(), resp.Body, resp.JSON200)
+				if err := printPeerChange(c, "drained", resp.StatusCode(), resp.Body, resp.JSON200); err != nil || !wait {
+					return err
+				}
+				return waitDrained(ctx, c, p.Id, p.Name, waitFor)
 			},
 		}, {
 			name: "stale", args: "PEER", nargs: 1, summary: "mark the peer stale, which starts its heal (admin)", read: true,
@@ -201,4 +217,40 @@ func printPeerChange(c *client, did string, status int, body []byte, p *api.Peer
 		_, err := fmt.Fprintf(w, "%s %s (%s): now %s\n", did, p.Name, p.Id, p.State)
 		return err
 	})
+}
+
+// drainWaitPoll is how often `peers drain --wait` asks whether the drain is
+// complete: an engine's load comes with its heartbeats, seconds apart.
+const drainWaitPoll = 500 * time.Millisecond
+
+// waitDrained polls the drain's progress until the peer may be stopped,
+// saying what it waits for whenever that changes; an error when within
+// passes first. A control plane that does not answer for a while (a
+// replica restarting) is asked again.
+func waitDrained(ctx context.Context, c *client, id, name string, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	t := time.NewTicker(drainWaitPoll)
+	defer t.Stop()
+	last := ""
+	for {
+		resp, err := c.GetDrainWithResponse(ctx, id)
+		switch {
+		case err != nil:
+			last = err.Error()
+		case resp.JSON200 == nil:
+			return answerError(resp.StatusCode(), resp.Body)
+		case resp.JSON200.Safe:
+			fmt.Fprintf(c.out, "%s is drained: nothing in flight, safe to stop\n", name)
+			return nil
+		case resp.JSON200.Reason != last:
+			last = resp.JSON200.Reason
+			fmt.Fprintf(c.out, "waiting: %s\n", last)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("peers drain: %s not drained within %s (%s)", name, within, last)
+		case <-t.C:
+		}
+	}
 }

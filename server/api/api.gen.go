@@ -464,6 +464,35 @@ type Breaker struct {
 // BreakerState open: refused until the cool-down ends; half_open: one probe request is let through
 type BreakerState string
 
+// DrainStatus defines model for DrainStatus.
+type DrainStatus struct {
+	// DrainingSince when the drain began
+	DrainingSince *time.Time `json:"draining_since,omitempty"`
+
+	// Id A peer id, a UUID in lowercase canonical form.
+	Id PeerIDString `json:"id"`
+
+	// InFlightHere Requests this replica's router has in flight with the peer, as prefill or decode.
+	InFlightHere int64 `json:"in_flight_here"`
+
+	// Load The engine's load as its last heartbeat reported it.
+	Load *Load `json:"load,omitempty"`
+
+	// LoadAt when that heartbeat came
+	LoadAt *time.Time `json:"load_at,omitempty"`
+	Name   string     `json:"name"`
+
+	// Reason Why it is not safe yet; empty when it is.
+	Reason string `json:"reason"`
+
+	// Safe The engine may be stopped now without cutting a request or a KV handoff.
+	Safe bool `json:"safe"`
+
+	// State ready is the only routable state. unhealthy: the peer's agent heartbeats but its
+	// probes of the engine fail (the reason holds the last probe error).
+	State State `json:"state"`
+}
+
 // Engine defines model for Engine.
 type Engine string
 
@@ -1381,7 +1410,18 @@ type ClientInterface interface {
 	// GetPeer performs a GET /api/v1/peers/{id} (the `GetPeer` operationId) request.
 	GetPeer(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// DrainPeer performs a POST /api/v1/peers/{id}/drain (the `DrainPeer` operationId) request.
+	// GetDrain Whether a draining peer may be stopped now
+	//
+	// Safe once the peer is draining, its engine's load reported after the drain began shows no request running or queued, and this replica's router has no request in flight with it in either role (the KV handoff between a prefill and its decode included). Other replicas' requests show in the engine's load. `pdplane peers drain PEER --wait` polls it.
+	//
+	// Corresponds with GET /api/v1/peers/{id}/drain (the `GetDrain` operationId).
+	GetDrain(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DrainPeer Take the peer out of routing; the requests in flight finish
+	//
+	// The admin token, or the peer's own credential: an engine that is going away (a pod's preStop) drains itself. GET the same path to learn when the drain is complete.
+	//
+	// Corresponds with POST /api/v1/peers/{id}/drain (the `DrainPeer` operationId).
 	DrainPeer(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// HeartbeatPeerWithBody performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request,
@@ -1684,7 +1724,28 @@ func (c *Client) GetPeer(ctx context.Context, id PeerID, reqEditors ...RequestEd
 	return c.Client.Do(req)
 }
 
-// DrainPeer performs a POST /api/v1/peers/{id}/drain (the `DrainPeer` operationId) request.
+// GetDrain Whether a draining peer may be stopped now
+//
+// Safe once the peer is draining, its engine's load reported after the drain began shows no request running or queued, and this replica's router has no request in flight with it in either role (the KV handoff between a prefill and its decode included). Other replicas' requests show in the engine's load. `pdplane peers drain PEER --wait` polls it.
+//
+// Corresponds with GET /api/v1/peers/{id}/drain (the `GetDrain` operationId).
+func (c *Client) GetDrain(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetDrainRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DrainPeer Take the peer out of routing; the requests in flight finish
+//
+// The admin token, or the peer's own credential: an engine that is going away (a pod's preStop) drains itself. GET the same path to learn when the drain is complete.
+//
+// Corresponds with POST /api/v1/peers/{id}/drain (the `DrainPeer` operationId).
 func (c *Client) DrainPeer(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewDrainPeerRequest(c.Server, id)
 	if err != nil {
@@ -2438,6 +2499,40 @@ func NewGetPeerRequest(server string, id PeerID) (*http.Request, error) {
 	return req, nil
 }
 
+// NewGetDrainRequest constructs an http.Request for the GetDrain method
+func NewGetDrainRequest(server string, id PeerID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/peers/%s/drain", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewDrainPeerRequest constructs an http.Request for the DrainPeer method
 func NewDrainPeerRequest(server string, id PeerID) (*http.Request, error) {
 	var err error
@@ -2835,9 +2930,22 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	GetPeerWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetPeerResponse, error)
 
-	// DrainPeerWithResponse performs a POST /api/v1/peers/{id}/drain (the `DrainPeer` operationId) request.
+	// GetDrainWithResponse Whether a draining peer may be stopped now
+	//
+	// Safe once the peer is draining, its engine's load reported after the drain began shows no request running or queued, and this replica's router has no request in flight with it in either role (the KV handoff between a prefill and its decode included). Other replicas' requests show in the engine's load. `pdplane peers drain PEER --wait` polls it.
 	//
 	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/peers/{id}/drain (the `GetDrain` operationId).
+	GetDrainWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetDrainResponse, error)
+
+	// DrainPeerWithResponse Take the peer out of routing; the requests in flight finish
+	//
+	// The admin token, or the peer's own credential: an engine that is going away (a pod's preStop) drains itself. GET the same path to learn when the drain is complete.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/peers/{id}/drain (the `DrainPeer` operationId).
 	DrainPeerWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*DrainPeerResponse, error)
 
 	// HeartbeatPeerWithBodyWithResponse performs a POST /api/v1/peers/{id}/heartbeat (the `HeartbeatPeer` operationId) request,
@@ -3578,6 +3686,61 @@ func (r GetPeerResponse) ContentType() string {
 	return ""
 }
 
+type GetDrainResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *DrainStatus
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Problem
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetDrainResponse) GetJSON200() *DrainStatus {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetDrainResponse) GetApplicationproblemJSON401() *Problem {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetDrainResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetDrainResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetDrainResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetDrainResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetDrainResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type DrainPeerResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4257,9 +4420,28 @@ func (c *ClientWithResponses) GetPeerWithResponse(ctx context.Context, id PeerID
 	return ParseGetPeerResponse(rsp)
 }
 
-// DrainPeerWithResponse performs a POST /api/v1/peers/{id}/drain (the `DrainPeer` operationId) request.
+// GetDrainWithResponse Whether a draining peer may be stopped now
+//
+// Safe once the peer is draining, its engine's load reported after the drain began shows no request running or queued, and this replica's router has no request in flight with it in either role (the KV handoff between a prefill and its decode included). Other replicas' requests show in the engine's load. `pdplane peers drain PEER --wait` polls it.
 //
 // Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/peers/{id}/drain (the `GetDrain` operationId).
+func (c *ClientWithResponses) GetDrainWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*GetDrainResponse, error) {
+	rsp, err := c.GetDrain(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetDrainResponse(rsp)
+}
+
+// DrainPeerWithResponse Take the peer out of routing; the requests in flight finish
+//
+// The admin token, or the peer's own credential: an engine that is going away (a pod's preStop) drains itself. GET the same path to learn when the drain is complete.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/peers/{id}/drain (the `DrainPeer` operationId).
 func (c *ClientWithResponses) DrainPeerWithResponse(ctx context.Context, id PeerID, reqEditors ...RequestEditorFn) (*DrainPeerResponse, error) {
 	rsp, err := c.DrainPeer(ctx, id, reqEditors...)
 	if err != nil {
@@ -4900,6 +5082,46 @@ func ParseGetPeerResponse(rsp *http.Response) (*GetPeerResponse, error) {
 	return response, nil
 }
 
+// ParseGetDrainResponse parses an HTTP response from a GetDrainWithResponse call
+func ParseGetDrainResponse(rsp *http.Response) (*GetDrainResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetDrainResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DrainStatus
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseDrainPeerResponse parses an HTTP response from a DrainPeerWithResponse call
 func ParseDrainPeerResponse(rsp *http.Response) (*DrainPeerResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -5336,7 +5558,10 @@ type ServerInterface interface {
 
 	// (GET /api/v1/peers/{id})
 	GetPeer(w http.ResponseWriter, r *http.Request, id PeerID)
-
+	// GetDrain Whether a draining peer may be stopped now
+	// (GET /api/v1/peers/{id}/drain)
+	GetDrain(w http.ResponseWriter, r *http.Request, id PeerID)
+	// DrainPeer Take the peer out of routing; the requests in flight finish
 	// (POST /api/v1/peers/{id}/drain)
 	DrainPeer(w http.ResponseWriter, r *http.Request, id PeerID)
 
@@ -5424,6 +5649,13 @@ func (_ Unimplemented) GetPeer(w http.ResponseWriter, r *http.Request, id PeerID
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// GetDrain Whether a draining peer may be stopped now
+// (GET /api/v1/peers/{id}/drain)
+func (_ Unimplemented) GetDrain(w http.ResponseWriter, r *http.Request, id PeerID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DrainPeer Take the peer out of routing; the requests in flight finish
 // (POST /api/v1/peers/{id}/drain)
 func (_ Unimplemented) DrainPeer(w http.ResponseWriter, r *http.Request, id PeerID) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -5888,6 +6120,32 @@ func (siw *ServerInterfaceWrapper) GetPeer(w http.ResponseWriter, r *http.Reques
 	handler.ServeHTTP(w, r)
 }
 
+// GetDrain operation middleware
+func (siw *ServerInterfaceWrapper) GetDrain(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id PeerID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetDrain(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // DrainPeer operation middleware
 func (siw *ServerInterfaceWrapper) DrainPeer(w http.ResponseWriter, r *http.Request) {
 
@@ -6171,6 +6429,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/peers/{id}/registration", wrapper.GetPeerRegistration)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/peers/{id}/drain", wrapper.GetDrain)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/api/v1/peers/{id}/drain", wrapper.DrainPeer)
@@ -6940,6 +7201,58 @@ func (response GetPeer404ApplicationProblemPlusJSONResponse) VisitGetPeerRespons
 	return err
 }
 
+type GetDrainRequestObject struct {
+	Id PeerID `json:"id"`
+}
+
+type GetDrainResponseObject interface {
+	VisitGetDrainResponse(w http.ResponseWriter) error
+}
+
+type GetDrain200JSONResponse DrainStatus
+
+func (response GetDrain200JSONResponse) VisitGetDrainResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetDrain401ApplicationProblemPlusJSONResponse struct {
+	ProblemApplicationProblemPlusJSONResponse
+}
+
+func (response GetDrain401ApplicationProblemPlusJSONResponse) VisitGetDrainResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetDrain404ApplicationProblemPlusJSONResponse Problem
+
+func (response GetDrain404ApplicationProblemPlusJSONResponse) VisitGetDrainResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type DrainPeerRequestObject struct {
 	Id PeerID `json:"id"`
 }
@@ -7612,7 +7925,10 @@ type StrictServerInterface interface {
 
 	// (GET /api/v1/peers/{id})
 	GetPeer(ctx context.Context, request GetPeerRequestObject) (GetPeerResponseObject, error)
-
+	// GetDrain Whether a draining peer may be stopped now
+	// (GET /api/v1/peers/{id}/drain)
+	GetDrain(ctx context.Context, request GetDrainRequestObject) (GetDrainResponseObject, error)
+	// DrainPeer Take the peer out of routing; the requests in flight finish
 	// (POST /api/v1/peers/{id}/drain)
 	DrainPeer(ctx context.Context, request DrainPeerRequestObject) (DrainPeerResponseObject, error)
 
@@ -7967,6 +8283,32 @@ func (sh *strictHandler) GetPeer(w http.ResponseWriter, r *http.Request, id Peer
 	}
 }
 
+// GetDrain operation middleware
+func (sh *strictHandler) GetDrain(w http.ResponseWriter, r *http.Request, id PeerID) {
+	var request GetDrainRequestObject
+
+	request.Id = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetDrain(ctx, request.(GetDrainRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetDrain")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetDrainResponseObject); ok {
+		if err := validResponse.VisitGetDrainResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // DrainPeer operation middleware
 func (sh *strictHandler) DrainPeer(w http.ResponseWriter, r *http.Request, id PeerID) {
 	var request DrainPeerRequestObject
@@ -8149,190 +8491,198 @@ func (sh *strictHandler) MarkPeerStale(w http.ResponseWriter, r *http.Request, i
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3bchs5luCvILgTYbInSV0s+UJFx4TadlV7yi6rJVf1RBSrRZAJkmglAVYCKZrj0PvG7rxPxP7Ivu/8",
-	"SX/JxjkHyERmghJlW66Knn6xRTITl4Nzv+FjZ6qXK62EsqYz/NhZ8ZwvhRU5fjoTIn/9Ev5KhZnmcmWl",
-	"Vp1h55SthMiZTE8YVxum7ULkzNhcqjlTfCkMU5oe6R7tH/UGnaQj4b0Vt4tO0oFHOsOOTDtJJxe/FDIX",
-	"aWdo80IkHTNdiCWHKf8pF7POsPM/9qoV7tGvZo8WdoEzdm5ubmAcs9LKCFp3rieZWMKfU62sUBb+5KtV",
-	"Jqcc9rC3oif++a8GNvRx12nduDhjAySKiTzXecK4YeffvGDPj46fMjcNS4XlMjODzk3S+UHxay4zPsnE",
-	"11zgu2uRM86mWs3kvMhFyjK5lJZ1+/0l/9AX10LZvrG54EvTS5jOmV0IZkQO70nDzKKwFg441Wt1wmy+",
-	"YXzOpWJ8ZkXOzoXNN/1T/NuIqVapgWNfCJ46ZAqeqG/IblaIDsqKuchh7bB6tyV44A+54Ff0Vn1P7xeC",
-	"TWU+LaRlE3qI2QW3uHSuzFogSuYC4frIsFwXsMArIVaGzTQABNB0pOhPLvMhk9YwvVZMT2DzeBpMzxgg",
-	"qjDWJExpy3IxlwZgYCy3ImFGM7vWI+WmMmzJNyyVhs9zIQbsdGKEsmy9EIoW6BZicz69AmpRgnVh0URX",
-	"ZqRgEqlwMfAsbMMovjILbcvDgfUyJeCAZlxmIu0NRqqTdFa5XoncSiIGI9VUtGGHa5GWZdxYpldCCaBm",
-	"v06ZCTbNtBFAozOdL7ntDDspt6Jv5VJ0En9qxtFg0kFItOeBoYcsF7PCiJQVysoMFz/VOusDLjGhUnPC",
-	"FjybXdLDAA3Af+GBDviXCTjWXBdzYCFCFcvO8KdOuUZ4E/DNj9L5ubXEm5Db/OTWWz2mJ38VUws7eaXm",
-	"UuFW/DRmnnE17ySd6yxbdpKOkcvIBEnn1bUj5foRcPxuNzAiFwnIovplLpTIOYE1GE0q++SoGqkkowQY",
-	"7G4PXkmVhtsl7Ba5IA7N000HzzcT+Nn/fOmOxz1We0t8WEn6K825VO6Rpb7Gv34peM6Vdd8XaiF4Zhcb",
-	"YhjZpbE8p1HxI58C/rtP1deE87XRLm0ueVb/KpMzGCt2XEthDJ+LKLSBEi8JgvHfSIp9vAPLUMj5scI3",
-	"HdRrx5oApkQxEvDqjTQR3ELGjX9JK5bmLglBGHpTzsHznG/gsxIf7OW0yI2OMNoVNwYE23giZjoXY+Sd",
-	"QMXwFuvqLBV5j60AlsndCNcAkdtBbN/fZEJYx/5Ne1lRNu946yPjRYIhlstzgaybWEbF66Rd6MIy/16L",
-	"fwKXNcRTInCReTUNPAO8GZhQ3zGkNrEBCmwdD9j/vcZrwDIYPAlXvhW4b3UqsjZWpWKqUxEBOf3Qn/IV",
-	"KDAor0x0m0s/cJR6TEzwA+TFTGZZZF73yw4TE7+K6RV1UNEC/XIqPleuISmhsBV6ZwDhNvRC9hbFGcMK",
-	"lYI+phgwt2vBqlfim9KF9Rpj+1erLc/aM4FmsGFdt6GE0XZ6qDfcjUo0aDB1nW1vhclFsVzyfNNezgtd",
-	"KNCtrkV+q4JW13WAhxVWpJ5QQcfiKb7F1ZUZsulC8BUDAlcbNoMVMCP/XQwYaIcg5AuDnOmRYaSNMq7S",
-	"kTK0zJjGNAkYzm28tM6dbpLOZHOZazoknqYS9s2zs9rY7cNrcwDDJhsGA7XOLmETbRe9TgT2k81lqYF9",
-	"9uQ0UmQWJJoIeRoNAhte9WS1kzQKWFBEJK08dd05BNHh7bzFIdmuUqSLpg/r990XcAQzXmRkXCy0sWjq",
-	"9qKqsMPey2uRG6evteds4jqbAoHUNe7tOpuxOhdbBq6ME50LZhfSVMJR8NQECvRSLHWObE8bO89rzK7a",
-	"0O37KJSCfUwKmaWPDPMP36WA+wPxe6mmiUCw4tOeyAKUL/HS40yMOX0r9BJM0BcZNxEMPkPc1zO0Pqbw",
-	"DDML0BmIi86kyFJnIyKaFJkgYLIuTp6MlEC7AUwXq6c6S8C8U2YmcjbPdbFK2Hc/IidC/pSwFJaYsIxv",
-	"RG4S9vbNaTJSZ2fAnhi3VihYWf/9GT5uEkZHxUBtNPgQnLNWhDaGrUSOLDEZqTXoOxKEzJXSa9VD+5T2",
-	"QRqLsGsBpuha01aFYXNhDZn8fClG6lrkqZxa4qIyRQ8AigHGp7k2JUL5laDKbmLcVEZkoBtKpgBwtAYR",
-	"4N2F+BAlqO3KhFnw1RYyoDGlYmudpyZhYjAfsFEHT+DJEft//5dNZpnm9uAJ/P32zSn89+TAHQh84NYq",
-	"9v6MHcKHQxI47L/+Ex768fz07ahzJ46j0u9ZIq01hpt/FDw7y7iKuzjA2mGrjKMfgjtRMAxUhpScB2AQ",
-	"AW6ShgG4C4qtno2UYzUJwpreh+PcGEThTanOkyfPa0CBtb7QQNojlQqeZlKJHg6lGBp3MGfovWBoKg7d",
-	"7Kyc3LtQmFQjNcvkfGHZTCppFn44ZMVzUMulYVZnKdNqKpjVwGTQGYKwAJ1Jq5HqOrzD94j6/EjXIpez",
-	"Da5szSXyWfL3KLFmUhnLYWDQGljGrchHqrLDTtAvImeOIADyj0wAbtOre3SUptPJC2UG7HSkgkWS7QEn",
-	"Y9Bvo3R9BZONOxOCa8KWPL9y86JniqzcGGHxqY3pl+s6INfcQdJqWNLO7hy/olsmmBZ5DlOsFtygGDBw",
-	"5DvPMMv18rLu1GgTcfV7BcldRWSpP7SHLVF8vdBGOIoBDTOkEH/4rO6uKDWb1o5aCgwAJnSs1AfyxEOS",
-	"j9A1Kn5zwZ0bOOZ1yx0a7AL1prmIC2wfRTVugAhbGFduJ4LHHBNIj5elP6vN19D1SAdK/r5HhpzoJ0yr",
-	"bEPn4YZxHiI245kRA2Cq/MMboeZ20Rke7B8exTxptTfjS0AaIZ0FxB0DQOBagGEAv6FBHhm2R+OwLiy4",
-	"yAXKPVNMp8KYkbKLXBhgkoahF1+kFY9YCq6IccEGumDzIWUiPqcaoyWWANAbAMFnRrClvhaGccefkbFa",
-	"zUpP2QmzeVE+paofUH2Z8OkVcQwHlInWmeAKoIKusy2HciFKH7VgdSYWYyfAk+n4yGuOo5J1BS9YLjPg",
-	"/+hQL+yqcNqElxLIp+n9xLmxycHnAguTzUhJa0Q2o70EJ360//wJ0Le1IoeF/+Wnv4xGxf7+/v7Pv/un",
-	"GK/x/NZ59IKhDo+fJJ2lVCUyxcft4/8H3+B/T7+hj8+/2TJdpnl6l+HyBp5p6QvBOm+lt3OxyjYRT/M0",
-	"zkor7+wwEJaPTCWIpguu5iI9Yf5BEIJ4EAM8liEcNx1siBkon2+Rw1dCrOAFWrVUczpLzxCVVnWfsnPu",
-	"fgIbJNP3Nohf4ENNkDuQJbcEBL770RsPbciqYnnpVXj4++oaOA7om/DfZSqXyCmkuVxmHJUyPzkrVCYM",
-	"0sFIOZuNJF0mDekeS1BfnRaPKhaS4gaHIf9l78QNPVLOoQmzAUPxrxH7Ib4Z0SJS2m2NJp4cfXmS8NBo",
-	"hiQeHxJpyyVgxOHB0dOjZ4+fHD3FFdCXBy3hnnQ+9Oe6X32LNI5wCNAj4HrhyTzcCipceLg5wHy5BIvw",
-	"oaZoqgjlfInDlRiFvHEMr45bV9eXhQ+wVNqJLsibWK71IFjifjm4KpYT0uN+KUQh0k/Y7/5uIHUOjIea",
-	"oOn2cLOV+0oqOMVA+1Ysv3PxuTrn+f71v70JnQJkHX73o/MLDAI2+/L89G0n6fxI//3hzbsX33WSzrs/",
-	"/OurF+87Seeb129eRTnuGZd5+1gnVTz+Nnbrw/Y3CSaZcCudAzum5SN7laDMZJleoyDx3pOoGkMq+i55",
-	"IudiRnQDrKw5OQ/MOB+j1jnzwfFUrIRKDdOKlCziqOgLCn1oGYdPvxQ8u7QrlGBW5Jr+XsoPIr00Yr5s",
-	"RLmCgAgZI/fZTC7Ifr7zHS7zs/Lhm9CFv8urf6qevkluD2uUCQnS1DwTII6uxMo2vAGgR4Oei/oDaIjV",
-	"O8zFjkluoisAVNBc8qwXxYVKL2gaqhsWLis4YMzhqAIbbVUjiLfUB61QmZzxFIkiPZ1yQ2p+GfIYlhvA",
-	"Zbixe4mT1ZUN5A6q9Io5AztUDkwUBIVCC1LGTqZasbNzwbgiNRAxGc2MIhNMCZGKlOwSMCOMTAVLJakT",
-	"gPrOh4Z+sJ9+9/Pg6vpyKZaX6JG8l2F878VWzsvS+QqWyHQhpldwoooRaV7zrBCIL3g2sIMYwJoyzhFg",
-	"yVZqHCvAhhh/Bjr5NtfFKm5h0i68x7VyLutZ5YQANKj94gKPHg8MXwoKrAxa+ttdrNX5dx99Mo+9nHqH",
-	"+W3cou5dv0nuF0GuuYHv48sh6EqyUNHLjiQHFibymkwQIpB5Gbh5yLDsbZmLRMUX5u+fCMh7xsTvBuUD",
-	"RKfvYMA+xkDWDzLh+zFdWpX/nSm9HrIWI46z4B1yJmrH00D7aD6AR8dtbOLuSHnJNOJJPYjJd4dZnY3t",
-	"VohsxLku/eJ3isJWHOy2IOzuuQWJjxFRVI5ZrcF41UaEGEDiHb3nuN3e3SflwHJblA/2EodpuZGdYRID",
-	"x5ZUCzJWkKk7fj+j0KugNNsdsNBhFE2wbWtnoeIXFzaPDDlWS22CRL07qUfGO/JybQUGNNGyZ1JZHTq/",
-	"vWfUJ2JiqBFZJwcSkzOXqZwg3YGeNuHTKzxUJApQ4ODLjRUYeYE/Ekr+4BjRZBlPU5E3k2OdugbS3TFt",
-	"vw+RtqUfzCnUFnW0DL+6p4ZMyQ8ZZs9OV3WH4uPDpsejxZ2crnF5n2ROp8Btj0GQugeb1bNAnXwUV/1O",
-	"GPe6Yhl7KQehpOYSgM3gG+gX6N12qMlZLvo1r1OXo2evV/qkXVLUO5VtfHp+W0nY4kp2y6xUTXcG3sXP",
-	"uqhKwi9ox1KiDnkNPRo7sVI7qMP9o2cRQM8nq2ikB/OFV4VlLik84/lcGMoQIkV3BaIpZV3AT8PWubRW",
-	"KBfU5ikhdZmyBOdMx2S1vuol7GD/L88Rtc2eqQW+SifHbY6NjFuhppvLwsQAaCys9M/nr9+/KhXBJc8y",
-	"v/4EuOdSAqulhPv7L8Br73dxQ++DCD2tXjsiAMLcFJrbMfE6KWk3WIY7yBpkapS3jS/+qWbWbmWMlVhO",
-	"vGqjK+MsyH8nVpQLsNeUVqLNebi9JTJasrC6IrJr5NVymcVGL+OfZDkuvBK/1qF2n8pZTaMPImJoWJvL",
-	"u9c+16KyuqtcqGo7fWuzngfYkOJ1XDGAELc6d+FzuXs0mDK3o4yy7RoY1u16rxdiuCJxfgNDycmlEBAS",
-	"kxvQn9MYVecsF0qs3YLvsBbd+WCytl93HC9zoNZMmmWsJMCqS7sqPblNGwlTzUB1Yu6hE2BhS22s/6IR",
-	"A/9yHuZ0uroEE7+9rIkAuxF+/7QF7O++gLvhcvBwAPh1p1/dDv7VA0N/9evuPqCJrxDd8LNF6VeQj5tn",
-	"2btZZ/jTLt7ZSp3q3CR3v3CBWg8+2vDq5CIVykZZIuhj3uVBeauY21NTFUm3kcYUglxLXcx8GilQLxPG",
-	"wUCUS5FiDispXTxdSlUphZgN2xuWmUiPzEhVqxqw74RYgYLfHa/SVcaVTxDo96un+jOZiXHvhLy4VNSG",
-	"uZ5k/E05fjMRzCz0Wrlo8yieOdo4np+TaE3qI8NmRZbVYJGg/eHL+nCV4Y7R+UZ5b6R6lxIDH6WizVrB",
-	"6fZ6WIDsDz+8fgnHk+m1yKfcCNinVnLKM1jIElWJIJy633/O+7OfPz676Zd/H+3w98HhTTTQCkvdYgH7",
-	"5OjdLGDAT5fL3zKEY2UnW4noHCb5GE0Lba3+HlVV+Oj2OQNSbB3YqyCnVxpX6glWAOr8aCZVqQwnGI8X",
-	"6KzwT/aSkSrj8tXP7itSQdA346L0TOcJYdlaGoHukgxM5MFIUVYphifqeQGtYYdgOVs9vWI+07iYZNIs",
-	"BJIW2VFEhFiETfnGGphhbkDHCROIo3UPWluA2epyoU1ERbz49g1Xc+9JGFISfOAyyAWfLgRpV+VYvoSY",
-	"W9Z1EmRYpdDrGStyDOvUUnIef4mMg2o7K53vsJ1qyfA86+4DzLyC++z582e9W4Xek+Pjx8f3F7eiLDa9",
-	"tWyPnmpnMjWiJ5jEYypfSpWSPhWYtE152k14P0AK1NX1XXsKsmrQFp64ypJt1SvNFX/+GuvA+05syEV9",
-	"APL08PgJmy54zqdIPr5McKqVzXUW/OSSEcO1PjnaVjrT2MfxweGXh7xnoU2K+tLzeF4Y8V1QWDHGTF3g",
-	"ZWfXdK6vhQJ8/waD7jcI69f06uFBQywlnULJXwrhfrd5IdCDXbPDbvf6Vo+CyAHWvLPAPAelvbZASkxd",
-	"SuU/t/3Jvl7s1oHhGTSRSTG5nPtw45cnCSdqtp6p0hOdbthUF1nKrMiyEwZcH+SXc56UBx7qYLue9w80",
-	"feSwj3c66yKPKMwLa1dd02MTUMZ+OH/jvWmO9Ub8i1+WVBrKiyv/dkVM5SJg6VWtSMjm6yiMrHWb2uMM",
-	"imHEnuD2ns7re/cbwMTNOw64rHSh5ykt9BJ1lGueXXpPZjRhrOW+3KJDZtzYy0WYmb7bhjPBjbhEF9Pm",
-	"vm9Ze9/F754jfL/0Vvf05S3ZssUqvSc2xPRv78et1Q3UYOg2mYToV5v9VhyIgXYr3ldFx7ub61ut77Yi",
-	"vINy2aaH++fJfaYy+BWUsG2pPRE9Z1fb7lfTJNqh7s9WFLZnF6JERFMPVMyaoSgV+/bVe7bHV3Lv+mAP",
-	"jel/uZZi/XtXpL7rHkED2Wqyf66u8SVUhUby+qdqBc2NOan/a4jdlh/qzwtqRaCVwCZQiLp8Qi1G4GgH",
-	"7HsdWuaJs9mXwvKUW47xae+CMmKaC++DyvVEbHM+NSL12IZMWh/sLx0FTDrru+7kInch1S9J7x1zCQDl",
-	"upxPg1V9fsrJZjp3PjTymYEBVUamI7GzNM1rkqfwSkWVE/7s6OjJ06Oj/aePn+4/Pz4+3N/fv9W4vkk6",
-	"OPflbuZPm6FvyyT4nJyBVFxfNrowfZmt3lU26VAiqJ6s4nuIJmtuSqyIllNuifwHa8iE+rydHUT7xtw/",
-	"JO0x9I4skCZCJ2gQPDkalpG1g8Exeyv/wLqH+J+euSd6SE4c+bdPoLksZw2AN9nYlj3x/OnB8WE04Ok4",
-	"LNF4JG794qzKXAkpssEdWPfgCRDckyPKROglbMFV6rIvMDZQ2IVQVk5B7ypb59yy6md1GyhaXrmDErkF",
-	"h7Yw6IB8tyQHBCBHFkI4GNUJqw6QzcZGPrjerkdG8dI6hn+9ePc9W3G78Gajns2Eog40rj0dvllLjj5o",
-	"JUdvLUncWs9WbGlkYqXNxC26WMvPScHxH85fM8WXsO6qO4Ke+baVuHiwlM1wb8+FdAapuPadKM2eVNc8",
-	"k2nflz/cfpr4q19suaEyu2HLodVUtIioq8W4yH/vKrjLd8mVPtV5SgljZVO7qOBvqPotxX4H1WBQBeTD",
-	"b2sR/vpPafTb1bZvMRrcGGEaH3haPn11PQhLt66uB6k7kqvrQVCoVn4uy+Pwm7JcDz+50jqv6MaSnM9d",
-	"yLoh6eusMl7DVNd/7sGWP5X11hWFrSuCB05cywish0DfufuiZvU+tKuVFx8uATaXmVAROwMbZoKEKz44",
-	"lSzUrL+w6lG55KgKu6mMl2td2Ua08SsvZL4qokGS/kHdImMLjg2Lvz374f5ZDf0d0xqurnc5wC95eAe7",
-	"wOxW37Rfsz/IZkk5pgRT4TeIY2GMMCduD2UrpbBAcVkYi/n5+lrkGV/9hjYK69jpcJIqD2tR5kVnROy/",
-	"ne1UmkckfaR+KLC1smj0pIxCl12GU2GsVCRxw/fIrncJHLkwOrsmgbuTSR+q7/fZm8+Mepjcpzt18ouo",
-	"xu1FVs+riM5QqJseyUilOV8r3/OHhAyYzhhBqWQOtusqv68EzWCk3i8EA7ugmdrO+HQqViicplop4Zsz",
-	"ZBvXn5sr9se3py9GaroAbUHNRd+3TKf0ZmkH7FzYIlfecJhsRmrcckztfZTpzV6oh40pl+CzzIlmjTTp",
-	"MDWLoMaNGgy1QcINEojpmqGrLKZnglzwMV9pzT0dNhGXR00RukS0aU9MfMRjUUQ56tzt94gqD44pxw2K",
-	"TxOUkTbS19v2Rcn1VPyRZRW7qZmhxS0NqhvS8xY2G7GX7mCP9+VX21hSrC6uhPq2cqEaKO4oEYpRRfVy",
-	"Cf0YbYSWaIgPSRwxoxTjvMdl3n+7aHai7SJqHFxYnolzEc/D+bMjM1+HJ7FCu9olNbCUJswvf+SazGG7",
-	"tAGDIbA3zdIVjPs6mX5JmDnOnvj2TMCEQbBjKbFWVGBc9u8fwgAyd+2pilxQbwVMOA/6wFVZ6NgMiswD",
-	"bOdCIHlkqt59CVsv5HQRlOlUWVNbO/CNFLXgw8532iWrARV1sUR7KhwUfBu62ttsyhUrjGASRI/OS35W",
-	"AboH5k1a0LUTmAfPHaC8y7pqVuUb0inNMq3mIkd24DOOlLYLrDPC7pUwiOA16JV1zACvkcqxZolkUw0Y",
-	"/cC9HAU12OGCp9jXEE7fOzSqtoa+EiDaNO8W06/BcxH3cOXSuA5c/m4JV91UIpfl+VxQu7Qvn8e2pcIK",
-	"I2FYSmWxzgGvlRDX1EHLO3ozsayv6cnx8eP7tc6qsOXWVnrOD1OBRAeAK7v2PWTiaxXwbvWGu9se3yVx",
-	"w00QY44X8csviLap1xkpVWWtCkbPB1XjtjDT2iFgGRs3bEJqyEih997UM1gQvNSBk5boIjnW99gjlz8i",
-	"S6/ef2tFnsyg/Xl4GYO/8iFoVLi1yCvp1KJ0u/nuEGmXfAMmRJlOi3VOYZ6rYammHnkUsOiFbr2H8Gbd",
-	"JB0jpkUu7eYC5L+PWi2leq+vYo37x/0+/ty38Pt4WBVCUXsxw7qpyIQVCbVMTQLxZYALo/ou0pFaL0SO",
-	"da/VzUo4JjDnKrOeSZfBi/oJVisJnodVXwtrsZ7bfR85j2kmActOz16zK7FhXdjDSvavxMaMe8x1/Xu3",
-	"Eur0dT9oy4HXJJiTkfLiJHyPIryWXwkqmxupkQLhzJQrv2oAioFcGvf7f9XVV3Q7DKVZUmWBNCOFlyG4",
-	"3mYL7M5Ytf+oahBScT1Gy3XsS9akwqMU454zn1xM3Tdvbls444SKuBNGN1P0KGKdrfkmXMeU5/kGhO59",
-	"Y7m7nRtAZDuyhfDqgs23XPK+ESueY4gnk8bSpUTYyyWjegsl1myt86uRsnou8DjSAhuqcJZri4TZG2JZ",
-	"BFbPrSlUNGCvbRn0de7PkSJDFQGRcbnE70FgkhjAzB1UEPJCYS1yd6HXrNb7cqQybci6ChB7qpfCoFnb",
-	"G7Dv3VmLsnndnXCDJb+4pXoGUGBczTduFs7kaAODSa8LlTJXFO/4MnqERwo5Oepk3Cyo4bHOReoA1Q9g",
-	"pdKQi3N3FQkW4aCyqUFjbGgThnVJ+QqqUpjVOmFwuH3sJ4BhvNwPIXLXS4hwGjWUZhVMKTNoPFlVRpqR",
-	"+u5HKu3v0pS5zkQSdJ3peeUV9tzIHFBCwJR6pJzjwYFsudN53WAgbKZjt0WEHAA3R3dmgabsdI49p/Ph",
-	"RVvzXMwR+d+8eYtFB9RscqTGjrrHXhDXmEsld8u++Q36x2MFFuQ8MViTYbVjMTmMPmZdy+ds7EYe96jT",
-	"6TbmOVLdMbCb340TNt7zw44ThoMAh+Fy3CsTLkiWYDIWEypFZmNwxpEa6xVwa+BQroZlssHwb9+XssOH",
-	"zCNjqqfFUijYA5Y3AyYjkF6BcoAlvxW4YNDxtkvpxqzrr7nr+b4Q1NZ9pMZwxuOEcbYollyxMQX9xoSk",
-	"Y5T94zAYuSWk6qRhVYoNIoVVS60ElAMsmjvBt+QewA2eF5kwro9UCVA201mm18bxSpecRBe8rTBlEW1D",
-	"Pl0MR4oDW19ougXALqrWvcBtyT41a7RbjvaPHUgUG5/CDGN398hIdUMgukY7BPKxI+L356cvXsF4MAwu",
-	"GKFw4ufFdzxaj32lX7kSkZIBXJvnaP9owP6cS4RROCdYzdw6YcYZZmyhm94IOKoXdDth//1mJYYsxAWH",
-	"A0cHxyNVFjahPQmI53pNcDbJ9dqInDroEXfRuZxLhY2Qx+/w77GTB24XaDcQcT2irunjCzHtfyPsdNG/",
-	"kFYMGfaX6RtpxbhHoHrsvQCgYQDIRdpfaGPNmBkBdn+JWiShxn/Uxo7bgDs6PBipt9KkMhdT+O7cvVY7",
-	"ODgqMDGNZS+/v2C5mEjE3wE79fOMFAKz3uWZ57m8FogcUoHiA89guoQuaDVH+8884ZcsFTAV1B28uWrA",
-	"qHrNlX7CyUks1hds/G99t9r+63Q8dGOgmveIqh99Y0PMS4RX9IzKXQ4On7FVLhUZJ6cXL16/DmpcKmXP",
-	"rPhUgJ5TRkXLwz8hrzZ2xGaZdrcNlLdxZXo+UrAz7J9RrOiuSZaJuSHvSpCs1G23NOo5HMU9oWh6/ZK4",
-	"LEkW0pLdtQcr4pbDymVEKVDawMtOtXdtdscfb8ZOiuE9jICpDf3TNUOvriByc3XrmljS1G5PokwqIRwt",
-	"VW3ivw3GhOYhtqdH+2jKswxdW4qNP/SdttsnWI+TGsIE6xZqpvOpMAFPR7IUH/jUZg430W40KzEFFBPL",
-	"iUhTsENgpkDAnTAj/HWge7ywi8Fc94YkrEAFxYTHXsLGXvlBvRSA46CVuPTHUNdzPi+qw8WnTljtAptU",
-	"TGWKYJDTBemchqIiABQwM2BKI7LZuLqBwqF6NQ8tCxSlMXUnH8NjtOrmmhKmeJ4D9/BhmvJMYBhcKs01",
-	"UsG6UZD2Tprbqc4OfZM8ywbsXYgSdDUHnJDDh7Hr11wjnRBdCOfHHonHhMVAEpvKx4beRK0zA/yI+HH3",
-	"7N3F+4Sd/QD/nL5/8ceEvXz15tX7V70KrduoBZrtKqI1ER4hXVRev5quhYsnKYhkFfTf7B7tP+75lu+A",
-	"QAEFVANUtEBuN36FDfGRqbryWVPr6SPtSPkwWJ1OlvwDMtqxa/PTKymGxQlmpOok4vAeVW8zmGunaMug",
-	"2slTDpISWFG40pFywTVk7QeP61LZSSKnHbmrk8ueYYkH2EjhLKB8lwKZ3FnjspuT2lCrfYIzp/AtN8xo",
-	"4GeG8ZGaLgp15doBrKghXznXgJ3WOGV5KSKCuwwu2pHC0PeTI/YdZeKQRgYUSR6dhcs7Bgocl344YI0+",
-	"zDtmGrSXWskk7AN7dSImnKoQDxz58NLUaN9wRaLQsPHx/uMxLt7roGx8a0pbUd3FPHae63FwT/EYr3IB",
-	"bYluxEX6whmr1gVU9Jyy7hldoHXxpzdINCuRoonnaQTOo1D4NIpYhzjotEWtKjB3ETF5lqF4VzBKtgFR",
-	"si4d7tinH00VUuNrCpYb0HVSoGzBjtt/cMvWsLM/OBjsYwEGmBwr2Rl2Hg/2B4/JUbtAr5d3jVT3jM4p",
-	"MF5iy+u0M+y8kca+okeS2i3iP7VqlPGOUdp/cOnoCavVW9PlomuBOXl4efgvhcBKCHd7OCF+J7wxvJXD",
-	"fFv+0E3yMTqub9dXDeuq1jvDA8zTKNM47kzb2DZFdR3sJ912/nPjtvPD/f1bLhK/3wXi1UWzsTvO6fYy",
-	"PfOGMaDOEc0eG7RcZXAvedLxNS3kisGRSFuk46a4GyAunxu84pk4dOfnpNMUT+56aRy2jqd7pF1uRdcL",
-	"/Hk3hAVy4hu35zJkJQ2TabnY2DHjk5+HoO1oC/rzCWgyBZ1MsS5u40IX+VSg2YaCCV1Zzn7onbC1VD4A",
-	"75aFSyb2Vq35DTe2j+P1X7/8jLXfjaNWfLB74a3z0UvhTXDFf+vC/YuLV4zePWHkA0Vcwj5hqEwcHDPj",
-	"Aq6SLjlHX45r6Z5tqvQG16TCLApr8Ib7JIhN+pFHnom27sMfdT6BFpLO8f7ju5//oZJRDfr5XqxLrPQG",
-	"cx8tO/dtlxAF+A1d8J8wV8nD8Ix7n05meNHqVvL6Vli8l7PzgKyqdtlsBEECX/+gATh81d2bSKoguTfL",
-	"qz69WpH6yyydivHp8Cq7z26VnmeuAWyDF91fRrWk1C5yqpnymG18t2yXXk/2uDRlRNxd2chZrWM1k2kv",
-	"IbU/7KPMui7+wzOtxJAdHR5Sb6mq52DpoKbEi7/9x//62//8P7jTv/3H/673Sm+0Rw+vsZxsXAodZ+aX",
-	"gueCTTI9vXKX/y25zeWHE4ZNdv3FmTDEeqEz10B8CzdvdomuYN+4OCcS4v7naGz5TqA773YT5icE3uaC",
-	"YotutLJ+oDU3TlCaEl2qy87ASq1naiBPLosETe8EHWTtrYFWWEclQJ7bT+m3qFqVnam38CqE4CeJkaPD",
-	"w09VwV7d0sa7bJTvb8f7TO63V3U1n8dya98p38J/JfLKBYiHntQam/faFyM4D7K7gs9iANI6U1fmJ2wK",
-	"Zus81+vgmscqC89xD2weT77OiuH81396hB2wlzkyQYX99mitztqsRZFht/9SQ+Lfj4r9/cMnIR7/3uXN",
-	"xiXBt77V+YPiY9WCfgtS0pENIoo7ETz+Tr4y14F24wQD8GnXpB7hScz2c1Hoo4Pqzd5HguXNXu0unFsV",
-	"+TBbyTXsOwnSLIjLOS+M0vRI92j/qGQ2eDFEhNdUSUJU5/hJvCeq7jus/wKrLZM0v8hif046q2JbE/qy",
-	"03zdDes8zTJ1nbdzrlitD3ov4hAesNP29Ti3tjovszkrda5kZO6GStPuMp64y465bwiOyaFg+U1JUumy",
-	"g7CLFVdh/kGLiinVtWrWT1AXxv5Bp5svSsHB5U71dDXXEOlB2Udj8jgq0JHxsCjzU2Tc/sE9n398z+eP",
-	"7vf8wT3HPzh+YJnuAgLI95pJMD/9DOwlTGDDb4CMK65+jucTksYqQODd2DZM3Al/8a53l3m6E0f/pdHM",
-	"PROx3MpXvpF3q7c767Z7u/eYy5ge1pmDTxyoMrmrHuIVA35kKkcV3ZTPg/kuMzmzInWPuLSG9UIz9720",
-	"A3a0f0TehpCJVFf0e87nW5o3LrEZRPSEmf1TeCtPg9CP4rw5AJI0bn2D3yZ9HX8G/t+B6QA8l85fQ5yd",
-	"0RzH9y2D/qFvfAV9I+Qbvo3xdleK63CxgyvFdQXYbVHUHGmbW9/3Q9ttrPIy4vhgvutA1GTHtqGf35Ww",
-	"dbuUy4zNBL8uc6VcRJ1aV2EiJx5+3velr9JY0xsyzNrmDP2C/TUoeddSrNlK09VZsT3CA3EvVmdWIKL7",
-	"JG/30VNwJGP7QS1331F7m5aDWbKfGQyBCWikhFXXfLkqr/vYTElnFe3efIoZO5ijS4FUSs9wiQrdturt",
-	"0xlqeUZ0A7hDijCPljKfytKdYJ5Ggq+bqZY+gXljwWowbSLjckmRDIx+untCa5nFI6ULjF1XqbKPTD1N",
-	"vp51AKushfxHqpHc4/OIupnWqwmfXmEkvcoj7wW5QjED/tzB4Iw0oQfR+1tXDXxl1V+g1zgWkhEfnJ8P",
-	"xcOaG+baBLEu+mpApgR5XpNiuQLQez9weRu9zqtccUQlF/buIZkdkrLysJspE+B/o/bKs3s+//zvyL4J",
-	"iiPItPlEg4dIle7/Ke15n6jWLVZG5Naz4d2DZX6gLYbQ4fHBk+Nnh0c3TZ0GS+vrJk+dt7zE70vOcpfC",
-	"fy6W+vq/j35/T9V9W+AyDt4vyz3vCFs6OVZFL+8L35t7qwx1TTk2TfWIU847ba2cmkNghVvEG7vrqJUG",
-	"00B/GPc3cjwJU3rNfGHkP0gsQmJx5Kj15f5sBGn07ioTBKN5wFElt+1a+aNf4QOqcOUcX1t3Kyc+F6ss",
-	"iuF/9kXupH2ZBfb5STUm6/19+G7vqzv9vfh6dyNf11U7qro8OTw42qK4YFat2BrdPW1l//scaiJTqlEn",
-	"t6s2ZcsIMuwWPJtRfrNhZy+ZWWXSli0zgiBwl7vwbq3ysZdEA0ulS7YsACwb4pZ3fra1A9zkQ8ofnGBr",
-	"PEVPxG9Q2Hyh+ANPne7d6mYd9pN2l3TuHo/4dP1mS5Tzk+QMO/fRROcXvpa6MP5Im6h2RqhYodsDuBEq",
-	"TPuKvoM70fsfocLffqjQYWdIArV74n2NNqV2db6A5Hl8cHT89PDZFtGTN277i0qgb3yMraLZ5mWQVdzP",
-	"V8k3691HCn2TrtSdiubbcoqXUirxpeilqBopqqkfMh6vpecsF0ttRav3vnsYKxhzgYX2Qc09FfH4cE3A",
-	"jTBeebT/OOatdPbuef2qpq/uOfRW1d+hHfVJ9BU4AVqNHFj3loYjSavdSO9ryco4ZVILoS9v6r2PFFou",
-	"eX7FyppOnHnA2non3cqx0rkdKbpDJiEPIPU9azX3co1snfqJuiqXuRn61L+qQRaWmvuWIb41h2M1r18m",
-	"ta+xQr8sch6pqlkW91HYWqWbSwymTCbXqGMtjWAY1hipU9dBiPmuIu0eIjwXrRYiwXpgFcE3qQ/xHj6n",
-	"aYPCuKCAkvoYlakPPkLkh40xnbc8v3L3L2UPpdyEHQd/hfDIDh6koMDEoV4XYZlQpaALeAQdOOmhNd5E",
-	"UfbsS5guLEZY8L0gZ6TMJ+n9w2j/1bUueP7515Yib5EfBtzwhFFjpw9Bbzkf38VIaRC52DXU4W5JiOls",
-	"B/tHz46fUs6Xb3LTGX6kj/YS1aBL1/3Hf0lVTOG31I6u9uHf3aelsLmcGv+pOR62tPPPtge+PtibLrjF",
-	"k8iEdZ1a/S+xL3EG/Nw4H4Q7TkDSDS+kwhZHw729g8Ong/3B/uBg+Gz/2X4ncMR89JkQHshwqO4r6gJU",
-	"/8aAmP3/AQAA//8=",
+	"7L3rclu5diD8Kih+qTKZbFIXS26bqlRKx3b3cdpu+0ju7lQ1OyTIDZKINgE2gC2acen/VzP5n6p5kfk/",
+	"eZM8ydRaC9hXUKJsy9115vyxRXJvXBbW/YaPnZlerbUSytnO8GNnzQ1fCScMfnonhHn1Av5KhZ0ZuXZS",
+	"q86wc87WQhgm0zPG1ZZptxSGWWekWjDFV8IypemR7snhSW/QSToS3ltzt+wkHXikM+zItJN0jPgtl0ak",
+	"naEzuUg6drYUKw5T/p0R886w8/8dlCs8oF/tAS3sEmfs3NzcwDh2rZUVtG6jp5lYwZ8zrZxQDv7k63Um",
+	"Zxz2cLCmJ/7h3yxs6OO+0/pxccYGSBQTxmiTMG7ZxbfP2bOT02+Yn4alwnGZ2UHnJun8qPg1lxmfZuJr",
+	"LvDttTCMs5lWc7nIjUhZJlfSsW6/v+If+uJaKNe3zgi+sr2EacPcUjArDLwnLbPL3Dk44FRv1BlzZsv4",
+	"gkvF+NwJwy6EM9v+Of5txUyr1MKxLwVPPTJVnqhvyG3XiA7KiYUwsHZYvd8SPPAnI/gVvVXf0/ulYDNp",
+	"Zrl0bEoPMbfkDpfOld0IREkjEK6PLDM6hwVeCbG2bK4BIICmI0V/cmmGTDrL9EYxPYXN42kwPWeAqMI6",
+	"mzClHTNiIS3AwDruRMKsZm6jR8pPZdmKb1kqLV8YIQbsfGqFcmyzFIoW6BfiDJ9dAbUowbqwaKIrO1Iw",
+	"iVS4GHgWtmEVX9uldsXhwHqZEnBAcy4zkfYGI9VJOmuj18I4ScRgpZqJNuxwLdKxjFvH9FooAdQc1ikz",
+	"wWaZtgJodK7NirvOsJNyJ/pOrkQnCadmPQ0mHYREex4YesiMmOdWpCxXTma4+JnWWR9wiQmV2jO25Nl8",
+	"TA8DNAD/RQA64F8m4FiNzhfAQoTKV53hL51ijfAm4FsYpfNra4k3VW7zi19v+Zie/puYOdjJC8OlunTc",
+	"5cQTa+BM4UepFuPb4AobxAfZVCy42huGMr0f5wO+Op5ncrF046UwkeVceLRlbiltmxKW3AKa0RBsI92S",
+	"BTRETrY2Yi6zDDAuFTOdikF1L1K5JyedpLOSSq7gQA6TFjUnnUxz3BbPsrfzzvCX2zf4Gp6++TWJkLpQ",
+	"C6nEI8tgRFgdUAfi71Jw46YCCEustXEiZdINwuRj7naeE6++PON4LPudFUmxj50V//BaqIVbdobHp48j",
+	"DxrBPROvr+Dn5RYIUFrkKJbPBdsKd8bEau22LNCnRD5ameT06DhGfXwu4gySoIYMaSqYdXq9FilTeoPH",
+	"rXPHZp6z84LekB1+/xNbcpXq+XxQ7n+qdSa4qhH8bcd5iQ81aQ9FvyJo0zB+BwW0WpgdI9SXuDVYQuAH",
+	"dpFxtegknessW8GgchXhBEnn5bWXuXXiJkTZ7/xR3FfkV/nLQihhOB3Bxza1tCmEyH6PB6+kSqvbJTEk",
+	"jCBViqdbAmhGkAw/j/25+sdqb4kPa0l/IcPyj6z0Nf71W84NV85/n6ul4JlbbkmyZ2PruKFR8SOfAR75",
+	"T+XXJJxqo42dkTyrf5XJOYwVO66VsJYvRBTawKvGBMH4b4FQbxcHiJJhrOqbHuq1Y00AU6IYCXj1WtoI",
+	"bqGGhX9JJ1b2LsIhDL0p5uDG8C3yHfHBjWe5sTqiEa25tcAZJ1Mx10ZMUMkBjg5vsa7OUmF6bA2wTO5G",
+	"uAaI/A5i+/42E8J5Pc22lxXVx7wMemSD7maJH3MjkCOSbC+VEs+twnstRQfUIUvCPwIXacpp4BngcaAt",
+	"9L3m0CY2QIGd44Gedq/xGrCsDJ5UV74TuG90KrKIOoJSOQJy+qE/42uwNFCi2+g2V2HgKPXYmIYOkEe9",
+	"IDKv/2WPiYlfxQyAOqhogWE5JZ8r1pAUUNgJvXcA4Tb0quwtijOW5SoFw0kxYG7XgpWvxDelcxdMu/av",
+	"TjuetWcCFX7Lun5DiVe1eqjg341KNGhl6jrb3gmTy3y14mbbXs5znSswgq6FudWSqhslwMNy0Lw8oYIx",
+	"xFN8i6srO2SzpeBrBgSutmwOK2BW/rsYMNBSLKrbyJkeWUZmI+MqHSlLy4yZNtMKw7mNl9a5003SmW7H",
+	"RtMh8TSVsG+evauN3T68NgewbLplMFDr7BI21W7Z60RgP92OC83psycPylNrFiSaCHla0o6nWxbIai9p",
+	"VGFBEZG0DtR15xBEh7fzFo9k+0qRLvooWL/vv4AjmPM8Iy/AUluHPqle1Gb12Du+FsbKmJIOYzRxnc2A",
+	"QOqm8W6dzTodM8xw4NKLoI2omWgMiMdWLN2VWGmDbE9btzA1Zldu6PZ95AosVzbNZZY+siw8fJelHA4k",
+	"7KWcJgLBkk8HIqugfIGXAWdizOk7oVfCme3zjNsIBr9D3NdzdBPM4Blml6AzEBedS5Gl3pmDaJJngoDJ",
+	"ujh5MlLeJFob7fRMZwlzhis7F4YtjM7XCZg+wImQPyUshSUmLONbYWzC3rw+T0bq3TtgT4w7JxSsrP/+",
+	"HT5uE0ZHxUBttPgQnLNWhDaWrYVBlpiM1Ab0HQlC5krpjeqhI4n2QRqLcBsBdupG01aFZQuB1rxglq/E",
+	"SF0Lk8qZIy4qU3TVoRhgfGa0LRAqrARVdhvjpjIiA/1QMgWAo9sGAd5dig9RgtqtTNglX+8gAxpTKrbR",
+	"JrUJE4PFgI06eAJPTtj/+d9sOs80d0dP4O83r8/hvydH/kDgA3dOsffv2DF8OCaBw/7rP+Ghny7O34w6",
+	"d+I4Kv2BJdJaY7j5Z8GzdxlXcVMbrB22zjg6DLkXBcOKypCSlw8MIsBN0jAAd0Gx1fOR8qwmIQ8Svg/H",
+	"ubWIwttCnSeXe9CAKm61pQbSHqlU8DSTSvRwKMWC26rmZmRoKg797KyYPPg6mVQj5X1Dc6mkXYbhkBUv",
+	"QC2XljmdpUyrmWBOA5NBvwzCAnQmrUaq6/EO3yPqCyNdCyPnW1zZhkvks+SYVWLDpLKOw8CgNbCMO2FG",
+	"qrTDztCBKeeeIADyj2wF3LZXd70qTadjcmUH7HykKosk2wNOxqKDVen6CqZbfyYE14StuLmyhbdspMjK",
+	"jREWn7mYfrmpA3LDPSSdhiXt7YcKK7plglluDEyxXnKLYsDCke89w9zo1bju1GgTcfl7Ccl9RWShP7SH",
+	"LVB8s9RWeIop/JSeQsLhs7q7otBsWjtqKTAAmKpjpT5QIB6SfISuUfFbuvpi7nHj0WAfqDfNRVxg+yjK",
+	"cSuIsINxkZMz4phAehwX/qw2X0MfKx0oOeYfWYp2nTGtsi2dhx/Ge4jYnGdWNFyXR4fHJzFPWu3N+BKQ",
+	"RkhnAXHHABC4FmAYwG8K5/ABjcO6sODcCJR7Np/NhLUj5ZZGWGCSlmG4TaQlj1gJrohxwQa6YPMhZSI+",
+	"p1qQoxYB0BsAwWdWsJW+FpZxz5+RsTrNCk/ZGXMmL55S5Q+ovkz57Io4Rtu9iq6zHYdyKYpgkmB1JhZj",
+	"J8CT6fgovIWjknUFLzguM+D/GPnK3Tr32kSQEsin6f3Ex5vIwecjgNPtSElnRTanvVRO/OTw2ROgb+eE",
+	"gYX/6y//Ohrlh4eHh7/+/d9FIyCe33qPXs25/gQjDQUyxcft4/9H3+J/33xLH599u2O6EJu4OyLR1Bcq",
+	"67yV3i7EOttGPM2zOCstvbPDirB8ZEtBNFtytRDpGQsPghDEgxjgsQzhuOlgq5iB8vkWOXwlxLoMhUi1",
+	"oLMMDFFpVfcpe+fuJ7DBTw0aeJAlt0Tuvv8pGA9tyKp8NQ4qPPx9dQ0cB/RN+G+cyhVyCmnHq4yjUhYm",
+	"Z7nKhEU6GClvs5GkyySF1sQK1FevxaOKhaS4xWHIf9k780OPlHdowmzAUMJrxH6Ib0a0iJR2W6OJJydf",
+	"niQCNJohicfHRNoU6Ts+Ovnm5OnjJyffVMJ/Ry3hnnQ+9Be6X36LNI5wqKBHhetVT+bhVlDiwsPNAebL",
+	"GCzCh5qiqSIU8yUeV2IU8tozvDpuXV2P8xBgKbUTnZM3sVjrUTTUq/LVlPS433KRi/QT9nu4H0i9A+Oh",
+	"Jmi6Pfxsxb6SEk4x0L4Rq+99fK7OeX549S+vq04Bsg6//8n7BQYVNvvi4vxNJ+n8RP/96fXb5993ks7b",
+	"P/3zy+fvO0nn21evX0Y57jsuTftYp2XizG3sNuTX3CSYDcad9A7smJaP7FWCMpNleoOCJHhPomoMqej7",
+	"pDVciDnRDbCy5uS8YsaFZBJtiih5KtZCpZZpRUoWcVT0BVV9aBmHT7/lPBu7NUowJ4ymv1fyg0jHVixW",
+	"jShXJSBCxsh9NmME2c93vsOleVc8fFN14e/z6l/Kp2+S28MaReaQtDXPBIijK7F2DW8A6NGg56L+ABpi",
+	"+Q7zsWOSm+gKABXUSJ71oriwKxNis9yy6rIqB4zJVmVgo61qVOIt9UFLVCZnPEWiSE+nJK6aX4Y8hsUG",
+	"cBl+7F7iZXVpA/mDKrxi3sCuKgc2CoJcoQUpYydTrtjbuWBckRqImIxmRp4JpoRIRUp2CZgRVqaCpZLU",
+	"CUB970NDP9gvf//r4Op6vBKrMXok72UY33uxpfOycL6CJTJbitkVnKhiRJrXPMsF4gueDewgBrCmjPME",
+	"WLCVGseqYEOMPwOdfGd0vo5bmLSL4HEtnct6XjohAA1qv/jAY8ADy1eCAiuDlv52F2v1/t1Hn8xjx7Pg",
+	"ML+NW9S96zfJ/SLINTfwfXw5BF1JFip62ZHkwMJEXpMJQgQyLytuHjIsezvmIlHxhfn7JwLynjHxu0H5",
+	"ANHpOxhwiDGQ9YNM+H5Ml1YVfmdKb4asxYjjLHiPnIna8TTQPpoPENBxF5u4O1JeMI14Ug9i8t1hVm9j",
+	"h2xKYCPedRkWv1cUtuRgtwVh988tSEKMiKJyzGkNxqu2oooBJN7Re47b7d19Uh4st0X5YC9xmBYb2Rsm",
+	"MXDsSLUgYwWZuuf3cwq9CsqH3wMLPUbRBLu29q6q+MWFzSOfvFpoEyTq/Uk9ssGRZ7QTGNBEy55J5XTV",
+	"+R08oyFjGkONyDo5kJic+5KCBOkO9LQpn13hoSJRGEFfbp3AyAv8kVDyB8eIJst4mgrTzGL36hpId8+0",
+	"wz5E2pZ+MKdQO9TRIvzqnxoyJT9g0rGbresOxcfHTY9Hizt5XWN8n2ROr8DtjkH4BGmObLtUJx/FVb8z",
+	"xoOuWMReikGo+qAAYDP4BvoFerc9anJmRL/mdepy9Oz1Cp+0T4p6q7JtqKNpKwk7XMl+maWq6c8guPhZ",
+	"F1VJ+AXtWErUIa9hQOMiZ7fqrj08eRoB9GK6jkZ6MLF/nTvmqzcybhbCUoYQKbprEE0p6wJ+WrYx0jmh",
+	"fFCbp4TURcoSnDMdk9P6qpewo8N/fYaobQ9sLfBVODluc2xk3Ak1245zGwOgdbDSny9evX9ZKIIrnmVh",
+	"/Qlwz5UEVkuVMfdfQNDe7+KGwQdR9bQG7YgACHNTaG7PComkoN3KMvxB1iBTo7xdfPEvNbN2J2MsxXIS",
+	"VBtdGmeVQhViRUZQGr0Sbc5zS/J/hYXVFZF9I6+Oyyw2ehH/JMtxGZT4ja5q96mc1zT6SkQMDWs7vnvt",
+	"Cy1Kq7vMhSq303cu6wWADSlexxUDCHGnjQ+fy/2jwZS5HWWUbdfAsG7XB70QwxWJ9xtYSk4uhICQmNyA",
+	"/pzGqNowI5TY+AXfYS3688Fk7bDuOF4aoNZM2lWsJMCpsVsXntymjYSpZqA6Mf/QGbCwlbYufNGIgX85",
+	"D3M6W4/BxG8vayrAboTfP20Bh/sv4G64HD0cAH7f6de3g3/9wNBf/767r9DEV4huhNmi9CvIx71fgRl5",
+	"Z0t1qnOT3P2CrwaERxteHSNSoVyUJYI+FlwelLeKuT01VZF0G2ltLsi11MXMp5HyJXhgIMqVSDGHlZQu",
+	"nq6kKpVCzIbtDYtMpEd2pMpVDdj3QqxBwe9O1uk64yokCPT75VP9uczEpHdGXlyqPsVcTzL+Zhy/mQpm",
+	"l3qjfLR5FM8cbRxPq5Lv3K+SzfMsq8EiQfsj1N/iKqs7Rucb5b2R6l1IDHyUqqtr9ZG7C9cBsj/++OoF",
+	"HE+mN8LMuBWwT63kjGewkBWqEpVw6mH/Ge/Pf/349KZf/H2yx99HxzfRQCssdYcFHJKj97OAAT99Ln/L",
+	"EI6VnewkoguY5GM0LXRn+eMeaZX46O45K6TYOrCXlZxeaX1NNlgBqPOjmVSmMpxhPF6gsyI82UtGqojL",
+	"lz/7r0gFQd+Mj9IzbRLCso20At0lGZjIg5GirFIMT9TzAlrDDsFydnp2FYov1/k0k3YpkLTIjiIixG4J",
+	"lG+sgRkaCzpONYE4WvegtQOYrcdLbSMq4uV3r7laBE/CkJLgKy4DI/hsKUi7KsYKtf7csa6XIMMyhV7P",
+	"WW4wrNOsd/38jINyO2tt9thOuWR4nnUPsV7VK7hPnz172rtV6D05PX18en9xK4pi01vL9uipdiZTI3qC",
+	"STy29KWUKekzgUnblKfdhPcDpEBdXd+1p0pWDdrCU19Zsqt6pbniz19jHXjfiy25qI9Anh6fPmGzJTd8",
+	"huRTFDVr5YzOKj/5ZMTqWp+c7CqdaewDi66/NOR3VZB/6XkCL4z4LiisGGOmPvCyt2va6GuhAN+/xaD7",
+	"DcL6Fb16fNQQS0knV/K3XPjfnckFerBrdtjtXt/yURA5wJr3FpgXoLTXFkiJqSupwue2PznUi906MDyD",
+	"JjIpJuNFCDd+eZLwombnmSo91emWzXSepcyJLDtjwPVBfnnnSXHgVR1s3/P+kaaPHPbpXmedm4jCvHRu",
+	"3bU9NgVl7MeL18Gb5llvxL/4ZUmlobz48m9fxFQsApZe1opU2XwdhZG17lJ7drUXmRnB3T2d1/fuN4CJ",
+	"m3cccFHpQs9TWugYdZRrno2DJzOaMNZyX+7QITNu3XhZzUzfb8OZ4FaM0cW0ve9bzt138fvnCN8vvdU/",
+	"Pb4lWzZfp/fEhpj+Hfy4tbqBGgz9JpMq+tVmvxUHYqDdifdl0fH+5vpO67utCO+hXLbp4f55cp+pDH4F",
+	"JWxXak9Ez9nXtvvdNIl2qPuzFYXd2YUoEdHUAxWzZihKxb57+Z4d8LU8uD46QGP6n66l2PyjL1Lfd4+g",
+	"gew02T9X1/gSqkIjef1TtYLmxrzU/z3EbssP9fOSWhFo3xwJUZdPqcUIHO2A/aCrlnnibfaVcDzljmN8",
+	"OrigrJgZEXxQRk/FLudTI1KfhD5WNHbhKGDSW991J5fvWIX1SzJ4x3wCQLEu79NgZZ+fYrK5Nt6HRj4z",
+	"MKCKyHQkdpampiZ58qLlV5ET/vTk5Mk3JyeH3zz+5vDZ6enx4eHhXR3BcO7xfuZPm6HvyiT4nJyBVFyP",
+	"G12YvsxW7yqb9ChRqZ4s43uIJhtuC6yIllPuiPxXG7AJ9Xk7O4r2jbl/SDpg6B1ZIE2ETtAgeHIyLCJr",
+	"R4NT9kb+iXWP8T8990/0kJw48u+QQDMuZq0Ab7p1LXvi2TdHp8fRgKfnsETjkbj183dl5kqVIhvcgXWP",
+	"ngDBPTmhTIRegg3WfPYFxgZytxTKyRnoXUXrnFtW/bRuA0XLK/dQInfg0A4GXSHfHckBFZAjCyEcjOqE",
+	"ZavWZmOjEFxv1yOjeGkdwz9fvv2BrblbBrNRz+dCUQca39cO36wlRx+1kqN3liTurGfLdzQycdJl4hZd",
+	"rOXnpOD4jxevmOIrWHfZHUHPQ39ZXDxYynZ4cOBDOoNUXIeWsfZAqmueybQfyh9uP038NSy22FCR3bDj",
+	"0GoqWkTU1WJc5L/3FdzFu+RKn2mTUsJY0dQuKvgbqn5Lsd9DNRiUAfnqt7UIf/2nNPrtete3GA1ujDCL",
+	"Dzwrnr66HlRLt66uB6k/kqvrQaVQrfhclMfhN0W5Hn7ypXVB0Y0lOV/4kHVD0tdZZbyGqa7/3IMtfyrr",
+	"rSsKO1cED5z5lhFYD4G+c/9Fzep9aFcrzz+MATbjTKiInYGdbUHC5R+8SlbVrL+w6lG65KgKu6mMF2td",
+	"u0a08SsvZLHOo0GS/lHdIsNutUqz7979eP+shv6eaQ1X1/sc4Jc8vKN9YHarbzqsORxks6QcU4Kp8BvE",
+	"sbBW2DO/h6KVUrVAcZVbh/n5+lqYjK//QBuFdex1OEmZh7Us8qIzIvY/znZKzSOSPlI/FNhaUTR6VkSh",
+	"i3bgqbBOKpK41ffIrvcJHEZYnV2TwN3LpK+q7/fZW8iMepjcpzt18suoxh1EVi+oiN5QqJseyUilhm9U",
+	"6PlDQgZMZ4yglDIH23UV35eCZjBS75eCgV3QTG1nfDYTaxROM62UCM0Zsq1vpM8V+/Ob8+cjNVuCtqAW",
+	"oh/uNqD0ZukG7EK43KhgOEy3IzVpOaYOPsr05qCqh00ol+CzzIlmjTTpMDWLoMaNGgy1QcINEojpmlVX",
+	"WUzPBLkQYr7S2Xs6bCIuj5oiNEa0aU9MfCRgUUQ56tzt94gqD54pxw2KTxOUkTbS17v2Rcn1VPyRZSW7",
+	"qZmh+S0NqhvS8xY2G7GX7mCP9+VXu1hSrC6ugPqucqEaKO4oEYpRRflyAf0YbVQt0So+JHHEjFKM9x4X",
+	"ef/totmpdsuocXDpeCYuRDwP52dPZqEOT2KFdrlLamApbTW//JFvMoft0gYMhsDeNCtfMB7qZPoFYVIH",
+	"/yS0ZwImDIIdS4m1ogLj4qKNIQwgjW9PlRtBvRUw4bzSB67MQsdmUGQeYDsXAskjW/buS9hmKWfLSplO",
+	"mTW1swPfSFELPux8p32yGlBRF0u0Z8JDIbShq73NZlyx3AomQfRoU/CzEtA9MG/SnO6HEdSfnwAVXNZl",
+	"s6rQkE5plmm18Lc8hIwjpd0S64yweyUMIngNekUdM8BrpAzWLJFsqgGjX3EvR0ENdrjgKfY1hNMPDo2y",
+	"rWGoBIg2zbvF9GvwXMQ9XLm0vgNXuATGVzcVyOW4WQhql/bl89h2VFhhJAxLqRzWOeD9L+KaOmgFR28m",
+	"VvU1PTk9fXy/1lklttzaSs/7YUqQ6Argiq59D5n4Wga8W73h7rbH90nc8BPEmONl/JYaom3qdUZKVVGr",
+	"gtHzQdm4rZpp7RGwiI1bNiU1ZKTQe2/rGSwIXurASUv0kRwXeuyRyx+RpVfvv7UmT2al/Xn1MoZw5UOl",
+	"UeHOIq+kU4vS7ee7Q6T1V4gU6bRY51TNc7Us1dQjjwIWvapb7yG8WTdJx4pZbqTbXoL8D1GrlVTv9VWs",
+	"cf+k38ef+w5+nwzLQihqL2ZZNxWZcCKhlqlJRXxZ4MKovot0pDZLYbDutbwCDccE5lxm1jPpM3hRP8Fq",
+	"JcFNtepr6RzWc/vvI+cxyyRg2fm7V+xKbFkX9rCW/SuxtZMe813/3q6FOn/Vr7TlwGsS7NlIBXFSfY8i",
+	"vI5fCSqbG6mRAuHMlC+/agCKgVya9Pv/psuv6BonSrOkygJpRwovQ/C9zZbYnbFs/1HWIKTieoKW6ySU",
+	"rEmFRykmPW8++Zh6aN7ctnAmCRVxJ4xupuhRxDrb8G11HTNuzBaE7n1jufudG0BkN7JV4dUFm2+14n0r",
+	"1txgiCeT1tHtYdjLJaN6CyU2bKPN1Ug5vRB4HGlu/BU92iFh9oZYFoHVcxsKFQ3YK1cEfb37c6TIUEVA",
+	"ZFyu8HsQmCQGMHMHFQSTK6xF7i71htV6X45Upi1ZVxXEnumVsGjW9gbsB3/WomhedyfcYMnPb6meARSY",
+	"lPNNmoUzBm1gMOl1rlLmi+I9X0aP8EghJ0edjNslNTzWRqQeUP0KrFRa5eLcX0WCRTiobGrQGBvahGVd",
+	"Ur4qVSnMaZ0wONw+9hPAMJ4JQwjjewkRTqOG0qyCKWQGjSfLykg7Ut//RKX9XZrS6Ewkla4zvaC8wp4b",
+	"mQNKCJhSj5R3PHiQrfY6rxsMhM117LaIKgfAzdHdYqApe53jwOt8eCPewogFIv/r12+w6ICaTY7UxFP3",
+	"JAjiGnMp5W7RN79B/3iswIK8JwZrMpz2LMbA6BPWdXzBJn7kSY86ne5iniPVnQC7+ftJwiYHYdhJwnAQ",
+	"4DBcTnpFwgXJEkzGYkKlyGwszjhSE70Gbg0cytewTLcY/u2HUnb4kAVkTPUsXwkFe8DyZsBkBNJLUA6w",
+	"5LcEFww62XV75IR1w32UvdAXgtq6j9QEzniSMM6W+YorNqGg34SQdIKyf1INRu4IqXppWJZig0hh5VJL",
+	"AeUBi+ZO5VtyD+AGL/JMWN9HqgAom+ss0xvreaVPTqKbGNeYsoi2IZ8thyPFga0vNd0C4JZl617gtmSf",
+	"2g3aLSeHpx4kik3OYYaJv3tkpLpVIPpGOwTyiSfi9xfnz1/CeDAMLhihcBbmxXcCWk9CpV+xEpGSAVyb",
+	"5+TwZMB+NhJhVJ0TrGa8og6EGWeYsYVueivgqJ7TNaL999u1GLIqLngcODk6HamisAntSUA832uCs6nR",
+	"GysMddAj7qKNXEiFjZAnb/HviZcHfhdoNxBxPaKu6ZNLMet/K9xs2b+UTgwZ9pfpW+nEpEegehy8AKBh",
+	"AMhF2l9q6+yEWQF2f4FaJKEmf9bWTdqAOzk+Gqk30qbSiBl85686ZLWDg6MCE9M69uKHS2bEVCL+Dth5",
+	"mGekEJj1Ls/cGHktEDmkAsUHnsF0CZ3Tak4OnwbCL1gqYCqoO3hz1YBR9Zov/YSTk1isL9jkX/p+tf1X",
+	"6WTox0A17xFVP4bGhpiXCK/oOZW7HB0/ZWsjFRkn55fPX72q1LiUyp5d85kAPaeIihaHf0ZebeyIzTLt",
+	"bxsobuPK9GKkYGfYPyNf06WwLBMLS96VSrJSt93SqOdxFPeEounVC+KyJFlIS/bXHqyJWw5LlxGlQGkL",
+	"L3vV3rfZnXy8mXgphhemAqY29E/fDL28gsjP1a1rYklTuz2LMqmEcLRQtYn/NhgTmofYnh7toxnPMnRt",
+	"KTb50Pfabp9gPUlqCFNZt1BzbWbCVng6kqX4wGcu87iJdqNdixmgmFhNRZqCHQIzVQTcGbMi3Nt7wHO3",
+	"HCx0b0jCClRQTHjsJWwSlB/USwE4HlqJT3+s6nre50V1uPjUGatdYJOKmUwRDHK2JJ3TUlQEgAJmBkxp",
+	"RTaflDdQeFQv56FlgaI0oe7kE3iMVt1cU8IUNwa4RwjTFGcCw+BSaa6RqqwbBWnvrLmd8uzQN8mzbMDe",
+	"VlGCruaAE/L4MPH9mmukU0UXwvlJQOIJYTGQxLb0saE3UevMAj8iftx99/byfcLe/Qj/nL9//ueEvXj5",
+	"+uX7l70SrduohRd7RrQmwiOki9LrV9O1cPEkBZGsKv03uyeHj3uh5TsgUIUCygFKWiC3G7/ChvjIVH35",
+	"rK319JFupEIYrE4nK/4BGe3Et/npFRTD4gQzUnUS8XiPqrcdLLRXtGWl2ilQDpISWFG40pHywTVk7UeP",
+	"61LZSyKvHfk7zoueYUkA2EjhLKB8FwKZ3FmTopuT2lKrfYIzp/Att8xq4GeW8ZGaLXN15dsBrKkhXzHX",
+	"gJ3XOGVxKSKCuwguupHC0PeTE/Y9ZeKQRgYUSR6dpc87BgqcFH44YI0hzDthGrSXWskk7AN7dSImnKsq",
+	"Hnjy4YWp0b7hikShZZPTw8cTXHzQQdnk1pS2vLw0feI915PKheITvMoFtCW6uhrpC2csWxdQ0XPKuu/o",
+	"Aq3Lv7wOt+GiiRdoBM4jV/g0iliPOHS3MGhVFXMXEZNnGYp3BaNkWxAlm8Lhjn360VQhNb6mYPkBfScF",
+	"yhbs+P1Xbtkadg4HR4NDLMAAk2MtO8PO48Hh4DE5apfo9QqukfKe0QUFxgtseZV2hp3X0rqX9EhSu+7/",
+	"l1aNMt4xSvuvXDp6xmr11nS56EZgTh7e8v9bLrASwl/zT4jfqV7tf68LpG+Sj9FxQ7u+clhftd4ZHmGe",
+	"RpHGcWfaxq4pyutg97x+v3Y5982vSSeE7vE8jg8Pb7nx/343/ZcXzUbu+j+n28v0PBjGgDonNHts0GKV",
+	"ByEdFz2rIepO10jDSKQt0nFT3A0Qly8s3sVOHLrza9Jpiid/DzwOW8fTA9Iud6LrJf68H8ICOfGt33MR",
+	"spKWybRYbOyY8cnPQ9B2tAX9+QQ0mYJOplgXt3GpczMTaLahYEJXlrcfemdsI1UIwPtl4ZKJvZVrfs2t",
+	"6+N4/VcvPmPtd+OoEx8cHVa/PKtyuqZHvo2Mil1evmT07hkjHyjiEvYJQ2Xi6JRZH3AFiICmwV455lu6",
+	"Z9syvcE3qbDL3FmWUmVWEZsMI48CE0WX39Jfbw5PjzqfQAtJ5/Tw8d3P/1jKqAb9/CA2BVYGg7mPlp3/",
+	"tkuIAvymj38mzFfyMDzj3qeTGV60upO8vhMO7+XsPCCrql02G0GQiq9/0AAcvurvTSRVkNybxVWfQa1I",
+	"w2WWXsX4dHgV3Wd3Ss93vgFsgxfdX0a1pNQ+cqqZ8phtQ7dsn15P9ri0RUTcX9nIWa1jNZNpLyG1v9pH",
+	"mXV9/IdnWokhOzk+pt5SZc/BwkFNiRf//R//47////+FO/3v//if9V7pjfbo1Wssp1ufQseZ/S3nRrBp",
+	"pmdX/vK/FXdGfjhj2GQ3XJwJQ2yWOvMNxHdw82aX6BL2jYtzIiHuf4jGlu8EuvduN2F+RuBtLii26EYr",
+	"6wdac+MEpS3QpbzsDKzUeqYG8uSiSND2ztBB1t4aaIV1VALkuf2U/oiqVdGZegevQgh+khg5OT7+VBXs",
+	"5S1tvItG+eF2vM/kfgdlV/NFLLf2rQot/NfClC5APPSk1ti8174YwXuQ/RV8DgOQzpu60pyxGZitC6M3",
+	"lWseyyw8zz2weTz5OkuG81//GRB2wF4YZIIK++3RWr21WYsiw27/qYbE/zjKDw+Pn1Tx+B993mxcEnwX",
+	"Wp0/KD6WLeh3ICUd2SCiuBPB4+/kK/MdaLdeMACf9k3qEZ7EbD8XhT56qN4cfCRY3hzU7sK5VZGvZiv5",
+	"hn1nlTQL4nLeC6M0PdI9OTwpmA1eDBHhNWWSENU5fhLviar7Huu/wGqLJM0vsthfk84639WEvug0X3fD",
+	"ek+zTH3nbcMVq/VB70UcwgN23r4e59ZW50U2Z6nOFYzM31Bp213GE3/ZMQ8NwTE5FCy/GUkqXXQQ9rHi",
+	"Msw/aFExpbqWzfoJ6sK6P+l0+0UpuHK5Uz1dzTdEelD20Zg8jgp0ZLxalPkpMu7w6J7PP77n8yf3e/7o",
+	"nuMfnT6wTPcBAeR7zSSYX34F9lJNYMNvgIxLrn6B51MljXUFgfdj2zBxp/pLcL37zNO9OPpvjWbumYjl",
+	"Vr4Mjbxbvd1Zt93bvcd8xvSwzhxC4kCZyV32EC8Z8CNbOqropnxemW+cybkTqX/EpzVslpr576UbsJPD",
+	"E/I2VJlIeUV/4HyhpXnjEptBRE+Yu79Ub+VpEPpJnDdXgCStX9/gj0lfp5+B/3dgOgDPp/PXEGdvNMfx",
+	"Q8ugv+kbX0HfqPKN0MZ4tyvFd7jYw5XiuwLstyhqjrTLrR/6oe03VnEZcXyw0HUgarJj29DP70rYul3K",
+	"Z8Zmgl8XuVI+ok6tqzCREw/f9EPpq7TO9oYMs7Y5Q79gfwNK3rUUG7bWdHVWbI/wQNyL1ZnniOghydt/",
+	"DBQcydh+UMs9dNTepeVgluxnBkNgAhopYeU1X77K6z42U9JZR7s3n2PGDuboUiCV0jN8okK3rXqHdIZa",
+	"nhHdAO6RoppHS5lPRelOZZ5Ggq+fqZY+gXljldVg2kTG5YoiGRj99PeE1jKLR0rnGLsuU2Uf2XqafD3r",
+	"AFZZC/mPVCO5J+QRdTOt11M+u8JIeplH3qvkCsUM+AsPg3ekCT2I3t+6auArq/4CvcaxkIz44P18KB42",
+	"3DLfJoh10VcDMqWS5zXNV2sAffADF7fRa1PmiiMq+bB3D8nsmJSVh91MkQD/B7VXnt7z+Wd/RfZNpTiC",
+	"TJtPNHiIVOn+n8KeD4lq3XxthXGBDe8fLAsD7TCEjk+Pnpw+PT65aeo0WFpfN3nqvOUFfl9wlrsU/gux",
+	"0tf/7+j391TddwUu4+D9stzzjrCll2Nl9PK+8L25t8pQ15Rj05SPeOW809bKqTkEVrjtdPNf8rm/9rso",
+	"vJCWhRLDhPx0WPeHScM89RXJIq2WC8PjbCoWXOHlMWiShARvf8M+kDVdsR/MedQG8Nwe2VBO4nsahHel",
+	"YuFSRnIawjfeZsfrhNGJ+f1PWFah5/PiZmdeu4YVNhHCd2qW5SmILva2mp5lH4VJLW4hXOlT2/uAFaVt",
+	"VLdDG3/38uUF6/c3XLoJqdhMuraT4DvhXuBZPCA64wShk3IcnXHN1KB0YYS1n8iQTj5Vtf55ScVuvMAy",
+	"QjtfeOqz9ZjSm85XoptdOvr7ugZe9OCJpjVjdruvAA5FIAuN5XwbvsV7sHVKXrxLp9c92r31fZMH2HO4",
+	"UpWPl1qCem0qzUIJ3aTFO11B+LSRDBHgD8I0EzjE4pT/CgXfJ+k57/lVhdnWoyUh4d4zopL9zaWSdrk3",
+	"QWAr7rhGc1Brxf+FKeaHIic4SiNRu7aNw38OK3xAq62Y42uba8XEF2KdRcnn59DXggwuu8TWXqnG/Ny/",
+	"jnDNfc2lv5bwzj2od4e18uT46GSHrYKJ9GKnpnfeKvgJZRNEptSWglQzbYsuMeTLWfJsTiUNlr17wew6",
+	"k67oklPJ++hyn9FRK3buJdFYchGFKbhh0QO7uOa3bRDgJh9SuOEEO0Ooeir+gJLsC4UceerN7VYD+2oL",
+	"eX8v7/4hyM9SzfIvJWfYRUgg8KGga6lzG460iWrvCBVLdHsAz2GJaV/RXXgnev8tO+CPnx3gsbNKAlV6",
+	"LdoyUDZn5wtInsdHJ6ffHD/dIXpM44LPqAT6tm0/Ne9/LUP9oTFGs8XFSGE4wne3oD4ZbTnFCymVhO4T",
+	"hagaKWqjMWQ83j6DMyNW2onWdRv+YSxaNgJ7a1TabFDdXojQVrgRpiicHD6OBSi8i+uifjvbVw8WBJPt",
+	"b0ZaJadyxw3GrHtLj6Gk1WGo97VkZZwyqWvYlzf13kdqq1fcXLGijBtnHrC23kkX8ay1cSNF7o+EnP7U",
+	"6rDVz8/3rvbqJ+qqXBo7DNm+ZU887C4RugSFbjye1bx6kdS+rvsIR6rsj8eDs7BW3OprAbwfsls0WmAY",
+	"yRypc980jIVGQu22QdyIVtegynpgFZVv0pDVcfyMpq3UwlZqpql1WZHtFILCYdgY03nDzZW/ci17KOWm",
+	"2mT0d4iI7uGeqjiwPep1EZYJFQf7GGel6S49tMHLZ4o2nQnTucOgakIu7iJNrEgh6/3NaP/dtS54/tnX",
+	"liJvkB9WuOEZo15uHyrtJENKB4ZDKsHKfaOb/mKUmM52dHjy9PQbSvMMfa06w4/00Y1RDRr7hl/hSypc",
+	"rH5LHShrH/7df1oJZ+TMhk/N8bCLZXi2PfD10cFsyd2B92b75szhl9iXOAN+bpwPwh0nIOmGd9BhV7Ph",
+	"wcHR8TeDw8Hh4Gj49PDpYafiiPkYkp8CkOFQ/VfU+Kv+jQUx+38DAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
