@@ -402,15 +402,15 @@ func TestAgentHeartbeatsWhileTheEngineIsSlowToAnswer(t *testing.T) {
 	eng := &slowRestartEngine{fakeEngine: fakeEngine{spec: registrytest.Spec("slow-d", registry.RoleDecode)}, release: make(chan struct{})}
 	eng.spec.InstanceID = "instance-1"
 	runAgent(t, cp.url, eng)
-	first := waitPeer(t, cp.store, "slow-d", func(p registry.Peer) bool { return p.State == registry.StateReady })
-	// Three lease TTLs (1 s) with the engine's answer hanging.
-	for range 30 {
-		time.Sleep(100 * time.Millisecond)
-		p := waitPeer(t, cp.store, "slow-d", func(registry.Peer) bool { return true })
+	first := waitPeer(t, cp.store, "slow-d", func(p registry.Peer) bool { return p.State == registry.StateReady && p.LastHeartbeat != nil })
+	// Heartbeats for three lease TTLs (1 s) with the engine's answer
+	// hanging, the peer ready at its generation all along.
+	waitPeer(t, cp.store, "slow-d", func(p registry.Peer) bool {
 		if p.State != registry.StateReady || p.Generation != first.Generation {
 			t.Fatalf("while the engine was slow to answer: %s at generation %d (reason %q)", p.State, p.Generation, p.StateReason)
 		}
-	}
+		return p.LastHeartbeat.Sub(*first.LastHeartbeat) >= 3*time.Second
+	})
 	eng.mu.Lock()
 	eng.spec.InstanceID = "instance-2"
 	eng.mu.Unlock()

@@ -366,7 +366,6 @@ type fleet struct {
 	// peerEngines are the baseline's own engines; nil when the peer routes
 	// to prefill and decode.
 	peerEngines []*Sim
-	maxTokens   int
 	procs       []*Process
 	progress    io.Writer
 }

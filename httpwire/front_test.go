@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // frontServer serves h through a Listener with the front on, as pdplane
@@ -24,6 +26,7 @@ import (
 type frontServer struct {
 	addr              string
 	ln                *Listener
+	watcher           *Watcher
 	byFront, byNetHTP atomic.Int64
 }
 
@@ -34,7 +37,7 @@ func startFront(t *testing.T, headTimeout, idle time.Duration, h http.HandlerFun
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := &frontServer{addr: tcp.Addr().String()}
+	fs := &frontServer{addr: tcp.Addr().String(), watcher: rt}
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, ok := w.(*frontWriter); ok {
 			fs.byFront.Add(1)
@@ -58,6 +61,14 @@ func startFront(t *testing.T, headTimeout, idle time.Duration, h http.HandlerFun
 		fs.ln.CloseFront()
 	})
 	return fs
+}
+
+// watching is how many connections the front's watcher watches for a
+// client leaving.
+func (fs *frontServer) watching() int {
+	fs.watcher.mu.Lock()
+	defer fs.watcher.mu.Unlock()
+	return len(fs.watcher.conns)
 }
 
 func (fs *frontServer) dial(t *testing.T) (net.Conn, *bufio.Reader) {
@@ -95,15 +106,26 @@ func readAnswer(t *testing.T, br *bufio.Reader) (*http.Response, string) {
 	return resp, string(b)
 }
 
-// readThenWait reads r's body, then waits d for its context to end: the
-// cause if it did, nil if not.
-func readThenWait(r *http.Request, d time.Duration) error {
+// readThenWait reads r's body, says so on read, then waits d for its
+// context to end: the cause if it did, nil if not.
+func readThenWait(r *http.Request, read chan<- struct{}, d time.Duration) error {
 	_, _ = io.ReadAll(r.Body)
+	read <- struct{}{}
 	select {
 	case <-r.Context().Done():
 		return context.Cause(r.Context())
 	case <-time.After(d):
 		return nil
+	}
+}
+
+// waitDone fails t unless ch yields within a few seconds.
+func waitDone(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: not within 5 s", what)
 	}
 }
 
@@ -333,18 +355,18 @@ func TestFrontLeavesOddHeadsToNetHTTP(t *testing.T) {
 
 // startWaitingFront serves a handler that reads the body, then waits 100 ms
 // for each "w" of X-Wait and answers "done", unless the request's context
-// ends first; each request's end (nil, or the context's cause) goes to the
-// channel.
-func startWaitingFront(t *testing.T) (*frontServer, chan error) {
-	causes := make(chan error, 8)
-	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
-		err := readThenWait(r, time.Duration(len(r.Header.Get("X-Wait")))*100*time.Millisecond)
+// ends first; each request's body read goes to read, and its end (nil, or
+// the context's cause) to causes.
+func startWaitingFront(t *testing.T) (fs *frontServer, read chan struct{}, causes chan error) {
+	read, causes = make(chan struct{}, 8), make(chan error, 8)
+	fs = startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
+		err := readThenWait(r, read, time.Duration(len(r.Header.Get("X-Wait")))*100*time.Millisecond)
 		causes <- err
 		if err == nil {
 			_, _ = w.Write([]byte("done"))
 		}
 	})
-	return fs, causes
+	return fs, read, causes
 }
 
 // wantClientClosed fails t unless the next request to end ends with
@@ -366,13 +388,13 @@ func wantClientClosed(t *testing.T, causes <-chan error) {
 // its next request meanwhile (pipelining) cancels nothing, and gets both
 // answers.
 func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
-	fs, causes := startWaitingFront(t)
+	fs, read, causes := startWaitingFront(t)
 
 	c, _ := fs.dial(t)
 	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+strings.Repeat("w", 100))); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitDone(t, "the request to run", read)
 	_ = c.Close()
 	wantClientClosed(t, causes)
 
@@ -380,7 +402,7 @@ func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
 	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: www")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	waitDone(t, "the first request to run", read) // the next comes while it runs
 	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: w")); err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +420,7 @@ func TestFrontCancelsTheRequestOfAClientThatLeaves(t *testing.T) {
 // from request to request: a request that outlived the watch delay, then
 // short ones, then a long one the client leaves, which is cancelled.
 func TestFrontWatchesEachRequestOfAConnection(t *testing.T) {
-	fs, causes := startWaitingFront(t)
+	fs, _, causes := startWaitingFront(t)
 	c, br := fs.dial(t)
 	for i, wait := range []string{"www", "", "w", ""} { // 300 ms: past the watch delay
 		if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+wait)); err != nil {
@@ -414,7 +436,7 @@ func TestFrontWatchesEachRequestOfAConnection(t *testing.T) {
 	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+strings.Repeat("w", 100))); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(watchDelay + 100*time.Millisecond)
+	simtest.WaitFor(t, "the long request's watch to start", func() bool { return fs.watching() == 1 })
 	_ = c.Close()
 	wantClientClosed(t, causes)
 }
@@ -455,7 +477,7 @@ func TestFrontTimesOutHeadsAndIdleConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	readAnswer(t, br)
-	time.Sleep(idle / 2)
+	time.Sleep(idle / 2) // the point: a connection idle for less than the idle timeout is kept
 	if _, err := io.WriteString(c, rawPost("/generate", "{}")); err != nil {
 		t.Fatal(err)
 	}
@@ -466,10 +488,11 @@ func TestFrontTimesOutHeadsAndIdleConnections(t *testing.T) {
 // A shutdown's DisableKeepAlives closes the idle connections at once and
 // makes an answer in progress the connection's last.
 func TestFrontKeepAlivesOff(t *testing.T) {
-	release := make(chan struct{})
+	held, release := make(chan struct{}), make(chan struct{})
 	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		if r.Header.Get("X-Hold") != "" {
+			close(held)
 			<-release
 		}
 		_, _ = w.Write([]byte("ok"))
@@ -483,7 +506,7 @@ func TestFrontKeepAlivesOff(t *testing.T) {
 	if _, err := io.WriteString(busy, rawPost("/generate", "{}", "X-Hold: 1")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitDone(t, "the busy connection's answer to be in progress", held)
 	fs.ln.DisableKeepAlives()
 	if _, err := idleBR.ReadByte(); err != io.EOF {
 		t.Fatalf("idle connection after DisableKeepAlives: %v, want EOF", err)
@@ -541,7 +564,6 @@ func TestFrontHijack(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		time.Sleep(50 * time.Millisecond) // the pipelined request arrives
 		ahead := brw.Reader.Buffered()
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Ahead: %d\r\n\r\nhi", ahead)
 	})
@@ -559,15 +581,15 @@ func TestFrontHijack(t *testing.T) {
 // CloseFront, a shutdown's last resort, closes the front's connections and
 // cancels the requests in flight on them.
 func TestCloseFrontCutsRequestsInFlight(t *testing.T) {
-	causes := make(chan error, 1)
+	read, causes := make(chan struct{}, 1), make(chan error, 1)
 	fs := startFront(t, 5*time.Second, time.Minute, func(w http.ResponseWriter, r *http.Request) {
-		causes <- readThenWait(r, 10*time.Second)
+		causes <- readThenWait(r, read, 10*time.Second)
 	})
 	c, br := fs.dial(t)
 	if _, err := io.WriteString(c, rawPost("/generate", "{}")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitDone(t, "the request to run", read)
 	fs.ln.CloseFront()
 	if err := <-causes; !errors.Is(err, errStreamCut) {
 		t.Fatalf("the request in flight ended with %v, want %v", err, errStreamCut)

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // deadlineCounter counts the read deadlines put on a connection's socket.
@@ -79,7 +81,11 @@ func TestClientConnDefersReadDeadlines(t *testing.T) {
 	_ = c.SetReadDeadline(time.Time{})
 	done := make(chan error, 1)
 	go func() { _, err := c.Read(buf); done <- err }()
-	time.Sleep(50 * time.Millisecond) // the read is waiting (if not yet, it takes the deadline itself)
+	simtest.WaitFor(t, "the read to be under way", func() bool {
+		c.rd.mu.Lock()
+		defer c.rd.mu.Unlock()
+		return c.rd.reading == 1
+	})
 	_ = c.SetReadDeadline(time.Now().Add(-time.Second))
 	select {
 	case err := <-done:

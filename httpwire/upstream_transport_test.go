@@ -36,6 +36,17 @@ func countingServer(t *testing.T, h http.HandlerFunc) (*httptest.Server, *atomic
 	return srv, &conns
 }
 
+// idleConns lists tr's idle connections.
+func idleConns(tr *Transport) []*upConn {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var out []*upConn
+	for _, list := range tr.idle {
+		out = append(out, list...)
+	}
+	return out
+}
+
 func newTestTransport() *Transport {
 	return NewTransport(TransportConfig{ConnectTimeout: time.Second, MaxIdleConnsPerHost: 4})
 }
@@ -125,17 +136,26 @@ func TestUpstreamTransportSurvivesEngineClosingIdleConnections(t *testing.T) {
 			t.Fatalf("got %q", got)
 		}
 		srv.CloseClientConnections() // as uvicorn does after its keep-alive
-		time.Sleep(10 * time.Millisecond)
+		simtest.WaitFor(t, "the engine's close to reach the idle connection", func() bool {
+			for _, uc := range idleConns(tr) {
+				if connAlive(uc.c) {
+					return false
+				}
+			}
+			return true
+		})
 	}
 	if n := conns.Load(); n != 5 {
 		t.Fatalf("%d connections, want 5 (each idle one was closed)", n)
 	}
 
-	// Past the idle timeout a connection is not reused either.
-	tr.idleTimeout = time.Millisecond
+	// Past the idle timeout a connection is not reused either: the idle
+	// one is made older than that rather than waited for.
 	resp, _ := post(t, tr, context.Background(), srv.URL, "x")
 	readAll(t, resp)
-	time.Sleep(5 * time.Millisecond)
+	for _, uc := range idleConns(tr) {
+		uc.idleAt = uc.idleAt.Add(-tr.idleTimeout - time.Second)
+	}
 	resp, _ = post(t, tr, context.Background(), srv.URL, "x")
 	readAll(t, resp)
 	if n := conns.Load(); n != 7 {
@@ -637,7 +657,7 @@ func TestUpstreamWaitAfterWrite(t *testing.T) {
 		defer tr.CloseIdleConnections()
 		tr.afterWrite = func() {
 			<-answered
-			time.Sleep(20 * time.Millisecond) // the poller takes the bytes' readiness meanwhile
+			time.Sleep(20 * time.Millisecond) // the poller takes the bytes' readiness meanwhile: no event says when
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -653,7 +673,7 @@ func TestUpstreamWaitAfterWrite(t *testing.T) {
 		url := engine(t, func(c net.Conn, br *bufio.Reader) {
 			for i := 0; readRequest(br); i++ {
 				if i%2 == 1 {
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // the point: an answer that comes after the wait began
 				}
 				if _, err := io.WriteString(c, answer); err != nil {
 					return
@@ -675,7 +695,7 @@ func TestUpstreamWaitAfterWrite(t *testing.T) {
 	t.Run("bytes before the request", func(t *testing.T) {
 		url := engine(t, func(c net.Conn, br *bufio.Reader) {
 			_, _ = io.WriteString(c, "junk\r\n")
-			time.Sleep(50 * time.Millisecond) // the router has taken the bytes' readiness by now
+			time.Sleep(50 * time.Millisecond) // slow to answer: the poller takes the junk's readiness first; no event says when
 			if readRequest(br) {
 				_, _ = io.WriteString(c, answer)
 			}
@@ -690,7 +710,7 @@ func TestUpstreamWaitAfterWrite(t *testing.T) {
 		url := engine(t, func(c net.Conn, br *bufio.Reader) {
 			_, _ = io.WriteString(c, "junk\r\n")
 			readRequest(br)
-			time.Sleep(10 * time.Second)
+			_, _ = io.Copy(io.Discard, br) // never answers: reads until the client hangs up
 		})
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"runtime"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -18,6 +19,18 @@ func waitDone(t *testing.T, what string, ch <-chan struct{}) {
 	case <-ch:
 	case <-time.After(5 * time.Second):
 		t.Fatalf("%s: not done", what)
+	}
+}
+
+// wantRunning fails t if a ends within d. In a synctest bubble the wait
+// takes no real time: the bubble's clock moves on once every goroutine in
+// it is blocked.
+func wantRunning(t *testing.T, what string, a *attemptCtx, d time.Duration) {
+	t.Helper()
+	select {
+	case <-a.Done():
+		t.Fatalf("%s: %v", what, a.Cause())
+	case <-time.After(d):
 	}
 }
 
@@ -150,72 +163,75 @@ func TestAttemptCtx(t *testing.T) {
 	})
 
 	t.Run("detached", func(t *testing.T) {
-		req, end := context.WithCancelCause(context.WithValue(context.Background(), attemptKey{}, 3))
-		d := newDetachedCtx(req)
-		if d.Value(attemptKey{}) != nil {
-			t.Fatal("a detached context carries its parent's values")
-		}
-		a := newAttemptCtx(d) // hooked into d itself
-		end(errClientClosed)
-		waitDone(t, "the detached context", d.Done())
-		waitDone(t, "the attempt under it", a.Done())
-		if d.Cause() != errClientClosed || a.Cause() != errClientClosed || d.unwatch() {
-			t.Fatalf("causes %v, %v; or unwatched after its parent ended it", d.Cause(), a.Cause())
-		}
+		synctest.Test(t, func(t *testing.T) {
+			req, end := context.WithCancelCause(context.WithValue(context.Background(), attemptKey{}, 3))
+			d := newDetachedCtx(req)
+			if d.Value(attemptKey{}) != nil {
+				t.Fatal("a detached context carries its parent's values")
+			}
+			a := newAttemptCtx(d) // hooked into d itself
+			end(errClientClosed)
+			waitDone(t, "the detached context", d.Done())
+			waitDone(t, "the attempt under it", a.Done())
+			if d.Cause() != errClientClosed || a.Cause() != errClientClosed || d.unwatch() {
+				t.Fatalf("causes %v, %v; or unwatched after its parent ended it", d.Cause(), a.Cause())
+			}
 
-		req, end = context.WithCancelCause(context.Background())
-		d = newDetachedCtx(req)
-		if !d.unwatch() || d.unwatch() {
-			t.Fatal("unwatch: want true once, then false")
-		}
-		end(errClientClosed)
-		time.Sleep(20 * time.Millisecond)
-		if d.Err() != nil {
-			t.Fatal("an unwatched context ended with its parent")
-		}
-		a = newAttemptCtx(d)
-		d.cancel(errStreamCut)
-		waitDone(t, "the attempt under a cancelled detached context", a.Done())
-		if a.Cause() != errStreamCut {
-			t.Fatalf("the attempt's cause %v, want its parent's", a.Cause())
-		}
+			req, end = context.WithCancelCause(context.Background())
+			d = newDetachedCtx(req)
+			if !d.unwatch() || d.unwatch() {
+				t.Fatal("unwatch: want true once, then false")
+			}
+			end(errClientClosed)
+			synctest.Wait() // what the parent's end set off has run
+			if d.Err() != nil {
+				t.Fatal("an unwatched context ended with its parent")
+			}
+			a = newAttemptCtx(d)
+			d.cancel(errStreamCut)
+			waitDone(t, "the attempt under a cancelled detached context", a.Done())
+			if a.Cause() != errStreamCut {
+				t.Fatalf("the attempt's cause %v, want its parent's", a.Cause())
+			}
+		})
 	})
 
 	t.Run("prefill timeout", func(t *testing.T) {
-		a := newAttemptCtx(context.Background())
-		a.limitPrefill(20 * time.Millisecond)
-		waitDone(t, "Done", a.Done())
-		if !errors.Is(a.Err(), context.DeadlineExceeded) || a.Cause() != errPrefillTimeout || !errors.Is(a.Cause(), errPrefillLegFailed) {
-			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
-		}
-		b := newAttemptCtx(context.Background())
-		b.limitPrefill(200 * time.Millisecond) // longer: the leg must end before it even on a loaded machine
-		b.prefillDone()
-		time.Sleep(300 * time.Millisecond)
-		if b.Err() != nil {
-			t.Fatalf("the prefill's timeout ended the attempt after its leg: %v", b.Cause())
-		}
+		synctest.Test(t, func(t *testing.T) {
+			a := newAttemptCtx(context.Background())
+			a.limitPrefill(20 * time.Millisecond)
+			waitDone(t, "Done", a.Done())
+			if !errors.Is(a.Err(), context.DeadlineExceeded) || a.Cause() != errPrefillTimeout || !errors.Is(a.Cause(), errPrefillLegFailed) {
+				t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
+			}
+			b := newAttemptCtx(context.Background())
+			b.limitPrefill(200 * time.Millisecond)
+			b.prefillDone()
+			wantRunning(t, "the prefill's timeout ended the attempt after its leg", b, 300*time.Millisecond)
+		})
 	})
 
 	t.Run("first byte", func(t *testing.T) {
-		a := newAttemptCtx(context.Background())
-		a.armFirstByte(20 * time.Millisecond)
-		waitDone(t, "Done", a.Done())
-		if !errors.Is(a.Err(), context.Canceled) || a.Cause() != errDecodeFirstByte {
-			t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
-		}
-		b := newAttemptCtx(context.Background())
-		b.armFirstByte(200 * time.Millisecond) // longer: the byte must come before it even on a loaded machine
-		b.firstByte()
-		c := newAttemptCtx(context.Background())
-		c.firstByte() // before the deadline is armed: it is not
-		c.armFirstByte(20 * time.Millisecond)
-		time.Sleep(300 * time.Millisecond)
-		if b.Err() != nil || c.Err() != nil {
-			t.Fatalf("the first-byte deadline ended an attempt after its byte: %v, %v", b.Cause(), c.Cause())
-		}
-		var none *attemptCtx
-		none.firstByte() // outside an attempt: nothing
+		synctest.Test(t, func(t *testing.T) {
+			a := newAttemptCtx(context.Background())
+			a.armFirstByte(20 * time.Millisecond)
+			waitDone(t, "Done", a.Done())
+			if !errors.Is(a.Err(), context.Canceled) || a.Cause() != errDecodeFirstByte {
+				t.Fatalf("err %v, cause %v", a.Err(), a.Cause())
+			}
+			b := newAttemptCtx(context.Background())
+			b.armFirstByte(200 * time.Millisecond)
+			b.firstByte()
+			c := newAttemptCtx(context.Background())
+			c.firstByte() // before the deadline is armed: it is not
+			c.armFirstByte(20 * time.Millisecond)
+			wantRunning(t, "the first-byte deadline ended an attempt after its byte", b, 300*time.Millisecond)
+			if b.Err() != nil || c.Err() != nil {
+				t.Fatalf("the first-byte deadline ended an attempt after its byte: %v, %v", b.Cause(), c.Cause())
+			}
+			var none *attemptCtx
+			none.firstByte() // outside an attempt: nothing
+		})
 	})
 }
 

@@ -287,14 +287,18 @@ func openStreamMemory(b *testing.B, perToken time.Duration) {
 			}
 		}
 		// Past a slow decode's first gap between tokens, when the router
-		// takes a slow stream over.
+		// takes a slow stream over: the measurement's moment, the same for
+		// both arms, not a wait for an event.
 		time.Sleep(max(200*time.Millisecond, 2*perToken))
 		h1, s1 := inUse()
 		return (float64(h1) - float64(h0)) / streams / 1024, (float64(s1) - float64(s0)) / streams / 1024
 	}
 	for b.Loop() {
+		before := runtime.NumGoroutine()
 		dh, ds := hold(dp.URL+"/v1/chat/completions", direct)
-		time.Sleep(300 * time.Millisecond)
+		// The direct streams' goroutines and connections are gone before
+		// the routed arm takes its baseline.
+		simtest.WaitFor(b, "the direct streams' goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
 		rh, rs := hold(srv.URL+"/v1/chat/completions", routed)
 		b.ReportMetric(dh+ds, "direct-KiB/stream")
 		b.ReportMetric(rh+rs, "routed-KiB/stream")

@@ -60,18 +60,6 @@ func (r *testRegistry) register(t testing.TB, spec registry.PeerSpec) registry.P
 	return *s
 }
 
-// reregister registers name again with fresh NIXL agents, as an engine's
-// agent does after a stale mark: a new generation.
-func (r *testRegistry) reregister(t *testing.T, name string) registry.Peer {
-	t.Helper()
-	spec := r.peer(t, name).PeerSpec
-	spec.Ranks = append([]registry.Rank(nil), spec.Ranks...)
-	for i := range spec.Ranks {
-		spec.Ranks[i].AgentName += "-again"
-	}
-	return r.register(t, spec)
-}
-
 // registerSim registers the simulated engine's own spec, as its agent
 // would.
 func (r *testRegistry) registerSim(t *testing.T, s *sim.Sim) registry.Peer {

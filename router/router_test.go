@@ -25,8 +25,6 @@ import (
 	"github.com/pdplane/pdplane/sim/simtest"
 )
 
-const model = "test-model"
-
 // bundle is one router under test, served over real HTTP, over the real
 // registry (the store holds the peers, the router reports to it) and with
 // its metrics registry.

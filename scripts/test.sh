@@ -27,6 +27,9 @@ step() { printf '\n==> %s\n' "$*"; }
 step "go vet"
 go vet ./...
 
+step "staticcheck"
+go tool staticcheck ./...
+
 if [ -z "${PDPLANE_TEST_DATABASE_URL:-}" ]; then
   step "starting a throwaway PostgreSQL"
   # Under /tmp, not the checkout: as root the server runs as user postgres,

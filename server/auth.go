@@ -122,7 +122,7 @@ func writeMethod(method string) bool {
 // loadRouteAccess is the access table of the spec embedded in server/api,
 // read once.
 var loadRouteAccess = sync.OnceValues(func() (map[string]access, error) {
-	spec, err := api.GetSwagger()
+	spec, err := api.GetSpec()
 	if err != nil {
 		return nil, fmt.Errorf("the embedded openapi.yaml: %w", err)
 	}

@@ -90,7 +90,7 @@ func routeMaxBodyFrom(spec *openapi3.T) (map[string]int64, error) {
 // loadRouteMaxBody is the body-limit table of the spec embedded in
 // server/api, read once.
 var loadRouteMaxBody = sync.OnceValues(func() (map[string]int64, error) {
-	spec, err := api.GetSwagger()
+	spec, err := api.GetSpec()
 	if err != nil {
 		return nil, fmt.Errorf("the embedded openapi.yaml: %w", err)
 	}

@@ -114,7 +114,7 @@ func SlowFirstPushDial(s *Sim, d time.Duration) {
 	dial := s.pushers.dial
 	s.pushers.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if first.CompareAndSwap(false, true) {
-			time.Sleep(d)
+			time.Sleep(d) // the fault itself: a dial that is slow
 		}
 		return dial(ctx, network, addr)
 	}

@@ -3,7 +3,9 @@
 package sim
 
 import (
+	"errors"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -32,7 +34,7 @@ func TestPeerClosed(t *testing.T) {
 	if _, err := peer.Write([]byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(10 * time.Millisecond)
+	byteWaiting(t, c)
 	if peerClosed(c) {
 		t.Fatal("an open connection with a byte waiting: closed")
 	}
@@ -47,5 +49,27 @@ func TestPeerClosed(t *testing.T) {
 			t.Fatal("the peer's close was not seen within 5s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// byteWaiting waits until c has a byte to read, and leaves it there.
+func byteWaiting(t *testing.T, c net.Conn) {
+	t.Helper()
+	raw, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	defer c.SetReadDeadline(time.Time{})
+	n := 0
+	err = raw.Read(func(fd uintptr) bool {
+		var b [1]byte
+		var rerr error
+		n, _, rerr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		// Nothing yet: wait until the socket is readable, then ask again.
+		return !errors.Is(rerr, syscall.EAGAIN) && !errors.Is(rerr, syscall.EWOULDBLOCK)
+	})
+	if err != nil || n != 1 {
+		t.Fatalf("no byte waiting: %d, %v", n, err)
 	}
 }

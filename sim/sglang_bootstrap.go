@@ -441,6 +441,7 @@ func (s *Sim) prefillRank(ctx context.Context, st *agentState, addr string, port
 	}
 	var info prefillServerInfo
 	if err := s.getJSON(ctx, "http://"+addr+"/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1", &info); err != nil {
+		//lint:ignore ST1005 SGLang's record_failure text, verbatim: the client gets it in the abort message, as from a real decode.
 		return ep, false, fmt.Errorf("Could not fetch prefill parallel info from bootstrap_addr: %s: %w", addr, err)
 	}
 	if info.AttnTPSize != 1 || info.PPSize != 1 || info.AttnCPSize != 1 {
@@ -451,6 +452,7 @@ func (s *Sim) prefillRank(ctx context.Context, st *agentState, addr string, port
 		return ep, false, fmt.Errorf("prefill at %s has page size %d, this decode %d", addr, info.PageSize, s.cfg.PageSize)
 	}
 	if err := s.getJSON(ctx, "http://"+addr+"/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0", &ep); err != nil {
+		//lint:ignore ST1005 SGLang's record_failure text, verbatim: the client gets it in the abort message, as from a real decode.
 		return ep, false, fmt.Errorf("Could not fetch bootstrap info for: prefill_dp_rank: 0 prefill_cp_rank: 0 target_tp_rank: 0 and target_pp_rank 0 from %s: %w", addr, err)
 	}
 	withKinds := !s.breaksPair(port)

@@ -264,7 +264,7 @@ func TestFirstRequestsToAPrefillAllServed(t *testing.T) {
 	var wg sync.WaitGroup
 	for range cap(errs) {
 		// Spread over a few tens of milliseconds, as a router's requests
-		// come.
+		// come: the load's pace, not a wait for an event.
 		time.Sleep(time.Millisecond)
 		wg.Go(func() {
 			pr, dr, err := c.SGLang(ctx, p, d, "/v1/completions", body, simtest.Room())

@@ -252,7 +252,7 @@ func decodeKVArgs(m [][]byte) (*sglangKVArgs, error) {
 		for i, s := range names {
 			k, ok := nixlKind(s)
 			if !ok {
-				return nil, fmt.Errorf("Unsupported NIXL KV memory kind(s): [%q]", s)
+				return nil, fmt.Errorf("KV args: unsupported NIXL KV memory kind %q", s)
 			}
 			a.MemKinds[i] = k
 		}

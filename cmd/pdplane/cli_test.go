@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/server/api"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // syncBuffer is a bytes.Buffer a command may write to while the test reads.
@@ -45,7 +47,7 @@ func (s *syncBuffer) String() string {
 // startCLIControlPlane serves the control-plane API over store (admin token
 // "adm", join token "join") until the test ends, with a prefill p0 and a
 // decode d0 registered and heartbeating once.
-func startCLIControlPlane(t *testing.T, ctx context.Context, store *memstore.Store) (url string, p0, d0 registry.RegisterResult) {
+func startCLIControlPlane(t *testing.T, ctx context.Context, store registry.Store) (url string, p0, d0 registry.RegisterResult) {
 	t.Helper()
 	mirror := registry.NewMirror(registry.MirrorConfig{}, store, zerolog.Nop())
 	if err := mirror.Start(ctx); err != nil {
@@ -75,13 +77,25 @@ func startCLIControlPlane(t *testing.T, ctx context.Context, store *memstore.Sto
 	return ts.URL, p0, d0
 }
 
+// subscriptions is a store that counts its subscriptions: the mirror's,
+// then one per event stream the API serves.
+type subscriptions struct {
+	registry.Store
+	n atomic.Int32
+}
+
+func (s *subscriptions) Subscribe(ctx context.Context) <-chan registry.Change {
+	s.n.Add(1)
+	return s.Store.Subscribe(ctx)
+}
+
 // TestCLIAgainstControlPlane runs peers, pairs and events against an
 // in-process control plane: peers by name and by id, -o json and yaml that
 // parse back into the API's types, the event stream.
 func TestCLIAgainstControlPlane(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store := memstore.New(memstore.Config{})
+	store := &subscriptions{Store: memstore.New(memstore.Config{})}
 	url, pf, d := startCLIControlPlane(t, ctx, store)
 	for _, k := range []string{"PDPLANE_ADMIN_TOKEN", "PDPLANE_TOKEN", "PDPLANE_SERVER", "PDPLANE_OUTPUT", "PDPLANE_ROLE", "PDPLANE_STATE", "PDPLANE_MODEL", "PDPLANE_PEER", "PDPLANE_LIMIT", "PDPLANE_FOLLOW", "PDPLANE_FULL"} {
 		t.Setenv(k, "")
@@ -214,7 +228,9 @@ func TestCLIAgainstControlPlane(t *testing.T) {
 	}
 	waitFor("events --follow prints the page", func(s string) bool { return strings.Count(s, "\n") >= 1 })
 	page := strings.Count(fout.String(), "\n")
-	time.Sleep(200 * time.Millisecond) // the stream is open
+	// The stream is open: the server has subscribed it to the store's
+	// changes, so that what follows reaches it as it happens.
+	simtest.WaitFor(t, "the event stream to subscribe", func() bool { return store.n.Load() == 2 })
 	if out, err := peers("drain", "d0", "--admin-token", "adm"); err != nil || !strings.Contains(out, "drained d0") {
 		t.Fatalf("peers drain d0: %v\n%s", err, out)
 	}

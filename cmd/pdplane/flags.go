@@ -50,13 +50,6 @@ func envName(flagName string) string {
 	return "PDPLANE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-func (f *flagSet) envOf(name string) string {
-	if long, ok := f.shorthands[name]; ok {
-		name = long
-	}
-	return envName(name)
-}
-
 // usageError is a command line pdplane cannot run: exit status 2.
 type usageError struct{ msg string }
 

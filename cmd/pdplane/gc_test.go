@@ -80,6 +80,22 @@ func collectUntil(t *testing.T, what string, ok func() bool) {
 	}
 }
 
+// finalized runs a collection and waits for the finalizer of a sentinel of
+// its own, which that collection finds unreachable. Finalizers run one at a
+// time on one goroutine: once a second call returns, those queued by the
+// first call's collection have run too.
+func finalized(t *testing.T) {
+	t.Helper()
+	ran := make(chan struct{})
+	runtime.SetFinalizer(&gcSentinel{}, func(*gcSentinel) { close(ran) })
+	runtime.GC()
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a collection's finalizers did not run")
+	}
+}
+
 // The floor raises the percentage while little is live, and gives the
 // default back once half of the floor is live, and when stopped. Not
 // parallel: it sets the process's collector.
@@ -107,8 +123,8 @@ func TestGCFloorFollowsTheLiveHeap(t *testing.T) {
 	if got := gogc(); got != before {
 		t.Errorf("GOGC after stop = %d, want %d as before", got, before)
 	}
-	runtime.GC()
-	time.Sleep(20 * time.Millisecond)
+	finalized(t) // a cycle: it finds the floor's sentinel
+	finalized(t) // and one more: the sentinel's finalizer has run
 	if got := gogc(); got != before {
 		t.Errorf("GOGC a cycle after stop = %d, want %d: the finalizer still runs", got, before)
 	}

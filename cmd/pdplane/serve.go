@@ -244,7 +244,7 @@ func parseAccessLog(s string) (int, error) {
 	}
 	every, err := strconv.Atoi(n)
 	if err != nil || every < 1 {
-		return 0, errors.New("N must be an integer of at least 1")
+		return 0, errors.New("sample:N needs an integer N of at least 1")
 	}
 	return every, nil
 }

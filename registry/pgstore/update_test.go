@@ -160,7 +160,8 @@ func TestDrainedHoldHintsOtherReplicas(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const hold = 300 * time.Millisecond
-	a, cfg := registrytest.NewPGStore(t, pgstore.Config{Heal: registry.HealConfig{Hold: hold}})
+	var clock registrytest.Clock
+	a, cfg := registrytest.NewPGStore(t, pgstore.Config{Heal: registry.HealConfig{Hold: hold}, Now: clock.Now})
 	b := registrytest.OpenPGStore(t, cfg)
 	changes := b.Subscribe(ctx)
 	p0 := registerReady(t, ctx, a, registrytest.Spec("p0", registry.RolePrefill))
@@ -183,7 +184,7 @@ func TestDrainedHoldHintsOtherReplicas(t *testing.T) {
 			t.Fatalf("%s, held for a heal, was hinted stale", d.p.Name)
 		}
 	}
-	time.Sleep(hold + 50*time.Millisecond)
+	clock.Advance(hold + 50*time.Millisecond)
 
 	// d0's heartbeat finds its hold over.
 	if _, err := a.Heartbeat(ctx, registry.Heartbeat{PeerID: d0.ID, InstanceID: d0.InstanceID}); err != nil {
@@ -197,7 +198,7 @@ func TestDrainedHoldHintsOtherReplicas(t *testing.T) {
 	}
 
 	// The sweep finds d1's.
-	if _, err := a.ExpireLeases(ctx, time.Now()); err != nil {
+	if _, err := a.ExpireLeases(ctx, clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := a.Get(ctx, d1.ID); err != nil || got.State != registry.StateStale || got.Heal.Phase != registry.HealDraining {
