@@ -211,58 +211,43 @@ func TestConfigFileMissing(t *testing.T) {
 	}
 }
 
-// TestConfigFileKeysAreLongNames: a shorthand is no key; deprecated flags
-// set from the file warn, naming the file.
-func TestConfigFileKeysAreLongNames(t *testing.T) {
+// TestConfigFileShorthandsAndDeprecated: a shorthand is no key; a
+// deprecated flag set in the file warns, naming the file, and
+// --print-config shows it only when set, so that its output, fed back,
+// warns only where the configuration did.
+func TestConfigFileShorthandsAndDeprecated(t *testing.T) {
 	t.Parallel()
-	parse := func(file string) (string, string, string, error) {
-		var out, token, legacy string
+	for _, tc := range []struct {
+		file, flag string // flag: --print-config or none
+		want       string // in the error, the warnings or the output
+		missing    string // not in the output
+	}{
+		{"o: json\n", "", `cli.yaml: unknown key "o" (see 'pdplane peers list -h')`, ""},
+		{"output: json\n", "--print-config", "\noutput: json\n", "\no:"},
+		{"token: old\n", "", "/cli.yaml: token is deprecated: use --join-token ($PDPLANE_JOIN_TOKEN)", ""},
+		{"token: old\n", "--print-config", "\ntoken: <redacted>\n", ""},
+		{"join-token: new\n", "--print-config", "\njoin-token: <redacted>\n", "\ntoken:"},
+	} {
+		var output, token, legacy string
 		fs := newFlagSet("peers list")
-		fs.output(&out)
+		fs.output(&output)
 		fs.list(&token, "join-token", "", "join token")
 		fs.deprecatedStr(&legacy, "token", "join-token")
 		fs.configFile()
-		var warnings strings.Builder
-		fs.stderr = &warnings
+		var stdout, stderr strings.Builder
+		fs.stdout, fs.stderr = &stdout, &stderr
 		fs.lookupEnv = func(string) (string, bool) { return "", false }
-		err := fs.parse([]string{"--config", writeConfig(t, "cli.yaml", file)})
-		return out, legacy, warnings.String(), err
-	}
-	_, _, _, err := parse("o: json\n")
-	checkUsageError(t, err, `cli.yaml: unknown key "o" (see 'pdplane peers list -h')`)
-	out, _, _, err := parse("output: json\n")
-	if err != nil || out != "json" {
-		t.Errorf("output: json: %q, %v", out, err)
-	}
-	_, legacy, warnings, err := parse("token: old\n")
-	if err != nil || legacy != "old" {
-		t.Errorf("token: old: %q, %v", legacy, err)
-	}
-	if want := "cli.yaml: token is deprecated: use --join-token ($PDPLANE_JOIN_TOKEN)"; !strings.Contains(warnings, want) {
-		t.Errorf("warnings %q lack %q", warnings, want)
-	}
-	// --print-config leaves a deprecated flag out unless it is set, so that
-	// its output, fed back, warns only where the configuration did.
-	for file, want := range map[string]bool{"output: json\n": false, "token: old\n": true} {
-		_, _, _, err := parse(file + "print-config: false\n")
-		checkUsageError(t, err, "print-config: only a command-line flag")
-		var out strings.Builder
-		fs := newFlagSet("peers list")
-		var o, token, legacy string
-		fs.output(&o)
-		fs.list(&token, "join-token", "", "join token")
-		fs.deprecatedStr(&legacy, "token", "join-token")
-		fs.configFile()
-		fs.stdout, fs.stderr = &out, io.Discard
-		fs.lookupEnv = func(string) (string, bool) { return "", false }
-		if err := fs.parse([]string{"--config", writeConfig(t, "cli.yaml", file), "--print-config"}); !errors.Is(err, errPrinted) {
-			t.Fatal(err)
+		args := []string{"--config", writeConfig(t, "cli.yaml", tc.file)}
+		if tc.flag != "" {
+			args = append(args, tc.flag)
 		}
-		if got := strings.Contains(out.String(), "\ntoken: <redacted>\n"); got != want {
-			t.Errorf("%q: token printed %v, want %v:\n%s", file, got, want, out.String())
+		err := fs.parse(args)
+		got := stdout.String() + stderr.String()
+		if err != nil && !errors.Is(err, errPrinted) {
+			got += err.Error()
 		}
-		if strings.Contains(out.String(), "\no:") {
-			t.Errorf("the shorthand -o is printed:\n%s", out.String())
+		if !strings.Contains(got, tc.want) || tc.missing != "" && strings.Contains(got, tc.missing) {
+			t.Errorf("%q %s: %v, printed\n%s\nwant %q and not %q", tc.file, tc.flag, err, got, tc.want, tc.missing)
 		}
 	}
 }
