@@ -20,6 +20,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // startPdplane runs the built binary as `pdplane SUB --addr ADDR ARGS...` on
@@ -231,6 +233,74 @@ func parseArgs(c command, args []string) (map[string]string, error) {
 		set[name] = val
 	}
 	return set, nil
+}
+
+// configFileFlags checks a config file that an artifact passes to `pdplane
+// SUB --config`: the built binary accepts it (--print-config exits 0), it
+// holds no secret (--print-config, given no variables, redacts nothing:
+// secrets come from the environment), and none of its keys is also set by
+// args or by one of the variables env, which would override it unseen. It
+// returns the file's keys with their values as the flags take them (a list
+// joined with commas).
+func configFileFlags(t *testing.T, where, sub, file string, args map[string]string, env map[string]string) map[string]string {
+	t.Helper()
+	cmd := exec.Command(pdplaneBin, sub, "--config", file, "--print-config")
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "PDPLANE_") {
+			cmd.Env = append(cmd.Env, e)
+		}
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Errorf("%s: pdplane %s --config %s --print-config: %v\n%s", where, sub, file, err, out)
+		return nil
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(l, "#") && strings.Contains(l, "<redacted>") {
+			t.Errorf("%s: %s holds a secret (pdplane %s --print-config: %s): give it as its PDPLANE_* variable", where, file, sub, l)
+		}
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys map[string]any
+	if err := yaml.Unmarshal(data, &keys); err != nil {
+		t.Fatalf("%s: %s: %v", where, file, err)
+	}
+	set := map[string]string{}
+	for k, v := range keys {
+		if items, ok := v.([]any); ok {
+			texts := make([]string, len(items))
+			for i, it := range items {
+				texts[i] = fmt.Sprint(it)
+			}
+			set[k] = strings.Join(texts, ",")
+		} else {
+			set[k] = fmt.Sprint(v)
+		}
+		if _, both := args[k]; both {
+			t.Errorf("%s: --%s is set both in %s and on the command line, which wins", where, k, file)
+		}
+		envName := "PDPLANE_" + strings.ToUpper(strings.ReplaceAll(k, "-", "_"))
+		if _, both := env[envName]; both {
+			t.Errorf("%s: %s sets %s, but $%s overrides it", where, file, k, envName)
+		}
+	}
+	return set
+}
+
+// withConfig is a command line's flags over its config file's keys: the
+// flags that the command sees as set.
+func withConfig(file, args map[string]string) map[string]string {
+	set := map[string]string{}
+	for k, v := range file {
+		set[k] = v
+	}
+	for k, v := range args {
+		set[k] = v
+	}
+	return set
 }
 
 // checkHeal checks a --heal value's form: exec:CMD, systemd:UNIT,

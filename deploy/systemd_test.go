@@ -2,8 +2,10 @@ package deploy_test
 
 // The systemd units, checked offline: each parses as a unit file with known
 // sections, its ExecStart runs a pdplane subcommand with flags the built
-// binary accepts, the agent's heal matches the polkit rule that permits it,
-// and `systemd-analyze verify` accepts them where it is installed.
+// binary accepts and a config file whose example (serve.yaml, agent.yaml
+// beside the units) it accepts too, the agent's heal matches the polkit
+// rule that permits it, and `systemd-analyze verify` accepts them where it
+// is installed.
 
 import (
 	"bufio"
@@ -224,6 +226,14 @@ func TestSystemdUnits(t *testing.T) {
 		}
 		if u.value("Service", "EnvironmentFile") == "" {
 			t.Errorf("%s: no EnvironmentFile (the tokens and database URL belong there, not in the unit)", name)
+		}
+		// The settings come from a config file, installed from the
+		// example beside the units.
+		if conf := set["config"]; !strings.HasPrefix(conf, "/etc/pdplane/") || !strings.HasSuffix(conf, ".yaml") {
+			t.Errorf("%s: --config %q, want /etc/pdplane/*.yaml (the settings; the secrets go in the EnvironmentFile)", name, conf)
+		} else {
+			example := filepath.Join(systemdDir, cmd.name+".yaml")
+			set = withConfig(configFileFlags(t, name, cmd.name, example, set, nil), set)
 		}
 		for key, want := range map[string]string{
 			"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",

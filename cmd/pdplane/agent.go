@@ -20,9 +20,9 @@ func runAgent(ctx context.Context, args []string) error {
 	var eng agent.SpecFileEngine
 	var pub agent.PublishedConfig
 	fs := newFlagSet("agent")
-	fs.str(&controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve, or several replicas' URLs "+
+	fs.list(&controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve, or several replicas' URLs "+
 		"separated by commas: the agent uses the first that answers and fails over on connection errors and 5xx")
-	fs.str(&token, "join-token", "", "join token of the control plane (or its admin token): admits the peer when it has no credential")
+	fs.list(&token, "join-token", "", "join token of the control plane (or its admin token): admits the peer when it has no credential")
 	fs.deprecatedStr(&legacyToken, "token", "join-token")
 	fs.str(&credentialFile, "credential-file", "", "file that keeps the peer's credential (mode 0600), so that a restarted agent re-registers at once; "+
 		"without it a restarted agent waits for its old lease to run out")
@@ -50,6 +50,7 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	var pre preflightFlags
 	pre.register(fs)
+	fs.configFile()
 	if err := fs.parse(args); err != nil {
 		return err
 	}

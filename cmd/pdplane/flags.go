@@ -26,7 +26,14 @@ type flagSet struct {
 	bad        error             // the last bad value a Set refused
 	deprecated map[string]string // flag name → what replaces it
 	shorthands map[string]string // short name → long name
-	setBy      map[string]string // flag name → "flag" or "$PDPLANE_X", after parse
+	setBy      map[string]string // flag name → "flag", "$PDPLANE_X" or the config file's path, after parse
+
+	// config and printConfig are --config and --print-config, for the
+	// commands that take a config file (configFile); nil otherwise.
+	config      *string
+	printConfig *bool
+	// lookupEnv reads a flag's variable: os.LookupEnv, or a map in tests.
+	lookupEnv func(string) (string, bool)
 }
 
 func newFlagSet(name string) *flagSet {
@@ -38,6 +45,7 @@ func newFlagSet(name string) *flagSet {
 		deprecated: map[string]string{},
 		shorthands: map[string]string{},
 		setBy:      map[string]string{},
+		lookupEnv:  os.LookupEnv,
 	}
 	f.SetOutput(io.Discard) // parse reports errors itself, help goes to stdout
 	f.Usage = func() {}
@@ -69,6 +77,7 @@ type value[T any] struct {
 	parse  func(string) (T, error)
 	format func(T) string
 	isBool bool
+	list   bool   // a comma-separated list: a config file may give a YAML sequence
 	sample string // a valid value other than the default, for tests
 }
 
@@ -82,11 +91,24 @@ func (v *value[T]) String() string {
 func (v *value[T]) Set(s string) error {
 	x, err := v.parse(s)
 	if err != nil {
-		v.f.bad = fmt.Errorf("invalid value %q for --%s: want %s", s, v.name, v.want)
+		v.f.bad = v.invalid(s)
 		return v.f.bad
 	}
 	*v.p = x
 	return nil
+}
+
+// check is Set without setting: a config file's value that the
+// environment or the command line overrides is still checked.
+func (v *value[T]) check(s string) error {
+	if _, err := v.parse(s); err != nil {
+		return v.invalid(s)
+	}
+	return nil
+}
+
+func (v *value[T]) invalid(s string) error {
+	return fmt.Errorf("invalid value %q for --%s: want %s", s, v.name, v.want)
 }
 
 func (v *value[T]) IsBoolFlag() bool { return v.isBool }
@@ -96,10 +118,13 @@ type envFlag interface {
 	flag.Value
 	sampleValue() string
 	kindName() string
+	check(string) error
+	isList() bool
 }
 
 func (v *value[T]) sampleValue() string { return v.sample }
 func (v *value[T]) kindName() string    { return v.kind }
+func (v *value[T]) isList() bool        { return v.list }
 
 func (f *flagSet) add(v flag.Value, name, help string) {
 	f.Var(v, name, help+" ($"+envName(name)+")")
@@ -110,6 +135,12 @@ func (f *flagSet) str(p *string, name, def, help string) {
 	f.add(&value[string]{p: p, f: f, name: name, kind: "string", want: "a string",
 		parse: func(s string) (string, error) { return s, nil }, format: func(s string) string { return s },
 		sample: "sample-" + name}, name, help)
+}
+
+// list is a string flag that holds a comma-separated list.
+func (f *flagSet) list(p *string, name, def, help string) {
+	f.str(p, name, def, help)
+	f.Lookup(name).Value.(*value[string]).list = true
 }
 
 func (f *flagSet) dur(p *time.Duration, name string, def time.Duration, help string) {
@@ -172,8 +203,8 @@ func (f *flagSet) output(p *string) {
 // and its error is returned in place of nil.
 var parseHook func(*flagSet) error
 
-// parse reads the flags' variables, then args; no positional arguments may
-// remain.
+// parse reads the config file (configFile), the flags' variables, then
+// args, each overriding the one before; no positional arguments may remain.
 func (f *flagSet) parse(args []string) error {
 	pos, err := f.parseArgs(args)
 	if err != nil {
@@ -187,7 +218,11 @@ func (f *flagSet) parse(args []string) error {
 
 // parseArgs is parse for commands with positional arguments, which may come
 // before, between or after the flags; it returns them. -h or --help prints
-// the usage to stdout and returns flag.ErrHelp.
+// the usage to stdout and returns flag.ErrHelp; --print-config prints the
+// configuration to stdout and returns errPrinted.
+//
+// The variables and args are read first, so that --config may come from
+// either; the file then sets only the flags neither of them set.
 func (f *flagSet) parseArgs(args []string) ([]string, error) {
 	envErrs := map[string]error{}
 	f.VisitAll(func(fl *flag.Flag) {
@@ -195,7 +230,7 @@ func (f *flagSet) parseArgs(args []string) ([]string, error) {
 			return
 		}
 		env := envName(fl.Name)
-		v, ok := os.LookupEnv(env)
+		v, ok := f.lookupEnv(env)
 		if !ok {
 			return
 		}
@@ -247,6 +282,9 @@ func (f *flagSet) parseArgs(args []string) ([]string, error) {
 		f.setBy[name] = "flag"
 		delete(envErrs, name)
 	})
+	if err := f.applyConfigFile(); err != nil {
+		return nil, err
+	}
 	if len(envErrs) > 0 {
 		names := make([]string, 0, len(envErrs))
 		for n := range envErrs {
@@ -262,8 +300,11 @@ func (f *flagSet) parseArgs(args []string) ([]string, error) {
 	for name, repl := range f.deprecated {
 		if by, ok := f.setBy[name]; ok {
 			what := "--" + name
-			if by != "flag" {
+			switch {
+			case strings.HasPrefix(by, "$"):
 				what = by
+			case by != "flag":
+				what = by + ": " + name // a config file
 			}
 			fmt.Fprintf(f.stderr, "pdplane: warning: %s is deprecated: use --%s ($%s)\n", what, repl, envName(repl))
 		}
@@ -272,6 +313,12 @@ func (f *flagSet) parseArgs(args []string) ([]string, error) {
 		if err := parseHook(f); err != nil {
 			return nil, err
 		}
+	}
+	if f.printConfig != nil && *f.printConfig {
+		if err := f.writeConfig(f.stdout); err != nil {
+			return nil, fmt.Errorf("print the configuration: %w", err)
+		}
+		return nil, errPrinted
 	}
 	return pos, nil
 }

@@ -33,7 +33,9 @@ Usage:
 
 Run 'pdplane COMMAND -h' for a command's flags. Every flag can also be set
 with the PDPLANE_* environment variable named beside it; a flag given on the
-command line wins. The read commands take -o table|json|yaml.
+command line wins. serve, agent and sim also read their flags from a YAML
+file (--config FILE), which the environment and the command line override;
+--print-config shows the result. The read commands take -o table|json|yaml.
 `
 
 // commands are pdplane's subcommands.
@@ -84,7 +86,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func exitStatus(err error, stderr io.Writer) int {
 	var ue *usageError
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil, errors.Is(err, flag.ErrHelp), errors.Is(err, errPrinted):
 		return 0
 	case errors.As(err, &ue):
 		fmt.Fprintln(stderr, "pdplane:", err)

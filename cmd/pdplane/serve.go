@@ -107,7 +107,7 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.str(&c.addr, "addr", "127.0.0.1:8080", "listen address HOST:PORT")
 	fs.str(&c.databaseURL, "database-url", "", "PostgreSQL URL; empty uses the embedded in-memory store")
 	fs.str(&c.adminToken, "admin-token", "", "bearer token for operator actions (delete, drain, stale marks)")
-	fs.str(&c.joinTokens, "join-token", "", "comma-separated bearer tokens that admit new peers (several during a rotation); "+
+	fs.list(&c.joinTokens, "join-token", "", "comma-separated bearer tokens that admit new peers (several during a rotation); "+
 		"each registration returns the peer's own credential")
 	fs.str(&c.peerToken, "peer-token", "", "deprecated: the same as --join-token")
 	fs.boolean(&c.front, "front", true, "read and answer generation requests (POST of HTTP/1.1 to /v1/chat/completions, /v1/completions, "+
@@ -117,7 +117,7 @@ func (c *serveConfig) flags(fs *flagSet) {
 		"~19 KiB instead of ~45 (false: every stream stays on net/http's connection; Linux only)")
 	fs.boolean(&c.insecure, "insecure", false, "serve without tokens on a non-loopback address: anyone who reaches it may register peers and read their KV metadata")
 	fs.str(&c.replica, "replica", "", "name of this replica in the stale reports its router makes (default: the host name)")
-	fs.str(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
+	fs.list(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
 	fs.str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two, least_load or cache_aware")
 	fs.str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two, least_load or cache_aware")
 	fs.dur(&c.decodeFirstByteTimeout, "decode-first-byte-timeout", router.DefaultDecodeFirstByteTimeout,
@@ -129,9 +129,9 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
 	fs.dur(&c.quarantineTTL, "quarantine-ttl", registry.DefaultQuarantineTTL,
 		"how long a quarantined pair stays out of routing before its next transfer re-tests it (0: until an operator lifts it)")
-	fs.str(&c.allowPeerNetworks, "allow-peer-networks", "", "comma-separated CIDR prefixes a peer's url or bootstrap_host may name although "+
+	fs.list(&c.allowPeerNetworks, "allow-peer-networks", "", "comma-separated CIDR prefixes a peer's url or bootstrap_host may name although "+
 		"they are link-local, a metadata service or unspecified (refused by default)")
-	fs.str(&c.allowedHosts, "allowed-hosts", "", "comma-separated host or host:port names the server answers to (others get 421, against DNS rebinding); "+
+	fs.list(&c.allowedHosts, "allowed-hosts", "", "comma-separated host or host:port names the server answers to (others get 421, against DNS rebinding); "+
 		"empty allows any, except without tokens on a loopback --addr, where only localhost, 127.0.0.1 and [::1] are served besides these")
 	fs.dur(&c.bodyTimeout, "body-timeout", 30*time.Second, "how long a client may take to send a request body")
 	fs.int(&c.maxInflight, "max-inflight", 4096, "generation requests served at once; more get 503 with Retry-After")
@@ -161,13 +161,21 @@ func (c *serveConfig) flags(fs *flagSet) {
 // (Kubernetes' terminationGracePeriodSeconds is 30 s).
 const DefaultShutdownGrace = 30 * time.Second
 
-func runServe(ctx context.Context, args []string) error {
-	var c serveConfig
+// serveFlags is serve's flag set: dev's (serveConfig.flags), the GC floor
+// and a config file.
+func serveFlags(c *serveConfig, gcMinHeapMiB *int) *flagSet {
 	fs := newFlagSet("serve")
 	c.flags(fs)
 	// serve's alone: dev runs its engines in the same process.
+	gcMinHeapFlag(fs, gcMinHeapMiB)
+	fs.configFile()
+	return fs
+}
+
+func runServe(ctx context.Context, args []string) error {
+	var c serveConfig
 	var gcMinHeapMiB int
-	gcMinHeapFlag(fs, &gcMinHeapMiB)
+	fs := serveFlags(&c, &gcMinHeapMiB)
 	if err := fs.parse(args); err != nil {
 		return err
 	}

@@ -43,15 +43,16 @@ func runSim(ctx context.Context, args []string) error {
 	fs := newFlagSet("sim")
 	simFlags(fs, &c, &role, &engine)
 	fs.int(&c.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill (0 picks a free one)")
-	fs.str(&controlPlane, "control-plane", "", "base URL of pdplane serve to register with, or several replicas' URLs "+
+	fs.list(&controlPlane, "control-plane", "", "base URL of pdplane serve to register with, or several replicas' URLs "+
 		"separated by commas (failover in order); empty runs the engine alone")
-	fs.str(&token, "join-token", "", "join token of the control plane (or its admin token)")
+	fs.list(&token, "join-token", "", "join token of the control plane (or its admin token)")
 	fs.deprecatedStr(&legacyToken, "token", "join-token")
 	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.str(&sharedSecret, "transfer-secret", "", "without --control-plane: the TCP transfer secret (16 to 64 bytes) shared by "+
 		"the sims that move KV between them, e.g. behind another router; prefer the environment variable, which ps does not show")
 	gcMinHeapFlag(fs, &gcMinHeapMiB)
 	fs.str(&pprofAddr, "pprof-addr", "", "loopback HOST:PORT to serve Go runtime profiles on (/debug/pprof/), e.g. to profile the engine under a load test")
+	fs.configFile()
 	if err := fs.parse(args); err != nil {
 		return err
 	}
