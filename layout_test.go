@@ -85,14 +85,19 @@ var layerRules = []layerRule{
 		allowed: onlyInternal(),
 	},
 	{
-		name:    "the stores implement registry.Store: registry/memstore imports only registry",
+		name:    "the stores implement registry.Store: registry/memstore imports only registry and registry/replica (its Broadcaster)",
 		applies: is("registry/memstore"),
-		allowed: onlyInternal("registry"),
+		allowed: onlyInternal("registry", "registry/replica"),
 	},
 	{
-		name:    "the stores implement registry.Store: registry/pgstore imports only registry and migrations",
+		name:    "the stores implement registry.Store: registry/pgstore imports only registry, registry/replica (its Broadcaster) and migrations",
 		applies: is("registry/pgstore"),
-		allowed: onlyInternal("registry", "migrations"),
+		allowed: onlyInternal("registry", "registry/replica", "migrations"),
+	},
+	{
+		name:    "registry/replica keeps each replica's view of the registry: it imports only registry",
+		applies: is("registry/replica"),
+		allowed: onlyInternal("registry"),
 	},
 	{
 		name:    "all SQL lives in registry/pgstore: only it, migrations and registrytest's Postgres helpers import pgx",
@@ -100,9 +105,9 @@ var layerRules = []layerRule{
 		allowed: func(_, imp string) bool { return !under("github.com/jackc/pgx")(imp) },
 	},
 	{
-		name:    "the router never talks to the database or the control plane: router imports only registry, pdproto and httpwire",
+		name:    "the router never talks to the database or the control plane: router imports only registry, registry/replica, pdproto and httpwire",
 		applies: is("router"),
-		allowed: onlyInternal("registry", "pdproto", "httpwire"),
+		allowed: onlyInternal("registry", "registry/replica", "pdproto", "httpwire"),
 	},
 	{
 		name:    "httpwire is HTTP plumbing, under the router: it imports no other pdplane package",
@@ -130,14 +135,14 @@ var layerRules = []layerRule{
 		allowed: onlyInternal(),
 	},
 	{
-		name:    "the control plane is mounted on, not mounting: server imports only registry, server/api and server/api/apiconv (cmd/pdplane hands it the router and web)",
+		name:    "the control plane is mounted on, not mounting: server imports only registry, registry/replica, server/api and server/api/apiconv (cmd/pdplane hands it the router and web)",
 		applies: is("server"),
-		allowed: onlyInternal("registry", "server/api", "server/api/apiconv"),
+		allowed: onlyInternal("registry", "registry/replica", "server/api", "server/api/apiconv"),
 	},
 	{
-		name:    "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry and server/api",
+		name:    "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry, registry/replica and server/api",
 		applies: is("server/api/apiconv"),
-		allowed: onlyInternal("registry", "server/api"),
+		allowed: onlyInternal("registry", "registry/replica", "server/api"),
 	},
 	{
 		// The router takes a trace.TracerProvider and never this package;
@@ -226,7 +231,7 @@ var everywhereRules = []layerRule{
 var governed = []string{
 	"", // the module root: only this test
 	"agent", "bench", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto", "realengine",
-	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest",
+	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest", "registry/replica",
 	"router", "router/routertest", "httpwire", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
 	"tracing", "tracing/tracingtest",
@@ -321,16 +326,16 @@ func TestLayoutRulesBite(t *testing.T) {
 	}{
 		{"registry", m("transfer"), "registry is the domain"},
 		{"registry/memstore", m("registry/pgstore"), "registry/memstore imports only registry"},
-		{"registry/pgstore", m("server"), "registry/pgstore imports only registry and migrations"},
-		{"router", m("server"), "router imports only registry, pdproto and httpwire"},
-		{"router", m("registry/pgstore"), "router imports only registry, pdproto and httpwire"},
+		{"registry/pgstore", m("server"), "registry/pgstore imports only registry, registry/replica (its Broadcaster) and migrations"},
+		{"router", m("server"), "router imports only registry, registry/replica, pdproto and httpwire"},
+		{"router", m("registry/pgstore"), "router imports only registry, registry/replica, pdproto and httpwire"},
 		{"router", "github.com/jackc/pgx/v5", "only it, migrations and registrytest's Postgres helpers import pgx"},
 		{"transfer", m("router"), "transfer imports only registry"},
 		{"transfer/tcp", m("registry/memstore"), "transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer"},
-		{"server", m("router"), "server imports only registry, server/api and server/api/apiconv"},
+		{"server", m("router"), "server imports only registry, registry/replica, server/api and server/api/apiconv"},
 		{"web", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
 		{"sim", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
-		{"server/api/apiconv", m("server"), "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry and server/api"},
+		{"server/api/apiconv", m("server"), "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry, registry/replica and server/api"},
 		{"agent", m("server"), "agent imports only registry, server/api, server/api/apiconv and transfer"},
 		{"devfleet", m("router"), "devfleet imports only registry, sim, agent and server/api"},
 		{"devfleet", m("server"), "devfleet imports only registry, sim, agent and server/api"},

@@ -23,6 +23,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/transfer"
 )
@@ -56,7 +57,7 @@ func (e *fakeEngine) Reregister(context.Context, string) error {
 type controlPlane struct {
 	url    string
 	store  *memstore.Store
-	mirror *registry.Mirror
+	mirror *replica.Mirror
 	close  func()
 }
 
@@ -66,7 +67,7 @@ func startControlPlane(t *testing.T, ln net.Listener) controlPlane {
 	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t))
 	store := memstore.New(memstore.Config{LeaseTTL: time.Second})
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	mirror := replica.NewMirror(replica.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -45,7 +46,7 @@ func startReplicaWith(t *testing.T, store registry.Store, ln net.Listener, wrap 
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t))
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	mirror := replica.NewMirror(replica.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/pgstore"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/transfer/transfertest"
@@ -46,7 +47,7 @@ type cpConfig struct {
 type controlPlane struct {
 	BaseURL string
 	store   registry.Store
-	mirror  *registry.Mirror
+	mirror  *replica.Mirror
 }
 
 func startControlPlane(t *testing.T, c cpConfig, log zerolog.Logger) *controlPlane {
@@ -74,7 +75,7 @@ func startControlPlane(t *testing.T, c cpConfig, log zerolog.Logger) *controlPla
 		store = s
 	}
 	t.Cleanup(store.Close)
-	mirror := registry.NewMirror(registry.MirrorConfig{LoadRefresh: c.heartbeat}, store, log.With().Str("component", "mirror").Logger())
+	mirror := replica.NewMirror(replica.MirrorConfig{LoadRefresh: c.heartbeat}, store, log.With().Str("component", "mirror").Logger())
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatalf("load registry: %v", err)
 	}
@@ -107,7 +108,7 @@ func startControlPlane(t *testing.T, c cpConfig, log zerolog.Logger) *controlPla
 
 // waitSnapshot waits until cond holds on the control plane's routing
 // snapshot.
-func waitSnapshot(t *testing.T, cp *controlPlane, what string, cond func(*registry.Snapshot) bool) {
+func waitSnapshot(t *testing.T, cp *controlPlane, what string, cond func(*replica.Snapshot) bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond(cp.mirror.Snapshot()) {
@@ -118,7 +119,7 @@ func waitSnapshot(t *testing.T, cp *controlPlane, what string, cond func(*regist
 	}
 }
 
-func peerByName(s *registry.Snapshot, name string) *registry.Peer {
+func peerByName(s *replica.Snapshot, name string) *registry.Peer {
 	for _, p := range s.Peers() {
 		if p.Name == name {
 			return p

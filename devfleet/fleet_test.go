@@ -14,6 +14,7 @@ import (
 	"github.com/pdplane/pdplane/agent"
 	"github.com/pdplane/pdplane/devfleet"
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -83,7 +84,7 @@ func TestStartEngineRegisters(t *testing.T) {
 	c.Name, c.Role = "decode-x", registry.RoleDecode
 	e := startEngine(t, context.Background(), devfleet.EngineConfig{Sim: c, ControlPlane: cp.BaseURL, JoinToken: joinToken}, log)
 	var p *registry.Peer
-	waitSnapshot(t, cp, "decode-x registered", func(s *registry.Snapshot) bool {
+	waitSnapshot(t, cp, "decode-x registered", func(s *replica.Snapshot) bool {
 		p = peerByName(s, "decode-x")
 		return p != nil
 	})
@@ -163,7 +164,7 @@ func TestFleetNamesRolesAndSpread(t *testing.T) {
 	}
 	want := [][]string{{"decode-0", "prefill-0"}, {"prefill-1"}}
 	for i, cp := range cps {
-		waitSnapshot(t, cp, "the engines spread over the control planes", func(s *registry.Snapshot) bool {
+		waitSnapshot(t, cp, "the engines spread over the control planes", func(s *replica.Snapshot) bool {
 			var got []string
 			for _, p := range s.Peers() {
 				got = append(got, p.Name)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pdplane/pdplane/devfleet"
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
@@ -58,7 +59,7 @@ func TestLoadPoliciesPreferIdleDecode(t *testing.T) {
 				engines[c.Name] = e.Sim()
 			}
 			p, busy, idle := engines["prefill-0"], engines["decode-busy"], engines["decode-idle"]
-			waitSnapshot(t, cp, "both decodes routable", func(s *registry.Snapshot) bool {
+			waitSnapshot(t, cp, "both decodes routable", func(s *replica.Snapshot) bool {
 				r := s.Routes(sim.DefaultModel)
 				return r != nil && len(r.Prefills) == 1 && len(r.DecodesFor(r.Prefills[0].ID)) == 2
 			})
@@ -86,7 +87,7 @@ func TestLoadPoliciesPreferIdleDecode(t *testing.T) {
 					}
 				}()
 			}
-			waitSnapshot(t, cp, "the busy decode's reported load", func(s *registry.Snapshot) bool {
+			waitSnapshot(t, cp, "the busy decode's reported load", func(s *replica.Snapshot) bool {
 				d := peerByName(s, "decode-busy")
 				l, ok := s.Load(d)
 				return ok && l.Load.Running == held

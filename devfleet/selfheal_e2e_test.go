@@ -20,6 +20,7 @@ import (
 	"github.com/pdplane/pdplane/devfleet"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -71,7 +72,7 @@ func startFleet(t *testing.T, fc fleetConfig) *fleet {
 	}
 	t.Cleanup(fl.Close)
 	f.Fleet = fl
-	f.waitAll(t, "every pair routable", func(s *registry.Snapshot) bool {
+	f.waitAll(t, "every pair routable", func(s *replica.Snapshot) bool {
 		r := s.Routes(sim.DefaultModel)
 		if r == nil || len(r.Prefills) != fc.prefills {
 			return false
@@ -88,7 +89,7 @@ func startFleet(t *testing.T, fc fleetConfig) *fleet {
 
 // waitAll waits until cond holds on every replica's routing snapshot and
 // returns, per replica, when it first held.
-func (f *fleet) waitAll(t *testing.T, what string, cond func(*registry.Snapshot) bool) []time.Time {
+func (f *fleet) waitAll(t *testing.T, what string, cond func(*replica.Snapshot) bool) []time.Time {
 	t.Helper()
 	at := make([]time.Time, len(f.replicas))
 	deadline := time.Now().Add(15 * time.Second)
@@ -114,7 +115,7 @@ func (f *fleet) waitAll(t *testing.T, what string, cond func(*registry.Snapshot)
 // records when one first satisfied cond; wait returns those times, failing
 // the test if a replica never got there. Unlike polling, it does not miss a
 // state that lasts only between two polls.
-func (f *fleet) watchAll(t *testing.T, what string, cond func(*registry.Snapshot) bool) (wait func() []time.Time) {
+func (f *fleet) watchAll(t *testing.T, what string, cond func(*replica.Snapshot) bool) (wait func() []time.Time) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -267,7 +268,7 @@ func TestSelfHealing(t *testing.T) {
 			// Only the victim's stale state counts as the mark seen: a
 			// replica that shows it already re-registered has not shown
 			// the mark, however fast the heal was.
-			waitStale := f.watchAll(t, victim+" stale", func(s *registry.Snapshot) bool {
+			waitStale := f.watchAll(t, victim+" stale", func(s *replica.Snapshot) bool {
 				p := peerByName(s, victim)
 				return p != nil && p.State == registry.StateStale && p.Generation == before.Generation
 			})
@@ -280,7 +281,7 @@ func TestSelfHealing(t *testing.T) {
 				t.Fatal("no transfer failed after the fault was injected")
 			}
 			staleAt := waitStale()
-			readyAt := f.waitAll(t, victim+" re-registered and routable", func(s *registry.Snapshot) bool {
+			readyAt := f.waitAll(t, victim+" re-registered and routable", func(s *replica.Snapshot) bool {
 				p := peerByName(s, victim)
 				if p == nil || p.Generation != before.Generation+1 || p.State != registry.StateReady {
 					return false
@@ -399,14 +400,14 @@ func TestQuarantineAfterRepeatFailure(t *testing.T) {
 	// First failure: the decode is marked stale and re-registers.
 	f.setFault(t, "decode-0", sim.FaultMissingMemKind)
 	_ = ask() // fails: the only decode is broken
-	f.waitAll(t, "decode-0 re-registered", func(s *registry.Snapshot) bool {
+	f.waitAll(t, "decode-0 re-registered", func(s *replica.Snapshot) bool {
 		p := peerByName(s, "decode-0")
 		return p != nil && p.Generation == d0.Generation+1 && p.State == registry.StateReady
 	})
 	// The same failure right after the fresh registration: deterministic.
 	f.setFault(t, "decode-0", sim.FaultMissingMemKind)
 	_ = ask()
-	f.waitAll(t, "pair quarantined", func(s *registry.Snapshot) bool {
+	f.waitAll(t, "pair quarantined", func(s *replica.Snapshot) bool {
 		pf := peerByName(s, "prefill-0")
 		_, ok := s.Quarantined(pf.ID, d0.ID)
 		return ok
@@ -472,7 +473,7 @@ func TestBrokenPairFailsNoClient(t *testing.T) {
 	if n := f.Engine("prefill-1").Sim().Stats().MissingMemKind; n != 0 {
 		t.Fatalf("the healthy prefill failed %d transfers", n)
 	}
-	f.waitAll(t, "the broken pair quarantined", func(s *registry.Snapshot) bool {
+	f.waitAll(t, "the broken pair quarantined", func(s *replica.Snapshot) bool {
 		pf, d := peerByName(s, "prefill-0"), peerByName(s, "decode-0")
 		if pf == nil || d == nil {
 			return false

@@ -11,5 +11,6 @@
 //
 // It holds no SQL and does no I/O of its own; stores live in registry/pgstore
 // and registry/memstore, and both pass the contract suite in
-// registry/registrytest.
+// registry/registrytest. What each replica keeps of the registry (the
+// Mirror, its Snapshots and the load table) is registry/replica's.
 package registry

@@ -27,7 +27,7 @@ func Reregister(prev Peer, spec PeerSpec, now time.Time, leaseTTL time.Duration)
 	next.PeerSpec = spec
 	next.UpdatedAt = now
 	next.LeaseExpiry = now.Add(leaseTTL)
-	clearQuarantine = compatKey(&prev.PeerSpec) != compatKey(&spec)
+	clearQuarantine = CompatKey(&prev.PeerSpec) != CompatKey(&spec)
 	if !NeedsNewGeneration(&prev.PeerSpec, &spec) {
 		if prev.State == StateStale {
 			next.StateReason = ReasonSameAgentName

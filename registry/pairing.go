@@ -204,10 +204,10 @@ func minRegions(ranks []Rank) int {
 	return n
 }
 
-// compatKey summarises every field CheckPair reads except name and role, so
+// CompatKey summarises every field CheckPair reads except name and role, so
 // peers with equal keys get equal verdicts against any other peer. Snapshots
 // compute verdicts once per pair of keys, not once per pair of peers.
-func compatKey(s *PeerSpec) string {
+func CompatKey(s *PeerSpec) string {
 	// Appended by hand, not with fmt: a snapshot computes the key of every
 	// peer on every rebuild, and at 10,000 peers fmt was half the rebuild.
 	b := make([]byte, 0, 96+8*len(s.Ranks))

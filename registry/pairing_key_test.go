@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// compatKeyFmt is compatKey as it was written with fmt: the hand-appended
+// compatKeyFmt is CompatKey as it was written with fmt: the hand-appended
 // key must stay the same string, field for field.
 func compatKeyFmt(s *PeerSpec) string {
 	var b strings.Builder
@@ -35,8 +35,8 @@ func TestCompatKeyMatchesFmt(t *testing.T) {
 		{Engine: EngineVLLM, Unknown: []string{}},
 	}
 	for i := range specs {
-		if got, want := compatKey(&specs[i]), compatKeyFmt(&specs[i]); got != want {
-			t.Errorf("spec %d: compatKey %q, fmt gives %q", i, got, want)
+		if got, want := CompatKey(&specs[i]), compatKeyFmt(&specs[i]); got != want {
+			t.Errorf("spec %d: CompatKey %q, fmt gives %q", i, got, want)
 		}
 	}
 }

@@ -290,3 +290,20 @@ type Event struct {
 	Error      string
 	At         time.Time
 }
+
+// PeerLoad is a peer's load as its last heartbeat reported it.
+type PeerLoad struct {
+	PeerID string
+	Load   Load
+	At     time.Time // the heartbeat that carried it
+}
+
+// ReportedLoad returns the load the peer's record carries, from its last
+// heartbeat as the record was read; ok is false (and only PeerID set) when
+// the record has none.
+func (p *Peer) ReportedLoad() (l PeerLoad, ok bool) {
+	if p.LastHeartbeat == nil {
+		return PeerLoad{PeerID: p.ID}, false
+	}
+	return PeerLoad{PeerID: p.ID, Load: p.Load, At: *p.LastHeartbeat}, true
+}

@@ -4,7 +4,7 @@
 //
 // It owns:
 //
-//   - pair selection over the immutable registry.Snapshot it is handed, with
+//   - pair selection over the immutable replica.Snapshot it is handed, with
 //     a policy per role (round_robin, random, power_of_two, cache_aware) that
 //     costs O(1) or O(log n) in the number of peers and no I/O;
 //   - the engine protocols: SGLang's bootstrap triple (both legs POSTed the

@@ -3,7 +3,7 @@ package router
 import (
 	"net/http"
 
-	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // Another router (SMG, SGLang's router) in front of pdplane treats it as one
@@ -39,7 +39,7 @@ type modelInfoResponse struct {
 
 // firstModel returns the first model (by name) that has a routable pair, or
 // "" when none has: then there is nothing to describe yet.
-func firstModel(s *registry.Snapshot) (string, []string) {
+func firstModel(s *replica.Snapshot) (string, []string) {
 	models := s.Models()
 	if len(models) == 0 {
 		return "", nil

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // peerState is what the router tracks about one peer across snapshots, keyed
@@ -88,7 +89,7 @@ func bootstrapHost(p *registry.Peer) string {
 type peerRef struct {
 	state *peerState
 	// decodes are the decodes this peer may send KV to when it is the
-	// prefill (registry.ModelRoutes.DecodesFor, resolved once per view);
+	// prefill (replica.ModelRoutes.DecodesFor, resolved once per view);
 	// lists of prefills of one compatibility class share one array.
 	// decodesID is the list's ID among the view's lists.
 	decodes   []cand
@@ -134,8 +135,8 @@ func flatLoad(l registry.PeerLoad, ok bool) candLoad {
 }
 
 // newer returns l or the load in slot of set, whichever heartbeat is newer
-// (registry.NewerLoad).
-func (l candLoad) newer(set *registry.LoadSet, slot int32) candLoad {
+// (replica.NewerLoad).
+func (l candLoad) newer(set *replica.LoadSet, slot int32) candLoad {
 	if t, ok := set.At(slot); ok {
 		if tl := flatLoad(t, true); tl.at > l.at {
 			return tl
@@ -148,7 +149,7 @@ func (l candLoad) newer(set *registry.LoadSet, slot int32) candLoad {
 // It is immutable once published, except for the atomic counters and the
 // loads its picks resolve once per load refresh.
 type view struct {
-	snap   *registry.Snapshot
+	snap   *replica.Snapshot
 	peers  []peerRef // in snapshot order; every *peerRef of the view points here
 	refs   map[*registry.Peer]*peerRef
 	byID   map[string]*peerState // shared with the next view while the peers stay the same
@@ -170,7 +171,7 @@ type view struct {
 // by list ID, each aligned with its list, so that a window of consecutive
 // candidates reads consecutive loads.
 type viewLoads struct {
-	set   *registry.LoadSet // nil: the records' loads alone (view.base)
+	set   *replica.LoadSet // nil: the records' loads alone (view.base)
 	lists [][]candLoad
 }
 
@@ -180,7 +181,7 @@ type viewLoads struct {
 // sees a new set starts resolving them in the background: once per load
 // refresh, not once per candidate, and never on a request's path (a map
 // lookup per peer of the fleet: about a millisecond at 10,000).
-func (v *view) loadsFor(set *registry.LoadSet) (vl *viewLoads, pending *registry.LoadSet) {
+func (v *view) loadsFor(set *replica.LoadSet) (vl *viewLoads, pending *replica.LoadSet) {
 	if set == nil {
 		return v.base, nil
 	}
@@ -195,7 +196,7 @@ func (v *view) loadsFor(set *registry.LoadSet) (vl *viewLoads, pending *registry
 
 // resolveLoads publishes the lists' loads as of set; the caller holds
 // loadsMu, which it releases.
-func (v *view) resolveLoads(set *registry.LoadSet) {
+func (v *view) resolveLoads(set *replica.LoadSet) {
 	defer v.loadsMu.Unlock()
 	if vl := v.loads.Load(); vl != nil && vl.set == set {
 		return
@@ -208,7 +209,7 @@ func (v *view) resolveLoads(set *registry.LoadSet) {
 }
 
 // listLoads lays the peers' loads (by peerRef.index) out along every list.
-func (v *view) listLoads(set *registry.LoadSet, byPeer []candLoad) *viewLoads {
+func (v *view) listLoads(set *replica.LoadSet, byPeer []candLoad) *viewLoads {
 	total := 0
 	for _, l := range v.lists {
 		total += len(l)
@@ -232,7 +233,7 @@ func (v *view) listLoads(set *registry.LoadSet, byPeer []candLoad) *viewLoads {
 // modelView is what selection needs for one model.
 type modelView struct {
 	name     string
-	routes   *registry.ModelRoutes
+	routes   *replica.ModelRoutes
 	prefills []cand    // aligned with routes.Prefills
 	listID   int32     // prefills' ID among the view's lists
 	ring     *hashRing // for cache_aware prefill selection; nil otherwise
@@ -266,7 +267,7 @@ func (rt *Router) currentView() *view {
 	return rt.buildView(s)
 }
 
-func (rt *Router) buildView(s *registry.Snapshot) *view {
+func (rt *Router) buildView(s *replica.Snapshot) *view {
 	b := &rt.builder
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -625,7 +626,7 @@ type pickCtx struct {
 	// pending is a load set newer than loads, whose loads the candidates
 	// look up by peer ID until the view has resolved them; nil when none.
 	loads   *viewLoads
-	pending *registry.LoadSet
+	pending *replica.LoadSet
 }
 
 // time is the pick's now, read once.
@@ -985,7 +986,7 @@ func (pb *pairBreakers) resetPeer(id string) {
 // longer in next: an operator lifted the quarantine, or its trial
 // succeeded. The router's own record of the pair's failures does not hold
 // it out longer than the registry does.
-func (pb *pairBreakers) resetLifted(prev, next *registry.Snapshot) {
+func (pb *pairBreakers) resetLifted(prev, next *replica.Snapshot) {
 	if pb.notClosed.Load() == 0 || prev == next {
 		return
 	}

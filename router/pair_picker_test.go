@@ -18,6 +18,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
 
@@ -40,14 +41,14 @@ func fleet(n int) []registry.Peer {
 // selection logic, with no engine or store behind the peers.
 type snapshots struct {
 	version atomic.Uint64
-	cur     atomic.Pointer[registry.Snapshot]
+	cur     atomic.Pointer[replica.Snapshot]
 }
 
-func (s *snapshots) Snapshot() *registry.Snapshot { return s.cur.Load() }
+func (s *snapshots) Snapshot() *replica.Snapshot { return s.cur.Load() }
 
 // Set replaces every peer.
 func (s *snapshots) Set(peers ...registry.Peer) {
-	s.cur.Store(registry.NewSnapshot(s.version.Add(1), append([]registry.Peer(nil), peers...), nil, time.Now()))
+	s.cur.Store(replica.NewSnapshot(s.version.Add(1), append([]registry.Peer(nil), peers...), nil, time.Now()))
 }
 
 func newPickRouter(tb testing.TB, cfg Config, peers []registry.Peer) (*Router, *snapshots) {
@@ -412,7 +413,7 @@ func TestViewDecodeListsMatchSnapshot(t *testing.T) {
 	peers[6].Role = registry.RoleBoth
 	rt, snaps := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyRoundRobin, BreakerFailures: 1, BreakerCooldown: time.Hour}, peers)
 	quarantine := []registry.Quarantine{{PrefillID: "id-peer-00002", DecodeID: "id-peer-00003", At: time.Now()}}
-	snaps.cur.Store(registry.NewSnapshot(snaps.version.Add(1), append([]registry.Peer(nil), peers...), quarantine, time.Now()))
+	snaps.cur.Store(replica.NewSnapshot(snaps.version.Add(1), append([]registry.Peer(nil), peers...), quarantine, time.Now()))
 	v := checkDecodeLists(t, rt)
 	if got := names(v.refs[v.snap.Peers()[2]].decodes); got != "peer-00001 peer-00005 peer-00006 peer-00007" {
 		t.Fatalf("quarantined prefill peer-00002 pairs with %s", got)
@@ -535,7 +536,7 @@ func TestLoadRefreshReachesPicks(t *testing.T) {
 	defer cancel()
 	store := memstore.New(memstore.Config{})
 	log := zerolog.New(zerolog.NewTestWriter(t))
-	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: 2 * time.Millisecond}, store, log)
+	m := replica.NewMirror(replica.MirrorConfig{LoadRefresh: 2 * time.Millisecond}, store, log)
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -599,7 +600,7 @@ func TestPendingLoadsMatchResolved(t *testing.T) {
 		peers[i] = withLoad(peers[i], registry.Load{Running: 10 + i}, at)
 	}
 	rt, _ := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyLeastLoad}, peers)
-	var table registry.LoadTable
+	var table replica.LoadTable
 	table.Set([]registry.PeerLoad{
 		{PeerID: "id-peer-00001", Load: registry.Load{Running: 1}, At: at.Add(time.Second)},  // newer: wins
 		{PeerID: "id-peer-00003", Load: registry.Load{Running: 2}, At: at.Add(-time.Second)}, // older: the record's

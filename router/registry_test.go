@@ -8,6 +8,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
@@ -21,13 +22,13 @@ import (
 // store's state, quarantines and events.
 type testRegistry struct {
 	store  *memstore.Store
-	mirror *registry.Mirror
+	mirror *replica.Mirror
 }
 
 func newTestRegistry(t testing.TB) *testRegistry {
 	t.Helper()
 	r := &testRegistry{store: memstore.New(memstore.Config{QuarantineTTL: registry.DefaultQuarantineTTL})}
-	r.mirror = registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1}, r.store, zerolog.New(zerolog.NewTestWriter(t)))
+	r.mirror = replica.NewMirror(replica.MirrorConfig{LoadRefresh: -1}, r.store, zerolog.New(zerolog.NewTestWriter(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if err := r.mirror.Start(ctx); err != nil {

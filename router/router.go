@@ -18,12 +18,13 @@ import (
 
 	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // Snapshots is the router's source of routing state: the latest immutable
-// registry snapshot. *registry.Mirror satisfies it. Snapshot must not block.
+// registry snapshot. *replica.Mirror satisfies it. Snapshot must not block.
 type Snapshots interface {
-	Snapshot() *registry.Snapshot
+	Snapshot() *replica.Snapshot
 }
 
 // PeerReporter is how the router tells the registry what it learned from

@@ -4,9 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/pdplane/pdplane/registry/replica"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/pdplane/pdplane/registry"
 )
 
 // A quarantine that expired puts its pair on trial (registry/quarantine.go):
@@ -34,7 +33,7 @@ func (b *breaker) halfOpen() {
 // armTrials half-opens the pair breaker of every pair newly on trial in s
 // (one probe request at a time on this replica);
 // the caller holds the view builder's lock.
-func (rt *Router) armTrials(s *registry.Snapshot, b *viewBuilder) {
+func (rt *Router) armTrials(s *replica.Snapshot, b *viewBuilder) {
 	trials := s.Trials()
 	if len(trials) == 0 && len(b.trials) == 0 {
 		return

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // BenchmarkViewBuild measures what a router pays to follow one change at
@@ -17,7 +18,7 @@ func BenchmarkViewBuild(b *testing.B) {
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
 			records := fleet(n)
 			rt, _ := newPickRouter(b, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyRoundRobin}, records)
-			s := registry.NewSnapshot(1, records, nil, time.Now())
+			s := replica.NewSnapshot(1, records, nil, time.Now())
 			rt.buildView(s)
 			states := [2]registry.State{registry.StateStale, registry.StateReady}
 			k := 0

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // TestViewFollowsPatchedSnapshots: views built from snapshots a Mirror
@@ -18,7 +19,7 @@ func TestViewFollowsPatchedSnapshots(t *testing.T) {
 	t.Parallel()
 	records := fleet(6) // prefills 0, 2, 4; decodes 1, 3, 5
 	rt, snaps := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyRoundRobin, BreakerFailures: 1, BreakerCooldown: time.Hour}, records)
-	s := registry.NewSnapshot(1, records, nil, time.Now())
+	s := replica.NewSnapshot(1, records, nil, time.Now())
 	snaps.cur.Store(s)
 	v1 := checkDecodeLists(t, rt)
 	change := func(p *registry.Peer) {

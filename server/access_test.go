@@ -16,6 +16,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // securityFor is the security list openapi.yaml must give each
@@ -140,7 +141,7 @@ func TestRouteAccessFromRefusesUnscoped(t *testing.T) {
 
 type emptySnaps struct{}
 
-func (emptySnaps) Snapshot() *registry.Snapshot { return &registry.Snapshot{} }
+func (emptySnaps) Snapshot() *replica.Snapshot { return &replica.Snapshot{} }
 
 // TestUnscopedRouteRefused: a served route the access table does not list
 // is refused with 403 problem+json, with a token, without one, and on an

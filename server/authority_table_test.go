@@ -19,6 +19,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/sim/simtest"
@@ -107,7 +108,7 @@ func newAuthorityFleet(t *testing.T) *authorityFleet {
 	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.Disabled)
 	store := memstore.New(memstore.Config{})
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	mirror := replica.NewMirror(replica.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // fleetConfig sizes one run of the registry at fleet scale: replicas
@@ -81,7 +82,7 @@ type fleetPeer struct {
 type fleetReplica struct {
 	url    string
 	store  registry.Store
-	mirror *registry.Mirror
+	mirror *replica.Mirror
 	client *http.Client
 }
 
@@ -205,8 +206,8 @@ func heartbeatFleet(ctx context.Context, reps []fleetReplica, peers []fleetPeer,
 
 // seenStale waits on snaps until peer id is stale in m's snapshot and
 // returns when that was, or false at the deadline.
-func seenStale(m *registry.Mirror, snaps <-chan *registry.Snapshot, id string, deadline time.Time) (time.Time, bool) {
-	stale := func(s *registry.Snapshot) bool {
+func seenStale(m *replica.Mirror, snaps <-chan *replica.Snapshot, id string, deadline time.Time) (time.Time, bool) {
+	stale := func(s *replica.Snapshot) bool {
 		p, ok := s.Peer(id)
 		return ok && p.State == registry.StateStale
 	}
@@ -270,7 +271,7 @@ func (a *announcements) of(id string) (time.Time, bool) {
 // A and times each until every other replica's snapshot shows it.
 func markAndWatch(tb testing.TB, ctx context.Context, reps []fleetReplica, peers []fleetPeer, cfg fleetConfig, res *fleetResult) {
 	tb.Helper()
-	watches := make([]<-chan *registry.Snapshot, len(reps))
+	watches := make([]<-chan *replica.Snapshot, len(reps))
 	announced := make([]*announcements, len(reps))
 	for i := 1; i < len(reps); i++ {
 		watches[i] = reps[i].mirror.Watch(ctx)
@@ -510,7 +511,7 @@ func (a *fleetAgents) kill() {
 }
 
 // waitAllReady polls m's snapshot until n peers are ready in it.
-func waitAllReady(tb testing.TB, ctx context.Context, m *registry.Mirror, n int) {
+func waitAllReady(tb testing.TB, ctx context.Context, m *replica.Mirror, n int) {
 	tb.Helper()
 	for {
 		ready := 0

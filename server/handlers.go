@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server/api"
 	"github.com/pdplane/pdplane/server/api/apiconv"
 )
@@ -228,7 +229,7 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		return nil, malformed("prefill", "prefill must be a peer id: a UUID in lowercase canonical form")
 	}
 	pc, dc := apiconv.Deref(req.Params.PrefillClass), apiconv.Deref(req.Params.DecodeClass)
-	var pairs []registry.PairView
+	var pairs []replica.PairView
 	var total int
 	switch {
 	case req.Params.Prefill != nil && (pc != "" || dc != ""):

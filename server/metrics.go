@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // serverMetrics are the control plane's own metrics; the router registers
@@ -223,7 +224,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 // collectPreflights summarises the pairs' last preflights: per-pair series
 // would be a million at 1,000 × 1,000 pairs, so the slowest and the mean
 // GB/s per backend and memory kind stand for them (the pair list has each).
-func collectPreflights(ch chan<- prometheus.Metric, s *registry.Snapshot) {
+func collectPreflights(ch chan<- prometheus.Metric, s *replica.Snapshot) {
 	states := map[string]int{"passed": 0, "failed": 0, "blocking": 0}
 	type agg struct {
 		min, sum float64

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // TestSnapshotGauges: quarantines, trials and heals are read from the
@@ -24,7 +25,7 @@ func TestSnapshotGauges(t *testing.T) {
 		return p
 	}
 	snaps := &swapSnapshots{}
-	snaps.set(registry.NewSnapshot(1, nil, nil, time.Now()))
+	snaps.set(replica.NewSnapshot(1, nil, nil, time.Now()))
 	reg := prometheus.NewRegistry()
 	newServerMetrics(reg, snaps, "")
 
@@ -50,15 +51,15 @@ func TestSnapshotGauges(t *testing.T) {
 	qs := []registry.Quarantine{
 		{PrefillID: "p1", DecodeID: "d1"}, {PrefillID: "p1", DecodeID: "d2"}, {PrefillID: "p2", DecodeID: "d1", Trial: true},
 	}
-	snaps.set(registry.NewSnapshot(2, peers, qs, time.Now()))
+	snaps.set(replica.NewSnapshot(2, peers, qs, time.Now()))
 	check(2, 1, 1, 2)
-	snaps.set(registry.NewSnapshot(3, peers[:1], nil, time.Now()))
+	snaps.set(replica.NewSnapshot(3, peers[:1], nil, time.Now()))
 	check(0, 0, 0, 0)
 	// A peer whose lease ran out keeps its plan for when it comes back,
 	// but is not being healed.
 	failed := peer("d4", "d4", registry.RoleDecode, registry.HealVerifying)
 	failed.State = registry.StateFailed
-	snaps.set(registry.NewSnapshot(4, []registry.Peer{peers[3], failed}, nil, time.Now()))
+	snaps.set(replica.NewSnapshot(4, []registry.Peer{peers[3], failed}, nil, time.Now()))
 	check(0, 0, 0, 1)
 }
 
@@ -99,7 +100,7 @@ func TestPreflightGauges(t *testing.T) {
 			PrefillGeneration: 1, DecodeGeneration: gen}
 	}
 	snaps := &swapSnapshots{}
-	snaps.set(registry.NewSnapshotWithPreflights(1, peers, nil, []registry.Preflight{
+	snaps.set(replica.NewSnapshotWithPreflights(1, peers, nil, []registry.Preflight{
 		pf("d1", registry.PreflightPassed, 1, 1), pf("d2", registry.PreflightPassed, 3, 1),
 		pf("d3", registry.PreflightFailed, 0, 1), pf("d4", registry.PreflightFailed, 0, 1),
 	}, time.Now()))
@@ -118,10 +119,10 @@ func TestPreflightGauges(t *testing.T) {
 	}
 }
 
-type swapSnapshots struct{ s *registry.Snapshot }
+type swapSnapshots struct{ s *replica.Snapshot }
 
-func (w *swapSnapshots) set(s *registry.Snapshot)     { w.s = s }
-func (w *swapSnapshots) Snapshot() *registry.Snapshot { return w.s }
+func (w *swapSnapshots) set(s *replica.Snapshot)     { w.s = s }
+func (w *swapSnapshots) Snapshot() *replica.Snapshot { return w.s }
 
 func TestBuildVersion(t *testing.T) {
 	t.Parallel()
@@ -153,7 +154,7 @@ func TestBuildVersion(t *testing.T) {
 func TestBuildInfoVersion(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	newServerMetrics(reg, &swapSnapshots{s: registry.NewSnapshot(1, nil, nil, time.Now())}, "1.2.3")
+	newServerMetrics(reg, &swapSnapshots{s: replica.NewSnapshot(1, nil, nil, time.Now())}, "1.2.3")
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
 )
@@ -32,7 +33,7 @@ func serveOpen(t *testing.T, front bool, allowed ...string) (string, string) {
 	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t))
 	store := memstore.New(memstore.Config{})
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	mirror := replica.NewMirror(replica.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -29,7 +30,7 @@ func TestStoreOutageAnswers503(t *testing.T) {
 	t.Cleanup(cancel)
 	log := zerolog.New(zerolog.NewTestWriter(t))
 	store, outage, _ := registrytest.NewPGStoreWithOutage(t, pgstore.Config{})
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	mirror := replica.NewMirror(replica.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog/hlog"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server/api"
 )
 
@@ -166,9 +167,9 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Snapshots gives the current routing snapshot; *registry.Mirror is one.
+// Snapshots gives the current routing snapshot; *replica.Mirror is one.
 type Snapshots interface {
-	Snapshot() *registry.Snapshot
+	Snapshot() *replica.Snapshot
 }
 
 // Mounter adds routes to the server's chi router; the router package's

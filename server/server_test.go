@@ -23,6 +23,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/server/api/apiconv"
 	"github.com/pdplane/pdplane/sim/simtest"
@@ -37,7 +38,7 @@ const (
 type bundle struct {
 	url    string
 	store  registry.Store
-	mirror *registry.Mirror
+	mirror *replica.Mirror
 	reg    *prometheus.Registry
 	srv    *server.Server
 
@@ -68,7 +69,7 @@ func setupWith(t testing.TB, change func(*server.Config, *server.Deps)) *bundle 
 		log = zerolog.New(zerolog.NewTestWriter(tt))
 	}
 	store := memstore.New(memstore.Config{})
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	mirror := replica.NewMirror(replica.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -27,12 +27,13 @@ import (
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server"
 )
 
 // serveStore starts the control plane over store, as setup does over the
 // embedded store, and returns its URL and routing mirror.
-func serveStore(t testing.TB, store registry.Store) (string, *registry.Mirror) {
+func serveStore(t testing.TB, store registry.Store) (string, *replica.Mirror) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -40,7 +41,7 @@ func serveStore(t testing.TB, store registry.Store) (string, *registry.Mirror) {
 	if tt, ok := t.(*testing.T); ok {
 		log = zerolog.New(zerolog.NewTestWriter(tt)).Level(zerolog.WarnLevel)
 	}
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	mirror := replica.NewMirror(replica.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -583,7 +584,7 @@ func TestMalformedHeartbeatFloodKeepsOthersReady(t *testing.T) {
 		}
 		// The routing snapshot follows the store: wait for it to hold the
 		// whole fleet ready, then /readyz must say so.
-		allReady := func(s *registry.Snapshot) bool {
+		allReady := func(s *replica.Snapshot) bool {
 			for _, id := range fleetIDs {
 				if p, ok := s.Peer(id); !ok || p.State != registry.StateReady {
 					return false

@@ -31,6 +31,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/server/api"
@@ -77,7 +78,7 @@ func newFixture(t *testing.T) *fixture {
 	// shows its lease as expired but keeps its state.
 	f := &fixture{t: t}
 	store := memstore.New(memstore.Config{Now: func() time.Time { return time.Now().Add(-time.Duration(f.back.Load())) }})
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, log)
+	mirror := replica.NewMirror(replica.MirrorConfig{}, store, log)
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/server/api"
 	"github.com/pdplane/pdplane/sim/simtest"
@@ -49,7 +50,7 @@ func (s *syncBuffer) String() string {
 // decode d0 registered and heartbeating once.
 func startCLIControlPlane(t *testing.T, ctx context.Context, store registry.Store) (url string, p0, d0 registry.RegisterResult) {
 	t.Helper()
-	mirror := registry.NewMirror(registry.MirrorConfig{}, store, zerolog.Nop())
+	mirror := replica.NewMirror(replica.MirrorConfig{}, store, zerolog.Nop())
 	if err := mirror.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/pgstore"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/tracing"
@@ -82,7 +83,7 @@ type controlPlane struct {
 	ln      *httpwire.Listener // hs's: takes back connections the router took over
 	srv     *server.Server
 	store   registry.Store
-	mirror  *registry.Mirror
+	mirror  *replica.Mirror
 	router  *router.Router
 	tracing *tracing.Provider
 	pprof   *http.Server // nil without --pprof-addr
@@ -306,7 +307,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 			cp.close()
 		}
 	}()
-	mirror := registry.NewMirror(registry.MirrorConfig{LoadRefresh: c.heartbeat}, store, log.With().Str("component", "mirror").Logger())
+	mirror := replica.NewMirror(replica.MirrorConfig{LoadRefresh: c.heartbeat}, store, log.With().Str("component", "mirror").Logger())
 	cp.mirror = mirror
 	if err := mirror.Start(bgCtx); err != nil {
 		return nil, fmt.Errorf("load registry: %w", err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // Config configures a Store.
@@ -48,7 +49,7 @@ func (c Config) WithDefaults() Config {
 // path (the router reads snapshots).
 type Store struct {
 	cfg Config
-	bc  registry.Broadcaster
+	bc  replica.Broadcaster
 
 	mu          sync.Mutex
 	byID        map[string]*registry.Peer

@@ -12,6 +12,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // readyFleet registers n peers and heartbeats each once: all ready.
@@ -186,7 +187,7 @@ func TestMirrorResyncsAfterOutage(t *testing.T) {
 	defer cancel()
 	a, outage, cfg := registrytest.NewPGStoreWithOutage(t, pgstore.Config{})
 	b := registrytest.OpenPGStore(t, cfg)
-	mirrorA := registry.NewMirror(registry.MirrorConfig{}, a, zerolog.New(zerolog.NewTestWriter(t)))
+	mirrorA := replica.NewMirror(replica.MirrorConfig{}, a, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := mirrorA.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

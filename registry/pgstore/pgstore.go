@@ -24,6 +24,7 @@ import (
 
 	"github.com/pdplane/pdplane/migrations"
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // Config configures a Store.
@@ -135,7 +136,7 @@ type Store struct {
 	cfg     Config
 	pool    *pgxpool.Pool
 	log     zerolog.Logger
-	bc      registry.Broadcaster
+	bc      replica.Broadcaster
 	hb      *heartbeatBatcher
 	lockKey int64 // advisory lock of the lease sweeper
 	cancel  context.CancelFunc

@@ -15,28 +15,29 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/pgstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
-// replica is one control-plane replica: its own store (pool + listener) and
-// mirror over the shared database.
-type replica struct {
+// controlPlane is one control-plane replica: its own store (pool +
+// listener) and mirror over the shared database.
+type controlPlane struct {
 	store  *pgstore.Store
-	mirror *registry.Mirror
+	mirror *replica.Mirror
 }
 
-func startReplica(t testing.TB, ctx context.Context, cfg pgstore.Config) replica {
+func startReplica(t testing.TB, ctx context.Context, cfg pgstore.Config) controlPlane {
 	t.Helper()
 	s := registrytest.OpenPGStore(t, cfg)
-	m := registry.NewMirror(registry.MirrorConfig{}, s, zerolog.New(zerolog.NewTestWriter(t)))
+	m := replica.NewMirror(replica.MirrorConfig{}, s, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return replica{store: s, mirror: m}
+	return controlPlane{store: s, mirror: m}
 }
 
 // waitState waits on the mirror's snapshots until peer id has state st and
 // returns when that snapshot arrived.
-func waitState(t testing.TB, ctx context.Context, m *registry.Mirror, snaps <-chan *registry.Snapshot, id string, st registry.State) time.Time {
+func waitState(t testing.TB, ctx context.Context, m *replica.Mirror, snaps <-chan *replica.Snapshot, id string, st registry.State) time.Time {
 	t.Helper()
 	if p, ok := m.Snapshot().Peer(id); ok && p.State == st {
 		return time.Now()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // Heal is the heal config the contract suite's stores use: a hold shorter
@@ -51,7 +52,7 @@ func testHealHold(t *testing.T, s registry.Store) {
 		peers, _ := s.List(ctx(t), registry.Filter{})
 		qs, _ := s.Quarantines(ctx(t))
 		var names []string
-		for _, p := range registry.NewSnapshot(1, peers, qs, time.Now()).Routes("m").DecodesFor(prefillID) {
+		for _, p := range replica.NewSnapshot(1, peers, qs, time.Now()).Routes("m").DecodesFor(prefillID) {
 			names = append(names, p.Name)
 		}
 		return names

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // PassedPreflight returns a passed TCP/DRAM preflight of the pair.
@@ -32,11 +33,11 @@ func FailedPreflight(prefillID, decodeID, errText string) registry.Preflight {
 // the pair back; bad reports are refused naming the field.
 func testPreflight(t *testing.T, s registry.Store) {
 	p0, p1, d, dspec := readyPairs(t, s)
-	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1}, s, zerolog.New(zerolog.NewTestWriter(t)))
+	m := replica.NewMirror(replica.MirrorConfig{LoadRefresh: -1}, s, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	waitRoutes := func(what string, want bool, cond func(registry.PairView) bool) registry.PairView {
+	waitRoutes := func(what string, want bool, cond func(replica.PairView) bool) replica.PairView {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
 		for {
@@ -59,7 +60,7 @@ func testPreflight(t *testing.T, s registry.Store) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	anyView := func(registry.PairView) bool { return true }
+	anyView := func(replica.PairView) bool { return true }
 	waitRoutes("before any preflight", true, anyView)
 
 	got, err := s.ReportPreflight(ctx(t), PassedPreflight(p0.ID, d.ID))
@@ -68,7 +69,7 @@ func testPreflight(t *testing.T, s registry.Store) {
 	if err != nil || got != want {
 		t.Fatalf("report passed: %+v, %v; want %+v", got, err, want)
 	}
-	waitRoutes("after a passed preflight", true, func(pv registry.PairView) bool { return pv.Preflight != nil && *pv.Preflight == want })
+	waitRoutes("after a passed preflight", true, func(pv replica.PairView) bool { return pv.Preflight != nil && *pv.Preflight == want })
 
 	const nixlErr = "remote spans: nixl_capi_check_remote_md: not found (-6)"
 	if _, err := s.ReportPreflight(ctx(t), FailedPreflight(p0.ID, d.ID, nixlErr)); err != nil {
@@ -86,7 +87,7 @@ func testPreflight(t *testing.T, s registry.Store) {
 	dspec.Ranks[0].AgentName = "d0-healed"
 	mustRegister(t, s, dspec)
 	mustHeartbeat(t, s, mustGet(t, s, d.ID))
-	waitRoutes("after the decode re-registered", true, func(pv registry.PairView) bool { return pv.Preflight != nil && pv.Preflight.Failed() })
+	waitRoutes("after the decode re-registered", true, func(pv replica.PairView) bool { return pv.Preflight != nil && pv.Preflight.Failed() })
 
 	bad := PassedPreflight(p0.ID, d.ID)
 	bad.State = "maybe"

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server/api"
 )
 
@@ -268,12 +269,12 @@ func Breaker(state string, since time.Time, ok bool) *api.Breaker {
 }
 
 // GeometryClass converts a class of peers that pair alike.
-func GeometryClass(c registry.GeometryClass) api.GeometryClass {
+func GeometryClass(c replica.GeometryClass) api.GeometryClass {
 	return api.GeometryClass{Id: c.ID, Model: c.Model, Shape: c.Shape}
 }
 
 // PairGroup converts the counts of the pairs between two classes.
-func PairGroup(g *registry.PairGroup) api.PairGroup {
+func PairGroup(g *replica.PairGroup) api.PairGroup {
 	out := api.PairGroup{
 		PrefillClass: GeometryClass(g.Prefill), DecodeClass: GeometryClass(g.Decode),
 		Prefills: g.Prefills, Decodes: g.Decodes, Pairs: g.Pairs, Compatible: g.Verdict.Compatible,
@@ -288,7 +289,7 @@ func PairGroup(g *registry.PairGroup) api.PairGroup {
 
 // FleetCounts converts the counts of a fleet summary; the caller adds who
 // answers (replica, store, version) and the router's breakers.
-func FleetCounts(c *registry.FleetCounts) api.FleetSummary {
+func FleetCounts(c *replica.FleetCounts) api.FleetSummary {
 	out := api.FleetSummary{
 		Peers: c.Peers, ByRole: map[string]int{}, ByState: map[string]int{}, Models: make([]api.FleetModel, len(c.Models)),
 		Pairs: api.FleetPairs{Total: c.Pairs, Routable: c.Routable, Quarantined: c.Quarantined},

@@ -1,4 +1,4 @@
-package registry_test
+package replica_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // slowStore is a memstore whose refreshes each wait for a token on gate,
@@ -69,7 +70,7 @@ func (s *slowStore) Refresh(ctx context.Context, ids []string) ([]registry.Peer,
 }
 
 // routable reports whether peer id is among the model's routable decodes.
-func routable(snap *registry.Snapshot, id string) bool {
+func routable(snap *replica.Snapshot, id string) bool {
 	if r := snap.Routes("m"); r != nil {
 		for _, p := range r.Decodes {
 			if p.ID == id {
@@ -96,7 +97,7 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 		reading: make(chan []string), changes: make(chan registry.Change, 8)}
 	peers := registerReady(t, ctx, store.Store, "d0", "d1", "d2", "d3", "d4")
 	d0, d1, d2, d3, d4 := peers[0], peers[1], peers[2], peers[3], peers[4]
-	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1}, store, zerolog.New(zerolog.NewTestWriter(t)))
+	m := replica.NewMirror(replica.MirrorConfig{LoadRefresh: -1}, store, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 			t.Fatal("no read to answer")
 		}
 	}
-	waitFor := func(what string, ok func(*registry.Snapshot) bool) {
+	waitFor := func(what string, ok func(*replica.Snapshot) bool) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
 		for !ok(m.Snapshot()) {
@@ -156,7 +157,7 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 	// reason.
 	store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d0.ID, Generation: d0.Generation}, {ID: d2.ID, Generation: d2.Generation - 1}}}
 	store.changes <- registry.Change{PeerIDs: []string{d0.ID}}
-	waitFor("d0 out while the mirror waits for d1's read", func(s *registry.Snapshot) bool { return !routable(s, d0.ID) })
+	waitFor("d0 out while the mirror waits for d1's read", func(s *replica.Snapshot) bool { return !routable(s, d0.ID) })
 	if p, _ := m.Snapshot().Peer(d0.ID); p.State != registry.StateStale || p.StateReason == reason {
 		t.Fatalf("d0 before its read: %s (%q), want stale with the mirror's earlier reason", p.State, p.StateReason)
 	}
@@ -164,7 +165,7 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 		t.Fatal("d1 left the routes before its read answered")
 	}
 	answer() // d1's read
-	waitFor("d1 out after its read", func(s *registry.Snapshot) bool { return !routable(s, d1.ID) })
+	waitFor("d1 out after its read", func(s *replica.Snapshot) bool { return !routable(s, d1.ID) })
 	expectRead(d0.ID)
 	if routable(m.Snapshot(), d0.ID) {
 		t.Fatal("d0 routable again while it is read, after its hint")
@@ -173,7 +174,7 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 		t.Fatal("a hint about an earlier generation of d2 took it out of the routes")
 	}
 	answer() // d0's read
-	waitFor("d0's record from the store", func(s *registry.Snapshot) bool {
+	waitFor("d0's record from the store", func(s *replica.Snapshot) bool {
 		p, _ := s.Peer(d0.ID)
 		return p.State == registry.StateStale && p.StateReason == reason
 	})
@@ -190,7 +191,7 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		store.changes <- registry.Change{Stale: []registry.StaleHint{{ID: d.ID, Generation: d.Generation}}}
-		waitFor(d.Name+" out after its hint", func(s *registry.Snapshot) bool { return !routable(s, d.ID) })
+		waitFor(d.Name+" out after its hint", func(s *replica.Snapshot) bool { return !routable(s, d.ID) })
 		answer() // the read that began before the mark
 		store.slowList.Store(false)
 		store.changes <- registry.Change{PeerIDs: []string{d.ID}}
@@ -199,7 +200,7 @@ func TestMirrorTakesAHintedStalePeerOutAtOnce(t *testing.T) {
 			t.Fatalf("a read of %s that began before %s's hint brought it back into the routes", reading, d.Name)
 		}
 		answer()
-		waitFor(d.Name+"'s record from the store", func(s *registry.Snapshot) bool {
+		waitFor(d.Name+"'s record from the store", func(s *replica.Snapshot) bool {
 			p, _ := s.Peer(d.ID)
 			return p.State == registry.StateStale && p.StateReason == reason
 		})
@@ -216,7 +217,7 @@ func TestBroadcasterCarriesStaleHints(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var b registry.Broadcaster
+	var b replica.Broadcaster
 	ch := b.Subscribe(ctx)
 	b.Publish(registry.Change{Stale: []registry.StaleHint{{ID: "y", Generation: 1}}})
 	select {
@@ -318,7 +319,7 @@ func TestMirrorRetriesAFailedRead(t *testing.T) {
 	defer cancel()
 	store := &failingStore{Store: memstore.New(memstore.Config{}), tries: make(chan struct{}, 8), changes: make(chan registry.Change, 8)}
 	d := registerReady(t, ctx, store.Store, "d0")[0]
-	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1, MinRetry: time.Hour, MaxRetry: time.Hour}, store, zerolog.New(zerolog.NewTestWriter(t)))
+	m := replica.NewMirror(replica.MirrorConfig{LoadRefresh: -1, MinRetry: time.Hour, MaxRetry: time.Hour}, store, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +370,7 @@ func TestMirrorReadsAHintedPeerAfterItsHint(t *testing.T) {
 		reading: make(chan []string), changes: make(chan registry.Change, 8)}
 	peers := registerReady(t, ctx, store.Store, "d0", "d1")
 	d0, d1 := peers[0], peers[1]
-	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1, Debounce: 200 * time.Millisecond}, store, zerolog.New(zerolog.NewTestWriter(t)))
+	m := replica.NewMirror(replica.MirrorConfig{LoadRefresh: -1, Debounce: 200 * time.Millisecond}, store, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

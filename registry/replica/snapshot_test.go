@@ -1,4 +1,4 @@
-package registry_test
+package replica_test
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 func peer(spec registry.PeerSpec, st registry.State) registry.Peer {
@@ -29,7 +30,7 @@ func TestSnapshotRoutes(t *testing.T) {
 		peer(dram, registry.StateReady),
 	}
 	q := []registry.Quarantine{{PrefillID: "id-p0", DecodeID: "id-d1", Detail: "x"}}
-	s := registry.NewSnapshot(1, peers, q, time.Now())
+	s := replica.NewSnapshot(1, peers, q, time.Now())
 	r := s.Routes("m")
 	if r == nil || len(r.Prefills) != 1 || r.Prefills[0].Name != "p0" {
 		t.Fatalf("prefills = %+v", r)
@@ -53,7 +54,7 @@ func TestSnapshotRoutes(t *testing.T) {
 			t.Errorf("quarantined pair routable")
 		}
 	}
-	empty := registry.NewSnapshot(2, []registry.Peer{peers[2]}, nil, time.Now())
+	empty := replica.NewSnapshot(2, []registry.Peer{peers[2]}, nil, time.Now())
 	if ok, reason := empty.Routable(); ok || reason != "model m: no ready prefill" {
 		t.Fatalf("decode-only snapshot: %v %q", ok, reason)
 	}
@@ -66,7 +67,7 @@ func TestSnapshotUnhealthyDecode(t *testing.T) {
 	sick := peer(registrytest.Spec("d0", registry.RoleDecode), registry.StateUnhealthy)
 	sick.StateReason = registry.UnhealthyReason("GET /health: connection refused")
 	peers := []registry.Peer{peer(registrytest.Spec("p0", registry.RolePrefill), registry.StateReady), sick}
-	s := registry.NewSnapshot(1, peers, nil, time.Now())
+	s := replica.NewSnapshot(1, peers, nil, time.Now())
 	if ds := s.Routes("m").DecodesFor("id-p0"); len(ds) != 0 {
 		t.Fatalf("decodes for p0 = %v, want none: d0 is unhealthy", names(ds))
 	}
@@ -81,7 +82,7 @@ func TestSnapshotUnhealthyDecode(t *testing.T) {
 		d.StateReason = "engine unhealthy"
 		many = append(many, d)
 	}
-	_, reason = registry.NewSnapshot(2, many, nil, time.Now()).Routable()
+	_, reason = replica.NewSnapshot(2, many, nil, time.Now()).Routable()
 	want = "no ready peers (unhealthy: decode d0: engine unhealthy; decode d1: engine unhealthy; decode d2: engine unhealthy; and 2 more)"
 	if reason != want {
 		t.Fatalf("Routable() reason %q, want %q", reason, want)
@@ -107,7 +108,7 @@ func BenchmarkSnapshotBuild(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
 			for range b.N {
-				registry.NewSnapshot(1, peers, nil, time.Now())
+				replica.NewSnapshot(1, peers, nil, time.Now())
 			}
 		})
 	}
@@ -127,7 +128,7 @@ func BenchmarkSnapshotPatch(b *testing.B) {
 		}
 		slices.SortFunc(peers, func(a, b *registry.Peer) int { return strings.Compare(a.Name, b.Name) })
 		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
-			s := registry.NextSnapshot(nil, 1, peers, nil, nil, nil)
+			s := replica.NextSnapshot(nil, 1, peers, nil, nil, nil)
 			victim := slices.IndexFunc(peers, func(p *registry.Peer) bool { return p.Role == registry.RoleDecode })
 			states := [2]registry.State{registry.StateStale, registry.StateReady}
 			k := 0
@@ -138,7 +139,7 @@ func BenchmarkSnapshotPatch(b *testing.B) {
 				order := slices.Clone(peers) // as the Mirror does: the previous snapshot keeps its list
 				order[victim] = &next
 				peers = order
-				s = registry.NextSnapshot(s, uint64(k+1), peers, map[string]*registry.Peer{next.ID: &next}, nil, nil)
+				s = replica.NextSnapshot(s, uint64(k+1), peers, map[string]*registry.Peer{next.ID: &next}, nil, nil)
 			}
 			if len(s.Peers()) != n {
 				b.Fatalf("snapshot holds %d peers, want %d", len(s.Peers()), n)

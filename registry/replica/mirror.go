@@ -1,4 +1,4 @@
-package registry
+package replica
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pdplane/pdplane/registry"
 	"github.com/rs/zerolog"
 )
 
@@ -46,7 +47,7 @@ func (c MirrorConfig) WithDefaults() MirrorConfig {
 		c.MaxRetry = 2 * time.Second
 	}
 	if c.LoadRefresh == 0 {
-		c.LoadRefresh = DefaultHeartbeatInterval
+		c.LoadRefresh = registry.DefaultHeartbeatInterval
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -66,7 +67,7 @@ func (c MirrorConfig) WithDefaults() MirrorConfig {
 // on a busy or absent database therefore never holds a stale hint back.
 type Mirror struct {
 	cfg   MirrorConfig
-	store Store
+	store registry.Store
 	log   zerolog.Logger
 
 	cur   atomic.Pointer[Snapshot]
@@ -76,14 +77,14 @@ type Mirror struct {
 	pmu sync.Mutex
 	// peers is what the current snapshot was built from, by ID. A record
 	// is never modified once stored; a change stores a new one.
-	peers   map[string]*Peer
+	peers   map[string]*registry.Peer
 	pairs   pairState // what the current snapshot's pairs were built from
 	version uint64
 	// reading is set while run reads the store. Hints applied meanwhile
 	// are kept in late and applied again over what that read returns,
 	// which may predate them.
 	reading bool
-	late    []StaleHint
+	late    []registry.StaleHint
 
 	// qmu guards the changes follow queued for run; kick wakes run.
 	qmu        sync.Mutex
@@ -96,7 +97,7 @@ type Mirror struct {
 }
 
 // NewMirror returns a mirror of store; call Start before Snapshot.
-func NewMirror(cfg MirrorConfig, store Store, log zerolog.Logger) *Mirror {
+func NewMirror(cfg MirrorConfig, store registry.Store, log zerolog.Logger) *Mirror {
 	m := &Mirror{cfg: cfg.WithDefaults(), store: store, log: log, watchers: map[chan *Snapshot]struct{}{},
 		pendingIDs: map[string]struct{}{}, kick: make(chan struct{}, 1)}
 	m.cur.Store(NewSnapshot(0, nil, nil, m.cfg.Now()))
@@ -106,7 +107,7 @@ func NewMirror(cfg MirrorConfig, store Store, log zerolog.Logger) *Mirror {
 // Start loads the whole store and follows its changes until ctx ends.
 func (m *Mirror) Start(ctx context.Context) error {
 	changes := m.store.Subscribe(ctx) // subscribe first so nothing slips between load and follow
-	peers, err := m.store.List(ctx, Filter{})
+	peers, err := m.store.List(ctx, registry.Filter{})
 	if err != nil {
 		return fmt.Errorf("load peers: %w", err)
 	}
@@ -179,10 +180,10 @@ func (m *Mirror) Watch(ctx context.Context) <-chan *Snapshot {
 // read of each hinted peer begins after its hint: that read, not the hint,
 // has the last word (the peer may be ready again by then). Changes that
 // arrive while hints gather wait with them.
-func (m *Mirror) follow(ctx context.Context, changes <-chan Change) {
+func (m *Mirror) follow(ctx context.Context, changes <-chan registry.Change) {
 	var lastHints time.Time
 	for {
-		var c Change
+		var c registry.Change
 		select {
 		case <-ctx.Done():
 			return
@@ -336,7 +337,7 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 		m.pmu.Unlock()
 	}()
 	if all || len(ids) > reloadAbove {
-		peers, err := m.store.List(ctx, Filter{})
+		peers, err := m.store.List(ctx, registry.Filter{})
 		if err != nil {
 			return fmt.Errorf("reload peers: %w", err)
 		}
@@ -354,7 +355,7 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 	if err != nil {
 		return err
 	}
-	changed := make(map[string]*Peer, len(keys))
+	changed := make(map[string]*registry.Peer, len(keys))
 	for _, id := range keys {
 		changed[id] = nil // gone, unless read below
 	}
@@ -386,7 +387,7 @@ func (m *Mirror) apply(ctx context.Context, ids map[string]struct{}, all bool) e
 // not one of a later generation than the hint's (it registered again
 // since): a late hint about a peer that is ready again in the same
 // generation keeps it out until that refresh.
-func (m *Mirror) takeOutStale(hints []StaleHint) {
+func (m *Mirror) takeOutStale(hints []registry.StaleHint) {
 	m.pmu.Lock()
 	defer m.pmu.Unlock()
 	if m.reading {
@@ -402,17 +403,17 @@ func (m *Mirror) takeOutStale(hints []StaleHint) {
 
 // staleCopies returns a stale copy of each peer in m.peers that hints take
 // out of the routes, by ID, or nil when there is none. m.pmu is held.
-func (m *Mirror) staleCopies(hints []StaleHint) map[string]*Peer {
-	var changed map[string]*Peer
+func (m *Mirror) staleCopies(hints []registry.StaleHint) map[string]*registry.Peer {
+	var changed map[string]*registry.Peer
 	for _, h := range hints {
 		p := m.peers[h.ID]
-		if p == nil || p.State == StateStale || p.Generation > h.Generation {
+		if p == nil || p.State == registry.StateStale || p.Generation > h.Generation {
 			continue
 		}
 		cp := *p
-		cp.State = StateStale
+		cp.State = registry.StateStale
 		if changed == nil {
-			changed = map[string]*Peer{}
+			changed = map[string]*registry.Peer{}
 		}
 		changed[h.ID] = &cp
 	}
@@ -422,19 +423,19 @@ func (m *Mirror) staleCopies(hints []StaleHint) map[string]*Peer {
 // refresh reads the peers with ids that still exist, and the pair state:
 // in one go from a Refresher (one round trip to a database), else one
 // read at a time.
-func (m *Mirror) refresh(ctx context.Context, ids []string) ([]Peer, pairState, error) {
-	if r, ok := m.store.(Refresher); ok {
+func (m *Mirror) refresh(ctx context.Context, ids []string) ([]registry.Peer, pairState, error) {
+	if r, ok := m.store.(registry.Refresher); ok {
 		peers, qs, pfs, err := r.Refresh(ctx, ids)
 		if err != nil {
 			return nil, pairState{}, fmt.Errorf("reload peers: %w", err)
 		}
 		return peers, pairState{quarantines: qs, preflights: pfs}, nil
 	}
-	peers := make([]Peer, 0, len(ids))
+	peers := make([]registry.Peer, 0, len(ids))
 	for _, id := range ids {
 		p, err := m.store.Get(ctx, id)
 		switch {
-		case errors.Is(err, ErrNotFound):
+		case errors.Is(err, registry.ErrNotFound):
 		case err != nil:
 			return nil, pairState{}, fmt.Errorf("reload peer %s: %w", id, err)
 		default:
@@ -447,8 +448,8 @@ func (m *Mirror) refresh(ctx context.Context, ids []string) ([]Peer, pairState, 
 
 // publishAll makes the snapshot of peers, built whole, current, with the
 // hints that arrived while they were read applied over them. m.pmu is held.
-func (m *Mirror) publishAll(peers []Peer, pairs pairState) {
-	m.peers = make(map[string]*Peer, len(peers))
+func (m *Mirror) publishAll(peers []registry.Peer, pairs pairState) {
+	m.peers = make(map[string]*registry.Peer, len(peers))
 	for i := range peers {
 		m.peers[peers[i].ID] = &peers[i]
 	}
@@ -458,8 +459,8 @@ func (m *Mirror) publishAll(peers []Peer, pairs pairState) {
 
 // pairState is what a snapshot holds of pairs besides their peers.
 type pairState struct {
-	quarantines []Quarantine
-	preflights  []Preflight
+	quarantines []registry.Quarantine
+	preflights  []registry.Preflight
 }
 
 func (m *Mirror) loadPairs(ctx context.Context) (pairState, error) {
@@ -477,7 +478,7 @@ func (m *Mirror) loadPairs(ctx context.Context) (pairState, error) {
 // publish builds the snapshot of m.peers from the current one and the
 // peers that changed (nil: build it whole) and makes it current. m.pmu is
 // held.
-func (m *Mirror) publish(changed map[string]*Peer, pairs pairState) {
+func (m *Mirror) publish(changed map[string]*registry.Peer, pairs pairState) {
 	m.pairs = pairs
 	m.version++
 	in := snapshotInput{version: m.version, changed: changed,

@@ -1,26 +1,10 @@
-package registry
+package replica
 
 import (
 	"sync/atomic"
-	"time"
+
+	"github.com/pdplane/pdplane/registry"
 )
-
-// PeerLoad is a peer's load as its last heartbeat reported it.
-type PeerLoad struct {
-	PeerID string
-	Load   Load
-	At     time.Time // the heartbeat that carried it
-}
-
-// ReportedLoad returns the load the peer's record carries, from its last
-// heartbeat as the record was read; ok is false (and only PeerID set) when
-// the record has none.
-func (p *Peer) ReportedLoad() (l PeerLoad, ok bool) {
-	if p.LastHeartbeat == nil {
-		return PeerLoad{PeerID: p.ID}, false
-	}
-	return PeerLoad{PeerID: p.ID, Load: p.Load, At: *p.LastHeartbeat}, true
-}
 
 // LoadTable holds the latest load of every peer, replaced as a whole on
 // each refresh; snapshots share it, so a load refresh costs no snapshot
@@ -34,12 +18,12 @@ type LoadTable struct {
 // can resolve their slots once per refresh and then read by index.
 type LoadSet struct {
 	slot  map[string]int32 // peer ID -> index into loads
-	loads []PeerLoad
+	loads []registry.PeerLoad
 }
 
 // Set replaces the table's contents with loads.
-func (t *LoadTable) Set(loads []PeerLoad) {
-	s := &LoadSet{slot: make(map[string]int32, len(loads)), loads: make([]PeerLoad, 0, len(loads))}
+func (t *LoadTable) Set(loads []registry.PeerLoad) {
+	s := &LoadSet{slot: make(map[string]int32, len(loads)), loads: make([]registry.PeerLoad, 0, len(loads))}
 	for _, l := range loads {
 		if i, ok := s.slot[l.PeerID]; ok {
 			s.loads[i] = l // a later entry of a peer replaces the earlier one
@@ -73,9 +57,9 @@ func (s *LoadSet) Slot(id string) int32 {
 }
 
 // At returns the load in the slot; ok is false for slot -1.
-func (s *LoadSet) At(slot int32) (PeerLoad, bool) {
+func (s *LoadSet) At(slot int32) (registry.PeerLoad, bool) {
 	if slot < 0 {
-		return PeerLoad{}, false
+		return registry.PeerLoad{}, false
 	}
 	return s.loads[slot], true
 }

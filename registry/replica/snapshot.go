@@ -1,9 +1,11 @@
-package registry
+package replica
 
 import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/pdplane/pdplane/registry"
 )
 
 // Snapshot is an immutable view of every peer and the verdict of every
@@ -13,13 +15,13 @@ type Snapshot struct {
 	Version uint64
 	BuiltAt time.Time
 
-	peers   []*Peer // sorted by name
+	peers   []*registry.Peer // sorted by name
 	index   peerIndex
 	classes *classTable
 	// quarantined holds every quarantine record, active or on trial, by
 	// (prefill ID, decode ID); preflights the last preflight of each pair.
-	quarantined map[[2]string]Quarantine
-	preflights  map[[2]string]Preflight
+	quarantined map[[2]string]registry.Quarantine
+	preflights  map[[2]string]registry.Preflight
 	// preflightBlocked holds the pairs whose last preflight, of the peers'
 	// current generations, failed.
 	preflightBlocked map[[2]string]bool
@@ -29,7 +31,7 @@ type Snapshot struct {
 	trials          int // how many quarantines are on trial
 	models          map[string]*ModelRoutes
 	modelNames      []string
-	unhealthy       []*Peer // sorted by name; named by Routable
+	unhealthy       []*registry.Peer // sorted by name; named by Routable
 	loads           *LoadTable
 }
 
@@ -37,32 +39,32 @@ type Snapshot struct {
 // prefills, and for each of them the ready decodes it may send KV to.
 type ModelRoutes struct {
 	Model    string
-	Prefills []*Peer
-	Decodes  []*Peer // every ready decode of the model, compatible or not
+	Prefills []*registry.Peer
+	Decodes  []*registry.Peer // every ready decode of the model, compatible or not
 
 	index peerIndex // the snapshot's, to find a prefill's class
 	// byClass groups Decodes by class; decodeClasses orders the classes as
 	// the name-sorted Decodes first meet them.
-	byClass       map[int][]*Peer
+	byClass       map[int][]*registry.Peer
 	decodeClasses []int
 	// prefillsByClass groups Prefills by class; shared maps each of those
 	// classes to its compatible ready decodes, one list for every prefill
 	// of the class.
-	prefillsByClass map[int][]*Peer
-	shared          map[int][]*Peer
+	prefillsByClass map[int][]*registry.Peer
+	shared          map[int][]*registry.Peer
 	// both lists the ready peers of role both; own holds the private lists
 	// of the prefills that may not use their class's list (role both, or
 	// pairs kept out by a quarantine or a failed preflight).
-	both     []*Peer
-	own      map[string][]*Peer
+	both     []*registry.Peer
+	own      map[string][]*registry.Peer
 	pairable bool // some prefill has a decode
 }
 
 // DecodesFor returns the ready decodes the prefill may pair with: decodes
 // compatible with it and not kept out with it (a pair on trial is
 // routable). Prefills of one class share one list; do not modify it.
-func (m *ModelRoutes) DecodesFor(prefillID string) []*Peer {
-	var ds []*Peer
+func (m *ModelRoutes) DecodesFor(prefillID string) []*registry.Peer {
+	var ds []*registry.Peer
 	if own, ok := m.own[prefillID]; ok {
 		ds = own
 	} else if e, ok := m.index.get(prefillID); ok && m.routesPrefill(e.peer) {
@@ -77,7 +79,7 @@ func (m *ModelRoutes) DecodesFor(prefillID string) []*Peer {
 // EachDecodeList calls fn once for each of the model's ready prefills with
 // what DecodesFor returns for it, without looking the prefills up: the
 // way to resolve every prefill's list at fleet scale.
-func (m *ModelRoutes) EachDecodeList(fn func(prefill *Peer, decodes []*Peer)) {
+func (m *ModelRoutes) EachDecodeList(fn func(prefill *registry.Peer, decodes []*registry.Peer)) {
 	for pc, ps := range m.prefillsByClass {
 		shared := m.shared[pc]
 		for _, p := range ps {
@@ -94,34 +96,34 @@ func (m *ModelRoutes) EachDecodeList(fn func(prefill *Peer, decodes []*Peer)) {
 }
 
 // routesPrefill reports whether p is one of the model's ready prefills.
-func (m *ModelRoutes) routesPrefill(p *Peer) bool {
+func (m *ModelRoutes) routesPrefill(p *registry.Peer) bool {
 	return p.Model == m.Model && p.Routable() && p.Role.Prefills()
 }
 
 // PairView is one pair of peers with its verdict, for the API.
 type PairView struct {
-	Prefill     *Peer
-	Decode      *Peer
-	Verdict     Verdict
+	Prefill     *registry.Peer
+	Decode      *registry.Peer
+	Verdict     registry.Verdict
 	Routable    bool
-	Quarantined *Quarantine
+	Quarantined *registry.Quarantine
 	// Preflight is the pair's last preflight, nil when it never ran;
 	// PreflightBlocks says whether it keeps the pair out of routing (failed,
 	// and of the peers' current generations).
-	Preflight       *Preflight
+	Preflight       *registry.Preflight
 	PreflightBlocks bool
 }
 
 // NewSnapshot builds a snapshot from peers and quarantines.
-func NewSnapshot(version uint64, peers []Peer, quarantines []Quarantine, now time.Time) *Snapshot {
+func NewSnapshot(version uint64, peers []registry.Peer, quarantines []registry.Quarantine, now time.Time) *Snapshot {
 	return NewSnapshotWithPreflights(version, peers, quarantines, nil, now)
 }
 
 // NewSnapshotWithPreflights builds a snapshot from peers, quarantines and
 // the pairs' last preflights: a pair whose current preflight failed is
 // routed no more than a quarantined one.
-func NewSnapshotWithPreflights(version uint64, peers []Peer, quarantines []Quarantine, preflights []Preflight, now time.Time) *Snapshot {
-	ps := make([]*Peer, len(peers))
+func NewSnapshotWithPreflights(version uint64, peers []registry.Peer, quarantines []registry.Quarantine, preflights []registry.Preflight, now time.Time) *Snapshot {
+	ps := make([]*registry.Peer, len(peers))
 	for i := range peers {
 		ps[i] = &peers[i]
 	}
@@ -132,19 +134,19 @@ func NewSnapshotWithPreflights(version uint64, peers []Peer, quarantines []Quara
 // changed (the new record; nil for a peer that is gone), as a Mirror does:
 // what the change does not touch is shared with s, which is not modified.
 // A record, once in a snapshot, must not be modified: a change is a new one.
-func (s *Snapshot) Next(version uint64, changed map[string]*Peer, quarantines []Quarantine, preflights []Preflight, now time.Time) *Snapshot {
+func (s *Snapshot) Next(version uint64, changed map[string]*registry.Peer, quarantines []registry.Quarantine, preflights []registry.Preflight, now time.Time) *Snapshot {
 	if changed == nil {
-		changed = map[string]*Peer{}
+		changed = map[string]*registry.Peer{}
 	}
 	return buildSnapshot(s, snapshotInput{version: version, changed: changed,
 		quarantines: quarantines, preflights: preflights, now: now})
 }
 
 // Peers returns every peer, sorted by name; shared, do not modify.
-func (s *Snapshot) Peers() []*Peer { return s.peers }
+func (s *Snapshot) Peers() []*registry.Peer { return s.peers }
 
 // Peer returns the peer with the ID.
-func (s *Snapshot) Peer(id string) (*Peer, bool) {
+func (s *Snapshot) Peer(id string) (*registry.Peer, bool) {
 	e, ok := s.index.get(id)
 	return e.peer, ok
 }
@@ -160,7 +162,7 @@ func (s *Snapshot) Routes(model string) *ModelRoutes { return s.models[model] }
 // why, naming the unhealthy peers that would otherwise serve.
 func (s *Snapshot) Routable() (bool, string) {
 	if len(s.modelNames) == 0 {
-		return false, "no ready peers" + s.unhealthyNote("", func(Role) bool { return true })
+		return false, "no ready peers" + s.unhealthyNote("", func(registry.Role) bool { return true })
 	}
 	var reason string
 	for _, name := range s.modelNames {
@@ -169,9 +171,9 @@ func (s *Snapshot) Routable() (bool, string) {
 		case m.pairable:
 			return true, ""
 		case len(m.Prefills) == 0:
-			reason = "model " + name + ": no ready prefill" + s.unhealthyNote(name, Role.Prefills)
+			reason = "model " + name + ": no ready prefill" + s.unhealthyNote(name, registry.Role.Prefills)
 		case len(m.Decodes) == 0:
-			reason = "model " + name + ": no ready decode" + s.unhealthyNote(name, Role.Decodes)
+			reason = "model " + name + ": no ready decode" + s.unhealthyNote(name, registry.Role.Decodes)
 		default:
 			reason = "model " + name + ": no compatible pair of ready peers"
 		}
@@ -181,7 +183,7 @@ func (s *Snapshot) Routable() (bool, string) {
 
 // unhealthyNote names the unhealthy peers of model (any model when empty)
 // whose role passes serves, with their probe errors.
-func (s *Snapshot) unhealthyNote(model string, serves func(Role) bool) string {
+func (s *Snapshot) unhealthyNote(model string, serves func(registry.Role) bool) string {
 	const named = 3 // a fleet-wide outage must not make a page-long answer
 	var b strings.Builder
 	n := 0
@@ -224,7 +226,7 @@ func (s *Snapshot) PairsOf(prefillID string, limit int) ([]PairView, int) {
 
 // pairsFor lists the pairs of prefillID (of every prefill when empty).
 func (s *Snapshot) pairsFor(prefillID string, limit int) ([]PairView, int) {
-	var prefills, decodes []*Peer
+	var prefills, decodes []*registry.Peer
 	for _, p := range s.peers {
 		if prefillID != "" && p.ID != prefillID {
 			if p.Role.Decodes() {
@@ -244,7 +246,7 @@ func (s *Snapshot) pairsFor(prefillID string, limit int) ([]PairView, int) {
 
 // pairs lists the pairs of distinct peers from prefills × decodes, at most
 // limit of them (all when limit <= 0), and their total count.
-func (s *Snapshot) pairs(prefills, decodes []*Peer, limit int) ([]PairView, int) {
+func (s *Snapshot) pairs(prefills, decodes []*registry.Peer, limit int) ([]PairView, int) {
 	total := len(prefills) * len(decodes)
 	if len(prefills) > 0 && len(decodes) > 0 {
 		inDecodes := make(map[string]bool, len(decodes))
@@ -286,7 +288,7 @@ func (s *Snapshot) pairs(prefills, decodes []*Peer, limit int) ([]PairView, int)
 }
 
 // Verdict returns the pairing verdict for two peers of the snapshot.
-func (s *Snapshot) Verdict(prefill, decode *Peer) Verdict {
+func (s *Snapshot) Verdict(prefill, decode *registry.Peer) registry.Verdict {
 	ep, okP := s.index.get(prefill.ID)
 	ed, okD := s.index.get(decode.ID)
 	if okP && okD && prefill.ID != decode.ID && prefill.Role.Prefills() && decode.Role.Decodes() {
@@ -294,14 +296,14 @@ func (s *Snapshot) Verdict(prefill, decode *Peer) Verdict {
 			return v
 		}
 	}
-	return CheckPair(&prefill.PeerSpec, &decode.PeerSpec)
+	return registry.CheckPair(&prefill.PeerSpec, &decode.PeerSpec)
 }
 
 // Load returns the peer's latest reported load: from the load table the
 // snapshot shares with its Mirror, or from the peer as the snapshot holds
 // it, whichever heartbeat is newer. ok is false for a peer that never
 // heartbeated.
-func (s *Snapshot) Load(p *Peer) (l PeerLoad, ok bool) {
+func (s *Snapshot) Load(p *registry.Peer) (l registry.PeerLoad, ok bool) {
 	l, ok = p.ReportedLoad()
 	return s.NewerLoad(l, ok)
 }
@@ -310,7 +312,7 @@ func (s *Snapshot) Load(p *Peer) (l PeerLoad, ok bool) {
 // l.PeerID set all the same), or the load table's load of that peer,
 // whichever heartbeat is newer: Load for callers that keep the record's load
 // at hand rather than the peer.
-func (s *Snapshot) NewerLoad(l PeerLoad, ok bool) (PeerLoad, bool) {
+func (s *Snapshot) NewerLoad(l registry.PeerLoad, ok bool) (registry.PeerLoad, bool) {
 	set := s.Loads()
 	return NewerLoad(l, ok, set, set.Slot(l.PeerID))
 }
@@ -322,7 +324,7 @@ func (s *Snapshot) Loads() *LoadSet { return s.loads.Current() }
 
 // NewerLoad returns l, the load a peer's record carries (ok false: none), or
 // the load in the slot of set (-1: none), whichever heartbeat is newer.
-func NewerLoad(l PeerLoad, ok bool, set *LoadSet, slot int32) (PeerLoad, bool) {
+func NewerLoad(l registry.PeerLoad, ok bool, set *LoadSet, slot int32) (registry.PeerLoad, bool) {
 	if t, found := set.At(slot); found && (!ok || t.At.After(l.At)) {
 		return t, true
 	}
@@ -330,14 +332,14 @@ func NewerLoad(l PeerLoad, ok bool, set *LoadSet, slot int32) (PeerLoad, bool) {
 }
 
 // Preflight returns the last preflight of a pair, if any.
-func (s *Snapshot) Preflight(prefillID, decodeID string) (Preflight, bool) {
+func (s *Snapshot) Preflight(prefillID, decodeID string) (registry.Preflight, bool) {
 	pf, ok := s.preflights[[2]string{prefillID, decodeID}]
 	return pf, ok
 }
 
 // Preflights returns every pair's last preflight, in no particular order.
-func (s *Snapshot) Preflights() []Preflight {
-	out := make([]Preflight, 0, len(s.preflights))
+func (s *Snapshot) Preflights() []registry.Preflight {
+	out := make([]registry.Preflight, 0, len(s.preflights))
 	for _, pf := range s.preflights {
 		out = append(out, pf)
 	}
@@ -345,7 +347,7 @@ func (s *Snapshot) Preflights() []Preflight {
 }
 
 // Quarantined returns the quarantine record of a pair, if any.
-func (s *Snapshot) Quarantined(prefillID, decodeID string) (Quarantine, bool) {
+func (s *Snapshot) Quarantined(prefillID, decodeID string) (registry.Quarantine, bool) {
 	q, ok := s.quarantined[[2]string{prefillID, decodeID}]
 	return q, ok
 }
@@ -369,11 +371,11 @@ func (s *Snapshot) QuarantineCounts() (active, trial int) {
 }
 
 // Trials returns the quarantines on trial, in no particular order.
-func (s *Snapshot) Trials() []Quarantine {
+func (s *Snapshot) Trials() []registry.Quarantine {
 	if s.trials == 0 {
 		return nil
 	}
-	out := make([]Quarantine, 0, s.trials)
+	out := make([]registry.Quarantine, 0, s.trials)
 	for _, q := range s.quarantined {
 		if q.Trial {
 			out = append(out, q)

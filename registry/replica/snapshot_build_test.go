@@ -1,4 +1,4 @@
-package registry_test
+package replica_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // TestSnapshotPatchedEqualsRebuilt: a snapshot built from the previous one
@@ -30,15 +31,15 @@ func TestSnapshotPatchedEqualsRebuilt(t *testing.T) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			t.Parallel()
 			f := newRandomFleet(seed)
-			var patched *registry.Snapshot
+			var patched *replica.Snapshot
 			for step := range 150 {
 				changed := f.change()
 				peers, qs, pfs := f.state()
 				if step == 0 {
 					changed = nil // the first snapshot is built whole
 				}
-				patched = registry.NextSnapshot(patched, uint64(step+1), peers, changed, qs, pfs)
-				whole := registry.NextSnapshot(nil, uint64(step+1), peers, nil, qs, pfs)
+				patched = replica.NextSnapshot(patched, uint64(step+1), peers, changed, qs, pfs)
+				whole := replica.NextSnapshot(nil, uint64(step+1), peers, nil, qs, pfs)
 				if got, want := describe(patched), describe(whole); got != want {
 					t.Fatalf("step %d: patched snapshot differs from one built whole:\n%s", step, diff(got, want))
 				}
@@ -211,7 +212,7 @@ func (f *randomFleet) state() ([]*registry.Peer, []registry.Quarantine, []regist
 
 // describe writes down every answer a snapshot gives the router, the API
 // and the page.
-func describe(s *registry.Snapshot) string {
+func describe(s *replica.Snapshot) string {
 	var b strings.Builder
 	ids := peerIDs
 	fmt.Fprintln(&b, "peers", ids(s.Peers()))
@@ -247,7 +248,7 @@ func describe(s *registry.Snapshot) string {
 }
 
 // describeRoutes writes down the snapshot's routes.
-func describeRoutes(s *registry.Snapshot) string {
+func describeRoutes(s *replica.Snapshot) string {
 	var b strings.Builder
 	for _, m := range s.Models() {
 		r := s.Routes(m)
@@ -373,7 +374,7 @@ func TestMirrorFollowsChangesPeerByPeer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	store := memstore.New(memstore.Config{})
-	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: -1}, store, zerolog.New(zerolog.NewTestWriter(t)))
+	m := replica.NewMirror(replica.MirrorConfig{LoadRefresh: -1}, store, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +420,7 @@ func TestMirrorFollowsChangesPeerByPeer(t *testing.T) {
 			}
 			qs, _ := store.Quarantines(ctx)
 			pfs, _ := store.Preflights(ctx)
-			return describe(registry.NewSnapshotWithPreflights(0, peers, qs, pfs, time.Now()))
+			return describe(replica.NewSnapshotWithPreflights(0, peers, qs, pfs, time.Now()))
 		}()
 		deadline := time.Now().Add(5 * time.Second)
 		for got := describe(m.Snapshot()); got != want; got = describe(m.Snapshot()) {

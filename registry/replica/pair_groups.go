@@ -1,4 +1,4 @@
-package registry
+package replica
 
 import (
 	"crypto/sha256"
@@ -7,10 +7,12 @@ import (
 	"math"
 	"sort"
 	"strings"
+
+	"github.com/pdplane/pdplane/registry"
 )
 
 // GeometryClass is a set of peers that share every field a pairing rule
-// reads (compatKey), so that every pair between two classes gets the same
+// reads (CompatKey), so that every pair between two classes gets the same
 // verdict. ID is stable across snapshots, replicas and restarts: it is a
 // hash of those fields.
 type GeometryClass struct {
@@ -27,15 +29,15 @@ type PairGroup struct {
 	Pairs             int // pairs of distinct peers
 	Routable          int // compatible, both ready, not under an active quarantine
 	Quarantined       int // under an active quarantine
-	Verdict           Verdict
+	Verdict           registry.Verdict
 }
 
 // FleetCounts are the snapshot's peers and pairs counted without reading
 // any rank: what a fleet-wide summary needs.
 type FleetCounts struct {
 	Peers   int
-	ByRole  map[Role]int
-	ByState map[State]int
+	ByRole  map[registry.Role]int
+	ByState map[registry.State]int
 	Models  []ModelCount // sorted by model
 	// Pairs counts every (prefill, decode) pair, across models too;
 	// Routable and Quarantined add up the groups.
@@ -50,7 +52,7 @@ type ModelCount struct {
 
 // classMembers are the peers of one class, by the role they can take.
 type classMembers struct {
-	prefills, decodes []*Peer
+	prefills, decodes []*registry.Peer
 	readyP, readyD    int
 	readyBoth         int // ready peers of role both: counted on both sides
 }
@@ -73,25 +75,25 @@ func (s *Snapshot) members() []classMembers {
 				m.readyD++
 			}
 		}
-		if p.Role == RoleBoth && p.Routable() {
+		if p.Role == registry.RoleBoth && p.Routable() {
 			m.readyBoth++
 		}
 	}
 	return out
 }
 
-func (s *Snapshot) geometryClass(c int, rep *Peer) GeometryClass {
+func (s *Snapshot) geometryClass(c int, rep *registry.Peer) GeometryClass {
 	sum := sha256.Sum256([]byte(s.classes.keys[c]))
 	return GeometryClass{ID: hex.EncodeToString(sum[:6]), Model: rep.Model, Shape: Shape(&rep.PeerSpec)}
 }
 
 // Shape describes the fields of a spec that decide its class, in words.
-func Shape(p *PeerSpec) string {
+func Shape(p *registry.PeerSpec) string {
 	parts := []string{string(p.Engine.Protocol()), fmt.Sprintf("page %d", p.KV.PageSize), p.KV.DType}
 	if p.KV.IsMLA {
 		parts = append(parts, "MLA")
 	}
-	if p.Knows(FieldNumLayers) {
+	if p.Knows(registry.FieldNumLayers) {
 		parts = append(parts, fmt.Sprintf("%d layers", p.KV.NumLayers))
 	}
 	parts = append(parts, fmt.Sprintf("attn TP %d", p.Parallelism.AttnTPSize))
@@ -102,7 +104,7 @@ func Shape(p *PeerSpec) string {
 		parts = append(parts, "group "+p.TransferGroup)
 	}
 	switch {
-	case !p.Knows(FieldRanks):
+	case !p.Knows(registry.FieldRanks):
 		parts = append(parts, "ranks unknown")
 	case len(p.Ranks) > 0:
 		kinds := map[string]int{}
@@ -189,7 +191,7 @@ func (s *Snapshot) pairGroup(ms []classMembers, pc, dc int) (PairGroup, bool) {
 	n := len(P) * len(D)
 	if pc == dc {
 		for _, p := range P {
-			if p.Role == RoleBoth {
+			if p.Role == registry.RoleBoth {
 				n--
 			}
 		}
@@ -255,7 +257,7 @@ func (s *Snapshot) PairCount() int {
 		if p.Role.Decodes() {
 			decodes++
 		}
-		if p.Role == RoleBoth {
+		if p.Role == registry.RoleBoth {
 			both++
 		}
 	}
@@ -264,7 +266,7 @@ func (s *Snapshot) PairCount() int {
 
 // Counts counts the snapshot's peers and pairs (see FleetCounts).
 func (s *Snapshot) Counts() FleetCounts {
-	out := FleetCounts{Peers: len(s.peers), ByRole: map[Role]int{}, ByState: map[State]int{}}
+	out := FleetCounts{Peers: len(s.peers), ByRole: map[registry.Role]int{}, ByState: map[registry.State]int{}}
 	models := map[string]*ModelCount{}
 	for _, p := range s.peers {
 		out.ByRole[p.Role]++

@@ -1,4 +1,4 @@
-package registry
+package replica
 
 import (
 	"cmp"
@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/pdplane/pdplane/registry"
 )
 
 // A snapshot is built from the one before it: a Mirror that learns that a
@@ -25,7 +27,7 @@ var indexSeed = maphash.MakeSeed()
 
 // indexEntry is one peer in the index, with its compatibility class.
 type indexEntry struct {
-	peer  *Peer
+	peer  *registry.Peer
 	class int
 }
 
@@ -76,15 +78,15 @@ func (ed *indexEditor) set(id string, e indexEntry) { ed.shard(id)[id] = e }
 func (ed *indexEditor) delete(id string)            { delete(ed.shard(id), id) }
 func (ed *indexEditor) done() peerIndex             { return peerIndex{shards: &ed.out} }
 
-// classTable numbers the compatibility classes (see compatKey) a snapshot's
+// classTable numbers the compatibility classes (see CompatKey) a snapshot's
 // peers fall in and caches the verdict of each pair of classes. A builder
 // copies it before adding to it; a class that lost its last peer keeps its
 // number until the next full build.
 type classTable struct {
-	numbers  map[string]int // compatKey -> class
-	keys     []string       // compatKey of each class
-	reps     []*Peer        // one peer of each class: its spec decides for the class
-	verdicts map[[2]int]Verdict
+	numbers  map[string]int   // compatKey -> class
+	keys     []string         // compatKey of each class
+	reps     []*registry.Peer // one peer of each class: its spec decides for the class
+	verdicts map[[2]int]registry.Verdict
 }
 
 // builder makes one snapshot from the previous one and what changed.
@@ -98,7 +100,7 @@ type builder struct {
 // peerMove is one changed peer: its record before (nil when it is new) and
 // after (nil when it is gone).
 type peerMove struct {
-	old, new           *Peer
+	old, new           *registry.Peer
 	oldClass, newClass int
 }
 
@@ -108,13 +110,13 @@ type snapshotInput struct {
 	// peers is every peer, for a snapshot built whole (the builder sorts
 	// it by name); a patched one derives its list from the previous one
 	// and changed.
-	peers []*Peer
+	peers []*registry.Peer
 	// changed holds the peers that changed since the previous snapshot:
 	// the new record, nil for a peer that is gone. Nil means every peer
 	// (build it whole).
-	changed     map[string]*Peer
-	quarantines []Quarantine
-	preflights  []Preflight
+	changed     map[string]*registry.Peer
+	quarantines []registry.Quarantine
+	preflights  []registry.Preflight
 	now         time.Time
 }
 
@@ -122,7 +124,7 @@ type snapshotInput struct {
 // from scratch) after the changes of in.
 func buildSnapshot(prev *Snapshot, in snapshotInput) *Snapshot {
 	if prev == nil || in.changed == nil {
-		prev = &Snapshot{classes: &classTable{numbers: map[string]int{}, verdicts: map[[2]int]Verdict{}}}
+		prev = &Snapshot{classes: &classTable{numbers: map[string]int{}, verdicts: map[[2]int]registry.Verdict{}}}
 		in.changed = nil
 		slices.SortFunc(in.peers, byName)
 	}
@@ -132,10 +134,10 @@ func buildSnapshot(prev *Snapshot, in snapshotInput) *Snapshot {
 	moves := b.indexPeers(in)
 	s.peers = in.peers
 	if in.changed != nil {
-		all := changeOf(moves, func(*Peer) bool { return true })
+		all := changeOf(moves, func(*registry.Peer) bool { return true })
 		s.peers = all.merge(prev.peers)
 	}
-	s.unhealthy = changeOf(moves, func(p *Peer) bool { return p.State == StateUnhealthy }).merge(prev.unhealthy)
+	s.unhealthy = changeOf(moves, func(p *registry.Peer) bool { return p.State == registry.StateUnhealthy }).merge(prev.unhealthy)
 	s.indexPairs(in.quarantines, in.preflights)
 	b.routeModels(moves)
 	s.classes = b.classes // last: computing verdicts may have copied it
@@ -180,7 +182,7 @@ func (b *builder) indexPeers(in snapshotInput) []peerMove {
 }
 
 // peer is the move's new record, or its old one when the peer is gone.
-func (mv peerMove) peer() *Peer {
+func (mv peerMove) peer() *registry.Peer {
 	if mv.new != nil {
 		return mv.new
 	}
@@ -189,7 +191,7 @@ func (mv peerMove) peer() *Peer {
 
 // byName orders peers by name, and namesakes by ID: the order of every
 // list of peers a snapshot holds.
-func byName(a, b *Peer) int {
+func byName(a, b *registry.Peer) int {
 	if c := cmp.Compare(a.Name, b.Name); c != 0 {
 		return c
 	}
@@ -197,8 +199,8 @@ func byName(a, b *Peer) int {
 }
 
 // classOf returns the class of the peer's spec, numbering a new one.
-func (b *builder) classOf(p *Peer) int {
-	k := compatKey(&p.PeerSpec)
+func (b *builder) classOf(p *registry.Peer) int {
+	k := registry.CompatKey(&p.PeerSpec)
 	if c, ok := b.classes.numbers[k]; ok {
 		return c
 	}
@@ -228,27 +230,27 @@ func (b *builder) own() {
 // verdict is the verdict between a prefill of class pc and a decode of
 // class dc. Peers of one class differ only in name and role, so the classes'
 // representatives decide for everyone; roles are settled by the callers.
-func (b *builder) verdict(pc, dc int) Verdict {
+func (b *builder) verdict(pc, dc int) registry.Verdict {
 	key := [2]int{pc, dc}
 	if v, ok := b.classes.verdicts[key]; ok {
 		return v
 	}
 	b.own()
 	rp, rd := *b.classes.reps[pc], *b.classes.reps[dc]
-	rp.Role, rd.Role, rp.Name, rd.Name = RolePrefill, RoleDecode, "p", "d"
-	v := CheckPair(&rp.PeerSpec, &rd.PeerSpec)
+	rp.Role, rd.Role, rp.Name, rd.Name = registry.RolePrefill, registry.RoleDecode, "p", "d"
+	v := registry.CheckPair(&rp.PeerSpec, &rd.PeerSpec)
 	b.classes.verdicts[key] = v
 	return v
 }
 
 // indexPairs keeps each pair's quarantine and last preflight and notes the
 // prefills some of whose pairs are kept out of routing.
-func (s *Snapshot) indexPairs(quarantines []Quarantine, preflights []Preflight) {
-	s.quarantined = make(map[[2]string]Quarantine, len(quarantines))
+func (s *Snapshot) indexPairs(quarantines []registry.Quarantine, preflights []registry.Preflight) {
+	s.quarantined = make(map[[2]string]registry.Quarantine, len(quarantines))
 	for _, q := range quarantines {
 		s.quarantined[[2]string{q.PrefillID, q.DecodeID}] = q
 	}
-	s.preflights = make(map[[2]string]Preflight, len(preflights))
+	s.preflights = make(map[[2]string]registry.Preflight, len(preflights))
 	s.preflightBlocked = map[[2]string]bool{}
 	for _, pf := range preflights {
 		key := [2]string{pf.PrefillID, pf.DecodeID}
@@ -346,9 +348,9 @@ func (b *builder) patchModel(name string, prev *ModelRoutes, mvs []peerMove) *Mo
 		prev = &ModelRoutes{}
 	}
 	m := &ModelRoutes{Model: name, index: b.s.index}
-	prefills := changeOf(mvs, readyIn(name, Role.Prefills))
-	decodes := changeOf(mvs, readyIn(name, Role.Decodes))
-	both := changeOf(mvs, readyIn(name, func(r Role) bool { return r == RoleBoth }))
+	prefills := changeOf(mvs, readyIn(name, registry.Role.Prefills))
+	decodes := changeOf(mvs, readyIn(name, registry.Role.Decodes))
+	both := changeOf(mvs, readyIn(name, func(r registry.Role) bool { return r == registry.RoleBoth }))
 	m.Prefills = prefills.merge(prev.Prefills)
 	m.Decodes = decodes.merge(prev.Decodes)
 	m.both = both.merge(prev.both)
@@ -359,13 +361,13 @@ func (b *builder) patchModel(name string, prev *ModelRoutes, mvs []peerMove) *Mo
 		m.byClass = decodes.mergeByClass(prev.byClass)
 		m.decodeClasses = classesByFirstName(m.byClass)
 	}
-	m.shared = map[int][]*Peer{}
+	m.shared = map[int][]*registry.Peer{}
 	for pc := range m.prefillsByClass {
 		if ds, ok := prev.shared[pc]; ok && !decodesMoved {
 			m.shared[pc] = ds
 			continue
 		}
-		var ds []*Peer
+		var ds []*registry.Peer
 		for _, dc := range m.decodeClasses {
 			if b.verdict(pc, dc).Compatible {
 				ds = append(ds, m.byClass[dc]...)
@@ -385,7 +387,7 @@ type listChange struct{ dropped, added []peerMove }
 
 // changeOf is what the moves do to the list of the records for which in
 // is true.
-func changeOf(mvs []peerMove, in func(*Peer) bool) listChange {
+func changeOf(mvs []peerMove, in func(*registry.Peer) bool) listChange {
 	var c listChange
 	for _, mv := range mvs {
 		if mv.old != nil && in(mv.old) {
@@ -399,17 +401,17 @@ func changeOf(mvs []peerMove, in func(*Peer) bool) listChange {
 }
 
 // readyIn selects the model's ready peers whose role serves.
-func readyIn(model string, serves func(Role) bool) func(*Peer) bool {
-	return func(p *Peer) bool { return p.Routable() && p.Model == model && serves(p.Role) }
+func readyIn(model string, serves func(registry.Role) bool) func(*registry.Peer) bool {
+	return func(p *registry.Peer) bool { return p.Routable() && p.Model == model && serves(p.Role) }
 }
 
 // merge is prev, the list as it was, after the change.
-func (c listChange) merge(prev []*Peer) []*Peer {
-	dropped := make([]*Peer, len(c.dropped))
+func (c listChange) merge(prev []*registry.Peer) []*registry.Peer {
+	dropped := make([]*registry.Peer, len(c.dropped))
 	for i, mv := range c.dropped {
 		dropped[i] = mv.old
 	}
-	added := make([]*Peer, len(c.added))
+	added := make([]*registry.Peer, len(c.added))
 	for i, mv := range c.added {
 		added[i] = mv.new
 	}
@@ -418,7 +420,7 @@ func (c listChange) merge(prev []*Peer) []*Peer {
 
 // mergeByClass is prev, the list grouped by class, after the change; groups
 // the change leaves alone are shared with prev.
-func (c listChange) mergeByClass(prev map[int][]*Peer) map[int][]*Peer {
+func (c listChange) mergeByClass(prev map[int][]*registry.Peer) map[int][]*registry.Peer {
 	byClass := map[int]listChange{}
 	for _, mv := range c.dropped {
 		g := byClass[mv.oldClass]
@@ -432,7 +434,7 @@ func (c listChange) mergeByClass(prev map[int][]*Peer) map[int][]*Peer {
 	}
 	out := maps.Clone(prev)
 	if out == nil {
-		out = map[int][]*Peer{}
+		out = map[int][]*registry.Peer{}
 	}
 	for class, g := range byClass {
 		if ps := g.merge(out[class]); len(ps) > 0 {
@@ -448,14 +450,14 @@ func (c listChange) mergeByClass(prev map[int][]*Peer) map[int][]*Peer {
 // in by name. prev is not modified. A few changes are found by binary
 // search, reading a handful of peers instead of every one; many are merged
 // in one pass.
-func mergeByName(prev, dropped, added []*Peer) []*Peer {
+func mergeByName(prev, dropped, added []*registry.Peer) []*registry.Peer {
 	if len(dropped) == 0 && len(added) == 0 {
 		return prev
 	}
 	if len(dropped)+len(added) > 32 {
 		return mergeAll(prev, dropped, added)
 	}
-	out := make([]*Peer, len(prev), len(prev)+len(added))
+	out := make([]*registry.Peer, len(prev), len(prev)+len(added))
 	copy(out, prev)
 	for _, p := range dropped {
 		if i, found := slices.BinarySearchFunc(out, p, byName); found && out[i] == p {
@@ -470,12 +472,12 @@ func mergeByName(prev, dropped, added []*Peer) []*Peer {
 }
 
 // mergeAll is mergeByName in one pass over prev.
-func mergeAll(prev, dropped, added []*Peer) []*Peer {
-	drop := make(map[*Peer]bool, len(dropped))
+func mergeAll(prev, dropped, added []*registry.Peer) []*registry.Peer {
+	drop := make(map[*registry.Peer]bool, len(dropped))
 	for _, p := range dropped {
 		drop[p] = true
 	}
-	out := make([]*Peer, 0, len(prev)+len(added))
+	out := make([]*registry.Peer, 0, len(prev)+len(added))
 	i := 0
 	for _, p := range prev {
 		if drop[p] {
@@ -492,7 +494,7 @@ func mergeAll(prev, dropped, added []*Peer) []*Peer {
 
 // classesByFirstName orders decode classes as a name-sorted list of the
 // decodes first meets them: by the name of each class's first decode.
-func classesByFirstName(byClass map[int][]*Peer) []int {
+func classesByFirstName(byClass map[int][]*registry.Peer) []int {
 	out := slices.Collect(maps.Keys(byClass))
 	slices.SortFunc(out, func(a, b int) int { return byName(byClass[a][0], byClass[b][0]) })
 	return out
@@ -506,12 +508,12 @@ func (b *builder) routePrivate(m *ModelRoutes) {
 	s := b.s
 	m.own = nil
 	ownOf := map[int]int{} // prefill class -> prefills with their own list
-	private := func(pf *Peer, class int) {
+	private := func(pf *registry.Peer, class int) {
 		if _, done := m.own[pf.ID]; done {
 			return
 		}
 		ds := m.shared[class]
-		own := make([]*Peer, 0, len(ds))
+		own := make([]*registry.Peer, 0, len(ds))
 		for _, d := range ds {
 			key := [2]string{pf.ID, d.ID}
 			if q, isQ := s.quarantined[key]; d.ID != pf.ID && (!isQ || !q.Active()) && !s.preflightBlocked[key] {
@@ -519,7 +521,7 @@ func (b *builder) routePrivate(m *ModelRoutes) {
 			}
 		}
 		if m.own == nil {
-			m.own = map[string][]*Peer{}
+			m.own = map[string][]*registry.Peer{}
 		}
 		m.own[pf.ID] = own
 		ownOf[class]++

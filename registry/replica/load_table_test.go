@@ -1,4 +1,4 @@
-package registry_test
+package replica_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // TestMirrorRefreshesLoads: heartbeats that change only the load announce
@@ -20,7 +21,7 @@ func TestMirrorRefreshesLoads(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	store := memstore.New(memstore.Config{})
-	m := registry.NewMirror(registry.MirrorConfig{LoadRefresh: 5 * time.Millisecond}, store, zerolog.New(zerolog.NewTestWriter(t)))
+	m := replica.NewMirror(replica.MirrorConfig{LoadRefresh: 5 * time.Millisecond}, store, zerolog.New(zerolog.NewTestWriter(t)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +33,7 @@ func TestMirrorRefreshesLoads(t *testing.T) {
 	if _, err := store.Heartbeat(ctx, hb); err != nil {
 		t.Fatal(err)
 	}
-	var snap *registry.Snapshot
+	var snap *replica.Snapshot
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)

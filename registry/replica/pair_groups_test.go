@@ -1,4 +1,4 @@
-package registry_test
+package replica_test
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/registry/replica"
 )
 
 // groupFleet is a fleet with two models, two page sizes, peers of role
@@ -42,7 +43,7 @@ func groupFleet() ([]registry.Peer, []registry.Quarantine) {
 func TestPairGroupsAgreeWithPairs(t *testing.T) {
 	t.Parallel()
 	peers, qs := groupFleet()
-	s := registry.NewSnapshot(1, peers, qs, time.Now())
+	s := replica.NewSnapshot(1, peers, qs, time.Now())
 	all, total := s.Pairs(0)
 	if total != len(all) {
 		t.Fatalf("Pairs total %d, listed %d", total, len(all))
@@ -113,7 +114,7 @@ func TestPairsBetweenIsASquareBlock(t *testing.T) {
 		peers = append(peers, peer(registrytest.Spec(fmt.Sprintf("p%02d", i), registry.RolePrefill), registry.StateReady),
 			peer(registrytest.Spec(fmt.Sprintf("d%02d", i), registry.RoleDecode), registry.StateReady))
 	}
-	s := registry.NewSnapshot(1, peers, nil, time.Now())
+	s := replica.NewSnapshot(1, peers, nil, time.Now())
 	groups := s.PairGroups()
 	if len(groups) != 1 || groups[0].Pairs != 900 || groups[0].Routable != 900 {
 		t.Fatalf("groups = %+v, want one of 900 routable pairs", groups)

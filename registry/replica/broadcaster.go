@@ -1,8 +1,10 @@
-package registry
+package replica
 
 import (
 	"context"
 	"sync"
+
+	"github.com/pdplane/pdplane/registry"
 )
 
 // Broadcaster fans Changes out to subscribers. A slow subscriber never blocks
@@ -23,7 +25,7 @@ type subscriber struct {
 }
 
 // Publish announces a change to every subscriber.
-func (b *Broadcaster) Publish(c Change) {
+func (b *Broadcaster) Publish(c registry.Change) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for s := range b.subs {
@@ -49,7 +51,7 @@ func (b *Broadcaster) Publish(c Change) {
 }
 
 // Subscribe returns a channel of merged changes that closes when ctx ends.
-func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
+func (b *Broadcaster) Subscribe(ctx context.Context) <-chan registry.Change {
 	s := &subscriber{ids: map[string]struct{}{}, stale: map[string]int64{}, wake: make(chan struct{}, 1)}
 	b.mu.Lock()
 	if b.subs == nil {
@@ -57,7 +59,7 @@ func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
 	}
 	b.subs[s] = struct{}{}
 	b.mu.Unlock()
-	out := make(chan Change)
+	out := make(chan registry.Change)
 	go func() {
 		defer close(out)
 		defer func() {
@@ -76,7 +78,7 @@ func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
 				s.mu.Unlock()
 				continue
 			}
-			var c Change
+			var c registry.Change
 			// A reload of everything carries no hints: a Change with
 			// hints is not a reload, and the reload reads every peer
 			// anyway.
@@ -86,7 +88,7 @@ func (b *Broadcaster) Subscribe(ctx context.Context) <-chan Change {
 					c.PeerIDs = append(c.PeerIDs, id)
 				}
 				for id, g := range s.stale {
-					c.Stale = append(c.Stale, StaleHint{ID: id, Generation: g})
+					c.Stale = append(c.Stale, registry.StaleHint{ID: id, Generation: g})
 				}
 			}
 			clear(s.ids)
