@@ -135,9 +135,9 @@ var layerRules = []layerRule{
 		allowed: onlyInternal(),
 	},
 	{
-		name:    "the control plane is mounted on, not mounting: server imports only registry, registry/replica, server/api and server/api/apiconv (cmd/pdplane hands it the router and web)",
+		name:    "the control plane is mounted on, not mounting: server imports only registry, registry/replica, pdproto, server/api and server/api/apiconv (cmd/pdplane hands it the router and web)",
 		applies: is("server"),
-		allowed: onlyInternal("registry", "registry/replica", "server/api", "server/api/apiconv"),
+		allowed: onlyInternal("registry", "registry/replica", "pdproto", "server/api", "server/api/apiconv"),
 	},
 	{
 		name:    "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry, registry/replica and server/api",
@@ -332,7 +332,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"router", "github.com/jackc/pgx/v5", "only it, migrations and registrytest's Postgres helpers import pgx"},
 		{"transfer", m("router"), "transfer imports only registry"},
 		{"transfer/tcp", m("registry/memstore"), "transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer"},
-		{"server", m("router"), "server imports only registry, registry/replica, server/api and server/api/apiconv"},
+		{"server", m("router"), "server imports only registry, registry/replica, pdproto, server/api and server/api/apiconv"},
 		{"web", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
 		{"sim", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
 		{"server/api/apiconv", m("server"), "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry, registry/replica and server/api"},

@@ -601,7 +601,7 @@ func (d *dispatch) appendLegHead(b []byte, lr legRequest) []byte {
 // context (the leg's span's in ctx, else the client's own).
 func (d *dispatch) legFields(ctx context.Context, add func(k, v string)) {
 	add("Content-Type", "application/json")
-	add(registry.RequestIDHeader, d.rid)
+	add(pdproto.RequestIDHeader, d.rid)
 	if d.rt.upstreamAuth != "" {
 		add("Authorization", d.rt.upstreamAuth)
 	}
@@ -1126,11 +1126,11 @@ func (rt *Router) putRelayBuf(b *[]byte) { rt.bufs.Put(b) }
 // put it in the context and answered it; the router used on its own (Routes)
 // applies the same rule here and answers it itself.
 func requestID(w http.ResponseWriter, r *http.Request) string {
-	if id, ok := registry.RequestIDFromContext(r.Context()); ok {
+	if id, ok := pdproto.RequestIDFromContext(r.Context()); ok {
 		return id
 	}
-	id := registry.AcceptRequestID(r.Header.Get(registry.RequestIDHeader))
-	w.Header().Set(registry.RequestIDHeader, id)
+	id := pdproto.AcceptRequestID(r.Header.Get(pdproto.RequestIDHeader))
+	w.Header().Set(pdproto.RequestIDHeader, id)
 	return id
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/server"
@@ -218,7 +219,7 @@ func TestOneRequestLogLine(t *testing.T) {
 	}
 }
 
-// minted matches the IDs registry.NewRequestID mints.
+// minted matches the IDs pdproto.NewRequestID mints.
 var minted = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // TestOneRequestIDEndToEnd runs the router behind the control plane, as
@@ -251,7 +252,7 @@ func TestOneRequestIDEndToEnd(t *testing.T) {
 			t.Fatalf("status %d: %s", rec.Code, rec.Body)
 		}
 		got := rec.Header().Values("X-Request-Id")
-		if len(got) != 1 || !registry.ValidRequestID(got[0]) {
+		if len(got) != 1 || !pdproto.ValidRequestID(got[0]) {
 			t.Fatalf("answer X-Request-Id %q, want one valid ID", got)
 		}
 		id := got[0]

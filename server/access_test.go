@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/pdplane/pdplane/registry"
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry/memstore"
 	"github.com/pdplane/pdplane/registry/replica"
 )
@@ -192,11 +192,11 @@ func TestServerLogsCarryRequestID(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := httptest.NewRequest(http.MethodGet, "/api/v1/peers/00000000-0000-0000-0000-000000000001", nil)
-	req.Header.Set(registry.RequestIDHeader, "client-id-42")
+	req.Header.Set(pdproto.RequestIDHeader, "client-id-42")
 	rec := httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, req)
-	if rec.Code != http.StatusNotFound || rec.Header().Get(registry.RequestIDHeader) != "client-id-42" {
-		t.Fatalf("answer %d with X-Request-Id %q, want 404 with client-id-42", rec.Code, rec.Header().Get(registry.RequestIDHeader))
+	if rec.Code != http.StatusNotFound || rec.Header().Get(pdproto.RequestIDHeader) != "client-id-42" {
+		t.Fatalf("answer %d with X-Request-Id %q, want 404 with client-id-42", rec.Code, rec.Header().Get(pdproto.RequestIDHeader))
 	}
 	var lines int
 	for line := range strings.Lines(buf.String()) {
@@ -217,7 +217,7 @@ func TestServerLogsCarryRequestID(t *testing.T) {
 	buf.Reset()
 	rec = httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
-	id := rec.Header().Get(registry.RequestIDHeader)
+	id := rec.Header().Get(pdproto.RequestIDHeader)
 	if id == "" || !strings.Contains(buf.String(), `"request_id":"`+id+`"`) {
 		t.Errorf("X-Request-Id %q, log %s: want the answer's ID in the access log line", id, buf.String())
 	}

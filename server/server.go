@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/rs/zerolog/hlog"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/server/api"
@@ -74,7 +75,7 @@ type Config struct {
 	// PeerNetworks decides which addresses a registration's url and
 	// bootstrap_host may name; the zero value refuses link-local,
 	// metadata-service and unspecified addresses.
-	PeerNetworks registry.PeerNetworkPolicy
+	PeerNetworks PeerNetworkPolicy
 	// Version is pdplane_build_info's version label: the binary's own
 	// version (main.version, linked in with -X). Empty: read from the build
 	// information (a non-trimpath build's -X main.version, else the module
@@ -393,15 +394,15 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 // requestID gives each request its one ID: the client's X-Request-Id when
-// it is valid (registry.ValidRequestID: short, printable ASCII), else a new
+// it is valid (pdproto.ValidRequestID: short, printable ASCII), else a new
 // one. The ID goes into the request's context, where the router takes it
 // for both upstream legs and its own logs and requestLog for the server's,
 // and once into the answer's X-Request-Id.
 func requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := registry.AcceptRequestID(r.Header.Get(registry.RequestIDHeader))
-		w.Header().Set(registry.RequestIDHeader, id)
-		next.ServeHTTP(w, r.WithContext(registry.ContextWithRequestID(r.Context(), id)))
+		id := pdproto.AcceptRequestID(r.Header.Get(pdproto.RequestIDHeader))
+		w.Header().Set(pdproto.RequestIDHeader, id)
+		next.ServeHTTP(w, r.WithContext(pdproto.ContextWithRequestID(r.Context(), id)))
 	})
 }
 
@@ -410,7 +411,7 @@ func requestID(next http.Handler) http.Handler {
 // requests log nothing here (the router logs its generation requests
 // itself, with their ID).
 func (s *Server) requestLog(r *http.Request) *zerolog.Logger {
-	id, _ := registry.RequestIDFromContext(r.Context())
+	id, _ := pdproto.RequestIDFromContext(r.Context())
 	l := s.log.With().Str("request_id", id).Logger()
 	return &l
 }
@@ -438,7 +439,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		}
 		// The request's ID as requestLog adds it, without a logger made
 		// for a line the level drops (every heartbeat's, by default).
-		id, _ := registry.RequestIDFromContext(r.Context())
+		id, _ := pdproto.RequestIDFromContext(r.Context())
 		s.log.WithLevel(level).Str("request_id", id).Str("method", r.Method).Str("route", route).Int("status", status).Int("size", size).
 			Float64("duration_ms", float64(d.Microseconds())/1e3).Msg("request")
 	})(next)

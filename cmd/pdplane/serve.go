@@ -334,7 +334,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	if err != nil {
 		return nil, err
 	}
-	peerNets, err := registry.ParsePeerNetworks(c.allowPeerNetworks)
+	peerNets, err := server.ParsePeerNetworks(c.allowPeerNetworks)
 	if err != nil {
 		return nil, fmt.Errorf("--allow-peer-networks: %w", err)
 	}
@@ -342,7 +342,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 		AdminToken: c.adminToken, JoinTokens: c.tokens(), Version: version,
 		HeartbeatInterval: c.heartbeat, LeaseTTL: c.leaseTTL,
 		BodyTimeout: c.bodyTimeout, MaxEventStreams: c.maxEventStreams, AllowedHosts: splitList(c.allowedHosts), Loopback: c.loopback(),
-		PeerNetworks: registry.PeerNetworkPolicy{Allow: peerNets},
+		PeerNetworks: server.PeerNetworkPolicy{Allow: peerNets},
 		Replica:      c.replica, StoreKind: storeKind(c),
 	}, server.Deps{Store: store, Snaps: mirror, Registry: reg, Routes: cp.router, Breakers: cp.router, Web: web.Handler()},
 		log.With().Str("component", "server").Logger())

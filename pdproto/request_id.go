@@ -1,4 +1,4 @@
-package registry
+package pdproto
 
 import (
 	"context"
@@ -10,9 +10,8 @@ import (
 // valid one, back to the client in the answer, and to both legs upstream
 // (vLLM needs the same ID on the prefill and the decode).
 //
-// The rule and the context key live here because both the control plane's
-// middleware (server) and the router read them, and registry is the one
-// package both may import.
+// Both legs and the client see it: the router sets it on the engines'
+// requests, and the control plane's middleware reads it from every request.
 const RequestIDHeader = "X-Request-Id"
 
 // maxRequestIDLen bounds a client's request ID.

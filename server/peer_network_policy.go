@@ -1,10 +1,12 @@
-package registry
+package server
 
 import (
 	"fmt"
 	"net/netip"
 	"net/url"
 	"strings"
+
+	"github.com/pdplane/pdplane/registry"
 )
 
 // PeerNetworkPolicy decides which addresses a registration may point the
@@ -48,8 +50,8 @@ var metadataHosts = map[string]bool{
 }
 
 // Check refuses a spec whose url or bootstrap_host names a refused address,
-// with a *FieldError naming the field.
-func (p PeerNetworkPolicy) Check(spec *PeerSpec) error {
+// with a *registry.FieldError naming the field.
+func (p PeerNetworkPolicy) Check(spec *registry.PeerSpec) error {
 	if u, err := url.Parse(spec.URL); err == nil {
 		if err := p.checkHost("url", u.Hostname()); err != nil {
 			return err
@@ -64,7 +66,7 @@ func (p PeerNetworkPolicy) Check(spec *PeerSpec) error {
 func (p PeerNetworkPolicy) checkHost(field, host string) error {
 	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
 	if metadataHosts[host] {
-		return fieldErr(field, "%q is a cloud metadata service, which no engine serves; refused", host)
+		return &registry.FieldError{Field: field, Detail: fmt.Sprintf("%q is a cloud metadata service, which no engine serves; refused", host)}
 	}
 	addr, err := netip.ParseAddr(host)
 	if err != nil {
@@ -78,7 +80,7 @@ func (p PeerNetworkPolicy) checkHost(field, host string) error {
 	}
 	for _, n := range refusedNetworks {
 		if n.prefix.Contains(addr) {
-			return fieldErr(field, "%s is %s, where no engine listens; refused (serve --allow-peer-networks %s admits it)", addr, n.why, n.prefix)
+			return &registry.FieldError{Field: field, Detail: fmt.Sprintf("%s is %s, where no engine listens; refused (serve --allow-peer-networks %s admits it)", addr, n.why, n.prefix)}
 		}
 	}
 	return nil
