@@ -157,9 +157,9 @@ var layerRules = []layerRule{
 		allowed: onlyInternal(),
 	},
 	{
-		name:    "the agent speaks to the control plane through the generated client: agent imports only registry, server/api, server/api/apiconv and transfer",
+		name:    "the agent speaks to the control plane through the generated client: agent imports only registry, pdproto (the engines' shapes), server/api, server/api/apiconv and transfer",
 		applies: is("agent"),
-		allowed: onlyInternal("registry", "server/api", "server/api/apiconv", "transfer"),
+		allowed: onlyInternal("registry", "pdproto", "server/api", "server/api/apiconv", "transfer"),
 	},
 	{
 		// sim borrows server.BodyDeadline so its HTTP side bounds bodies the
@@ -336,7 +336,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"web", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
 		{"sim", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
 		{"server/api/apiconv", m("server"), "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry, registry/replica and server/api"},
-		{"agent", m("server"), "agent imports only registry, server/api, server/api/apiconv and transfer"},
+		{"agent", m("server"), "agent imports only registry, pdproto (the engines' shapes), server/api, server/api/apiconv and transfer"},
 		{"devfleet", m("router"), "devfleet imports only registry, sim, agent and server/api"},
 		{"devfleet", m("server"), "devfleet imports only registry, sim, agent and server/api"},
 		{"devfleet", m("registry/memstore"), "devfleet imports only registry, sim, agent and server/api"},

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 )
 
@@ -250,24 +251,6 @@ func (e *PublishedEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 	return s, nil
 }
 
-// sglangServerInfo is the part of SGLang's /server_info (/get_server_info
-// before it was renamed) the agent reads: http_server.py server_info
-// returns dataclasses.asdict(ServerArgs) merged with the scheduler's info,
-// so the names are ServerArgs fields (server_args.py).
-type sglangServerInfo struct {
-	ModelPath                   string  `json:"model_path"`
-	ServedModelName             string  `json:"served_model_name"`
-	DisaggregationMode          *string `json:"disaggregation_mode"`
-	DisaggregationBootstrapPort int     `json:"disaggregation_bootstrap_port"`
-	PageSize                    *int    `json:"page_size"`
-	KVCacheDType                string  `json:"kv_cache_dtype"`
-	DType                       string  `json:"dtype"`
-	TPSize                      *int    `json:"tp_size"`
-	DPSize                      int     `json:"dp_size"`
-	PPSize                      int     `json:"pp_size"`
-	EnableDPAttention           bool    `json:"enable_dp_attention"`
-}
-
 // sglangModelInfo is SGLang's /get_model_info (/model_info on newer
 // versions): http_server.py get_model_info.
 type sglangModelInfo struct {
@@ -289,7 +272,7 @@ func (e *PublishedEngine) missing(endpoint, field string) error {
 }
 
 func (e *PublishedEngine) sglang(ctx context.Context, s *registry.PeerSpec) (string, error) {
-	var info sglangServerInfo
+	var info pdproto.SGLangServerInfo
 	if err := e.getJSON(ctx, &info, "/server_info", "/get_server_info"); err != nil {
 		return "", err
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
 	"github.com/pdplane/pdplane/server/api/apiconv"
@@ -33,19 +34,6 @@ type SpecFileEngine struct {
 }
 
 var _ Engine = (*SpecFileEngine)(nil)
-
-// serverInfo is the part of SGLang's /server_info the agent reads.
-type serverInfo struct {
-	ModelPath                   string `json:"model_path"`
-	ServedModelName             string `json:"served_model_name"`
-	DisaggregationMode          string `json:"disaggregation_mode"`
-	DisaggregationBootstrapPort int    `json:"disaggregation_bootstrap_port"`
-	PageSize                    int    `json:"page_size"`
-	KVCacheDType                string `json:"kv_cache_dtype"`
-	TPSize                      int    `json:"tp_size"`
-	DPSize                      int    `json:"dp_size"`
-	PPSize                      int    `json:"pp_size"`
-}
 
 // Spec reads the file and completes it from /server_info.
 func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
@@ -98,7 +86,7 @@ func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 		}
 	}
 	if s.Role == "" {
-		switch info.DisaggregationMode {
+		switch deref(info.DisaggregationMode) {
 		case "prefill":
 			s.Role = registry.RolePrefill
 		case "decode":
@@ -111,10 +99,10 @@ func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 	if s.Role.Prefills() {
 		fill("bootstrap_port", &s.BootstrapPort, info.DisaggregationBootstrapPort)
 	}
-	fill("parallelism.tp_size", &s.Parallelism.TPSize, info.TPSize)
+	fill("parallelism.tp_size", &s.Parallelism.TPSize, deref(info.TPSize))
 	fill("parallelism.dp_size", &s.Parallelism.DPSize, info.DPSize)
 	fill("parallelism.pp_size", &s.Parallelism.PPSize, info.PPSize)
-	fill("kv.page_size", &s.KV.PageSize, info.PageSize)
+	fill("kv.page_size", &s.KV.PageSize, deref(info.PageSize))
 	if s.KV.DType == "" && info.KVCacheDType != "" && info.KVCacheDType != "auto" {
 		s.KV.DType = info.KVCacheDType
 		observed("kv.dtype")
@@ -122,7 +110,7 @@ func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 	return s.WithDefaults(), nil
 }
 
-func (e *SpecFileEngine) serverInfo(ctx context.Context) (*serverInfo, error) {
+func (e *SpecFileEngine) serverInfo(ctx context.Context) (*pdproto.SGLangServerInfo, error) {
 	c := e.Client
 	if c == nil {
 		c = &http.Client{Timeout: 5 * time.Second}
@@ -138,7 +126,7 @@ func (e *SpecFileEngine) serverInfo(ctx context.Context) (*serverInfo, error) {
 			lastErr = err
 			continue
 		}
-		var info serverInfo
+		var info pdproto.SGLangServerInfo
 		err = json.NewDecoder(resp.Body).Decode(&info)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
@@ -165,4 +153,14 @@ func (e *SpecFileEngine) Reregister(ctx context.Context, reason string) error {
 		return fmt.Errorf("run re-register command: %w", err)
 	}
 	return nil
+}
+
+// deref is *p, or the zero value when p is nil (a field the engine did not
+// send).
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }

@@ -110,3 +110,28 @@ func appendJSONString(dst []byte, s string) []byte {
 	b, _ := json.Marshal(s)
 	return append(dst, b...)
 }
+
+// SGLangServerInfo is the part of SGLang's GET /server_info
+// (/get_server_info before it was renamed) that pdplane reads of an engine
+// and answers as one itself: http_server.py server_info returns
+// dataclasses.asdict(ServerArgs) merged with the scheduler's internal
+// states, so the names are ServerArgs fields (server_args.py). A field an
+// engine always sends and whose absence the reader must tell apart from
+// zero is a pointer; what pdplane leaves out of its own answer (a field of
+// one engine, not of a fleet) is omitted when zero.
+type SGLangServerInfo struct {
+	ModelPath       string `json:"model_path"`
+	ServedModelName string `json:"served_model_name"`
+	// DisaggregationMode is "prefill", "decode", or "null" for an engine
+	// (or a router in front of several) that takes whole requests.
+	DisaggregationMode          *string `json:"disaggregation_mode"`
+	DisaggregationBootstrapPort int     `json:"disaggregation_bootstrap_port,omitempty"`
+	PageSize                    *int    `json:"page_size,omitempty"`
+	KVCacheDType                string  `json:"kv_cache_dtype,omitempty"`
+	DType                       string  `json:"dtype,omitempty"`
+	TPSize                      *int    `json:"tp_size,omitempty"`
+	DPSize                      int     `json:"dp_size,omitempty"`
+	PPSize                      int     `json:"pp_size,omitempty"`
+	EnableDPAttention           bool    `json:"enable_dp_attention,omitempty"`
+	IsEmbedding                 bool    `json:"is_embedding"`
+}

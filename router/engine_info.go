@@ -3,6 +3,7 @@ package router
 import (
 	"net/http"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry/replica"
 )
 
@@ -16,17 +17,11 @@ import (
 // per-engine fields (parallelism, KV geometry) belong to the engines behind
 // it and are left out rather than invented.
 
-// serverInfo is the subset of SGLang's /server_info that describes pdplane
-// as a single OpenAI-compatible worker.
-type serverInfo struct {
-	ModelPath       string `json:"model_path"`
-	ServedModelName string `json:"served_model_name"`
-	// DisaggregationMode is "null", SGLang's value for a worker that takes
-	// whole requests: pdplane splits them itself.
-	DisaggregationMode string `json:"disaggregation_mode"`
-	IsEmbedding        bool   `json:"is_embedding"`
-	// Models lists every model the fleet serves; SGLang's single-model
-	// fields above name the first.
+// routerServerInfo is pdplane's /server_info: SGLang's fields that describe
+// it as one worker, and pdplane_models, every model the fleet serves
+// (SGLang's single-model fields name the first).
+type routerServerInfo struct {
+	pdproto.SGLangServerInfo
 	Models []string `json:"pdplane_models"`
 }
 
@@ -53,9 +48,10 @@ func (rt *Router) serveServerInfo(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "no model is served yet: no ready prefill/decode pair"})
 		return
 	}
-	writeJSON(w, http.StatusOK, serverInfo{
-		ModelPath: model, ServedModelName: model, DisaggregationMode: "null",
-		Models: all,
+	whole := "null" // SGLang's mode of a worker that takes whole requests: pdplane splits them itself
+	writeJSON(w, http.StatusOK, routerServerInfo{
+		SGLangServerInfo: pdproto.SGLangServerInfo{ModelPath: model, ServedModelName: model, DisaggregationMode: &whole},
+		Models:           all,
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/transfer"
 )
@@ -330,24 +331,26 @@ func (s *Sim) handleVersion(w http.ResponseWriter, r *http.Request) {
 
 func (s *Sim) handleServerInfo(w http.ResponseWriter, r *http.Request) {
 	l := s.Load()
-	writeJSON(w, map[string]any{
-		"version":                         "pdplane-sim",
-		"model_path":                      s.cfg.Model,
-		"served_model_name":               s.cfg.Model,
-		"disaggregation_mode":             string(s.cfg.Role),
-		"disaggregation_bootstrap_port":   s.bootstrapPort,
-		"disaggregation_transfer_backend": "nixl",
-		"pdplane_transfer_backend":        s.cfg.Transfer,
-		"page_size":                       s.cfg.PageSize,
-		"kv_cache_dtype":                  s.cfg.DType,
-		"tp_size":                         1,
-		"dp_size":                         1,
-		"pp_size":                         1,
-		"max_total_num_tokens":            s.cfg.Pages * s.cfg.PageSize,
-		"nixl_agent_name":                 s.AgentName(),
-		"internal_states": []any{map[string]any{
-			"num_running_reqs": l.Running, "num_queue_reqs": l.Queued, "kv_usage": l.KVUsage,
-		}},
+	mode, page, one := string(s.cfg.Role), s.cfg.PageSize, 1
+	type internalState struct {
+		Running int     `json:"num_running_reqs"`
+		Queued  int     `json:"num_queue_reqs"`
+		KVUsage float64 `json:"kv_usage"`
+	}
+	writeJSON(w, struct {
+		pdproto.SGLangServerInfo
+		Version         string          `json:"version"`
+		TransferBackend string          `json:"disaggregation_transfer_backend"`
+		SimTransfer     string          `json:"pdplane_transfer_backend"`
+		MaxTokens       int             `json:"max_total_num_tokens"`
+		AgentName       string          `json:"nixl_agent_name"`
+		InternalStates  []internalState `json:"internal_states"`
+	}{
+		SGLangServerInfo: pdproto.SGLangServerInfo{ModelPath: s.cfg.Model, ServedModelName: s.cfg.Model, DisaggregationMode: &mode,
+			DisaggregationBootstrapPort: s.bootstrapPort, PageSize: &page, KVCacheDType: s.cfg.DType, TPSize: &one, DPSize: 1, PPSize: 1},
+		Version: "pdplane-sim", TransferBackend: "nixl", SimTransfer: s.cfg.Transfer,
+		MaxTokens: s.cfg.Pages * s.cfg.PageSize, AgentName: s.AgentName(),
+		InternalStates: []internalState{{Running: l.Running, Queued: l.Queued, KVUsage: l.KVUsage}},
 	})
 }
 
