@@ -1,19 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/pdplane/pdplane/bench"
@@ -87,11 +80,11 @@ Prints Markdown tables per peer.`
 		return err
 	}
 	var err error
-	if cfg.Concurrency, err = parseInts(concurrency); err != nil {
+	if cfg.Concurrency, err = bench.ParseInts(concurrency); err != nil {
 		return usageErrorf("invalid value %q for --concurrency: %v", concurrency, err)
 	}
 	if held != "0" {
-		if cfg.HeldStreams, err = parseInts(held); err != nil {
+		if cfg.HeldStreams, err = bench.ParseInts(held); err != nil {
 			return usageErrorf("invalid value %q for --held-streams: %v", held, err)
 		}
 	}
@@ -109,7 +102,7 @@ Prints Markdown tables per peer.`
 		return usageErrorf("--baseline is measured only with --peers baseline (e.g. --peers baseline or --peers smg,baseline)")
 	}
 	if install {
-		if smgBin, vllmRouterBin, err = installRouters(ctx); err != nil {
+		if smgBin, vllmRouterBin, err = bench.InstallRouters(ctx); err != nil {
 			return err
 		}
 	}
@@ -130,7 +123,7 @@ Prints Markdown tables per peer.`
 			cfg.Peers = append(cfg.Peers, bench.Peer{Name: name, Bin: bin})
 			continue
 		}
-		if bin = findRouter(bin, name); bin == "" {
+		if bin = bench.FindRouter(bin, name); bin == "" {
 			if require {
 				return fmt.Errorf("%s: executable not found (set --%s, or run with --install)", name, name)
 			}
@@ -166,11 +159,11 @@ kernel cost for the same traffic. Trusts its engines; never expose it.`
 	if err := fs.parse(args); err != nil {
 		return err
 	}
-	ph, err := hostPort(prefill)
+	ph, err := bench.HostPort(prefill)
 	if err != nil {
 		return usageErrorf("invalid value %q for --prefill: %v", prefill, err)
 	}
-	dh, err := hostPort(decode)
+	dh, err := bench.HostPort(decode)
 	if err != nil {
 		return usageErrorf("invalid value %q for --decode: %v", decode, err)
 	}
@@ -187,71 +180,4 @@ kernel cost for the same traffic. Trusts its engines; never expose it.`
 		return err
 	}
 	return nil
-}
-
-// hostPort is the host:port of an http:// URL.
-func hostPort(raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", err
-	}
-	if u.Scheme != "http" || u.Port() == "" {
-		return "", errors.New("want http://host:port")
-	}
-	return u.Host, nil
-}
-
-// parseInts parses a comma-separated list of positive integers.
-func parseInts(s string) ([]int, error) {
-	var out []int
-	for _, f := range splitList(s) {
-		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("want positive integers separated by commas, got %q", f)
-		}
-		out = append(out, n)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("want at least one number")
-	}
-	return out, nil
-}
-
-// findRouter is the router executable: bin when set, else .venv/bin/NAME
-// under the working directory, else NAME on $PATH; "" when none exists.
-func findRouter(bin, name string) string {
-	if bin != "" {
-		if _, err := os.Stat(bin); err != nil {
-			return ""
-		}
-		return bin
-	}
-	if p, err := filepath.Abs(filepath.Join(".venv", "bin", name)); err == nil {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	p, _ := exec.LookPath(name)
-	return p
-}
-
-// installRouters runs scripts/install-routers.sh from the working
-// directory (the repository root) and returns the paths it prints.
-func installRouters(ctx context.Context) (smg, vllmRouter string, err error) {
-	cmd := exec.CommandContext(ctx, filepath.Join("scripts", "install-routers.sh"))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", "", fmt.Errorf("install routers (run from the repository root): %w", err)
-	}
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "PDPLANE_SMG="); ok {
-			smg = v
-		}
-		if v, ok := strings.CutPrefix(sc.Text(), "PDPLANE_VLLM_ROUTER="); ok {
-			vllmRouter = v
-		}
-	}
-	return smg, vllmRouter, nil
 }
