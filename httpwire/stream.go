@@ -1,6 +1,7 @@
 package httpwire
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -178,6 +179,7 @@ func (tc *Stream) close() {
 type Streams struct {
 	mu    sync.Mutex
 	conns map[*Stream]struct{}
+	idle  chan struct{} // closed while there are none; nil: never counted one
 }
 
 // Add counts s.
@@ -186,6 +188,9 @@ func (t *Streams) Add(tc *Stream) {
 	if t.conns == nil {
 		t.conns = map[*Stream]struct{}{}
 	}
+	if len(t.conns) == 0 {
+		t.idle = make(chan struct{})
+	}
 	t.conns[tc] = struct{}{}
 	t.mu.Unlock()
 }
@@ -193,8 +198,30 @@ func (t *Streams) Add(tc *Stream) {
 // Remove stops counting s.
 func (t *Streams) Remove(tc *Stream) {
 	t.mu.Lock()
-	delete(t.conns, tc)
+	if _, ok := t.conns[tc]; ok {
+		delete(t.conns, tc)
+		if len(t.conns) == 0 {
+			close(t.idle)
+		}
+	}
 	t.mu.Unlock()
+}
+
+// Wait waits until no stream is counted, or ctx ends (false).
+func (t *Streams) Wait(ctx context.Context) bool {
+	t.mu.Lock()
+	idle := t.idle
+	n := len(t.conns)
+	t.mu.Unlock()
+	if n == 0 {
+		return true
+	}
+	select {
+	case <-idle:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // cut closes the connection of a stream still running and cancels the

@@ -53,6 +53,10 @@ func (d *dispatch) takeover() bool {
 // accounting no longer sees. A graceful shutdown waits for them too.
 func (rt *Router) Detached() int { return rt.taken.Len() }
 
+// WaitDetached waits until no stream runs on a taken-over connection, or
+// ctx ends (false).
+func (rt *Router) WaitDetached(ctx context.Context) bool { return rt.taken.Wait(ctx) }
+
 // CloseDetached cuts the streams on taken-over connections: their clients'
 // connections close, which cancels each request as a client leaving does.
 func (rt *Router) CloseDetached() { rt.taken.CutAll() }

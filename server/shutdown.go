@@ -1,9 +1,15 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // Shutdown is in two steps. BeginShutdown, at the signal, makes /readyz
@@ -53,4 +59,149 @@ func refuseStreamShuttingDown(w http.ResponseWriter) {
 	w.Header().Set("Connection", "close")
 	writeProblem(w, &Problem{Type: ProblemUnavailable, Title: "Shutting down", Status: http.StatusServiceUnavailable,
 		Detail: "this server is shutting down; retry on another replica, or here once it is back"})
+}
+
+// InFlight counts the requests a handler is answering, and tells when
+// none is: what a graceful shutdown waits for.
+type InFlight struct {
+	mu   sync.Mutex
+	n    int64
+	idle chan struct{} // closed while n is 0; nil before the first request
+}
+
+// Handler counts the requests of h.
+func (f *InFlight) Handler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.add(1)
+		defer f.add(-1)
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (f *InFlight) add(d int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 && d > 0 {
+		f.idle = make(chan struct{})
+	}
+	if f.n += d; f.n == 0 {
+		close(f.idle)
+	}
+}
+
+// Count is the number of requests in flight.
+func (f *InFlight) Count() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
+}
+
+// Wait waits until no request is in flight, or ctx ends (false).
+func (f *InFlight) Wait(ctx context.Context) bool {
+	f.mu.Lock()
+	idle, n := f.idle, f.n
+	f.mu.Unlock()
+	if n == 0 {
+		return true
+	}
+	select {
+	case <-idle:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Shutdown is a serving replica's graceful stop, the second step after
+// the signal: Run makes /readyz 503 and ends the event streams
+// (BeginShutdown), closes idle connections and answers the rest with
+// Connection: close, waits for the requests in flight (those on
+// connections the router took over from net/http included) until the
+// drain context ends, then cuts what is left: the HTTP server closes its
+// connections, the front and the router theirs, and every request cut ends
+// as a client leaving ends it. The store and the background work are the
+// caller's to stop after it.
+type Shutdown struct {
+	Server   *Server
+	HTTP     *http.Server
+	InFlight *InFlight // counts HTTP's handler
+	// Conns is the listener HTTP serves, when it keeps connections of its
+	// own (httpwire.Listener: its front, and connections taken over); nil
+	// when none.
+	Conns interface {
+		DisableKeepAlives()
+		CloseFront()
+	}
+	// Detached is the router, whose slow streams run on connections taken
+	// over from net/http; nil when none.
+	Detached interface {
+		Detached() int
+		WaitDetached(ctx context.Context) bool
+		CloseDetached()
+	}
+	Log zerolog.Logger
+}
+
+// cutWait bounds how long Run waits, after the cut, for the handlers of
+// the requests it cut to see their closed connections and return.
+const cutWait = 5 * time.Second
+
+// Run stops gracefully within drain and returns how many requests it had
+// to cut.
+func (s *Shutdown) Run(drain context.Context) (cut int64) {
+	start := time.Now()
+	s.Server.BeginShutdown()
+	s.HTTP.SetKeepAlivesEnabled(false) // each answer closes its connection; idle ones close now
+	if s.Conns != nil {
+		s.Conns.DisableKeepAlives() // the same for the front's and taken-over connections
+	}
+	s.Log.Info().Int64("in_flight", s.busy()).Msg("shutting down: /readyz is 503 and event streams are closed; waiting for the requests in flight")
+	s.waitIdle(drain)
+	// Closes the listener, then waits for a request that came in since
+	// (and for a stream it started that the router took over).
+	err := s.HTTP.Shutdown(drain)
+	if err == nil {
+		s.waitIdle(drain)
+	}
+	if cut = s.busy(); cut > 0 || (err != nil && !errors.Is(err, http.ErrServerClosed)) {
+		_ = s.HTTP.Close()
+		if s.Conns != nil {
+			s.Conns.CloseFront()
+		}
+		if s.Detached != nil {
+			s.Detached.CloseDetached()
+		}
+		s.Log.Warn().Int64("requests_cut", cut).Str("reason", context.Cause(drain).Error()).
+			Msgf("shutdown: cut %d request(s) still in flight", cut)
+		// Their handlers see the closed connections and return.
+		ctx, cancel := context.WithTimeout(context.Background(), cutWait)
+		s.waitIdle(ctx)
+		cancel()
+	}
+	s.Log.Info().Dur("took", time.Since(start)).Msg("requests drained")
+	return cut
+}
+
+// busy is the number of requests in flight: in the HTTP handler, or
+// streaming on a connection the router took over.
+func (s *Shutdown) busy() int64 {
+	n := s.InFlight.Count()
+	if s.Detached != nil {
+		n += int64(s.Detached.Detached())
+	}
+	return n
+}
+
+// waitIdle waits until no request is in flight anywhere, or ctx ends. A
+// request that moves from the handler to a taken-over connection is seen
+// by one count or the other, so it looks again until both are 0 at once.
+func (s *Shutdown) waitIdle(ctx context.Context) {
+	for s.busy() > 0 && ctx.Err() == nil {
+		if !s.InFlight.Wait(ctx) {
+			return
+		}
+		if s.Detached != nil && !s.Detached.WaitDetached(ctx) {
+			return
+		}
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -94,7 +93,7 @@ type controlPlane struct {
 	// knows when they are done and how many it cut; slow streams the
 	// router took off net/http's connections (router.Detached) are counted
 	// by the router.
-	inflight atomic.Int64
+	inflight server.InFlight
 	// bgCancel stops the background pieces (mirror, sweepers), which run
 	// on their own context: at a signal they go on serving the requests
 	// in flight and stop only after the HTTP server; bg waits for the
@@ -365,11 +364,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	// No WriteTimeout: it would cut event and generation streams. Request
 	// bodies are bounded per request by the server (--body-timeout).
 	handler := tracing.ContinueTrace(srv.Handler(), tp.TracerProvider())
-	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cp.inflight.Add(1)
-		defer cp.inflight.Add(-1)
-		handler.ServeHTTP(w, r)
-	})
+	counted := cp.inflight.Handler(handler)
 	cp.hs = &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	cp.BaseURL = "http://" + ln.Addr().String()
 	log.Info().Str("addr", ln.Addr().String()).Str("openai_base_url", cp.BaseURL+"/v1").
@@ -435,62 +430,17 @@ func (cp *controlPlane) drainContext() (context.Context, context.CancelFunc) {
 	}
 }
 
-// drainPoll is how often shutdown looks whether the requests in flight
-// are done.
-const drainPoll = 20 * time.Millisecond
-
-// shutdown stops the control plane gracefully: /readyz turns 503 and
-// event streams end at once; the listener stays open (a load balancer
-// may send a little longer before it notices) while the requests in
-// flight finish, until drain ends; then the HTTP server closes, cutting
-// what is left (logged with the count), and the background pieces and
-// the store stop. A clean exit either way: the cut is the grace's
-// promise, not a failure.
+// shutdown stops the control plane gracefully (server.Shutdown: the
+// requests in flight finish within drain, then what is left is cut), then
+// the background pieces and the store. A clean exit either way: the cut is
+// the grace's promise, not a failure.
 func (cp *controlPlane) shutdown(drain context.Context) {
 	start := time.Now()
-	cp.srv.BeginShutdown()
-	cp.hs.SetKeepAlivesEnabled(false) // each answer closes its connection; idle ones close now
-	cp.ln.DisableKeepAlives()         // the same for connections the router took over
-	cp.log.Info().Dur("grace", cp.grace).Int64("in_flight", cp.busy()).
-		Msg("shutting down: /readyz is 503 and event streams are closed; waiting for the requests in flight")
-	cp.waitIdle(drain)
-	// Closes the listener, then waits for a request that came in since
-	// (and for a stream it started that the router took over).
-	err := cp.hs.Shutdown(drain)
-	if err == nil {
-		cp.waitIdle(drain)
-	}
-	if cut := cp.busy(); cut > 0 || (err != nil && !errors.Is(err, http.ErrServerClosed)) {
-		_ = cp.hs.Close()
-		cp.ln.CloseFront()
-		cp.router.CloseDetached()
-		cp.log.Warn().Int64("requests_cut", cut).Str("reason", context.Cause(drain).Error()).
-			Msgf("shutdown: cut %d request(s) still in flight", cut)
-		// Their handlers see the closed connections and return; the
-		// router and the store close after them.
-		deadline := time.Now().Add(5 * time.Second)
-		for cp.busy() > 0 && time.Now().Before(deadline) {
-			time.Sleep(drainPoll)
-		}
-	}
+	cp.log.Info().Dur("grace", cp.grace).Msg("shutting down")
+	sd := &server.Shutdown{Server: cp.srv, HTTP: cp.hs, InFlight: &cp.inflight, Conns: cp.ln, Detached: cp.router, Log: cp.log}
+	sd.Run(drain)
 	cp.closeWithin(drain)
 	cp.log.Info().Dur("took", time.Since(start)).Msg("shut down")
-}
-
-// busy is the number of requests in flight: in the HTTP handler, or
-// streaming on a connection the router took over.
-func (cp *controlPlane) busy() int64 { return cp.inflight.Load() + int64(cp.router.Detached()) }
-
-// waitIdle waits until no request is in flight or drain ends.
-func (cp *controlPlane) waitIdle(drain context.Context) {
-	t := time.NewTicker(drainPoll)
-	defer t.Stop()
-	for cp.busy() > 0 && drain.Err() == nil {
-		select {
-		case <-drain.Done():
-		case <-t.C:
-		}
-	}
 }
 
 // close stops the background pieces, the router and the store, and
