@@ -135,9 +135,9 @@ var layerRules = []layerRule{
 		allowed: onlyInternal(),
 	},
 	{
-		name:    "the control plane is mounted on, not mounting: server imports only registry, registry/replica, pdproto, server/api and server/api/apiconv (cmd/pdplane hands it the router and web)",
+		name:    "the control plane is mounted on, not mounting: server imports only registry, registry/replica, pdproto, httpwire, server/api and server/api/apiconv (cmd/pdplane hands it the router and web)",
 		applies: is("server"),
-		allowed: onlyInternal("registry", "registry/replica", "pdproto", "server/api", "server/api/apiconv"),
+		allowed: onlyInternal("registry", "registry/replica", "pdproto", "httpwire", "server/api", "server/api/apiconv"),
 	},
 	{
 		name:    "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry, registry/replica and server/api",
@@ -162,11 +162,9 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry", "pdproto", "server/api", "server/api/apiconv", "transfer"),
 	},
 	{
-		// sim borrows server.BodyDeadline so its HTTP side bounds bodies the
-		// way the control plane does; that is the one edge to server.
-		name:    "the simulator is an engine: sim imports only registry, pdproto, transfer and its backends, and server (for BodyDeadline)",
+		name:    "the simulator is an engine: sim imports only registry, pdproto, httpwire (its body deadline), transfer and its backends",
 		applies: is("sim"),
-		allowed: onlyInternal("registry", "pdproto", "transfer", "transfer/nixl", "transfer/tcp", "server"),
+		allowed: onlyInternal("registry", "pdproto", "httpwire", "transfer", "transfer/nixl", "transfer/tcp"),
 	},
 	{
 		// devfleet wires sims to agents; the control plane is a URL to it,
@@ -332,7 +330,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"router", "github.com/jackc/pgx/v5", "only it, migrations and registrytest's Postgres helpers import pgx"},
 		{"transfer", m("router"), "transfer imports only registry"},
 		{"transfer/tcp", m("registry/memstore"), "transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer"},
-		{"server", m("router"), "server imports only registry, registry/replica, pdproto, server/api and server/api/apiconv"},
+		{"server", m("router"), "server imports only registry, registry/replica, pdproto, httpwire, server/api and server/api/apiconv"},
 		{"web", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
 		{"sim", m("server/api"), "only server, server/api/apiconv, agent, devfleet and cmd/pdplane import it"},
 		{"server/api/apiconv", m("server"), "server/api/apiconv is the one conversion between the wire and the domain: it imports only registry, registry/replica and server/api"},

@@ -16,8 +16,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // frontServer serves h through a Listener with the front on, as pdplane
@@ -436,7 +434,7 @@ func TestFrontWatchesEachRequestOfAConnection(t *testing.T) {
 	if _, err := io.WriteString(c, rawPost("/generate", "{}", "X-Wait: "+strings.Repeat("w", 100))); err != nil {
 		t.Fatal(err)
 	}
-	simtest.WaitFor(t, "the long request's watch to start", func() bool { return fs.watching() == 1 })
+	waitFor(t, "the long request's watch to start", func() bool { return fs.watching() == 1 })
 	_ = c.Close()
 	wantClientClosed(t, causes)
 }

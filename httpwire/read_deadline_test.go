@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // deadlineCounter counts the read deadlines put on a connection's socket.
@@ -81,7 +79,7 @@ func TestClientConnDefersReadDeadlines(t *testing.T) {
 	_ = c.SetReadDeadline(time.Time{})
 	done := make(chan error, 1)
 	go func() { _, err := c.Read(buf); done <- err }()
-	simtest.WaitFor(t, "the read to be under way", func() bool {
+	waitFor(t, "the read to be under way", func() bool {
 		c.rd.mu.Lock()
 		defer c.rd.mu.Unlock()
 		return c.rd.reading == 1

@@ -179,7 +179,7 @@ func (tc *Stream) close() {
 type Streams struct {
 	mu    sync.Mutex
 	conns map[*Stream]struct{}
-	idle  chan struct{} // closed while there are none; nil: never counted one
+	count InFlight // len(conns), and when it is 0
 }
 
 // Add counts s.
@@ -188,10 +188,10 @@ func (t *Streams) Add(tc *Stream) {
 	if t.conns == nil {
 		t.conns = map[*Stream]struct{}{}
 	}
-	if len(t.conns) == 0 {
-		t.idle = make(chan struct{})
+	if _, ok := t.conns[tc]; !ok {
+		t.conns[tc] = struct{}{}
+		t.count.Add(1)
 	}
-	t.conns[tc] = struct{}{}
 	t.mu.Unlock()
 }
 
@@ -200,29 +200,13 @@ func (t *Streams) Remove(tc *Stream) {
 	t.mu.Lock()
 	if _, ok := t.conns[tc]; ok {
 		delete(t.conns, tc)
-		if len(t.conns) == 0 {
-			close(t.idle)
-		}
+		t.count.Add(-1)
 	}
 	t.mu.Unlock()
 }
 
 // Wait waits until no stream is counted, or ctx ends (false).
-func (t *Streams) Wait(ctx context.Context) bool {
-	t.mu.Lock()
-	idle := t.idle
-	n := len(t.conns)
-	t.mu.Unlock()
-	if n == 0 {
-		return true
-	}
-	select {
-	case <-idle:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+func (t *Streams) Wait(ctx context.Context) bool { return t.count.Wait(ctx) }
 
 // cut closes the connection of a stream still running and cancels the
 // stream. One whose stream has ended is left alone: it may already be
@@ -242,11 +226,7 @@ func (tc *Stream) cut() {
 
 // Len is the number of streams counted: requests in flight that the
 // server's own accounting no longer sees.
-func (t *Streams) Len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.conns)
-}
+func (t *Streams) Len() int { return int(t.count.Count()) }
 
 // CutAll cuts every stream still running (their clients' connections
 // close, which cancels each request as a client leaving does).

@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // countingServer is an engine stand-in that counts the connections it
@@ -136,7 +134,7 @@ func TestUpstreamTransportSurvivesEngineClosingIdleConnections(t *testing.T) {
 			t.Fatalf("got %q", got)
 		}
 		srv.CloseClientConnections() // as uvicorn does after its keep-alive
-		simtest.WaitFor(t, "the engine's close to reach the idle connection", func() bool {
+		waitFor(t, "the engine's close to reach the idle connection", func() bool {
 			for _, uc := range idleConns(tr) {
 				if connAlive(uc.c) {
 					return false
@@ -242,7 +240,7 @@ func TestUpstreamTransportPeeksOnlyAtConnectionsIdleAWhile(t *testing.T) {
 		pooled := tr.idle[addr][0]
 		tr.mu.Unlock()
 		srv.CloseClientConnections()
-		simtest.WaitFor(t, "the engine's close to reach the pooled connection", func() bool { return !connAlive(pooled.c) })
+		waitFor(t, "the engine's close to reach the pooled connection", func() bool { return !connAlive(pooled.c) })
 		uc, err := tr.get(context.Background(), addr)
 		if err != nil {
 			t.Fatal(err)

@@ -539,6 +539,23 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 	}
 }
 
+// brokenPairFleet is two SGLang prefills and one decode behind a router of
+// cfg, the decode's registration broken on p1 only (SGLang's entry is per
+// (prefill, decode agent): the sim's pair-limited fault).
+func brokenPairFleet(t *testing.T, cfg router.Config) (b *bundle, p1, p2, d *sim.Sim) {
+	t.Helper()
+	p1 = simtest.Start(t, simtest.Config("p1", registry.RolePrefill, registry.EngineSGLang))
+	p2 = simtest.Start(t, simtest.Config("p2", registry.RolePrefill, registry.EngineSGLang))
+	dc := simtest.Config("d1", registry.RoleDecode, registry.EngineSGLang)
+	dc.RoomTimeout = time.Minute // only the router's cancel frees the broken pair's room
+	d = simtest.Start(t, dc)
+	b = setupSims(t, cfg, p1, p2, d)
+	if err := d.SetPairFault(sim.FaultMissingMemKind, p1.BootstrapPort()); err != nil {
+		t.Fatal(err)
+	}
+	return b, p1, p2, d
+}
+
 // TestBrokenPairRetriesTheDecodeWithAnotherPrefill re-runs the reliability
 // core's first scenario: two prefills, one decode, and the decode's
 // registration broken on one prefill only (SGLang's entry is per (prefill,
@@ -548,15 +565,7 @@ func TestQuarantineDecidedElsewhereKeepsTheDecode(t *testing.T) {
 // and the decode stays ready.
 func TestBrokenPairRetriesTheDecodeWithAnotherPrefill(t *testing.T) {
 	t.Parallel()
-	p1 := simtest.Start(t, simtest.Config("p1", registry.RolePrefill, registry.EngineSGLang))
-	p2 := simtest.Start(t, simtest.Config("p2", registry.RolePrefill, registry.EngineSGLang))
-	dc := simtest.Config("d1", registry.RoleDecode, registry.EngineSGLang)
-	dc.RoomTimeout = time.Minute // only the router's cancel frees the broken pair's room
-	d := simtest.Start(t, dc)
-	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, MaxAttempts: 2}, p1, p2, d)
-	if err := d.SetPairFault(sim.FaultMissingMemKind, p1.BootstrapPort()); err != nil {
-		t.Fatal(err)
-	}
+	b, p1, p2, _ := brokenPairFleet(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, MaxAttempts: 2})
 	for i := range 6 {
 		body := `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`
 		if resp, got := b.post(t, "/v1/chat/completions", body); resp.StatusCode != http.StatusOK || !strings.HasSuffix(string(got), "data: [DONE]\n\n") {
@@ -584,15 +593,7 @@ func TestBrokenPairRetriesTheDecodeWithAnotherPrefill(t *testing.T) {
 // against the pair.
 func TestLiftedPairRoutesAtOnce(t *testing.T) {
 	t.Parallel()
-	p1 := simtest.Start(t, simtest.Config("p1", registry.RolePrefill, registry.EngineSGLang))
-	p2 := simtest.Start(t, simtest.Config("p2", registry.RolePrefill, registry.EngineSGLang))
-	dc := simtest.Config("d1", registry.RoleDecode, registry.EngineSGLang)
-	dc.RoomTimeout = time.Minute
-	d := simtest.Start(t, dc)
-	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, MaxAttempts: 2, BreakerCooldown: time.Hour}, p1, p2, d)
-	if err := d.SetPairFault(sim.FaultMissingMemKind, p1.BootstrapPort()); err != nil {
-		t.Fatal(err)
-	}
+	b, p1, _, d := brokenPairFleet(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, MaxAttempts: 2, BreakerCooldown: time.Hour})
 	const unary = `{"model":"sim-model","prompt":"x","max_tokens":2}`
 	for p1.Stats().MissingMemKind == 0 {
 		if resp, body := b.post(t, "/v1/completions", unary); resp.StatusCode != http.StatusOK {

@@ -67,11 +67,42 @@ type Router struct {
 
 	watchOnce sync.Once
 	watcher   *httpwire.Watcher // their clients' connections; nil until the first HTTP/1.1 stream, or where there is none
+
+	// A view is built by the first request that meets a new snapshot;
+	// with a source that announces its snapshots (replica.Mirror), every
+	// one gets its view at once too (follow), so that what changed between
+	// two snapshots (a quarantine lifted: resetLifted) is seen even when no
+	// request came in between.
+	stopFollow context.CancelFunc
+	following  sync.WaitGroup
 }
 
 // closeDetachedWait bounds how long Close waits for the streams it cut to
 // end: each ends once its engine's connection is closed, at once.
 const closeDetachedWait = 5 * time.Second
+
+// snapshotWatcher is a snapshot source that announces each new snapshot
+// (replica.Mirror).
+type snapshotWatcher interface {
+	Watch(ctx context.Context) <-chan *replica.Snapshot
+}
+
+// follow builds the view of every snapshot w announces, until Close.
+func (rt *Router) follow(w snapshotWatcher) {
+	ctx, cancel := context.WithCancel(context.Background())
+	rt.stopFollow = cancel
+	snaps := w.Watch(ctx)
+	rt.following.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-snaps:
+				rt.currentView()
+			}
+		}
+	})
+}
 
 // admission counts requests against a cap without queueing: a request over
 // it is refused at once, since a queue would only hold the client's
@@ -148,6 +179,9 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 		}
 		count(to)
 	}
+	if w, ok := snaps.(snapshotWatcher); ok {
+		rt.follow(w)
+	}
 	return rt, nil
 }
 
@@ -196,8 +230,12 @@ func (rt *Router) Routes() http.Handler {
 // upstream connections.
 func (rt *Router) Close() {
 	rt.CloseDetached()
-	for deadline := time.Now().Add(closeDetachedWait); rt.Detached() > 0 && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), closeDetachedWait)
+	rt.WaitDetached(ctx)
+	cancel()
+	if rt.stopFollow != nil {
+		rt.stopFollow()
+		rt.following.Wait()
 	}
 	rt.watchOnce.Do(func() {}) // no watcher starts after this
 	if rt.watcher != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/pdplane/pdplane/httpwire"
 )
 
 // Problem types of the request guards.
@@ -35,12 +36,6 @@ func isWrite(method string) bool {
 }
 
 func isAPI(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/api/") }
-
-// hasBody reports whether the client declared a body: a positive
-// Content-Length or a chunked one of unknown length.
-func hasBody(r *http.Request) bool {
-	return r.ContentLength > 0 || (r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody)
-}
 
 // checkHost refuses a Host header that is not in Config.AllowedHosts, so
 // that a browser page whose own name was rebound to this server's address
@@ -201,7 +196,7 @@ func (s *Server) guardWrites(next http.Handler) http.Handler {
 				Detail: "writes must come from this server's own origin or from a client that is not a browser", Field: "Origin"})
 			return
 		}
-		if hasBody(r) {
+		if httpwire.HasBody(r) {
 			if !isJSONMediaType(r.Header.Get("Content-Type")) {
 				s.metrics.rejected.WithLabelValues(rejectMediaType).Inc()
 				w.Header().Set("Accept-Post", "application/json")

@@ -480,7 +480,12 @@ func TestBodyDeadlineDoesNotCutStreams(t *testing.T) {
 	req, _ := http.NewRequest("POST", b.url+"/v1/chat/completions",
 		strings.NewReader(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}`))
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	// A connection of its own: the router takes the slow stream's
+	// connection over and, served without its Listener (httptest), closes
+	// it at the stream's end, which a pooled connection would meet as a
+	// reset on its next request.
+	streamClient := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := streamClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

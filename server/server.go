@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/rs/zerolog/hlog"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/replica"
@@ -60,7 +61,7 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	LeaseTTL          time.Duration
 	// BodyTimeout bounds how long a client may take to send a request
-	// body (see BodyDeadline); 30 s by default.
+	// body (see httpwire.BodyDeadline); 30 s by default.
 	BodyTimeout time.Duration
 	// MaxEventStreams caps concurrent GET /api/v1/events/stream; 256 by
 	// default. Over it, a stream is refused with 503 and Retry-After.
@@ -267,7 +268,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	r := chi.NewRouter()
 	s.mux = r
 	r.Use(requestID, s.accessLog,
-		s.checkHost, s.refuseTrace, BodyDeadline(cfg.BodyTimeout), s.guardCrossSite, s.guardWrites)
+		s.checkHost, s.refuseTrace, httpwire.BodyDeadline(cfg.BodyTimeout), s.guardCrossSite, s.guardWrites)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", s.readyz)
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))

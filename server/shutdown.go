@@ -6,9 +6,9 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/rs/zerolog"
 )
 
@@ -61,57 +61,6 @@ func refuseStreamShuttingDown(w http.ResponseWriter) {
 		Detail: "this server is shutting down; retry on another replica, or here once it is back"})
 }
 
-// InFlight counts the requests a handler is answering, and tells when
-// none is: what a graceful shutdown waits for.
-type InFlight struct {
-	mu   sync.Mutex
-	n    int64
-	idle chan struct{} // closed while n is 0; nil before the first request
-}
-
-// Handler counts the requests of h.
-func (f *InFlight) Handler(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f.add(1)
-		defer f.add(-1)
-		h.ServeHTTP(w, r)
-	})
-}
-
-func (f *InFlight) add(d int64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.n == 0 && d > 0 {
-		f.idle = make(chan struct{})
-	}
-	if f.n += d; f.n == 0 {
-		close(f.idle)
-	}
-}
-
-// Count is the number of requests in flight.
-func (f *InFlight) Count() int64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.n
-}
-
-// Wait waits until no request is in flight, or ctx ends (false).
-func (f *InFlight) Wait(ctx context.Context) bool {
-	f.mu.Lock()
-	idle, n := f.idle, f.n
-	f.mu.Unlock()
-	if n == 0 {
-		return true
-	}
-	select {
-	case <-idle:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // Shutdown is a serving replica's graceful stop, the second step after
 // the signal: Run makes /readyz 503 and ends the event streams
 // (BeginShutdown), closes idle connections and answers the rest with
@@ -124,7 +73,7 @@ func (f *InFlight) Wait(ctx context.Context) bool {
 type Shutdown struct {
 	Server   *Server
 	HTTP     *http.Server
-	InFlight *InFlight // counts HTTP's handler
+	InFlight *httpwire.InFlight // counts HTTP's handler
 	// Conns is the listener HTTP serves, when it keeps connections of its
 	// own (httpwire.Listener: its front, and connections taken over); nil
 	// when none.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -20,7 +21,7 @@ import (
 func shutdownServer(t *testing.T, h http.Handler) (*server.Shutdown, string) {
 	t.Helper()
 	b := setup(t)
-	var inflight server.InFlight
+	var inflight httpwire.InFlight
 	mux := http.NewServeMux()
 	mux.Handle("/slow", h)
 	mux.Handle("/", b.srv.Handler())

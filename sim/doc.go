@@ -42,10 +42,8 @@
 // misbehave on purpose, including SGLang's "Missing NIXL destination KV
 // memory kind", reproduced by the mechanism that causes it in a real fleet.
 //
-// The package owns only the simulator. It never calls the control plane or
-// the router itself (of the server package it uses only the request body
-// deadline, server.BodyDeadline, that the control plane's handlers have
-// too); devfleet wires a Sim to an agent (SetPeerID from OnRegistered;
+// The package owns only the simulator. It never reaches into the control
+// plane or the router; devfleet wires a Sim to an agent (SetPeerID from OnRegistered;
 // OnTransferError through agent.PeerOfAgent and agent.ReportFor to
 // agent.ReportTransferFailure), and the agent talks to the control plane.
 package sim

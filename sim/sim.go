@@ -15,8 +15,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
-	"github.com/pdplane/pdplane/server"
 	"github.com/pdplane/pdplane/transfer"
 )
 
@@ -199,7 +199,7 @@ func (s *Sim) Start(ctx context.Context) error {
 }
 
 // bodyTimeout bounds how long a client may take to send a request body, as
-// on the control plane (server.BodyDeadline); there is no WriteTimeout,
+// on the control plane (httpwire.BodyDeadline); there is no WriteTimeout,
 // which would cut generation streams.
 const bodyTimeout = 30 * time.Second
 
@@ -208,7 +208,7 @@ const bodyTimeout = 30 * time.Second
 // engine does not (the hang fault).
 func (s *Sim) newServer(h http.Handler, engine bool) *http.Server {
 	return &http.Server{
-		Handler:           s.gate(server.BodyDeadline(bodyTimeout)(h), engine),
+		Handler:           s.gate(httpwire.BodyDeadline(bodyTimeout)(h), engine),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return s.ctx },
 	}

@@ -93,7 +93,7 @@ type controlPlane struct {
 	// knows when they are done and how many it cut; slow streams the
 	// router took off net/http's connections (router.Detached) are counted
 	// by the router.
-	inflight server.InFlight
+	inflight httpwire.InFlight
 	// bgCancel stops the background pieces (mirror, sweepers), which run
 	// on their own context: at a signal they go on serving the requests
 	// in flight and stop only after the HTTP server; bg waits for the
