@@ -78,6 +78,10 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; larger bodies get 413. 32 MiB by
 	// default.
 	MaxBodyBytes int64
+	// RouteReceipt adds RouteReceiptHeader to every routed answer: the
+	// pair that served it with both generations, and the attempts that
+	// failed before it. The request's log line carries the same always.
+	RouteReceipt bool
 	// DisableTakeover keeps every stream on net/http's connection for its
 	// whole life (takeover.go): a held stream then costs ~45 KiB instead
 	// of ~19 (router/BENCHMARKS.md). For comparison and for platforms

@@ -196,9 +196,13 @@ type dispatch struct {
 	attempts  int
 	prefill   string
 	decode    string
-	status    int
-	outcome   string
-	lastFail  *failure
+	// The pair's generations, and the attempts before it that failed
+	// ("kind:prefill>decode"): the route receipt.
+	pGen, dGen int64
+	failed     []string
+	status     int
+	outcome    string
+	lastFail   *failure
 
 	// A stream runs on a goroutine of its own (serveOnOwnGoroutine), which
 	// tells the handler through hop when it may return; tk is the client's
@@ -376,6 +380,7 @@ func (d *dispatch) run(v *view, mv *modelView) {
 		}
 		d.attempts = attempt
 		d.prefill, d.decode = pr.p.peer.Name, pr.d.peer.Name
+		d.pGen, d.dGen = pr.p.peer.Generation, pr.d.peer.Generation
 		d.startAttempt(attempt, &pr)
 		f := d.attemptSettled(&pr)
 		if f == nil {
@@ -383,6 +388,7 @@ func (d *dispatch) run(v *view, mv *modelView) {
 			return
 		}
 		d.lastFail = f
+		d.failed = append(d.failed, f.kind.String()+":"+d.prefill+">"+d.decode)
 		switch {
 		case f.kind == failMemKind:
 			rt.onMemKindFailure(&pr, errText(f.body), d.rid, d.spanContext())
@@ -722,6 +728,9 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 	if contentLength >= 0 {
 		h.set("Content-Length", strconv.Itoa(contentLength))
 	}
+	if d.rt.cfg.RouteReceipt {
+		h.set(RouteReceiptHeader, d.receipt())
+	}
 	d.status = resp.StatusCode
 	d.w.WriteHeader(resp.StatusCode)
 	d.committed = true
@@ -733,6 +742,33 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 	// stream must not keep (its Content-Type, another, goes with net/http's
 	// response, which a taken-over stream lets go of).
 	resp.Header, resp.Request, resp.Status = nil, nil, ""
+}
+
+// RouteReceiptHeader is the answer's field that says which route served
+// it, with Config.RouteReceipt (serve --route-receipt): the pair that
+// answered with both generations, the attempts, and each failed attempt's
+// kind and pair, e.g. "prefill=p0@2 decode=d0@1 attempts=2
+// failed=missing_mem_kind:p1>d0".
+const RouteReceiptHeader = "X-Pdplane-Route"
+
+// receipt is the route receipt of the answer being committed.
+func (d *dispatch) receipt() string {
+	b := make([]byte, 0, 64+24*len(d.failed))
+	b = append(b, "prefill="...)
+	b = append(b, d.prefill...)
+	b = strconv.AppendInt(append(b, '@'), d.pGen, 10)
+	b = append(append(b, " decode="...), d.decode...)
+	b = strconv.AppendInt(append(b, '@'), d.dGen, 10)
+	b = strconv.AppendInt(append(b, " attempts="...), int64(d.attempts), 10)
+	for i, f := range d.failed {
+		if i == 0 {
+			b = append(b, " failed="...)
+		} else {
+			b = append(b, ',')
+		}
+		b = append(b, f...)
+	}
+	return string(b)
 }
 
 // fields sets header fields new to a header with their values in one
@@ -1023,6 +1059,12 @@ func (d *dispatch) finish() {
 		ev.Str(logRequestID, d.rid).Str(logRoute, d.route.label()).Str(logModel, model).
 			Int(logStatus, d.status).Str(logOutcome, d.outcome).Int(logAttempts, d.attempts).
 			Str(logPrefill, d.prefill).Str(logDecode, d.decode).Float64(logDuration, durationMS(elapsed))
+		if d.attempts > 0 {
+			ev.Int64("prefill_generation", d.pGen).Int64("decode_generation", d.dGen)
+		}
+		if len(d.failed) > 0 {
+			ev.Strs("failed_attempts", d.failed)
+		}
 		if id := d.traceID(); id != "" {
 			ev.Str(logTraceID, id)
 		}

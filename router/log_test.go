@@ -175,6 +175,7 @@ func TestOneRequestLogLine(t *testing.T) {
 	}
 	const chat = `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`
 	logs.take()
+	retried := false // a served request's line names the attempt that failed before it
 	for i, tc := range []struct {
 		key, body string
 		status    int
@@ -216,6 +217,17 @@ func TestOneRequestLogLine(t *testing.T) {
 				t.Fatalf("request %d: duration_ms %v", i, l["duration_ms"])
 			}
 		}
+		if tc.status == http.StatusOK {
+			if l["prefill"] != "p2" || l["prefill_generation"] != float64(1) || l["decode_generation"] != float64(1) {
+				t.Fatalf("request %d: the pair that served it: %v", i, l)
+			}
+			if f, ok := l["failed_attempts"].([]any); ok {
+				retried = len(f) == 1 && f[0] == "status:p1>d1"
+			}
+		}
+	}
+	if !retried {
+		t.Fatal("no request line named the attempt on p1 that failed before it (failed_attempts)")
 	}
 }
 

@@ -639,3 +639,27 @@ func TestRefusedConnectionOpensTheBreakerAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestRouteReceipt: with Config.RouteReceipt every routed answer says
+// which pair served it, with both generations, and which attempts failed
+// before it and why.
+func TestRouteReceipt(t *testing.T) {
+	t.Parallel()
+	b, _, _, _ := brokenPairFleet(t, router.Config{PrefillPolicy: router.PolicyRoundRobin, MaxAttempts: 2, RouteReceipt: true})
+	seen := map[string]bool{}
+	for range 6 {
+		resp, body := b.post(t, "/v1/chat/completions", chatStream)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		seen[resp.Header.Get(router.RouteReceiptHeader)] = true
+	}
+	for _, want := range []string{
+		"prefill=p2@1 decode=d1@1 attempts=1",
+		"prefill=p2@1 decode=d1@1 attempts=2 failed=missing_mem_kind:p1>d1",
+	} {
+		if !seen[want] {
+			t.Errorf("no answer had the receipt %q; seen %v", want, seen)
+		}
+	}
+}

@@ -39,6 +39,7 @@ type serveConfig struct {
 	insecure    bool
 	front       bool
 	takeover    bool
+	receipt     bool
 	replica     string
 	logLevel    string
 	leaseTTL    time.Duration
@@ -113,6 +114,7 @@ func (c *serveConfig) flags(fs *flagSet) {
 	fs.boolean(&c.front, "front", true, "read and answer generation requests (POST of HTTP/1.1 to /v1/chat/completions, /v1/completions, "+
 		"/generate) with pdplane's own HTTP/1.1 code, which costs less CPU than net/http's server; every other request, and every one "+
 		"it does not take, goes to net/http (false: net/http serves all; Linux only)")
+	fs.boolean(&c.receipt, "route-receipt", false, "add X-Pdplane-Route to every routed answer: the pair that served it with both generations, and the attempts that failed before it")
 	fs.boolean(&c.takeover, "takeover", true, "take a slow stream's connection over from net/http, so that a held stream costs "+
 		"~19 KiB instead of ~45 (false: every stream stays on net/http's connection; Linux only)")
 	fs.boolean(&c.insecure, "insecure", false, "serve without tokens on a non-loopback address: anyone who reaches it may register peers and read their KV metadata")
@@ -325,7 +327,7 @@ func startControlPlane(ctx context.Context, c serveConfig, log zerolog.Logger) (
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rcfg := router.Config{Replica: c.replica, PrefillPolicy: router.Policy(c.prefillPolicy), DecodePolicy: router.Policy(c.decodePolicy),
 		DecodeFirstByteTimeout: c.decodeFirstByteTimeout, PrefillTimeout: c.prefillTimeout, MaxInflight: c.maxInflight, TracerProvider: tp.TracerProvider()}
-	rcfg.LogServedEvery, rcfg.DisableTakeover = c.logServedEvery, !c.takeover
+	rcfg.LogServedEvery, rcfg.DisableTakeover, rcfg.RouteReceipt = c.logServedEvery, !c.takeover, c.receipt
 	if c.apiKeys != "" {
 		rcfg.APIKeys = strings.Split(c.apiKeys, ",")
 	}
