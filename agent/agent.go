@@ -323,7 +323,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			return ProbeTarget{URL: a.peer.Url, Engine: registry.Engine(a.peer.Engine), Interval: a.interval}
-		})
+		}, func(st EngineStatus) { a.reportRecompute(ctx, st) })
 	}
 	if err := a.registerRetrying(ctx); err != nil {
 		return err
@@ -387,6 +387,29 @@ func (a *Agent) Run(ctx context.Context) error {
 		default:
 			backoff = a.cfg.MinBackoff
 		}
+	}
+}
+
+// reportRecompute tells the control plane when the decode recomputes KV
+// its prefills sent (recompute.go), as a failed transfer the decode
+// reports of itself, the way a vLLM decode's failed KV load is reported:
+// the registry's rule for those takes it from there (the decode stale,
+// re-registered with fresh NIXL agents). It runs after each probe; the
+// window starts afresh after a report, so a second one needs new evidence.
+func (a *Agent) reportRecompute(ctx context.Context, st EngineStatus) {
+	p := a.Peer()
+	// A peer that prefills as well computes prompts by rights.
+	if !st.Recomputing || registry.Role(p.Role) != registry.RoleDecode {
+		return
+	}
+	a.probe.forgetRecompute()
+	r := TransferReport{DecodeID: p.Id, Reason: RecomputeReason, Error: st.Recompute.String()}
+	if ranks := apiconv.Deref(p.Ranks); len(ranks) == 1 {
+		r.DecodeAgent = ranks[0].AgentName
+	}
+	a.log.Warn().Str("recompute", r.Error).Msg("the decode recomputes KV its prefills sent; reporting it")
+	if err := a.ReportTransferFailure(ctx, r); err != nil {
+		a.log.Warn().Err(err).Msg("report the recomputing decode")
 	}
 }
 

@@ -45,6 +45,12 @@ type ProbeConfig struct {
 	SuccessThreshold int
 	// HTTPClient talks to the engine; Timeout applies per request.
 	HTTPClient *http.Client
+	// A vLLM decode that computed more than RecomputeThreshold of the
+	// prompt tokens it took in over RecomputeWindow, at least
+	// RecomputeMinTokens of them, is recomputing KV (recompute.go).
+	RecomputeWindow    time.Duration
+	RecomputeThreshold float64
+	RecomputeMinTokens int
 }
 
 // Probe defaults.
@@ -59,6 +65,9 @@ func (c ProbeConfig) WithDefaults() ProbeConfig {
 	c.Timeout = cmp.Or(c.Timeout, DefaultProbeTimeout)
 	c.FailureThreshold = cmp.Or(c.FailureThreshold, DefaultProbeFailureThreshold)
 	c.SuccessThreshold = cmp.Or(c.SuccessThreshold, DefaultProbeSuccessThreshold)
+	c.RecomputeWindow = cmp.Or(c.RecomputeWindow, DefaultRecomputeWindow)
+	c.RecomputeThreshold = cmp.Or(c.RecomputeThreshold, DefaultRecomputeThreshold)
+	c.RecomputeMinTokens = cmp.Or(c.RecomputeMinTokens, DefaultRecomputeMinTokens)
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute}}
 	}
@@ -73,6 +82,9 @@ func (c ProbeConfig) validate() error {
 		return fmt.Errorf("agent: probe timeout %s is negative", c.Timeout)
 	case c.FailureThreshold < 1:
 		return fmt.Errorf("agent: probe failure threshold %d must be at least 1", c.FailureThreshold)
+	case c.RecomputeWindow < 0 || !(c.RecomputeThreshold > 0 && c.RecomputeThreshold < 1) || c.RecomputeMinTokens < 1:
+		return fmt.Errorf("agent: recompute window %s, threshold %v, minimum %d tokens: want a positive window, a threshold in (0, 1) and at least 1 token",
+			c.RecomputeWindow, c.RecomputeThreshold, c.RecomputeMinTokens)
 	case c.SuccessThreshold < 1:
 		return fmt.Errorf("agent: probe success threshold %d must be at least 1", c.SuccessThreshold)
 	}
@@ -93,6 +105,12 @@ type EngineStatus struct {
 	Load registry.Load
 	// Probes counts the probes run so far.
 	Probes int64
+	// Recompute is what a vLLM engine's counters say of the prompt tokens
+	// it computed rather than loaded over the recent window; Recomputing,
+	// that the share is past the threshold (a decode recomputing KV its
+	// prefills sent).
+	Recompute   Recompute
+	Recomputing bool
 }
 
 // EngineProbe probes an engine's /health and reads its load: SGLang's
@@ -108,6 +126,7 @@ type EngineProbe struct {
 	seenUp    bool // a probe of target has passed
 	target    string
 	legacyGet bool // the SGLang engine at target has no /v1/loads
+	recompute recomputeWindow
 }
 
 // NewEngineProbe returns a probe; Probe or Run use it.
@@ -116,7 +135,7 @@ func NewEngineProbe(cfg ProbeConfig, log zerolog.Logger) (*EngineProbe, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &EngineProbe{cfg: cfg, log: log, st: notProbed(0)}, nil
+	return &EngineProbe{cfg: cfg, log: log, st: notProbed(0), recompute: recomputeWindow{window: cfg.RecomputeWindow}}, nil
 }
 
 // notProbed is the status before a probe of the engine passed.
@@ -139,12 +158,16 @@ type ProbeTarget struct {
 	Interval time.Duration
 }
 
-// Run probes the engine that target names, every interval, until ctx ends.
-func (p *EngineProbe) Run(ctx context.Context, target func() ProbeTarget) {
+// Run probes the engine that target names, every interval, until ctx ends;
+// after, when not nil, is given what each probe found.
+func (p *EngineProbe) Run(ctx context.Context, target func() ProbeTarget, after func(EngineStatus)) {
 	for {
 		t := target()
 		if t.URL != "" {
-			p.Probe(ctx, t.URL, t.Engine)
+			st := p.Probe(ctx, t.URL, t.Engine)
+			if after != nil {
+				after(st)
+			}
 		}
 		wait := p.cfg.Interval
 		if wait == 0 {
@@ -164,6 +187,7 @@ func (p *EngineProbe) Probe(ctx context.Context, url string, engine registry.Eng
 	p.mu.Lock()
 	if url != p.target { // a new engine: nothing learnt about the old one holds
 		p.target, p.legacyGet, p.fails, p.oks, p.seenUp = url, false, 0, 0, false
+		p.recompute.reset()
 		p.st = notProbed(p.st.Probes)
 	}
 	legacy := p.legacyGet
@@ -171,10 +195,11 @@ func (p *EngineProbe) Probe(ctx context.Context, url string, engine registry.Eng
 
 	herr := p.health(ctx, url)
 	var load registry.Load
+	var sources *promptSources
 	var lerr error
 	if herr == nil {
 		if engine.Protocol() == registry.EngineVLLM {
-			load, lerr = p.vllmLoad(ctx, url)
+			load, sources, lerr = p.vllmLoad(ctx, url)
 		} else {
 			load, legacy, lerr = p.sglangLoad(ctx, url, legacy)
 		}
@@ -188,6 +213,11 @@ func (p *EngineProbe) Probe(ctx context.Context, url string, engine registry.Eng
 	p.st.Probes++
 	p.legacyGet = legacy
 	p.st.Load = load
+	if sources != nil {
+		p.st.Recompute = p.recompute.add(time.Now(), *sources)
+		p.st.Recomputing = p.st.Recompute.Recomputed > 0 && p.st.Recompute.Prompt >= int64(p.cfg.RecomputeMinTokens) &&
+			p.st.Recompute.Fraction() > p.cfg.RecomputeThreshold
+	}
 	if herr != nil {
 		p.fails, p.oks = p.fails+1, 0
 		if p.st.Healthy && p.fails >= p.cfg.FailureThreshold {
@@ -353,41 +383,58 @@ const (
 )
 
 // vllmLoad reads vLLM's /metrics.
-func (p *EngineProbe) vllmLoad(ctx context.Context, url string) (registry.Load, error) {
+func (p *EngineProbe) vllmLoad(ctx context.Context, url string) (registry.Load, *promptSources, error) {
 	resp, err := p.get(ctx, url+"/metrics")
 	if err != nil {
-		return registry.Load{}, err
+		return registry.Load{}, nil, err
 	}
 	defer drain(resp)
 	if resp.StatusCode != http.StatusOK {
-		return registry.Load{}, &statusError{path: "/metrics", code: resp.StatusCode}
+		return registry.Load{}, nil, &statusError{path: "/metrics", code: resp.StatusCode}
 	}
-	return ParseVLLMMetrics(io.LimitReader(resp.Body, maxLoadBody))
+	return parseVLLMMetrics(io.LimitReader(resp.Body, maxLoadBody))
 }
 
 // ParseVLLMMetrics reads the load from vLLM's Prometheus text: running and
 // waiting requests summed over engines, KV usage the fullest engine's.
 func ParseVLLMMetrics(r io.Reader) (registry.Load, error) {
+	l, _, err := parseVLLMMetrics(r)
+	return l, err
+}
+
+// vLLM's prompt-token and request counters (v1/metrics/loggers.py), as
+// prometheus_client writes a counter: with the suffix _total.
+const (
+	vllmPromptTokensBySource = "vllm:prompt_tokens_by_source_total"
+	vllmRequestSuccess       = "vllm:request_success_total"
+)
+
+// parseVLLMMetrics reads the load and, where the engine has them (vLLM
+// 0.11 and later), the prompt-token counters.
+func parseVLLMMetrics(r io.Reader) (registry.Load, *promptSources, error) {
 	parser := expfmt.NewTextParser(model.LegacyValidation)
 	fams, err := parser.TextToMetricFamilies(r)
 	if err != nil {
-		return registry.Load{}, fmt.Errorf("parse vLLM metrics: %w", err)
+		return registry.Load{}, nil, fmt.Errorf("parse vLLM metrics: %w", err)
 	}
 	if _, ok := fams[vllmRunning]; !ok {
-		return registry.Load{}, fmt.Errorf("parse vLLM metrics: no %s", vllmRunning)
+		return registry.Load{}, nil, fmt.Errorf("parse vLLM metrics: no %s", vllmRunning)
 	}
-	// vLLM declares its gauges; a scrape without the TYPE line parses
+	// vLLM declares its series; a scrape without the TYPE line parses
 	// them as untyped, which reads the same.
-	value := func(m *dto.Metric) float64 { return m.GetGauge().GetValue() + m.GetUntyped().GetValue() }
-	sum := func(name string) (v float64) {
-		if f, ok := fams[name]; ok {
-			for _, m := range f.GetMetric() {
+	value := func(m *dto.Metric) float64 {
+		return m.GetGauge().GetValue() + m.GetUntyped().GetValue() + m.GetCounter().GetValue()
+	}
+	sum := func(name string, keep func(*dto.Metric) bool) (v float64) {
+		for _, m := range fams[name].GetMetric() {
+			if keep == nil || keep(m) {
 				v += value(m)
 			}
 		}
 		return v
 	}
-	l := registry.Load{Running: clampCount(sum(vllmRunning)), Queued: clampCount(sum(vllmWaiting))}
+	running, waiting := sum(vllmRunning, nil), sum(vllmWaiting, nil)
+	l := registry.Load{Running: clampCount(running), Queued: clampCount(waiting)}
 	usage, ok := fams[vllmKVUsage]
 	if !ok {
 		usage = fams[vllmGPUKVUsage]
@@ -396,7 +443,29 @@ func ParseVLLMMetrics(r io.Reader) (registry.Load, error) {
 		l.KVUsage = max(l.KVUsage, value(m))
 	}
 	l.KVUsage = clampUsage(l.KVUsage)
-	return l, nil
+	if _, ok := fams[vllmPromptTokensBySource]; !ok {
+		return l, nil, nil
+	}
+	source := func(src string) func(*dto.Metric) bool {
+		return func(m *dto.Metric) bool {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "source" {
+					return lp.GetValue() == src
+				}
+			}
+			return false
+		}
+	}
+	ps := &promptSources{
+		computed:    sum(vllmPromptTokensBySource, source("local_compute")),
+		transferred: sum(vllmPromptTokensBySource, source("external_kv_transfer")),
+		requests:    sum(vllmRequestSuccess, nil),
+		inFlight:    l.Running + l.Queued,
+	}
+	if !(ps.computed >= 0 && ps.transferred >= 0 && ps.requests >= 0) { // NaN, or a negative counter
+		return l, nil, nil
+	}
+	return l, ps, nil
 }
 
 // addCount adds an engine's count to a total a heartbeat may carry.

@@ -145,6 +145,9 @@ func (e *Engine) peerOf(ctx context.Context, peerID, agentName string) (string, 
 	return e.agent.PeerOfAgent(ctx, agentName)
 }
 
+// Agent is the engine's agent.
+func (e *Engine) Agent() *agent.Agent { return e.agent }
+
 // Sim is the running simulator; a heal replaces it.
 func (e *Engine) Sim() *sim.Sim {
 	e.mu.Lock()

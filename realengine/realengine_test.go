@@ -14,8 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/pdplane/pdplane/agent"
 	"github.com/pdplane/pdplane/bench"
 	"github.com/pdplane/pdplane/pdproto"
+	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
@@ -359,8 +363,14 @@ print("sdk ok")
 // testKVMoves: the decode's own metrics count the prompt tokens of the
 // requests pdplane routed as received by KV transfer and none as computed
 // locally, no NIXL transfer failed, and greedy output through pdplane is
-// the prefill engine's own.
+// the prefill engine's own. An agent's probe reads the same counters as
+// prompt tokens loaded, none recomputed.
 func (s *suite) testKVMoves(t *testing.T, cp *controlPlane, _ *supervisor) {
+	probe, err := agent.NewEngineProbe(agent.ProbeConfig{RecomputeWindow: time.Hour}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe.Probe(t.Context(), s.decode.URL(), registry.EngineVLLM)
 	before := metrics(t, s.decode.URL())
 	prompts := []string{
 		"the prefill engine sends the decode a block of memory",
@@ -391,6 +401,12 @@ func (s *suite) testKVMoves(t *testing.T, cp *controlPlane, _ *supervisor) {
 	if moved < float64(sent-len(prompts)) || computed > float64(len(prompts)) || failed != 0 || bytesMoved <= 0 {
 		t.Errorf("the decode's metrics do not show the KV moved: %v by transfer, %v computed (of %d sent), %v NIXL bytes, %v failed",
 			moved, computed, sent, bytesMoved, failed)
+	}
+	st := probe.Probe(t.Context(), s.decode.URL(), registry.EngineVLLM)
+	t.Logf("the agent's probe reads: %s", st.Recompute)
+	if st.Recompute.Prompt != int64(moved+computed) || st.Recompute.Recomputed != 0 || st.Recomputing {
+		t.Errorf("the agent's probe reads %+v (recomputing %v) of the decode, want %v prompt tokens, none recomputed",
+			st.Recompute, st.Recomputing, moved+computed)
 	}
 }
 

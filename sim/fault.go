@@ -75,12 +75,20 @@ const (
 	// then never sends it, nor answers, until the client leaves; its decode
 	// waits for the KV, as a real one whose transfer stalled does.
 	FaultStallTransfer Fault = "stall-transfer"
+	// FaultRecompute (vLLM decodes): the decode does not load the
+	// prefill's KV but computes the prompt itself and answers as if
+	// nothing happened, as vLLM does after a failed load under
+	// kv_load_failure_policy=recompute (v1/core/sched/scheduler.py
+	// recompute_kv_load_failures). Only its counters tell: the prompt
+	// tokens go to source="local_compute" and the failed READ to
+	// vllm:nixl_num_failed_transfers. The prefill's blocks are released.
+	FaultRecompute Fault = "recompute"
 )
 
 // Faults returns the known faults.
 func Faults() []Fault {
 	return []Fault{FaultNone, FaultMissingMemKind, FaultPrefillError, FaultSlow, FaultCrash, FaultCorruptKV,
-		FaultHang, FaultGarbage, FaultStallTransfer}
+		FaultHang, FaultGarbage, FaultStallTransfer, FaultRecompute}
 }
 
 const faultPath = "/_sim/fault"
@@ -132,6 +140,9 @@ func (s *Sim) SetPairFault(f Fault, bootstrapPort int) error {
 	}
 	if f == FaultStallTransfer && (s.cfg.Role != registry.RolePrefill || s.cfg.Engine != registry.EngineSGLang) {
 		return &InvalidFaultError{Fault: f, Detail: "applies to SGLang prefills: they send the KV"}
+	}
+	if f == FaultRecompute && (s.cfg.Role != registry.RoleDecode || s.cfg.Engine != registry.EngineVLLM) {
+		return &InvalidFaultError{Fault: f, Detail: "applies to vLLM decodes: they load the KV, and only vLLM can fall back to computing it"}
 	}
 	s.faultMu.Lock()
 	prev := s.fault
@@ -281,8 +292,9 @@ type counters struct {
 	foreignMessages atomic.Int64
 	roomTimeouts    atomic.Int64
 	// The prompt tokens a vLLM engine computed, and those a vLLM decode
-	// received by KV transfer (vllm:prompt_tokens_by_source_total).
-	promptComputed, promptTransferred atomic.Int64
+	// received by KV transfer (vllm:prompt_tokens_by_source_total); the
+	// requests it answered (vllm:request_success_total).
+	promptComputed, promptTransferred, succeeded atomic.Int64
 
 	fromMu sync.Mutex
 	from   map[string]int64 // KV received by an SGLang decode, by prefill

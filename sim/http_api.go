@@ -193,11 +193,16 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 				return
 			}
 			ans.write(w, q)
+			s.counters.succeeded.Add(int64(len(ans.seqs)))
 			return
 		}
-		if !ans.stream(ctx, w, q, pause) && s.crashed() {
-			panic(http.ErrAbortHandler)
+		if !ans.stream(ctx, w, q, pause) {
+			if s.crashed() {
+				panic(http.ErrAbortHandler)
+			}
+			return
 		}
+		s.counters.succeeded.Add(int64(len(ans.seqs)))
 	}
 }
 

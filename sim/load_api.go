@@ -102,9 +102,10 @@ func (s *Sim) handleVLLMMetrics(w http.ResponseWriter, r *http.Request) {
 		"vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"%s\",engine=\"0\",num_gpu_blocks=\"%d\"} 1.0\n",
 		s.cfg.PageSize, labelEscaper.Replace(s.cfg.DType), s.cfg.Pages)
 	// What the decode counts of its KV (v1/metrics/loggers.py
-	// prompt_tokens_by_source; the NixlConnector's
+	// prompt_tokens_by_source and request_success; the NixlConnector's
 	// KVConnectorPromMetrics): every prompt token of a PD request arrives
-	// by transfer here, and the simulator never recomputes one.
+	// by transfer (as on a real decode: realengine's TestVLLM), unless the
+	// recompute fault is in effect.
 	c := &s.counters
 	fmt.Fprintf(&b, "# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source_total counter\n")
 	for _, src := range []struct {
@@ -113,6 +114,8 @@ func (s *Sim) handleVLLMMetrics(w http.ResponseWriter, r *http.Request) {
 	}{{"local_compute", c.promptComputed.Load()}, {"local_cache_hit", 0}, {"external_kv_transfer", c.promptTransferred.Load()}} {
 		fmt.Fprintf(&b, "vllm:prompt_tokens_by_source_total{engine=\"0\",model_name=%q,source=%q} %d.0\n", s.cfg.Model, src.name, src.n)
 	}
+	fmt.Fprintf(&b, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\n"+
+		"vllm:request_success_total{engine=\"0\",finished_reason=\"length\",model_name=%q} %d.0\n", s.cfg.Model, c.succeeded.Load())
 	fmt.Fprintf(&b, "# HELP vllm:nixl_num_failed_transfers_total Number of failed NIXL KV Cache transfers.\n"+
 		"# TYPE vllm:nixl_num_failed_transfers_total counter\nvllm:nixl_num_failed_transfers_total%s %d.0\n", labels, c.transferErrors.Load())
 	fmt.Fprintf(&b, "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"+

@@ -268,7 +268,7 @@ func TestFaultEndpoint(t *testing.T) {
 	for _, tt := range []struct {
 		s     *sim.Sim
 		fault string
-	}{{p, "meltdown"}, {p, "missing-mem-kind"}, {d, "corrupt-kv"}} {
+	}{{p, "meltdown"}, {p, "missing-mem-kind"}, {d, "corrupt-kv"}, {d, "recompute"}} { // recompute: vLLM decodes only
 		r, err := c.SetFault(ctx, tt.s, tt.fault)
 		if err != nil {
 			t.Fatal(err)

@@ -124,6 +124,11 @@ func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *
 		return s.vllmLocal(ctx, q)
 	}
 	prompt := q.prompts[0]
+	if s.Fault() == FaultRecompute {
+		s.counters.transferErrors.Add(1)
+		s.releaseBlocks(*kv.RemoteHost, *kv.RemotePort, kv.RemoteRequestID)
+		return s.vllmLocal(ctx, q)
+	}
 	seeds := promptSeeds(prompt)
 	n := s.pool.pagesFor(len(prompt))
 	s.queued.Add(1)
@@ -187,8 +192,8 @@ func (s *Sim) vllmLocal(ctx context.Context, q *genRequest) (*answer, func(), *h
 // (a failed NIXL handshake or READ) under kv_load_failure_policy=fail: the
 // request finishes with an error, which the OpenAI server turns into
 // "Internal server error" (500, or an error event once streaming). Under
-// the default policy, recompute, the decode would compute the prompt itself
-// and hide the failure; the simulator models the policy that shows it.
+// kv_load_failure_policy=recompute the decode would compute the prompt
+// itself and hide the failure: FaultRecompute.
 func kvLoadFailed(cause error) *httpError {
 	return abortErr(pdproto.VLLMGenerationError, cause)
 }

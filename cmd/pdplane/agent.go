@@ -39,6 +39,11 @@ func runAgent(ctx context.Context, args []string) error {
 	var probe agent.ProbeConfig
 	fs.dur(&probe.Interval, "probe-interval", 0, "time between probes of the engine's /health and load; 0 follows the heartbeat interval")
 	fs.dur(&probe.Timeout, "probe-timeout", agent.DefaultProbeTimeout, "time limit of each probe request to the engine")
+	var recomputePercent int
+	fs.dur(&probe.RecomputeWindow, "recompute-window", agent.DefaultRecomputeWindow,
+		"a vLLM decode's prompt tokens are judged over this window: computed rather than loaded by KV transfer past --recompute-percent, it is reported")
+	fs.int(&recomputePercent, "recompute-percent", int(100*agent.DefaultRecomputeThreshold),
+		"share of a vLLM decode's prompt tokens it may recompute over --recompute-window before its agent reports it (1 to 99)")
 	fs.str(&engineKind, "engine", "", "without --spec: sglang or vllm, registered from what the engine publishes "+
 		"(SGLang /server_info, /get_model_info, /v1/models; vLLM /v1/models, /metrics, /version); NIXL agents and KV regions stay unknown")
 	fs.str(&pub.ModelDir, "model-dir", "", "without --spec: local model directory or Hugging Face cache snapshot whose config.json "+
@@ -54,6 +59,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if err := fs.parse(args); err != nil {
 		return err
 	}
+	probe.RecomputeThreshold = float64(recomputePercent) / 100
 	heal, healAlias, err := parseHeal(healSpec, &eng)
 	if err != nil {
 		return err

@@ -84,7 +84,7 @@ func VLLMCases() []Case {
 		{Name: "metrics", Role: "decode", Method: http.MethodGet, Path: "/metrics", Metrics: []string{
 			"vllm:cache_config_info", "process_start_time_seconds",
 			"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-			"vllm:prompt_tokens_by_source", "vllm:nixl_num_failed_transfers",
+			"vllm:prompt_tokens_by_source", "vllm:request_success", "vllm:nixl_num_failed_transfers",
 		}},
 		{Name: "prefill-completion", Role: "prefill", Method: http.MethodPost, Path: "/v1/completions",
 			Body: VLLMPrefillBody(completion(false, "the prefill engine sends the decode a block"))},
