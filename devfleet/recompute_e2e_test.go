@@ -14,6 +14,7 @@ import (
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/replica"
 	"github.com/pdplane/pdplane/sim"
+	"github.com/pdplane/pdplane/sim/simtest"
 )
 
 // TestSilentRecomputeIsReported: a vLLM decode that computes the prompts
@@ -49,7 +50,7 @@ func TestSilentRecomputeIsReported(t *testing.T) {
 	send(10)
 	// Two probes after the traffic, the decode's counters have it all.
 	after := probes()
-	waitFor(t, "two probes of the decode", func() bool { return probes() >= after+2 })
+	simtest.WaitFor(t, "two probes of the decode", func() bool { return probes() >= after+2 })
 	st := dec.Agent().EngineStatus()
 	if st.Recompute.Prompt < 10*10 || st.Recompute.Recomputed != 0 || st.Recomputing {
 		t.Fatalf("healthy PD traffic reads as %+v (recomputing %v): want its prompt tokens, none recomputed", st.Recompute, st.Recomputing)
@@ -89,15 +90,4 @@ func TestSilentRecomputeIsReported(t *testing.T) {
 		p := peerByName(s, "decode-0")
 		return p != nil && p.State == registry.StateReady && p.Generation > d0.Generation
 	})
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

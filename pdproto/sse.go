@@ -38,13 +38,8 @@ func NextEvent(b []byte) (event, rest []byte, complete bool) {
 // or nil when it has none.
 func EventData(event []byte) []byte {
 	for len(event) > 0 {
-		line := event
-		if nl := bytes.IndexByte(event, '\n'); nl >= 0 {
-			line, event = event[:nl], event[nl+1:]
-		} else {
-			event = nil
-		}
-		line = bytes.TrimRight(line, "\r")
+		var line []byte
+		line, event = nextLine(event)
 		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
 			return bytes.TrimSpace(d)
 		}
@@ -79,13 +74,8 @@ func CheckStreamStart(contentType string, first []byte, complete bool) error {
 // defines, whose data is JSON or [DONE].
 func CheckEvent(event []byte) error {
 	for len(event) > 0 {
-		line := event
-		if nl := bytes.IndexByte(event, '\n'); nl >= 0 {
-			line, event = event[:nl], event[nl+1:]
-		} else {
-			event = nil
-		}
-		line = bytes.TrimRight(line, "\r")
+		var line []byte
+		line, event = nextLine(event)
 		switch {
 		case len(line) == 0, line[0] == ':':
 		case bytes.HasPrefix(line, []byte("data:")):
@@ -123,4 +113,13 @@ func CheckUnary(contentType string, body []byte, complete bool) error {
 func mediaType(contentType, want string) bool {
 	mt, _, _ := strings.Cut(contentType, ";")
 	return strings.EqualFold(strings.TrimSpace(mt), want)
+}
+
+// nextLine splits b's first line, without its line ending, from the rest.
+func nextLine(b []byte) (line, rest []byte) {
+	line = b
+	if nl := bytes.IndexByte(b, '\n'); nl >= 0 {
+		line, rest = b[:nl], b[nl+1:]
+	}
+	return bytes.TrimRight(line, "\r"), rest
 }
