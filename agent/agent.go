@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -150,7 +151,8 @@ type Agent struct {
 	cps *controlPlanes
 	log zerolog.Logger
 
-	probe *EngineProbe // nil when probing is disabled
+	probe     *EngineProbe // nil when probing is disabled
+	reporting atomic.Bool  // a report of a recomputing decode is on its way
 
 	mu         sync.Mutex
 	peer       api.Peer
@@ -394,24 +396,36 @@ func (a *Agent) Run(ctx context.Context) error {
 // its prefills sent (recompute.go), as a failed transfer the decode
 // reports of itself, the way a vLLM decode's failed KV load is reported:
 // the registry's rule for those takes it from there (the decode stale,
-// re-registered with fresh NIXL agents). It runs after each probe; the
-// window starts afresh after a report, so a second one needs new evidence.
+// re-registered with fresh NIXL agents). It runs after each probe and
+// sends the report in the background, one at a time, so that a slow
+// control plane never holds the probes; once a report is taken, the window
+// starts afresh and a second one needs new evidence.
 func (a *Agent) reportRecompute(ctx context.Context, st EngineStatus) {
 	p := a.Peer()
 	// A peer that prefills as well computes prompts by rights.
-	if !st.Recomputing || registry.Role(p.Role) != registry.RoleDecode {
+	if !st.Recomputing || registry.Role(p.Role) != registry.RoleDecode || !a.reporting.CompareAndSwap(false, true) {
 		return
 	}
-	a.probe.forgetRecompute()
 	r := TransferReport{DecodeID: p.Id, Reason: RecomputeReason, Error: st.Recompute.String()}
 	if ranks := apiconv.Deref(p.Ranks); len(ranks) == 1 {
 		r.DecodeAgent = ranks[0].AgentName
 	}
 	a.log.Warn().Str("recompute", r.Error).Msg("the decode recomputes KV its prefills sent; reporting it")
-	if err := a.ReportTransferFailure(ctx, r); err != nil {
-		a.log.Warn().Err(err).Msg("report the recomputing decode")
-	}
+	go func() {
+		defer a.reporting.Store(false)
+		rctx, cancel := context.WithTimeout(ctx, recomputeReportTimeout)
+		defer cancel()
+		if err := a.ReportTransferFailure(rctx, r); err != nil {
+			a.log.Warn().Err(err).Msg("report the recomputing decode; the next probe tries again")
+			return
+		}
+		a.probe.forgetRecompute()
+	}()
 }
+
+// recomputeReportTimeout bounds one report of a recomputing decode, over
+// every control-plane replica.
+const recomputeReportTimeout = 10 * time.Second
 
 // watchRestarts asks an engine that can tell (a restartWatcher) whether it
 // restarted since the instance the agent registered, once a heartbeat

@@ -215,8 +215,7 @@ func (p *EngineProbe) Probe(ctx context.Context, url string, engine registry.Eng
 	p.st.Load = load
 	if sources != nil {
 		p.st.Recompute = p.recompute.add(time.Now(), *sources)
-		p.st.Recomputing = p.st.Recompute.Recomputed > 0 && p.st.Recompute.Prompt >= int64(p.cfg.RecomputeMinTokens) &&
-			p.st.Recompute.Fraction() > p.cfg.RecomputeThreshold
+		p.st.Recomputing = p.st.Recompute.Prompt >= int64(p.cfg.RecomputeMinTokens) && p.st.Recompute.Fraction() > p.cfg.RecomputeThreshold
 	}
 	if herr != nil {
 		p.fails, p.oks = p.fails+1, 0
@@ -410,7 +409,8 @@ const (
 )
 
 // parseVLLMMetrics reads the load and, where the engine has them (vLLM
-// 0.11 and later), the prompt-token counters.
+// 0.32 does; an engine without them is not judged), the prompt-token
+// counters.
 func parseVLLMMetrics(r io.Reader) (registry.Load, *promptSources, error) {
 	parser := expfmt.NewTextParser(model.LegacyValidation)
 	fams, err := parser.TextToMetricFamilies(r)

@@ -7,13 +7,20 @@ import (
 
 // A vLLM decode that cannot load a prompt's KV from its prefill computes
 // the prompt itself when its operator chose kv_load_failure_policy=
-// recompute (v1/core/sched/scheduler.py recompute_kv_load_failures): the
-// client gets its answer, later, and only the decode's counters tell. vLLM
-// counts prompt tokens by where they came from (v1/metrics/stats.py
-// PromptTokenStats: local_compute, local_cache_hit, external_kv_transfer).
-// Of a PD request a decode computes at most the prompt's last token (a
-// real one computed none of 386 in realengine's TestVLLM), so what it
-// computed beyond one token per request it served was recomputed KV.
+// recompute: the client gets its answer, later, and only the decode's
+// counters tell. In vLLM 0.32, v1/core/sched/scheduler.py
+// _handle_failed_recving sets such a request's num_computed_tokens to 0
+// (and _update_requests_with_invalid_blocks truncates it at the first bad
+// block), and v1/metrics/stats.py counts a prompt's tokens by where they
+// came from: PrefillStats computed = prompt − cached, summed by
+// PromptTokenStats into source="local_compute", the loaded ones into
+// "external_kv_transfer". Of a PD request whose load succeeded the decode
+// computes at most the prompt's last token (_update_waiting_for_remote_kv
+// sets num_computed_tokens to num_tokens − 1 on a full hit; a real decode
+// computed none of 386 in realengine's TestVLLM), so what it computed
+// beyond one token per request it served was recomputed KV. The figures
+// are per decode: they cannot say which prefill's loads failed, so the
+// report names the decode.
 
 // Recompute defaults: a decode recomputing more than 5 % of its prompt
 // tokens over 30 s is flagged, once it took in at least 64 prompt tokens in

@@ -86,7 +86,7 @@ func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 		}
 	}
 	if s.Role == "" {
-		switch deref(info.DisaggregationMode) {
+		switch apiconv.Deref(info.DisaggregationMode) {
 		case "prefill":
 			s.Role = registry.RolePrefill
 		case "decode":
@@ -99,10 +99,10 @@ func (e *SpecFileEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 	if s.Role.Prefills() {
 		fill("bootstrap_port", &s.BootstrapPort, info.DisaggregationBootstrapPort)
 	}
-	fill("parallelism.tp_size", &s.Parallelism.TPSize, deref(info.TPSize))
+	fill("parallelism.tp_size", &s.Parallelism.TPSize, apiconv.Deref(info.TPSize))
 	fill("parallelism.dp_size", &s.Parallelism.DPSize, info.DPSize)
 	fill("parallelism.pp_size", &s.Parallelism.PPSize, info.PPSize)
-	fill("kv.page_size", &s.KV.PageSize, deref(info.PageSize))
+	fill("kv.page_size", &s.KV.PageSize, apiconv.Deref(info.PageSize))
 	if s.KV.DType == "" && info.KVCacheDType != "" && info.KVCacheDType != "auto" {
 		s.KV.DType = info.KVCacheDType
 		observed("kv.dtype")
@@ -153,14 +153,4 @@ func (e *SpecFileEngine) Reregister(ctx context.Context, reason string) error {
 		return fmt.Errorf("run re-register command: %w", err)
 	}
 	return nil
-}
-
-// deref is *p, or the zero value when p is nil (a field the engine did not
-// send).
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

@@ -59,6 +59,9 @@ func runAgent(ctx context.Context, args []string) error {
 	if err := fs.parse(args); err != nil {
 		return err
 	}
+	if recomputePercent < 1 || recomputePercent > 99 {
+		return usageErrorf("invalid value %d for --recompute-percent: want 1 to 99", recomputePercent)
+	}
 	probe.RecomputeThreshold = float64(recomputePercent) / 100
 	heal, healAlias, err := parseHeal(healSpec, &eng)
 	if err != nil {
