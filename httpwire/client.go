@@ -198,7 +198,7 @@ func (t *Transport) Post(ctx context.Context, addr string, head, body []byte) (*
 // answer's Request); nil is a POST.
 func (t *Transport) send(ctx context.Context, addr string, head, body []byte, req *http.Request) (*http.Response, error) {
 	for try := 0; ; try++ {
-		uc, err := t.get(ctx, addr)
+		uc, err := t.get(ctx, addr, try == 0)
 		if err != nil {
 			return nil, withCtxErr(ctx, err)
 		}
@@ -208,7 +208,8 @@ func (t *Transport) send(ctx context.Context, addr string, head, body []byte, re
 		}
 		uc.c.Close()
 		// An engine that closed an idle connection as it was taken: send
-		// again, once, on a new one (RFC 9112 §9.3.1). Once any byte of an
+		// again, once, on a connection dialled for it (RFC 9112 §9.3.1): another
+		// pooled one may be just as stale. Once any byte of an
 		// answer came, the request is not sent again.
 		var nr *nothingReceivedError
 		if uc.reused && try == 0 && ctx.Err() == nil && errors.As(err, &nr) {
@@ -292,10 +293,11 @@ func (uc *upConn) writeInWaitFunc(uintptr) bool {
 	return uc.writeErr != nil
 }
 
-// get returns an idle connection to addr that is still open, or a new one.
-func (t *Transport) get(ctx context.Context, addr string) (*upConn, error) {
+// get returns an idle connection to addr that is still open, when pooled
+// ones may serve, or a new one.
+func (t *Transport) get(ctx context.Context, addr string, pooled bool) (*upConn, error) {
 	now := time.Now()
-	for {
+	for pooled {
 		t.mu.Lock()
 		list := t.idle[addr]
 		if len(list) == 0 {

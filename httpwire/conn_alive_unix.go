@@ -45,7 +45,10 @@ func isConnReset(err error) bool {
 }
 
 // Refused reports an engine that refused a connection or reset it before
-// answering: nothing serves there now.
+// any byte of an answer (on a fresh connection too: see Transport.send):
+// nothing serves there now. A reset after an answer began is one request's
+// failure, not this.
 func Refused(err error) bool {
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
+	var nr *nothingReceivedError
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &nr) && errors.Is(nr.err, syscall.ECONNRESET)
 }

@@ -241,7 +241,7 @@ func TestUpstreamTransportPeeksOnlyAtConnectionsIdleAWhile(t *testing.T) {
 		tr.mu.Unlock()
 		srv.CloseClientConnections()
 		waitFor(t, "the engine's close to reach the pooled connection", func() bool { return !connAlive(pooled.c) })
-		uc, err := tr.get(context.Background(), addr)
+		uc, err := tr.get(context.Background(), addr, true)
 		if err != nil {
 			t.Fatal(err)
 		}
