@@ -58,16 +58,22 @@ func IsDone(data []byte) bool { return string(data) == "[DONE]" }
 // for none) fails the attempt, which another pair may serve, instead of
 // reaching the client as an answer.
 
-// CheckStreamStart checks a streamed answer's media type and its first
-// event, complete.
-func CheckStreamStart(contentType string, first []byte, complete bool) error {
+// CheckStreamStart checks a streamed answer's media type and, in start
+// (its first bytes; ended: all of them), its first event. A first event
+// longer than what the router holds back is not judged: it is relayed as
+// it comes (a long prompt's logprobs may fill one).
+func CheckStreamStart(contentType string, start []byte, ended bool) error {
 	if !mediaType(contentType, "text/event-stream") {
 		return fmt.Errorf("a streamed answer of type %q, want text/event-stream", contentType)
 	}
-	if !complete {
-		return fmt.Errorf("a stream that ended before its first event (%d bytes)", len(first))
+	first, _, complete := NextEvent(start)
+	switch {
+	case complete:
+		return CheckEvent(first)
+	case ended:
+		return fmt.Errorf("a stream that ended before its first event (%d bytes)", len(start))
 	}
-	return CheckEvent(first)
+	return nil
 }
 
 // CheckEvent checks one event's lines: empty, a comment, or a field SSE

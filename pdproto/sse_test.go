@@ -1,6 +1,9 @@
 package pdproto
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestNextEvent(t *testing.T) {
 	t.Parallel()
@@ -73,8 +76,7 @@ func TestAnswerChecks(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
 			if tc.stream {
-				ev, _, complete := NextEvent([]byte(tc.body))
-				err = CheckStreamStart(tc.ctype, ev, complete && tc.complete)
+				err = CheckStreamStart(tc.ctype, []byte(tc.body), true) // the stream ended there
 			} else {
 				err = CheckUnary(tc.ctype, []byte(tc.body), tc.complete)
 			}
@@ -82,5 +84,19 @@ func TestAnswerChecks(t *testing.T) {
 				t.Fatalf("err = %v, want ok %v", err, tc.ok)
 			}
 		})
+	}
+}
+
+// TestLongFirstEventIsNotJudged: a first event longer than the router holds
+// back (a long prompt's logprobs) is relayed as it comes, not failed as a
+// stream that never began.
+func TestLongFirstEventIsNotJudged(t *testing.T) {
+	t.Parallel()
+	start := []byte(`data: {"meta_info":{"input_token_logprobs":[` + strings.Repeat("[-0.5,17,null],", 5000))
+	if err := CheckStreamStart("text/event-stream", start, false); err != nil {
+		t.Fatalf("the start of a long first event: %v", err)
+	}
+	if err := CheckStreamStart("text/event-stream", start, true); err == nil {
+		t.Fatal("a stream that ended inside its first event passed")
 	}
 }

@@ -271,11 +271,9 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 		}
 		res, _ := waitPrefill()
 		out := all
-		if pre, err := prefillLogprobs(res.body); err == nil {
-			if _, err := scanTopValue(all); err == nil {
-				if m, err := mergeInputLogprobs(pre, all); err == nil {
-					out = m
-				}
+		if pre, err := prefillLogprobs(res.body); err == nil { // all is valid JSON: CheckUnary
+			if m, err := mergeInputLogprobs(pre, all); err == nil {
+				out = m
 			}
 		}
 		d.commit(resp, len(out))
@@ -290,9 +288,8 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 			limit = int(min(rt.cfg.MaxResponseBytes, 1<<30))
 		}
 		acc, rerr := d.readFirstEvent(resp.Body, buf, limit)
-		firstEv, _, complete := pdproto.NextEvent(acc)
 		if rerr == nil || errors.Is(rerr, io.EOF) {
-			if err := pdproto.CheckStreamStart(resp.Header.Get("Content-Type"), firstEv, complete); err != nil {
+			if err := pdproto.CheckStreamStart(resp.Header.Get("Content-Type"), acc, rerr != nil); err != nil {
 				// Garbage, or no stream at all: the decode's own failure,
 				// judged without waiting for the prefill, and nothing of
 				// it reaches the client.
