@@ -73,7 +73,8 @@ func (c Class) String() string {
 }
 
 // Blame is whom a failure counts against: what a retry of the request
-// avoids, and whose breaker counts it.
+// avoids. (The router's breakers count the same peer or pair, except for
+// an overload: a busy engine is not a broken one.)
 type Blame uint8
 
 // Blames.

@@ -136,13 +136,16 @@ func (b *breaker) release(probe bool) {
 	b.mu.Unlock()
 }
 
-// forceOpen opens the breaker at once, for a pair known to fail.
-func (b *breaker) forceOpen(now time.Time) {
+// forceOpen opens the breaker at once, for a peer or pair known to fail,
+// ending any probe; it reports whether the breaker was not open before.
+func (b *breaker) forceOpen(now time.Time) (opened bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.probing = false
 	b.openedAt = now
+	opened = breakerState(b.state.Load()) != breakerOpen
 	b.setLocked(breakerOpen)
+	return opened
 }
 
 // reset closes the breaker, for a peer that re-registered.

@@ -76,7 +76,7 @@ const (
 	failProtocol                        // the engine's answer was unusable: 502, breaker failure
 	failOverload                        // 429, or 503 with Retry-After: another pair, no breaker failure
 	failUpstream4xx                     // the engine refused the request: passed on, no retry
-	failMemKind                         // the prefill could not send KV to the decode: stale mark, retry
+	failMemKind                         // the prefill could not send KV to the decode: pair breaker open, report, retry
 	failPair                            // the pair could not move KV (or the decode never answered after a good prefill): pair breaker, retry
 	failClientGone                      // the client left: 499 in logs
 	failUnsupported                     // the route does not exist in the engine's protocol
@@ -494,11 +494,11 @@ func (rt *Router) settle(pr *pair, f *failure) {
 		}
 		return
 	}
-	switch f.kind {
-	case failOverload, failClientGone, failUnsupported:
+	switch {
+	case f.kind == failOverload || f.kind == failClientGone || f.kind == failUnsupported:
 		pr.release()
 		return
-	case failMemKind, failPair:
+	case f.blame() == pdproto.BlamePair:
 		// The pair cannot transfer; neither peer is down.
 		pr.p.state.breaker.release(pr.pProbe)
 		pr.d.state.breaker.release(pr.dProbe)
@@ -511,10 +511,10 @@ func (rt *Router) settle(pr *pair, f *failure) {
 			// Nothing listens there, or it reset the connection before
 			// any answer: no other request should try it before the
 			// cool-down, nor wait for the threshold's worth of failures.
-			culprit.state.breaker.release(culpritProbe)
-			culprit.state.breaker.forceOpen(now)
-			rt.log.Warn().Str(logLeg, f.leg.String()).Str("peer", culprit.peer.Name).Err(f.err).
-				Msg("peer circuit breaker opened: the engine refused the connection")
+			if culprit.state.breaker.forceOpen(now) {
+				rt.log.Warn().Str(logLeg, f.leg.String()).Str("peer", culprit.peer.Name).Err(f.err).
+					Msg("peer circuit breaker opened: the engine refused the connection")
+			}
 		} else if culprit.state.breaker.failure(culpritProbe, rt.cfg.BreakerFailures, now) {
 			rt.log.Warn().Str(logLeg, f.leg.String()).Str("peer", culprit.peer.Name).Str(logFailure, f.kind.String()).
 				Msg("peer circuit breaker opened")
@@ -528,8 +528,7 @@ func (rt *Router) settle(pr *pair, f *failure) {
 	if f.kind == failMemKind {
 		// SGLang's broken registration fails every transfer of the pair
 		// until the decode re-registers (which resets the breaker).
-		b.release(pr.pairProbe)
-		b.forceOpen(now)
+		b.forceOpen(now) // ends any probe it held
 		return
 	}
 	b.failure(pr.pairProbe, rt.cfg.BreakerFailures, now)
