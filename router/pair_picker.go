@@ -294,7 +294,8 @@ func (rt *Router) buildView(s *replica.Snapshot) *view {
 	if old != nil {
 		last = old.refs
 	}
-	known, renamed := 0, false
+	known, renamed, peersMoved := 0, false, false
+	var regenerated map[string]bool // peers at a new generation: their pairs start afresh
 	for i, p := range peers {
 		var st *peerState
 		if r := last[p]; r != nil {
@@ -311,7 +312,10 @@ func (rt *Router) buildView(s *replica.Snapshot) *view {
 				// restart): forget what the old one and its pairs did
 				// wrong.
 				st.breaker.reset()
-				rt.pairs.resetPeer(p.ID)
+				if regenerated == nil {
+					regenerated = map[string]bool{}
+				}
+				regenerated[p.ID] = true
 			}
 			if seen {
 				known++
@@ -343,6 +347,10 @@ func (rt *Router) buildView(s *replica.Snapshot) *view {
 		}
 		b.states = v.byID
 		rt.forgetGonePeers(b, peers)
+		peersMoved = true
+	}
+	if peersMoved || len(regenerated) > 0 {
+		rt.pairs.resetOrForget(regenerated, v.byID)
 	}
 	if old != nil {
 		rt.pairs.resetLifted(old.snap, s)
@@ -971,12 +979,20 @@ func (pb *pairBreakers) getOrCreate(prefillID, decodeID string) *breaker {
 	return b.(*breaker)
 }
 
-// resetPeer closes the breakers of the pairs of peer id: it re-registered,
-// and its pairs start afresh with it.
-func (pb *pairBreakers) resetPeer(id string) {
+// resetOrForget closes the breakers of the pairs of the peers in
+// regenerated (each re-registered: its pairs start afresh with it) and
+// drops those of a peer no longer in live, in one pass.
+func (pb *pairBreakers) resetOrForget(regenerated map[string]bool, live map[string]*peerState) {
 	pb.m.Range(func(k, b any) bool {
-		if pk := k.(pairKey); pk.prefill == id || pk.decode == id {
-			b.(*breaker).reset()
+		pk, br := k.(pairKey), b.(*breaker)
+		_, pLive := live[pk.prefill]
+		_, dLive := live[pk.decode]
+		switch {
+		case !pLive || !dLive:
+			br.reset() // keeps notClosed and the gauges right
+			pb.m.Delete(k)
+		case regenerated[pk.prefill] || regenerated[pk.decode]:
+			br.reset()
 		}
 		return true
 	})

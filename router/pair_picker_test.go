@@ -631,3 +631,32 @@ func TestPendingLoadsMatchResolved(t *testing.T) {
 		t.Fatalf("resolved loads: %v, want %v", got, want)
 	}
 }
+
+// TestGonePeersPairBreakersAreDropped: the breaker of a pair whose decode
+// left the registry goes with it, so that no open breaker of a departed
+// peer keeps the pick path looking up pair breakers for good; a pair of a
+// peer at a new generation starts closed.
+func TestGonePeersPairBreakersAreDropped(t *testing.T) {
+	t.Parallel()
+	peers := fleet(4) // prefills 00000, 00002; decodes 00001, 00003
+	rt, snaps := newPickRouter(t, Config{PrefillPolicy: PolicyRoundRobin, DecodePolicy: PolicyRoundRobin}, peers)
+	rt.currentView()
+	rt.pairs.getOrCreate("id-peer-00000", "id-peer-00001").forceOpen(time.Now())
+	rt.pairs.getOrCreate("id-peer-00002", "id-peer-00003").forceOpen(time.Now())
+	if n := rt.pairs.notClosed.Load(); n != 2 {
+		t.Fatalf("%d pair breakers open, want 2", n)
+	}
+	again := peers[3]
+	again.Generation++
+	snaps.Set(peers[0], peers[2], again) // decode 00001 left; 00003 re-registered
+	rt.currentView()
+	if n := rt.pairs.notClosed.Load(); n != 0 {
+		t.Fatalf("%d pair breakers open after the decode left and the other re-registered", n)
+	}
+	if rt.pairs.get("id-peer-00000", "id-peer-00001") != nil {
+		t.Fatal("the breaker of a departed decode's pair is still kept")
+	}
+	if b := rt.pairs.get("id-peer-00002", "id-peer-00003"); b == nil || b.current() != breakerClosed {
+		t.Fatal("the re-registered decode's pair breaker is not kept closed")
+	}
+}
