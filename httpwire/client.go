@@ -454,7 +454,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// await waits for more of a chunked answer without holding a read buffer
+// Await waits for more of a chunked answer without holding a read buffer
 // (see Transport.awaitBytes); other answers are short, and their
 // readers keep the buffer they were given.
 func (b *upBody) Await() {
@@ -464,7 +464,7 @@ func (b *upBody) Await() {
 	}
 }
 
-// awaitFor is await bounded by d, with the read buffer kept: false when
+// AwaitFor is Await bounded by d, with the read buffer kept: false when
 // the engine sent nothing more within d.
 func (b *upBody) AwaitFor(d time.Duration) bool {
 	cb, chunked := b.rc.(*chunkedBody)
@@ -475,7 +475,7 @@ func (b *upBody) AwaitFor(d time.Duration) bool {
 	return b.t.awaitBytesFor(b.uc, d)
 }
 
-// ready reports whether the next Read returns data without waiting on the
+// Ready reports whether the next Read returns data without waiting on the
 // engine: bytes of the body that already arrived. A relay flushes to the
 // client only when nothing is ready, so that events that arrived together
 // leave in one write, and none is held back waiting for the next.
@@ -494,7 +494,7 @@ func (b *upBody) Ready() bool {
 	return false
 }
 
-// atEnd reports whether the next Read returns io.EOF without reading the
+// AtEnd reports whether the next Read returns io.EOF without reading the
 // connection: the answer is over, or all that is left of it (a chunked
 // answer's last chunk, without trailers) is buffered.
 func (b *upBody) AtEnd() bool {

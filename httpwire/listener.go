@@ -11,7 +11,7 @@ import (
 // Listener wraps the server's listener so that a connection the router
 // took over can be handed back to the server after its stream: Accept
 // returns both new connections and handed-back ones. Serve the router's
-// server on it (http.Server.Serve(router.NewListener(ln, idle))); without
+// server on it (http.Server.Serve(httpwire.NewListener(ln, idle))); without
 // it a taken-over connection is closed at the end of its stream.
 type Listener struct {
 	net.Listener

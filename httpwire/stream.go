@@ -81,7 +81,7 @@ func (tc *Stream) onReadable(data bool) {
 	}
 }
 
-// write sends b to the client as one chunk of the answer.
+// Write sends b to the client as one chunk of the answer.
 func (tc *Stream) Write(b []byte) error {
 	hdr := strconv.AppendInt(tc.hdr[:0], int64(len(b)), 16)
 	hdr = append(hdr, '\r', '\n')
@@ -92,7 +92,7 @@ func (tc *Stream) Write(b []byte) error {
 	return err
 }
 
-// end finishes the stream: complete (the chunked terminator is sent and
+// End finishes the stream: complete (the chunked terminator is sent and
 // the connection waits for the client's next request, when it may) or cut
 // (the connection is closed, so that the client cannot take the answer
 // for complete).
@@ -182,7 +182,7 @@ type Streams struct {
 	count InFlight // len(conns), and when it is 0
 }
 
-// Add counts s.
+// Add counts tc.
 func (t *Streams) Add(tc *Stream) {
 	t.mu.Lock()
 	if t.conns == nil {
@@ -195,7 +195,7 @@ func (t *Streams) Add(tc *Stream) {
 	t.mu.Unlock()
 }
 
-// Remove stops counting s.
+// Remove stops counting tc.
 func (t *Streams) Remove(tc *Stream) {
 	t.mu.Lock()
 	if _, ok := t.conns[tc]; ok {

@@ -139,9 +139,9 @@ func (w *Watcher) stopped() bool {
 	return w.closed
 }
 
-// stop ends the loop. Streams still watched are left to their owners
-// (the router cuts them first: Streams.CutAll); connections parked between requests are
-// closed, as nothing would hand them back or expire them any more.
+// Stop ends the loop. Streams still watched are left to their owners
+// (the router cuts them first: Streams.CutAll); connections parked
+// between requests are closed, as nothing would hand them back or expire them any more.
 func (w *Watcher) Stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -16,19 +16,17 @@
 //     about each upstream failure. Recognising the failure (a status body,
 //     an OpenAI error event, a /generate abort event, on either leg) is
 //     pdproto's; the router acts on its class: SGLang's "Missing NIXL
-//     destination KV memory kind" skips the decode here and is reported to
-//     the registry, whose rule marks the decode stale (or quarantines a
-//     pair that fails that way again after the decode re-registered), other
+//     destination KV memory kind" opens that pair's breaker at once (the
+//     retry takes the decode with another prefill) and is reported to the
+//     registry, whose rule marks the decode stale (or quarantines a pair
+//     that fails that way again after the decode re-registered); other
 //     transfer failures and vLLM's NIXL failures count against the pair;
 //   - the client's side of a slow stream: one whose decode stays silent
 //     for 100 ms leaves net/http's connection (takeover.go), so that a
 //     held stream costs the router ~20 KiB instead of ~45; serve the
-//     router's server on its Listener to keep such connections alive
-//     after their stream;
-//   - with Listener.Front, the reading and answering of generation
-//     requests without net/http's server (front.go): a plain POST of
-//     HTTP/1.1 (or GET of the model list) is parsed by the Listener and run
-//     through the server's handler, anything else goes to net/http.
+//     router's server on an httpwire.Listener to keep such connections
+//     alive after their stream (with its Front, httpwire reads plain
+//     HTTP/1.1 generation requests without net/http's server).
 //
 // With Config.TracerProvider set it traces each routed request: a server
 // span (continuing the client's W3C traceparent), a span per attempt on a

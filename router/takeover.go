@@ -27,7 +27,7 @@ import (
 
 // takeover takes the client's connection off net/http: see the top of this
 // file. It is called only on the dispatch's own goroutine (d.hop set, which
-// serve does only once there is a watcher); false leaves the stream on
+// serve does only with a watcher and takeover enabled); false leaves the stream on
 // net/http (the connection cannot be hijacked).
 func (d *dispatch) takeover() bool {
 	// From the hijack on, the request's context is the router's:
