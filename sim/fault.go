@@ -65,7 +65,8 @@ const (
 	// FaultHang: a wedged engine. It accepts every connection and request,
 	// /health included, and never answers; a request ends only when its
 	// client leaves (or the fault is lifted: then the connection is closed
-	// unanswered). Only POST /_sim/fault still answers.
+	// unanswered). Only POST /_sim/fault, and an SGLang prefill's
+	// bootstrap server (a process of its own in SGLang), still answer.
 	FaultHang Fault = "hang"
 	// FaultGarbage: every generation request is answered 200 with bytes
 	// that are neither JSON nor SSE (Content-Type text/plain), streamed or

@@ -100,7 +100,7 @@ func (s *Sim) handleGen(rt route) http.HandlerFunc {
 			s.fail(ctx, w, nil, badRequestErr(err))
 			return
 		}
-		if id := r.Header.Get("X-Request-Id"); id != "" {
+		if id := r.Header.Get(pdproto.RequestIDHeader); id != "" {
 			q.rid = id
 		} else if q.rid == "" {
 			q.rid = s.nextID()

@@ -53,7 +53,7 @@ func newFlagSet(name string) *flagSet {
 }
 
 // envName is the variable a flag reads: PDPLANE_ and its name in capitals,
-// dashes as underscores. A shorthand reads its long flag's variable.
+// dashes as underscores.
 func envName(flagName string) string {
 	return "PDPLANE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }

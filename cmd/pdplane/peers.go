@@ -56,8 +56,12 @@ func peersGroup(out io.Writer) *group {
 			},
 			run: func(ctx context.Context, c *client, args []string) error {
 				peer := args[0]
-				if id, ok := registry.CredentialPeerID(c.token); ok && peer == "self" {
-					peer = id // the peer whose credential this is (--credential-file)
+				if peer == "self" {
+					id, ok := registry.CredentialPeerID(c.token)
+					if !ok {
+						return usageErrorf("peers drain self: the token is not a peer's credential (give --credential-file)")
+					}
+					peer = id // the peer whose credential this is
 				}
 				p, err := c.resolvePeer(ctx, peer)
 				if err != nil {
