@@ -121,13 +121,16 @@ func (s *Store) writeHealSteps(ctx context.Context, tx pgx.Tx, steps []healStep,
 // within the sweep's transaction. Only plans that can move are read and
 // locked: a hold is over only for a peer that holds a lease
 // (registry.HoldsLease), so the plan a failed peer keeps until it comes
-// back is not locked again by every sweep. It returns the IDs of the peers
-// it changed and the peers it made stale, as writeHealSteps does.
+// back is not locked again by every sweep. A row another transaction
+// holds is skipped, as ExpireLeases skips it: the sweep, which holds the
+// sweeper's lock, does not stall on it, and the next sweep looks again. It
+// returns the IDs of the peers it changed and the peers it made stale, as
+// writeHealSteps does.
 func (s *Store) expireHeals(ctx context.Context, tx pgx.Tx, now time.Time) (ids []string, stale []registry.Peer, err error) {
 	rows, err := tx.Query(ctx, `SELECT id::text, name, generation, state, state_reason, heal FROM peers
 		WHERE (state = 'stale' AND heal ->> 'phase' = 'verifying')
 			OR (heal ->> 'phase' = 'quarantined' AND state IN `+holdsLeaseStates+`)
-		ORDER BY id FOR NO KEY UPDATE`)
+		ORDER BY id FOR NO KEY UPDATE SKIP LOCKED`)
 	if err != nil {
 		return nil, nil, err
 	}

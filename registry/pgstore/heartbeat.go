@@ -14,9 +14,12 @@ import (
 	"github.com/pdplane/pdplane/registry"
 )
 
-// heartbeatBatcher gathers concurrent heartbeats and writes each batch with
-// one UPDATE over unnest()ed arrays, so 10,000 peers heartbeating every two
-// seconds cost a handful of statements a second instead of 5,000. One
+// heartbeatBatcher gathers concurrent heartbeats and writes each batch in
+// one transaction: one SELECT that locks the batch's rows and one UPDATE
+// over unnest()ed arrays that writes them, their events in the same
+// statement (the rare heal steps and change notifications add their own),
+// so 10,000 peers heartbeating every two seconds cost a handful of
+// statements a second instead of 5,000. One
 // goroutine (gather) fills one batch at a time and hands it to the first
 // free of HeartbeatWriters writers; while every writer is busy the batch
 // keeps growing, so a busy database gets fewer, larger statements.
@@ -36,6 +39,9 @@ type heartbeatBatcher struct {
 const lockedRowWriters = 2
 
 type hbRequest struct {
+	// ctx is the caller's: a heartbeat it abandoned while waiting for a
+	// held row (waitLocked) stops waiting.
+	ctx   context.Context
 	hb    registry.Heartbeat
 	reply registry.HeartbeatReply
 	err   error
@@ -57,7 +63,7 @@ func (s *Store) Heartbeat(ctx context.Context, hb registry.Heartbeat) (registry.
 }
 
 func (s *Store) joinBatch(ctx context.Context, hb registry.Heartbeat) (registry.HeartbeatReply, error) {
-	req := &hbRequest{hb: hb, done: make(chan struct{})}
+	req := &hbRequest{ctx: ctx, hb: hb, done: make(chan struct{})}
 	select {
 	case s.hb.in <- req:
 	case <-ctx.Done():
@@ -162,41 +168,57 @@ func (b *heartbeatBatcher) drain(held []*hbRequest, err error) {
 // refuses the batch statement, one row may be to blame and must not fail the
 // others: each heartbeat is then written alone and gets its own answer. A
 // row that another transaction holds (an operator's, a long stale mark's)
-// is skipped by the batch, so that the others are answered at once, and
-// written alone, waiting for its row (waitLocked).
+// is skipped, by the batch and by the writes of one row alike, so that the
+// others are answered at once, and written alone, waiting for its row
+// (waitLocked).
 func (b *heartbeatBatcher) flush(ctx context.Context, batch []*hbRequest) {
-	replies, err := b.s.writeHeartbeats(ctx, batch, true)
+	replies, held, err := b.s.writeHeartbeats(ctx, batch, true)
 	if err != nil && len(batch) > 1 && rowMayBeToBlame(err) {
 		b.s.log.Warn().Err(err).Int("heartbeats", len(batch)).Msg("heartbeat batch refused; writing its rows one by one")
 		for _, r := range batch {
-			replies, err := b.s.writeHeartbeats(ctx, []*hbRequest{r}, false)
-			answer(r, replies, err)
+			replies, held, err := b.s.writeHeartbeats(ctx, []*hbRequest{r}, true)
+			b.settle(ctx, r, replies, held, err)
 		}
 		return
 	}
 	for _, r := range batch {
-		if _, written := replies[r.hb.PeerID]; err == nil && !written && registry.IsPeerID(r.hb.PeerID) {
-			go b.waitLocked(ctx, r) // held by another transaction, or no such peer
-			continue
-		}
-		answer(r, replies, err)
+		b.settle(ctx, r, replies, held, err)
 	}
 }
 
-// waitLocked writes a heartbeat whose row the batch found held by another
-// transaction, waiting for the row (at most one lease: past it the agent
-// tries again), and answers it. While it waits the lease sweeper, which
-// skips held rows, cannot expire the peer, and once the row is free the
-// heartbeat, queued for it first, extends the lease.
+// settle answers r from a write that skipped held rows, or hands it to
+// waitLocked when another transaction held its row.
+func (b *heartbeatBatcher) settle(ctx context.Context, r *hbRequest, replies map[string]registry.HeartbeatReply, held map[string]bool, err error) {
+	if err == nil && held[r.hb.PeerID] {
+		go b.waitLocked(ctx, r)
+		return
+	}
+	answer(r, replies, err)
+}
+
+// waitLocked writes a heartbeat whose row another transaction held,
+// waiting for the row (at most one lease: past it the agent tries again),
+// and answers it. It waits, for one of the lockedRowWriters slots and then
+// for the row, only while both its caller and the store (ctx) do, so a
+// heartbeat the agent abandoned (it tries again after two seconds) drops
+// out instead of taking a slot. While its statement waits for the row, the
+// row is held and the lease sweeper, which skips held rows, cannot expire
+// the peer; once the row is free the heartbeat, already waiting for it,
+// extends the lease. While it waits for a slot it holds nothing: if the
+// row is freed and the lease runs out meanwhile, a sweep may expire the
+// peer, and the heartbeat, when written, brings it back.
 func (b *heartbeatBatcher) waitLocked(ctx context.Context, r *hbRequest) {
+	wctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
 	select {
 	case b.waiters <- struct{}{}:
-	case <-ctx.Done():
-		answer(r, nil, ctx.Err())
+	case <-wctx.Done():
+		answer(r, nil, wctx.Err())
 		return
 	}
 	defer func() { <-b.waiters }()
-	replies, err := b.s.writeHeartbeats(ctx, []*hbRequest{r}, false)
+	replies, _, err := b.s.writeHeartbeats(wctx, []*hbRequest{r}, false)
 	answer(r, replies, err)
 }
 
@@ -236,9 +258,10 @@ func rowMayBeToBlame(err error) bool {
 // lease, a state that moved, its events). A healing peer's heartbeat may
 // move its heal plan, which writeHealSteps writes.
 //
-// With skipLocked, a row another transaction holds is left out (not in
-// the replies); without, the write waits for it, up to one lease.
-func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest, skipLocked bool) (map[string]registry.HeartbeatReply, error) {
+// With skipLocked, a row another transaction holds is left out: not in
+// the replies but in held (a peer that does not exist is in neither).
+// Without, the write waits for it, up to one lease, and held is nil.
+func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest, skipLocked bool) (replies map[string]registry.HeartbeatReply, held map[string]bool, err error) {
 	last := map[string]*hbRequest{} // a peer heartbeating twice in one batch: the later one wins
 	for _, r := range batch {
 		last[r.hb.PeerID] = r
@@ -251,20 +274,15 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest, skipLoc
 	}
 	sort.Strings(ids)
 	now := s.now()
-	replies := make(map[string]registry.HeartbeatReply, len(ids))
+	replies = make(map[string]registry.HeartbeatReply, len(ids))
 	if len(ids) == 0 {
-		return replies, nil
+		return replies, nil, nil
 	}
 	lock := "FOR NO KEY UPDATE SKIP LOCKED"
 	if !skipLocked {
 		lock = "FOR NO KEY UPDATE"
 	}
-	err := pgx.BeginTxFunc(ctx, s.pool, s.heartbeatTx(), func(tx pgx.Tx) error {
-		if !skipLocked {
-			if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(s.cfg.LeaseTTL.Milliseconds(), 10)); err != nil {
-				return err
-			}
-		}
+	err = pgx.BeginTxFunc(ctx, s.pool, s.heartbeatTx(!skipLocked), func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT id::text, name, state, state_reason, instance_id, generation, heal, COALESCE(heal ->> 'phase', '')
 			FROM peers WHERE id = ANY($1::text[]::uuid[]) ORDER BY id `+lock, ids)
 		if err != nil {
@@ -293,14 +311,21 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest, skipLoc
 				steps = append(steps, healStep{prev: prev, next: next, events: events})
 				next.State, next.StateReason, events = prev.State, prev.StateReason, nil
 			}
-			w.add(&prev, &next, hb.Load, events)
-			if next.State != prev.State {
+			if w.add(&prev, &next, hb.Load, events) {
 				changed = append(changed, prev.ID)
 			}
 			return nil
 		})
 		if err != nil {
 			return err
+		}
+		if skipLocked && len(replies) < len(ids) {
+			if held, err = heldRows(ctx, tx, ids, replies); err != nil {
+				return err
+			}
+		}
+		if len(w.ids) == 0 {
+			return nil // no row locked: nothing to write
 		}
 		if _, err := tx.Exec(ctx, writeHeartbeatRows, w.ids, w.running, w.queued, w.usage, w.state, w.reason, w.moved, now, now.Add(s.cfg.LeaseTTL),
 			w.evPeer, w.evName, w.evKind, w.evGeneration, w.evMessage, w.evError); err != nil {
@@ -320,9 +345,29 @@ func (s *Store) writeHeartbeats(ctx context.Context, batch []*hbRequest, skipLoc
 		return s.notify(ctx, tx, changed...)
 	})
 	if err != nil {
+		return nil, nil, err
+	}
+	return replies, held, nil
+}
+
+// heldRows returns which of ids, the rows a write that skips held rows
+// did not lock (not in locked), exist: another transaction held those.
+// The rest are peers that do not exist, answered at once.
+func heldRows(ctx context.Context, tx pgx.Tx, ids []string, locked map[string]registry.HeartbeatReply) (map[string]bool, error) {
+	var missing []string
+	for _, id := range ids {
+		if _, ok := locked[id]; !ok {
+			missing = append(missing, id)
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT id::text FROM peers WHERE id = ANY($1::text[]::uuid[])`, missing)
+	if err != nil {
 		return nil, err
 	}
-	return replies, nil
+	held := make(map[string]bool, len(missing))
+	var id string
+	_, err = pgx.ForEachRow(rows, []any{&id}, func() error { held[id] = true; return nil })
+	return held, err
 }
 
 // writeHeartbeatRows stores a batch's rows as writeHeartbeats computed
@@ -358,15 +403,17 @@ type heartbeatWrite struct {
 	evGeneration           []int64
 }
 
-// add is one peer's row: prev as read, next as the rule made it.
-func (w *heartbeatWrite) add(prev, next *registry.Peer, load registry.Load, events []registry.Event) {
-	moved := next.State != prev.State || next.StateReason != prev.StateReason
+// add is one peer's row: prev as read, next as the rule made it. It
+// reports whether the row's state or reason moved.
+func (w *heartbeatWrite) add(prev, next *registry.Peer, load registry.Load, events []registry.Event) (moved bool) {
+	moved = next.State != prev.State || next.StateReason != prev.StateReason
 	w.ids, w.state, w.reason, w.moved = append(w.ids, prev.ID), append(w.state, string(next.State)), append(w.reason, next.StateReason), append(w.moved, moved)
 	w.running, w.queued, w.usage = append(w.running, int32(load.Running)), append(w.queued, int32(load.Queued)), append(w.usage, load.KVUsage)
 	for _, e := range events {
 		w.evPeer, w.evName, w.evKind = append(w.evPeer, prev.ID), append(w.evName, prev.Name), append(w.evKind, string(e.Kind))
 		w.evGeneration, w.evMessage, w.evError = append(w.evGeneration, prev.Generation), append(w.evMessage, e.Message), append(w.evError, e.Error)
 	}
+	return moved
 }
 
 // heartbeatTx begins a heartbeat batch's transaction with
@@ -381,9 +428,19 @@ func (w *heartbeatWrite) add(prev, next *registry.Peer, load registry.Load, even
 // steps a batch may also commit are recomputed from the next heartbeat in
 // the same way. Writes that are not repeated (registrations, stale marks,
 // drains) keep the server's setting.
-func (s *Store) heartbeatTx() pgx.TxOptions {
-	if s.cfg.durableHeartbeats {
+//
+// A heartbeat that waits for a held row (waitLocked) also sets
+// lock_timeout to one lease in the same round trip.
+func (s *Store) heartbeatTx(waitForRow bool) pgx.TxOptions {
+	begin := "BEGIN"
+	if !s.cfg.durableHeartbeats {
+		begin += "; SET LOCAL synchronous_commit = off"
+	}
+	if waitForRow {
+		begin += "; SET LOCAL lock_timeout = " + strconv.FormatInt(s.cfg.LeaseTTL.Milliseconds(), 10)
+	}
+	if begin == "BEGIN" {
 		return pgx.TxOptions{}
 	}
-	return pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL synchronous_commit = off"}
+	return pgx.TxOptions{BeginQuery: begin}
 }

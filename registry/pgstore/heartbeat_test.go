@@ -226,3 +226,43 @@ func TestHeldRowDelaysNoOtherHeartbeat(t *testing.T) {
 		t.Fatalf("%d peers expired (%v), want none: every one was heartbeating", len(failed), err)
 	}
 }
+
+// TestHeldHealRowDelaysNoSweep: another connection holds the row of a
+// decode whose quarantined-phase hold is over (a row the sweep's heal pass
+// selects and would lock). The lease sweep skips it rather than wait for
+// it, as it skips held rows whose lease ran out, and still drains the
+// other decode whose hold is over.
+func TestHeldHealRowDelaysNoSweep(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, cfg := registrytest.NewPGStore(t, pgstore.Config{})
+	peers := registerFleet(t, ctx, s, 2)
+	held, free := peers[0], peers[1]
+	pool, err := pgxpool.New(ctx, cfg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `UPDATE peers SET heal = '{"phase": "quarantined", "deadline": "2000-01-01T00:00:00Z"}' WHERE id = ANY($1::text[]::uuid[])`,
+		[]string{held.ID, free.ID}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM peers WHERE id = $1 FOR UPDATE", held.ID); err != nil {
+		t.Fatal(err)
+	}
+	sweepCtx, sweepCancel := context.WithTimeout(ctx, 5*time.Second)
+	defer sweepCancel()
+	n, err := s.ExpireLeases(sweepCtx, time.Now())
+	if err != nil || n != 1 {
+		t.Fatalf("lease sweep with a held heal row: %d changed, %v; want the free decode's hold ended at once", n, err)
+	}
+	if p, err := s.Get(ctx, free.ID); err != nil || p.Heal.Phase == registry.HealQuarantined {
+		t.Fatalf("free decode: heal %q, %v; want its hold over", p.Heal.Phase, err)
+	}
+}

@@ -49,10 +49,11 @@ type Config struct {
 	// (registry/BENCHMARKS.md); each holds a pool connection while it
 	// writes (see MaxConns).
 	HeartbeatWriters int
-	// MaxConns sizes the connection pool; default HeartbeatWriters + 4
-	// (at least 8), so heartbeat writers leave connections for the
-	// mirror, the API (which reads a peer the snapshot does not hold yet)
-	// and the sweeper. The URL's pool_max_conns wins.
+	// MaxConns sizes the connection pool; default HeartbeatWriters + 2
+	// (the heartbeats that wait for a held row, lockedRowWriters) + 4, at
+	// least 8, so heartbeat writers leave connections for the mirror, the
+	// API (which reads a peer the snapshot does not hold yet) and the
+	// sweeper. The URL's pool_max_conns wins.
 	MaxConns int32
 	// durableHeartbeats makes heartbeat batches commit with the server's
 	// synchronous_commit, as every other write does; only benchmarks set it
@@ -92,7 +93,7 @@ func (c Config) WithDefaults() Config {
 		c.HeartbeatWriters = 4
 	}
 	if c.MaxConns == 0 {
-		c.MaxConns = int32(max(8, c.HeartbeatWriters+4))
+		c.MaxConns = int32(max(8, c.HeartbeatWriters+lockedRowWriters+4))
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 5 * time.Second
