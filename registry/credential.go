@@ -160,12 +160,13 @@ func (e *AgentNameTakenError) Error() string {
 func (e *AgentNameTakenError) Is(target error) bool { return target == ErrConflict }
 
 // CheckAgentNames is the rule that NIXL agent names are unique across live
-// peers. holder returns the name of the live peer other than spec's that
-// registered agent, if any; the store answers it under the lock it
-// registers under.
+// peers: a registration may not name an agent that a live peer of another
+// name registered. holder returns the name of such a peer for agent, if
+// any, leaving out the peer named spec.Name (its re-registration may keep
+// its agents); the store answers it under the lock it registers under.
 func CheckAgentNames(spec *PeerSpec, holder func(agent string) (peer string, ok bool)) error {
 	for i, r := range spec.Ranks {
-		if name, ok := holder(r.AgentName); ok && name != spec.Name {
+		if name, ok := holder(r.AgentName); ok {
 			return &AgentNameTakenError{Field: fmt.Sprintf("ranks[%d].agent_name", i), Agent: r.AgentName, Holder: name}
 		}
 	}

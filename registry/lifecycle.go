@@ -210,7 +210,7 @@ func TransferFailureChanged(events []Event, q *Quarantine) bool { return len(eve
 // of another pair while the plan holds joins it, and drains the decode at
 // once when that leaves no other prefill to serve.
 func ApplyTransferFailure(decode Peer, f TransferFailure, last *PairFailure, now time.Time, window time.Duration, heal HealConfig, others int) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
-	if f.DecodeAgent != "" && !hasAgent(&decode.PeerSpec, f.DecodeAgent) {
+	if f.DecodeAgent != "" && !decode.HasAgent(f.DecodeAgent) {
 		return decode, nil, nil, nil, OutcomeOutdated
 	}
 	if decode.State == StateStale {
@@ -278,15 +278,6 @@ func OtherPrefills(decode *Peer, exclude string, prefills []Peer, quarantined fu
 		}
 	}
 	return n
-}
-
-func hasAgent(s *PeerSpec, name string) bool {
-	for i := range s.Ranks {
-		if s.Ranks[i].AgentName == name {
-			return true
-		}
-	}
-	return false
 }
 
 // QuarantineDetail explains a quarantine: what failed, and how the two

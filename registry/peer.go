@@ -246,6 +246,16 @@ func (p *PeerSpec) AgentNames() []string {
 	return names
 }
 
+// HasAgent reports whether one of the peer's ranks is the NIXL agent name.
+func (p *PeerSpec) HasAgent(name string) bool {
+	for i := range p.Ranks {
+		if p.Ranks[i].AgentName == name {
+			return true
+		}
+	}
+	return false
+}
+
 // NeedsNewGeneration reports whether registering next over prev starts a new
 // generation: the process restarted or a rank's NIXL agent changed name, so
 // every holder of the old agent metadata must drop it.

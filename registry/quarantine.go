@@ -91,7 +91,7 @@ func ExpireQuarantine(q Quarantine, now time.Time) (next Quarantine, events []Ev
 // quarantine it makes expires after ttl. A quarantine returned carries its
 // detail.
 func ApplyPairTransferFailure(decode Peer, prefill *Peer, f TransferFailure, last *PairFailure, cur *Quarantine, now time.Time, window, ttl time.Duration, heal HealConfig, others int) (next Peer, events []Event, q *Quarantine, rec *PairFailure, out TransferOutcome) {
-	if cur != nil && cur.Trial && f.PrefillID == cur.PrefillID && (f.DecodeAgent == "" || hasAgent(&decode.PeerSpec, f.DecodeAgent)) {
+	if cur != nil && cur.Trial && f.PrefillID == cur.PrefillID && (f.DecodeAgent == "" || decode.HasAgent(f.DecodeAgent)) {
 		errText := f.Error
 		if errText == "" {
 			errText = "transfer failed"

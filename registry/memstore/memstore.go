@@ -168,7 +168,11 @@ func (s *Store) Register(_ context.Context, spec registry.PeerSpec, claim regist
 	}
 	issue, err := registry.AuthorizeRegistration(prev, &spec, claim, now)
 	if err == nil {
-		err = registry.CheckAgentNames(&spec, func(agent string) (string, bool) { return s.agentHolder(agent, now) })
+		holders := s.agentHolders(&spec, now)
+		err = registry.CheckAgentNames(&spec, func(agent string) (string, bool) {
+			name, ok := holders[agent]
+			return name, ok
+		})
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -201,21 +205,27 @@ func (s *Store) Register(_ context.Context, spec registry.PeerSpec, claim regist
 	return res, nil
 }
 
-// agentHolder returns the name of the live peer one of whose ranks is the
-// NIXL agent; the caller holds mu. Registrations are rare next to
-// heartbeats, so it searches rather than keeping an index up to date.
-func (s *Store) agentHolder(agent string, now time.Time) (string, bool) {
+// agentHolders maps each of spec's NIXL agent names that a live peer
+// other than spec's (by name) registered to that peer's name; the caller
+// holds mu. Registrations are rare next to heartbeats, so it searches, in
+// one pass over the peers, rather than keeping an index up to date.
+func (s *Store) agentHolders(spec *registry.PeerSpec, now time.Time) map[string]string {
+	agents := make(map[string]struct{}, len(spec.Ranks))
+	for i := range spec.Ranks {
+		agents[spec.Ranks[i].AgentName] = struct{}{}
+	}
+	holders := map[string]string{}
 	for _, p := range s.byID {
-		if !p.Live(now) {
+		if p.Name == spec.Name || !p.Live(now) {
 			continue
 		}
 		for i := range p.Ranks {
-			if p.Ranks[i].AgentName == agent {
-				return p.Name, true
+			if _, ok := agents[p.Ranks[i].AgentName]; ok {
+				holders[p.Ranks[i].AgentName] = p.Name
 			}
 		}
 	}
-	return "", false
+	return holders
 }
 
 // liftHealed lifts the quarantines of the pairs (prefill, decodeID) that
