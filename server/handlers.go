@@ -150,8 +150,9 @@ func (h handlers) GetDrain(ctx context.Context, req api.GetDrainRequestObject) (
 		inFlight = h.breakers.InFlight(p.ID)
 	}
 	safe, reason := registry.DrainSafe(&p, inFlight)
+	load := apiconv.Load(p.Load)
 	out := api.DrainStatus{Id: p.ID, Name: p.Name, State: api.State(p.State), Safe: safe, Reason: reason, InFlightHere: inFlight,
-		LoadAt: p.LastHeartbeat, Load: &api.Load{Running: p.Load.Running, Queued: p.Load.Queued, KvUsage: p.Load.KVUsage}}
+		LoadAt: p.LastHeartbeat, Load: &load}
 	if p.State == registry.StateDraining {
 		out.DrainingSince = &p.UpdatedAt
 	}

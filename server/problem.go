@@ -53,6 +53,10 @@ func malformed(field, detail string) *Problem {
 	return &Problem{Type: ProblemMalformed, Title: "Malformed request", Status: http.StatusBadRequest, Detail: detail, Field: field}
 }
 
+func conflict(field, detail string) *Problem {
+	return &Problem{Type: ProblemConflict, Title: "Conflict", Status: http.StatusConflict, Detail: detail, Field: field}
+}
+
 // writeProblem writes p as application/problem+json.
 func writeProblem(w http.ResponseWriter, p *Problem) {
 	w.Header().Set("Content-Type", "application/problem+json")
@@ -92,7 +96,7 @@ func (s *Server) toProblem(r *http.Request, err error) *Problem {
 		p.Field = ff.Field
 		return p
 	case errors.As(err, &taken):
-		return &Problem{Type: ProblemConflict, Title: "Conflict", Status: http.StatusConflict, Detail: taken.Error(), Field: taken.Field}
+		return conflict(taken.Field, taken.Error())
 	case errors.As(err, &big):
 		return tooLarge(big.Limit)
 	case errors.Is(err, registry.ErrForbidden):
@@ -107,7 +111,7 @@ func (s *Server) toProblem(r *http.Request, err error) *Problem {
 		s.requestLog(r).Debug().Err(err).Msg("registry store unavailable (503)")
 		return unavailable()
 	case errors.Is(err, registry.ErrConflict):
-		return &Problem{Type: ProblemConflict, Title: "Conflict", Status: http.StatusConflict, Detail: "the request conflicts with a stored peer"}
+		return conflict("", "the request conflicts with a stored peer")
 	}
 	s.requestLog(r).Error().Err(err).Msg("request failed")
 	return &Problem{Type: ProblemInternal, Title: "Internal error", Status: http.StatusInternalServerError,

@@ -83,8 +83,8 @@ func (ed *indexEditor) done() peerIndex             { return peerIndex{shards: &
 // copies it before adding to it; a class that lost its last peer keeps its
 // number until the next full build.
 type classTable struct {
-	numbers  map[string]int   // compatKey -> class
-	keys     []string         // compatKey of each class
+	numbers  map[string]int   // CompatKey -> class
+	keys     []string         // CompatKey of each class
 	reps     []*registry.Peer // one peer of each class: its spec decides for the class
 	verdicts map[[2]int]registry.Verdict
 }
