@@ -134,10 +134,10 @@ func flatLoad(l registry.PeerLoad, ok bool) candLoad {
 	return candLoad{at: l.At.UnixNano(), reqs: int64(l.Load.Running) + int64(l.Load.Queued), kv: l.Load.KVUsage}
 }
 
-// newer returns l or the load in slot of set, whichever heartbeat is newer
-// (replica.NewerLoad).
-func (l candLoad) newer(set *replica.LoadSet, slot int32) candLoad {
-	if t, ok := set.At(slot); ok {
+// newer returns l or the peer's load in set, whichever heartbeat is newer
+// (replica.Snapshot.NewerLoad).
+func (l candLoad) newer(set *replica.LoadSet, id string) candLoad {
+	if t, ok := set.Get(id); ok {
 		if tl := flatLoad(t, true); tl.at > l.at {
 			return tl
 		}
@@ -203,7 +203,7 @@ func (v *view) resolveLoads(set *replica.LoadSet) {
 	}
 	newest := make([]candLoad, len(v.peers))
 	for i := range v.peers {
-		newest[i] = v.reported[i].newer(set, set.Slot(v.peers[i].peer.ID))
+		newest[i] = v.reported[i].newer(set, v.peers[i].peer.ID)
 	}
 	v.loads.Store(v.listLoads(set, newest))
 }
@@ -674,7 +674,7 @@ func (pc *pickCtx) load(cs candidates, i int) (reqs int64, kv float64) {
 	}
 	l := cs.loads[i]
 	if pc.pending != nil {
-		l = l.newer(pc.pending, pc.pending.Slot(cs.c[i].ref.peer.ID))
+		l = l.newer(pc.pending, cs.c[i].ref.peer.ID)
 	}
 	if l.at == noHeartbeat {
 		return in, 0

@@ -132,63 +132,6 @@ func setFailure(span trace.Span, f *failure) {
 	span.SetStatus(codes.Error, f.kind.String())
 }
 
-// legSpan is the span of one leg of an attempt; the zero value (tracing
-// off) does nothing.
-type legSpan struct {
-	span trace.Span
-	leg  leg
-}
-
-// startLeg opens the span of leg l to peer ref at url, a child of the
-// attempt's, and returns the context that carries it: newUpstream injects
-// it into the engine's request. With tracing off it returns ctx as it is.
-func (d *dispatch) startLeg(ctx context.Context, l leg, ref *peerRef, tg *legTarget) (context.Context, legSpan) {
-	if d.attemptSpan == nil {
-		return ctx, legSpan{}
-	}
-	spanCtx, span := d.rt.tracer.Start(trace.ContextWithSpan(ctx, d.attemptSpan), l.String(), trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attrLeg.String(l.String()), attrPeerID.String(ref.peer.ID), attrPeerName.String(ref.peer.Name),
-			attrGeneration.Int64(ref.peer.Generation), attrURLFull.String(tg.url), attrHTTPMethod.String(http.MethodPost)))
-	if a, ok := ctx.(*attemptCtx); ok {
-		spanCtx = hookedCtx{spanCtx, &a.Hooks}
-	}
-	return spanCtx, legSpan{span: span, leg: l}
-}
-
-// answered records the engine's status code.
-func (s legSpan) answered(status int) {
-	if s.span != nil {
-		s.span.SetAttributes(attrHTTPStatus.Int(status))
-	}
-}
-
-// end closes the leg's span: f is the attempt's failure, recorded as this
-// leg's when it is, or as a cancellation when the other leg failed first.
-func (s legSpan) end(f *failure, size attribute.KeyValue) {
-	if s.span == nil {
-		return
-	}
-	switch {
-	case f == nil:
-		s.span.SetAttributes(size)
-	case f.leg == s.leg:
-		setFailure(s.span, f)
-	default:
-		s.span.SetAttributes(attrCancelled.Bool(true))
-	}
-	s.span.End()
-}
-
-// cancelled closes the leg's span as cut short by the other leg's failure
-// or the client leaving.
-func (s legSpan) cancelled() {
-	if s.span == nil {
-		return
-	}
-	s.span.SetAttributes(attrCancelled.Bool(true))
-	s.span.End()
-}
-
 // injectSpan puts the trace context of ctx (the leg's span) into an engine
 // request's headers.
 func injectSpan(ctx context.Context, h http.Header) {

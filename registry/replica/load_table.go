@@ -13,9 +13,7 @@ type LoadTable struct {
 	cur atomic.Pointer[LoadSet]
 }
 
-// LoadSet is the loads of one refresh, immutable. Each has a slot, so that
-// a reader that looks the same peers up many times (the router, per pick)
-// can resolve their slots once per refresh and then read by index.
+// LoadSet is the loads of one refresh, immutable.
 type LoadSet struct {
 	slot  map[string]int32 // peer ID -> index into loads
 	loads []registry.PeerLoad
@@ -44,22 +42,15 @@ func (t *LoadTable) Current() *LoadSet {
 	return t.cur.Load()
 }
 
-// Slot returns the peer's slot in the set, -1 when it has none (or the set
-// is nil).
-func (s *LoadSet) Slot(id string) int32 {
+// Get returns the peer's load in the set; ok is false when it has none (or
+// the set is nil).
+func (s *LoadSet) Get(id string) (l registry.PeerLoad, ok bool) {
 	if s == nil {
-		return -1
+		return l, false
 	}
-	if i, ok := s.slot[id]; ok {
-		return i
+	i, ok := s.slot[id]
+	if !ok {
+		return l, false
 	}
-	return -1
-}
-
-// At returns the load in the slot; ok is false for slot -1.
-func (s *LoadSet) At(slot int32) (registry.PeerLoad, bool) {
-	if slot < 0 {
-		return registry.PeerLoad{}, false
-	}
-	return s.loads[slot], true
+	return s.loads[i], true
 }

@@ -313,23 +313,15 @@ func (s *Snapshot) Load(p *registry.Peer) (l registry.PeerLoad, ok bool) {
 // whichever heartbeat is newer: Load for callers that keep the record's load
 // at hand rather than the peer.
 func (s *Snapshot) NewerLoad(l registry.PeerLoad, ok bool) (registry.PeerLoad, bool) {
-	set := s.Loads()
-	return NewerLoad(l, ok, set, set.Slot(l.PeerID))
-}
-
-// Loads returns the current contents of the load table the snapshot shares
-// with its Mirror; nil when there are none. A caller that resolved its
-// peers' slots in this set passes them to NewerLoad.
-func (s *Snapshot) Loads() *LoadSet { return s.loads.Current() }
-
-// NewerLoad returns l, the load a peer's record carries (ok false: none), or
-// the load in the slot of set (-1: none), whichever heartbeat is newer.
-func NewerLoad(l registry.PeerLoad, ok bool, set *LoadSet, slot int32) (registry.PeerLoad, bool) {
-	if t, found := set.At(slot); found && (!ok || t.At.After(l.At)) {
+	if t, found := s.Loads().Get(l.PeerID); found && (!ok || t.At.After(l.At)) {
 		return t, true
 	}
 	return l, ok
 }
+
+// Loads returns the current contents of the load table the snapshot shares
+// with its Mirror; nil when there are none.
+func (s *Snapshot) Loads() *LoadSet { return s.loads.Current() }
 
 // Preflight returns the last preflight of a pair, if any.
 func (s *Snapshot) Preflight(prefillID, decodeID string) (registry.Preflight, bool) {
