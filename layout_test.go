@@ -130,6 +130,11 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry", "transfer"),
 	},
 	{
+		name:    "gcfloor and cli are the commands' process tuning and flags: they import no other pdplane package",
+		applies: is("gcfloor", "cli"),
+		allowed: onlyInternal(),
+	},
+	{
 		name:    "server/api is generated from openapi.yaml: it imports no other pdplane package",
 		applies: is("server/api"),
 		allowed: onlyInternal(),
@@ -228,7 +233,7 @@ var everywhereRules = []layerRule{
 // package must be placed in the layout (and given a rule) before it lands.
 var governed = []string{
 	"", // the module root: only this test
-	"agent", "bench", "cmd/pdplane", "deploy", "devfleet", "interop", "migrations", "pdproto", "realengine",
+	"agent", "bench", "cli", "cmd/pdplane", "deploy", "devfleet", "gcfloor", "interop", "migrations", "pdproto", "realengine",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest", "registry/replica",
 	"router", "router/routertest", "httpwire", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",

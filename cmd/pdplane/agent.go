@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/agent"
+	"github.com/pdplane/pdplane/cli"
 	"github.com/pdplane/pdplane/registry"
 )
 
@@ -19,48 +20,48 @@ func runAgent(ctx context.Context, args []string) error {
 	var controlPlane, token, legacyToken, credentialFile, logLevel, engineKind, role string
 	var eng agent.SpecFileEngine
 	var pub agent.PublishedConfig
-	fs := newFlagSet("agent")
-	fs.list(&controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve, or several replicas' URLs "+
+	fs := cli.NewFlagSet("agent")
+	fs.List(&controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve, or several replicas' URLs "+
 		"separated by commas: the agent uses the first that answers and fails over on connection errors and 5xx")
-	fs.list(&token, "join-token", "", "join token of the control plane (or its admin token): admits the peer when it has no credential")
-	fs.deprecatedStr(&legacyToken, "token", "join-token")
-	fs.str(&credentialFile, "credential-file", "", "file that keeps the peer's credential (mode 0600), so that a restarted agent re-registers at once; "+
+	fs.List(&token, "join-token", "", "join token of the control plane (or its admin token): admits the peer when it has no credential")
+	fs.DeprecatedStr(&legacyToken, "token", "join-token")
+	fs.Str(&credentialFile, "credential-file", "", "file that keeps the peer's credential (mode 0600), so that a restarted agent re-registers at once; "+
 		"without it a restarted agent waits for its old lease to run out")
-	fs.str(&eng.Path, "spec", "", "JSON registration of the engine (the body of POST /api/v1/peers) written by its launcher: "+
+	fs.Str(&eng.Path, "spec", "", "JSON registration of the engine (the body of POST /api/v1/peers) written by its launcher: "+
 		"KV regions, memory kinds, NIXL agents")
-	fs.str(&eng.EngineURL, "engine-url", "", "the engine's HTTP URL; with --spec, fields the spec leaves empty come from its /server_info")
-	fs.str(&eng.ReregisterCmd, "reregister-cmd", "", "deprecated, use --heal exec:CMD: shell command that gives the engine fresh NIXL agents "+
+	fs.Str(&eng.EngineURL, "engine-url", "", "the engine's HTTP URL; with --spec, fields the spec leaves empty come from its /server_info")
+	fs.Str(&eng.ReregisterCmd, "reregister-cmd", "", "deprecated, use --heal exec:CMD: shell command that gives the engine fresh NIXL agents "+
 		"and rewrites --spec; it gets $PDPLANE_REREGISTER_REASON and $PDPLANE_SPEC_FILE, and is the heal action when --heal is not set")
 	var healSpec string
-	fs.str(&healSpec, "heal", "", "how the agent restarts its engine when the control plane's heal plan asks (only a restart gives "+
+	fs.Str(&healSpec, "heal", "", "how the agent restarts its engine when the control plane's heal plan asks (only a restart gives "+
 		"a stock engine fresh NIXL agents): exec:CMD (/bin/sh -c CMD, with $PDPLANE_PEER_ID, $PDPLANE_PEER_NAME, $PDPLANE_GENERATION, "+
 		"$PDPLANE_HEAL_REASON), systemd:UNIT (systemctl restart UNIT), kubernetes (delete the agent's own pod; needs RBAC delete on pods) "+
 		"or none (an operator must restart it); default none, or exec: of --reregister-cmd")
 	var probe agent.ProbeConfig
-	fs.dur(&probe.Interval, "probe-interval", 0, "time between probes of the engine's /health and load; 0 follows the heartbeat interval")
-	fs.dur(&probe.Timeout, "probe-timeout", agent.DefaultProbeTimeout, "time limit of each probe request to the engine")
+	fs.Dur(&probe.Interval, "probe-interval", 0, "time between probes of the engine's /health and load; 0 follows the heartbeat interval")
+	fs.Dur(&probe.Timeout, "probe-timeout", agent.DefaultProbeTimeout, "time limit of each probe request to the engine")
 	var recomputePercent int
-	fs.dur(&probe.RecomputeWindow, "recompute-window", agent.DefaultRecomputeWindow,
+	fs.Dur(&probe.RecomputeWindow, "recompute-window", agent.DefaultRecomputeWindow,
 		"a vLLM decode's prompt tokens are judged over this window: computed rather than loaded by KV transfer past --recompute-percent, it is reported")
-	fs.int(&recomputePercent, "recompute-percent", int(100*agent.DefaultRecomputeThreshold),
+	fs.Int(&recomputePercent, "recompute-percent", int(100*agent.DefaultRecomputeThreshold),
 		"share of a vLLM decode's prompt tokens it may recompute over --recompute-window before its agent reports it (1 to 99)")
-	fs.str(&engineKind, "engine", "", "without --spec: sglang or vllm, registered from what the engine publishes "+
+	fs.Str(&engineKind, "engine", "", "without --spec: sglang or vllm, registered from what the engine publishes "+
 		"(SGLang /server_info, /get_model_info, /v1/models; vLLM /v1/models, /metrics, /version); NIXL agents and KV regions stay unknown")
-	fs.str(&pub.ModelDir, "model-dir", "", "without --spec: local model directory or Hugging Face cache snapshot whose config.json "+
+	fs.Str(&pub.ModelDir, "model-dir", "", "without --spec: local model directory or Hugging Face cache snapshot whose config.json "+
 		"gives layers, KV heads, head dim and MLA (unknown without it)")
-	fs.str(&pub.Name, "name", "", "without --spec: peer name (default: the engine URL's host:port)")
-	fs.str(&role, "role", "", "without --spec: prefill, decode or both; required for vLLM, which does not publish it")
-	fs.int(&pub.TPSize, "tp-size", 0, "without --spec: tensor parallel size; required for vLLM, which does not publish it")
-	fs.str(&pub.BootstrapHost, "bootstrap-host", "", "without --spec: SGLang prefill bootstrap host as decodes reach it (default: the URL's host)")
-	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Str(&pub.Name, "name", "", "without --spec: peer name (default: the engine URL's host:port)")
+	fs.Str(&role, "role", "", "without --spec: prefill, decode or both; required for vLLM, which does not publish it")
+	fs.Int(&pub.TPSize, "tp-size", 0, "without --spec: tensor parallel size; required for vLLM, which does not publish it")
+	fs.Str(&pub.BootstrapHost, "bootstrap-host", "", "without --spec: SGLang prefill bootstrap host as decodes reach it (default: the URL's host)")
+	fs.Str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	var pre preflightFlags
 	pre.register(fs)
-	fs.configFile()
-	if err := fs.parse(args); err != nil {
+	fs.ConfigFile()
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if recomputePercent < 1 || recomputePercent > 99 {
-		return usageErrorf("invalid value %d for --recompute-percent: want 1 to 99", recomputePercent)
+		return cli.Usagef("invalid value %d for --recompute-percent: want 1 to 99", recomputePercent)
 	}
 	probe.RecomputeThreshold = float64(recomputePercent) / 100
 	heal, healAlias, err := parseHeal(healSpec, &eng)
@@ -84,7 +85,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if token == "" {
 		token = legacyToken
 	}
-	token = firstToken(token)
+	token = cli.FirstToken(token)
 	log, err := newLogger(logLevel, false)
 	if err != nil {
 		return err

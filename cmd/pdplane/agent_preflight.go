@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pdplane/pdplane/agent"
+	"github.com/pdplane/pdplane/cli"
 	"github.com/pdplane/pdplane/transfer"
 	"github.com/pdplane/pdplane/transfer/cuda"
 	"github.com/pdplane/pdplane/transfer/nixl"
@@ -28,24 +29,24 @@ type preflightFlags struct {
 // rarely share bytes.
 const probeSlots = 4
 
-func (p *preflightFlags) register(fs *flagSet) {
-	fs.choice(&p.backend, "preflight", "off", []string{"off", "nixl", "tcp"}, "host a transfer worker with a probe region and, "+
+func (p *preflightFlags) register(fs *cli.FlagSet) {
+	fs.Choice(&p.backend, "preflight", "off", []string{"off", "nixl", "tcp"}, "host a transfer worker with a probe region and, "+
 		"on a prefill, preflight every candidate decode (WRITE a pattern with a notification, READ it back, compare) through "+
 		"this backend; a failed preflight keeps the pair out of routing")
-	fs.int(&p.maxSize, "preflight-max-size", transfer.DefaultPreflightMaxSize, "largest rung of the preflight size ladder "+
+	fs.Int(&p.maxSize, "preflight-max-size", transfer.DefaultPreflightMaxSize, "largest rung of the preflight size ladder "+
 		"(from 4 KiB, x4 a rung), in bytes")
-	fs.dur(&p.cfg.Interval, "preflight-interval", 0, "how old a passed preflight may grow before the pair is checked again (default 10m)")
-	fs.dur(&p.cfg.FailedInterval, "preflight-failed-interval", 0, "how soon a failed pair is checked again (default 30s)")
-	fs.dur(&p.cfg.Gap, "preflight-gap", 0, "least time between two preflights this agent starts: the per-host rate limit (default 1s)")
-	fs.dur(&p.cfg.Poll, "preflight-poll", 0, "how often a prefill's agent lists its pairs for due preflights (default 10s)")
-	fs.dur(&p.cfg.Ladder.Timeout, "preflight-timeout", 0, "deadline of one preflight (default 10s)")
-	fs.choice(&p.mem, "preflight-mem", "dram", []string{"dram", "vram"}, "memory kind of the probe regions, the one the engine's KV "+
+	fs.Dur(&p.cfg.Interval, "preflight-interval", 0, "how old a passed preflight may grow before the pair is checked again (default 10m)")
+	fs.Dur(&p.cfg.FailedInterval, "preflight-failed-interval", 0, "how soon a failed pair is checked again (default 30s)")
+	fs.Dur(&p.cfg.Gap, "preflight-gap", 0, "least time between two preflights this agent starts: the per-host rate limit (default 1s)")
+	fs.Dur(&p.cfg.Poll, "preflight-poll", 0, "how often a prefill's agent lists its pairs for due preflights (default 10s)")
+	fs.Dur(&p.cfg.Ladder.Timeout, "preflight-timeout", 0, "deadline of one preflight (default 10s)")
+	fs.Choice(&p.mem, "preflight-mem", "dram", []string{"dram", "vram"}, "memory kind of the probe regions, the one the engine's KV "+
 		"uses: vram allocates them on GPU 0 through the CUDA runtime (libcudart.so, or $PDPLANE_CUDART_LIB); without one the agent "+
 		"says why and probes DRAM")
-	fs.str(&p.ucxTLS, "preflight-ucx-tls", "", "--preflight nixl: UCX transports (UCX_TLS), e.g. tcp on a host without RDMA")
-	fs.str(&p.listen, "preflight-listen", "127.0.0.1:0", "--preflight tcp: address the transfer worker listens on")
-	fs.str(&p.advertise, "preflight-advertise", "", "--preflight tcp: address other agents dial (default: the listener's)")
-	fs.choice(&p.fault, "preflight-fault", "", []string{"deregister-probe"}, "fault injection for tests and drills: "+
+	fs.Str(&p.ucxTLS, "preflight-ucx-tls", "", "--preflight nixl: UCX transports (UCX_TLS), e.g. tcp on a host without RDMA")
+	fs.Str(&p.listen, "preflight-listen", "127.0.0.1:0", "--preflight tcp: address the transfer worker listens on")
+	fs.Str(&p.advertise, "preflight-advertise", "", "--preflight tcp: address other agents dial (default: the listener's)")
+	fs.Choice(&p.fault, "preflight-fault", "", []string{"deregister-probe"}, "fault injection for tests and drills: "+
 		"deregister-probe publishes the probe region but deregisters it from the worker, so that preflights against this agent fail")
 }
 

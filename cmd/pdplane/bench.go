@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/bench"
+	"github.com/pdplane/pdplane/cli"
 )
 
 const benchUsage = `Usage:
@@ -26,7 +27,7 @@ func runBench(ctx context.Context, args []string) error {
 
 func benchCmd(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return usageErrorf("bench: a verb is required\n\n%s", benchUsage)
+		return cli.Usagef("bench: a verb is required\n\n%s", benchUsage)
 	}
 	switch args[0] {
 	case "compare":
@@ -37,7 +38,7 @@ func benchCmd(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprint(out, benchUsage)
 		return nil
 	}
-	return usageErrorf("bench: unknown verb %q\n\n%s", args[0], benchUsage)
+	return cli.Usagef("bench: unknown verb %q\n\n%s", args[0], benchUsage)
 }
 
 // benchCompare parses the flags of `pdplane bench compare`, finds the
@@ -50,8 +51,8 @@ func benchCompare(ctx context.Context, args []string, out io.Writer) error {
 		baselineBin                       string
 		require, install                  bool
 	)
-	fs := newFlagSet("bench compare")
-	fs.about = `Starts pdplane sim engines once per engine kind (SGLang for SMG, vLLM for
+	fs := cli.NewFlagSet("bench compare")
+	fs.About = `Starts pdplane sim engines once per engine kind (SGLang for SMG, vLLM for
 vllm-router), registers them with a pdplane serve, puts each peer router in
 front of the same engines, and runs the same load through pdplane and the peer
 in alternating windows. Measures the router processes: CPU per request from
@@ -59,33 +60,33 @@ in alternating windows. Measures the router processes: CPU per request from
 stream held open on a slow decode, at each level of --held-streams in turn,
 with the time to first token of new requests sent while the streams are held.
 Prints Markdown tables per peer.`
-	fs.dur(&cfg.Window, "duration", 8*time.Second, "length of one measured window")
-	fs.str(&concurrency, "concurrency", "32", "concurrent clients, or a comma-separated list of them (e.g. 32,256)")
-	fs.choice(&mode, "mode", "stream", []string{"stream", "unary", "both"}, "streamed (SSE) or unary requests, or both")
-	fs.int(&cfg.Rounds, "rounds", 2, "windows per router for each mode and concurrency, alternating pdplane, peer, then peer, pdplane, and so on: an even number cancels a steady drift of the host's speed (held streams are measured through pdplane first)")
-	fs.str(&held, "held-streams", "500", "streams held open on a slow decode to measure memory per stream and new requests' TTFT meanwhile, or a comma-separated list of levels measured in turn through the same router (e.g. 100,9000); 0 skips it")
-	fs.int(&cfg.ProbeClients, "probe-clients", 8, "concurrent clients sending new requests while each level's streams are held")
-	fs.dur(&cfg.ProbeWindow, "probe-duration", 2*time.Second, "how long they send them, a window")
-	fs.int(&cfg.ProbeRounds, "probe-rounds", 3, "windows of new requests at each level; its TTFT p99 is the median window's")
-	fs.dur(&cfg.HeldTokenTime, "held-token-time", time.Second, "the slow decode's time per token, the pace of each held stream (longer: held streams mostly idle)")
-	fs.int(&cfg.MaxTokens, "max-tokens", 16, "tokens generated per request")
-	fs.str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter, "comma-separated routers to compare with: smg, vllm-router, floor and floor-net-http (baselines: 'pdplane bench floor'), and baseline (--baseline); empty measures pdplane alone")
-	fs.str(&baselineBin, "baseline", "", "another pdplane binary (e.g. the commit before a change) for the baseline peer: its serve, with engines of its own, measured in windows alternating with this pdplane's")
-	fs.str(&smgBin, "smg", "", "SMG executable (default: .venv/bin/smg, else smg on $PATH)")
-	fs.str(&vllmRouterBin, "vllm-router", "", "vllm-router executable (default: .venv/bin/vllm-router, else vllm-router on $PATH)")
-	fs.str(&pdplaneBin, "pdplane", "", "pdplane binary to run serve and sim with (default: this one)")
-	fs.boolean(&require, "require", false, "fail when a peer's executable is missing instead of skipping it")
-	fs.boolean(&install, "install", false, "first install SMG and vllm-router from PyPI into .venv with scripts/install-routers.sh")
-	if err := fs.parse(args); err != nil {
+	fs.Dur(&cfg.Window, "duration", 8*time.Second, "length of one measured window")
+	fs.Str(&concurrency, "concurrency", "32", "concurrent clients, or a comma-separated list of them (e.g. 32,256)")
+	fs.Choice(&mode, "mode", "stream", []string{"stream", "unary", "both"}, "streamed (SSE) or unary requests, or both")
+	fs.Int(&cfg.Rounds, "rounds", 2, "windows per router for each mode and concurrency, alternating pdplane, peer, then peer, pdplane, and so on: an even number cancels a steady drift of the host's speed (held streams are measured through pdplane first)")
+	fs.Str(&held, "held-streams", "500", "streams held open on a slow decode to measure memory per stream and new requests' TTFT meanwhile, or a comma-separated list of levels measured in turn through the same router (e.g. 100,9000); 0 skips it")
+	fs.Int(&cfg.ProbeClients, "probe-clients", 8, "concurrent clients sending new requests while each level's streams are held")
+	fs.Dur(&cfg.ProbeWindow, "probe-duration", 2*time.Second, "how long they send them, a window")
+	fs.Int(&cfg.ProbeRounds, "probe-rounds", 3, "windows of new requests at each level; its TTFT p99 is the median window's")
+	fs.Dur(&cfg.HeldTokenTime, "held-token-time", time.Second, "the slow decode's time per token, the pace of each held stream (longer: held streams mostly idle)")
+	fs.Int(&cfg.MaxTokens, "max-tokens", 16, "tokens generated per request")
+	fs.Str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter, "comma-separated routers to compare with: smg, vllm-router, floor and floor-net-http (baselines: 'pdplane bench floor'), and baseline (--baseline); empty measures pdplane alone")
+	fs.Str(&baselineBin, "baseline", "", "another pdplane binary (e.g. the commit before a change) for the baseline peer: its serve, with engines of its own, measured in windows alternating with this pdplane's")
+	fs.Str(&smgBin, "smg", "", "SMG executable (default: .venv/bin/smg, else smg on $PATH)")
+	fs.Str(&vllmRouterBin, "vllm-router", "", "vllm-router executable (default: .venv/bin/vllm-router, else vllm-router on $PATH)")
+	fs.Str(&pdplaneBin, "pdplane", "", "pdplane binary to run serve and sim with (default: this one)")
+	fs.Bool(&require, "require", false, "fail when a peer's executable is missing instead of skipping it")
+	fs.Bool(&install, "install", false, "first install SMG and vllm-router from PyPI into .venv with scripts/install-routers.sh")
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	var err error
 	if cfg.Concurrency, err = bench.ParseInts(concurrency); err != nil {
-		return usageErrorf("invalid value %q for --concurrency: %v", concurrency, err)
+		return cli.Usagef("invalid value %q for --concurrency: %v", concurrency, err)
 	}
 	if held != "0" {
 		if cfg.HeldStreams, err = bench.ParseInts(held); err != nil {
-			return usageErrorf("invalid value %q for --held-streams: %v", held, err)
+			return cli.Usagef("invalid value %q for --held-streams: %v", held, err)
 		}
 	}
 	cfg.Modes = []bench.Mode{bench.Mode(mode)}
@@ -99,7 +100,7 @@ Prints Markdown tables per peer.`
 	}
 	cfg.Pdplane = pdplaneBin
 	if baselineBin != "" && !slices.Contains(splitList(peers), bench.PeerBaseline) {
-		return usageErrorf("--baseline is measured only with --peers baseline (e.g. --peers baseline or --peers smg,baseline)")
+		return cli.Usagef("--baseline is measured only with --peers baseline (e.g. --peers baseline or --peers smg,baseline)")
 	}
 	if install {
 		if smgBin, vllmRouterBin, err = bench.InstallRouters(ctx); err != nil {
@@ -111,11 +112,11 @@ Prints Markdown tables per peer.`
 	for _, name := range splitList(peers) {
 		bin, ok := bins[name]
 		if !ok {
-			return usageErrorf("invalid value %q for --peers: want smg, vllm-router, floor, floor-net-http and/or baseline", peers)
+			return cli.Usagef("invalid value %q for --peers: want smg, vllm-router, floor, floor-net-http and/or baseline", peers)
 		}
 		if name == bench.PeerBaseline {
 			if bin == "" {
-				return usageErrorf("--peers baseline needs --baseline, the pdplane binary to compare with")
+				return cli.Usagef("--peers baseline needs --baseline, the pdplane binary to compare with")
 			}
 			if _, err := os.Stat(bin); err != nil {
 				return fmt.Errorf("baseline: %w", err)
@@ -145,27 +146,27 @@ func benchFloor(ctx context.Context, args []string) error {
 	var addr, prefill, decode string
 	var port int
 	var netHTTP bool
-	fs := newFlagSet("bench floor")
-	fs.about = `A baseline for 'pdplane bench compare --peers floor', not a router: relays
+	fs := cli.NewFlagSet("bench floor")
+	fs.About = `A baseline for 'pdplane bench compare --peers floor', not a router: relays
 SGLang's PD protocol between HTTP/1.1 clients and one prefill and one decode
 with nothing else (no validation, picking, retries, deadlines, metrics or
 logs), so that a router's cost can be set against what Go's runtime and the
 kernel cost for the same traffic. Trusts its engines; never expose it.`
-	fs.str(&addr, "addr", "127.0.0.1:8300", "listen address")
-	fs.str(&prefill, "prefill", "", "the SGLang prefill's URL (http://host:port)")
-	fs.int(&port, "bootstrap-port", 8998, "the prefill's bootstrap port")
-	fs.str(&decode, "decode", "", "the SGLang decode's URL (http://host:port)")
-	fs.boolean(&netHTTP, "net-http", false, "serve the clients with net/http's server rather than the floor's own HTTP/1.1 reading")
-	if err := fs.parse(args); err != nil {
+	fs.Str(&addr, "addr", "127.0.0.1:8300", "listen address")
+	fs.Str(&prefill, "prefill", "", "the SGLang prefill's URL (http://host:port)")
+	fs.Int(&port, "bootstrap-port", 8998, "the prefill's bootstrap port")
+	fs.Str(&decode, "decode", "", "the SGLang decode's URL (http://host:port)")
+	fs.Bool(&netHTTP, "net-http", false, "serve the clients with net/http's server rather than the floor's own HTTP/1.1 reading")
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	ph, err := bench.HostPort(prefill)
 	if err != nil {
-		return usageErrorf("invalid value %q for --prefill: %v", prefill, err)
+		return cli.Usagef("invalid value %q for --prefill: %v", prefill, err)
 	}
 	dh, err := bench.HostPort(decode)
 	if err != nil {
-		return usageErrorf("invalid value %q for --decode: %v", decode, err)
+		return cli.Usagef("invalid value %q for --decode: %v", decode, err)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

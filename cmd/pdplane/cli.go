@@ -15,6 +15,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/pdplane/pdplane/cli"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
 )
@@ -38,17 +39,17 @@ type clientFlags struct {
 	output                   string
 }
 
-func (c *clientFlags) register(fs *flagSet, legacy, read bool) {
-	fs.str(&c.controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve (of several, comma-separated, the first)")
-	fs.str(&c.adminToken, "admin-token", "", "the control plane's admin token: needed to drain, mark stale, remove, lift, and for show --full")
-	fs.str(&c.credentialFile, "credential-file", "", "act as the peer whose credential this file holds (pdplane agent --credential-file): "+
+func (c *clientFlags) register(fs *cli.FlagSet, legacy, read bool) {
+	fs.Str(&c.controlPlane, "control-plane", "http://127.0.0.1:8080", "base URL of pdplane serve (of several, comma-separated, the first)")
+	fs.Str(&c.adminToken, "admin-token", "", "the control plane's admin token: needed to drain, mark stale, remove, lift, and for show --full")
+	fs.Str(&c.credentialFile, "credential-file", "", "act as the peer whose credential this file holds (pdplane agent --credential-file): "+
 		"a peer may drain itself, as an engine going away does")
 	if legacy {
-		fs.deprecatedStr(&c.legacyServer, "server", "control-plane")
-		fs.deprecatedStr(&c.legacyTok, "token", "admin-token")
+		fs.DeprecatedStr(&c.legacyServer, "server", "control-plane")
+		fs.DeprecatedStr(&c.legacyTok, "token", "admin-token")
 	}
 	if read {
-		fs.output(&c.output)
+		fs.OutputFlag(&c.output)
 	}
 }
 
@@ -67,7 +68,7 @@ func (c *clientFlags) client(out io.Writer) (*client, error) {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	base = firstToken(base)
+	base = cli.FirstToken(base)
 	opts := []api.ClientOption{api.WithHTTPClient(&http.Client{Timeout: 15 * time.Second})}
 	if token != "" {
 		opts = append(opts, api.WithRequestEditorFn(func(_ context.Context, r *http.Request) error {
@@ -91,9 +92,9 @@ type subcommand struct {
 	name     string
 	args     string // the positional arguments in the synopsis, e.g. "PEER"
 	summary  string
-	read     bool              // takes -o
-	nargs    int               // positional arguments required; -1: any
-	setup    func(fs *flagSet) // registers the verb's own flags
+	read     bool                  // takes -o
+	nargs    int                   // positional arguments required; -1: any
+	setup    func(fs *cli.FlagSet) // registers the verb's own flags
 	run      func(ctx context.Context, c *client, args []string) error
 	synopsis string // overrides "pdplane GROUP NAME ARGS [flags]"
 }
@@ -126,7 +127,7 @@ func (g *group) run(ctx context.Context, args []string) error {
 	}
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, g.usage())
-		return usageErrorf("%s: a verb is required", g.name)
+		return cli.Usagef("%s: a verb is required", g.name)
 	}
 	verb, args := args[0], args[1:]
 	if verb == "-h" || verb == "--help" || verb == "-help" || verb == "help" {
@@ -141,21 +142,21 @@ func (g *group) run(ctx context.Context, args []string) error {
 	}
 	if sub == nil {
 		fmt.Fprint(os.Stderr, g.usage())
-		return usageErrorf("%s: unknown verb %q", g.name, verb)
+		return cli.Usagef("%s: unknown verb %q", g.name, verb)
 	}
-	fs := newFlagSet(g.name + " " + sub.name)
-	fs.stdout = out
-	fs.synopsis = sub.synopsis
-	if fs.synopsis == "" {
-		fs.synopsis = strings.Join(strings.Fields(fmt.Sprintf("pdplane %s %s %s [flags]", g.name, sub.name, sub.args)), " ")
+	fs := cli.NewFlagSet(g.name + " " + sub.name)
+	fs.Stdout = out
+	fs.Synopsis = sub.synopsis
+	if fs.Synopsis == "" {
+		fs.Synopsis = strings.Join(strings.Fields(fmt.Sprintf("pdplane %s %s %s [flags]", g.name, sub.name, sub.args)), " ")
 	}
-	fs.about = sub.summary
+	fs.About = sub.summary
 	var cf clientFlags
 	cf.register(fs, g.legacy, sub.read)
 	if sub.setup != nil {
 		sub.setup(fs)
 	}
-	pos, err := fs.parseArgs(args)
+	pos, err := fs.ParseArgs(args)
 	if err != nil {
 		return err
 	}
@@ -164,7 +165,7 @@ func (g *group) run(ctx context.Context, args []string) error {
 		if sub.nargs > 0 {
 			what = sub.args
 		}
-		return usageErrorf("%s %s takes %s, got %d argument(s) (see 'pdplane %s %s -h')", g.name, sub.name, what, len(pos), g.name, sub.name)
+		return cli.Usagef("%s %s takes %s, got %d argument(s) (see 'pdplane %s %s -h')", g.name, sub.name, what, len(pos), g.name, sub.name)
 	}
 	c, err := cf.client(out)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/pdplane/pdplane/cli"
 	"github.com/pdplane/pdplane/server/api"
 )
 
@@ -36,21 +37,21 @@ func eventsCmd(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) > 0 && (args[0] == "help") {
 		args = []string{"-h"}
 	}
-	fs := newFlagSet("events")
-	fs.stdout = out
-	fs.synopsis = "pdplane events [--peer PEER] [--limit N] [--follow] [-o table|json|yaml] [flags]"
-	fs.about = eventsAbout
+	fs := cli.NewFlagSet("events")
+	fs.Stdout = out
+	fs.Synopsis = "pdplane events [--peer PEER] [--limit N] [--follow] [-o table|json|yaml] [flags]"
+	fs.About = eventsAbout
 	var cf clientFlags
 	cf.register(fs, false, true)
-	fs.str(&peer, "peer", "", "only this peer's events (its name or id)")
-	fs.int(&limit, "limit", 50, "the newest this many events (1 to 1000)")
-	fs.boolean(&follow, "follow", false, "then print new events as they happen, until interrupted")
-	fs.shorthand("f", "follow")
-	if err := fs.parse(args); err != nil {
+	fs.Str(&peer, "peer", "", "only this peer's events (its name or id)")
+	fs.Int(&limit, "limit", 50, "the newest this many events (1 to 1000)")
+	fs.Bool(&follow, "follow", false, "then print new events as they happen, until interrupted")
+	fs.Shorthand("f", "follow")
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if limit < 1 || limit > 1000 {
-		return usageErrorf("invalid value %d for --limit: want an integer from 1 to 1000", limit)
+		return cli.Usagef("invalid value %d for --limit: want an integer from 1 to 1000", limit)
 	}
 	c, err := cf.client(out)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/pdplane/pdplane/cli"
 )
 
 var errStopAfterParse = errors.New("stopped after parsing the flags")
@@ -38,22 +40,22 @@ func commandLines() [][]string {
 
 // flagSetOf runs the command line far enough to parse its flags, and
 // returns its flag set.
-func flagSetOf(t *testing.T, line []string) *flagSet {
+func flagSetOf(t *testing.T, line []string) *cli.FlagSet {
 	t.Helper()
-	var got *flagSet
-	parseHook = func(fs *flagSet) error {
+	var got *cli.FlagSet
+	cli.ParseHook = func(fs *cli.FlagSet) error {
 		got = fs
 		return errStopAfterParse
 	}
-	defer func() { parseHook = nil }()
+	defer func() { cli.ParseHook = nil }()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // nothing may start
 	err := commands[line[0]](ctx, line[1:])
 	if !errors.Is(err, errStopAfterParse) || got == nil {
 		t.Fatalf("pdplane %s: %v; want it to parse its flags and stop", strings.Join(line, " "), err)
 	}
-	if got.name != strings.Join(line, " ") {
-		t.Errorf("pdplane %s: its flag set is named %q", strings.Join(line, " "), got.name)
+	if got.Name() != strings.Join(line, " ") {
+		t.Errorf("pdplane %s: its flag set is named %q", strings.Join(line, " "), got.Name())
 	}
 	return got
 }
@@ -74,36 +76,36 @@ func TestEveryFlagReadsItsVariable(t *testing.T) {
 		cmd := strings.Join(line, " ")
 		t.Run(cmd, func(t *testing.T) {
 			fs := flagSetOf(t, line)
-			fs.stderr = io.Discard
+			fs.Stderr = io.Discard
 			want := map[string]string{}
 			fs.VisitAll(func(fl *flag.Flag) {
-				if _, short := fs.shorthands[fl.Name]; short {
+				if _, short := fs.Shorthands[fl.Name]; short {
 					return
 				}
-				ev, ok := fl.Value.(envFlag)
+				sample, ok := cli.Sample(fl.Value)
 				if !ok {
-					t.Errorf("--%s is registered without flagSet's helpers (str, dur, int, boolean, choice)", fl.Name)
+					t.Errorf("--%s is registered without cli.FlagSet's helpers (Str, Dur, Int, Bool, Choice)", fl.Name)
 					return
 				}
-				if !strings.Contains(fl.Usage, "$"+envName(fl.Name)) {
-					t.Errorf("--%s: its help does not name $%s", fl.Name, envName(fl.Name))
+				if !strings.Contains(fl.Usage, "$"+cli.EnvName(fl.Name)) {
+					t.Errorf("--%s: its help does not name $%s", fl.Name, cli.EnvName(fl.Name))
 				}
-				want[fl.Name] = ev.sampleValue()
-				t.Setenv(envName(fl.Name), ev.sampleValue())
+				want[fl.Name] = sample
+				t.Setenv(cli.EnvName(fl.Name), sample)
 			})
 			fs = flagSetOf(t, line)
 			for name, v := range want {
 				n++
 				if got := fs.Lookup(name).Value.String(); got != v {
-					t.Errorf("with %s=%s: --%s = %q", envName(name), v, name, got)
+					t.Errorf("with %s=%s: --%s = %q", cli.EnvName(name), v, name, got)
 				}
-				if fs.setBy[name] != "$"+envName(name) {
-					t.Errorf("--%s: set by %q", name, fs.setBy[name])
+				if fs.SetBy[name] != "$"+cli.EnvName(name) {
+					t.Errorf("--%s: set by %q", name, fs.SetBy[name])
 				}
 			}
-			for short, long := range fs.shorthands {
+			for short, long := range fs.Shorthands {
 				if got := fs.Lookup(short).Value.String(); got != want[long] {
-					t.Errorf("-%s = %q with %s=%s", short, got, envName(long), want[long])
+					t.Errorf("-%s = %q with %s=%s", short, got, cli.EnvName(long), want[long])
 				}
 			}
 		})
@@ -151,8 +153,8 @@ func TestFlagErrors(t *testing.T) {
 	}
 	// A flag on the command line wins over a bad variable.
 	t.Setenv("PDPLANE_LEASE_TTL", "10")
-	parseHook = func(*flagSet) error { return errStopAfterParse }
-	defer func() { parseHook = nil }()
+	cli.ParseHook = func(*cli.FlagSet) error { return errStopAfterParse }
+	defer func() { cli.ParseHook = nil }()
 	if err := runServe(context.Background(), []string{"--lease-ttl", "10s"}); !errors.Is(err, errStopAfterParse) {
 		t.Errorf("--lease-ttl 10s with PDPLANE_LEASE_TTL=10: %v", err)
 	}
@@ -162,11 +164,11 @@ func TestFlagErrors(t *testing.T) {
 func TestDeprecatedAliases(t *testing.T) {
 	t.Setenv("PDPLANE_TOKEN", "old-tok")
 	var warnings strings.Builder
-	fs := newFlagSet("peers list")
-	fs.stderr = &warnings
+	fs := cli.NewFlagSet("peers list")
+	fs.Stderr = &warnings
 	var cf clientFlags
 	cf.register(fs, true, true)
-	if _, err := fs.parseArgs([]string{"--server", "http://example.invalid"}); err != nil {
+	if _, err := fs.ParseArgs([]string{"--server", "http://example.invalid"}); err != nil {
 		t.Fatal(err)
 	}
 	c, err := cf.client(io.Discard)
@@ -186,11 +188,11 @@ func TestDeprecatedAliases(t *testing.T) {
 	}
 	// The new spellings win over the old.
 	t.Setenv("PDPLANE_ADMIN_TOKEN", "new-tok")
-	fs = newFlagSet("peers list")
-	fs.stderr = io.Discard
+	fs = cli.NewFlagSet("peers list")
+	fs.Stderr = io.Discard
 	cf = clientFlags{}
 	cf.register(fs, true, true)
-	if _, err := fs.parseArgs([]string{"--server", "http://old.invalid", "--control-plane", "http://new.invalid,http://b.invalid"}); err != nil {
+	if _, err := fs.ParseArgs([]string{"--server", "http://old.invalid", "--control-plane", "http://new.invalid,http://b.invalid"}); err != nil {
 		t.Fatal(err)
 	}
 	if c, _ := cf.client(io.Discard); c.base != "http://new.invalid" || c.token != "new-tok" {

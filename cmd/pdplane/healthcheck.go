@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"time"
+
+	"github.com/pdplane/pdplane/cli"
 )
 
 // runHealthcheck is the container image's HEALTHCHECK: GET --url and exit
@@ -16,11 +18,11 @@ import (
 func runHealthcheck(ctx context.Context, args []string) error {
 	var url string
 	var timeout time.Duration
-	fs := newFlagSet("healthcheck")
-	fs.str(&url, "url", defaultHealthURL(os.Getenv("PDPLANE_ADDR")), "URL to GET; 2xx is healthy "+
+	fs := cli.NewFlagSet("healthcheck")
+	fs.Str(&url, "url", defaultHealthURL(os.Getenv("PDPLANE_ADDR")), "URL to GET; 2xx is healthy "+
 		"(default: /healthz on the port of $PDPLANE_ADDR, or 8080, at 127.0.0.1)")
-	fs.dur(&timeout, "timeout", 3*time.Second, "time limit of the request")
-	if err := fs.parse(args); err != nil {
+	fs.Dur(&timeout, "timeout", 3*time.Second, "time limit of the request")
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)

@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/pdplane/pdplane/cli"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -84,9 +86,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func exitStatus(err error, stderr io.Writer) int {
-	var ue *usageError
+	var ue *cli.UsageError
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp), errors.Is(err, errPrinted):
+	case err == nil, errors.Is(err, flag.ErrHelp), errors.Is(err, cli.ErrPrinted):
 		return 0
 	case errors.As(err, &ue):
 		fmt.Fprintln(stderr, "pdplane:", err)

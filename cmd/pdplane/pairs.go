@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/pdplane/pdplane/cli"
 	"github.com/pdplane/pdplane/server/api"
 )
 
@@ -28,8 +29,8 @@ func pairsGroup(out io.Writer) *group {
 		out:   out,
 		subs: []subcommand{{
 			name: "list", summary: "every (prefill, decode) pair with its verdict", read: true,
-			setup: func(fs *flagSet) {
-				fs.int(&limit, "limit", 0, "at most this many pairs (0: the server's default)")
+			setup: func(fs *cli.FlagSet) {
+				fs.Int(&limit, "limit", 0, "at most this many pairs (0: the server's default)")
 			},
 			run: func(ctx context.Context, c *client, _ []string) error {
 				return listPairs(ctx, c, limit)

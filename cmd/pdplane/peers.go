@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdplane/pdplane/cli"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/server/api"
 )
@@ -30,18 +31,18 @@ func peersGroup(out io.Writer) *group {
 		out:    out,
 		subs: []subcommand{{
 			name: "list", args: "", summary: "the peers, filtered by role, state or model", read: true,
-			setup: func(fs *flagSet) {
-				fs.choice(&role, "role", "", []string{"prefill", "decode", "both"}, "only peers of this role")
-				fs.choice(&state, "state", "", []string{"pending", "ready", "unhealthy", "draining", "stale", "failed"}, "only peers in this state")
-				fs.str(&model, "model", "", "only peers serving this model")
+			setup: func(fs *cli.FlagSet) {
+				fs.Choice(&role, "role", "", []string{"prefill", "decode", "both"}, "only peers of this role")
+				fs.Choice(&state, "state", "", []string{"pending", "ready", "unhealthy", "draining", "stale", "failed"}, "only peers in this state")
+				fs.Str(&model, "model", "", "only peers serving this model")
 			},
 			run: func(ctx context.Context, c *client, _ []string) error {
 				return listPeersCmd(ctx, c, role, state, model)
 			},
 		}, {
 			name: "show", args: "PEER", nargs: 1, summary: "one peer; --full: its whole registration (admin)", read: true,
-			setup: func(fs *flagSet) {
-				fs.boolean(&full, "full", false, "the full registration (KV pointers, agent metadata, transfer secrets); needs the admin token")
+			setup: func(fs *cli.FlagSet) {
+				fs.Bool(&full, "full", false, "the full registration (KV pointers, agent metadata, transfer secrets); needs the admin token")
 			},
 			run: func(ctx context.Context, c *client, args []string) error {
 				return showPeer(ctx, c, args[0], full)
@@ -49,17 +50,17 @@ func peersGroup(out io.Writer) *group {
 		}, {
 			name: "drain", args: "PEER", nargs: 1, summary: "take the peer out of routing; requests in flight finish (admin, or the peer's own credential)", read: true,
 			synopsis: "pdplane peers drain PEER [--wait [--timeout D]] [flags]\npdplane peers drain self --credential-file F [--wait [--timeout D]] [flags]",
-			setup: func(fs *flagSet) {
-				fs.boolean(&wait, "wait", false, "return only once the peer may be stopped: no request in flight in either role, no KV handoff pending "+
+			setup: func(fs *cli.FlagSet) {
+				fs.Bool(&wait, "wait", false, "return only once the peer may be stopped: no request in flight in either role, no KV handoff pending "+
 					"(GET /api/v1/peers/{id}/drain); exit 1 when --timeout passes first")
-				fs.dur(&waitFor, "timeout", 10*time.Minute, "how long --wait waits")
+				fs.Dur(&waitFor, "timeout", 10*time.Minute, "how long --wait waits")
 			},
 			run: func(ctx context.Context, c *client, args []string) error {
 				peer := args[0]
 				if peer == "self" {
 					id, ok := registry.CredentialPeerID(c.token)
 					if !ok {
-						return usageErrorf("peers drain self: the token is not a peer's credential (give --credential-file)")
+						return cli.Usagef("peers drain self: the token is not a peer's credential (give --credential-file)")
 					}
 					peer = id // the peer whose credential this is
 				}
@@ -79,13 +80,13 @@ func peersGroup(out io.Writer) *group {
 		}, {
 			name: "stale", args: "PEER", nargs: 1, summary: "mark the peer stale, which starts its heal (admin)", read: true,
 			synopsis: "pdplane peers stale PEER --reason TEXT [--error TEXT] [flags]",
-			setup: func(fs *flagSet) {
-				fs.str(&reason, "reason", "", "why the peer is stale (required)")
-				fs.str(&errText, "error", "", "the error text that revealed it")
+			setup: func(fs *cli.FlagSet) {
+				fs.Str(&reason, "reason", "", "why the peer is stale (required)")
+				fs.Str(&errText, "error", "", "the error text that revealed it")
 			},
 			run: func(ctx context.Context, c *client, args []string) error {
 				if reason == "" {
-					return usageErrorf("peers stale: --reason is required")
+					return cli.Usagef("peers stale: --reason is required")
 				}
 				p, err := c.resolvePeer(ctx, args[0])
 				if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel"
 
+	"github.com/pdplane/pdplane/cli"
 	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/memstore"
@@ -104,57 +105,56 @@ type controlPlane struct {
 	closeOnce sync.Once
 }
 
-func (c *serveConfig) flags(fs *flagSet) {
-	fs.str(&c.addr, "addr", "127.0.0.1:8080", "listen address HOST:PORT")
-	fs.str(&c.databaseURL, "database-url", "", "PostgreSQL URL; empty uses the embedded in-memory store")
-	fs.str(&c.adminToken, "admin-token", "", "bearer token for operator actions (delete, drain, stale marks)")
-	fs.list(&c.joinTokens, "join-token", "", "comma-separated bearer tokens that admit new peers (several during a rotation); "+
+func (c *serveConfig) flags(fs *cli.FlagSet) {
+	fs.Str(&c.addr, "addr", "127.0.0.1:8080", "listen address HOST:PORT")
+	fs.Str(&c.databaseURL, "database-url", "", "PostgreSQL URL; empty uses the embedded in-memory store")
+	fs.Str(&c.adminToken, "admin-token", "", "bearer token for operator actions (delete, drain, stale marks)")
+	fs.List(&c.joinTokens, "join-token", "", "comma-separated bearer tokens that admit new peers (several during a rotation); "+
 		"each registration returns the peer's own credential")
-	fs.str(&c.peerToken, "peer-token", "", "deprecated: the same as --join-token")
-	fs.boolean(&c.front, "front", true, "read and answer generation requests (POST of HTTP/1.1 to /v1/chat/completions, /v1/completions, "+
+	fs.Str(&c.peerToken, "peer-token", "", "deprecated: the same as --join-token")
+	fs.Bool(&c.front, "front", true, "read and answer generation requests (POST of HTTP/1.1 to /v1/chat/completions, /v1/completions, "+
 		"/generate) with pdplane's own HTTP/1.1 code, which costs less CPU than net/http's server; every other request, and every one "+
 		"it does not take, goes to net/http (false: net/http serves all; Linux only)")
-	fs.boolean(&c.receipt, "route-receipt", false, "add X-Pdplane-Route to every routed answer: the pair that served it with both generations, and the attempts that failed before it")
-	fs.boolean(&c.takeover, "takeover", true, "take a slow stream's connection over from net/http, so that a held stream costs "+
+	fs.Bool(&c.receipt, "route-receipt", false, "add X-Pdplane-Route to every routed answer: the pair that served it with both generations, and the attempts that failed before it")
+	fs.Bool(&c.takeover, "takeover", true, "take a slow stream's connection over from net/http, so that a held stream costs "+
 		"~19 KiB instead of ~45 (false: every stream stays on net/http's connection; Linux only)")
-	fs.boolean(&c.insecure, "insecure", false, "serve without tokens on a non-loopback address: anyone who reaches it may register peers and read their KV metadata")
-	fs.str(&c.replica, "replica", "", "name of this replica in the stale reports its router makes (default: the host name)")
-	fs.list(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
-	fs.str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two, least_load or cache_aware")
-	fs.str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two, least_load or cache_aware")
-	fs.dur(&c.decodeFirstByteTimeout, "decode-first-byte-timeout", router.DefaultDecodeFirstByteTimeout,
+	fs.Bool(&c.insecure, "insecure", false, "serve without tokens on a non-loopback address: anyone who reaches it may register peers and read their KV metadata")
+	fs.Str(&c.replica, "replica", "", "name of this replica in the stale reports its router makes (default: the host name)")
+	fs.List(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
+	fs.Str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two, least_load or cache_aware")
+	fs.Str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two, least_load or cache_aware")
+	fs.Dur(&c.decodeFirstByteTimeout, "decode-first-byte-timeout", router.DefaultDecodeFirstByteTimeout,
 		"how long a streamed decode may send nothing after its prefill succeeded before the request moves to another pair")
-	fs.dur(&c.prefillTimeout, "prefill-timeout", router.DefaultPrefillTimeout,
+	fs.Dur(&c.prefillTimeout, "prefill-timeout", router.DefaultPrefillTimeout,
 		"how long a prefill may take to answer (the whole prompt computed and its KV sent) before the request moves to another pair")
-	fs.str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.dur(&c.heartbeat, "heartbeat-interval", registry.DefaultHeartbeatInterval, "how often agents heartbeat")
-	fs.dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
-	fs.dur(&c.quarantineTTL, "quarantine-ttl", registry.DefaultQuarantineTTL,
+	fs.Str(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Dur(&c.heartbeat, "heartbeat-interval", registry.DefaultHeartbeatInterval, "how often agents heartbeat")
+	fs.Dur(&c.leaseTTL, "lease-ttl", registry.DefaultLeaseTTL, "how long a peer lives without a heartbeat")
+	fs.Dur(&c.quarantineTTL, "quarantine-ttl", registry.DefaultQuarantineTTL,
 		"how long a quarantined pair stays out of routing before its next transfer re-tests it (0: until an operator lifts it)")
-	fs.list(&c.allowPeerNetworks, "allow-peer-networks", "", "comma-separated CIDR prefixes a peer's url or bootstrap_host may name although "+
+	fs.List(&c.allowPeerNetworks, "allow-peer-networks", "", "comma-separated CIDR prefixes a peer's url or bootstrap_host may name although "+
 		"they are link-local, a metadata service or unspecified (refused by default)")
-	fs.list(&c.allowedHosts, "allowed-hosts", "", "comma-separated host or host:port names the server answers to (others get 421, against DNS rebinding); "+
+	fs.List(&c.allowedHosts, "allowed-hosts", "", "comma-separated host or host:port names the server answers to (others get 421, against DNS rebinding); "+
 		"empty allows any, except without tokens on a loopback --addr, where only localhost, 127.0.0.1 and [::1] are served besides these")
-	fs.dur(&c.bodyTimeout, "body-timeout", 30*time.Second, "how long a client may take to send a request body")
-	fs.int(&c.maxInflight, "max-inflight", 4096, "generation requests served at once; more get 503 with Retry-After")
-	fs.int(&c.maxEventStreams, "max-event-streams", 256, "event streams (/api/v1/events/stream) open at once; more get 503 with Retry-After")
-	fs.dur(&c.heal.Hold, "heal-hold", registry.DefaultHealHold,
+	fs.Dur(&c.bodyTimeout, "body-timeout", 30*time.Second, "how long a client may take to send a request body")
+	fs.Int(&c.maxInflight, "max-inflight", 4096, "generation requests served at once; more get 503 with Retry-After")
+	fs.Int(&c.maxEventStreams, "max-event-streams", 256, "event streams (/api/v1/events/stream) open at once; more get 503 with Retry-After")
+	fs.Dur(&c.heal.Hold, "heal-hold", registry.DefaultHealHold,
 		"how long a decode whose pair failed keeps serving its healthy pairs (the failing ones quarantined) before it drains for its heal")
-	fs.dur(&c.heal.DrainGrace, "heal-drain-grace", registry.DefaultHealDrainGrace,
+	fs.Dur(&c.heal.DrainGrace, "heal-drain-grace", registry.DefaultHealDrainGrace,
 		"how long requests in flight on a stale decode may take to finish before its agent runs the heal action")
-	fs.dur(&c.heal.VerifyTimeout, "heal-verify-timeout", registry.DefaultHealVerifyTimeout,
+	fs.Dur(&c.heal.VerifyTimeout, "heal-verify-timeout", registry.DefaultHealVerifyTimeout,
 		"how long a healed engine may take to come back as a new instance before the peer is marked failed")
-	fs.int(&c.heal.MaxPerHour, "heal-max-per-hour", registry.DefaultHealMaxPerHour, "heals per peer per hour; past it the peer is marked failed")
-	fs.dur(&c.shutdownGrace, "shutdown-grace", DefaultShutdownGrace,
+	fs.Int(&c.heal.MaxPerHour, "heal-max-per-hour", registry.DefaultHealMaxPerHour, "heals per peer per hour; past it the peer is marked failed")
+	fs.Dur(&c.shutdownGrace, "shutdown-grace", DefaultShutdownGrace,
 		"at SIGTERM or SIGINT, how long the requests in flight (streamed completions among them) may take to finish; "+
 			"/readyz is 503 and event streams end at once, and what is left after the grace is cut")
-	fs.str(&c.otlpEndpoint, "otlp-endpoint", "", "OpenTelemetry collector URL (OTLP/HTTP protobuf, e.g. http://otel-collector:4318) for traces of "+
+	fs.Str(&c.otlpEndpoint, "otlp-endpoint", "", "OpenTelemetry collector URL (OTLP/HTTP protobuf, e.g. http://otel-collector:4318) for traces of "+
 		"routed requests, registry writes and heal steps; empty uses $OTEL_EXPORTER_OTLP_ENDPOINT, and no tracing without it")
-	fs.add(&value[int]{p: &c.logServedEvery, f: fs, name: "access-log", kind: "errors|all|sample:N",
-		want: "errors, all or sample:N with N at least 1", parse: parseAccessLog, format: formatAccessLog, sample: "sample:10"},
-		"access-log", "which served generation requests get an info-level \"request\" line: errors (none: only failed and refused requests, "+
+	cli.Custom(fs, &c.logServedEvery, "access-log", "errors|all|sample:N", "errors, all or sample:N with N at least 1", "sample:10",
+		parseAccessLog, formatAccessLog, "which served generation requests get an info-level \"request\" line: errors (none: only failed and refused requests, "+
 			"the default; every request at --log-level debug), all, or sample:N (one served request in N); failures are always logged")
-	fs.str(&c.pprofAddr, "pprof-addr", "", "loopback HOST:PORT to serve Go runtime profiles on (/debug/pprof/: CPU, heap, goroutines), "+
+	fs.Str(&c.pprofAddr, "pprof-addr", "", "loopback HOST:PORT to serve Go runtime profiles on (/debug/pprof/: CPU, heap, goroutines), "+
 		"on a listener of its own; empty serves none")
 }
 
@@ -165,12 +165,12 @@ const DefaultShutdownGrace = 30 * time.Second
 
 // serveFlags is serve's flag set: dev's (serveConfig.flags), the GC floor
 // and a config file.
-func serveFlags(c *serveConfig, gcMinHeapMiB *int) *flagSet {
-	fs := newFlagSet("serve")
+func serveFlags(c *serveConfig, gcMinHeapMiB *int) *cli.FlagSet {
+	fs := cli.NewFlagSet("serve")
 	c.flags(fs)
 	// serve's alone: dev runs its engines in the same process.
 	gcMinHeapFlag(fs, gcMinHeapMiB)
-	fs.configFile()
+	fs.ConfigFile()
 	return fs
 }
 
@@ -178,7 +178,7 @@ func runServe(ctx context.Context, args []string) error {
 	var c serveConfig
 	var gcMinHeapMiB int
 	fs := serveFlags(&c, &gcMinHeapMiB)
-	if err := fs.parse(args); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log, err := newLogger(c.logLevel, false)
@@ -545,9 +545,9 @@ func openStore(ctx context.Context, c serveConfig, log zerolog.Logger) (registry
 
 func runMigrate(ctx context.Context, args []string) error {
 	var url string
-	fs := newFlagSet("migrate")
-	fs.str(&url, "database-url", "", "PostgreSQL URL")
-	if err := fs.parse(args); err != nil {
+	fs := cli.NewFlagSet("migrate")
+	fs.Str(&url, "database-url", "", "PostgreSQL URL")
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if url == "" {

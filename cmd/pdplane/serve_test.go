@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/pdplane/pdplane/cli"
 )
 
 func TestCheckExposure(t *testing.T) {
@@ -43,7 +45,7 @@ func TestJoinTokens(t *testing.T) {
 	if got := c.agentToken(); got != "new" {
 		t.Fatalf("agent token = %q", got)
 	}
-	if got := firstToken(" new , old"); got != "new" {
+	if got := cli.FirstToken(" new , old"); got != "new" {
 		t.Fatalf("firstToken = %q", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/cli"
 	"github.com/rs/zerolog"
 )
 
@@ -15,9 +16,9 @@ func TestShutdownGraceFlag(t *testing.T) {
 	parse := func(args ...string) serveConfig {
 		t.Helper()
 		var c serveConfig
-		fs := newFlagSet("serve")
+		fs := cli.NewFlagSet("serve")
 		c.flags(fs)
-		if err := fs.parse(args); err != nil {
+		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
 		return c

@@ -9,29 +9,30 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/agent"
+	"github.com/pdplane/pdplane/cli"
 	"github.com/pdplane/pdplane/devfleet"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/sim"
 )
 
-func simFlags(fs *flagSet, c *sim.Config, role, engine *string) {
-	fs.str(role, "role", "prefill", "prefill or decode")
-	fs.str(engine, "engine", "sglang", "protocol to speak: sglang or vllm")
-	fs.str(&c.Name, "name", "", "engine name (default: <role>-<pid>)")
-	fs.str(&c.Model, "model", sim.DefaultModel, "served model name")
-	fs.str(&c.Addr, "sim-addr", "127.0.0.1:0", "listen address of the simulated engine")
-	fs.str(&c.Transfer, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
-	fs.dur(&c.PrefillTimePerToken, "prefill-time-per-token", 0, "simulated prefill time per prompt token")
-	fs.dur(&c.DecodeTimePerToken, "decode-time-per-token", 0, "simulated decode time per generated token (an SGLang decode sends its first, the prefill's, at once)")
-	fs.int(&c.Pages, "kv-pages", sim.DefaultPages, "pages in the KV pool (page_size tokens each); a request holds its prompt's pages "+
+func simFlags(fs *cli.FlagSet, c *sim.Config, role, engine *string) {
+	fs.Str(role, "role", "prefill", "prefill or decode")
+	fs.Str(engine, "engine", "sglang", "protocol to speak: sglang or vllm")
+	fs.Str(&c.Name, "name", "", "engine name (default: <role>-<pid>)")
+	fs.Str(&c.Model, "model", sim.DefaultModel, "served model name")
+	fs.Str(&c.Addr, "sim-addr", "127.0.0.1:0", "listen address of the simulated engine")
+	fs.Str(&c.Transfer, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
+	fs.Dur(&c.PrefillTimePerToken, "prefill-time-per-token", 0, "simulated prefill time per prompt token")
+	fs.Dur(&c.DecodeTimePerToken, "decode-time-per-token", 0, "simulated decode time per generated token (an SGLang decode sends its first, the prefill's, at once)")
+	fs.Int(&c.Pages, "kv-pages", sim.DefaultPages, "pages in the KV pool (page_size tokens each); a request holds its prompt's pages "+
 		"until its answer ends, so held streams need as many")
-	fs.int(&c.PageSize, "page-size", sim.DefaultPageSize, "tokens per KV page")
-	fs.int(&c.NumLayers, "num-layers", sim.DefaultNumLayers, "model layers: the KV pool has a K and a V region per layer")
-	fs.int(&c.NumKVHeads, "num-kv-heads", sim.DefaultNumKVHeads, "KV heads")
-	fs.int(&c.HeadDim, "head-dim", sim.DefaultHeadDim, "size of one head; with the dtype, page size, heads and layers it sets how many bytes a page moves")
-	fs.dur(&c.RoomTimeout, "room-timeout", sim.DefaultRoomTimeout, "how long either side of a transfer waits for the other "+
+	fs.Int(&c.PageSize, "page-size", sim.DefaultPageSize, "tokens per KV page")
+	fs.Int(&c.NumLayers, "num-layers", sim.DefaultNumLayers, "model layers: the KV pool has a K and a V region per layer")
+	fs.Int(&c.NumKVHeads, "num-kv-heads", sim.DefaultNumKVHeads, "KV heads")
+	fs.Int(&c.HeadDim, "head-dim", sim.DefaultHeadDim, "size of one head; with the dtype, page size, heads and layers it sets how many bytes a page moves")
+	fs.Dur(&c.RoomTimeout, "room-timeout", sim.DefaultRoomTimeout, "how long either side of a transfer waits for the other "+
 		"(SGLang's bootstrap and waiting timeouts, vLLM's held-blocks timeout) before failing the request")
-	fs.boolean(&c.CheapTransfer, "cheap-transfer", false, "keep the PD protocol (bootstrap, transfer notifications, per-token times) "+
+	fs.Bool(&c.CheapTransfer, "cheap-transfer", false, "keep the PD protocol (bootstrap, transfer notifications, per-token times) "+
 		"but compute and verify no KV and move one page per request: for load tests where the engine must not be the bottleneck")
 }
 
@@ -40,20 +41,20 @@ func runSim(ctx context.Context, args []string) error {
 	var c sim.Config
 	var role, engine, controlPlane, token, legacyToken, logLevel, sharedSecret, pprofAddr string
 	var gcMinHeapMiB int
-	fs := newFlagSet("sim")
+	fs := cli.NewFlagSet("sim")
 	simFlags(fs, &c, &role, &engine)
-	fs.int(&c.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill (0 picks a free one)")
-	fs.list(&controlPlane, "control-plane", "", "base URL of pdplane serve to register with, or several replicas' URLs "+
+	fs.Int(&c.BootstrapPort, "bootstrap-port", 0, "SGLang bootstrap port of a prefill (0 picks a free one)")
+	fs.List(&controlPlane, "control-plane", "", "base URL of pdplane serve to register with, or several replicas' URLs "+
 		"separated by commas (failover in order); empty runs the engine alone")
-	fs.list(&token, "join-token", "", "join token of the control plane (or its admin token)")
-	fs.deprecatedStr(&legacyToken, "token", "join-token")
-	fs.str(&logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.str(&sharedSecret, "transfer-secret", "", "without --control-plane: the TCP transfer secret (16 to 64 bytes) shared by "+
+	fs.List(&token, "join-token", "", "join token of the control plane (or its admin token)")
+	fs.DeprecatedStr(&legacyToken, "token", "join-token")
+	fs.Str(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Str(&sharedSecret, "transfer-secret", "", "without --control-plane: the TCP transfer secret (16 to 64 bytes) shared by "+
 		"the sims that move KV between them, e.g. behind another router; prefer the environment variable, which ps does not show")
 	gcMinHeapFlag(fs, &gcMinHeapMiB)
-	fs.str(&pprofAddr, "pprof-addr", "", "loopback HOST:PORT to serve Go runtime profiles on (/debug/pprof/), e.g. to profile the engine under a load test")
-	fs.configFile()
-	if err := fs.parse(args); err != nil {
+	fs.Str(&pprofAddr, "pprof-addr", "", "loopback HOST:PORT to serve Go runtime profiles on (/debug/pprof/), e.g. to profile the engine under a load test")
+	fs.ConfigFile()
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if token == "" {
@@ -65,7 +66,7 @@ func runSim(ctx context.Context, args []string) error {
 		}
 		c.SharedTransferSecret = []byte(sharedSecret)
 	}
-	token = firstToken(token)
+	token = cli.FirstToken(token)
 	c.Role, c.Engine = registry.Role(role), registry.Engine(engine)
 	if c.Name == "" {
 		c.Name = fmt.Sprintf("%s-%d", role, os.Getpid())
@@ -115,16 +116,16 @@ func runDev(ctx context.Context, args []string) error {
 	var prefills, decodes int
 	var engine, transferName, model string
 	var prefillTime, decodeTime time.Duration
-	fs := newFlagSet("dev")
+	fs := cli.NewFlagSet("dev")
 	c.flags(fs)
-	fs.int(&prefills, "prefills", 1, "simulated prefill engines")
-	fs.int(&decodes, "decodes", 1, "simulated decode engines")
-	fs.str(&engine, "engine", "sglang", "protocol the simulators speak: sglang or vllm")
-	fs.str(&transferName, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
-	fs.str(&model, "model", sim.DefaultModel, "model the simulators serve")
-	fs.dur(&prefillTime, "prefill-time-per-token", 0, "simulated prefill time per prompt token")
-	fs.dur(&decodeTime, "decode-time-per-token", 0, "simulated decode time per generated token (slow streams, e.g. to watch a shutdown drain)")
-	if err := fs.parse(args); err != nil {
+	fs.Int(&prefills, "prefills", 1, "simulated prefill engines")
+	fs.Int(&decodes, "decodes", 1, "simulated decode engines")
+	fs.Str(&engine, "engine", "sglang", "protocol the simulators speak: sglang or vllm")
+	fs.Str(&transferName, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
+	fs.Str(&model, "model", sim.DefaultModel, "model the simulators serve")
+	fs.Dur(&prefillTime, "prefill-time-per-token", 0, "simulated prefill time per prompt token")
+	fs.Dur(&decodeTime, "decode-time-per-token", 0, "simulated decode time per generated token (slow streams, e.g. to watch a shutdown drain)")
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if prefills < 1 || decodes < 1 {

@@ -1,4 +1,4 @@
-package main
+package gcfloor
 
 import (
 	"os"
@@ -27,8 +27,8 @@ func TestGCPercentFor(t *testing.T) {
 		// a floor under the runtime's own minimum: the default
 		{0, 0, 2 * mib, 100},
 	} {
-		if got := gcPercentFor(tc.live, tc.scan, tc.min); got != tc.want {
-			t.Errorf("gcPercentFor(%d, %d, %d MiB) = %d, want %d", tc.live, tc.scan, tc.min/mib, got, tc.want)
+		if got := percentFor(tc.live, tc.scan, tc.min); got != tc.want {
+			t.Errorf("percentFor(%d, %d, %d MiB) = %d, want %d", tc.live, tc.scan, tc.min/mib, got, tc.want)
 		}
 	}
 }
@@ -45,7 +45,7 @@ func TestGCPercentForPutsTheGoalAtTheFloor(t *testing.T) {
 	const floor = 64 * mib
 	for live := uint64(0); live <= 40*mib; live += mib / 4 {
 		for _, scan := range []uint64{0, mib / 2, 4 * mib} {
-			p := gcPercentFor(live, scan, floor)
+			p := percentFor(live, scan, floor)
 			goal := heapGoal(live, scan, p)
 			switch {
 			case live+(live+scan) >= floor:
@@ -87,7 +87,7 @@ func collectUntil(t *testing.T, what string, ok func() bool) {
 func finalized(t *testing.T) {
 	t.Helper()
 	ran := make(chan struct{})
-	runtime.SetFinalizer(&gcSentinel{}, func(*gcSentinel) { close(ran) })
+	runtime.SetFinalizer(&sentinel{}, func(*sentinel) { close(ran) })
 	runtime.GC()
 	select {
 	case <-ran:
@@ -106,7 +106,7 @@ func TestGCFloorFollowsTheLiveHeap(t *testing.T) {
 	}
 	const floor = 256 << 20
 	before := gogc()
-	stop := startGCFloor(floor)
+	stop := Start(floor)
 	defer stop()
 	collectUntil(t, "a small live heap raises the percentage", func() bool { return gogc() > 200 })
 

@@ -1,4 +1,9 @@
-package main
+// Package cli is the flags of pdplane's commands: each flag also reads a
+// PDPLANE_* environment variable and, for the commands that take one, a key
+// of a YAML config file (--config), the command line winning over the
+// variable and the variable over the file; --print-config prints the result.
+// A bad value is a UsageError naming the flag and the form it wants.
+package cli
 
 import (
 	"errors"
@@ -12,65 +17,65 @@ import (
 	"time"
 )
 
-// flagSet wraps flag.FlagSet so that every flag also reads a PDPLANE_*
+// FlagSet wraps flag.FlagSet so that every flag also reads a PDPLANE_*
 // environment variable (the flag given on the command line wins), says so in
 // its help, and names itself and the form it wants when a value is wrong.
-type flagSet struct {
+type FlagSet struct {
 	*flag.FlagSet
 	name     string // the command, e.g. "peers show"
-	synopsis string // usage lines after "Usage:", one per line; default "pdplane NAME [flags]"
-	about    string // a paragraph after the usage lines
+	Synopsis string // usage lines after "Usage:", one per line; default "pdplane NAME [flags]"
+	About    string // a paragraph after the usage lines
 
-	stdout, stderr io.Writer
+	Stdout, Stderr io.Writer
 
 	bad        error             // the last bad value a Set refused
 	deprecated map[string]string // flag name → what replaces it
-	shorthands map[string]string // short name → long name
-	setBy      map[string]string // flag name → "flag", "$PDPLANE_X" or the config file's path, after parse
+	Shorthands map[string]string // short name → long name
+	SetBy      map[string]string // flag name → "flag", "$PDPLANE_X" or the config file's path, after parse
 
 	// config and printConfig are --config and --print-config, for the
 	// commands that take a config file (configFile); nil otherwise.
-	config      *string
+	Config      *string
 	printConfig *bool
 	// lookupEnv reads a flag's variable: os.LookupEnv, or a map in tests.
-	lookupEnv func(string) (string, bool)
+	LookupEnv func(string) (string, bool)
 }
 
-func newFlagSet(name string) *flagSet {
-	f := &flagSet{
+func NewFlagSet(name string) *FlagSet {
+	f := &FlagSet{
 		FlagSet:    flag.NewFlagSet(name, flag.ContinueOnError),
 		name:       name,
-		stdout:     os.Stdout,
-		stderr:     os.Stderr,
+		Stdout:     os.Stdout,
+		Stderr:     os.Stderr,
 		deprecated: map[string]string{},
-		shorthands: map[string]string{},
-		setBy:      map[string]string{},
-		lookupEnv:  os.LookupEnv,
+		Shorthands: map[string]string{},
+		SetBy:      map[string]string{},
+		LookupEnv:  os.LookupEnv,
 	}
 	f.SetOutput(io.Discard) // parse reports errors itself, help goes to stdout
 	f.Usage = func() {}
 	return f
 }
 
-// envName is the variable a flag reads: PDPLANE_ and its name in capitals,
+// EnvName is the variable a flag reads: PDPLANE_ and its name in capitals,
 // dashes as underscores.
-func envName(flagName string) string {
+func EnvName(flagName string) string {
 	return "PDPLANE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// usageError is a command line pdplane cannot run: exit status 2.
-type usageError struct{ msg string }
+// UsageError is a command line pdplane cannot run: exit status 2.
+type UsageError struct{ msg string }
 
-func (e *usageError) Error() string { return e.msg }
+func (e *UsageError) Error() string { return e.msg }
 
-func usageErrorf(format string, a ...any) error {
-	return &usageError{msg: fmt.Sprintf(format, a...)}
+func Usagef(format string, a ...any) error {
+	return &UsageError{msg: fmt.Sprintf(format, a...)}
 }
 
 // value is a flag value that parses its own form and can say what it wants.
 type value[T any] struct {
 	p      *T
-	f      *flagSet
+	f      *FlagSet
 	name   string
 	kind   string // shown in the help: duration, int, bool, string, or the choices
 	want   string // "a duration such as 10s, 1m30s"
@@ -113,7 +118,7 @@ func (v *value[T]) invalid(s string) error {
 
 func (v *value[T]) IsBoolFlag() bool { return v.isBool }
 
-// envFlag is what every flag registered through flagSet's helpers is.
+// envFlag is what every flag registered through FlagSet's helpers is.
 type envFlag interface {
 	flag.Value
 	sampleValue() string
@@ -123,48 +128,67 @@ type envFlag interface {
 }
 
 func (v *value[T]) sampleValue() string { return v.sample }
+
+// Sample is a valid value of a flag registered through FlagSet's helpers,
+// for tests that set every flag; ok is false for any other flag.
+func Sample(v flag.Value) (s string, ok bool) {
+	ev, ok := v.(envFlag)
+	if !ok {
+		return "", false
+	}
+	return ev.sampleValue(), true
+}
 func (v *value[T]) kindName() string    { return v.kind }
 func (v *value[T]) isList() bool        { return v.list }
 
-func (f *flagSet) add(v flag.Value, name, help string) {
-	f.Var(v, name, help+" ($"+envName(name)+")")
+// Add registers a flag whose value parses itself; its help names its
+// variable.
+func (f *FlagSet) Add(v flag.Value, name, help string) {
+	f.Var(v, name, help+" ($"+EnvName(name)+")")
 }
 
-func (f *flagSet) str(p *string, name, def, help string) {
+// Str, Dur, Bool and Int register a flag of that type with its default.
+func (f *FlagSet) Str(p *string, name, def, help string) {
 	*p = def
-	f.add(&value[string]{p: p, f: f, name: name, kind: "string", want: "a string",
+	f.Add(&value[string]{p: p, f: f, name: name, kind: "string", want: "a string",
 		parse: func(s string) (string, error) { return s, nil }, format: func(s string) string { return s },
 		sample: "sample-" + name}, name, help)
 }
 
-// list is a string flag that holds a comma-separated list.
-func (f *flagSet) list(p *string, name, def, help string) {
-	f.str(p, name, def, help)
+// List is a string flag that holds a comma-separated list.
+func (f *FlagSet) List(p *string, name, def, help string) {
+	f.Str(p, name, def, help)
 	f.Lookup(name).Value.(*value[string]).list = true
 }
 
-func (f *flagSet) dur(p *time.Duration, name string, def time.Duration, help string) {
+func (f *FlagSet) Dur(p *time.Duration, name string, def time.Duration, help string) {
 	*p = def
-	f.add(&value[time.Duration]{p: p, f: f, name: name, kind: "duration", want: "a duration such as 10s, 1m30s",
+	f.Add(&value[time.Duration]{p: p, f: f, name: name, kind: "duration", want: "a duration such as 10s, 1m30s",
 		parse: time.ParseDuration, format: time.Duration.String, sample: "1m37s"}, name, help)
 }
 
-func (f *flagSet) boolean(p *bool, name string, def bool, help string) {
+func (f *FlagSet) Bool(p *bool, name string, def bool, help string) {
 	*p = def
-	f.add(&value[bool]{p: p, f: f, name: name, kind: "bool", want: "true or false", isBool: true,
+	f.Add(&value[bool]{p: p, f: f, name: name, kind: "bool", want: "true or false", isBool: true,
 		parse: strconv.ParseBool, format: strconv.FormatBool, sample: strconv.FormatBool(!def)}, name, help)
 }
 
-func (f *flagSet) int(p *int, name string, def int, help string) {
+func (f *FlagSet) Int(p *int, name string, def int, help string) {
 	*p = def
-	f.add(&value[int]{p: p, f: f, name: name, kind: "int", want: "an integer such as 8",
+	f.Add(&value[int]{p: p, f: f, name: name, kind: "int", want: "an integer such as 8",
 		parse: strconv.Atoi, format: strconv.Itoa, sample: "37"}, name, help)
 }
 
-// choice is a string flag that takes one of choices.
-func (f *flagSet) choice(p *string, name, def string, choices []string, help string) {
+// Custom registers a flag of a form of its own: kind is shown in the help,
+// want is what a bad value is told, sample is a valid value (for tests).
+func Custom[T any](f *FlagSet, p *T, name, kind, want, sample string, parse func(string) (T, error), format func(T) string, help string) {
+	f.Add(&value[T]{p: p, f: f, name: name, kind: kind, want: want, parse: parse, format: format, sample: sample}, name, help)
+}
+
+// Choice is a string flag that takes one of choices.
+func (f *FlagSet) Choice(p *string, name, def string, choices []string, help string) {
 	*p = def
-	f.add(&value[string]{p: p, f: f, name: name, kind: strings.Join(choices, "|"),
+	f.Add(&value[string]{p: p, f: f, name: name, kind: strings.Join(choices, "|"),
 		want: "one of " + strings.Join(choices, ", "),
 		parse: func(s string) (string, error) {
 			if s == "" {
@@ -180,57 +204,57 @@ func (f *flagSet) choice(p *string, name, def string, choices []string, help str
 		format: func(s string) string { return s }, sample: choices[len(choices)-1]}, name, help)
 }
 
-// shorthand makes -short another name of the flag long.
-func (f *flagSet) shorthand(short, long string) {
-	f.shorthands[short] = long
+// Shorthand makes -short another name of the flag long.
+func (f *FlagSet) Shorthand(short, long string) {
+	f.Shorthands[short] = long
 	f.Var(f.Lookup(long).Value, short, "short for --"+long)
 }
 
-// deprecatedStr is a string flag kept for its old users: setting it (or its
+// DeprecatedStr is a string flag kept for its old users: setting it (or its
 // variable) warns and names what replaces it.
-func (f *flagSet) deprecatedStr(p *string, name, replacement string) {
+func (f *FlagSet) DeprecatedStr(p *string, name, replacement string) {
 	f.deprecated[name] = replacement
-	f.str(p, name, "", "deprecated: the same as --"+replacement)
+	f.Str(p, name, "", "deprecated: the same as --"+replacement)
 }
 
-// output is the -o/--output flag of the commands that print API objects.
-func (f *flagSet) output(p *string) {
-	f.choice(p, "output", "table", []string{"table", "json", "yaml"}, "output format: table, or the API objects as json or yaml")
-	f.shorthand("o", "output")
+// OutputFlag is the -o/--output flag of the commands that print API objects.
+func (f *FlagSet) OutputFlag(p *string) {
+	f.Choice(p, "output", "table", []string{"table", "json", "yaml"}, "output format: table, or the API objects as json or yaml")
+	f.Shorthand("o", "output")
 }
 
-// parseHook, when set (by tests), runs at the end of every successful parse
+// ParseHook, when set (by tests), runs at the end of every successful parse
 // and its error is returned in place of nil.
-var parseHook func(*flagSet) error
+var ParseHook func(*FlagSet) error
 
-// parse reads the config file (configFile), the flags' variables, then
+// Parse reads the config file (configFile), the flags' variables, then
 // args, each overriding the one before; no positional arguments may remain.
-func (f *flagSet) parse(args []string) error {
-	pos, err := f.parseArgs(args)
+func (f *FlagSet) Parse(args []string) error {
+	pos, err := f.ParseArgs(args)
 	if err != nil {
 		return err
 	}
 	if len(pos) > 0 {
-		return usageErrorf("%s: unexpected arguments: %s (see 'pdplane %s -h')", f.name, strings.Join(pos, " "), f.name)
+		return Usagef("%s: unexpected arguments: %s (see 'pdplane %s -h')", f.name, strings.Join(pos, " "), f.name)
 	}
 	return nil
 }
 
-// parseArgs is parse for commands with positional arguments, which may come
+// ParseArgs is parse for commands with positional arguments, which may come
 // before, between or after the flags; it returns them. -h or --help prints
 // the usage to stdout and returns flag.ErrHelp; --print-config prints the
-// configuration to stdout and returns errPrinted.
+// configuration to stdout and returns ErrPrinted.
 //
 // The variables and args are read first, so that --config may come from
 // either; the file then sets only the flags neither of them set.
-func (f *flagSet) parseArgs(args []string) ([]string, error) {
+func (f *FlagSet) ParseArgs(args []string) ([]string, error) {
 	envErrs := map[string]error{}
 	f.VisitAll(func(fl *flag.Flag) {
-		if _, short := f.shorthands[fl.Name]; short {
+		if _, short := f.Shorthands[fl.Name]; short {
 			return
 		}
-		env := envName(fl.Name)
-		v, ok := f.lookupEnv(env)
+		env := EnvName(fl.Name)
+		v, ok := f.LookupEnv(env)
 		if !ok {
 			return
 		}
@@ -248,21 +272,21 @@ func (f *flagSet) parseArgs(args []string) ([]string, error) {
 			envErrs[fl.Name] = fmt.Errorf("%s=%s: %s", env, v, why)
 			return
 		}
-		f.setBy[fl.Name] = "$" + env
+		f.SetBy[fl.Name] = "$" + env
 	})
 	var pos []string
 	for {
 		f.bad = nil
-		if err := f.Parse(args); err != nil {
+		if err := f.FlagSet.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				f.printUsage(f.stdout)
+				f.PrintUsage(f.Stdout)
 				return nil, flag.ErrHelp
 			}
 			if f.bad != nil {
-				return nil, &usageError{msg: f.bad.Error()}
+				return nil, &UsageError{msg: f.bad.Error()}
 			}
 			msg := strings.Replace(err.Error(), "flag provided but not defined: ", "unknown flag ", 1)
-			return nil, usageErrorf("%s: %s (see 'pdplane %s -h')", f.name, msg, f.name)
+			return nil, Usagef("%s: %s (see 'pdplane %s -h')", f.name, msg, f.name)
 		}
 		args = f.Args()
 		if len(args) == 0 {
@@ -276,10 +300,10 @@ func (f *flagSet) parseArgs(args []string) ([]string, error) {
 	}
 	f.Visit(func(fl *flag.Flag) {
 		name := fl.Name
-		if long, ok := f.shorthands[name]; ok {
+		if long, ok := f.Shorthands[name]; ok {
 			name = long
 		}
-		f.setBy[name] = "flag"
+		f.SetBy[name] = "flag"
 		delete(envErrs, name)
 	})
 	if err := f.applyConfigFile(); err != nil {
@@ -295,10 +319,10 @@ func (f *flagSet) parseArgs(args []string) ([]string, error) {
 		for i, n := range names {
 			errs[i] = envErrs[n]
 		}
-		return nil, &usageError{msg: errors.Join(errs...).Error()}
+		return nil, &UsageError{msg: errors.Join(errs...).Error()}
 	}
 	for name, repl := range f.deprecated {
-		if by, ok := f.setBy[name]; ok {
+		if by, ok := f.SetBy[name]; ok {
 			what := "--" + name
 			switch {
 			case strings.HasPrefix(by, "$"):
@@ -306,45 +330,45 @@ func (f *flagSet) parseArgs(args []string) ([]string, error) {
 			case by != "flag":
 				what = by + ": " + name // a config file
 			}
-			fmt.Fprintf(f.stderr, "pdplane: warning: %s is deprecated: use --%s ($%s)\n", what, repl, envName(repl))
+			fmt.Fprintf(f.Stderr, "pdplane: warning: %s is deprecated: use --%s ($%s)\n", what, repl, EnvName(repl))
 		}
 	}
-	if parseHook != nil {
-		if err := parseHook(f); err != nil {
+	if ParseHook != nil {
+		if err := ParseHook(f); err != nil {
 			return nil, err
 		}
 	}
 	if f.printConfig != nil && *f.printConfig {
-		if err := f.writeConfig(f.stdout); err != nil {
+		if err := f.writeConfig(f.Stdout); err != nil {
 			return nil, fmt.Errorf("print the configuration: %w", err)
 		}
-		return nil, errPrinted
+		return nil, ErrPrinted
 	}
 	return pos, nil
 }
 
-// printUsage writes the synopsis and every flag with its variable and
+// PrintUsage writes the synopsis and every flag with its variable and
 // default.
-func (f *flagSet) printUsage(w io.Writer) {
+func (f *FlagSet) PrintUsage(w io.Writer) {
 	fmt.Fprintln(w, "Usage:")
-	syn := f.synopsis
+	syn := f.Synopsis
 	if syn == "" {
 		syn = "pdplane " + f.name + " [flags]"
 	}
 	for _, l := range strings.Split(strings.TrimRight(syn, "\n"), "\n") {
 		fmt.Fprintln(w, "  "+l)
 	}
-	if f.about != "" {
+	if f.About != "" {
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, strings.TrimRight(f.about, "\n"))
+		fmt.Fprintln(w, strings.TrimRight(f.About, "\n"))
 	}
 	fmt.Fprintln(w, "\nFlags:")
 	short := map[string]string{}
-	for s, l := range f.shorthands {
+	for s, l := range f.Shorthands {
 		short[l] = s
 	}
 	f.VisitAll(func(fl *flag.Flag) {
-		if _, ok := f.shorthands[fl.Name]; ok {
+		if _, ok := f.Shorthands[fl.Name]; ok {
 			return
 		}
 		names := "--" + fl.Name
@@ -359,7 +383,7 @@ func (f *flagSet) printUsage(w io.Writer) {
 			names += " " + kind
 		}
 		help := fl.Usage
-		env := "($" + envName(fl.Name) + ")"
+		env := "($" + EnvName(fl.Name) + ")"
 		if !strings.Contains(help, env) {
 			help += " " + env
 		}
@@ -371,9 +395,9 @@ func (f *flagSet) printUsage(w io.Writer) {
 	fmt.Fprintln(w, "  -h, --help\n        this help")
 }
 
-// firstToken is the token an agent presents from a comma-separated list
+// FirstToken is the token an agent presents from a comma-separated list
 // (the form --join-token takes for `serve` during a rotation): the first.
-func firstToken(list string) string {
+func FirstToken(list string) string {
 	first, _, _ := strings.Cut(list, ",")
 	return strings.TrimSpace(first)
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -18,20 +18,20 @@ import (
 // give.
 const redacted = "<redacted>"
 
-// errPrinted ends a command that printed what it was asked for
+// ErrPrinted ends a command that printed what it was asked for
 // (--print-config) and has nothing to run: exit status 0.
-var errPrinted = errors.New("configuration printed")
+var ErrPrinted = errors.New("configuration printed")
 
-// configFile gives the command --config FILE, a YAML mapping of its flags'
+// ConfigFile gives the command --config FILE, a YAML mapping of its flags'
 // names to values read before the environment and the command line, and
 // --print-config.
-func (f *flagSet) configFile() {
-	f.config, f.printConfig = new(string), new(bool)
-	f.add(&value[string]{p: f.config, f: f, name: "config", kind: "file", want: "a file name",
+func (f *FlagSet) ConfigFile() {
+	f.Config, f.printConfig = new(string), new(bool)
+	f.Add(&value[string]{p: f.Config, f: f, name: "config", kind: "file", want: "a file name",
 		parse: func(s string) (string, error) { return s, nil }, format: func(s string) string { return s },
 		sample: os.DevNull}, "config", "YAML file of this command's flags (lease-ttl: 10s; a list such as [a, b] where a flag takes "+
 		"a comma-separated one); the environment and the command line override it")
-	f.boolean(f.printConfig, "print-config", false, "print the resulting configuration (file, environment, command line, defaults) "+
+	f.Bool(f.printConfig, "print-config", false, "print the resulting configuration (file, environment, command line, defaults) "+
 		"as YAML that --config reads, and exit; secrets are shown as "+redacted+", which --config takes to mean: from the "+
 		"environment or the command line")
 }
@@ -39,21 +39,21 @@ func (f *flagSet) configFile() {
 // applyConfigFile sets, from --config's file, the flags that neither the
 // environment nor the command line set, and checks the file's other values.
 // Every bad key is reported, each with the file's name.
-func (f *flagSet) applyConfigFile() error {
-	if f.config == nil || *f.config == "" {
+func (f *FlagSet) applyConfigFile() error {
+	if f.Config == nil || *f.Config == "" {
 		return nil
 	}
-	path := *f.config
+	path := *f.Config
 	m, err := readConfigFile(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
 			by := "--config"
-			if s := f.setBy["config"]; s != "flag" {
+			if s := f.SetBy["config"]; s != "flag" {
 				by = s
 			}
-			return usageErrorf("%s: %v", by, err)
+			return Usagef("%s: %v", by, err)
 		}
-		return usageErrorf("%s: %v", path, err)
+		return Usagef("%s: %v", path, err)
 	}
 	var errs []error
 	seen := map[string]bool{}
@@ -64,15 +64,15 @@ func (f *flagSet) applyConfigFile() error {
 		}
 	}
 	if len(errs) > 0 {
-		return &usageError{msg: errors.Join(errs...).Error()}
+		return &UsageError{msg: errors.Join(errs...).Error()}
 	}
 	return nil
 }
 
 // applyConfigKey sets or checks one key of the config file at path.
-func (f *flagSet) applyConfigKey(path, key string, val *yaml.Node, seen map[string]bool) error {
+func (f *FlagSet) applyConfigKey(path, key string, val *yaml.Node, seen map[string]bool) error {
 	fl := f.Lookup(key)
-	_, short := f.shorthands[key]
+	_, short := f.Shorthands[key]
 	switch {
 	case key == "config" || key == "print-config":
 		return fmt.Errorf("%s: %s: only a command-line flag", path, key)
@@ -82,7 +82,7 @@ func (f *flagSet) applyConfigKey(path, key string, val *yaml.Node, seen map[stri
 		return fmt.Errorf("%s: %s: given twice", path, key)
 	}
 	seen[key] = true
-	ev := fl.Value.(envFlag) // every flag of a flagSet is
+	ev := fl.Value.(envFlag) // every flag of a FlagSet is
 	s, isSeq, err := configText(val)
 	switch {
 	case err != nil:
@@ -90,17 +90,17 @@ func (f *flagSet) applyConfigKey(path, key string, val *yaml.Node, seen map[stri
 	case isSeq && !ev.isList():
 		return fmt.Errorf("%s: %s: a list, but --%s takes one value", path, key, key)
 	}
-	_, overridden := f.setBy[key]
+	_, overridden := f.SetBy[key]
 	switch {
 	case s == redacted && !overridden:
 		return fmt.Errorf("%s: %s: %s stands for a secret that --print-config hid: give it as $%s or --%s",
-			path, key, redacted, envName(key), key)
+			path, key, redacted, EnvName(key), key)
 	case s == redacted:
 	case overridden:
 		err = ev.check(s)
 	default:
 		if err = fl.Value.Set(s); err == nil {
-			f.setBy[key] = path
+			f.SetBy[key] = path
 		}
 	}
 	if err != nil {
@@ -180,13 +180,13 @@ func kindOf(n *yaml.Node) string {
 // writeConfig writes every flag's value as a config file: in name order,
 // lists as YAML sequences, secrets as <redacted>, deprecated flags only
 // when set. --config and --print-config are left out.
-func (f *flagSet) writeConfig(w io.Writer) error {
+func (f *FlagSet) writeConfig(w io.Writer) error {
 	m := &yaml.Node{Kind: yaml.MappingNode}
 	f.VisitAll(func(fl *flag.Flag) {
 		name := fl.Name
-		_, short := f.shorthands[name]
+		_, short := f.Shorthands[name]
 		_, deprecated := f.deprecated[name]
-		_, set := f.setBy[name]
+		_, set := f.SetBy[name]
 		if short || name == "config" || name == "print-config" || deprecated && !set {
 			return
 		}

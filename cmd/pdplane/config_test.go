@@ -12,12 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdplane/pdplane/cli"
 	"gopkg.in/yaml.v3"
 )
 
 // parsedServe is serve's flag set after one parse.
 type parsedServe struct {
-	fs             *flagSet
+	fs             *cli.FlagSet
 	c              serveConfig
 	path           string // the config file, if any
 	stdout, stderr strings.Builder
@@ -31,13 +32,13 @@ func parseServe(t *testing.T, file string, env map[string]string, args ...string
 	p := &parsedServe{}
 	var gcMinHeapMiB int
 	p.fs = serveFlags(&p.c, &gcMinHeapMiB)
-	p.fs.stdout, p.fs.stderr = &p.stdout, &p.stderr
-	p.fs.lookupEnv = func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	p.fs.Stdout, p.fs.Stderr = &p.stdout, &p.stderr
+	p.fs.LookupEnv = func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	if file != "" {
 		p.path = writeConfig(t, "serve.yaml", file)
 		args = append([]string{"--config", p.path}, args...)
 	}
-	p.err = p.fs.parse(args)
+	p.err = p.fs.Parse(args)
 	return p
 }
 
@@ -86,9 +87,9 @@ func TestConfigFilePrecedence(t *testing.T) {
 			}
 			want := tc.setBy
 			if want == "file" {
-				want = *p.fs.config
+				want = *p.fs.Config
 			}
-			if got := p.fs.setBy["lease-ttl"]; got != want {
+			if got := p.fs.SetBy["lease-ttl"]; got != want {
 				t.Errorf("--lease-ttl set by %q, want %q", got, want)
 			}
 		})
@@ -229,21 +230,21 @@ func TestConfigFileShorthandsAndDeprecated(t *testing.T) {
 		{"join-token: new\n", "--print-config", "\njoin-token: <redacted>\n", "\ntoken:"},
 	} {
 		var output, token, legacy string
-		fs := newFlagSet("peers list")
-		fs.output(&output)
-		fs.list(&token, "join-token", "", "join token")
-		fs.deprecatedStr(&legacy, "token", "join-token")
-		fs.configFile()
+		fs := cli.NewFlagSet("peers list")
+		fs.OutputFlag(&output)
+		fs.List(&token, "join-token", "", "join token")
+		fs.DeprecatedStr(&legacy, "token", "join-token")
+		fs.ConfigFile()
 		var stdout, stderr strings.Builder
-		fs.stdout, fs.stderr = &stdout, &stderr
-		fs.lookupEnv = func(string) (string, bool) { return "", false }
+		fs.Stdout, fs.Stderr = &stdout, &stderr
+		fs.LookupEnv = func(string) (string, bool) { return "", false }
 		args := []string{"--config", writeConfig(t, "cli.yaml", tc.file)}
 		if tc.flag != "" {
 			args = append(args, tc.flag)
 		}
-		err := fs.parse(args)
+		err := fs.Parse(args)
 		got := stdout.String() + stderr.String()
-		if err != nil && !errors.Is(err, errPrinted) {
+		if err != nil && !errors.Is(err, cli.ErrPrinted) {
 			got += err.Error()
 		}
 		if !strings.Contains(got, tc.want) || tc.missing != "" && strings.Contains(got, tc.missing) {
@@ -256,7 +257,7 @@ func TestConfigFileShorthandsAndDeprecated(t *testing.T) {
 func printServe(t *testing.T, file string, env map[string]string, args ...string) string {
 	t.Helper()
 	p := parseServe(t, file, env, append(args, "--print-config")...)
-	if !errors.Is(p.err, errPrinted) {
+	if !errors.Is(p.err, cli.ErrPrinted) {
 		t.Fatalf("--print-config: %v, want it to print and stop", p.err)
 	}
 	if code := exitStatus(p.err, io.Discard); code != 0 {
@@ -357,49 +358,23 @@ func TestPrintConfigRedactsSecrets(t *testing.T) {
 	}
 }
 
-func TestSecret(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name, value string
-		want        bool
-	}{
-		{"admin-token", "x", true},
-		{"join-token", "x", true},
-		{"token", "x", true},
-		{"api-keys", "x", true},
-		{"transfer-secret", "x", true},
-		{"admin-token", "", false},
-		{"credential-file", "/var/lib/pdplane/credential", false},
-		{"database-url", "postgres://pd:pw@db/pd", true},
-		{"database-url", "postgres://pd@db/pd?password=pw", true},
-		{"database-url", "host=db user=pd password=pw", true},
-		{"database-url", "postgres://pd@db/pd", false},
-		{"database-url", "host=db user=pd", false},
-		{"lease-ttl", "10s", false},
-	} {
-		if got := secret(tc.name, tc.value); got != tc.want {
-			t.Errorf("secret(%q, %q) = %v, want %v", tc.name, tc.value, got, tc.want)
-		}
-	}
-}
-
 // TestConfigFileCommands: serve, agent and sim take --config and
 // --print-config through run, with run's exit statuses; dev does not.
 func TestConfigFileCommands(t *testing.T) {
-	t.Cleanup(func() { parseHook = nil })
+	t.Cleanup(func() { cli.ParseHook = nil })
 	file := writeConfig(t, "pdplane.yaml", "log-level: debug\n")
 	for _, cmd := range []string{"serve", "agent", "sim"} {
-		var got *flagSet
-		parseHook = func(fs *flagSet) error { got = fs; return errStopAfterParse }
+		var got *cli.FlagSet
+		cli.ParseHook = func(fs *cli.FlagSet) error { got = fs; return errStopAfterParse }
 		err := commands[cmd](context.Background(), []string{"--config", file})
 		if !errors.Is(err, errStopAfterParse) || got == nil {
 			t.Errorf("%s --config: %v", cmd, err)
-		} else if v, by := got.Lookup("log-level").Value.String(), got.setBy["log-level"]; v != "debug" || by != file {
+		} else if v, by := got.Lookup("log-level").Value.String(), got.SetBy["log-level"]; v != "debug" || by != file {
 			t.Errorf("%s --config: --log-level %q set by %q", cmd, v, by)
 		}
 
 		var out strings.Builder
-		parseHook = func(fs *flagSet) error { fs.stdout = &out; return nil }
+		cli.ParseHook = func(fs *cli.FlagSet) error { fs.Stdout = &out; return nil }
 		var stderr strings.Builder
 		if code := run(context.Background(), []string{cmd, "--config", file, "--print-config"}, io.Discard, &stderr); code != 0 {
 			t.Errorf("%s --print-config: exit %d: %s", cmd, code, stderr.String())
@@ -408,7 +383,7 @@ func TestConfigFileCommands(t *testing.T) {
 			t.Errorf("%s --print-config printed:\n%s", cmd, out.String())
 		}
 	}
-	parseHook = nil
+	cli.ParseHook = nil
 	bad := writeConfig(t, "bad.yaml", "lease-tl: 1s\n")
 	for _, tc := range []struct {
 		args []string
