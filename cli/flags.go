@@ -138,8 +138,8 @@ func Sample(v flag.Value) (s string, ok bool) {
 	}
 	return ev.sampleValue(), true
 }
-func (v *value[T]) kindName() string    { return v.kind }
-func (v *value[T]) isList() bool        { return v.list }
+func (v *value[T]) kindName() string { return v.kind }
+func (v *value[T]) isList() bool     { return v.list }
 
 // Add registers a flag whose value parses itself; its help names its
 // variable.
