@@ -129,6 +129,9 @@ type envFlag interface {
 
 func (v *value[T]) sampleValue() string { return v.sample }
 
+func (v *value[T]) kindName() string { return v.kind }
+func (v *value[T]) isList() bool     { return v.list }
+
 // Sample is a valid value of a flag registered through FlagSet's helpers,
 // for tests that set every flag; ok is false for any other flag.
 func Sample(v flag.Value) (s string, ok bool) {
@@ -138,8 +141,6 @@ func Sample(v flag.Value) (s string, ok bool) {
 	}
 	return ev.sampleValue(), true
 }
-func (v *value[T]) kindName() string { return v.kind }
-func (v *value[T]) isList() bool     { return v.list }
 
 // Add registers a flag whose value parses itself; its help names its
 // variable.
