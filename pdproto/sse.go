@@ -97,6 +97,95 @@ func CheckEvent(event []byte) error {
 	return nil
 }
 
+// StreamGuard checks a stream's framing as the router relays it, after its
+// first event (CheckStreamStart): every line empty, a comment, or a field
+// SSE defines, a data line's value starting as JSON does ('{', or '[' as
+// [DONE] does too). It judges a line by its first bytes and skips the rest
+// (bytes.IndexByte), so that a token's chunk costs next to nothing; a
+// payload broken inside its braces is not seen. The zero value is ready, at
+// the start of a line.
+type StreamGuard struct {
+	head [16]byte // the current line's first bytes
+	n    int      // of head, held
+	done bool     // the current line is judged: skip to its end
+}
+
+// Check reads the next bytes of the stream. It returns how many of b may
+// be relayed: len(b), or, when a line is not a server-sent event's, the
+// offset in b where that line begins (0 when it began in an earlier b), with
+// the error saying why. A stream found bad stays bad: Check is not called
+// again.
+func (g *StreamGuard) Check(b []byte) (int, error) {
+	start := 0 // where the current line began in b
+	for i := 0; i < len(b); {
+		if g.done {
+			j := bytes.IndexByte(b[i:], '\n')
+			if j < 0 {
+				return len(b), nil
+			}
+			i += j + 1
+			g.done, g.n, start = false, 0, i
+			continue
+		}
+		c := b[i]
+		i++
+		if c == '\n' || c == '\r' {
+			if _, err := judgeLine(g.head[:g.n], true); err != nil {
+				return start, err
+			}
+			g.n, start = 0, i
+			continue
+		}
+		if g.n < len(g.head) {
+			g.head[g.n] = c
+			g.n++
+		}
+		if g.n < len("event:") && g.head[0] != ':' {
+			continue // no field is told from another in fewer bytes
+		}
+		decided, err := judgeLine(g.head[:g.n], g.n == len(g.head))
+		if err != nil {
+			return start, err
+		}
+		g.done = decided
+	}
+	return len(b), nil
+}
+
+// sseFields are the fields an event's line may set.
+var sseFields = [...]string{"data:", "event:", "id:", "retry:"}
+
+// judgeLine judges a line by its first bytes p; whole says p is the whole
+// line or all of it that will be read. decided is false while p cannot
+// tell yet.
+func judgeLine(p []byte, whole bool) (decided bool, err error) {
+	if len(p) == 0 {
+		return whole, nil
+	}
+	if p[0] == ':' {
+		return true, nil // a comment
+	}
+	for _, f := range sseFields {
+		switch {
+		case bytes.HasPrefix(p, []byte(f)):
+			if f != "data:" {
+				return true, nil
+			}
+			v := bytes.TrimLeft(p[len(f):], " ")
+			switch {
+			case len(v) == 0:
+				return whole, nil
+			case v[0] == '{' || v[0] == '[':
+				return true, nil
+			}
+			return true, fmt.Errorf("an event whose data is not JSON: %.64q", p)
+		case bytes.HasPrefix([]byte(f), p) && !whole:
+			return false, nil
+		}
+	}
+	return true, fmt.Errorf("not a server-sent event: %.64q", p)
+}
+
 // CheckUnary checks a non-streamed answer's media type and body: a JSON
 // object (an array for a batch of SGLang's /generate), whole when
 // complete, else its start.

@@ -100,3 +100,64 @@ func TestLongFirstEventIsNotJudged(t *testing.T) {
 		t.Fatal("a stream that ended inside its first event passed")
 	}
 }
+
+// TestStreamGuard feeds streams in writes of every size: a stream of
+// well-framed events passes whole; in one with a bad line, what may be
+// relayed ends where that line begins when one write holds it, and at most
+// the line's first 15 bytes later when it was split before it could be
+// judged.
+func TestStreamGuard(t *testing.T) {
+	t.Parallel()
+	good := "data: {\"choices\":[{\"text\":\"a\"}]}\n\n: keep-alive\n\nevent: message\nid: 7\nretry: 10\ndata:{\"x\":1}\r\n\r\ndata: [DONE]\n\n"
+	for _, tc := range []struct {
+		name, stream string
+		bad          int // offset of the bad line; -1: none
+	}{
+		{"good", good, -1},
+		{"html after an event", "data: {\"a\":1}\n\n<html>oops</html>\n", len("data: {\"a\":1}\n\n")},
+		{"data that is not JSON", "data: {\"a\":1}\n\ndata: oops\n\n", len("data: {\"a\":1}\n\n")},
+		{"a field SSE does not define", "data: {\"a\":1}\ndatum: 1\n\n", len("data: {\"a\":1}\n")},
+		{"a short bad line", "data: {}\n\nda\n", len("data: {}\n\n")},
+		{"spaces then JSON", "data:      {}\n\n", -1},
+		{"bytes at the very start", "HTTP/1.1 200 OK\r\n", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for size := 1; size <= len(tc.stream); size++ {
+				var g StreamGuard
+				relayed, failed := 0, false
+				for at := 0; at < len(tc.stream) && !failed; at += size {
+					w := []byte(tc.stream[at:min(at+size, len(tc.stream))])
+					n, err := g.Check(w)
+					relayed += n
+					if err != nil {
+						failed = true
+					} else if n != len(w) {
+						t.Fatalf("writes of %d: %d of %d bytes passed without an error", size, n, len(w))
+					}
+				}
+				switch {
+				case tc.bad < 0 && (failed || relayed != len(tc.stream)):
+					t.Fatalf("writes of %d: a good stream failed after %d bytes", size, relayed)
+				case tc.bad >= 0 && !failed:
+					t.Fatalf("writes of %d: the bad line at %d passed", size, tc.bad)
+				case tc.bad >= 0 && size == len(tc.stream) && relayed != tc.bad:
+					t.Fatalf("one write: %d bytes relayed, want the stream cut at %d", relayed, tc.bad)
+				case tc.bad >= 0 && (relayed > tc.bad+15 || relayed < tc.bad-size+1):
+					t.Fatalf("writes of %d: %d bytes relayed, want the stream cut within the first 15 bytes of the line at %d", size, relayed, tc.bad)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkStreamGuard(b *testing.B) {
+	chunk := []byte("data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\" token\",\"finish_reason\":null}],\"usage\":null}\n\n")
+	b.SetBytes(int64(len(chunk)))
+	var g StreamGuard
+	for b.Loop() {
+		if _, err := g.Check(chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

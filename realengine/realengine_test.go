@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +23,7 @@ import (
 	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
+	"github.com/pdplane/pdplane/router"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
 
@@ -148,6 +151,25 @@ func promptTokens(t *testing.T, a answer) int {
 	return v.Usage.PromptTokens
 }
 
+// blockSize is the engines' KV block (page) size: vLLM's default on CPU.
+const blockSize = 128
+
+// cachedTokens is usage.prompt_tokens_details.cached_tokens of an answer.
+func cachedTokens(t *testing.T, a answer) int {
+	t.Helper()
+	var v struct {
+		Usage struct {
+			Details *struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(a.Body, &v); err != nil || v.Usage.Details == nil {
+		t.Fatalf("no usage.prompt_tokens_details in %s (%v)", a.Body, err)
+	}
+	return v.Usage.Details.CachedTokens
+}
+
 func completionText(t *testing.T, a answer) string {
 	t.Helper()
 	var v struct {
@@ -208,7 +230,7 @@ func TestVLLM(t *testing.T) {
 		dbURL, _ = registrytest.NewSchema(t)
 	}
 	sv := s.startSupervisor(t)
-	cp := s.startControlPlane(t, dbURL)
+	cp := s.startControlPlane(t, dbURL, "--route-receipt")
 	s.startAgent(t, cp, s.prefill)
 	s.startAgent(t, cp, s.decode, "--heal", s.healCommand(sv, "decode"))
 	waitFor(t, "a routable pair", 60*time.Second, cp.routable)
@@ -265,7 +287,7 @@ func (s *suite) checkRegistered(t *testing.T, cp *controlPlane) {
 		// From vLLM's /metrics (cache_config_info, process start time),
 		// /v1/models and the model's config.json: the CPU build's block
 		// size is 128 and the tiny model is 2 layers × 2 KV heads × 64.
-		if p.KV.PageSize != 128 || p.KV.Dtype != "float32" || p.KV.NumLayers != 2 || p.KV.NumKVHeads != 2 || p.KV.HeadDim != 64 {
+		if p.KV.PageSize != blockSize || p.KV.Dtype != "float32" || p.KV.NumLayers != 2 || p.KV.NumKVHeads != 2 || p.KV.HeadDim != 64 {
 			t.Errorf("%s: kv %+v", role, p.KV)
 		}
 		for _, f := range []string{"model", "kv.page_size", "kv.dtype", "instance_id", "kv.num_layers", "kv.num_kv_heads", "kv.head_dim"} {
@@ -377,11 +399,30 @@ func (s *suite) testKVMoves(t *testing.T, cp *controlPlane, _ *supervisor) {
 		"one two three four five six seven eight nine ten",
 		strings.Repeat("the router picks a pair for the fleet ", 30), // > one 128-token block
 	}
-	sent := 0
+	sent, blocks := 0, 0
+	routerBefore := metrics(t, cp.URL)
 	for _, p := range prompts {
 		routed := post(t, cp.URL+"/v1/completions", completionBody(p, 8, false), 60*time.Second)
 		wantOK(t, "completion", routed, "application/json")
-		sent += promptTokens(t, routed)
+		n := promptTokens(t, routed)
+		sent += n
+		// vLLM 0.32's usage (--enable-prompt-tokens-details) counts
+		// none of the tokens its decode loaded by KV transfer as cached:
+		// an answer cannot tell a loaded prompt from a recomputed one,
+		// so only the decode's counters can (the agent's probe, below).
+		if c := cachedTokens(t, routed); c != 0 {
+			t.Errorf("decode's usage: %d cached of %d prompt tokens loaded by KV transfer; vLLM 0.32 said 0 (%s)", c, n, routed.Body)
+		}
+		// The receipt counts the blocks the prefill handed the decode.
+		m := regexp.MustCompile(` kv_blocks=(\d+)`).FindStringSubmatch(routed.Header.Get(router.RouteReceiptHeader))
+		if m == nil {
+			t.Fatalf("route receipt %q gives no kv_blocks", routed.Header.Get(router.RouteReceiptHeader))
+		}
+		b, _ := strconv.Atoi(m[1])
+		if want := (n + blockSize - 1) / blockSize; b != want {
+			t.Errorf("route receipt %q: %d blocks for a %d-token prompt, want %d", routed.Header.Get(router.RouteReceiptHeader), b, n, want)
+		}
+		blocks += b
 		// Greedy: the prefill engine alone, asked the same, answers the same.
 		local := post(t, s.prefill.URL()+"/v1/completions", completionBody(p, 8, false), 60*time.Second)
 		wantOK(t, "prefill alone", local, "application/json")
@@ -389,6 +430,12 @@ func (s *suite) testKVMoves(t *testing.T, cp *controlPlane, _ *supervisor) {
 			t.Errorf("greedy output through pdplane %q, the prefill's own %q", got, want)
 		}
 	}
+	routerAfter := metrics(t, cp.URL)
+	delta := func(name string) float64 { return sumSeries(routerAfter, name) - sumSeries(routerBefore, name) }
+	if got := delta("pdplane_router_pair_kv_blocks_total"); got != float64(blocks) {
+		t.Errorf("the router's pair counter reads %v KV blocks, the receipts %d", got, blocks)
+	}
+	t.Logf("route receipts: %d KV blocks for %d prompt tokens", blocks, sent)
 	after := metrics(t, s.decode.URL())
 	moved := sumSeries(after, promptTokensBySource, sourceTransfer) - sumSeries(before, promptTokensBySource, sourceTransfer)
 	computed := sumSeries(after, promptTokensBySource, sourceCompute) - sumSeries(before, promptTokensBySource, sourceCompute)

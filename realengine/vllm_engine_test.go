@@ -78,6 +78,9 @@ func (e *vllmEngine) start(ctx context.Context, s *suite) error {
 		// No torch.compile: the tiny model gains nothing from it, and it
 		// adds ~30 s to every start.
 		"--enforce-eager",
+		// usage.prompt_tokens_details.cached_tokens, which testKVMoves
+		// pins: it counts no KV loaded by transfer.
+		"--enable-prompt-tokens-details",
 		"--kv-transfer-config", e.kvTransferConfig()}
 	env := []string{
 		"VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind",

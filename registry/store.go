@@ -242,6 +242,7 @@ type Store interface {
 	Quarantines(ctx context.Context) ([]Quarantine, error)
 	QuarantineControl
 	PreflightStore
+	ExchangeStore
 	// ExpireLeases marks every ready or pending peer whose lease ended before
 	// now as failed and returns how many it marked.
 	ExpireLeases(ctx context.Context, now time.Time) (int, error)

@@ -164,6 +164,10 @@ type Config struct {
 
 	// ReportTimeout bounds each call to the PeerReporter; 5 s by default.
 	ReportTimeout time.Duration
+	// ExchangeReportInterval is how often the pairs served are sent to a
+	// PeerReporter that is an ExchangeReporter; 5 s by default, negative
+	// for never.
+	ExchangeReportInterval time.Duration
 
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
@@ -194,6 +198,7 @@ func (c Config) WithDefaults() Config {
 	c.CacheAwareBalanceRel = cmp.Or(c.CacheAwareBalanceRel, 1.5)
 	c.CacheAwareVirtualNodes = cmp.Or(c.CacheAwareVirtualNodes, 32)
 	c.ReportTimeout = cmp.Or(c.ReportTimeout, 5*time.Second)
+	c.ExchangeReportInterval = cmp.Or(c.ExchangeReportInterval, 5*time.Second)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

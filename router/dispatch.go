@@ -187,9 +187,10 @@ type dispatch struct {
 
 	committed bool // headers (and maybe bytes) went to the client
 	ttftSeen  bool
-	usage     usageTap // token counts read from the answer as it is relayed
-	sent      int64    // bytes of the answer written to the client
-	abort     bool     // the response must be cut, not ended
+	usage     usageTap            // token counts read from the answer as it is relayed
+	guard     pdproto.StreamGuard // a stream's framing, checked as it is relayed
+	sent      int64               // bytes of the answer written to the client
+	abort     bool                // the response must be cut, not ended
 	attempts  int
 	prefill   string
 	decode    string
@@ -197,9 +198,13 @@ type dispatch struct {
 	// ("kind:prefill>decode"): the route receipt.
 	pGen, dGen int64
 	failed     []string
-	status     int
-	outcome    string
-	lastFail   *failure
+	// pr is the pair of the last attempt; kvBlocks the KV blocks its vLLM
+	// prefill handed the decode (-1: not known).
+	pr       pair
+	kvBlocks int
+	status   int
+	outcome  string
+	lastFail *failure
 
 	// A stream runs on a goroutine of its own (serveOnOwnGoroutine), which
 	// tells the handler through hop when it may return; tk is the client's
@@ -378,11 +383,17 @@ func (d *dispatch) run(v *view, mv *modelView) {
 		d.attempts = attempt
 		d.prefill, d.decode = pr.p.peer.Name, pr.d.peer.Name
 		d.pGen, d.dGen = pr.p.peer.Generation, pr.d.peer.Generation
+		d.pr, d.kvBlocks = pr, -1
 		d.startAttempt(attempt, &pr)
 		f := d.attemptSettled(&pr)
+		ps := rt.m.pairOf(d.prefill, d.decode)
 		if f == nil {
+			ps.ok.Inc()
 			d.outcome = outcomeOK
 			return
+		}
+		if f.kind != failClientGone {
+			ps.failed.Inc()
 		}
 		d.lastFail = f
 		d.failed = append(d.failed, f.kind.String()+":"+d.prefill+">"+d.decode)
@@ -577,6 +588,9 @@ func (d *dispatch) receipt() string {
 	b = append(append(b, " decode="...), d.decode...)
 	b = strconv.AppendInt(append(b, '@'), d.dGen, 10)
 	b = strconv.AppendInt(append(b, " attempts="...), int64(d.attempts), 10)
+	if d.kvBlocks >= 0 {
+		b = strconv.AppendInt(append(b, " kv_blocks="...), int64(d.kvBlocks), 10)
+	}
 	for i, f := range d.failed {
 		if i == 0 {
 			b = append(b, " failed="...)
@@ -614,6 +628,14 @@ func (d *dispatch) send(b []byte, flush bool) error {
 	if len(b) == 0 {
 		return nil
 	}
+	if d.q.stream {
+		if n, err := d.guard.Check(b); err != nil {
+			// What came before the line that is not an event, then the
+			// end of any event it was in: the error event follows.
+			_ = d.out(append(b[:n:n], '\n'), true)
+			return &badFrameError{err}
+		}
+	}
 	if err := d.out(b, d.q.stream && flush); err != nil {
 		return err
 	}
@@ -624,6 +646,23 @@ func (d *dispatch) send(b []byte, flush bool) error {
 		d.series.ttftOf(d.rt.m, d.route, d.q.model).Observe(d.rt.cfg.Now().Sub(d.dispatched).Seconds())
 	}
 	return nil
+}
+
+// badFrameError is a stream's line that is not a server-sent event's
+// (pdproto.StreamGuard), found as it was about to be relayed.
+type badFrameError struct{ err error }
+
+func (e *badFrameError) Error() string {
+	return "the decode's stream broke its framing: " + e.err.Error()
+}
+
+// sendFailure is the failure of a send that returned err: the decode's,
+// when its stream broke its framing; else the client's, which left.
+func sendFailure(err error) *failure {
+	if bf, ok := err.(*badFrameError); ok {
+		return &failure{kind: failProtocol, leg: legDecode, err: bf}
+	}
+	return &failure{kind: failClientGone, leg: legDecode, err: err}
 }
 
 // relayBody is an answer's body that can say whether bytes are waiting and
@@ -708,7 +747,7 @@ func (d *dispatch) relay(body io.Reader) *failure {
 		d.rt.putRelayBuf(bp)
 		switch {
 		case werr != nil:
-			return &failure{kind: failClientGone, leg: legDecode, err: werr}
+			return sendFailure(werr)
 		case err == nil:
 		case errors.Is(err, io.EOF):
 			return nil
@@ -858,6 +897,9 @@ func (d *dispatch) finish() {
 			}
 		}
 	}
+	if d.outcome == outcomeOK && d.attempts > 0 {
+		d.pairServed()
+	}
 	var ev *zerolog.Event
 	sampled := false
 	switch d.outcome {
@@ -891,6 +933,9 @@ func (d *dispatch) finish() {
 		if u := &d.usage; d.outcome == outcomeOK && (u.seenP || u.seenC) {
 			ev.Int64("prompt_tokens", u.prompt).Int64("completion_tokens", u.completion)
 		}
+		if d.outcome == outcomeOK && d.kvBlocks >= 0 {
+			ev.Int("kv_blocks", d.kvBlocks)
+		}
 		if f := d.lastFail; f != nil && d.outcome != outcomeOK {
 			ev.Str(logFailure, f.kind.String()).Str(logLeg, f.leg.String())
 			if f.err != nil {
@@ -898,6 +943,16 @@ func (d *dispatch) finish() {
 			}
 		}
 		ev.Msg("request")
+	}
+}
+
+// pairServed records that the pair served a request (exchanges.go) and
+// counts the KV blocks its vLLM prefill handed the decode.
+func (d *dispatch) pairServed() {
+	rt := d.rt
+	rt.exchanged.served(d.pr.p.peer.ID, d.pr.d.peer.ID, rt.cfg.Now())
+	if d.kvBlocks > 0 {
+		rt.m.pairOf(d.prefill, d.decode).kvBlocks.Add(float64(d.kvBlocks))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/pdplane/pdplane/registry"
@@ -56,5 +57,59 @@ func TestPrefillDeclaringTheLargestLengthFailsOnlyItsRequest(t *testing.T) {
 		if resp.StatusCode != http.StatusBadGateway {
 			t.Fatalf("status %d (%s), want 502 for a cut prefill answer", resp.StatusCode, body)
 		}
+	}
+}
+
+// TestDecodeGarbageMidStreamIsCutCleanly: a vLLM decode whose stream turns
+// to bytes that are not server-sent events after two good events (a
+// broken engine, a proxy's error page written into the connection). The
+// client gets the two events, then the router's error event, and none of
+// the garbage; the request counts as a stream error, not as ok.
+func TestDecodeGarbageMidStreamIsCutCleanly(t *testing.T) {
+	p, d := simtest.Pair(t, registry.EngineVLLM, nil)
+	// A fake decode: an HTTP server that answers every request so.
+	const good = "data: {\"id\":\"cmpl-1\",\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n" +
+		"data: {\"id\":\"cmpl-1\",\"choices\":[{\"index\":0,\"text\":\"b\"}]}\n\n"
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+					_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + good +
+						"<html><body>502 Bad Gateway</body></html>\n" + "data: {\"after\":\"the garbage\"}\n\n"))
+				}
+			}()
+		}
+	}()
+	pspec, err := p.Spec(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dspec, err := d.Spec(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dspec.URL = "http://" + l.Addr().String()
+	b := setup(t, router.Config{}, registry.Peer{PeerSpec: pspec}, registry.Peer{PeerSpec: dspec})
+	resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"hi","max_tokens":3,"stream":true}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d (%s): the stream had begun well", resp.StatusCode, body)
+	}
+	got := string(body)
+	if !strings.HasPrefix(got, good) || strings.Contains(got, "html") || strings.Contains(got, "the garbage") ||
+		!strings.Contains(got, `"upstream_stream_error"`) {
+		t.Fatalf("the client got %q: want the good events, then the router's error event, and no garbage", got)
+	}
+	if n := b.metric(t, "pdplane_router_requests_total", map[string]string{"route": "completions", "outcome": "stream_error"}); n != 1 {
+		t.Fatalf("requests_total{outcome=stream_error} = %v, want 1", n)
 	}
 }

@@ -355,9 +355,40 @@ func (d *dispatch) vllmPrefill(pr *pair) (kv []byte, f *failure) {
 	}
 	result = "ok"
 	if m := find(ms, "kv_transfer_params"); m != nil {
-		return m.value(ans), nil
+		kv = m.value(ans)
+		d.kvBlocks = blockCount(kv)
+		return kv, nil
 	}
 	return nil, nil
+}
+
+// blockCount is how many KV blocks a vLLM prefill's kv_transfer_params
+// hand the decode: the IDs in remote_block_ids, one list per KV cache group
+// (vLLM's NixlConnector request_finished); -1 when they name none.
+func blockCount(kv []byte) int {
+	ms, err := scanTopObject(kv, nil)
+	if err != nil {
+		return -1
+	}
+	m := find(ms, "remote_block_ids")
+	if m == nil {
+		return -1
+	}
+	n, inID := 0, false
+	for _, c := range m.value(kv) {
+		switch c {
+		case '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+			if !inID {
+				n++
+			}
+			inID = true
+		case '[', ']', ',', ' ', '\t', '\n', '\r':
+			inID = false
+		default:
+			return -1 // null, or not lists of block IDs
+		}
+	}
+	return n
 }
 
 // prefillResult is how a prefill leg ended.
@@ -667,7 +698,7 @@ func (d *dispatch) deliverDecode(engine registry.Engine, resp *http.Response, pl
 		d.commit(resp, -1)
 		rb, _ := resp.Body.(relayBody)
 		if err := d.send(first, d.mustFlush(rb, rerr)); err != nil {
-			return &failure{kind: failClientGone, leg: legDecode, err: err}
+			return sendFailure(err)
 		}
 		if errors.Is(rerr, io.EOF) {
 			return nil

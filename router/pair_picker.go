@@ -351,6 +351,7 @@ func (rt *Router) buildView(s *replica.Snapshot) *view {
 	}
 	if peersMoved || len(regenerated) > 0 {
 		rt.pairs.resetOrForget(regenerated, v.byID)
+		rt.exchanged.forget(v.byID)
 	}
 	if old != nil {
 		rt.pairs.resetLifted(old.snap, s)

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -661,5 +663,65 @@ func TestRouteReceipt(t *testing.T) {
 		if !seen[want] {
 			t.Errorf("no answer had the receipt %q; seen %v", want, seen)
 		}
+	}
+}
+
+// TestPairCounters: a vLLM pair's served requests are counted per pair:
+// its attempts, and the KV blocks its prefill handed the decode (also in
+// the route receipt).
+func TestPairCounters(t *testing.T) {
+	t.Parallel()
+	b, _, _ := simFleet(t, registry.EngineVLLM, router.Config{RouteReceipt: true, DecodePolicy: router.PolicyRoundRobin}, nil)
+	prompt := strings.Repeat("kv ", 40)
+	resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"`+prompt+`","max_tokens":2}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	receipt := resp.Header.Get(router.RouteReceiptHeader)
+	m := regexp.MustCompile(`^prefill=prefill-0@1 decode=(decode-\d)@1 attempts=1 kv_blocks=(\d+)$`).FindStringSubmatch(receipt)
+	if m == nil || m[2] == "0" {
+		t.Fatalf("route receipt %q: want the pair and its KV blocks", receipt)
+	}
+	pair := map[string]string{"prefill": "prefill-0", "decode": m[1]}
+	blocks, _ := strconv.Atoi(m[2])
+	if got := b.metric(t, "pdplane_router_pair_kv_blocks_total", pair); got != float64(blocks) {
+		t.Errorf("pair_kv_blocks_total%v = %v, want %d", pair, got, blocks)
+	}
+	ok := map[string]string{"prefill": pair["prefill"], "decode": pair["decode"], "result": "ok"}
+	if got := b.metric(t, "pdplane_router_pair_attempts_total", ok); got != 1 {
+		t.Errorf("pair_attempts_total%v = %v, want 1", ok, got)
+	}
+}
+
+// TestServedPairsReachTheRegistry: the pairs a router served reach its
+// store (an ExchangeReporter) within a report interval, each with the time
+// of its latest request, so that the registry knows which pairs exchanged
+// KV last; a pair that served nothing is not reported.
+func TestServedPairsReachTheRegistry(t *testing.T) {
+	t.Parallel()
+	b, _, _ := simFleet(t, registry.EngineSGLang, router.Config{ExchangeReportInterval: 10 * time.Millisecond, DecodePolicy: router.PolicyRoundRobin}, nil)
+	peers, err := b.reg.store.List(context.Background(), registry.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]string{}
+	for _, p := range peers {
+		ids[p.Name] = p.ID
+	}
+	before := time.Now()
+	if resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"x","max_tokens":2}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	var xs []registry.Exchange
+	simtest.WaitFor(t, "the served pair reported", func() bool {
+		var err error
+		xs, err = b.reg.store.Exchanges(context.Background())
+		return err == nil && len(xs) > 0
+	})
+	time.Sleep(50 * time.Millisecond) // five more intervals: nothing else was served
+	xs, _ = b.reg.store.Exchanges(context.Background())
+	if len(xs) != 1 || xs[0].PrefillID != ids["prefill-0"] || (xs[0].DecodeID != ids["decode-0"] && xs[0].DecodeID != ids["decode-1"]) ||
+		xs[0].At.Before(before) || xs[0].At.After(time.Now()) {
+		t.Fatalf("exchanges %+v: want the one pair served, at the time of its request", xs)
 	}
 }

@@ -60,10 +60,17 @@ type Router struct {
 	// is off (Config.TracerProvider nil), which skips every span.
 	tracer trace.Tracer
 
-	reports sync.WaitGroup   // reporter calls in flight
-	admit   admission        // generation requests in flight, against MaxInflight
-	served  atomic.Uint64    // served requests, for LogServedEvery's sampling
-	taken   httpwire.Streams // streams on connections taken over from net/http
+	reports sync.WaitGroup // reporter calls in flight
+	// exchanged are the pairs served since their last report to an
+	// ExchangeReporter (exchanges.go), which a loop sends until
+	// stopExchanges closes.
+	exchanged     exchanges
+	stopExchanges chan struct{}
+	exchangesOnce sync.Once
+	exchangeLoop  sync.WaitGroup
+	admit         admission        // generation requests in flight, against MaxInflight
+	served        atomic.Uint64    // served requests, for LogServedEvery's sampling
+	taken         httpwire.Streams // streams on connections taken over from net/http
 
 	watchOnce sync.Once
 	watcher   *httpwire.Watcher // their clients' connections; nil until the first HTTP/1.1 stream, or where there is none
@@ -168,6 +175,14 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 		return &b
 	}
 	count := m.transitionCounter("pair")
+	if er, ok := reporter.(ExchangeReporter); ok && cfg.ExchangeReportInterval > 0 {
+		rt.stopExchanges = make(chan struct{})
+		rt.exchangeLoop.Add(1)
+		go func() {
+			defer rt.exchangeLoop.Done()
+			rt.reportExchanges(er, cfg.ExchangeReportInterval, rt.stopExchanges)
+		}()
+	}
 	rt.pairs.onChange = func(from, to breakerState) {
 		switch {
 		case from == breakerClosed && to != breakerClosed:
@@ -242,6 +257,10 @@ func (rt *Router) Close() {
 		rt.watcher.Stop()
 	}
 	rt.reports.Wait()
+	if rt.stopExchanges != nil {
+		rt.exchangesOnce.Do(func() { close(rt.stopExchanges) }) // the loop reports once more
+		rt.exchangeLoop.Wait()
+	}
 	if rt.ownedTr != nil {
 		rt.ownedTr.CloseIdleConnections()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/replica"
@@ -213,7 +214,7 @@ func (h handlers) MarkPeerStale(ctx context.Context, req api.MarkPeerStaleReques
 	return api.MarkPeerStale200JSONResponse(apiconv.PeerSummary(&p, h.timing())), nil
 }
 
-func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (api.ListPairsResponseObject, error) {
+func (h handlers) ListPairs(ctx context.Context, req api.ListPairsRequestObject) (api.ListPairsResponseObject, error) {
 	limit := 10000
 	if l := req.Params.Limit; l != nil {
 		if *l < 1 || *l > 100000 {
@@ -245,6 +246,13 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		return nil, invalidField("decode_class", "decode_class is required with prefill_class")
 	default:
 		pairs, total = h.snaps.Snapshot().PairsBetween(pc, dc, limit)
+	}
+	// The pairs come from the snapshot and answer through a store outage;
+	// their last exchanges, read from the store, are then left out.
+	xs, _ := h.store.Exchanges(ctx)
+	exchanged := make(map[[2]string]time.Time, len(xs))
+	for _, x := range xs {
+		exchanged[[2]string{x.PrefillID, x.DecodeID}] = x.At
 	}
 	out := api.ListPairs200JSONResponse{Pairs: make([]api.Pair, len(pairs)), Total: total}
 	for i, p := range pairs {
@@ -286,6 +294,9 @@ func (h handlers) ListPairs(_ context.Context, req api.ListPairsRequestObject) (
 		}
 		ap.Reason = apiconv.Opt(reason)
 		ap.Breaker = h.pairBreaker(p.Prefill.ID, p.Decode.ID)
+		if at, ok := exchanged[[2]string{p.Prefill.ID, p.Decode.ID}]; ok {
+			ap.LastExchangeAt = &at
+		}
 		out.Pairs[i] = ap
 	}
 	return out, nil

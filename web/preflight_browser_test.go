@@ -41,4 +41,15 @@ func TestStatusPagePreflight(t *testing.T) {
 			`document.getElementById('pair-detail').textContent.includes('preflight failed (nixl, DRAM): `+nixlErr+`') && `+
 			`!!document.querySelector('#pair-counts [data-tally=preflight]')`, 10*time.Second)
 	b.checkClean(t, "a failed preflight")
+
+	// The pair's last exchange, as a serve replica reported it: in the
+	// pair detail, and in each peer's detail as the partner it touched.
+	if err := f.store.RecordExchanges(context.Background(), []registry.Exchange{{PrefillID: p0, DecodeID: d0, At: time.Now().Add(-3 * time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(t, "the last exchange in the pair detail", `document.getElementById('pair-detail').textContent.includes('last KV exchange ')`, 10*time.Second)
+	b.clickWhenThere(t, "decode d0's name", `#peer-groups tr[data-peer-id=`+jsString(d0)+`] .peer-link`, 10*time.Second)
+	b.waitFor(t, "d0's partner in its detail", `document.getElementById('peer-dialog').open && `+
+		`(document.querySelector('#pd-body [data-partner=p0]') || {}).textContent?.startsWith('p0 (')`, 5*time.Second)
+	b.checkClean(t, "a pair's last exchange")
 }

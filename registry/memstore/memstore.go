@@ -59,6 +59,7 @@ type Store struct {
 	quarantines map[[2]string]registry.Quarantine
 	failures    map[[2]string]registry.PairFailure
 	preflights  map[[2]string]registry.Preflight
+	exchanges   map[[2]string]time.Time // a pair's latest exchange (exchange.go)
 	probes      map[string]registry.Probe
 }
 
@@ -73,6 +74,7 @@ func New(cfg Config) *Store {
 		quarantines: map[[2]string]registry.Quarantine{},
 		failures:    map[[2]string]registry.PairFailure{},
 		preflights:  map[[2]string]registry.Preflight{},
+		exchanges:   map[[2]string]time.Time{},
 		probes:      map[string]registry.Probe{},
 	}
 }

@@ -82,4 +82,9 @@ func (s *Store) forgetPreflights(id string) {
 			delete(s.preflights, k)
 		}
 	}
+	for k := range s.exchanges {
+		if k[0] == id || k[1] == id {
+			delete(s.exchanges, k)
+		}
+	}
 }

@@ -57,6 +57,7 @@ func RunContract(t *testing.T, newStore StoreFactory) {
 		{"TransferSecretRoundTrip", testTransferSecret},
 		{"Preflight", testPreflight},
 		{"Probe", testProbe},
+		{"Exchanges", testExchanges},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -873,8 +873,23 @@
       pr.reason ? [' · ', el('span', { class: 'why' }, pr.reason)] : null,
       pr.unverified && pr.unverified.length ? [' · not verified: ', pr.unverified.map((f, i) => [i ? ', ' : '', el('code', null, f)])] : null,
       pr.breaker && pr.breaker.state !== 'closed' ? [' · ', breakerBadge(pr.breaker), ' pair breaker'] : null,
+      pr.last_exchange_at ? [' · last KV exchange ', el('span', { class: 'exchanged', title: stamp(pr.last_exchange_at) }, ago(pr.last_exchange_at))] : null,
       pr.preflight ? preflightBlock(pr.preflight) : null,
       pr.quarantine ? quarantineBlock(pr) : null);
+  }
+
+  // partners lists the peers a peer last exchanged KV with, newest first,
+  // from the pairs' last exchanges: after a restart, the partners it
+  // touched (whose pairs preflight again with its new generation).
+  function partners(p) {
+    const mine = (state.pairs || [])
+      .filter((pr) => pr.last_exchange_at && (pr.prefill.id === p.id || pr.decode.id === p.id))
+      .sort((a, b) => Date.parse(b.last_exchange_at) - Date.parse(a.last_exchange_at));
+    if (!mine.length) return '—';
+    return el('span', { class: 'partners' }, mine.map((pr, i) => {
+      const other = pr.prefill.id === p.id ? pr.decode : pr.prefill;
+      return [i ? ', ' : '', el('span', { 'data-partner': other.name, title: stamp(pr.last_exchange_at) }, other.name + ' (' + ago(pr.last_exchange_at) + ')')];
+    }));
   }
 
   // quarantineBlock describes a pair's quarantine and offers to lift it;
@@ -1114,6 +1129,7 @@
         fact('Generation', String(p.generation)),
         fact('Breaker', breakerBadge(p.breaker)),
         fact('Transfer group', p.transfer_group || '—'),
+        fact('KV exchanged with', partners(p)),
         fact('Lease left', el('span', { 'data-lease': p.lease_expiry || '', class: lease.cls }, lease.text)),
         fact('Last heartbeat', el('span', { 'data-ago': p.last_heartbeat || '', title: p.last_heartbeat ? stamp(p.last_heartbeat) : null }, ago(p.last_heartbeat))),
         fact('Heartbeat / lease', p.heartbeat_interval_seconds + ' s / ' + p.lease_ttl_seconds + ' s'),
