@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -67,29 +68,13 @@ func TestPrefillDeclaringTheLargestLengthFailsOnlyItsRequest(t *testing.T) {
 // the garbage; the request counts as a stream error, not as ok.
 func TestDecodeGarbageMidStreamIsCutCleanly(t *testing.T) {
 	p, d := simtest.Pair(t, registry.EngineVLLM, nil)
-	// A fake decode: an HTTP server that answers every request so.
+	// A fake decode (fakeEngine): two good events, then a proxy's error
+	// page and an event after it, each a chunk as uvicorn frames them.
 	const good = "data: {\"id\":\"cmpl-1\",\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n" +
 		"data: {\"id\":\"cmpl-1\",\"choices\":[{\"index\":0,\"text\":\"b\"}]}\n\n"
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-					_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + good +
-						"<html><body>502 Bad Gateway</body></html>\n" + "data: {\"after\":\"the garbage\"}\n\n"))
-				}
-			}()
-		}
-	}()
+	chunk := func(s string) string { return strconv.FormatInt(int64(len(s)), 16) + "\r\n" + s + "\r\n" }
+	decode := fakeEngine(t, []string{sseHead + chunk(good) + chunk("<html><body>502 Bad Gateway</body></html>\n") +
+		chunk("data: {\"after\":\"the garbage\"}\n\n") + "0\r\n\r\n"}, nil)
 	pspec, err := p.Spec(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +83,7 @@ func TestDecodeGarbageMidStreamIsCutCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dspec.URL = "http://" + l.Addr().String()
+	dspec.URL = decode
 	b := setup(t, router.Config{}, registry.Peer{PeerSpec: pspec}, registry.Peer{PeerSpec: dspec})
 	resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"hi","max_tokens":3,"stream":true}`)
 	if resp.StatusCode != http.StatusOK {
