@@ -415,6 +415,11 @@ func (a *Agent) reportRecompute(ctx context.Context, st EngineStatus) {
 		defer a.reporting.Store(false)
 		rctx, cancel := context.WithTimeout(ctx, recomputeReportTimeout)
 		defer cancel()
+		if prefill, ok := a.onlyPartner(rctx, p.Id, st.Recompute.Window); ok {
+			// The pair's failure: the registry's rule can quarantine it.
+			r.PrefillID = prefill.Id
+			r.Reason += " from prefill " + prefill.Name + ", the only one it exchanged KV with meanwhile"
+		}
 		if err := a.ReportTransferFailure(rctx, r); err != nil {
 			a.log.Warn().Err(err).Msg("report the recomputing decode; the next probe tries again")
 			return
@@ -422,6 +427,35 @@ func (a *Agent) reportRecompute(ctx context.Context, st EngineStatus) {
 		a.probe.forgetRecompute()
 	}()
 }
+
+// onlyPartner returns the prefill the decode exchanged KV with over the
+// last window, as the routers reported their served pairs to the registry
+// (/api/v1/pairs' last_exchange_at), when there was exactly one: the
+// decode's counters cannot say whose KV it recomputed, but with one
+// partner the pair is known. ok is false with several, none, or no answer.
+func (a *Agent) onlyPartner(ctx context.Context, self string, window time.Duration) (prefill api.PeerRef, ok bool) {
+	resp, err := callFor(ctx, a.cps, "list pairs", 0, func(ctx context.Context, c *api.ClientWithResponses) (*http.Response, error) {
+		return c.ListPairs(ctx, &api.ListPairsParams{Limit: apiconv.Opt(100000)})
+	}, api.ParseListPairsResponse)
+	if err != nil || resp.JSON200 == nil {
+		return prefill, false
+	}
+	// The routers report every second: a window's exchanges may be that
+	// much late.
+	since := time.Now().Add(-window - exchangeReportSlack)
+	n := 0
+	for _, pr := range resp.JSON200.Pairs {
+		if pr.Decode.Id == self && pr.LastExchangeAt != nil && pr.LastExchangeAt.After(since) {
+			prefill, n = pr.Prefill, n+1
+		}
+	}
+	return prefill, n == 1
+}
+
+// exchangeReportSlack is how late a router's report of the pairs it
+// served may be (router.Config.ExchangeReportInterval, 1 s, and the
+// report's own time, up to its timeout).
+const exchangeReportSlack = 10 * time.Second
 
 // recomputeReportTimeout bounds one report of a recomputing decode, over
 // every control-plane replica.

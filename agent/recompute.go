@@ -19,8 +19,10 @@ import (
 // sets num_computed_tokens to num_tokens − 1 on a full hit; a real decode
 // computed none of 386 in realengine's TestVLLM), so what it computed
 // beyond one token per request it served was recomputed KV. The figures
-// are per decode: they cannot say which prefill's loads failed, so the
-// report names the decode.
+// are per decode: they cannot say which prefill's loads failed. The report
+// names the pair when the decode exchanged KV with one prefill only over
+// the window, as the routers reported the pairs they served
+// (Agent.onlyPartner); else it names the decode.
 
 // Recompute defaults: a decode recomputing more than 5 % of its prompt
 // tokens over 30 s is flagged, once it took in at least 64 prompt tokens in

@@ -22,8 +22,10 @@ import (
 // answers every client, so only its counters tell. Its agent reads them:
 // healthy PD traffic reads as no recompute; under the recompute fault the
 // decode is reported within a probe interval of the traffic, with the
-// figures, and the registry's rule for a failed load the decode reports
-// takes it out of routing until it re-registers.
+// figures, naming the pair (the only prefill it exchanged KV with, as the
+// router reported its served pairs), and the registry's rule for a failed
+// load takes it out of routing until it re-registers; the same failure
+// right after that quarantines the pair.
 func TestSilentRecomputeIsReported(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, fleetConfig{replicas: 1, prefills: 1, decodes: 1, engine: registry.EngineVLLM, transfer: sim.TransferTCP})
@@ -80,6 +82,9 @@ func TestSilentRecomputeIsReported(t *testing.T) {
 	if !strings.Contains(reported.Error, "computed by the decode instead of loaded by KV transfer") {
 		t.Errorf("the report does not give the figures: %q", reported.Error)
 	}
+	if !strings.Contains(reported.Message, "from prefill prefill-0, the only one it exchanged KV with") {
+		t.Errorf("the report does not name the pair: %q", reported.Message)
+	}
 	// The probe after the traffic sees it (the probes follow the
 	// heartbeat interval, 1 s) and the agent reports it at once.
 	if limit := registry.DefaultHeartbeatInterval + time.Second; took > limit {
@@ -89,5 +94,21 @@ func TestSilentRecomputeIsReported(t *testing.T) {
 	f.waitAll(t, "decode-0 re-registered", func(s *replica.Snapshot) bool {
 		p := peerByName(s, "decode-0")
 		return p != nil && p.State == registry.StateReady && p.Generation > d0.Generation
+	})
+
+	// The restart did not cure it: the pair is quarantined. The agent
+	// first reads the new engine's counters once, so that the traffic
+	// shows as their change.
+	restarted := probes()
+	simtest.WaitFor(t, "a probe of the restarted decode", func() bool { return probes() > restarted })
+	f.setFault(t, "decode-0", sim.FaultRecompute)
+	send(10)
+	f.waitAll(t, "the recomputing pair quarantined", func(s *replica.Snapshot) bool {
+		p, d := peerByName(s, "prefill-0"), peerByName(s, "decode-0")
+		if p == nil || d == nil {
+			return false
+		}
+		_, ok := s.Quarantined(p.ID, d.ID)
+		return ok
 	})
 }

@@ -165,8 +165,9 @@ type Config struct {
 	// ReportTimeout bounds each call to the PeerReporter; 5 s by default.
 	ReportTimeout time.Duration
 	// ExchangeReportInterval is how often the pairs served are sent to a
-	// PeerReporter that is an ExchangeReporter; 5 s by default, negative
-	// for never.
+	// PeerReporter that is an ExchangeReporter; 1 s by default (one
+	// statement a second per replica), so that an agent that finds its
+	// decode recomputing can tell whose KV it was; negative for never.
 	ExchangeReportInterval time.Duration
 
 	// Now is the clock; time.Now when nil.
@@ -198,7 +199,7 @@ func (c Config) WithDefaults() Config {
 	c.CacheAwareBalanceRel = cmp.Or(c.CacheAwareBalanceRel, 1.5)
 	c.CacheAwareVirtualNodes = cmp.Or(c.CacheAwareVirtualNodes, 32)
 	c.ReportTimeout = cmp.Or(c.ReportTimeout, 5*time.Second)
-	c.ExchangeReportInterval = cmp.Or(c.ExchangeReportInterval, 5*time.Second)
+	c.ExchangeReportInterval = cmp.Or(c.ExchangeReportInterval, time.Second)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
