@@ -37,7 +37,7 @@
 //
 // It must not touch a database or the store beyond PeerReporter (a failed
 // transfer), TrialReporter (a pair on trial that transferred) and
-// ExchangeReporter (the pairs it served, every few seconds). Its state
+// ExchangeReporter (the pairs it served, every second). Its state
 // lives in a Router built by New, except what every Router of a process
 // shares on purpose: buffer pools and the pool of spare goroutines that run
 // streams beside their handlers (workers.go). Request bodies are never fully unmarshalled: the
