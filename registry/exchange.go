@@ -9,10 +9,11 @@ import (
 // An Exchange says that a pair's decode was served KV by its prefill: a
 // request routed through the pair succeeded. Each router replica records
 // the pairs it served and sends the latest time of each in a batch every
-// few seconds; the store keeps, per pair, the latest time any replica
-// reported. After a peer restarts, they tell which partners it touched
-// last (the status page shows them beside the pair's preflight, which
-// the restart makes run again: Preflight.Current).
+// second; the store keeps, per pair, the latest time any replica reported.
+// After a peer restarts, they tell which partners it touched last (the
+// status page shows them beside the pair's preflight, which the restart
+// makes run again: Preflight.Current); an agent whose decode recomputes
+// KV names the pair when there was one partner only.
 type Exchange struct {
 	PrefillID string
 	DecodeID  string
