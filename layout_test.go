@@ -130,6 +130,16 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry", "transfer"),
 	},
 	{
+		name:    "zmtp hardens ZeroMQ connections: it imports no other pdplane package",
+		applies: is("zmtp"),
+		allowed: onlyInternal(),
+	},
+	{
+		name:    "kvevents reads the engines' KV events: it imports only zmtp",
+		applies: is("kvevents"),
+		allowed: onlyInternal("zmtp"),
+	},
+	{
 		name:    "gcfloor and cli are the commands' process tuning and flags: they import no other pdplane package",
 		applies: is("gcfloor", "cli"),
 		allowed: onlyInternal(),
@@ -167,9 +177,9 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("registry", "pdproto", "server/api", "server/api/apiconv", "transfer"),
 	},
 	{
-		name:    "the simulator is an engine: sim imports only registry, pdproto, httpwire (its body deadline), transfer and its backends",
+		name:    "the simulator is an engine: sim imports only registry, pdproto, httpwire (its body deadline), zmtp (its bootstrap plane), transfer and its backends",
 		applies: is("sim"),
-		allowed: onlyInternal("registry", "pdproto", "httpwire", "transfer", "transfer/nixl", "transfer/tcp"),
+		allowed: onlyInternal("registry", "pdproto", "httpwire", "zmtp", "transfer", "transfer/nixl", "transfer/tcp"),
 	},
 	{
 		// devfleet wires sims to agents; the control plane is a URL to it,
@@ -233,7 +243,7 @@ var everywhereRules = []layerRule{
 // package must be placed in the layout (and given a rule) before it lands.
 var governed = []string{
 	"", // the module root: only this test
-	"agent", "bench", "cli", "cmd/pdplane", "deploy", "devfleet", "gcfloor", "interop", "migrations", "pdproto", "realengine",
+	"agent", "bench", "cli", "cmd/pdplane", "deploy", "devfleet", "gcfloor", "kvevents", "zmtp", "interop", "migrations", "pdproto", "realengine",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest", "registry/replica",
 	"router", "router/routertest", "httpwire", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 
 	"github.com/pdplane/pdplane/agent"
 	"github.com/pdplane/pdplane/bench"
+	"github.com/pdplane/pdplane/kvevents"
 	"github.com/pdplane/pdplane/pdproto"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/registrytest"
@@ -77,16 +79,17 @@ func newSuite(bin, python string) (*suite, func(), error) {
 	if err := buildModel(python, modelDir); err != nil {
 		return nil, nil, err
 	}
-	ports := make([]int, 4)
+	ports := make([]int, 6)
 	for i := range ports {
 		if ports[i], err = bench.FreePort(); err != nil {
 			return nil, nil, err
 		}
 	}
 	s := &suite{bin: bin, python: python, modelDir: modelDir, dir: dir,
-		prefill: &vllmEngine{role: "prefill", port: ports[0], sidePort: ports[1], engineID: "pdplane-prefill-a"},
-		decode:  &vllmEngine{role: "decode", port: ports[2], sidePort: ports[3]},
-		dbURL:   os.Getenv("PDPLANE_TEST_DATABASE_URL"),
+		prefill: &vllmEngine{role: "prefill", port: ports[0], sidePort: ports[1], engineID: "pdplane-prefill-a",
+			eventsPort: ports[4], replayPort: ports[5]},
+		decode: &vllmEngine{role: "decode", port: ports[2], sidePort: ports[3]},
+		dbURL:  os.Getenv("PDPLANE_TEST_DATABASE_URL"),
 	}
 	stop := func() {
 		s.prefill.stop()
@@ -241,6 +244,7 @@ func TestVLLM(t *testing.T) {
 	}{
 		{"routes", s.testRoutes},
 		{"kv-moves", s.testKVMoves},
+		{"kv-events", s.testKVEvents},
 		{"load-under-concurrency", s.testLoad},
 		{"killed-decode", s.testKilledDecode},
 		{"killed-prefill", s.testKilledPrefill},
@@ -457,6 +461,98 @@ func (s *suite) testKVMoves(t *testing.T, cp *controlPlane, _ *supervisor) {
 	}
 }
 
+// testKVEvents: the prefill publishes its prefix cache's KV events
+// (--kv-events-config, ZMQ); kvevents reads them, replay included. A
+// prompt of three blocks and a part is stored as three blocks whose token
+// IDs are the prompt's own (vLLM's /tokenize), chained by their hashes; a
+// second subscriber, from sequence 0, gets the same batches from the
+// replay socket.
+func (s *suite) testKVEvents(t *testing.T, cp *controlPlane, _ *supervisor) {
+	cfg := kvevents.Config{Endpoint: fmt.Sprintf("127.0.0.1:%d", s.prefill.eventsPort),
+		ReplayEndpoint: fmt.Sprintf("127.0.0.1:%d", s.prefill.replayPort), Topic: kvEventsTopic}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	stored := make(chan kvevents.Event, 1024)
+	var missed atomic.Uint64
+	streamErr := make(chan error, 1)
+	go func() {
+		_, err := kvevents.Stream(ctx, cfg, 0, func(m kvevents.Message) {
+			missed.Add(m.Missed)
+			for _, e := range m.Batch.Events {
+				if e.Kind == kvevents.BlockStored {
+					select {
+					case stored <- e:
+					default: // the test stopped reading
+					}
+				}
+			}
+		})
+		streamErr <- err
+	}()
+	defer func() {
+		cancel()
+		if err := <-streamErr; err != nil {
+			t.Errorf("KV events: %v", err)
+		}
+	}()
+	prompt := strings.Repeat("a router reads the engines' own prefix caches ", 20)
+	var tok struct {
+		Tokens []int32 `json:"tokens"`
+	}
+	tr := post(t, s.prefill.URL()+"/tokenize", map[string]any{"model": servedModel, "prompt": prompt}, 30*time.Second)
+	if err := json.Unmarshal(tr.Body, &tok); err != nil || len(tok.Tokens) < 2*blockSize {
+		t.Fatalf("tokenize: %d tokens, %v (%s)", len(tok.Tokens), err, tr.Body)
+	}
+	// Routed: the prefill computes the prompt and caches its full blocks.
+	wantOK(t, "completion", post(t, cp.URL+"/v1/completions", completionBody(prompt, 4, false), 60*time.Second), "application/json")
+	full := len(tok.Tokens) / blockSize
+	var got []int32
+	var hashes []kvevents.Hash
+	deadline := time.After(30 * time.Second)
+	for len(got) < full*blockSize {
+		select {
+		case e := <-stored:
+			if len(got) == 0 && (len(e.TokenIDs) == 0 || e.TokenIDs[0] != tok.Tokens[0]) {
+				continue // another prompt's blocks
+			}
+			if len(hashes) > 0 && e.ParentHash != hashes[len(hashes)-1] {
+				t.Errorf("a stored event's parent %x is not the previous block %x", e.ParentHash, hashes[len(hashes)-1])
+			}
+			got, hashes = append(got, e.TokenIDs...), append(hashes, e.BlockHashes...)
+		case err := <-streamErr:
+			streamErr <- err
+			t.Fatalf("the KV events stream ended: %v", err)
+		case <-deadline:
+			t.Fatalf("stored %d of the prompt's %d full blocks' tokens within 30 s", len(got), full*blockSize)
+		}
+	}
+	if !slices.Equal(got[:full*blockSize], tok.Tokens[:full*blockSize]) || len(hashes) < full {
+		t.Fatalf("the stored blocks' tokens are not the prompt's: %d tokens, %d hashes", len(got), len(hashes))
+	}
+	t.Logf("KV events: %d tokens, %d stored blocks of %d (%d bytes a hash), %d batches missed", len(tok.Tokens), len(hashes), blockSize, len(hashes[0]), missed.Load())
+	if missed.Load() != 0 {
+		t.Errorf("%d batches missed on loopback", missed.Load())
+	}
+	// A late subscriber replays what the engine holds from sequence 0.
+	var replayed atomic.Int64
+	rctx, rcancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer rcancel()
+	go func() {
+		_, _ = kvevents.Stream(rctx, cfg, 0, func(m kvevents.Message) {
+			for _, e := range m.Batch.Events {
+				if e.Kind == kvevents.BlockStored && slices.Contains(e.BlockHashes, hashes[0]) {
+					replayed.Add(1)
+					rcancel()
+				}
+			}
+		})
+	}()
+	<-rctx.Done()
+	if replayed.Load() == 0 {
+		t.Error("a subscriber from sequence 0 was not replayed the prompt's first block")
+	}
+}
+
 // testLoad: 12 requests at once all succeed, and the load the agents
 // read from the engines' /metrics moves meanwhile.
 func (s *suite) testLoad(t *testing.T, cp *controlPlane, _ *supervisor) {
@@ -570,6 +666,9 @@ func (s *suite) testHeal(t *testing.T, cp *controlPlane, sv *supervisor) {
 		p := cp.peers(t)["prefill"]
 		return p.Generation == peers["prefill"].Generation+1 && p.State == "ready"
 	})
+	// The store says ready before the router's snapshot has it: the pairs
+	// come from that snapshot.
+	waitFor(t, "a routable pair", 30*time.Second, cp.routable)
 	before := metrics(t, s.decode.URL())
 	a := post(t, cp.URL+"/v1/chat/completions", chatBody("hello heal", 4, false), 3*time.Minute)
 	after := metrics(t, s.decode.URL())

@@ -25,6 +25,9 @@ const engineStartLimit = 4 * time.Minute
 // servedModel is the name the engines serve the tiny model under.
 const servedModel = "tiny"
 
+// kvEventsTopic is the topic the prefill publishes its KV events under.
+const kvEventsTopic = "kv@prefill"
+
 // maxModelLen is the engines' --max-model-len: a prompt longer than it is
 // vLLM's own 400.
 const maxModelLen = 512
@@ -37,8 +40,11 @@ type vllmEngine struct {
 	// engineID, when set, is kv_transfer_config.engine_id: the id a decode
 	// keys the prefill's NIXL handshake on (vLLM makes a uuid4 otherwise).
 	engineID string
-	p        *bench.Process
-	starts   int
+	// eventsPort and replayPort, when set, publish its KV events
+	// (--kv-events-config: ZMQ PUB and the replay ROUTER).
+	eventsPort, replayPort int
+	p                      *bench.Process
+	starts                 int
 }
 
 func (e *vllmEngine) URL() string { return "http://127.0.0.1:" + strconv.Itoa(e.port) }
@@ -82,6 +88,11 @@ func (e *vllmEngine) start(ctx context.Context, s *suite) error {
 		// pins: it counts no KV loaded by transfer.
 		"--enable-prompt-tokens-details",
 		"--kv-transfer-config", e.kvTransferConfig()}
+	if e.eventsPort != 0 {
+		ev, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq",
+			"endpoint": fmt.Sprintf("tcp://*:%d", e.eventsPort), "replay_endpoint": fmt.Sprintf("tcp://*:%d", e.replayPort), "topic": kvEventsTopic})
+		argv = append(argv, "--kv-events-config", string(ev))
+	}
 	env := []string{
 		"VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind",
 		"UCX_TLS=tcp,self", "UCX_NET_DEVICES=lo",

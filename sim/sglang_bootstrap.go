@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
+	"github.com/pdplane/pdplane/zmtp"
 )
 
 // The SGLang bootstrap plane (see sglang_wire.go for the wire): the
@@ -48,6 +49,10 @@ const (
 	roomDPTTL = 120 * time.Second
 	maxRoomDP = 1 << 16
 )
+
+// maxRankMessage is the largest message the rank socket accepts: KV args
+// carry the decode's NIXL agent metadata, a few MiB at most.
+const maxRankMessage = 64 << 20
 
 func (b *sglangBoot) init() {
 	b.ranks = map[[4]int]rankEndpoint{}
@@ -318,7 +323,7 @@ func (s *Sim) serveRankConn(nc net.Conn) {
 	if err := nc.SetDeadline(time.Now().Add(rankHandshakeTimeout)); err != nil {
 		return
 	}
-	zc, err := zmq4.Open(newZMTPGuard(nc, maxRankMessage), null.Security(), zmq4.Pull, zmq4.SocketIdentity(""), true, nil)
+	zc, err := zmq4.Open(zmtp.Guard(nc, maxRankMessage), null.Security(), zmq4.Pull, zmq4.SocketIdentity(""), true, nil)
 	if err != nil {
 		s.log.Debug().Err(err).Msg("rank socket: ZMTP handshake")
 		return

@@ -1,4 +1,4 @@
-package sim
+package zmtp
 
 import (
 	"bytes"
@@ -7,11 +7,11 @@ import (
 	"testing"
 )
 
-// TestZMTPGuardFollowsFrames: the guard follows a stream however it is cut
+// TestGuardFollowsFrames: the guard follows a stream however it is cut
 // into reads (here a byte at a time): the greeting, a short frame, a long
 // one within the limit, then refuses the header of one over it before its
 // last size byte is handed on.
-func TestZMTPGuardFollowsFrames(t *testing.T) {
+func TestGuardFollowsFrames(t *testing.T) {
 	var stream bytes.Buffer
 	stream.Write(make([]byte, zmtpGreetingLen))
 	stream.Write([]byte{0x04, 5}) // a command of 5 bytes
@@ -22,7 +22,7 @@ func TestZMTPGuardFollowsFrames(t *testing.T) {
 	stream.Write(make([]byte, 300))
 	ok := stream.Len()
 	stream.Write(binary.BigEndian.AppendUint64([]byte{0x02}, 1001))
-	g := &zmtpGuard{max: 1000, greeting: zmtpGreetingLen}
+	g := &guard{max: 1000, greeting: zmtpGreetingLen}
 	for i, b := range stream.Bytes() {
 		err := g.follow([]byte{b})
 		last := i == stream.Len()-1
@@ -35,11 +35,11 @@ func TestZMTPGuardFollowsFrames(t *testing.T) {
 	}
 }
 
-// TestZMTPGuardCountsAMessagesFrames: frames within the limit one by one
+// TestGuardCountsAMessagesFrames: frames within the limit one by one
 // are refused once their message passes it; the next message starts
 // from nothing.
-func TestZMTPGuardCountsAMessagesFrames(t *testing.T) {
-	g := &zmtpGuard{max: 1000}
+func TestGuardCountsAMessagesFrames(t *testing.T) {
+	g := &guard{max: 1000}
 	frame := func(flags byte, n int) []byte { return append([]byte{flags, byte(n)}, make([]byte, n)...) }
 	for i := range 3 { // 3 × 250 bytes, the last without MORE: 750 in all
 		flags := byte(zmtpMoreFlag)

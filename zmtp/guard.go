@@ -1,4 +1,6 @@
-package sim
+// Package zmtp hardens go-zeromq's connections: ZMTP 3.x, the wire of
+// ZeroMQ (SGLang's bootstrap plane, vLLM's KV events).
+package zmtp
 
 import (
 	"bufio"
@@ -13,20 +15,17 @@ const (
 	zmtpGreetingLen = 64
 	zmtpMoreFlag    = 0x01
 	zmtpLongFlag    = 0x02
-	// maxRankMessage is the largest message the rank socket accepts: KV
-	// args carry the decode's NIXL agent metadata, a few MiB at most.
-	maxRankMessage = 64 << 20
 )
 
-// zmtpGuard is a rank-socket connection read through a buffer that follows
+// guard is a connection read through a buffer that follows
 // the ZMTP stream and refuses a message (its frames together) larger than
 // max before go-zeromq reads the body that passes it: go-zeromq makes a
 // buffer of whatever size a frame's header names (up to 2^63 bytes) and
 // keeps a message's frames until its last, so one header, or a message of
-// endless frames, from anyone who can reach the rank socket would end the
-// engine for want of memory. (libzmq, without ZMQ_MAXMSGSIZE, bounds
-// nothing either: this is the simulator's own hardening.)
-type zmtpGuard struct {
+// endless frames, from anyone who can reach the socket would end the
+// process for want of memory. (libzmq, without ZMQ_MAXMSGSIZE, bounds
+// nothing either.)
+type guard struct {
 	net.Conn
 	r   *bufio.Reader
 	max uint64
@@ -40,14 +39,17 @@ type zmtpGuard struct {
 	message  uint64 // the sizes of the current message's frames so far
 }
 
-func newZMTPGuard(c net.Conn, max uint64) *zmtpGuard {
-	return &zmtpGuard{Conn: c, r: bufio.NewReaderSize(c, 32<<10), max: max, greeting: zmtpGreetingLen}
+// Guard returns c read through a guard that refuses, with an error from
+// Read, a message (its frames together) larger than max bytes, before
+// go-zeromq allocates for it.
+func Guard(c net.Conn, max uint64) net.Conn {
+	return &guard{Conn: c, r: bufio.NewReaderSize(c, 32<<10), max: max, greeting: zmtpGreetingLen}
 }
 
 // Read hands on what it read unless it completes a frame header that
 // takes its message past max: then nothing, and an error, so that
 // go-zeromq allocates nothing more.
-func (g *zmtpGuard) Read(b []byte) (int, error) {
+func (g *guard) Read(b []byte) (int, error) {
 	if g.err != nil {
 		return 0, g.err
 	}
@@ -59,7 +61,7 @@ func (g *zmtpGuard) Read(b []byte) (int, error) {
 }
 
 // follow advances through p, the next bytes of the stream.
-func (g *zmtpGuard) follow(p []byte) error {
+func (g *guard) follow(p []byte) error {
 	for len(p) > 0 {
 		switch {
 		case g.greeting > 0:
@@ -76,7 +78,7 @@ func (g *zmtpGuard) follow(p []byte) error {
 			p = p[1:]
 			if g.sizeLeft == 0 {
 				if g.size > g.max-g.message {
-					return fmt.Errorf("rank socket: a frame of %d bytes takes its message over the limit of %d", g.size, g.max)
+					return fmt.Errorf("zmtp: a frame of %d bytes takes its message over the limit of %d", g.size, g.max)
 				}
 				g.message += g.size
 				g.body = g.size
