@@ -249,7 +249,7 @@ func (h handlers) ListPairs(ctx context.Context, req api.ListPairsRequestObject)
 	}
 	// The pairs come from the snapshot and answer through a store outage;
 	// their last exchanges, read from the store, are then left out.
-	xs, _ := h.store.Exchanges(ctx)
+	xs, _ := h.store.Exchanges(ctx, apiconv.Deref(req.Params.Prefill))
 	exchanged := make(map[[2]string]time.Time, len(xs))
 	for _, x := range xs {
 		exchanged[[2]string{x.PrefillID, x.DecodeID}] = x.At
