@@ -16,6 +16,7 @@ import (
 	"github.com/pdplane/pdplane/httpwire"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
+	"github.com/pdplane/pdplane/sim"
 	"github.com/pdplane/pdplane/sim/simtest"
 )
 
@@ -42,6 +43,20 @@ type countingConn struct {
 func (c countingConn) Write(b []byte) (int, error) {
 	c.writes.Add(1)
 	return c.Conn.Write(b)
+}
+
+// specs returns the specs of a pair of sims, for tests that put a fake
+// engine at one's URL.
+func specs(t *testing.T, p, d *sim.Sim) (pspec, dspec registry.PeerSpec) {
+	t.Helper()
+	pspec, err := p.Spec(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dspec, err = d.Spec(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return pspec, dspec
 }
 
 // fakeEngine serves every request on a raw connection with answer: the
@@ -106,14 +121,7 @@ const sseHead = "HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 18:57:51 GMT\r\nserve
 func flushFleet(t *testing.T, decode []string, rest <-chan string) (b *bundle, body string, writes *atomic.Int64) {
 	t.Helper()
 	p, d := simtest.Pair(t, registry.EngineSGLang, nil)
-	pspec, err := p.Spec(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dspec, err := d.Spec(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pspec, dspec := specs(t, p, d)
 	pspec.URL = fakeEngine(t, []string{"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"}, nil)
 	dspec.URL = fakeEngine(t, decode, rest)
 	// A clock that moves 150 ms at every reading, as a relay stalled on a

@@ -2,7 +2,6 @@ package router_test
 
 import (
 	"bufio"
-	"context"
 	"net"
 	"net/http"
 	"strconv"
@@ -43,14 +42,7 @@ func TestPrefillDeclaringTheLargestLengthFailsOnlyItsRequest(t *testing.T) {
 			}()
 		}
 	}()
-	pspec, err := p.Spec(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dspec, err := d.Spec(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pspec, dspec := specs(t, p, d)
 	pspec.URL = "http://" + l.Addr().String()
 	b := setup(t, router.Config{MaxAttempts: 1}, registry.Peer{PeerSpec: pspec}, registry.Peer{PeerSpec: dspec})
 	for range 2 {
@@ -75,14 +67,7 @@ func TestDecodeGarbageMidStreamIsCutCleanly(t *testing.T) {
 	chunk := func(s string) string { return strconv.FormatInt(int64(len(s)), 16) + "\r\n" + s + "\r\n" }
 	decode := fakeEngine(t, []string{sseHead + chunk(good) + chunk("<html><body>502 Bad Gateway</body></html>\n") +
 		chunk("data: {\"after\":\"the garbage\"}\n\n") + "0\r\n\r\n"}, nil)
-	pspec, err := p.Spec(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dspec, err := d.Spec(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pspec, dspec := specs(t, p, d)
 	dspec.URL = decode
 	b := setup(t, router.Config{}, registry.Peer{PeerSpec: pspec}, registry.Peer{PeerSpec: dspec})
 	resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","prompt":"hi","max_tokens":3,"stream":true}`)
