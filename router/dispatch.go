@@ -198,9 +198,9 @@ type dispatch struct {
 	// ("kind:prefill>decode"): the route receipt.
 	pGen, dGen int64
 	failed     []string
-	// pr is the pair of the last attempt; kvBlocks the KV blocks its vLLM
-	// prefill handed the decode (-1: not known).
-	pr       pair
+	// stats are the last attempt's pair's (pair_stats.go); kvBlocks the KV
+	// blocks its vLLM prefill handed the decode (-1: not known).
+	stats    *pairStats
 	kvBlocks int
 	status   int
 	outcome  string
@@ -383,17 +383,16 @@ func (d *dispatch) run(v *view, mv *modelView) {
 		d.attempts = attempt
 		d.prefill, d.decode = pr.p.peer.Name, pr.d.peer.Name
 		d.pGen, d.dGen = pr.p.peer.Generation, pr.d.peer.Generation
-		d.pr, d.kvBlocks = pr, -1
+		d.stats, d.kvBlocks = rt.pairStats.of(rt.m, &pr), -1
 		d.startAttempt(attempt, &pr)
 		f := d.attemptSettled(&pr)
-		ps := rt.m.pairOf(d.prefill, d.decode)
 		if f == nil {
-			ps.ok.Inc()
+			d.stats.ok.Inc()
 			d.outcome = outcomeOK
 			return
 		}
 		if f.kind != failClientGone {
-			ps.failed.Inc()
+			d.stats.failed.Inc()
 		}
 		d.lastFail = f
 		d.failed = append(d.failed, f.kind.String()+":"+d.prefill+">"+d.decode)
@@ -946,13 +945,12 @@ func (d *dispatch) finish() {
 	}
 }
 
-// pairServed records that the pair served a request (exchanges.go) and
+// pairServed records that the pair served a request (pair_stats.go) and
 // counts the KV blocks its vLLM prefill handed the decode.
 func (d *dispatch) pairServed() {
-	rt := d.rt
-	rt.exchanged.served(d.pr.p.peer.ID, d.pr.d.peer.ID, rt.cfg.Now())
+	d.stats.at.Store(d.rt.cfg.Now().UnixNano())
 	if d.kvBlocks > 0 {
-		rt.m.pairOf(d.prefill, d.decode).kvBlocks.Add(float64(d.kvBlocks))
+		d.stats.kvBlocks.Add(float64(d.kvBlocks))
 	}
 }
 

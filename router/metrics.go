@@ -2,7 +2,6 @@ package router
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -43,7 +42,6 @@ type metrics struct {
 	takenOver          prometheus.Counter
 	pairAttempts       *prometheus.CounterVec // prefill, decode, result
 	pairKVBlocks       *prometheus.CounterVec // prefill, decode
-	pairs              sync.Map               // pairNames -> *pairSeries
 
 	cache seriesCache // series.go
 }
@@ -170,40 +168,11 @@ func (r *metricRegistrar) histogramVec(name, help string, buckets []float64, lab
 func (m *metrics) forgetPeer(name string) {
 	m.breakerState.DeleteLabelValues(name)
 	m.selections.DeletePartialMatch(prometheus.Labels{"peer": name})
-	m.pairs.Range(func(k, _ any) bool {
-		if pn := k.(pairNames); pn.prefill == name || pn.decode == name {
-			m.pairs.Delete(k)
-		}
-		return true
-	})
 	for _, role := range [...]string{"prefill", "decode"} {
 		for _, vec := range [...]*prometheus.CounterVec{m.pairAttempts, m.pairKVBlocks} {
 			vec.DeletePartialMatch(prometheus.Labels{role: name})
 		}
 	}
-}
-
-// pairNames is a pair's label values.
-type pairNames struct{ prefill, decode string }
-
-// pairSeries are one pair's series, resolved on its first attempt.
-type pairSeries struct {
-	ok, failed, kvBlocks prometheus.Counter
-}
-
-// pairOf returns the series of the pair of those peers.
-func (m *metrics) pairOf(prefill, decode string) *pairSeries {
-	k := pairNames{prefill, decode}
-	if ps, ok := m.pairs.Load(k); ok {
-		return ps.(*pairSeries)
-	}
-	ps := &pairSeries{
-		ok:       m.pairAttempts.WithLabelValues(prefill, decode, "ok"),
-		failed:   m.pairAttempts.WithLabelValues(prefill, decode, "failed"),
-		kvBlocks: m.pairKVBlocks.WithLabelValues(prefill, decode),
-	}
-	got, _ := m.pairs.LoadOrStore(k, ps)
-	return got.(*pairSeries)
 }
 
 // transitionCounter returns a function that counts a breaker of the given

@@ -347,11 +347,11 @@ func (rt *Router) buildView(s *replica.Snapshot) *view {
 		}
 		b.states = v.byID
 		rt.forgetGonePeers(b, peers)
+		rt.pairStats.forget(v.byID)
 		peersMoved = true
 	}
 	if peersMoved || len(regenerated) > 0 {
 		rt.pairs.resetOrForget(regenerated, v.byID)
-		rt.exchanged.forget(v.byID)
 	}
 	if old != nil {
 		rt.pairs.resetLifted(old.snap, s)

@@ -61,10 +61,9 @@ type Router struct {
 	tracer trace.Tracer
 
 	reports sync.WaitGroup // reporter calls in flight
-	// exchanged are the pairs served since their last report to an
-	// ExchangeReporter (exchanges.go), which a loop sends until
-	// stopExchanges closes.
-	exchanged     exchanges
+	// pairStats are the pairs tried (pair_stats.go); a loop reports
+	// those served to an ExchangeReporter until stopExchanges closes.
+	pairStats     pairTable
 	stopExchanges chan struct{}
 	exchangesOnce sync.Once
 	exchangeLoop  sync.WaitGroup

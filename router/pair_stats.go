@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdplane/pdplane/registry"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ExchangeReporter takes the pairs this router served. A PeerReporter that
@@ -17,32 +18,42 @@ type ExchangeReporter interface {
 	RecordExchanges(ctx context.Context, xs []registry.Exchange) error
 }
 
-// exchanges are the pairs this router served: for each (prefill ID, decode
-// ID), when it last served a request and what of that it reported. A
-// served request costs a map lookup and an atomic store; the reports read
-// the map in the background.
-type exchanges struct {
-	m sync.Map // pairKey -> *exchangeAt
+// pairStats is what the router keeps of one pair it tried: the pair's
+// series (its attempts, the KV blocks it moved) and when it last served a
+// request, which the reports send to an ExchangeReporter. An attempt looks
+// it up once.
+type pairStats struct {
+	ok, failed, kvBlocks prometheus.Counter
+	at, reported         atomic.Int64 // Unix ns: the latest served request, the latest reported
 }
 
-type exchangeAt struct{ at, reported atomic.Int64 } // Unix ns
+// pairTable holds the pairStats of every pair tried, by (prefill ID,
+// decode ID), until either peer leaves.
+type pairTable struct {
+	m sync.Map // pairKey -> *pairStats
+}
 
-// served records that the pair served a request at now.
-func (x *exchanges) served(prefill, decode string, now time.Time) {
-	k := pairKey{prefill, decode}
-	e, ok := x.m.Load(k)
-	if !ok {
-		e, _ = x.m.LoadOrStore(k, &exchangeAt{})
+// of returns the stats of pr, resolving its series on its first attempt.
+func (t *pairTable) of(m *metrics, pr *pair) *pairStats {
+	k := pairKey{pr.p.peer.ID, pr.d.peer.ID}
+	if ps, ok := t.m.Load(k); ok {
+		return ps.(*pairStats)
 	}
-	e.(*exchangeAt).at.Store(now.UnixNano())
+	p, d := pr.p.peer.Name, pr.d.peer.Name
+	ps, _ := t.m.LoadOrStore(k, &pairStats{
+		ok:       m.pairAttempts.WithLabelValues(p, d, "ok"),
+		failed:   m.pairAttempts.WithLabelValues(p, d, "failed"),
+		kvBlocks: m.pairKVBlocks.WithLabelValues(p, d),
+	})
+	return ps.(*pairStats)
 }
 
 // report sends the pairs served since their last report, in batches of
 // registry.MaxExchangesPerReport; a batch the reporter refused is sent
 // again with the next report.
-func (x *exchanges) report(ctx context.Context, to ExchangeReporter) error {
+func (t *pairTable) report(ctx context.Context, to ExchangeReporter) error {
 	var batch []registry.Exchange
-	var sent []*exchangeAt
+	var sent []*pairStats
 	var ats []int64
 	flush := func() error {
 		if len(batch) == 0 {
@@ -51,22 +62,22 @@ func (x *exchanges) report(ctx context.Context, to ExchangeReporter) error {
 		if err := to.RecordExchanges(ctx, batch); err != nil {
 			return err
 		}
-		for i, e := range sent {
-			e.reported.Store(ats[i])
+		for i, ps := range sent {
+			ps.reported.Store(ats[i])
 		}
 		batch, sent, ats = batch[:0], sent[:0], ats[:0]
 		return nil
 	}
 	var err error
-	x.m.Range(func(k, v any) bool {
-		e := v.(*exchangeAt)
-		at := e.at.Load()
-		if at <= e.reported.Load() {
+	t.m.Range(func(k, v any) bool {
+		ps := v.(*pairStats)
+		at := ps.at.Load()
+		if at <= ps.reported.Load() {
 			return true
 		}
 		pk := k.(pairKey)
 		batch = append(batch, registry.Exchange{PrefillID: pk.prefill, DecodeID: pk.decode, At: time.Unix(0, at).UTC()})
-		sent, ats = append(sent, e), append(ats, at)
+		sent, ats = append(sent, ps), append(ats, at)
 		if len(batch) == registry.MaxExchangesPerReport {
 			err = flush()
 		}
@@ -78,14 +89,15 @@ func (x *exchanges) report(ctx context.Context, to ExchangeReporter) error {
 	return flush()
 }
 
-// forget drops the pairs of peers no longer in live.
-func (x *exchanges) forget(live map[string]*peerState) {
-	x.m.Range(func(k, _ any) bool {
+// forget drops the pairs of peers no longer in live (metrics.forgetPeer
+// deletes their series).
+func (t *pairTable) forget(live map[string]*peerState) {
+	t.m.Range(func(k, _ any) bool {
 		pk := k.(pairKey)
 		if _, ok := live[pk.prefill]; !ok {
-			x.m.Delete(k)
+			t.m.Delete(k)
 		} else if _, ok := live[pk.decode]; !ok {
-			x.m.Delete(k)
+			t.m.Delete(k)
 		}
 		return true
 	})
@@ -110,7 +122,7 @@ func (rt *Router) reportExchanges(er ExchangeReporter, interval time.Duration, s
 func (rt *Router) sendExchanges(er ExchangeReporter) {
 	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.ReportTimeout)
 	defer cancel()
-	if err := rt.exchanged.report(ctx, er); err != nil {
+	if err := rt.pairStats.report(ctx, er); err != nil {
 		rt.log.Warn().Err(err).Msg("report the pairs served; they are sent again with the next report")
 	}
 }
