@@ -30,9 +30,8 @@ type ExchangeStore interface {
 	// the reported one. Pairs of which a peer is gone are left out.
 	RecordExchanges(ctx context.Context, xs []Exchange) error
 	// Exchanges lists the latest exchange of every pair whose peers both
-	// exist; of the pairs of one prefill when prefillID is not empty (its
-	// agent lists its pairs every preflight interval).
-	Exchanges(ctx context.Context, prefillID string) ([]Exchange, error)
+	// exist.
+	Exchanges(ctx context.Context) ([]Exchange, error)
 }
 
 // ValidateExchanges checks a report, naming the first bad entry.

@@ -716,7 +716,7 @@ func TestServedPairsReachTheRegistry(t *testing.T) {
 	var xs []registry.Exchange
 	simtest.WaitFor(t, "the served pair reported", func() bool {
 		var err error
-		xs, err = b.reg.store.Exchanges(context.Background(), "")
+		xs, err = b.reg.store.Exchanges(context.Background())
 		return err == nil && len(xs) > 0
 	})
 	if len(xs) != 1 || xs[0].PrefillID != ids["prefill-0"] || (xs[0].DecodeID != ids["decode-0"] && xs[0].DecodeID != ids["decode-1"]) ||

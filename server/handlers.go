@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/replica"
@@ -248,12 +247,8 @@ func (h handlers) ListPairs(ctx context.Context, req api.ListPairsRequestObject)
 		pairs, total = h.snaps.Snapshot().PairsBetween(pc, dc, limit)
 	}
 	// The pairs come from the snapshot and answer through a store outage;
-	// their last exchanges, read from the store, are then left out.
-	xs, _ := h.store.Exchanges(ctx, apiconv.Deref(req.Params.Prefill))
-	exchanged := make(map[[2]string]time.Time, len(xs))
-	for _, x := range xs {
-		exchanged[[2]string{x.PrefillID, x.DecodeID}] = x.At
-	}
+	// their last exchanges come from the cache (exchanges.go).
+	exchanged := h.exchanges.get(ctx)
 	out := api.ListPairs200JSONResponse{Pairs: make([]api.Pair, len(pairs)), Total: total}
 	for i, p := range pairs {
 		ap := api.Pair{

@@ -240,6 +240,8 @@ type Server struct {
 	shutdownOnce sync.Once
 	// selfLogged are the route patterns whose handler logs each request.
 	selfLogged map[string]bool
+	// exchanges are the pairs' last exchanges, for the pairs API.
+	exchanges exchangeCache
 }
 
 // New builds the server and its routes.
@@ -259,7 +261,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, store: deps.Store, snaps: deps.Snaps, breakers: deps.Breakers, log: log, access: access, maxBody: maxBody,
+	s := &Server{cfg: cfg, store: deps.Store, exchanges: exchangeCache{store: deps.Store}, snaps: deps.Snaps, breakers: deps.Breakers, log: log, access: access, maxBody: maxBody,
 		reports:      newReportLimiter(cfg.StaleReportRate, cfg.StaleReportBurst, cfg.Now),
 		victims:      newReportLimiter(cfg.StaleVictimRate, cfg.StaleVictimBurst, cfg.Now),
 		shuttingDown: make(chan struct{})}

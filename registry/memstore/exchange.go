@@ -26,14 +26,11 @@ func (s *Store) RecordExchanges(_ context.Context, xs []registry.Exchange) error
 }
 
 // Exchanges implements registry.Store.
-func (s *Store) Exchanges(_ context.Context, prefillID string) ([]registry.Exchange, error) {
+func (s *Store) Exchanges(context.Context) ([]registry.Exchange, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]registry.Exchange, 0, len(s.exchanges))
 	for k, at := range s.exchanges {
-		if prefillID != "" && k[0] != prefillID {
-			continue
-		}
 		out = append(out, registry.Exchange{PrefillID: k[0], DecodeID: k[1], At: at})
 	}
 	return out, nil

@@ -37,21 +37,12 @@ ON CONFLICT (prefill_id, decode_id) DO UPDATE SET at = greatest(pair_exchanges.a
 }
 
 // Exchanges implements registry.Store.
-func (s *Store) Exchanges(ctx context.Context, prefillID string) ([]registry.Exchange, error) {
-	scan := func(r pgx.CollectableRow) (registry.Exchange, error) {
+func (s *Store) Exchanges(ctx context.Context) ([]registry.Exchange, error) {
+	out, err := collectRows(ctx, s.pool, func(r pgx.CollectableRow) (registry.Exchange, error) {
 		var x registry.Exchange
 		err := r.Scan(&x.PrefillID, &x.DecodeID, &x.At)
 		x.At = x.At.UTC()
 		return x, err
-	}
-	const columns = `SELECT prefill_id::text, decode_id::text, at FROM pair_exchanges`
-	if prefillID == "" {
-		out, err := collectRows(ctx, s.pool, scan, columns)
-		return out, classify(err, "list exchanges")
-	}
-	if !registry.IsPeerID(prefillID) {
-		return nil, nil // no such peer, nor its pairs
-	}
-	out, err := collectRows(ctx, s.pool, scan, columns+` WHERE prefill_id = $1`, prefillID)
-	return out, classify(err, "list exchanges of "+prefillID)
+	}, `SELECT prefill_id::text, decode_id::text, at FROM pair_exchanges`)
+	return out, classify(err, "list exchanges")
 }
