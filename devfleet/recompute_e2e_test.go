@@ -103,12 +103,5 @@ func TestSilentRecomputeIsReported(t *testing.T) {
 	simtest.WaitFor(t, "a probe of the restarted decode", func() bool { return probes() > restarted })
 	f.setFault(t, "decode-0", sim.FaultRecompute)
 	send(10)
-	f.waitAll(t, "the recomputing pair quarantined", func(s *replica.Snapshot) bool {
-		p, d := peerByName(s, "prefill-0"), peerByName(s, "decode-0")
-		if p == nil || d == nil {
-			return false
-		}
-		_, ok := s.Quarantined(p.ID, d.ID)
-		return ok
-	})
+	f.waitAll(t, "the recomputing pair quarantined", quarantined("prefill-0", "decode-0"))
 }

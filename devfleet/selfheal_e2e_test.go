@@ -407,11 +407,7 @@ func TestQuarantineAfterRepeatFailure(t *testing.T) {
 	// The same failure right after the fresh registration: deterministic.
 	f.setFault(t, "decode-0", sim.FaultMissingMemKind)
 	_ = ask()
-	f.waitAll(t, "pair quarantined", func(s *replica.Snapshot) bool {
-		pf := peerByName(s, "prefill-0")
-		_, ok := s.Quarantined(pf.ID, d0.ID)
-		return ok
-	})
+	f.waitAll(t, "pair quarantined", quarantined("prefill-0", "decode-0"))
 	kinds := eventKinds(t, cp.store, d0.ID)
 	if !slices.Contains(kinds, registry.EventQuarantined) {
 		t.Fatalf("no quarantine event: %v", kinds)
@@ -473,14 +469,19 @@ func TestBrokenPairFailsNoClient(t *testing.T) {
 	if n := f.Engine("prefill-1").Sim().Stats().MissingMemKind; n != 0 {
 		t.Fatalf("the healthy prefill failed %d transfers", n)
 	}
-	f.waitAll(t, "the broken pair quarantined", func(s *replica.Snapshot) bool {
-		pf, d := peerByName(s, "prefill-0"), peerByName(s, "decode-0")
-		if pf == nil || d == nil {
+	f.waitAll(t, "the broken pair quarantined", quarantined("prefill-0", "decode-0"))
+}
+
+// quarantined holds when the pair of the peers so named is quarantined.
+func quarantined(prefill, decode string) func(*replica.Snapshot) bool {
+	return func(s *replica.Snapshot) bool {
+		p, d := peerByName(s, prefill), peerByName(s, decode)
+		if p == nil || d == nil {
 			return false
 		}
-		_, ok := s.Quarantined(pf.ID, d.ID)
+		_, ok := s.Quarantined(p.ID, d.ID)
 		return ok
-	})
+	}
 }
 
 func eventKinds(t *testing.T, s registry.Store, peerID string) []registry.EventKind {
