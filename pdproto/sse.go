@@ -100,7 +100,11 @@ func CheckEvent(event []byte) error {
 // StreamGuard checks a stream's framing as the router relays it, after its
 // first event (CheckStreamStart): every line empty, a comment, or a field
 // SSE defines, a data line's value starting as JSON does ('{', or '[' as
-// [DONE] does too). It judges a line by its first bytes and skips the rest
+// [DONE] does too). That is what both engines write: SGLang's /generate
+// yields b"data: " + orjson.dumps(out) + b"\n\n", then b"data: [DONE]\n\n"
+// (python/sglang/srt/entrypoints/http_server.py, generate_request), and
+// every stream of the real-engine suite's vLLM passes through it. It judges
+// a line by its first bytes and skips the rest
 // (bytes.IndexByte), so that a token's chunk costs next to nothing; a
 // payload broken inside its braces is not seen. The zero value is ready, at
 // the start of a line.
