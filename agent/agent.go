@@ -415,7 +415,11 @@ func (a *Agent) reportRecompute(ctx context.Context, st EngineStatus) {
 		defer a.reporting.Store(false)
 		rctx, cancel := context.WithTimeout(ctx, recomputeReportTimeout)
 		defer cancel()
-		if prefill, ok := a.onlyPartner(rctx, p.Id, st.Recompute.Window); ok {
+		// The pair is a refinement: its lookup may not eat the report's time.
+		lctx, lcancel := context.WithTimeout(rctx, partnerLookupTimeout)
+		prefill, ok := a.onlyPartner(lctx, p.Id, st.Recompute.Window)
+		lcancel()
+		if ok {
 			// The pair's failure: the registry's rule can quarantine it.
 			r.PrefillID = prefill.Id
 			r.Reason += " from prefill " + prefill.Name + ", the only one it exchanged KV with meanwhile"
@@ -451,6 +455,10 @@ func (a *Agent) onlyPartner(ctx context.Context, self string, window time.Durati
 	}
 	return prefill, n == 1
 }
+
+// partnerLookupTimeout bounds onlyPartner's read of the pairs, a part of
+// recomputeReportTimeout: without an answer the report names the decode.
+const partnerLookupTimeout = 2 * time.Second
 
 // exchangeReportSlack is how late a router's report of the pairs it
 // served may be (router.Config.ExchangeReportInterval, 1 s, and the
