@@ -108,21 +108,27 @@ func (t *pairTable) forget(live map[string]*peerState) {
 func (rt *Router) reportExchanges(er ExchangeReporter, interval time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	failing := false // a store outage is logged once, not every interval
 	for {
 		select {
 		case <-stop:
-			rt.sendExchanges(er)
+			rt.sendExchanges(er, &failing)
 			return
 		case <-t.C:
-			rt.sendExchanges(er)
+			rt.sendExchanges(er, &failing)
 		}
 	}
 }
 
-func (rt *Router) sendExchanges(er ExchangeReporter) {
+func (rt *Router) sendExchanges(er ExchangeReporter, failing *bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.ReportTimeout)
 	defer cancel()
-	if err := rt.pairStats.report(ctx, er); err != nil {
-		rt.log.Warn().Err(err).Msg("report the pairs served; they are sent again with the next report")
+	err := rt.pairStats.report(ctx, er)
+	switch {
+	case err != nil && !*failing:
+		rt.log.Warn().Err(err).Msg("report the pairs served; they are sent again with each report until one goes through")
+	case err == nil && *failing:
+		rt.log.Info().Msg("the pairs served are reported again")
 	}
+	*failing = err != nil
 }
