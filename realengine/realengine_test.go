@@ -629,6 +629,9 @@ func (s *suite) killAndRestart(t *testing.T, cp *controlPlane, e *vllmEngine, en
 	gen := cp.peers(t)[e.role].Generation
 	e.kill()
 	waitFor(t, e.role+" unhealthy", 30*time.Second, func() bool { return cp.peers(t)[e.role].State == "unhealthy" })
+	// The store says so before the router's snapshot does (/readyz reads
+	// the snapshot): a request in between is the router's 502, not 503.
+	waitFor(t, "no routable pair", 30*time.Second, func() bool { return !cp.routable() })
 	a := post(t, cp.URL+"/v1/chat/completions", chatBody("hello", 4, false), 30*time.Second)
 	if a.Status != 503 || !strings.Contains(string(a.Body), "no_route") {
 		t.Errorf("with the %s down: %d %s, want 503 no_route", e.role, a.Status, a.Body)
