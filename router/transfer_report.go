@@ -2,6 +2,8 @@ package router
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
@@ -111,7 +113,11 @@ func (rt *Router) reportFailure(f registry.TransferFailure, log zerolog.Logger, 
 }
 
 // report runs one reporter call in the background, bounded by
-// ReportTimeout, detached from the request that triggered it.
+// ReportTimeout, detached from the request that triggered it. A call the
+// store could not answer in time (unavailable, or past the timeout: a
+// store starved for a moment) is made once more after reportRetryPause:
+// a lost transfer-failure report is a heal that never starts. Reports are
+// idempotent: the registry answers a repeat as it did the first.
 func (rt *Router) report(call func(ctx context.Context) error, log zerolog.Logger, sc trace.SpanContext, what string) {
 	if rt.reporter == nil {
 		return
@@ -119,14 +125,28 @@ func (rt *Router) report(call func(ctx context.Context) error, log zerolog.Logge
 	rt.reports.Add(1)
 	go func() {
 		defer rt.reports.Done()
-		ctx := context.Background()
+		parent := context.Background()
 		if sc.IsValid() {
-			ctx = trace.ContextWithSpanContext(ctx, sc)
+			parent = trace.ContextWithSpanContext(parent, sc)
 		}
-		ctx, cancel := context.WithTimeout(ctx, rt.cfg.ReportTimeout)
-		defer cancel()
-		if err := call(ctx); err != nil {
-			log.Error().Err(err).Msg(what)
+		for attempt := 1; ; attempt++ {
+			ctx, cancel := context.WithTimeout(parent, rt.cfg.ReportTimeout)
+			err := call(ctx)
+			cancel()
+			switch {
+			case err == nil:
+				return
+			case attempt == 1 && (errors.Is(err, registry.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)):
+				log.Warn().Err(err).Msg(what + "; trying once more")
+				time.Sleep(reportRetryPause)
+			default:
+				log.Error().Err(err).Msg(what)
+				return
+			}
 		}
 	}()
 }
+
+// reportRetryPause is how long a report the store could not answer waits
+// before its second try.
+const reportRetryPause = time.Second
