@@ -25,7 +25,19 @@ type SimSpec struct {
 	NumLayers, NumKVHeads, HeadDim int
 	// DecodeTimePerToken slows generation (held streams).
 	DecodeTimePerToken time.Duration
-	LogLevel           string // default "warn"
+	// PrefillTimePerToken is a prefill's compute time per prompt token
+	// it does not find in its prefix cache.
+	PrefillTimePerToken time.Duration
+	// PageSize is the tokens of a KV page, the prefix cache's block (0:
+	// the simulator's default).
+	PageSize int
+	// PrefillSlots is how many prefills compute at once, the others
+	// waiting in turn (0: the simulator's default).
+	PrefillSlots int
+	// KVEventsAddr and KVEventsReplayAddr (host:port), when set, make the
+	// engine publish its KV cache events there and answer replays of them.
+	KVEventsAddr, KVEventsReplayAddr string
+	LogLevel                         string // default "warn"
 }
 
 // Sim is a running `pdplane sim`.
@@ -76,6 +88,22 @@ func StartSim(ctx context.Context, bin string, spec SimSpec) (*Sim, error) {
 	}
 	if spec.DecodeTimePerToken > 0 {
 		args = append(args, "--decode-time-per-token", spec.DecodeTimePerToken.String())
+	}
+	if spec.PrefillTimePerToken > 0 {
+		args = append(args, "--prefill-time-per-token", spec.PrefillTimePerToken.String())
+	}
+	for _, g := range []struct {
+		flag string
+		v    int
+	}{{"--page-size", spec.PageSize}, {"--prefill-slots", spec.PrefillSlots}} {
+		if g.v > 0 {
+			args = append(args, g.flag, strconv.Itoa(g.v))
+		}
+	}
+	for _, a := range []struct{ flag, v string }{{"--kv-events-addr", spec.KVEventsAddr}, {"--kv-events-replay-addr", spec.KVEventsReplayAddr}} {
+		if a.v != "" {
+			args = append(args, a.flag, a.v)
+		}
 	}
 	// $PDPLANE_PPROF_ADDR and $PDPLANE_GC_MIN_HEAP_MIB in the harness's
 	// environment are for the router's serve: an engine that took them
