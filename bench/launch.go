@@ -11,6 +11,10 @@ import (
 type SimSpec struct {
 	Engine string // "sglang" or "vllm"
 	Role   string // "prefill" or "decode"
+	// Name is the engine's name, unique among the engines registered
+	// with one control plane (a second of the same name takes the first's
+	// place); default "<engine>-<role>".
+	Name string
 	// ControlPlane is the `pdplane serve` to register with; empty runs the
 	// engine alone (give it TransferSecret then, shared by its peers).
 	ControlPlane   string
@@ -56,7 +60,10 @@ func StartSim(ctx context.Context, bin string, spec SimSpec) (*Sim, error) {
 		return nil, err
 	}
 	s := &Sim{URL: "http://127.0.0.1:" + strconv.Itoa(port)}
-	name := spec.Engine + "-" + spec.Role
+	name := spec.Name
+	if name == "" {
+		name = spec.Engine + "-" + spec.Role
+	}
 	level := spec.LogLevel
 	if level == "" {
 		level = "warn"
@@ -166,18 +173,37 @@ func SMGArgs(bin string, port int, logLevel string) ([]string, error) {
 // as `smg launch --pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode
 // URL` runs in front of real ones.
 func SMGPDArgs(bin string, port int, logLevel string, prefill, decode *Sim) ([]string, error) {
+	return SMGPDFleetArgs(bin, port, logLevel, []*Sim{prefill}, []*Sim{decode})
+}
+
+// SMGPDFleetArgs is SMGPDArgs in front of several SGLang prefills and
+// decodes: --prefill URL BOOTSTRAP_PORT once per prefill, --decode URL
+// once per decode.
+func SMGPDFleetArgs(bin string, port int, logLevel string, prefills, decodes []*Sim) ([]string, error) {
 	args, err := SMGArgs(bin, port, logLevel)
 	if err != nil {
 		return nil, err
 	}
-	return append(args, "--pd-disaggregation",
-		"--prefill", prefill.URL, strconv.Itoa(prefill.BootstrapPort), "--decode", decode.URL), nil
+	args = append(args, "--pd-disaggregation")
+	for _, p := range prefills {
+		args = append(args, "--prefill", p.URL, strconv.Itoa(p.BootstrapPort))
+	}
+	for _, d := range decodes {
+		args = append(args, "--decode", d.URL)
+	}
+	return args, nil
 }
 
 // VLLMRouterPDArgs is the command line of vllm-router on 127.0.0.1:port in
 // PD mode (`--vllm-pd-disaggregation --prefill URL --decode URL`) with the
 // given log level ("" keeps its default).
 func VLLMRouterPDArgs(bin string, port int, logLevel string, prefill, decode *Sim) ([]string, error) {
+	return VLLMRouterPDFleetArgs(bin, port, logLevel, []*Sim{prefill}, []*Sim{decode})
+}
+
+// VLLMRouterPDFleetArgs is VLLMRouterPDArgs in front of several vLLM
+// prefills and decodes, each given with its own --prefill or --decode.
+func VLLMRouterPDFleetArgs(bin string, port int, logLevel string, prefills, decodes []*Sim) ([]string, error) {
 	l, err := loopback(port)
 	if err != nil {
 		return nil, err
@@ -186,7 +212,14 @@ func VLLMRouterPDArgs(bin string, port int, logLevel string, prefill, decode *Si
 	if logLevel != "" {
 		args = append(args, "--log-level", logLevel)
 	}
-	return append(args, "--vllm-pd-disaggregation", "--prefill", prefill.URL, "--decode", decode.URL), nil
+	args = append(args, "--vllm-pd-disaggregation")
+	for _, p := range prefills {
+		args = append(args, "--prefill", p.URL)
+	}
+	for _, d := range decodes {
+		args = append(args, "--decode", d.URL)
+	}
+	return args, nil
 }
 
 // FloorArgs is the command line of Floor (`pdplane bench floor`, with the
