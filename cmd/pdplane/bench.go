@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/pdplane/pdplane/bench"
@@ -15,6 +18,7 @@ import (
 
 const benchUsage = `Usage:
   pdplane bench compare [flags]   pdplane's router side by side with SMG and vllm-router
+  pdplane bench routing [flags]   cache hit rate and TTFT each router gets a fleet on the same prefix-heavy traffic
   pdplane bench floor [flags]     the harness's baseline: a bare SGLang PD relay, not a router
 
 Run 'pdplane bench VERB -h' for its flags.
@@ -32,6 +36,8 @@ func benchCmd(ctx context.Context, args []string, out io.Writer) error {
 	switch args[0] {
 	case "compare":
 		return benchCompare(ctx, args[1:], out)
+	case "routing":
+		return benchRouting(ctx, args[1:], out)
 	case "floor":
 		return benchFloor(ctx, args[1:])
 	case "-h", "--help", "help":
@@ -139,6 +145,139 @@ Prints Markdown tables per peer.`
 		rep.Print(out)
 	}
 	return err
+}
+
+// benchRouting parses the flags of `pdplane bench routing`, finds the
+// peers and runs bench.Routing.
+func benchRouting(ctx context.Context, args []string, out io.Writer) error {
+	var (
+		cfg                               bench.RoutingConfig
+		workload, peers, output, plot     string
+		smgBin, vllmRouterBin, pdplaneBin string
+		seed                              int
+		require, install                  bool
+	)
+	fs := cli.NewFlagSet("bench routing")
+	fs.About = `Routing quality: sends the same seeded workload through each router, each in
+front of a fleet of pdplane sims of its own started cold (prefills with a prefix
+cache whose compute time counts uncached tokens only), and reports the share of
+prompt tokens the prefills found cached, the prefill tokens computed per request,
+client-side TTFT and end-to-end time, req/s and failures. pdplane (--prefill-policy
+precise, from the sims' KV events) and pdplane-ring (--prefill-policy cache_aware)
+always run; --peers adds SMG and vllm-router (--policy cache_aware; vllm-router on
+vLLM sims) and the oracle, the harness's own router that asks every prefill for
+its cache and queue before each pick. Progress goes to stderr; a run takes minutes.`
+	fs.Choice(&workload, "workload", bench.WorkloadPrefixHeavy, []string{bench.WorkloadPrefixHeavy, bench.WorkloadNoShared, "both"},
+		"prefix-heavy (multi-turn conversations over shared system prompts), no-shared (fresh prompts of the same lengths), or both")
+	fs.Int(&cfg.Requests, "requests", 600, "requests of each workload")
+	fs.Dur(&cfg.Duration, "duration", 0, "instead of --requests: send what the offered rate sends in this time")
+	fs.Int(&seed, "seed", 1, "seed of the workload and its arrivals")
+	cfg.Load = 0.7
+	cli.Custom(fs, &cfg.Load, "load", "fraction", "a number above 0 such as 0.7", "0.5", parseLoad,
+		func(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) },
+		"offered rate as a fraction of the fleet's prefill capacity with no cache hit (Poisson arrivals)")
+	fs.Int(&cfg.Prefills, "prefills", 4, "prefill sims in each router's fleet")
+	fs.Int(&cfg.Decodes, "decodes", 2, "decode sims in each router's fleet")
+	fs.Dur(&cfg.PrefillTimePerToken, "prefill-time-per-token", 100*time.Microsecond, "the prefills' compute time per uncached prompt token")
+	fs.Int(&cfg.PrefillSlots, "prefill-slots", 1, "prefills each prefill sim computes at once")
+	fs.Int(&cfg.PageSize, "page-size", 16, "tokens per KV page, the prefix cache's block")
+	fs.Int(&cfg.KVPages, "kv-pages", 1024, "each prefill's KV pages, so its prefix cache's capacity (the default is below the prefix-heavy working set)")
+	fs.Int(&cfg.MaxTokens, "max-tokens", 8, "tokens generated per request")
+	fs.Str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter+","+bench.RouterOracle, "comma-separated routers to run beside pdplane and pdplane-ring: smg, vllm-router, oracle; empty runs those two alone")
+	fs.Choice(&output, "output", "table", []string{"table", "json"}, `table (Markdown), or json: {"routers": {"<router>": {"hit_rate", "prefill_tokens_per_request", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "rps", "failed"}}}, under {"workloads": {"<workload>": ...}} with --workload both`)
+	fs.Shorthand("o", "output")
+	fs.Str(&plot, "plot", "", "also write an SVG page of each router's TTFT distribution and hit rate to this file")
+	fs.Str(&smgBin, "smg", "", "SMG executable (default: .venv/bin/smg, else smg on $PATH)")
+	fs.Str(&vllmRouterBin, "vllm-router", "", "vllm-router executable (default: .venv/bin/vllm-router, else vllm-router on $PATH)")
+	fs.Str(&pdplaneBin, "pdplane", "", "pdplane binary to run serve and sim with (default: this one)")
+	fs.Bool(&require, "require", false, "fail when a peer's executable is missing instead of skipping it")
+	fs.Bool(&install, "install", false, "first install SMG and vllm-router from PyPI into .venv with scripts/install-routers.sh")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if seed < 0 {
+		return cli.Usagef("invalid value %d for --seed: want 0 or more", seed)
+	}
+	cfg.Seed = uint64(seed)
+	cfg.Workloads = []string{workload}
+	if workload == "both" {
+		cfg.Workloads = []string{bench.WorkloadPrefixHeavy, bench.WorkloadNoShared}
+	}
+	var err error
+	if pdplaneBin == "" {
+		if pdplaneBin, err = os.Executable(); err != nil {
+			return fmt.Errorf("find the pdplane binary: %w", err)
+		}
+	}
+	cfg.Pdplane = pdplaneBin
+	if install {
+		if smgBin, vllmRouterBin, err = bench.InstallRouters(ctx); err != nil {
+			return err
+		}
+	}
+	cfg.Routers = []bench.Peer{{Name: bench.RouterPdplane}, {Name: bench.RouterPdplaneRing}}
+	bins := map[string]string{bench.PeerSMG: smgBin, bench.PeerVLLMRouter: vllmRouterBin}
+	for _, name := range splitList(peers) {
+		if name == bench.RouterOracle {
+			cfg.Routers = append(cfg.Routers, bench.Peer{Name: name})
+			continue
+		}
+		bin, ok := bins[name]
+		if !ok {
+			return cli.Usagef("invalid value %q for --peers: want smg, vllm-router and/or oracle", peers)
+		}
+		if bin = bench.FindRouter(bin, name); bin == "" {
+			if require {
+				return fmt.Errorf("%s: executable not found (set --%s, or run with --install)", name, name)
+			}
+			fmt.Fprintf(os.Stderr, "pdplane bench: skipping %s: executable not found (set --%s, or run with --install)\n", name, name)
+			continue
+		}
+		cfg.Routers = append(cfg.Routers, bench.Peer{Name: name, Bin: bin})
+	}
+	cfg.Progress = os.Stderr
+	rep, err := bench.Routing(ctx, cfg)
+	if rep == nil {
+		return err
+	}
+	if output == "json" {
+		if jerr := rep.WriteJSON(out); jerr != nil {
+			return jerr
+		}
+	} else {
+		rep.Print(out)
+	}
+	if plot != "" {
+		if perr := writePlot(plot, rep); perr != nil {
+			return perr
+		}
+	}
+	if err == nil && rep.Failed() {
+		err = errors.New("bench routing: a router was not measured or a request failed (see above)")
+	}
+	return err
+}
+
+// parseLoad reads --load.
+func parseLoad(s string) (float64, error) {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f <= 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+		return 0, errors.New("want a number above 0")
+	}
+	return f, nil
+}
+
+// writePlot writes the report's SVG to path.
+func writePlot(path string, rep *bench.RoutingReport) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	if err := rep.WriteSVG(f); err != nil {
+		f.Close()
+		return fmt.Errorf("--plot: %w", err)
+	}
+	return f.Close()
 }
 
 // benchFloor runs bench.Floor until ctx ends.

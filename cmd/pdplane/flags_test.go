@@ -29,7 +29,7 @@ func commandLines() [][]string {
 				lines = append(lines, []string{name, s.name})
 			}
 		case "bench":
-			lines = append(lines, []string{name, "compare"})
+			lines = append(lines, []string{name, "compare"}, []string{name, "routing"})
 		default:
 			lines = append(lines, []string{name})
 		}
