@@ -23,6 +23,16 @@
 // held stream, client-side time to first byte; beside them, the CPU of the
 // engines behind each router per request, which shares the machine.
 //
+// Routing (`pdplane bench routing`) measures what routers pick rather than
+// what they cost: a seeded workload (GenerateWorkload: multi-turn
+// conversations over shared system prompts, or fresh prompts of the same
+// lengths) sent at a Poisson rate through each router, each in front of a
+// fleet of its own started cold, whose prefill sims keep a prefix cache and
+// compute only the tokens they do not find in it. The prefills' counters
+// give the cache hit rate; the client gives TTFT. Beside pdplane's policies
+// and the peers runs an oracle (routing_oracle.go), the harness's own
+// router that asks every prefill for its cache and queue before each pick.
+//
 // The package also owns the command lines those processes are started with
 // (Process, SimArgs, SMGArgs, VLLMRouterArgs), which the interop tests share.
 // It imports no other pdplane package: it knows pdplane only as a binary.
