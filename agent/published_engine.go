@@ -45,6 +45,10 @@ type PublishedConfig struct {
 	BootstrapHost string
 	TransferGroup string
 	Labels        map[string]string
+	// KVEvents is where the engine publishes its KV cache events, as its
+	// --kv-events-config says, with a host routers reach instead of a bind
+	// address; zero when it publishes none. No engine serves it over HTTP.
+	KVEvents registry.KVEvents
 	// Client reads the engine; a 5 s timeout client when nil.
 	Client *http.Client
 	// Nonce tells this agent process's health epochs from another's; the
@@ -210,7 +214,7 @@ func (e *PublishedEngine) getJSON(ctx context.Context, v any, paths ...string) e
 func (e *PublishedEngine) Spec(ctx context.Context) (registry.PeerSpec, error) {
 	s := registry.PeerSpec{
 		Name: e.cfg.Name, Engine: e.cfg.Engine, URL: e.cfg.URL, BootstrapHost: e.cfg.BootstrapHost,
-		TransferGroup: e.cfg.TransferGroup, Labels: e.cfg.Labels,
+		TransferGroup: e.cfg.TransferGroup, Labels: e.cfg.Labels, KVEvents: e.cfg.KVEvents,
 	}
 	var err error
 	var modelPath string

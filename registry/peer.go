@@ -117,6 +117,15 @@ type Rank struct {
 	TransferSecret []byte
 }
 
+// KVEvents is an engine's KV events publisher: a ZMQ PUB endpoint, the
+// ROUTER endpoint that replays what it still holds, and the topic its
+// messages carry. Endpoints are "tcp://HOST:PORT".
+type KVEvents struct {
+	Endpoint       string
+	ReplayEndpoint string
+	Topic          string
+}
+
 // Load is what a peer reports about its own work on each heartbeat.
 type Load struct {
 	Running int
@@ -139,6 +148,11 @@ type PeerSpec struct {
 	Labels        map[string]string
 	Parallelism   Parallelism
 	KV            KVGeometry
+	// KVEvents is where the engine publishes its KV cache events, when it
+	// does (vLLM's and SGLang's --kv-events-config): router replicas
+	// subscribe there to learn which prefixes the engine holds. Zero: it
+	// publishes none, and KV-cache-aware routing falls back for it.
+	KVEvents KVEvents
 	// Ranks is empty when "ranks" is Unknown: a stock engine publishes no
 	// NIXL agent names, pointers or regions, and moves its KV itself.
 	Ranks []Rank

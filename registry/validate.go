@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -122,6 +124,9 @@ func (s *PeerSpec) Validate() error {
 		}
 	}
 	if err := validateLabels(s.Labels); err != nil {
+		return err
+	}
+	if err := s.KVEvents.validate(); err != nil {
 		return err
 	}
 	if err := s.Parallelism.validate(); err != nil {
@@ -434,6 +439,52 @@ func validateURL(field, v string) error {
 	}
 	if u.Host == "" {
 		return fieldErr(field, "has no host")
+	}
+	return nil
+}
+
+// MaxKVEventsTopicLen bounds kv_events.topic.
+const MaxKVEventsTopicLen = 256
+
+// validate checks an engine's KV events publisher: none at all, or a PUB
+// endpoint routers can dial (tcp://HOST:PORT, not a bind address such as
+// tcp://*:5557), with an optional replay endpoint of the same form.
+func (k *KVEvents) validate() error {
+	if k.Endpoint == "" {
+		if k.ReplayEndpoint != "" || k.Topic != "" {
+			return fieldErr("kv_events.endpoint", "is required when replay_endpoint or topic is set")
+		}
+		return nil
+	}
+	for _, f := range []struct{ name, v string }{{"kv_events.endpoint", k.Endpoint}, {"kv_events.replay_endpoint", k.ReplayEndpoint}} {
+		if f.v == "" {
+			continue
+		}
+		if err := validateZMQEndpoint(f.name, f.v); err != nil {
+			return err
+		}
+	}
+	return checkText("kv_events.topic", k.Topic, optional, MaxKVEventsTopicLen, lineText)
+}
+
+// validateZMQEndpoint checks a ZeroMQ TCP endpoint a router dials.
+func validateZMQEndpoint(field, v string) error {
+	if err := checkText(field, v, required, MaxURLLen, lineText); err != nil {
+		return err
+	}
+	hostPort, ok := strings.CutPrefix(v, "tcp://")
+	if !ok {
+		return fieldErr(field, "must be tcp://HOST:PORT, got %q", v)
+	}
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return fieldErr(field, "must be tcp://HOST:PORT: %v", err)
+	}
+	if host == "" || host == "*" || host == "0.0.0.0" || host == "::" {
+		return fieldErr(field, "names no host routers can reach (%q is a bind address): give the engine's host", host)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > MaxPort {
+		return fieldErr(field, "port must be 1 to %d, got %q", MaxPort, port)
 	}
 	return nil
 }

@@ -33,6 +33,18 @@ func TestValidate(t *testing.T) {
 		{"NUL in url", func(s *registry.PeerSpec) { s.URL = "http://h\x00/" }, "url"},
 		{"NUL in dtype", func(s *registry.PeerSpec) { s.KV.DType = "\x00" }, "kv.dtype"},
 		{"NUL in transfer group", func(s *registry.PeerSpec) { s.TransferGroup = "g\x00" }, "transfer_group"},
+		{"kv events", func(s *registry.PeerSpec) {
+			s.KVEvents = registry.KVEvents{Endpoint: "tcp://10.0.0.7:5557", ReplayEndpoint: "tcp://[fd00::7]:5558", Topic: "kv"}
+		}, ""},
+		{"kv events bind address", func(s *registry.PeerSpec) { s.KVEvents.Endpoint = "tcp://*:5557" }, "kv_events.endpoint"},
+		{"kv events not tcp", func(s *registry.PeerSpec) { s.KVEvents.Endpoint = "ipc:///tmp/kv" }, "kv_events.endpoint"},
+		{"kv events port 0", func(s *registry.PeerSpec) { s.KVEvents.Endpoint = "tcp://h:0" }, "kv_events.endpoint"},
+		{"kv events no port", func(s *registry.PeerSpec) { s.KVEvents.Endpoint = "tcp://h" }, "kv_events.endpoint"},
+		{"kv events replay without endpoint", func(s *registry.PeerSpec) { s.KVEvents.ReplayEndpoint = "tcp://h:5558" }, "kv_events.endpoint"},
+		{"kv events bad replay", func(s *registry.PeerSpec) {
+			s.KVEvents = registry.KVEvents{Endpoint: "tcp://h:5557", ReplayEndpoint: "tcp://0.0.0.0:5558"}
+		}, "kv_events.replay_endpoint"},
+		{"kv events NUL in topic", func(s *registry.PeerSpec) { s.KVEvents = registry.KVEvents{Endpoint: "tcp://h:1", Topic: "\x00"} }, "kv_events.topic"},
 		{"tp above int32", func(s *registry.PeerSpec) { s.Parallelism.TPSize = 1 << 32; s.Parallelism.AttnTPSize = 1 }, "parallelism.tp_size"},
 		{"tp at int32 max", func(s *registry.PeerSpec) { s.Parallelism.TPSize = math.MaxInt32; s.Parallelism.AttnTPSize = 1 }, ""},
 		{"head dim above int32", func(s *registry.PeerSpec) { s.KV.HeadDim = math.MaxInt32 + 1 }, "kv.head_dim"},

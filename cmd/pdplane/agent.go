@@ -53,6 +53,10 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.Str(&role, "role", "", "without --spec: prefill, decode or both; required for vLLM, which does not publish it")
 	fs.Int(&pub.TPSize, "tp-size", 0, "without --spec: tensor parallel size; required for vLLM, which does not publish it")
 	fs.Str(&pub.BootstrapHost, "bootstrap-host", "", "without --spec: SGLang prefill bootstrap host as decodes reach it (default: the URL's host)")
+	fs.Str(&pub.KVEvents.Endpoint, "kv-events-endpoint", "", "without --spec: the engine's KV events PUB socket as routers reach it, "+
+		"tcp://HOST:PORT (the endpoint of its --kv-events-config with the engine's host for *); routers then route by the prefixes it holds")
+	fs.Str(&pub.KVEvents.ReplayEndpoint, "kv-events-replay-endpoint", "", "without --spec: the engine's KV events replay socket, tcp://HOST:PORT")
+	fs.Str(&pub.KVEvents.Topic, "kv-events-topic", "", "without --spec: the topic of its --kv-events-config")
 	fs.Str(&logLevel, "log-level", "info", "debug, info, warn or error")
 	var pre preflightFlags
 	pre.register(fs)

@@ -153,6 +153,7 @@ func testRoundTrip(t *testing.T, s registry.Store) {
 	spec.Labels = map[string]string{"zone": "a", "<b>": "x"}
 	spec.TransferGroup = "g1"
 	spec.BootstrapHost = "10.0.0.1"
+	spec.KVEvents = registry.KVEvents{Endpoint: "tcp://10.0.0.1:5557", ReplayEndpoint: "tcp://10.0.0.1:5558", Topic: "kv@p0"}
 	spec.Parallelism = registry.Parallelism{TPSize: 4, AttnTPSize: 2, DPSize: 2, PPSize: 2, PPRank: 1, DCPSize: 1}
 	meta := make([]byte, 1<<20)
 	for i := range meta {

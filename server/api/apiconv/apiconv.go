@@ -24,7 +24,7 @@ func Spec(b *api.PeerRegistration) (registry.PeerSpec, error) {
 		Name: b.Name, Role: registry.Role(b.Role), Engine: registry.Engine(b.Engine), URL: b.Url,
 		BootstrapHost: Deref(b.BootstrapHost), BootstrapPort: Deref(b.BootstrapPort),
 		Model: b.Model, InstanceID: b.InstanceId, TransferGroup: Deref(b.TransferGroup),
-		Labels: Deref(b.Labels),
+		Labels: Deref(b.Labels), KVEvents: kvEvents(b.KvEvents),
 		Parallelism: registry.Parallelism{
 			TPSize: b.Parallelism.TpSize, AttnTPSize: Deref(b.Parallelism.AttnTpSize), DPSize: Deref(b.Parallelism.DpSize),
 			PPSize: Deref(b.Parallelism.PpSize), PPRank: Deref(b.Parallelism.PpRank),
@@ -61,6 +61,14 @@ func Spec(b *api.PeerRegistration) (registry.PeerSpec, error) {
 	return s, nil
 }
 
+// kvEvents converts a registration's KV events publisher; nil: none.
+func kvEvents(k *api.KVEvents) registry.KVEvents {
+	if k == nil {
+		return registry.KVEvents{}
+	}
+	return registry.KVEvents{Endpoint: k.Endpoint, ReplayEndpoint: Deref(k.ReplayEndpoint), Topic: Deref(k.Topic)}
+}
+
 // Registration is the registration body of s: what an agent sends, and the
 // spec part of every peer the control plane answers with. An unknown field
 // is absent, never a zero that reads as a value; ranks are listed whenever
@@ -90,6 +98,10 @@ func Registration(s *registry.PeerSpec) api.PeerRegistration {
 	}
 	if len(s.Labels) > 0 {
 		out.Labels = &s.Labels
+	}
+	if s.KVEvents.Endpoint != "" {
+		out.KvEvents = &api.KVEvents{Endpoint: s.KVEvents.Endpoint,
+			ReplayEndpoint: Opt(s.KVEvents.ReplayEndpoint), Topic: Opt(s.KVEvents.Topic)}
 	}
 	out.Observed = list[api.ProvenanceField](s.Observed)
 	out.Unknown = list[api.UnknownField](s.Unknown)
@@ -155,7 +167,7 @@ func Peer(p *registry.Peer, t Timing) api.Peer {
 	return api.Peer{
 		Name: reg.Name, Role: reg.Role, Engine: reg.Engine, Url: reg.Url,
 		BootstrapHost: reg.BootstrapHost, BootstrapPort: reg.BootstrapPort, Model: reg.Model,
-		InstanceId: reg.InstanceId, TransferGroup: reg.TransferGroup, Labels: reg.Labels,
+		InstanceId: reg.InstanceId, TransferGroup: reg.TransferGroup, Labels: reg.Labels, KvEvents: reg.KvEvents,
 		Parallelism: reg.Parallelism, Kv: reg.Kv, Observed: reg.Observed, Unknown: reg.Unknown, Ranks: reg.Ranks,
 		Id: p.ID, State: api.State(p.State), StateReason: Opt(p.StateReason), Generation: p.Generation,
 		LeaseExpiry: p.LeaseExpiry, LastHeartbeat: p.LastHeartbeat,
@@ -198,7 +210,7 @@ func PeerSummary(p *registry.Peer, t Timing) api.PeerSummary {
 	out := api.PeerSummary{
 		Name: f.Name, Role: f.Role, Engine: f.Engine, Url: f.Url,
 		BootstrapHost: f.BootstrapHost, BootstrapPort: f.BootstrapPort, Model: f.Model,
-		InstanceId: f.InstanceId, TransferGroup: f.TransferGroup, Labels: f.Labels,
+		InstanceId: f.InstanceId, TransferGroup: f.TransferGroup, Labels: f.Labels, KvEvents: f.KvEvents,
 		Parallelism: f.Parallelism, Kv: f.Kv, Observed: f.Observed, Unknown: f.Unknown,
 		Id: f.Id, State: f.State, StateReason: f.StateReason, Generation: f.Generation,
 		LeaseExpiry: f.LeaseExpiry, LastHeartbeat: f.LastHeartbeat, Load: f.Load,

@@ -18,6 +18,7 @@ func TestRegistrationRoundTrips(t *testing.T) {
 	withSecret := registrytest.Spec("d0", registry.RoleDecode)
 	withSecret.Labels = map[string]string{"zone": "a"}
 	withSecret.Ranks[0].TransferSecret = []byte("secret")
+	withSecret.KVEvents = registry.KVEvents{Endpoint: "tcp://10.0.0.1:5557", ReplayEndpoint: "tcp://10.0.0.1:5558", Topic: "kv"}
 	for _, spec := range []registry.PeerSpec{
 		registrytest.Spec("p0", registry.RolePrefill),
 		registrytest.PublishedSpec("d1", registry.RoleDecode),
@@ -44,6 +45,7 @@ func TestPeerSummaryCarriesEveryFieldItShares(t *testing.T) {
 		Heal: registry.Heal{Phase: registry.HealVerifying, Reason: "r", FromGeneration: 1, Started: lease, Acted: lease, Deadline: lease}}
 	p.Labels = map[string]string{"zone": "a"}
 	p.BootstrapHost, p.TransferGroup = "10.0.0.1", "group"
+	p.KVEvents = registry.KVEvents{Endpoint: "tcp://10.0.0.1:5557"}
 	p.Observed, p.Unknown = []string{registry.FieldNumLayers}, []string{registry.FieldHeadDim}
 	timing := apiconv.Timing{HeartbeatInterval: time.Second, LeaseTTL: 5 * time.Second}
 	full, sum := reflect.ValueOf(apiconv.Peer(&p, timing)), reflect.ValueOf(apiconv.PeerSummary(&p, timing))
