@@ -41,8 +41,8 @@ func (r *RoutingReport) WriteSVG(w io.Writer) error {
 		plotWidth, height, plotWidth, height)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", plotWidth, height)
 	c := r.Config
-	svgText(&b, plotWidth/2, 28, "middle", 16, fmt.Sprintf("pdplane bench routing: %d prefills + %d decodes per router, prefill %v/token, %d pages of %d tokens a prefill, load %.2f",
-		c.Prefills, c.Decodes, c.PrefillTimePerToken, c.KVPages, c.PageSize, c.Load))
+	svgText(&b, plotWidth/2, 28, "middle", 15, fmt.Sprintf("pdplane bench routing: %d prefills + %d decodes a router, %v a prefill token, cache of %s tokens a prefill, load %.2f",
+		c.Prefills, c.Decodes, c.PrefillTimePerToken, thousands(float64(c.KVPages*c.PageSize)), c.Load))
 	for i, run := range r.Runs {
 		plotRun(&b, run, plotTitleH+i*plotRowH)
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -25,13 +27,22 @@ func (r *RoutingReport) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "; streamed /v1/completions of %d tokens.\n\n", c.MaxTokens)
 		capTokens := c.KVPages * c.PageSize
-		fmt.Fprintf(w, "Each router on a fleet of its own, started cold: %d prefills and %d decodes (pdplane sim --cheap-transfer, --prefill-time-per-token %v on uncached tokens only, --prefill-slots %d); "+
-			"SGLang sims, but vllm-router's are vLLM sims (vLLM's PD protocol runs the prefill before the decode, so its TTFT is not comparable to the others'). "+
-			"Prefix cache: %d pages of %d tokens = %s tokens a prefill, %s in the fleet; the workload's distinct prompt tokens: %s (%s of them system prompts).\n\n",
-			c.Prefills, c.Decodes, c.PrefillTimePerToken, c.PrefillSlots, c.KVPages, c.PageSize,
-			thousands(float64(capTokens)), thousands(float64(capTokens*c.Prefills)), thousands(float64(total)), thousands(float64(systems)))
-		fmt.Fprintf(w, "Offered load: Poisson arrivals at %.2f req/s = %.2f × the fleet's prefill capacity with no cache hit (%d prefills × %d slot(s) / (%s tokens × %v) = %.2f req/s); a conversation's next turn waits for the previous answer.\n\n",
-			run.Rate, c.Load, c.Prefills, c.PrefillSlots, thousands(wl.MeanTokens()), c.PrefillTimePerToken, run.CapacityRPS)
+		fmt.Fprintf(w, "Each router on a fleet of its own, started cold: %s and %s (pdplane sim --cheap-transfer, --prefill-time-per-token %v on uncached tokens only, --prefill-slots %d), SGLang sims",
+			plural(c.Prefills, "prefill"), plural(c.Decodes, "decode"), c.PrefillTimePerToken, c.PrefillSlots)
+		if slices.ContainsFunc(run.Results, func(r RouterResult) bool { return r.Engine == "vllm" }) {
+			fmt.Fprint(w, ", but vllm-router's are vLLM sims (vLLM's PD protocol runs the prefill before the decode, so its TTFT is not comparable to the others')")
+		}
+		fmt.Fprintf(w, ". Prefix cache: %s pages of %d tokens = %s tokens a prefill, %s in the fleet; the workload's distinct prompt tokens: %s",
+			thousands(float64(c.KVPages)), c.PageSize, thousands(float64(capTokens)), thousands(float64(capTokens*c.Prefills)), thousands(float64(total)))
+		if systems > 0 {
+			fmt.Fprintf(w, " (%s of them system prompts)", thousands(float64(systems)))
+		}
+		fmt.Fprintf(w, ".\n\nOffered load: Poisson arrivals at %.2f req/s = %.2f × the fleet's prefill capacity with no cache hit (%s × %s / (%s tokens × %v) = %.2f req/s)",
+			run.Rate, c.Load, plural(c.Prefills, "prefill"), plural(c.PrefillSlots, "slot"), thousands(wl.MeanTokens()), c.PrefillTimePerToken, run.CapacityRPS)
+		if s.Kind == WorkloadPrefixHeavy {
+			fmt.Fprint(w, "; a conversation's next turn waits for the previous answer")
+		}
+		fmt.Fprint(w, ".\n\n")
 		fmt.Fprintln(w, "| router | engines | policy | hit rate | prefill tokens / request | TTFT p50 | TTFT p99 | e2e p99 | req/s | failed |")
 		fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
 		for _, res := range run.Results {
@@ -54,6 +65,14 @@ func (r *RoutingReport) Print(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// plural is n and the noun, with an s unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // thousands prints x rounded, with a comma every three digits.
@@ -111,7 +130,7 @@ func (r *RoutingReport) WriteJSON(w io.Writer) error {
 
 func (r RouterResult) figures() RouterFigures {
 	if r.Err != "" {
-		return RouterFigures{Error: r.Err}
+		return RouterFigures{Error: tail(strings.TrimSpace(r.Err), 500)}
 	}
 	ms := func(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1000 }
 	round := func(x float64, digits float64) float64 { p := math.Pow(10, digits); return math.Round(x*p) / p }
