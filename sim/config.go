@@ -70,7 +70,8 @@ type Config struct {
 	// DType is the KV dtype: "bfloat16" (default), "float16", "float32" or
 	// "fp8_e4m3".
 	DType string
-	// Pages is the number of pages in the KV pool; default 512.
+	// Pages is the number of pages in the KV pool, and the number of
+	// blocks a prefill's prefix cache holds; default 512.
 	Pages int
 	// CheapTransfer keeps the PD protocol (bootstrap, rooms, the transfer
 	// with its notification, the per-token times) but computes no KV,
@@ -81,8 +82,12 @@ type Config struct {
 	CheapTransfer bool
 
 	// PrefillTimePerToken is how long a prefill "computes" per prompt
-	// token.
+	// token it does not find in its prefix cache.
 	PrefillTimePerToken time.Duration
+	// PrefillSlots is how many prompts the engine computes at once; those
+	// that come on top wait their turn, first come first served, and count
+	// as queued in Load. 0: no limit, every prompt computes as it comes.
+	PrefillSlots int
 	// DecodeTimePerToken is the pause before each generated token, but an
 	// SGLang decode's first: that one is the prefill's, carried with the
 	// KV, and leaves as soon as the KV is in (Sim.tokenPause).
@@ -231,6 +236,8 @@ func (c Config) validate() error {
 		return bad("pages", "must be at least 1, got %d", c.Pages)
 	case c.PrefillTimePerToken < 0:
 		return bad("prefill_time_per_token", "must not be negative")
+	case c.PrefillSlots < 0:
+		return bad("prefill_slots", "must not be negative, got %d", c.PrefillSlots)
 	case c.DecodeTimePerToken < 0:
 		return bad("decode_time_per_token", "must not be negative")
 	case c.MaxTokensDefault < 1:

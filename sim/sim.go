@@ -77,6 +77,11 @@ type Sim struct {
 	sides    sideChannels // vLLM decode: prefill agents by engine id
 	kick     chan struct{}
 
+	// cache is a prefill's prefix cache (nil on a decode); computeQ, the
+	// turns prompts take at the compute.
+	cache    *prefixCache
+	computeQ computeQueue
+
 	running, queued atomic.Int64
 	counters        counters
 	received        receivedLog // when cfg.LogRequests
@@ -114,6 +119,10 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 			IdleConnTimeout:     90 * time.Second,
 			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
 		}},
+	}
+	s.computeQ.slots = cfg.PrefillSlots
+	if cfg.Role == registry.RolePrefill {
+		s.cache = newPrefixCache(cfg.PageSize, cfg.Pages)
 	}
 	s.crashCtx, s.crashCancel = context.WithCancel(context.Background())
 	s.decRooms.init()
@@ -475,10 +484,11 @@ func (s *Sim) breakRegistrations() error {
 }
 
 // Load reports the engine's work, as its load endpoints publish it:
-// requests generating or prefilling, requests waiting (for KV, or for a
-// decode to take it), and the fraction of the pool in use.
+// requests generating or prefilling, requests waiting (for their turn at
+// the compute, for KV, or for a decode to take it), and the fraction of the
+// pool in use.
 func (s *Sim) Load() registry.Load {
-	q := s.queued.Load()
+	q := s.queued.Load() + int64(s.computeQ.state().waiting)
 	r := s.running.Load() - q // a waiting request's handler counts in running too
 	return registry.Load{Running: int(max(r, 0)), Queued: int(max(q, 0)), KVUsage: s.pool.usage()}
 }

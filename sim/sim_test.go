@@ -156,6 +156,7 @@ func TestConfigValidate(t *testing.T) {
 		// Each factor alone fits; their product wraps around int64 to 0.
 		{"overflowing geometry", func(c *sim.Config) { c.PageSize, c.NumKVHeads, c.HeadDim = 1<<21, 1<<21, 1<<21 }, "pages"},
 		{"head dim", func(c *sim.Config) { c.HeadDim = -1 }, "head_dim"},
+		{"prefill slots", func(c *sim.Config) { c.PrefillSlots = -1 }, "prefill_slots"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
