@@ -25,6 +25,7 @@ func (s *Sim) routes() http.Handler {
 	if s.cfg.Engine == registry.EngineVLLM {
 		mux.HandleFunc("GET /metrics", s.handleVLLMMetrics)
 		mux.HandleFunc("GET /version", s.handleVersion)
+		mux.HandleFunc("POST /tokenize", s.handleVLLMTokenize)
 	}
 	if s.cfg.Engine == registry.EngineSGLang {
 		mux.HandleFunc("GET /health_generate", s.handleHealth)
@@ -36,6 +37,8 @@ func (s *Sim) routes() http.Handler {
 		mux.HandleFunc("GET /server_info", s.handleServerInfo)
 		mux.HandleFunc("GET /get_server_info", s.handleServerInfo)
 		mux.HandleFunc("GET /metrics", s.handleSGLangMetrics)
+		mux.HandleFunc("POST /v1/tokenize", s.handleSGLangTokenize)
+		mux.HandleFunc("POST /tokenize", s.handleSGLangTokenize)
 	}
 	mux.HandleFunc("POST "+faultPath, s.handleSetFault)
 	mux.HandleFunc("GET "+faultPath, s.handleGetFault)
