@@ -137,6 +137,19 @@ type Config struct {
 	// agent's secret is random and known to nobody, so no other engine can
 	// transfer with this one.
 	SharedTransferSecret []byte
+	// KVEventsAddr is where a prefill publishes its prefix cache's KV
+	// events on a ZeroMQ PUB socket, as vLLM's --kv-events-config endpoint
+	// does (host:port; "127.0.0.1:0" picks a port); "" publishes none.
+	// See kv_events.go.
+	KVEventsAddr string
+	// KVEventsReplayAddr is where the prefill's ROUTER replay socket
+	// listens (vLLM's replay_endpoint); "" serves no replay. It needs
+	// KVEventsAddr.
+	KVEventsReplayAddr string
+	// KVEventsTopic is the topic the events go out under (vLLM's topic;
+	// default "").
+	KVEventsTopic string
+
 	// LogRequests keeps every generation request received (path, headers,
 	// body) for Received, as an engine's request log would show them.
 	LogRequests bool
@@ -238,6 +251,12 @@ func (c Config) validate() error {
 		return bad("prefill_time_per_token", "must not be negative")
 	case c.PrefillSlots < 0:
 		return bad("prefill_slots", "must not be negative, got %d", c.PrefillSlots)
+	case c.KVEventsReplayAddr != "" && c.KVEventsAddr == "":
+		return bad("kv_events_replay_addr", "needs kv_events_addr: a replay socket replays what the PUB socket published")
+	case c.KVEventsAddr != "" && c.Role != registry.RolePrefill:
+		return bad("kv_events_addr", "only a prefill keeps a prefix cache to publish")
+	case len(c.KVEventsTopic) > maxKVEventsTopic:
+		return bad("kv_events_topic", "longer than %d bytes", maxKVEventsTopic)
 	case c.DecodeTimePerToken < 0:
 		return bad("decode_time_per_token", "must not be negative")
 	case c.MaxTokensDefault < 1:
@@ -253,6 +272,14 @@ func (c Config) validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return bad("addr", "%v", err)
+	}
+	for _, a := range []struct{ field, addr string }{{"kv_events_addr", c.KVEventsAddr}, {"kv_events_replay_addr", c.KVEventsReplayAddr}} {
+		if a.addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			return bad(a.field, "%v", err)
+		}
 	}
 	if !c.poolFits() {
 		return bad("pages", "a pool of %d pages of %d tokens in %d layers' K and V, %d heads of %d %s values a token, exceeds %d bytes",

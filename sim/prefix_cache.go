@@ -18,7 +18,8 @@ import (
 // It is a model only: the KV bytes a request computes still go into pages
 // the request allocates from the pool and frees when it is done
 // (kv_pool.go). What the cache decides is how many of a prompt's tokens are
-// computed (the prefill time), and the counters and metrics of hits.
+// computed (the prefill time), the counters and metrics of hits, and the KV
+// events a prefill publishes (kv_events.go).
 type prefixCache struct {
 	blockSize, capacity int
 

@@ -78,9 +78,11 @@ type Sim struct {
 	kick     chan struct{}
 
 	// cache is a prefill's prefix cache (nil on a decode); computeQ, the
-	// turns prompts take at the compute.
+	// turns prompts take at the compute; events, the KV events publisher
+	// (nil unless Config.KVEventsAddr).
 	cache    *prefixCache
 	computeQ computeQueue
+	events   *kvEvents
 
 	running, queued atomic.Int64
 	counters        counters
@@ -123,6 +125,10 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 	s.computeQ.slots = cfg.PrefillSlots
 	if cfg.Role == registry.RolePrefill {
 		s.cache = newPrefixCache(cfg.PageSize, cfg.Pages)
+	}
+	if cfg.KVEventsAddr != "" {
+		s.events = newKVEvents(cfg, s.log)
+		s.cache.onChange = s.events.publishChange
 	}
 	s.crashCtx, s.crashCancel = context.WithCancel(context.Background())
 	s.decRooms.init()
@@ -192,6 +198,12 @@ func (s *Sim) Start(ctx context.Context) error {
 				return err
 			}
 		}
+	}
+	if s.events != nil {
+		if err := s.events.listen(s.host); err != nil {
+			return err
+		}
+		s.bg.Go(s.events.serve)
 	}
 	s.startedAt = s.cfg.Now()
 	s.bg.Go(func() { s.serve(s.srv, ln) })
@@ -272,6 +284,9 @@ func (s *Sim) Close() {
 		if s.rankLn != nil {
 			s.rankLn.Close()
 		}
+		if s.events != nil {
+			s.events.close()
+		}
 		s.pushers.closeAll()
 		s.inflight.Wait()
 		s.held.releaseAll(s.pool)
@@ -297,6 +312,17 @@ func (s *Sim) URL() string { return s.url }
 // BootstrapPort is the prefill's bootstrap (SGLang) or side-channel (vLLM)
 // port; 0 on a decode or before Start.
 func (s *Sim) BootstrapPort() int { return s.bootstrapPort }
+
+// KVEventsEndpoints are where the prefill publishes its KV events and
+// replays them, as vLLM's --kv-events-config names them
+// ("tcp://host:port"), for the wiring to publish; "" when it does not
+// (Config.KVEventsAddr, Config.KVEventsReplayAddr), or before Start.
+func (s *Sim) KVEventsEndpoints() (endpoint, replayEndpoint string) {
+	if s.events == nil {
+		return "", ""
+	}
+	return s.events.endpoints()
+}
 
 // Config returns the configuration the sim runs with (defaults applied).
 func (s *Sim) Config() Config { return s.cfg }
