@@ -25,7 +25,18 @@ type SimSpec struct {
 	NumLayers, NumKVHeads, HeadDim int
 	// DecodeTimePerToken slows generation (held streams).
 	DecodeTimePerToken time.Duration
-	LogLevel           string // default "warn"
+	// PrefillTimePerToken is the compute time of each prompt token the
+	// prefill's prefix cache does not hold; PrefillSlots, how many
+	// prompts it computes at once (0: no limit). See `pdplane sim
+	// --prefill-time-per-token` and `--prefill-slots`.
+	PrefillTimePerToken time.Duration
+	PrefillSlots        int
+	// KVEventsAddr and KVEventsReplayAddr, when set, are where a prefill
+	// publishes its KV events and replays them (host:port, as `pdplane sim
+	// --kv-events-addr` and `--kv-events-replay-addr` take them), under
+	// KVEventsTopic.
+	KVEventsAddr, KVEventsReplayAddr, KVEventsTopic string
+	LogLevel                                        string // default "warn"
 }
 
 // Sim is a running `pdplane sim`.
@@ -76,6 +87,19 @@ func StartSim(ctx context.Context, bin string, spec SimSpec) (*Sim, error) {
 	}
 	if spec.DecodeTimePerToken > 0 {
 		args = append(args, "--decode-time-per-token", spec.DecodeTimePerToken.String())
+	}
+	if spec.PrefillTimePerToken > 0 {
+		args = append(args, "--prefill-time-per-token", spec.PrefillTimePerToken.String())
+	}
+	if spec.PrefillSlots > 0 {
+		args = append(args, "--prefill-slots", strconv.Itoa(spec.PrefillSlots))
+	}
+	for _, f := range []struct{ flag, v string }{
+		{"--kv-events-addr", spec.KVEventsAddr}, {"--kv-events-replay-addr", spec.KVEventsReplayAddr}, {"--kv-events-topic", spec.KVEventsTopic},
+	} {
+		if f.v != "" {
+			args = append(args, f.flag, f.v)
+		}
 	}
 	// $PDPLANE_PPROF_ADDR and $PDPLANE_GC_MIN_HEAP_MIB in the harness's
 	// environment are for the router's serve: an engine that took them
