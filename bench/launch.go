@@ -29,19 +29,21 @@ type SimSpec struct {
 	NumLayers, NumKVHeads, HeadDim int
 	// DecodeTimePerToken slows generation (held streams).
 	DecodeTimePerToken time.Duration
-	// PrefillTimePerToken is a prefill's compute time per prompt token
-	// it does not find in its prefix cache.
+	// PrefillTimePerToken is the compute time of each prompt token the
+	// prefill's prefix cache does not hold; PrefillSlots, how many
+	// prompts it computes at once (0: no limit). See `pdplane sim
+	// --prefill-time-per-token` and `--prefill-slots`.
 	PrefillTimePerToken time.Duration
+	PrefillSlots        int
 	// PageSize is the tokens of a KV page, the prefix cache's block (0:
 	// the simulator's default).
 	PageSize int
-	// PrefillSlots is how many prefills compute at once, the others
-	// waiting in turn (0: the simulator's default).
-	PrefillSlots int
-	// KVEventsAddr and KVEventsReplayAddr (host:port), when set, make the
-	// engine publish its KV cache events there and answer replays of them.
-	KVEventsAddr, KVEventsReplayAddr string
-	LogLevel                         string // default "warn"
+	// KVEventsAddr and KVEventsReplayAddr, when set, are where a prefill
+	// publishes its KV events and replays them (host:port, as `pdplane sim
+	// --kv-events-addr` and `--kv-events-replay-addr` take them), under
+	// KVEventsTopic.
+	KVEventsAddr, KVEventsReplayAddr, KVEventsTopic string
+	LogLevel                                        string // default "warn"
 }
 
 // Sim is a running `pdplane sim`.
@@ -99,17 +101,17 @@ func StartSim(ctx context.Context, bin string, spec SimSpec) (*Sim, error) {
 	if spec.PrefillTimePerToken > 0 {
 		args = append(args, "--prefill-time-per-token", spec.PrefillTimePerToken.String())
 	}
-	for _, g := range []struct {
-		flag string
-		v    int
-	}{{"--page-size", spec.PageSize}, {"--prefill-slots", spec.PrefillSlots}} {
-		if g.v > 0 {
-			args = append(args, g.flag, strconv.Itoa(g.v))
-		}
+	if spec.PageSize > 0 {
+		args = append(args, "--page-size", strconv.Itoa(spec.PageSize))
 	}
-	for _, a := range []struct{ flag, v string }{{"--kv-events-addr", spec.KVEventsAddr}, {"--kv-events-replay-addr", spec.KVEventsReplayAddr}} {
-		if a.v != "" {
-			args = append(args, a.flag, a.v)
+	if spec.PrefillSlots > 0 {
+		args = append(args, "--prefill-slots", strconv.Itoa(spec.PrefillSlots))
+	}
+	for _, f := range []struct{ flag, v string }{
+		{"--kv-events-addr", spec.KVEventsAddr}, {"--kv-events-replay-addr", spec.KVEventsReplayAddr}, {"--kv-events-topic", spec.KVEventsTopic},
+	} {
+		if f.v != "" {
+			args = append(args, f.flag, f.v)
 		}
 	}
 	// $PDPLANE_PPROF_ADDR and $PDPLANE_GC_MIN_HEAP_MIB in the harness's

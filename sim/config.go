@@ -70,7 +70,8 @@ type Config struct {
 	// DType is the KV dtype: "bfloat16" (default), "float16", "float32" or
 	// "fp8_e4m3".
 	DType string
-	// Pages is the number of pages in the KV pool; default 512.
+	// Pages is the number of pages in the KV pool, and the number of
+	// blocks a prefill's prefix cache holds; default 512.
 	Pages int
 	// CheapTransfer keeps the PD protocol (bootstrap, rooms, the transfer
 	// with its notification, the per-token times) but computes no KV,
@@ -81,8 +82,12 @@ type Config struct {
 	CheapTransfer bool
 
 	// PrefillTimePerToken is how long a prefill "computes" per prompt
-	// token.
+	// token it does not find in its prefix cache.
 	PrefillTimePerToken time.Duration
+	// PrefillSlots is how many prompts the engine computes at once; those
+	// that come on top wait their turn, first come first served, and count
+	// as queued in Load. 0: no limit, every prompt computes as it comes.
+	PrefillSlots int
 	// DecodeTimePerToken is the pause before each generated token, but an
 	// SGLang decode's first: that one is the prefill's, carried with the
 	// KV, and leaves as soon as the KV is in (Sim.tokenPause).
@@ -132,6 +137,19 @@ type Config struct {
 	// agent's secret is random and known to nobody, so no other engine can
 	// transfer with this one.
 	SharedTransferSecret []byte
+	// KVEventsAddr is where a prefill publishes its prefix cache's KV
+	// events on a ZeroMQ PUB socket, as vLLM's --kv-events-config endpoint
+	// does (host:port; "127.0.0.1:0" picks a port); "" publishes none.
+	// See kv_events.go.
+	KVEventsAddr string
+	// KVEventsReplayAddr is where the prefill's ROUTER replay socket
+	// listens (vLLM's replay_endpoint); "" serves no replay. It needs
+	// KVEventsAddr.
+	KVEventsReplayAddr string
+	// KVEventsTopic is the topic the events go out under (vLLM's topic;
+	// default "").
+	KVEventsTopic string
+
 	// LogRequests keeps every generation request received (path, headers,
 	// body) for Received, as an engine's request log would show them.
 	LogRequests bool
@@ -231,6 +249,14 @@ func (c Config) validate() error {
 		return bad("pages", "must be at least 1, got %d", c.Pages)
 	case c.PrefillTimePerToken < 0:
 		return bad("prefill_time_per_token", "must not be negative")
+	case c.PrefillSlots < 0:
+		return bad("prefill_slots", "must not be negative, got %d", c.PrefillSlots)
+	case c.KVEventsReplayAddr != "" && c.KVEventsAddr == "":
+		return bad("kv_events_replay_addr", "needs kv_events_addr: a replay socket replays what the PUB socket published")
+	case c.KVEventsAddr != "" && c.Role != registry.RolePrefill:
+		return bad("kv_events_addr", "only a prefill keeps a prefix cache to publish")
+	case len(c.KVEventsTopic) > maxKVEventsTopic:
+		return bad("kv_events_topic", "longer than %d bytes", maxKVEventsTopic)
 	case c.DecodeTimePerToken < 0:
 		return bad("decode_time_per_token", "must not be negative")
 	case c.MaxTokensDefault < 1:
@@ -246,6 +272,14 @@ func (c Config) validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return bad("addr", "%v", err)
+	}
+	for _, a := range []struct{ field, addr string }{{"kv_events_addr", c.KVEventsAddr}, {"kv_events_replay_addr", c.KVEventsReplayAddr}} {
+		if a.addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			return bad(a.field, "%v", err)
+		}
 	}
 	if !c.poolFits() {
 		return bad("pages", "a pool of %d pages of %d tokens in %d layers' K and V, %d heads of %d %s values a token, exceeds %d bytes",

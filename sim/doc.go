@@ -11,10 +11,14 @@
 //     /v1/completions (and, for SGLang, POST /generate), streamed (SSE, one
 //     event flushed per token) or not;
 //   - GET /health and /v1/models; for SGLang /health_generate,
-//     /get_model_info, /server_info and the load endpoints /v1/loads and
-//     /get_load; for vLLM the load gauges of GET /metrics (load_api.go);
-//   - POST/GET /_sim/fault and GET /_sim/stats, the simulator's own
-//     controls.
+//     /get_model_info, /server_info, the load endpoints /v1/loads and
+//     /get_load, and the scheduler gauges of GET /metrics; for vLLM the
+//     load gauges and counters of GET /metrics (load_api.go);
+//   - the tokenize endpoints a router asks for a request's tokens: vLLM's
+//     POST /tokenize, SGLang's POST /v1/tokenize and /tokenize
+//     (tokenize_api.go);
+//   - POST/GET /_sim/fault, GET /_sim/stats and POST /_sim/cache_probe,
+//     the simulator's own controls.
 //
 // An SGLang prefill serves SGLang's bootstrap server on its bootstrap port
 // (PUT/GET /route, POST /register_dp_rank and /query_dp_ranks, GET
@@ -34,6 +38,19 @@
 // and its notification, the per-token times) but computes and verifies no KV
 // and moves one page per request, and Config.Pages sizes the pool for the
 // requests held at once.
+//
+// A prefill keeps a model of its prefix cache (prefix_cache.go): the full
+// blocks of the prompts it computed, keyed by chained hashes of their
+// tokens, least recently used first out. A prompt's prefill time covers
+// only the tokens the cache did not hold, its hits are counted in the
+// engines' own metrics, and, with Config.KVEventsAddr, the cache's changes
+// go out as KV events on vLLM's ZeroMQ wire, replay included
+// (kv_events.go), in both engine modes. The model decides times, counters
+// and events only: the KV bytes of every request are still computed into
+// pages of its own, and its pages freed when it is done. With
+// Config.PrefillSlots, prompts wait their turn to compute
+// (compute_queue.go), as a real engine's do under load, and count as
+// queued meanwhile.
 //
 // *Sim implements agent.Engine: Spec describes it for registration,
 // Reregister gives it a fresh transfer agent (new name, memory registered

@@ -292,10 +292,11 @@ type counters struct {
 	ignoredKVArgs   atomic.Int64
 	foreignMessages atomic.Int64
 	roomTimeouts    atomic.Int64
-	// The prompt tokens a vLLM engine computed, and those a vLLM decode
-	// received by KV transfer (vllm:prompt_tokens_by_source_total); the
-	// requests it answered (vllm:request_success_total).
-	promptComputed, promptTransferred, succeeded atomic.Int64
+	// The prompt tokens an engine computed, those a prefill found in its
+	// prefix cache, and those a vLLM decode received by KV transfer
+	// (vllm:prompt_tokens_by_source_total); the requests it answered
+	// (vllm:request_success_total).
+	promptComputed, promptCached, promptTransferred, succeeded atomic.Int64
 
 	fromMu sync.Mutex
 	from   map[string]int64 // KV received by an SGLang decode, by prefill
@@ -337,11 +338,16 @@ type Stats struct {
 	IgnoredKVArgs int64 `json:"ignored_kv_args"`
 	// ForeignMessages counts messages on the rank socket that did not
 	// start with SGLang's guard frame, or could not be read.
-	ForeignMessages int64   `json:"foreign_messages"`
-	RoomTimeouts    int64   `json:"room_timeouts"`
-	Running         int     `json:"running"`
-	Queued          int     `json:"queued"`
-	KVUsage         float64 `json:"kv_usage"`
+	ForeignMessages int64 `json:"foreign_messages"`
+	RoomTimeouts    int64 `json:"room_timeouts"`
+	// PromptTokens and CachedPromptTokens are the prompt tokens a
+	// prefill looked up in its prefix cache and those it found there
+	// (vLLM's prefix_cache_queries and prefix_cache_hits); 0 on a decode.
+	PromptTokens       int64   `json:"prompt_tokens"`
+	CachedPromptTokens int64   `json:"cached_prompt_tokens"`
+	Running            int     `json:"running"`
+	Queued             int     `json:"queued"`
+	KVUsage            float64 `json:"kv_usage"`
 	// Remotes are the peers whose agents this sim has loaded: the decodes
 	// a prefill writes to (SGLang), the prefills a decode reads from
 	// (vLLM).
@@ -368,6 +374,10 @@ func (s *Sim) Stats() Stats {
 		IgnoredKVArgs: c.ignoredKVArgs.Load(), ForeignMessages: c.foreignMessages.Load(), RoomTimeouts: c.roomTimeouts.Load(),
 		Running: l.Running, Queued: l.Queued, KVUsage: l.KVUsage,
 		Remotes: []RemoteAgent{},
+	}
+	if s.cache != nil {
+		cs := s.cache.stats()
+		st.PromptTokens, st.CachedPromptTokens = cs.queried, cs.hit
 	}
 	c.fromMu.Lock()
 	st.TransfersFrom = maps.Clone(c.from)

@@ -25,6 +25,7 @@ func (s *Sim) routes() http.Handler {
 	if s.cfg.Engine == registry.EngineVLLM {
 		mux.HandleFunc("GET /metrics", s.handleVLLMMetrics)
 		mux.HandleFunc("GET /version", s.handleVersion)
+		mux.HandleFunc("POST /tokenize", s.handleVLLMTokenize)
 	}
 	if s.cfg.Engine == registry.EngineSGLang {
 		mux.HandleFunc("GET /health_generate", s.handleHealth)
@@ -35,10 +36,14 @@ func (s *Sim) routes() http.Handler {
 		mux.HandleFunc("GET /model_info", s.handleModelInfo) // newer SGLang's name
 		mux.HandleFunc("GET /server_info", s.handleServerInfo)
 		mux.HandleFunc("GET /get_server_info", s.handleServerInfo)
+		mux.HandleFunc("GET /metrics", s.handleSGLangMetrics)
+		mux.HandleFunc("POST /v1/tokenize", s.handleSGLangTokenize)
+		mux.HandleFunc("POST /tokenize", s.handleSGLangTokenize)
 	}
 	mux.HandleFunc("POST "+faultPath, s.handleSetFault)
 	mux.HandleFunc("GET "+faultPath, s.handleGetFault)
 	mux.HandleFunc("GET /_sim/stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, s.Stats()) })
+	mux.HandleFunc("POST /_sim/cache_probe", s.handleCacheProbe)
 	return mux
 }
 
@@ -247,17 +252,46 @@ func (s *Sim) transferFailed(report bool, peerID, agentName string, err error) *
 	return abortErr("KVTransferError: "+err.Error(), err)
 }
 
-// compute "runs" the prompt: the prefill time, then the KV bytes into pages.
-func (s *Sim) compute(ctx context.Context, prompt []int, seeds []uint64, pages []int) *httpError {
-	if !sleepCtx(ctx, s.prefillTime()*time.Duration(len(prompt))) {
+// waitTurn waits for prompt's turn at the engine's compute (computeQueue),
+// counted as queued meanwhile; the caller allocates the prompt's pages once
+// it has its turn, as an engine allocates a request's KV when it schedules
+// it, and calls compute, or the turn's done if it gives up before.
+func (s *Sim) waitTurn(ctx context.Context, prompt []int) (*turn, *httpError) {
+	uncached := len(prompt)
+	if s.cache != nil {
+		uncached -= s.cache.peek(prompt)
+	}
+	t, err := s.computeQ.enter(ctx, uncached)
+	if err != nil {
+		return nil, errCancelled
+	}
+	return t, nil
+}
+
+// compute "runs" the prompt in its turn t: the prefill time of the tokens
+// the prefix cache does not hold, then the KV bytes into pages (all of
+// them: the pages are the request's own, the cache a model), then the
+// prompt's blocks into the cache. The turn is done when it returns.
+func (s *Sim) compute(ctx context.Context, t *turn, prompt []int, seeds []uint64, pages []int) *httpError {
+	defer t.done()
+	hit := 0
+	if s.cache != nil {
+		hit = s.cache.lookup(prompt)
+	}
+	t.setUncached(len(prompt) - hit)
+	s.counters.promptComputed.Add(int64(len(prompt) - hit))
+	s.counters.promptCached.Add(int64(hit))
+	if !sleepCtx(ctx, s.prefillTime()*time.Duration(len(prompt)-hit)) {
 		return errCancelled
 	}
-	if s.cfg.CheapTransfer {
-		return nil
+	if !s.cfg.CheapTransfer {
+		s.pool.fill(seeds, pages)
+		if s.Fault() == FaultCorruptKV {
+			s.pool.corrupt(pages)
+		}
 	}
-	s.pool.fill(seeds, pages)
-	if s.Fault() == FaultCorruptKV {
-		s.pool.corrupt(pages)
+	if s.cache != nil {
+		s.cache.insert(prompt)
 	}
 	return nil
 }
@@ -284,13 +318,19 @@ func (s *Sim) local(ctx context.Context, q *genRequest) (*answer, func(), *httpE
 	}
 	for _, prompt := range q.prompts {
 		seeds := promptSeeds(prompt)
+		t, e := s.waitTurn(ctx, prompt)
+		if e != nil {
+			release()
+			return nil, nil, e
+		}
 		pages, ok := s.pool.alloc(s.pool.pagesFor(len(prompt)))
 		if !ok {
+			t.done()
 			release()
 			return nil, nil, errPoolFull
 		}
 		all = append(all, pages)
-		if e := s.compute(ctx, prompt, seeds, pages); e != nil {
+		if e := s.compute(ctx, t, prompt, seeds, pages); e != nil {
 			release()
 			return nil, nil, e
 		}

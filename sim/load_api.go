@@ -2,10 +2,13 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pdplane/pdplane/registry"
 )
 
 // The engine's health and load endpoints, in each engine's own format, so
@@ -57,7 +60,47 @@ func (s *Sim) rankLoad() sglangRankLoad {
 		NumRunningReqs: l.Running, NumWaitingReqs: l.Queued,
 		NumUsedTokens: used, NumTotalTokens: used, MaxTotalNumTokens: total,
 		MaxRunningRequests: s.cfg.Pages, TokenUsage: l.KVUsage, Utilization: l.KVUsage,
+		CacheHitRate: s.cacheHitRate(),
 	}
+}
+
+// cacheHitRate is SGLang's cache_hit_rate: the share of the last prefill
+// batch's prompt tokens found in the prefix cache
+// (managers/scheduler_metrics_mixin.py log_prefill_stats: log_hit_tokens
+// over log_input_tokens + log_hit_tokens). The simulator's batch is one
+// prompt.
+func (s *Sim) cacheHitRate() float64 {
+	if s.cache == nil {
+		return 0
+	}
+	cs := s.cache.stats()
+	if cs.lastQueried == 0 {
+		return 0
+	}
+	return float64(cs.lastHit) / float64(cs.lastQueried)
+}
+
+// handleSGLangMetrics is SGLang's GET /metrics (--enable-metrics): the
+// scheduler's gauges of metrics/collector.py SchedulerMetricsCollector that
+// the simulator has, labelled as managers/scheduler_metrics_mixin.py labels
+// them (model_name, engine_type, tp_rank, pp_rank, moe_ep_rank).
+func (s *Sim) handleSGLangMetrics(w http.ResponseWriter, r *http.Request) {
+	l := s.Load()
+	engineType := "prefill"
+	if s.cfg.Role == registry.RoleDecode {
+		engineType = "decode"
+	}
+	labels := `{model_name="` + labelEscaper.Replace(s.cfg.Model) + `",engine_type="` + engineType + `",tp_rank="0",pp_rank="0",moe_ep_rank="0"}`
+	var b strings.Builder
+	gauge := func(name, help string, v float64) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n%s%s %s\n", name, help, name, name, labels, promFloat(v))
+	}
+	gauge("sglang:num_running_reqs", "The number of running requests.", float64(l.Running))
+	gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", float64(l.Queued))
+	gauge("sglang:token_usage", "The token usage.", l.KVUsage)
+	gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", s.cacheHitRate())
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_, _ = w.Write([]byte(b.String()))
 }
 
 func (s *Sim) handleLoads(w http.ResponseWriter, r *http.Request) {
@@ -111,9 +154,21 @@ func (s *Sim) handleVLLMMetrics(w http.ResponseWriter, r *http.Request) {
 	for _, src := range []struct {
 		name string
 		n    int64
-	}{{"local_compute", c.promptComputed.Load()}, {"local_cache_hit", 0}, {"external_kv_transfer", c.promptTransferred.Load()}} {
+	}{{"local_compute", c.promptComputed.Load()}, {"local_cache_hit", c.promptCached.Load()}, {"external_kv_transfer", c.promptTransferred.Load()}} {
 		fmt.Fprintf(&b, "vllm:prompt_tokens_by_source_total{engine=\"0\",model_name=%q,source=%q} %d.0\n", s.cfg.Model, src.name, src.n)
 	}
+	// The prefix cache's lookups, in prompt tokens (v1/metrics/loggers.py
+	// counter_prefix_cache_queries and counter_prefix_cache_hits, from
+	// the scheduler's PrefixCacheStats); a decode's stay 0.
+	var cs cacheStats
+	if s.cache != nil {
+		cs = s.cache.stats()
+	}
+	counter := func(name, help string, v int64) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s counter\n%s%s %d.0\n", name, help, name, name, labels, v)
+	}
+	counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", cs.queried)
+	counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", cs.hit)
 	fmt.Fprintf(&b, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\n"+
 		"vllm:request_success_total{engine=\"0\",finished_reason=\"length\",model_name=%q} %d.0\n", s.cfg.Model, c.succeeded.Load())
 	fmt.Fprintf(&b, "# HELP vllm:nixl_num_failed_transfers_total Number of failed NIXL KV Cache transfers.\n"+
@@ -123,4 +178,13 @@ func (s *Sim) handleVLLMMetrics(w http.ResponseWriter, r *http.Request) {
 		strconv.FormatFloat(float64(s.startedAt.UnixNano())/1e9, 'f', -1, 64))
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	_, _ = w.Write([]byte(b.String()))
+}
+
+// promFloat writes v as prometheus_client writes a float: Python's repr
+// (1.0, 0.25).
+func promFloat(v float64) string {
+	if v == math.Trunc(v) && math.Abs(v) < 1e16 {
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
 }

@@ -129,21 +129,11 @@ func parseRequest(rt route, body []byte, cfg *Config) (*genRequest, error) {
 	var maxTok, n *int
 	switch rt {
 	case routeChat:
-		if len(raw.Messages) == 0 {
-			return nil, badf("messages", "at least one message is required")
+		p, err := chatPrompt(raw.Messages)
+		if err != nil {
+			return nil, err
 		}
-		var sb strings.Builder
-		for i, m := range raw.Messages {
-			text, err := messageText(m.Content)
-			if err != nil {
-				return nil, badf(fmt.Sprintf("messages[%d].content", i), "%v", err)
-			}
-			sb.WriteString(m.Role)
-			sb.WriteString(": ")
-			sb.WriteString(text)
-			sb.WriteByte('\n')
-		}
-		q.prompts = [][]int{tokenize(sb.String())}
+		q.prompts = [][]int{p}
 		maxTok, n = raw.MaxTokens, raw.N
 		if raw.MaxCompletionTokens != nil {
 			maxTok = raw.MaxCompletionTokens
@@ -198,6 +188,28 @@ func parseRequest(rt route, body []byte, cfg *Config) (*genRequest, error) {
 		return nil, err
 	}
 	return q, nil
+}
+
+// chatPrompt is the prompt of a chat's messages: the simulator's chat
+// template writes each message as "role: content" on a line of its own,
+// and tokenizes the whole. Every route that takes messages renders them
+// here, so that /tokenize's tokens are the chat completion's prompt.
+func chatPrompt(msgs []rawMessage) ([]int, error) {
+	if len(msgs) == 0 {
+		return nil, badf("messages", "at least one message is required")
+	}
+	var sb strings.Builder
+	for i, m := range msgs {
+		text, err := messageText(m.Content)
+		if err != nil {
+			return nil, badf(fmt.Sprintf("messages[%d].content", i), "%v", err)
+		}
+		sb.WriteString(m.Role)
+		sb.WriteString(": ")
+		sb.WriteString(text)
+		sb.WriteByte('\n')
+	}
+	return tokenize(sb.String()), nil
 }
 
 func ridOf(raw json.RawMessage) (string, error) {

@@ -54,13 +54,19 @@ func (s *Sim) prefillRoom(ctx context.Context, st *agentState, rid string, promp
 	if bs.host == FakeBootstrapHost {
 		return nil
 	}
+	t, e := s.waitTurn(ctx, prompt)
+	if e != nil {
+		s.preRooms.fail(bs.room)
+		return e
+	}
 	pages, ok := s.pool.alloc(s.pool.pagesFor(len(prompt)))
 	if !ok {
+		t.done()
 		s.preRooms.fail(bs.room)
 		return errPoolFull
 	}
 	defer s.pool.release(pages)
-	if e := s.compute(ctx, prompt, seeds, pages); e != nil {
+	if e := s.compute(ctx, t, prompt, seeds, pages); e != nil {
 		s.preRooms.fail(bs.room)
 		return e
 	}

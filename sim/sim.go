@@ -77,6 +77,13 @@ type Sim struct {
 	sides    sideChannels // vLLM decode: prefill agents by engine id
 	kick     chan struct{}
 
+	// cache is a prefill's prefix cache (nil on a decode); computeQ, the
+	// turns prompts take at the compute; events, the KV events publisher
+	// (nil unless Config.KVEventsAddr).
+	cache    *prefixCache
+	computeQ computeQueue
+	events   *kvEvents
+
 	running, queued atomic.Int64
 	counters        counters
 	received        receivedLog // when cfg.LogRequests
@@ -114,6 +121,14 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 			IdleConnTimeout:     90 * time.Second,
 			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
 		}},
+	}
+	s.computeQ.slots = cfg.PrefillSlots
+	if cfg.Role == registry.RolePrefill {
+		s.cache = newPrefixCache(cfg.PageSize, cfg.Pages)
+	}
+	if cfg.KVEventsAddr != "" {
+		s.events = newKVEvents(cfg, s.log)
+		s.cache.onChange = s.events.publishChange
 	}
 	s.crashCtx, s.crashCancel = context.WithCancel(context.Background())
 	s.decRooms.init()
@@ -183,6 +198,12 @@ func (s *Sim) Start(ctx context.Context) error {
 				return err
 			}
 		}
+	}
+	if s.events != nil {
+		if err := s.events.listen(s.host); err != nil {
+			return err
+		}
+		s.bg.Go(s.events.serve)
 	}
 	s.startedAt = s.cfg.Now()
 	s.bg.Go(func() { s.serve(s.srv, ln) })
@@ -263,6 +284,9 @@ func (s *Sim) Close() {
 		if s.rankLn != nil {
 			s.rankLn.Close()
 		}
+		if s.events != nil {
+			s.events.close()
+		}
 		s.pushers.closeAll()
 		s.inflight.Wait()
 		s.held.releaseAll(s.pool)
@@ -288,6 +312,17 @@ func (s *Sim) URL() string { return s.url }
 // BootstrapPort is the prefill's bootstrap (SGLang) or side-channel (vLLM)
 // port; 0 on a decode or before Start.
 func (s *Sim) BootstrapPort() int { return s.bootstrapPort }
+
+// KVEventsEndpoints are where the prefill publishes its KV events and
+// replays them, as vLLM's --kv-events-config names them
+// ("tcp://host:port"), for the wiring to publish; "" when it does not
+// (Config.KVEventsAddr, Config.KVEventsReplayAddr), or before Start.
+func (s *Sim) KVEventsEndpoints() (endpoint, replayEndpoint string) {
+	if s.events == nil {
+		return "", ""
+	}
+	return s.events.endpoints()
+}
 
 // Config returns the configuration the sim runs with (defaults applied).
 func (s *Sim) Config() Config { return s.cfg }
@@ -475,10 +510,11 @@ func (s *Sim) breakRegistrations() error {
 }
 
 // Load reports the engine's work, as its load endpoints publish it:
-// requests generating or prefilling, requests waiting (for KV, or for a
-// decode to take it), and the fraction of the pool in use.
+// requests generating or prefilling, requests waiting (for their turn at
+// the compute, for KV, or for a decode to take it), and the fraction of the
+// pool in use.
 func (s *Sim) Load() registry.Load {
-	q := s.queued.Load()
+	q := s.queued.Load() + int64(s.computeQ.state().waiting)
 	r := s.running.Load() - q // a waiting request's handler counts in running too
 	return registry.Load{Running: int(max(r, 0)), Queued: int(max(q, 0)), KVUsage: s.pool.usage()}
 }

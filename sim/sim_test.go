@@ -156,6 +156,11 @@ func TestConfigValidate(t *testing.T) {
 		// Each factor alone fits; their product wraps around int64 to 0.
 		{"overflowing geometry", func(c *sim.Config) { c.PageSize, c.NumKVHeads, c.HeadDim = 1<<21, 1<<21, 1<<21 }, "pages"},
 		{"head dim", func(c *sim.Config) { c.HeadDim = -1 }, "head_dim"},
+		{"prefill slots", func(c *sim.Config) { c.PrefillSlots = -1 }, "prefill_slots"},
+		{"KV events address", func(c *sim.Config) { c.KVEventsAddr = "nowhere" }, "kv_events_addr"},
+		{"KV events on a decode", func(c *sim.Config) { c.Role, c.KVEventsAddr = registry.RoleDecode, "127.0.0.1:0" }, "kv_events_addr"},
+		{"a replay without events", func(c *sim.Config) { c.KVEventsReplayAddr = "127.0.0.1:0" }, "kv_events_replay_addr"},
+		{"KV events replay address", func(c *sim.Config) { c.KVEventsAddr, c.KVEventsReplayAddr = "127.0.0.1:0", "x" }, "kv_events_replay_addr"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

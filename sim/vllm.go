@@ -25,17 +25,21 @@ import (
 func (s *Sim) vllmPrefill(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
 	kv := q.kv
 	if kv == nil || !kv.DoRemoteDecode {
-		return s.vllmLocal(ctx, q)
+		return s.local(ctx, q)
 	}
 	st := s.state.Load()
 	prompt := q.prompts[0]
-	s.counters.promptComputed.Add(int64(len(prompt)))
 	seeds := promptSeeds(prompt)
+	t, e := s.waitTurn(ctx, prompt)
+	if e != nil {
+		return nil, nil, e
+	}
 	pages, ok := s.pool.alloc(s.pool.pagesFor(len(prompt)))
 	if !ok {
+		t.done()
 		return nil, nil, errPoolFull
 	}
-	if e := s.compute(ctx, prompt, seeds, pages); e != nil {
+	if e := s.compute(ctx, t, prompt, seeds, pages); e != nil {
 		s.pool.release(pages)
 		return nil, nil, e
 	}
@@ -121,13 +125,13 @@ func (s *Sim) vllmCheck(q *genRequest) *httpError {
 func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
 	kv := q.kv
 	if kv == nil || !kv.DoRemotePrefill {
-		return s.vllmLocal(ctx, q)
+		return s.local(ctx, q)
 	}
 	prompt := q.prompts[0]
 	if s.Fault() == FaultRecompute {
 		s.counters.transferErrors.Add(1)
 		s.releaseBlocks(*kv.RemoteHost, *kv.RemotePort, kv.RemoteRequestID)
-		return s.vllmLocal(ctx, q)
+		return s.local(ctx, q)
 	}
 	seeds := promptSeeds(prompt)
 	n := s.pool.pagesFor(len(prompt))
@@ -177,15 +181,6 @@ func (s *Sim) vllmDecode(ctx context.Context, q *genRequest) (*answer, func(), *
 		return nil, nil, err
 	}
 	return &answer{seqs: []seq{q.seqFor(prompt, seeds, q.maxTokens)}}, release, nil
-}
-
-// vllmLocal serves a request with no hand-off: the engine computes every
-// prompt token itself.
-func (s *Sim) vllmLocal(ctx context.Context, q *genRequest) (*answer, func(), *httpError) {
-	for _, p := range q.prompts {
-		s.counters.promptComputed.Add(int64(len(p)))
-	}
-	return s.local(ctx, q)
 }
 
 // kvLoadFailed is how vLLM answers a request whose KV could not be loaded

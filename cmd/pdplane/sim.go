@@ -22,7 +22,9 @@ func simFlags(fs *cli.FlagSet, c *sim.Config, role, engine *string) {
 	fs.Str(&c.Model, "model", sim.DefaultModel, "served model name")
 	fs.Str(&c.Addr, "sim-addr", "127.0.0.1:0", "listen address of the simulated engine")
 	fs.Str(&c.Transfer, "transfer", sim.TransferTCP, "KV transfer backend: tcp or nixl")
-	fs.Dur(&c.PrefillTimePerToken, "prefill-time-per-token", 0, "simulated prefill time per prompt token")
+	fs.Dur(&c.PrefillTimePerToken, "prefill-time-per-token", 0, "simulated prefill time per prompt token (the prefix cache's hits take none)")
+	fs.Int(&c.PrefillSlots, "prefill-slots", 0, "prompts the engine computes at once; the others wait their turn, counted as queued in its load "+
+		"(0: no limit, every prompt computes as it comes)")
 	fs.Dur(&c.DecodeTimePerToken, "decode-time-per-token", 0, "simulated decode time per generated token (an SGLang decode sends its first, the prefill's, at once)")
 	fs.Int(&c.Pages, "kv-pages", sim.DefaultPages, "pages in the KV pool (page_size tokens each); a request holds its prompt's pages "+
 		"until its answer ends, so held streams need as many")
@@ -32,6 +34,11 @@ func simFlags(fs *cli.FlagSet, c *sim.Config, role, engine *string) {
 	fs.Int(&c.HeadDim, "head-dim", sim.DefaultHeadDim, "size of one head; with the dtype, page size, heads and layers it sets how many bytes a page moves")
 	fs.Dur(&c.RoomTimeout, "room-timeout", sim.DefaultRoomTimeout, "how long either side of a transfer waits for the other "+
 		"(SGLang's bootstrap and waiting timeouts, vLLM's held-blocks timeout) before failing the request")
+	fs.Str(&c.KVEventsAddr, "kv-events-addr", "", "HOST:PORT where a prefill publishes its prefix cache's KV events on a ZeroMQ PUB socket, "+
+		"as vLLM's --kv-events-config endpoint (port 0 picks one); empty publishes none")
+	fs.Str(&c.KVEventsReplayAddr, "kv-events-replay-addr", "", "HOST:PORT of the prefill's ZeroMQ ROUTER socket that replays recent KV events "+
+		"(vLLM's replay_endpoint); empty serves none")
+	fs.Str(&c.KVEventsTopic, "kv-events-topic", "", "topic the KV events are published under (vLLM's topic)")
 	fs.Bool(&c.CheapTransfer, "cheap-transfer", false, "keep the PD protocol (bootstrap, transfer notifications, per-token times) "+
 		"but compute and verify no KV and move one page per request: for load tests where the engine must not be the bottleneck")
 }
@@ -93,6 +100,9 @@ func runSim(ctx context.Context, args []string) error {
 	}
 	defer e.Close()
 	fmt.Fprintf(os.Stderr, "%s %s (%s) serving at %s\n", c.Name, role, engine, e.Sim().URL())
+	if ep, replay := e.Sim().KVEventsEndpoints(); ep != "" {
+		fmt.Fprintf(os.Stderr, "%s publishes KV events at %s (replay: %q, topic %q)\n", c.Name, ep, replay, c.KVEventsTopic)
+	}
 	select {
 	case <-e.Done():
 		err := e.Err()
