@@ -72,18 +72,20 @@ func plotRun(b *bytes.Buffer, run WorkloadRun, top int) {
 		svgText(b, cdfLeft-6, int(y(s))+4, "end", 11, fmt.Sprintf("%.0f%%", 100*s))
 	}
 	// One curve per measured router, and its legend entry.
-	legendY := int(y1) + 50
+	legendY, legendX := int(y1)+50, cdfLeft
 	for i, res := range run.Results {
 		colour := plotColours[i%len(plotColours)]
-		lx := cdfLeft + i*110
 		if res.Err != "" || len(res.TTFT) == 0 {
-			svgText(b, lx, legendY+4, "start", 11, res.Router+": not measured")
+			label := res.Router + ": not measured"
+			svgText(b, legendX, legendY+4, "start", 11, label)
+			legendX += 20 + 7*len(label)
 			continue
 		}
 		fmt.Fprintf(b, `<polyline class="cdf" data-router="%s" fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n",
 			esc(res.Router), colour, cdfPoints(res.TTFT, x, y))
-		fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", lx, legendY, lx+18, legendY, colour)
-		svgText(b, lx+22, legendY+4, "start", 11, res.Router)
+		fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", legendX, legendY, legendX+18, legendY, colour)
+		svgText(b, legendX+22, legendY+4, "start", 11, res.Router)
+		legendX += 42 + 7*len(res.Router)
 	}
 	// Hit rates as bars.
 	svgText(b, (barsLeft+barsRight)/2, top+panelTop-12, "middle", 14, "prefix cache hit rate")
@@ -107,8 +109,8 @@ func plotRun(b *bytes.Buffer, run WorkloadRun, top int) {
 	}
 }
 
-// ttftRange is the TTFT range (ms) the CDFs span, widened to whole 1-2-5
-// steps; 1–1000 ms when there is none.
+// ttftRange is the TTFT range (ms) the CDFs span, widened to the 1, 2 or
+// 5 of a decade below and above; 1–1000 ms when there is none.
 func ttftRange(rs []RouterResult) (lo, hi float64) {
 	lo, hi = math.Inf(1), math.Inf(-1)
 	for _, r := range rs {
@@ -121,20 +123,39 @@ func ttftRange(rs []RouterResult) (lo, hi float64) {
 		return 1, 1000
 	}
 	lo, hi = max(lo, 0.01), max(hi, 0.01)
-	lo = math.Pow(10, math.Floor(math.Log10(lo)))
-	hi = math.Pow(10, math.Ceil(math.Log10(hi)))
+	lo, hi = step125(lo, false), step125(hi, true)
 	if hi <= lo {
 		hi = lo * 10
 	}
 	return lo, hi
 }
 
+// step125 is the largest 1, 2 or 5 of a decade at most x, or with up the
+// smallest at least x.
+func step125(x float64, up bool) float64 {
+	d := math.Pow(10, math.Floor(math.Log10(x)))
+	steps := []float64{d, 2 * d, 5 * d, 10 * d}
+	if up {
+		for _, s := range steps {
+			if s >= x*0.9999 {
+				return s
+			}
+		}
+	}
+	for i := len(steps) - 1; i >= 0; i-- {
+		if steps[i] <= x*1.0001 {
+			return steps[i]
+		}
+	}
+	return d
+}
+
 // logTicks are 1, 2 and 5 of each decade from lo to hi.
 func logTicks(lo, hi float64) []float64 {
 	var out []float64
-	for d := lo; d <= hi*1.0001; d *= 10 {
+	for d := math.Pow(10, math.Floor(math.Log10(lo)+1e-9)); d <= hi*1.0001; d *= 10 {
 		for _, m := range []float64{1, 2, 5} {
-			if t := d * m; t <= hi*1.0001 {
+			if t := d * m; t >= lo*0.9999 && t <= hi*1.0001 {
 				out = append(out, t)
 			}
 		}
