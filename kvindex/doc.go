@@ -1,0 +1,47 @@
+// Package kvindex is the router's index of which KV blocks each engine
+// holds, built from the engines' KV events (kvevents), so that a request's
+// prefill can go to the engine that already holds the longest prefix of its
+// prompt. It does no I/O: the events come from kvevents' streams, a
+// request's token IDs from the router; and it chooses no route.
+//
+// # Block keys
+//
+// An engine names a block by its own hash (vLLM: sha256 over a pickle, or a
+// builtin hash, seeded per process), which the router cannot compute. The
+// index keys blocks by the router's own chained 64-bit keys instead (Keys:
+// xxhash64 of the previous block's key and the block's token IDs), and
+// learns each engine hash's key from the BlockStored event that carries the
+// block's token IDs: the first block of an event is chained from its
+// parent's key, found by the parent's engine hash. A chain whose parent the
+// index does not hold cannot be keyed and is left out (Stats.Unkeyed).
+//
+// A key sees token IDs only. What else an engine hashes into a block is
+// invisible to it: a LoRA adapter, a multimodal input's hash, a cache salt
+// (kvevents does not decode them). Blocks stored under one are keyed as if
+// they were plain prompt tokens, so a request without it may be scored as
+// matching them: the router then sends the prefill to an engine that
+// computes the prompt after all, a worse pick and nothing else. Requests with
+// them should be routed without the index.
+//
+// # One index per engine
+//
+// Each Engine follows one engine's events only: BlockStored (a copy to
+// another medium, without token IDs, adds the medium to a block it holds),
+// BlockRemoved (by medium: a block counts while any medium holds it, since a
+// block offloaded to CPU still saves compute) and AllBlocksCleared. Events of
+// KV cache groups other than the first are left out. A batch storing blocks
+// of another size than the engine's is refused whole (BlockSizeError): the
+// caller then resets the engine's index, as it does when events were lost
+// for good or the engine restarted; Index.Remove drops a peer that left.
+//
+// The engine evicts its own blocks (LRU) and says so; the index's cap
+// (Config.MaxBlocks, dropping the blocks stored first) only matters when
+// removals were lost or a publisher misbehaves, and it bounds the index's
+// memory whatever the publisher sends.
+//
+// # Layout
+//
+// An engine's blocks are two Go maps: the engine's hash (as a 64-bit blockID)
+// to its key and media, read and written by the one goroutine applying
+// events; and the keys held, with a count, read by Match under a read lock.
+package kvindex
