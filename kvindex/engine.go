@@ -74,9 +74,13 @@ type Stats struct {
 // (Keys) it holds, learnt from its KV events. One goroutine applies the
 // engine's batches (Apply) while any number match requests (Match).
 type Engine struct {
-	// mu guards held, the only state Match reads.
-	mu   sync.RWMutex
-	held map[uint64]uint32 // router key → how many of the blocks below have it
+	// held is the keys of the blocks below, all Match reads. The writer
+	// changes it event by event, each change between two increments of
+	// seq and under mu: a reader that saw seq odd, or changed, reads again
+	// under mu, so that it sees an event whole.
+	held atomic.Pointer[keySet]
+	seq  atomic.Uint64
+	mu   sync.Mutex
 
 	// apply serialises Apply and Reset; it guards the rest.
 	apply     sync.Mutex
@@ -85,9 +89,16 @@ type Engine struct {
 	blockSize int // of the blocks held; 0 before the first
 	max       int
 	keys      []uint64 // Apply's scratch
+	changes   []change // an event's to held, for commit
 
 	n                atomic.Int64
 	unkeyed, evicted atomic.Uint64
+}
+
+// change is a key added to held or removed from it.
+type change struct {
+	key uint64
+	add bool
 }
 
 // block is what the index knows of one of the engine's blocks.
@@ -98,16 +109,14 @@ type block struct {
 }
 
 func newEngine(cfg Config) *Engine {
-	return &Engine{
-		held:   make(map[uint64]uint32),
-		blocks: make(map[uint64]block),
-		max:    cfg.MaxBlocks,
-	}
+	e := &Engine{blocks: make(map[uint64]block), max: cfg.MaxBlocks}
+	e.held.Store(newKeySet(0))
+	return e
 }
 
-// blockID is the index's name for an engine's block hash: 8 bytes for 32
-// (vLLM's default sha256), which at 10^6 blocks an engine collide once in
-// some 10^7 engine-lifetimes, and then only mislead a pick.
+// blockID is the index's name for an engine's block hash: 8 bytes for up
+// to 64. Two of the 10^6 blocks an engine may hold at once share one with
+// odds of about 1 in 4·10^7, and then only mislead a pick.
 func blockID(h kvevents.Hash) uint64 {
 	return xxhash.Sum64String(string(h))
 }
@@ -128,16 +137,26 @@ func mediumBit(medium string) uint8 {
 // Match returns how many of keys, from the first, the engine holds: the
 // blocks of a request's prompt (Keys) it would not have to compute again.
 func (e *Engine) Match(keys []uint64) int {
-	e.mu.RLock()
-	n := 0
-	for n < len(keys) {
-		if _, ok := e.held[keys[n]]; !ok {
-			break
+	if s := e.seq.Load(); s&1 == 0 {
+		n := e.held.Load().prefix(keys)
+		if e.seq.Load() == s {
+			return n
 		}
-		n++
 	}
-	e.mu.RUnlock()
-	return n
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.held.Load().prefix(keys)
+}
+
+// begin and end bracket a change to held.
+func (e *Engine) begin() {
+	e.mu.Lock()
+	e.seq.Add(1)
+}
+
+func (e *Engine) end() {
+	e.seq.Add(1)
+	e.mu.Unlock()
 }
 
 // Len returns how many blocks the index holds.
@@ -160,9 +179,9 @@ func (e *Engine) Reset() {
 }
 
 func (e *Engine) clear() {
-	e.mu.Lock()
-	e.held = make(map[uint64]uint32)
-	e.mu.Unlock()
+	e.begin()
+	e.held.Store(newKeySet(0))
+	e.end()
 	e.blocks = make(map[uint64]block)
 	e.order = order{}
 	e.n.Store(0)
@@ -193,8 +212,19 @@ func (e *Engine) Apply(b kvevents.Batch) error {
 			e.clear()
 		}
 	}
+	// A huge batch's scratch goes with it, not kept for the next.
+	if cap(e.keys) > maxScratch {
+		e.keys = nil
+	}
+	if cap(e.changes) > maxScratch {
+		e.changes = nil
+	}
 	return nil
 }
+
+// maxScratch bounds the scratch an engine keeps between batches: room for
+// more keys than an engine step stores.
+const maxScratch = 1 << 12
 
 // check refuses a batch before any of it is applied.
 func (e *Engine) check(b kvevents.Batch) error {
@@ -247,15 +277,44 @@ func (e *Engine) store(ev *kvevents.Event) {
 	}
 	e.keys = appendKeys(e.keys[:0], parent, ev.TokenIDs, ev.BlockSize)
 	e.order.compact(e.blocks, len(ev.BlockHashes))
-	e.mu.Lock()
 	for i, h := range ev.BlockHashes {
 		e.put(blockID(h), e.keys[i], m)
 	}
-	e.mu.Unlock()
+	e.commit()
+}
+
+// commit makes an event's changes to held, in order, as one change that
+// readers see whole. Only they are made between begin and end, so that a
+// reader seldom finds the writer there.
+func (e *Engine) commit() {
+	if len(e.changes) == 0 {
+		return
+	}
+	adds := 0
+	for _, c := range e.changes {
+		if c.add {
+			adds++
+		}
+	}
+	// A larger set is a copy: readers may go on reading the old one. The
+	// cap holds the blocks, and so the keys, to e.max at every step.
+	held := e.held.Load()
+	held = held.withRoom(min(adds, e.max-held.n), e.max)
+	e.held.Store(held)
+	e.begin()
+	for _, c := range e.changes {
+		if c.add {
+			held.add(c.key)
+		} else {
+			held.remove(c.key)
+		}
+	}
+	e.end()
+	e.changes = e.changes[:0]
 	e.n.Store(int64(len(e.blocks)))
 }
 
-// put indexes one block; e.mu is held.
+// put indexes one block.
 func (e *Engine) put(id, key uint64, m uint8) {
 	if b, ok := e.blocks[id]; ok {
 		if b.key == key {
@@ -270,20 +329,16 @@ func (e *Engine) put(id, key uint64, m uint8) {
 		e.evictOldest()
 	}
 	e.blocks[id] = block{key: key, seq: e.order.push(id), media: m}
-	e.held[key]++
+	e.changes = append(e.changes, change{key: key, add: true})
 }
 
-// drop forgets a block; e.mu is held.
+// drop forgets a block.
 func (e *Engine) drop(id uint64, b block) {
 	delete(e.blocks, id)
-	if c := e.held[b.key]; c > 1 {
-		e.held[b.key] = c - 1
-	} else {
-		delete(e.held, b.key)
-	}
+	e.changes = append(e.changes, change{key: b.key})
 }
 
-// evictOldest drops the block stored first; e.mu is held.
+// evictOldest drops the block stored first.
 func (e *Engine) evictOldest() {
 	for {
 		id, seq := e.order.pop()
@@ -299,7 +354,6 @@ func (e *Engine) evictOldest() {
 // those no medium holds any more.
 func (e *Engine) remove(ev *kvevents.Event) {
 	m := mediumBit(ev.Medium)
-	e.mu.Lock()
 	for _, h := range ev.BlockHashes {
 		id := blockID(h)
 		b, ok := e.blocks[id]
@@ -312,6 +366,5 @@ func (e *Engine) remove(ev *kvevents.Event) {
 		}
 		e.drop(id, b)
 	}
-	e.mu.Unlock()
-	e.n.Store(int64(len(e.blocks)))
+	e.commit()
 }

@@ -58,8 +58,11 @@ func publisher(in *bytesIn, clears bool) kvevents.Batch {
 func checkBounded(t *testing.T, e *Engine) {
 	t.Helper()
 	checkInvariants(t, e)
-	if len(e.blocks) > e.max || len(e.held) > e.max {
-		t.Fatalf("%d blocks and %d keys, past the cap of %d", len(e.blocks), len(e.held), e.max)
+	if len(e.blocks) > e.max {
+		t.Fatalf("%d blocks, past the cap of %d", len(e.blocks), e.max)
+	}
+	if n := len(e.held.Load().slots); n > max(16, 3*e.max) {
+		t.Fatalf("a key set of %d slots for a cap of %d", n, e.max)
 	}
 	if n := len(e.order.ids); n > 2*e.max+minOrder+4 {
 		t.Fatalf("the order holds %d entries for a cap of %d", n, e.max)

@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -48,30 +49,44 @@ func (f fixture) apply(t *testing.T, events ...kvevents.Event) {
 	checkInvariants(t, f.e)
 }
 
-// checkInvariants holds the engine's maps to each other: every block's key
-// is held once for each block with it, and nothing else is.
+// checkInvariants holds the engine's blocks to its key set: every block's
+// key is in the set once for each block with it, and nothing else is.
 func checkInvariants(t *testing.T, e *Engine) {
 	t.Helper()
-	counts := map[uint64]uint32{}
+	counts := map[uint64]int{}
 	for _, b := range e.blocks {
 		counts[b.key]++
 		if b.media == 0 {
 			t.Fatalf("a block held on no medium")
 		}
 	}
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	if len(counts) != len(e.held) {
-		t.Fatalf("%d keys held, %d among the blocks", len(e.held), len(counts))
+	held := heldKeys(e)
+	if len(counts) != len(held) {
+		t.Fatalf("%d keys held, %d among the blocks", len(held), len(counts))
 	}
 	for k, c := range counts {
-		if e.held[k] != c {
-			t.Fatalf("key %x held %d times, %d blocks have it", k, e.held[k], c)
+		if held[k] != c {
+			t.Fatalf("key %x held %d times, %d blocks have it", k, held[k], c)
+		}
+		if e.held.Load().prefix([]uint64{k}) != 1 {
+			t.Fatalf("key %x is in the set where a probe does not find it", k)
 		}
 	}
-	if e.Len() != len(e.blocks) {
-		t.Fatalf("Len %d, %d blocks", e.Len(), len(e.blocks))
+	if e.Len() != len(e.blocks) || e.held.Load().n != len(e.blocks) {
+		t.Fatalf("Len %d, set count %d, %d blocks", e.Len(), e.held.Load().n, len(e.blocks))
 	}
+}
+
+// heldKeys counts the keys in the engine's set.
+func heldKeys(e *Engine) map[uint64]int {
+	held := map[uint64]int{}
+	s := e.held.Load()
+	for i := range s.slots {
+		if k := s.slots[i].Load(); k != 0 {
+			held[k]++
+		}
+	}
+	return held
 }
 
 func TestStoredChainMatches(t *testing.T) {
@@ -307,15 +322,7 @@ func TestVLLMFixture(t *testing.T) {
 	if n := e.Match(want); n != 3 {
 		t.Fatalf("Match = %d, want 3", n)
 	}
-	e.mu.RLock()
-	got := slices.Sorted(func(yield func(uint64) bool) {
-		for k := range e.held {
-			if !yield(k) {
-				return
-			}
-		}
-	})
-	e.mu.RUnlock()
+	got := slices.Sorted(maps.Keys(heldKeys(e)))
 	if !slices.Equal(got, slices.Sorted(slices.Values(want))) {
 		t.Fatalf("held keys %x, want Keys() of the fixture's tokens %x", got, want)
 	}

@@ -14,7 +14,7 @@ import (
 )
 
 // envFleet sizes BenchmarkFleet as ENGINESxBLOCKS; 100x10000 by default.
-// The full size, 1000x100000, holds 10^8 blocks and needs some 8 GB.
+// The full size, 1000x100000, holds 10^8 blocks and needs some 9 GB.
 const envFleet = "PDPLANE_KVINDEX_FLEET"
 
 // matcher is what BenchmarkFleet measures of a layout.
@@ -27,9 +27,8 @@ var layouts = []struct {
 	name string
 	new  func(max int) matcher
 }{
-	{"maps", func(max int) matcher { return newEngine(Config{MaxBlocks: max}) }},
-	{"compact", func(max int) matcher { return newCompactEngine(max, false) }},
-	{"compact-rwmutex", func(max int) matcher { return newCompactEngine(max, true) }},
+	{"keyset", func(max int) matcher { return newEngine(Config{MaxBlocks: max}) }},
+	{"maps", func(max int) matcher { return newMapsEngine(max) }},
 }
 
 const (
@@ -55,7 +54,6 @@ type chainWriter struct {
 	m      matcher
 	engine int
 	next   uint64 // engine hashes, counted
-	hashes []kvevents.Hash
 	events []kvevents.Event
 }
 
@@ -212,6 +210,37 @@ func BenchmarkFleet(b *testing.B) {
 						}
 					}
 				})
+			})
+			b.Run("pick-few-while-applying", func(b *testing.B) {
+				// One goroutine stores and removes 16 blocks on one engine
+				// after another, as the engines' events keep coming.
+				tokens := make([]int32, eventBlocks*fleetBlockSize)
+				fillerTokens(tokens, 0, 1<<20)
+				hashes := make([]kvevents.Hash, eventBlocks)
+				for i := range hashes {
+					hashes[i] = kvevents.Hash(binaryName(1<<23 + i))
+				}
+				store := batch(kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: hashes, TokenIDs: tokens,
+					BlockSize: fleetBlockSize, Medium: "GPU"})
+				remove := batch(removed("GPU", hashes...))
+				stop := make(chan struct{})
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						e := f.engines[i%len(f.engines)]
+						if e.Apply(store) != nil || e.Apply(remove) != nil {
+							panic("apply")
+						}
+					}
+				})
+				pick(b, f.request, few)
+				close(stop)
+				wg.Wait()
 			})
 			f = nil
 			b.Run("apply", func(b *testing.B) { benchApply(b, l.new(1<<20), blocks) })

@@ -13,7 +13,8 @@ const seed uint64 = 0x70647061_6e65_6b76 // "pdpanekv"
 // blockSize tokens each, and returns it; a last partial block has no key.
 // Block i's key hashes block i-1's key (seed for the first) with block i's
 // token IDs, so a key stands for the whole prefix up to its block, as an
-// engine's block hash does. It allocates nothing when dst has room.
+// engine's block hash does. A key is never 0. It allocates nothing when dst
+// has room.
 func Keys(dst []uint64, tokens []int32, blockSize int) []uint64 {
 	if blockSize < 1 {
 		return dst[:0]
@@ -40,7 +41,9 @@ func appendKeys(dst []uint64, parent uint64, tokens []int32, blockSize int) []ui
 			n += 4
 		}
 		_, _ = d.Write(buf[:n])
-		parent = d.Sum64()
+		if parent = d.Sum64(); parent == 0 {
+			parent = 1 // 0 is keySet's empty slot
+		}
 		dst = append(dst, parent)
 	}
 	return dst
