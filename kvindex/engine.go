@@ -12,9 +12,10 @@ import (
 	"github.com/pdplane/pdplane/kvevents"
 )
 
-// DefaultMaxBlocks is Config.MaxBlocks' default: above the blocks of any
-// one engine's KV cache today (an 80 GiB cache of 16-token blocks holds
-// some 10^5), so that only lost removals or a misbehaving publisher reach it.
+// DefaultMaxBlocks is Config.MaxBlocks' default: above the GPU blocks of
+// one engine today (80 GiB of KV cache holds 10^4 to 10^5 blocks of 16
+// tokens, by model), so that lost removals or a misbehaving publisher reach
+// it, or a CPU offload of hundreds of GiB, whose oldest blocks then go first.
 const DefaultMaxBlocks = 1 << 20
 
 // maxMaxBlocks bounds Config.MaxBlocks: an engine's order numbers its

@@ -211,6 +211,28 @@ func BenchmarkFleet(b *testing.B) {
 					}
 				})
 			})
+			if _, ok := f.engines[0].(*Engine); ok {
+				// The same pick through Index.Score, by peer ID.
+				x, _ := New(Config{})
+				engines := map[string]*Engine{}
+				peers := make([]string, len(f.engines))
+				for i, e := range f.engines {
+					peers[i] = fmt.Sprintf("peer-%d", i)
+					engines[peers[i]] = e.(*Engine)
+				}
+				x.engines.Store(&engines)
+				b.Run("score-few", func(b *testing.B) {
+					got := make([]int, 0, len(peers))
+					for b.Loop() {
+						got = x.Score(got, f.request, peers)
+					}
+					for i, n := range got {
+						if !few(i, n) {
+							b.Fatalf("peer %d matched %d blocks", i, n)
+						}
+					}
+				})
+			}
 			b.Run("pick-few-while-applying", func(b *testing.B) {
 				// One goroutine stores and removes 16 blocks on one engine
 				// after another, as the engines' events keep coming.
