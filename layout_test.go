@@ -140,6 +140,11 @@ var layerRules = []layerRule{
 		allowed: onlyInternal("zmtp"),
 	},
 	{
+		name:    "kvindex is the router's index of the engines' KV blocks, built from their events: it imports only kvevents",
+		applies: is("kvindex"),
+		allowed: onlyInternal("kvevents"),
+	},
+	{
 		name:    "gcfloor and cli are the commands' process tuning and flags: they import no other pdplane package",
 		applies: is("gcfloor", "cli"),
 		allowed: onlyInternal(),
@@ -243,7 +248,7 @@ var everywhereRules = []layerRule{
 // package must be placed in the layout (and given a rule) before it lands.
 var governed = []string{
 	"", // the module root: only this test
-	"agent", "bench", "cli", "cmd/pdplane", "deploy", "devfleet", "gcfloor", "kvevents", "zmtp", "interop", "migrations", "pdproto", "realengine",
+	"agent", "bench", "cli", "cmd/pdplane", "deploy", "devfleet", "gcfloor", "kvevents", "kvindex", "zmtp", "interop", "migrations", "pdproto", "realengine",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest", "registry/replica",
 	"router", "router/routertest", "httpwire", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
@@ -358,6 +363,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"server", m("registry/registrytest"), "production code never imports a <pkg>test package"},
 		{"tracing", m("router"), "tracing builds the tracer provider and traces store writes: it imports only registry"},
 		{"bench", m("sim"), "bench imports no pdplane package"},
+		{"kvindex", m("router"), "kvindex is the router's index of the engines' KV blocks, built from their events: it imports only kvevents"},
 	}
 	for _, c := range cases {
 		got := violations([]listedPackage{{ImportPath: m(c.pkg), Imports: []string{c.imp}}})
