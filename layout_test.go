@@ -105,9 +105,9 @@ var layerRules = []layerRule{
 		allowed: func(_, imp string) bool { return !under("github.com/jackc/pgx")(imp) },
 	},
 	{
-		name:    "the router never talks to the database or the control plane: router imports only registry, registry/replica, pdproto and httpwire",
+		name:    "the router never talks to the database or the control plane: router imports only registry, registry/replica, pdproto, httpwire, kvevents and kvindex",
 		applies: is("router"),
-		allowed: onlyInternal("registry", "registry/replica", "pdproto", "httpwire"),
+		allowed: onlyInternal("registry", "registry/replica", "pdproto", "httpwire", "kvevents", "kvindex"),
 	},
 	{
 		name:    "httpwire is HTTP plumbing, under the router: it imports no other pdplane package",
@@ -345,8 +345,8 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"registry", m("transfer"), "registry is the domain"},
 		{"registry/memstore", m("registry/pgstore"), "registry/memstore imports only registry"},
 		{"registry/pgstore", m("server"), "registry/pgstore imports only registry, registry/replica (its Broadcaster) and migrations"},
-		{"router", m("server"), "router imports only registry, registry/replica, pdproto and httpwire"},
-		{"router", m("registry/pgstore"), "router imports only registry, registry/replica, pdproto and httpwire"},
+		{"router", m("server"), "router imports only registry, registry/replica, pdproto, httpwire, kvevents and kvindex"},
+		{"router", m("registry/pgstore"), "router imports only registry, registry/replica, pdproto, httpwire, kvevents and kvindex"},
 		{"router", "github.com/jackc/pgx/v5", "only it, migrations and registrytest's Postgres helpers import pgx"},
 		{"transfer", m("router"), "transfer imports only registry"},
 		{"transfer/tcp", m("registry/memstore"), "transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer"},
