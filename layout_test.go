@@ -105,9 +105,9 @@ var layerRules = []layerRule{
 		allowed: func(_, imp string) bool { return !under("github.com/jackc/pgx")(imp) },
 	},
 	{
-		name:    "the router never talks to the database or the control plane: router imports only registry, registry/replica, pdproto and httpwire",
+		name:    "the router never talks to the database or the control plane: router imports only registry, registry/replica, pdproto, httpwire, kvevents and kvindex",
 		applies: is("router"),
-		allowed: onlyInternal("registry", "registry/replica", "pdproto", "httpwire"),
+		allowed: onlyInternal("registry", "registry/replica", "pdproto", "httpwire", "kvevents", "kvindex"),
 	},
 	{
 		name:    "httpwire is HTTP plumbing, under the router: it imports no other pdplane package",
@@ -138,6 +138,11 @@ var layerRules = []layerRule{
 		name:    "kvevents reads the engines' KV events: it imports only zmtp",
 		applies: is("kvevents"),
 		allowed: onlyInternal("zmtp"),
+	},
+	{
+		name:    "kvindex is the router's index of the engines' KV blocks, built from their events: it imports only kvevents",
+		applies: is("kvindex"),
+		allowed: onlyInternal("kvevents"),
 	},
 	{
 		name:    "gcfloor and cli are the commands' process tuning and flags: they import no other pdplane package",
@@ -243,7 +248,7 @@ var everywhereRules = []layerRule{
 // package must be placed in the layout (and given a rule) before it lands.
 var governed = []string{
 	"", // the module root: only this test
-	"agent", "bench", "cli", "cmd/pdplane", "deploy", "devfleet", "gcfloor", "kvevents", "zmtp", "interop", "migrations", "pdproto", "realengine",
+	"agent", "bench", "cli", "cmd/pdplane", "deploy", "devfleet", "gcfloor", "kvevents", "kvindex", "zmtp", "interop", "migrations", "pdproto", "realengine",
 	"registry", "registry/memstore", "registry/pgstore", "registry/registrytest", "registry/replica",
 	"router", "router/routertest", "httpwire", "server", "server/api", "server/api/apiconv",
 	"sim", "sim/simtest",
@@ -340,8 +345,8 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"registry", m("transfer"), "registry is the domain"},
 		{"registry/memstore", m("registry/pgstore"), "registry/memstore imports only registry"},
 		{"registry/pgstore", m("server"), "registry/pgstore imports only registry, registry/replica (its Broadcaster) and migrations"},
-		{"router", m("server"), "router imports only registry, registry/replica, pdproto and httpwire"},
-		{"router", m("registry/pgstore"), "router imports only registry, registry/replica, pdproto and httpwire"},
+		{"router", m("server"), "router imports only registry, registry/replica, pdproto, httpwire, kvevents and kvindex"},
+		{"router", m("registry/pgstore"), "router imports only registry, registry/replica, pdproto, httpwire, kvevents and kvindex"},
 		{"router", "github.com/jackc/pgx/v5", "only it, migrations and registrytest's Postgres helpers import pgx"},
 		{"transfer", m("router"), "transfer imports only registry"},
 		{"transfer/tcp", m("registry/memstore"), "transfer/nixl, transfer/tcp and transfer/cuda import only registry and transfer"},
@@ -358,6 +363,7 @@ func TestLayoutRulesBite(t *testing.T) {
 		{"server", m("registry/registrytest"), "production code never imports a <pkg>test package"},
 		{"tracing", m("router"), "tracing builds the tracer provider and traces store writes: it imports only registry"},
 		{"bench", m("sim"), "bench imports no pdplane package"},
+		{"kvindex", m("router"), "kvindex is the router's index of the engines' KV blocks, built from their events: it imports only kvevents"},
 	}
 	for _, c := range cases {
 		got := violations([]listedPackage{{ImportPath: m(c.pkg), Imports: []string{c.imp}}})

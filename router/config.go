@@ -33,12 +33,20 @@ const (
 	// prefix cache, and falls back to power_of_two when the favoured peer is
 	// markedly busier than the alternative.
 	PolicyCacheAware Policy = "cache_aware"
+	// PolicyPrecise scores prefills by the blocks of the prompt their KV
+	// events say they hold, weighed against their queues: the prompt's
+	// uncached tokens plus the work queued ahead of it, least first. The
+	// prompt is tokenized by an engine of the model. Prefills that publish
+	// no KV events count as holding nothing; a model none of whose prefills
+	// publishes them, or a prompt no engine tokenized, is routed as
+	// cache_aware routes it.
+	PolicyPrecise Policy = "precise"
 )
 
 // Valid reports whether p is a known policy.
 func (p Policy) Valid() bool {
 	switch p {
-	case PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware, PolicyLeastLoad:
+	case PolicyRoundRobin, PolicyRandom, PolicyPowerOfTwo, PolicyCacheAware, PolicyLeastLoad, PolicyPrecise:
 		return true
 	}
 	return false
@@ -161,6 +169,10 @@ type Config struct {
 	// CacheAwareVirtualNodes is how many points each peer takes on the hash
 	// ring; 32 by default.
 	CacheAwareVirtualNodes int
+	// KVIndexMaxBlocks caps the blocks the precise policy's index keeps for
+	// one engine, whatever its events say; 1<<20 by default (16 M tokens
+	// of 16-token blocks).
+	KVIndexMaxBlocks int
 
 	// ReportTimeout bounds each call to the PeerReporter; 5 s by default.
 	ReportTimeout time.Duration
@@ -198,6 +210,7 @@ func (c Config) WithDefaults() Config {
 	c.CacheAwareBalanceAbs = cmp.Or(c.CacheAwareBalanceAbs, 8)
 	c.CacheAwareBalanceRel = cmp.Or(c.CacheAwareBalanceRel, 1.5)
 	c.CacheAwareVirtualNodes = cmp.Or(c.CacheAwareVirtualNodes, 32)
+	c.KVIndexMaxBlocks = cmp.Or(c.KVIndexMaxBlocks, 1<<20)
 	c.ReportTimeout = cmp.Or(c.ReportTimeout, 5*time.Second)
 	c.ExchangeReportInterval = cmp.Or(c.ExchangeReportInterval, time.Second)
 	if c.Now == nil {
@@ -211,6 +224,7 @@ func (c *Config) validate() error {
 	err := cmp.Or(
 		validPolicy("PrefillPolicy", c.PrefillPolicy),
 		validPolicy("DecodePolicy", c.DecodePolicy),
+		notPrecise("DecodePolicy", c.DecodePolicy),
 		notNegative("MaxBodyBytes", c.MaxBodyBytes),
 		atLeast("MaxInflight", c.MaxInflight, 1),
 		notNegative("MaxResponseBytes", c.MaxResponseBytes),
@@ -229,6 +243,7 @@ func (c *Config) validate() error {
 		atLeast("CacheAwareBalanceRel", c.CacheAwareBalanceRel, 1),
 		atLeast("CacheAwareVirtualNodes", c.CacheAwareVirtualNodes, 1),
 		atMost("CacheAwareVirtualNodes", c.CacheAwareVirtualNodes, 1024),
+		atLeast("KVIndexMaxBlocks", c.KVIndexMaxBlocks, 1),
 	)
 	if err != nil {
 		return err
@@ -241,11 +256,19 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// notPrecise refuses precise for a role that has no KV events to match.
+func notPrecise(field string, p Policy) error {
+	if p == PolicyPrecise {
+		return fmt.Errorf("%s: precise picks prefills by the blocks they hold; decodes are picked by load", field)
+	}
+	return nil
+}
+
 func validPolicy(field string, p Policy) error {
 	if p.Valid() {
 		return nil
 	}
-	return fmt.Errorf("%s: unknown policy %q (want round_robin, random, power_of_two, least_load or cache_aware)", field, p)
+	return fmt.Errorf("%s: unknown policy %q (want round_robin, random, power_of_two, least_load, cache_aware or precise)", field, p)
 }
 
 func atLeast[T cmp.Ordered](field string, v, least T) error {

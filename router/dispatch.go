@@ -170,6 +170,7 @@ type dispatch struct {
 	series *modelSeries
 	rid    string
 	key    uint64
+	prompt *promptBlocks // the precise policy's view of the prompt; nil under another
 	ex     exclusions
 
 	start      time.Time
@@ -303,6 +304,9 @@ func (d *dispatch) prepare() (*view, *modelView) {
 		return nil, nil
 	}
 	d.key = xxhash.Sum64(q.prefix)
+	if len(mv.tokenizers) > 0 {
+		d.prompt = rt.promptBlocks(d.ctx, q, mv)
+	}
 	d.rc = *http.NewResponseController(d.w)
 	d.series = &mv.series[d.route]
 	d.dispatched = rt.cfg.Now()
@@ -364,7 +368,7 @@ func (d *dispatch) run(v *view, mv *modelView) {
 				return
 			}
 		}
-		pr, ok := rt.pickPair(v, mv, d.key, &d.ex)
+		pr, ok := rt.pickPair(v, mv, d.key, d.prompt, &d.ex)
 		if !ok {
 			if d.lastFail != nil {
 				d.respondFailure(d.lastFail)
@@ -381,6 +385,10 @@ func (d *dispatch) run(v *view, mv *modelView) {
 			rt.m.retries.WithLabelValues(d.lastFail.kind.String()).Inc()
 		}
 		d.attempts = attempt
+		if attempt == 1 && d.prompt != nil && d.prompt.scored {
+			rt.m.preciseTokens.prompt.Add(float64(len(d.prompt.tokens)))
+			rt.m.preciseTokens.cached.Add(float64(d.prompt.cached))
+		}
 		d.prefill, d.decode = pr.p.peer.Name, pr.d.peer.Name
 		d.pGen, d.dGen = pr.p.peer.Generation, pr.d.peer.Generation
 		d.stats, d.kvBlocks = rt.pairStats.of(rt.m, &pr), -1
@@ -575,7 +583,9 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 // it, with Config.RouteReceipt (serve --route-receipt): the pair that
 // answered with both generations, the attempts, and each failed attempt's
 // kind and pair, e.g. "prefill=p0@2 decode=d0@1 attempts=2
-// failed=missing_mem_kind:p1>d0".
+// failed=missing_mem_kind:p1>d0". Under the precise policy it also says
+// how many of the prompt's tokens the prefill held by its KV events when it
+// was chosen: "held_tokens=384/400".
 const RouteReceiptHeader = "X-Pdplane-Route"
 
 // receipt is the route receipt of the answer being committed.
@@ -589,6 +599,10 @@ func (d *dispatch) receipt() string {
 	b = strconv.AppendInt(append(b, " attempts="...), int64(d.attempts), 10)
 	if d.kvBlocks >= 0 {
 		b = strconv.AppendInt(append(b, " kv_blocks="...), int64(d.kvBlocks), 10)
+	}
+	if p := d.prompt; p != nil && p.scored {
+		b = strconv.AppendInt(append(b, " held_tokens="...), int64(p.cached), 10)
+		b = strconv.AppendInt(append(b, '/'), int64(len(p.tokens)), 10)
 	}
 	for i, f := range d.failed {
 		if i == 0 {
@@ -934,6 +948,9 @@ func (d *dispatch) finish() {
 		}
 		if d.outcome == outcomeOK && d.kvBlocks >= 0 {
 			ev.Int("kv_blocks", d.kvBlocks)
+		}
+		if p := d.prompt; p != nil && p.scored {
+			ev.Int("held_tokens", p.cached).Int("tokenized", len(p.tokens))
 		}
 		if f := d.lastFail; f != nil && d.outcome != outcomeOK {
 			ev.Str(logFailure, f.kind.String()).Str(logLeg, f.leg.String())

@@ -42,6 +42,8 @@ type metrics struct {
 	takenOver          prometheus.Counter
 	pairAttempts       *prometheus.CounterVec // prefill, decode, result
 	pairKVBlocks       *prometheus.CounterVec // prefill, decode
+	tokenize           struct{ ok, failed, unsupported prometheus.Counter }
+	preciseTokens      struct{ prompt, cached prometheus.Counter }
 
 	cache seriesCache // series.go
 }
@@ -111,6 +113,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"KV blocks a vLLM prefill handed its decode for served requests (the block IDs of kv_transfer_params.remote_block_ids), by pair.",
 			"prefill", "decode"),
 	}
+	tok := r.counterVec("tokenize_total", "Prompts the precise policy asked an engine to tokenize, by result: ok, failed "+
+		"(the request was routed as cache_aware routes it), unsupported (no tokenize endpoint takes it: an SGLang chat, a batch).", "result")
+	m.tokenize.ok, m.tokenize.failed, m.tokenize.unsupported = tok.WithLabelValues("ok"), tok.WithLabelValues("failed"), tok.WithLabelValues("unsupported")
+	m.preciseTokens.prompt = r.counter("precise_prompt_tokens_total", "Prompt tokens of the requests the precise policy routed by their blocks (first attempts).")
+	m.preciseTokens.cached = r.counter("precise_cached_tokens_total",
+		"Of those, the tokens the chosen prefill held by its KV events when it was chosen: the hit rate the router predicted, to compare with the engines' own.")
 	if r.err != nil {
 		return nil, r.err
 	}

@@ -44,7 +44,11 @@ type peerState struct {
 	ep   *endpoint
 	name string // the name gauge is labelled with
 
-	_ [8]byte // to 128 bytes: a state fills whole cache lines (TestPickLayout)
+	// kv is the peer's KV events subscription and index (kv_events.go),
+	// nil unless it is a prefill that publishes them and the prefill
+	// policy is precise. It also fills the state to 128 bytes: a state
+	// fills whole cache lines (TestPickLayout).
+	kv atomic.Pointer[kvSub]
 }
 
 // endpoint is what the router derives from a peer's spec, once per spec.
@@ -236,10 +240,14 @@ type modelView struct {
 	routes   *replica.ModelRoutes
 	prefills []cand    // aligned with routes.Prefills
 	listID   int32     // prefills' ID among the view's lists
-	ring     *hashRing // for cache_aware prefill selection; nil otherwise
-	pairable bool      // at least one prefill has a compatible decode
-	rr       [2]paddedCounter
-	series   [numRoutes]modelSeries // its series by route (series.go)
+	ring     *hashRing // for cache_aware and precise prefill selection; nil otherwise
+	// tokenizers are the prefills that publish KV events: the precise
+	// policy asks one of them, in turn, for a prompt's tokens.
+	tokenizers []*peerRef
+	tokenizeRR atomic.Uint64
+	pairable   bool // at least one prefill has a compatible decode
+	rr         [2]paddedCounter
+	series     [numRoutes]modelSeries // its series by route (series.go)
 }
 
 // paddedCounter keeps the round-robin counters of the two roles on separate
@@ -353,6 +361,9 @@ func (rt *Router) buildView(s *replica.Snapshot) *view {
 	if peersMoved || len(regenerated) > 0 {
 		rt.pairs.resetOrForget(regenerated, v.byID)
 	}
+	if rt.kv != nil {
+		rt.kv.sync(peers, v.byID)
+	}
 	if old != nil {
 		rt.pairs.resetLifted(old.snap, s)
 	}
@@ -367,7 +378,7 @@ func (rt *Router) buildView(s *replica.Snapshot) *view {
 			r.decodes, r.decodesID = v.resolve(decodes, resolved)
 			mv.pairable = mv.pairable || len(r.decodes) > 0
 		})
-		if rt.cfg.PrefillPolicy == PolicyCacheAware && len(mv.prefills) > 0 {
+		if (rt.cfg.PrefillPolicy == PolicyCacheAware || rt.cfg.PrefillPolicy == PolicyPrecise) && len(mv.prefills) > 0 {
 			var prev *hashRing
 			if old != nil {
 				if om := old.models[name]; om != nil {
@@ -375,6 +386,13 @@ func (rt *Router) buildView(s *replica.Snapshot) *view {
 				}
 			}
 			mv.ring = buildRing(routes.Prefills, rt.cfg.CacheAwareVirtualNodes, prev)
+		}
+		if rt.kv != nil {
+			for _, c := range mv.prefills {
+				if c.ref.peer.KVEvents.Endpoint != "" {
+					mv.tokenizers = append(mv.tokenizers, c.ref)
+				}
+			}
 		}
 		v.models[name] = mv
 	}
@@ -631,6 +649,10 @@ type pickCtx struct {
 	now     time.Time // read from clock once a breaker that is not closed needs it
 	hasNow  bool
 	prefill *peerRef // set when picking a decode, for the pair breaker
+	// prompt is the request's prompt as the precise policy matches it;
+	// nil when it has none (the policy is another, or no engine could
+	// tokenize the prompt).
+	prompt *promptBlocks
 	// loads are the view's lists' loads; nil when no policy compares loads.
 	// pending is a load set newer than loads, whose loads the candidates
 	// look up by peer ID until the view has resolved them; nil when none.
@@ -760,6 +782,8 @@ func (rt *Router) pick(cs candidates, policy Policy, rr *atomic.Uint64, ring *ha
 		i = rt.leastLoad(cs, pc)
 	case PolicyCacheAware:
 		i = rt.cacheAware(cs, ring, key, pc)
+	case PolicyPrecise:
+		i = rt.precise(cs, ring, key, pc)
 	}
 	if i < 0 {
 		i = rt.scan(cs.c, pc)
@@ -890,8 +914,8 @@ type pair struct {
 // pickPair selects a prefill and a decode compatible with it, both eligible,
 // and takes their breakers' probes where they are half-open. It returns
 // false when no such pair exists.
-func (rt *Router) pickPair(v *view, mv *modelView, key uint64, ex *exclusions) (pair, bool) {
-	pc := pickCtx{clock: rt.cfg.Now}
+func (rt *Router) pickPair(v *view, mv *modelView, key uint64, prompt *promptBlocks, ex *exclusions) (pair, bool) {
+	pc := pickCtx{clock: rt.cfg.Now, prompt: prompt}
 	if rt.cfg.PrefillPolicy.loadAware() || rt.cfg.DecodePolicy.loadAware() {
 		pc.loads, pc.pending = v.loadsFor(v.snap.Loads())
 	}
@@ -1023,5 +1047,5 @@ func (pb *pairBreakers) resetLifted(prev, next *replica.Snapshot) {
 
 // loadAware reports whether the policy compares candidates' loads.
 func (p Policy) loadAware() bool {
-	return p == PolicyPowerOfTwo || p == PolicyLeastLoad || p == PolicyCacheAware
+	return p == PolicyPowerOfTwo || p == PolicyLeastLoad || p == PolicyCacheAware || p == PolicyPrecise
 }

@@ -72,7 +72,7 @@ func pickN(t *testing.T, rt *Router, n int, key func(i int) uint64) (prefills, d
 	prefills, decodes = map[string]int{}, map[string]int{}
 	for i := range n {
 		v := rt.currentView()
-		pr, ok := rt.pickPair(v, v.models["m"], key(i), &exclusions{})
+		pr, ok := rt.pickPair(v, v.models["m"], key(i), nil, &exclusions{})
 		if !ok {
 			t.Fatalf("pick %d: no pair", i)
 		}
@@ -278,7 +278,7 @@ func TestEligibility(t *testing.T) {
 	v.byID["id-peer-00002"].breaker.failure(false, 1, time.Now())
 	ex.addPair("id-peer-00004", "id-peer-00001")
 	for range 30 {
-		pr, ok := rt.pickPair(v, mv, 0, ex)
+		pr, ok := rt.pickPair(v, mv, 0, nil, ex)
 		if !ok {
 			t.Fatal("no pair")
 		}
@@ -289,7 +289,7 @@ func TestEligibility(t *testing.T) {
 	}
 	// Nothing eligible: no pair.
 	ex.add("id-peer-00004")
-	if _, ok := rt.pickPair(v, mv, 0, ex); ok {
+	if _, ok := rt.pickPair(v, mv, 0, nil, ex); ok {
 		t.Fatal("picked a pair with every prefill ineligible")
 	}
 }
@@ -389,7 +389,7 @@ func benchPickPair(b *testing.B, pol Policy, peers []registry.Peer) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		pr, ok := rt.pickPair(v, mv, keys[i&1023], &ex)
+		pr, ok := rt.pickPair(v, mv, keys[i&1023], nil, &ex)
 		if !ok {
 			b.Fatal("no pair")
 		}

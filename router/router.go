@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdplane/pdplane/httpwire"
+	"github.com/pdplane/pdplane/kvindex"
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/registry/replica"
 )
@@ -53,8 +54,12 @@ type Router struct {
 
 	view    atomic.Pointer[view]
 	builder viewBuilder
-	pairs   pairBreakers
-	bufs    sync.Pool // *[]byte relay buffers
+	// kv holds the KV events subscriptions of the precise policy (nil
+	// under another), and work its estimate of a queued request's tokens.
+	kv    *kvWatch
+	work  queuedWork
+	pairs pairBreakers
+	bufs  sync.Pool // *[]byte relay buffers
 
 	// tracer makes the request, attempt and leg spans; nil when tracing
 	// is off (Config.TracerProvider nil), which skips every span.
@@ -161,6 +166,16 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 	if cfg.UpstreamAPIKey != "" {
 		rt.upstreamAuth = "Bearer " + cfg.UpstreamAPIKey
 	}
+	if cfg.PrefillPolicy == PolicyPrecise {
+		index := kvindex.Config{MaxBlocks: cfg.KVIndexMaxBlocks}
+		if _, err := kvindex.NewEngine(index); err != nil {
+			return nil, fmt.Errorf("router config: KVIndexMaxBlocks: %w", err)
+		}
+		rt.kv = &kvWatch{log: log, index: index, subs: map[string]*kvSub{}}
+		if err := reg.Register(rt.kv); err != nil {
+			return nil, fmt.Errorf("register router metrics: %w", err)
+		}
+	}
 	rt.transport = cfg.Transport
 	if rt.transport == nil {
 		rt.ownedTr = httpwire.NewTransport(httpwire.TransportConfig{ConnectTimeout: cfg.ConnectTimeout, MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost})
@@ -195,6 +210,9 @@ func New(cfg Config, snaps Snapshots, reporter PeerReporter, log zerolog.Logger,
 	}
 	if w, ok := snaps.(snapshotWatcher); ok {
 		rt.follow(w)
+	}
+	if rt.kv != nil {
+		rt.currentView() // the KV events subscriptions start now, not at the first request
 	}
 	return rt, nil
 }
@@ -250,6 +268,9 @@ func (rt *Router) Close() {
 	if rt.stopFollow != nil {
 		rt.stopFollow()
 		rt.following.Wait()
+	}
+	if rt.kv != nil {
+		rt.kv.close()
 	}
 	rt.watchOnce.Do(func() {}) // no watcher starts after this
 	if rt.watcher != nil {

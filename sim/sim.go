@@ -324,6 +324,16 @@ func (s *Sim) KVEventsEndpoints() (endpoint, replayEndpoint string) {
 	return s.events.endpoints()
 }
 
+// kvEvents is the registration's KV events publisher: none when the sim
+// publishes no events.
+func (s *Sim) kvEvents() registry.KVEvents {
+	ep, replay := s.KVEventsEndpoints()
+	if ep == "" {
+		return registry.KVEvents{}
+	}
+	return registry.KVEvents{Endpoint: ep, ReplayEndpoint: replay, Topic: s.cfg.KVEventsTopic}
+}
+
 // Config returns the configuration the sim runs with (defaults applied).
 func (s *Sim) Config() Config { return s.cfg }
 
@@ -380,6 +390,7 @@ func (s *Sim) Spec(ctx context.Context) (registry.PeerSpec, error) {
 		TransferGroup: s.cfg.TransferGroup,
 		Labels:        maps.Clone(s.cfg.Labels),
 		Parallelism:   registry.Parallelism{TPSize: 1, AttnTPSize: 1, DPSize: 1, PPSize: 1, DCPSize: 1},
+		KVEvents:      s.kvEvents(),
 		KV: registry.KVGeometry{
 			PageSize: s.cfg.PageSize, DType: s.cfg.DType, NumLayers: s.cfg.NumLayers,
 			NumKVHeads: s.cfg.NumKVHeads, HeadDim: s.cfg.HeadDim,

@@ -1,0 +1,124 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+
+	"github.com/pdplane/pdplane/kvindex"
+)
+
+// promptBlocks is one request's prompt as the precise policy matches it:
+// its token IDs and their chained block keys, computed once per block
+// size that a candidate's index uses (one, in a fleet of one model).
+type promptBlocks struct {
+	tokens []int32
+	sizes  []int
+	keys   [][]uint64
+	// cached is the prompt tokens the last pick expects its prefill to
+	// hold, for the route receipt and the predicted hit rate; scored says
+	// the pick compared candidates by their blocks (it was not cache_aware).
+	cached int
+	scored bool
+}
+
+// keysFor returns the keys of the prompt's blocks of size bs that an
+// engine may find cached: every full block but one holding the prompt's
+// last token, which engines compute whatever they hold (vLLM's
+// get_computed_blocks matches num_tokens-1 tokens, SGLang's
+// _compute_max_prefix_len input_len-1).
+func (q *promptBlocks) keysFor(bs int) []uint64 {
+	for i, s := range q.sizes {
+		if s == bs {
+			return q.keys[i]
+		}
+	}
+	k := kvindex.Keys(nil, q.tokens[:max(len(q.tokens)-1, 0)], bs)
+	q.sizes = append(q.sizes, bs)
+	q.keys = append(q.keys, k)
+	return k
+}
+
+// promptBlocks asks one of the model's prefills that publish KV events, in
+// turn, for q's tokens; nil when it could not (the request is then routed
+// as cache_aware routes it).
+func (rt *Router) promptBlocks(ctx context.Context, q *request, mv *modelView) *promptBlocks {
+	ref := mv.tokenizers[int(mv.tokenizeRR.Add(1)%uint64(len(mv.tokenizers)))]
+	tokens, err := rt.promptTokens(ctx, q, ref.ep.url, ref.ep.protocol)
+	switch {
+	case errors.Is(err, errNoTokenizer):
+		rt.m.tokenize.unsupported.Inc()
+		return nil
+	case err != nil:
+		rt.m.tokenize.failed.Inc()
+		rt.log.Debug().Err(err).Str("peer", ref.peer.Name).Msg("tokenize the prompt for the precise policy")
+		return nil
+	}
+	rt.m.tokenize.ok.Inc()
+	return &promptBlocks{tokens: tokens}
+}
+
+// queuedWork is the router's running estimate of the tokens a prefill
+// computes per request: what one request queued ahead of another costs it.
+// Each precise pick moves it a sixteenth of the way toward the tokens its
+// prefill was expected to compute.
+type queuedWork struct{ bits atomic.Uint64 }
+
+func (w *queuedWork) get() float64 { return math.Float64frombits(w.bits.Load()) }
+
+func (w *queuedWork) add(tokens float64) {
+	old := w.get()
+	if old == 0 {
+		w.bits.Store(math.Float64bits(tokens))
+		return
+	}
+	w.bits.Store(math.Float64bits(old + (tokens-old)/16))
+}
+
+// precise picks the eligible prefill where the prompt would be computed
+// soonest: the fewest prompt tokens it does not hold plus the work queued
+// ahead of it (its requests by the load, times the tokens a request costs
+// on average). Ties go to the first from a random start. It looks at every
+// candidate: O(candidates + blocks matched), no I/O. With no prompt, or no
+// candidate whose index is live, it is cache_aware.
+func (rt *Router) precise(cs candidates, ring *hashRing, key uint64, pc *pickCtx) int {
+	q := pc.prompt
+	if q == nil || len(q.tokens) == 0 {
+		return rt.cacheAware(cs, ring, key, pc)
+	}
+	n := len(cs.c)
+	work := rt.work.get()
+	if work == 0 {
+		work = float64(len(q.tokens))
+	}
+	best, bestCached, live := -1, 0, false
+	var bestCost float64
+	for k, i := 0, rand.IntN(n); k < n; k, i = k+1, next(i, n) {
+		c := cs.c[i]
+		if !rt.eligible(pc, c) {
+			continue
+		}
+		cached := 0
+		if s := c.state.kv.Load(); s != nil && s.live.Load() {
+			live = true
+			if bs := s.index.BlockSize(); bs > 0 {
+				cached = s.index.Match(q.keysFor(bs)) * bs
+			}
+		}
+		reqs, _ := pc.load(cs, i)
+		cost := float64(len(q.tokens)-cached) + float64(reqs)*work
+		if best < 0 || cost < bestCost {
+			best, bestCost, bestCached = i, cost, cached
+		}
+	}
+	if !live {
+		return rt.cacheAware(cs, ring, key, pc)
+	}
+	if best >= 0 {
+		q.cached, q.scored = bestCached, true
+		rt.work.add(float64(len(q.tokens) - bestCached))
+	}
+	return best
+}
