@@ -341,9 +341,7 @@ func routerEngine(name string) string {
 // routerPolicy says how each router is told to pick.
 func routerPolicy(name string) string {
 	switch name {
-	case RouterPdplane:
-		return "--prefill-policy " + pdplanePolicy(name)
-	case RouterPdplaneRing:
+	case RouterPdplane, RouterPdplaneRing:
 		return "--prefill-policy " + pdplanePolicy(name)
 	case PeerSMG, PeerVLLMRouter:
 		return "--policy cache_aware"
