@@ -126,16 +126,25 @@ func (s *kvSub) run(ctx context.Context, log zerolog.Logger) {
 	failing := false
 	for ctx.Err() == nil {
 		s.live.Store(true)
+		applied := s.batches.Load()
 		n, err := kvevents.Stream(ctx, s.cfg, next, func(m kvevents.Message) { s.apply(m, log) })
 		next = n
 		s.live.Store(false)
+		if s.batches.Load() != applied {
+			failing = false // it worked for a while: a new failure is news
+		}
 		if err == nil {
 			return
 		}
-		if errors.Is(err, kvevents.ErrMalformed) {
+		malformed := errors.Is(err, kvevents.ErrMalformed)
+		if malformed {
 			s.reset()
+		}
+		switch {
+		case failing: // said when the subscription started failing
+		case malformed:
 			log.Warn().Err(err).Msg("KV events: a malformed batch; the engine's index is emptied and refills from its next events")
-		} else if !failing {
+		default:
 			log.Warn().Err(err).Msg("KV events: subscription lost; routing ignores the engine's index until it is back")
 		}
 		failing = true
