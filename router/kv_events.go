@@ -44,6 +44,7 @@ type kvSub struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	refusing              bool // the last batch was refused (run's goroutine only)
 	batches, gaps, resets atomic.Uint64
 	lag                   atomic.Uint64 // seconds between the engine's last batch and its arrival, as float64 bits
 }
@@ -164,9 +165,13 @@ func (s *kvSub) apply(m kvevents.Message, log zerolog.Logger) {
 	}
 	if err := s.index.Apply(m.Batch); err != nil {
 		s.reset()
-		log.Warn().Err(err).Uint64("seq", m.Seq).Msg("KV events: a batch the index refuses; the engine's index is emptied")
+		if !s.refusing { // said once until a batch is taken again
+			log.Warn().Err(err).Uint64("seq", m.Seq).Msg("KV events: a batch the index refuses; the engine's index is emptied")
+		}
+		s.refusing = true
 		return
 	}
+	s.refusing = false
 	s.batches.Add(1)
 	if m.Batch.TS > 0 {
 		lag := float64(time.Now().UnixNano())/1e9 - m.Batch.TS
