@@ -57,6 +57,10 @@ type Event struct {
 	BlockSize   int
 	Medium      string // "GPU", "CPU", "STORAGE" or "" (unspecified)
 	GroupIdx    int    // the KV cache group; 0 unless the engine names another
+	// Extra says the blocks' hashes mix in more than their token IDs: a
+	// LoRA adapter (lora_id, lora_name) or extra keys (multimodal inputs,
+	// a cache salt). Their tokens alone do not name them.
+	Extra bool
 }
 
 // Batch is one published message: the events of one engine step.
@@ -175,9 +179,29 @@ func (d *decoder) event() (Event, error) {
 				return e, fmt.Errorf("token_ids: %w", err)
 			}
 		case "block_size":
-			if e.BlockSize, err = d.DecodeInt(); err != nil || e.BlockSize < 1 {
+			// 0 where vLLM's offloading connectors tell of copies to
+			// another medium, without token IDs.
+			if e.BlockSize, err = d.DecodeInt(); err != nil || e.BlockSize < 0 {
 				return e, fmt.Errorf("block_size %d: %v", e.BlockSize, err)
 			}
+		case "lora_id":
+			id, err := d.optInt()
+			if err != nil {
+				return e, fmt.Errorf("lora_id: %w", err)
+			}
+			e.Extra = e.Extra || id != 0
+		case "lora_name":
+			name, err := d.optString()
+			if err != nil {
+				return e, fmt.Errorf("lora_name: %w", err)
+			}
+			e.Extra = e.Extra || name != ""
+		case "extra_keys":
+			extra, err := d.extraKeys()
+			if err != nil {
+				return e, fmt.Errorf("extra_keys: %w", err)
+			}
+			e.Extra = e.Extra || extra
 		case "medium":
 			if e.Medium, err = d.optString(); err != nil {
 				return e, fmt.Errorf("medium: %w", err)
@@ -195,7 +219,7 @@ func (d *decoder) event() (Event, error) {
 	if e.Kind == 0 {
 		return e, errors.New("no type")
 	}
-	if e.Kind == BlockStored && e.BlockSize > 0 && len(e.TokenIDs) != len(e.BlockHashes)*e.BlockSize {
+	if e.Kind == BlockStored && len(e.TokenIDs) > 0 && len(e.TokenIDs) != len(e.BlockHashes)*e.BlockSize {
 		return e, fmt.Errorf("%d token IDs for %d blocks of %d", len(e.TokenIDs), len(e.BlockHashes), e.BlockSize)
 	}
 	return e, nil
@@ -273,6 +297,32 @@ func (d *decoder) tokenIDs() ([]int32, error) {
 		out[i] = int32(v)
 	}
 	return out, nil
+}
+
+// extraKeys reads a stored event's extra keys (one entry per block, nil
+// for a block without): whether any block has some.
+func (d *decoder) extraKeys() (bool, error) {
+	if c, err := d.PeekCode(); err == nil && c == msgpcode.Nil {
+		return false, d.DecodeNil()
+	}
+	n, err := d.DecodeArrayLen()
+	if err != nil || n > MaxEvents {
+		return false, fmt.Errorf("%d entries: %v", n, err)
+	}
+	extra := false
+	for range n {
+		if c, err := d.PeekCode(); err == nil && c == msgpcode.Nil {
+			if err := d.DecodeNil(); err != nil {
+				return false, err
+			}
+			continue
+		}
+		extra = true
+		if err := d.Skip(); err != nil {
+			return false, err
+		}
+	}
+	return extra, nil
 }
 
 func (d *decoder) optInt() (int, error) {

@@ -102,6 +102,44 @@ func TestDecodeRefusesMalformed(t *testing.T) {
 	if _, err := Decode(enc([]any{1.0, []any{stored(16)}})); err != nil {
 		t.Fatalf("a well-formed event: %v", err)
 	}
+	// vLLM's offloading connectors tell of copies to another medium
+	// without token IDs, with a block size of 0 (newer vLLM) or the GPU's.
+	for _, size := range []int{0, 16} {
+		copied := map[string]any{"type": "BlockStored", "block_hashes": [][]byte{make([]byte, 32)}, "token_ids": []int{},
+			"block_size": size, "medium": "CPU"}
+		if _, err := Decode(enc([]any{1.0, []any{copied}})); err != nil {
+			t.Errorf("a copy to the CPU of block size %d: %v", size, err)
+		}
+	}
+}
+
+// TestDecodeTellsBlocksKeyedByMore: blocks of a LoRA, or with extra keys
+// (multimodal inputs, a cache salt), are marked Extra: their tokens alone
+// do not name them (vllm/distributed/kv_events.py, BlockStored).
+func TestDecodeTellsBlocksKeyedByMore(t *testing.T) {
+	for name, tc := range map[string]struct {
+		members map[string]any
+		extra   bool
+	}{
+		"base model":         {map[string]any{"lora_id": nil, "lora_name": nil, "extra_keys": nil}, false},
+		"no extra per block": {map[string]any{"extra_keys": []any{nil}}, false},
+		"a LoRA by id":       {map[string]any{"lora_id": 3}, true},
+		"a LoRA by name":     {map[string]any{"lora_name": "sql-adapter"}, true},
+		"multimodal":         {map[string]any{"extra_keys": []any{[]any{"mm-hash", 0}}}, true},
+	} {
+		ev := map[string]any{"type": "BlockStored", "block_hashes": [][]byte{make([]byte, 32)}, "token_ids": make([]int, 16), "block_size": 16}
+		for k, v := range tc.members {
+			ev[k] = v
+		}
+		var buf bytes.Buffer
+		if err := msgpack.NewEncoder(&buf).Encode([]any{1.0, []any{ev}}); err != nil {
+			t.Fatal(err)
+		}
+		b, err := Decode(buf.Bytes())
+		if err != nil || b.Events[0].Extra != tc.extra {
+			t.Errorf("%s: %+v, %v; want Extra %v", name, b.Events, err, tc.extra)
+		}
+	}
 }
 
 func BenchmarkDecode(b *testing.B) {

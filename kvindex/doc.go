@@ -16,13 +16,13 @@
 // parent's key, found by the parent's engine hash. A chain whose parent the
 // index does not hold cannot be keyed and is left out (Stats.Unkeyed).
 //
-// A key sees token IDs only. What else an engine hashes into a block is
-// invisible to it: a LoRA adapter, a multimodal input's hash, a cache salt
-// (kvevents does not decode them). Blocks stored under one are keyed as if
-// they were plain prompt tokens, so a request without it may be scored as
-// matching them: the router then sends the prefill to an engine that
-// computes the prompt after all, a worse pick and nothing else. Requests with
-// them should be routed without the index.
+// A key sees token IDs only. Blocks an engine hashes with more than their
+// tokens (a LoRA adapter, a multimodal input's hash, a cache salt: the
+// events' lora_id, lora_name and extra_keys, kvevents.Event.Extra) match no
+// request's keys, so they are left out, and so are the blocks chained from
+// them (Stats.Unkeyed). A request made with a LoRA or extra keys is still
+// scored by its tokens alone, against the base model's blocks: at worst a
+// worse pick.
 //
 // # One index per engine
 //

@@ -270,6 +270,12 @@ func (e *Engine) store(ev *kvevents.Event) {
 	}
 	e.blockSize = ev.BlockSize
 	e.size.Store(int64(ev.BlockSize))
+	if ev.Extra {
+		// Keyed by more than their tokens (a LoRA, extra keys): no
+		// request's token keys name them, nor their children.
+		e.unkeyed.Add(uint64(len(ev.BlockHashes)))
+		return
+	}
 	parent := seed
 	if ev.ParentHash != "" {
 		p, ok := e.blocks[blockID(ev.ParentHash)]

@@ -147,6 +147,20 @@ func TestUnknownParentIsNotKeyed(t *testing.T) {
 	}
 }
 
+// TestBlocksKeyedByMoreAreNotIndexed: a LoRA's blocks (or blocks with
+// extra keys) share their tokens with the base model's, but not their
+// cache: they, and the blocks chained from them, match no request.
+func TestBlocksKeyedByMoreAreNotIndexed(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 0)
+	lora := stored("", f.prompt[:2*bs], h(1), h(2))
+	lora.Extra = true
+	f.apply(t, lora, stored(h(2), f.prompt[2*bs:4*bs], h(3), h(4)))
+	if n := f.e.Match(f.keys); n != 0 || f.e.Len() != 0 || f.e.Stats().Unkeyed != 4 {
+		t.Fatalf("Match = %d, Len = %d, Unkeyed = %d; want 0, 0, 4", n, f.e.Len(), f.e.Stats().Unkeyed)
+	}
+}
+
 func TestRemovedAndCleared(t *testing.T) {
 	t.Parallel()
 	f := setup(t, 0)

@@ -233,8 +233,9 @@ func TestVLLM(t *testing.T) {
 		dbURL, _ = registrytest.NewSchema(t)
 	}
 	sv := s.startSupervisor(t)
-	cp := s.startControlPlane(t, dbURL, "--route-receipt")
-	s.startAgent(t, cp, s.prefill)
+	cp := s.startControlPlane(t, dbURL, "--route-receipt", "--prefill-policy", "precise")
+	s.startAgent(t, cp, s.prefill, "--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", s.prefill.eventsPort),
+		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", s.prefill.replayPort), "--kv-events-topic", kvEventsTopic)
 	s.startAgent(t, cp, s.decode, "--heal", s.healCommand(sv, "decode"))
 	waitFor(t, "a routable pair", 60*time.Second, cp.routable)
 
@@ -245,6 +246,7 @@ func TestVLLM(t *testing.T) {
 		{"routes", s.testRoutes},
 		{"kv-moves", s.testKVMoves},
 		{"kv-events", s.testKVEvents},
+		{"precise-routing", s.testPreciseRouting},
 		{"load-under-concurrency", s.testLoad},
 		{"killed-decode", s.testKilledDecode},
 		{"killed-prefill", s.testKilledPrefill},
@@ -550,6 +552,70 @@ func (s *suite) testKVEvents(t *testing.T, cp *controlPlane, _ *supervisor) {
 	<-rctx.Done()
 	if replayed.Load() == 0 {
 		t.Error("a subscriber from sequence 0 was not replayed the prompt's first block")
+	}
+}
+
+// testPreciseRouting: the control plane routes prefills by the prompt
+// blocks each holds (--prefill-policy precise), as the prefill's own KV
+// events tell every router replica. A prompt that shares its first blocks
+// with one routed before is routed with those blocks held (the route
+// receipt's held_tokens, from the router's index and its tokenization by
+// the engine's /tokenize), and vLLM's own prefix cache agrees: its hits
+// rise by exactly as many tokens.
+func (s *suite) testPreciseRouting(t *testing.T, cp *controlPlane, _ *supervisor) {
+	shared := strings.Repeat("every prefill keeps the blocks it has computed ", 12) // some 330 tokens: two full blocks, under the 512 of the model
+	first, second := shared+"and the first question is which", shared+"but the second asks another thing"
+	tokens := func(prompt string) []int32 {
+		var tok struct {
+			Tokens []int32 `json:"tokens"`
+		}
+		tr := post(t, s.prefill.URL()+"/tokenize", map[string]any{"model": servedModel, "prompt": prompt}, 30*time.Second)
+		if err := json.Unmarshal(tr.Body, &tok); err != nil {
+			t.Fatalf("tokenize: %v (%s)", err, tr.Body)
+		}
+		return tok.Tokens
+	}
+	a, b := tokens(first), tokens(second)
+	common := 0
+	for common < min(len(a), len(b)) && a[common] == b[common] {
+		common++
+	}
+	wantHeld := common / blockSize * blockSize
+	if wantHeld < 2*blockSize {
+		t.Fatalf("the prompts share %d tokens: fewer than two blocks", common)
+	}
+	heldOf := func(ans answer) (held, of int) {
+		m := regexp.MustCompile(` held_tokens=(\d+)/(\d+)`).FindStringSubmatch(ans.Header.Get(router.RouteReceiptHeader))
+		if m == nil {
+			t.Fatalf("route receipt %q says nothing of the held tokens", ans.Header.Get(router.RouteReceiptHeader))
+		}
+		held, _ = strconv.Atoi(m[1])
+		of, _ = strconv.Atoi(m[2])
+		return held, of
+	}
+	ans := post(t, cp.URL+"/v1/completions", completionBody(first, 4, false), 60*time.Second)
+	wantOK(t, "first completion", ans, "application/json")
+	if _, of := heldOf(ans); of != len(a) {
+		t.Errorf("the router tokenized the first prompt as %d tokens, the engine as %d", of, len(a))
+	}
+	// The router's index learns the first prompt's blocks from the events.
+	waitFor(t, "the router's index to hold the first prompt's blocks", 30*time.Second, func() bool {
+		return sumSeries(metrics(t, cp.URL), "pdplane_router_kv_index_blocks") >= float64(len(a)/blockSize)
+	})
+	before := metrics(t, s.prefill.URL())
+	ans = post(t, cp.URL+"/v1/completions", completionBody(second, 4, false), 60*time.Second)
+	wantOK(t, "second completion", ans, "application/json")
+	held, of := heldOf(ans)
+	after := metrics(t, s.prefill.URL())
+	hits := sumSeries(after, "vllm:prefix_cache_hits_total") - sumSeries(before, "vllm:prefix_cache_hits_total")
+	queries := sumSeries(after, "vllm:prefix_cache_queries_total") - sumSeries(before, "vllm:prefix_cache_queries_total")
+	t.Logf("second prompt: the router expected %d of %d tokens held (%d shared); the prefill's prefix cache hit %v of %v queried",
+		held, of, common, hits, queries)
+	if held != wantHeld || of != len(b) {
+		t.Errorf("route receipt: %d of %d tokens held, want %d of %d", held, of, wantHeld, len(b))
+	}
+	if hits != float64(held) || queries != float64(len(b)) {
+		t.Errorf("vLLM's prefix cache hit %v of %v queried tokens; the router's index said %d of %d", hits, queries, held, of)
 	}
 }
 

@@ -44,6 +44,7 @@ type kvSub struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	refusing              bool // the last batch was refused (run's goroutine only)
 	batches, gaps, resets atomic.Uint64
 	lag                   atomic.Uint64 // seconds between the engine's last batch and its arrival, as float64 bits
 }
@@ -126,16 +127,25 @@ func (s *kvSub) run(ctx context.Context, log zerolog.Logger) {
 	failing := false
 	for ctx.Err() == nil {
 		s.live.Store(true)
+		applied := s.batches.Load()
 		n, err := kvevents.Stream(ctx, s.cfg, next, func(m kvevents.Message) { s.apply(m, log) })
 		next = n
 		s.live.Store(false)
+		if s.batches.Load() != applied {
+			failing = false // it worked for a while: a new failure is news
+		}
 		if err == nil {
 			return
 		}
-		if errors.Is(err, kvevents.ErrMalformed) {
+		malformed := errors.Is(err, kvevents.ErrMalformed)
+		if malformed {
 			s.reset()
+		}
+		switch {
+		case failing: // said when the subscription started failing
+		case malformed:
 			log.Warn().Err(err).Msg("KV events: a malformed batch; the engine's index is emptied and refills from its next events")
-		} else if !failing {
+		default:
 			log.Warn().Err(err).Msg("KV events: subscription lost; routing ignores the engine's index until it is back")
 		}
 		failing = true
@@ -155,9 +165,13 @@ func (s *kvSub) apply(m kvevents.Message, log zerolog.Logger) {
 	}
 	if err := s.index.Apply(m.Batch); err != nil {
 		s.reset()
-		log.Warn().Err(err).Uint64("seq", m.Seq).Msg("KV events: a batch the index refuses; the engine's index is emptied")
+		if !s.refusing { // said once until a batch is taken again
+			log.Warn().Err(err).Uint64("seq", m.Seq).Msg("KV events: a batch the index refuses; the engine's index is emptied")
+		}
+		s.refusing = true
 		return
 	}
+	s.refusing = false
 	s.batches.Add(1)
 	if m.Batch.TS > 0 {
 		lag := float64(time.Now().UnixNano())/1e9 - m.Batch.TS

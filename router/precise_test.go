@@ -1,12 +1,17 @@
 package router_test
 
 import (
+	"context"
+	"encoding/binary"
 	"fmt"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
 
 	"github.com/pdplane/pdplane/registry"
 	"github.com/pdplane/pdplane/router"
@@ -80,5 +85,68 @@ func TestPreciseRoutesToTheHolder(t *testing.T) {
 	}
 	if predicted := routertest.Value(t, b.prom, "pdplane_router_precise_cached_tokens_total", nil); predicted != hit || hit == 0 {
 		t.Errorf("the router predicted %v cached prompt tokens, the prefills' caches served %v", predicted, hit)
+	}
+}
+
+// TestHostileKVEventsStayWithTheirEngine: a prefill whose KV events
+// endpoint sends garbage, over and over, gets its index emptied each time
+// (kv_index_resets_total) and counts as holding nothing; the other
+// prefill's index, and every request, are untouched by it.
+func TestHostileKVEventsStayWithTheirEngine(t *testing.T) {
+	t.Parallel()
+	c := simtest.Config("good", registry.RolePrefill, registry.EngineSGLang)
+	c.KVEventsAddr = "127.0.0.1:0"
+	good := simtest.Start(t, c)
+	bad := simtest.Start(t, simtest.Config("bad", registry.RolePrefill, registry.EngineSGLang))
+	d := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	pub := zmq4.NewPub(ctx)
+	t.Cleanup(func() { cancel(); pub.Close() })
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // a flood of batches that are not msgpack, in sequence
+		for seq := uint64(0); ctx.Err() == nil; seq++ {
+			_ = pub.Send(zmq4.NewMsgFrom([]byte("kv"), binary.BigEndian.AppendUint64(nil, seq), []byte("<html>not a batch</html>")))
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	var peers []registry.Peer
+	for _, s := range []*sim.Sim{good, bad, d} {
+		spec, err := s.Spec(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s == bad {
+			spec.KVEvents = registry.KVEvents{Endpoint: "tcp://" + pub.Addr().String(), Topic: "kv"}
+		}
+		peers = append(peers, registry.Peer{PeerSpec: spec})
+	}
+	b := setup(t, router.Config{PrefillPolicy: router.PolicyPrecise, RouteReceipt: true}, peers...)
+	simtest.WaitFor(t, "the bad prefill's index emptied by its garbage", func() bool {
+		return routertest.Value(t, b.prom, "pdplane_router_kv_index_resets_total", map[string]string{"peer": "bad"}) >= 2
+	})
+	prompt := strings.Repeat("a conversation the good prefill holds ", 8)
+	// The good prefill computes the prompt (sent to the pair directly), and
+	// its events reach the router's index.
+	warm := map[string]any{"model": "sim-model", "max_tokens": 2, "prompt": prompt}
+	if _, _, err := simtest.NewClient().SGLang(context.Background(), good, d, "/v1/completions", warm, simtest.Room()); err != nil {
+		t.Fatal(err)
+	}
+	simtest.WaitFor(t, "the good prefill's blocks indexed", func() bool {
+		return routertest.Value(t, b.prom, "pdplane_router_kv_index_blocks", map[string]string{"peer": "good"}) > 0
+	})
+	for i := range 6 {
+		resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","max_tokens":2,"prompt":`+strconv.Quote(prompt+strconv.Itoa(i))+`}`)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+		if r := resp.Header.Get(router.RouteReceiptHeader); !strings.HasPrefix(r, "prefill=good@") {
+			t.Errorf("request %d went to %q: the good prefill holds its prefix", i, r)
+		}
+	}
+	if n := routertest.Value(t, b.prom, "pdplane_router_kv_index_resets_total", map[string]string{"peer": "good"}); n != 0 {
+		t.Errorf("the good prefill's index was emptied %v times", n)
 	}
 }
