@@ -35,6 +35,9 @@ type SimSpec struct {
 	// --prefill-time-per-token` and `--prefill-slots`.
 	PrefillTimePerToken time.Duration
 	PrefillSlots        int
+	// PrefixCachePages holds a prefill's prefix cache below its pool
+	// (`pdplane sim --prefix-cache-pages`); 0: the whole pool.
+	PrefixCachePages int
 	// PageSize is the tokens of a KV page, the prefix cache's block (0:
 	// the simulator's default).
 	PageSize int
@@ -106,6 +109,9 @@ func StartSim(ctx context.Context, bin string, spec SimSpec) (*Sim, error) {
 	}
 	if spec.PrefillSlots > 0 {
 		args = append(args, "--prefill-slots", strconv.Itoa(spec.PrefillSlots))
+	}
+	if spec.PrefixCachePages > 0 {
+		args = append(args, "--prefix-cache-pages", strconv.Itoa(spec.PrefixCachePages))
 	}
 	for _, f := range []struct{ flag, v string }{
 		{"--kv-events-addr", spec.KVEventsAddr}, {"--kv-events-replay-addr", spec.KVEventsReplayAddr}, {"--kv-events-topic", spec.KVEventsTopic},

@@ -18,6 +18,10 @@ const (
 	// RouterPdplaneRing is `pdplane serve --prefill-policy cache_aware`: a
 	// consistent-hash ring over the prompt's first bytes.
 	RouterPdplaneRing = "pdplane-ring"
+	// RouterPdplaneP2C is `pdplane serve --prefill-policy power_of_two`:
+	// the less loaded of two prefills drawn at random, blind to caches;
+	// the reference on traffic that shares no prefix.
+	RouterPdplaneP2C = "pdplane-power-of-two"
 	// RouterOracle is the harness's own router that asks every prefill
 	// for its cache and queue before each pick (oracle): the best a
 	// router could do on the fleet, not a router to run.
@@ -60,6 +64,10 @@ type RoutingConfig struct {
 	// in pages; default 1024 (16,384 tokens), below the prefix-heavy
 	// workload's working set.
 	KVPages int
+	// CachePages, when set, holds each prefill's prefix cache to fewer
+	// pages than its pool (`pdplane sim --prefix-cache-pages`): a cache
+	// under pressure, while the pool still fits the requests in flight.
+	CachePages int
 	// MaxTokens is each answer's length; default 8.
 	MaxTokens int
 	// Workload shapes the generated workloads beyond kind, seed and
@@ -84,6 +92,7 @@ func (c RoutingConfig) WithDefaults() RoutingConfig {
 	c.PrefillSlots = cmp.Or(c.PrefillSlots, 1)
 	c.PageSize = cmp.Or(c.PageSize, 16)
 	c.KVPages = cmp.Or(c.KVPages, 1024)
+	c.CachePages = cmp.Or(c.CachePages, c.KVPages)
 	c.MaxTokens = cmp.Or(c.MaxTokens, 8)
 	c.Workload = c.Workload.WithDefaults()
 	if c.Progress == nil {
@@ -110,6 +119,8 @@ func (c RoutingConfig) validate() error {
 		return fmt.Errorf("routing config: prefill_slots: at least 1, got %d", c.PrefillSlots)
 	case c.PageSize < 1 || c.KVPages < 1:
 		return fmt.Errorf("routing config: page_size and kv_pages: at least 1 each, got %d and %d", c.PageSize, c.KVPages)
+	case c.CachePages < 1 || c.CachePages > c.KVPages:
+		return fmt.Errorf("routing config: cache_pages: 1 to kv_pages (%d), got %d", c.KVPages, c.CachePages)
 	case c.MaxTokens < 1:
 		return fmt.Errorf("routing config: max_tokens: at least 1, got %d", c.MaxTokens)
 	case len(c.Routers) == 0:
@@ -122,14 +133,14 @@ func (c RoutingConfig) validate() error {
 	}
 	for _, r := range c.Routers {
 		switch r.Name {
-		case RouterPdplane, RouterPdplaneRing, RouterOracle:
+		case RouterPdplane, RouterPdplaneRing, RouterPdplaneP2C, RouterOracle:
 		case PeerSMG, PeerVLLMRouter:
 			if r.Bin == "" {
 				return fmt.Errorf("routing config: routers: %s needs its executable", r.Name)
 			}
 		default:
-			return fmt.Errorf("routing config: routers: %s, %s, %s, %s or %s, got %q",
-				RouterPdplane, RouterPdplaneRing, RouterOracle, PeerSMG, PeerVLLMRouter, r.Name)
+			return fmt.Errorf("routing config: routers: %s, %s, %s, %s, %s or %s, got %q",
+				RouterPdplane, RouterPdplaneRing, RouterPdplaneP2C, RouterOracle, PeerSMG, PeerVLLMRouter, r.Name)
 		}
 	}
 	shape := c.Workload // its kind and length are the config's
@@ -341,7 +352,7 @@ func routerEngine(name string) string {
 // routerPolicy says how each router is told to pick.
 func routerPolicy(name string) string {
 	switch name {
-	case RouterPdplane, RouterPdplaneRing:
+	case RouterPdplane, RouterPdplaneRing, RouterPdplaneP2C:
 		return "--prefill-policy " + pdplanePolicy(name)
 	case PeerSMG, PeerVLLMRouter:
 		return "--policy cache_aware"
@@ -353,8 +364,11 @@ func routerPolicy(name string) string {
 
 // pdplanePolicy is the serve's --prefill-policy of a pdplane router.
 func pdplanePolicy(name string) string {
-	if name == RouterPdplane {
+	switch name {
+	case RouterPdplane:
 		return "precise"
+	case RouterPdplaneP2C:
+		return "power_of_two"
 	}
 	return "cache_aware"
 }

@@ -41,7 +41,7 @@ func startRoutingFleet(ctx context.Context, cfg RoutingConfig, p Peer) (_ *routi
 	}()
 	engine := routerEngine(p.Name)
 	var controlPlane, secret string
-	pdplane := p.Name == RouterPdplane || p.Name == RouterPdplaneRing
+	pdplane := p.Name == RouterPdplane || p.Name == RouterPdplaneRing || p.Name == RouterPdplaneP2C
 	if pdplane {
 		port, err := FreePort()
 		if err != nil {
@@ -74,6 +74,9 @@ func startRoutingFleet(ctx context.Context, cfg RoutingConfig, p Peer) (_ *routi
 				PageSize: cfg.PageSize, KVPages: decodeKVPages}
 			if role == "prefill" {
 				spec.KVPages, spec.PrefillTimePerToken, spec.PrefillSlots = cfg.KVPages, cfg.PrefillTimePerToken, cfg.PrefillSlots
+				if cfg.CachePages < cfg.KVPages {
+					spec.PrefixCachePages = cfg.CachePages
+				}
 				if p.Name == RouterPdplane {
 					if spec.KVEventsAddr, err = freeAddr(); err != nil {
 						return nil, err
@@ -111,7 +114,7 @@ func startRoutingFleet(ctx context.Context, cfg RoutingConfig, p Peer) (_ *routi
 // startRouter starts router p in front of the fleet and sets f.url.
 func (f *routingFleet) startRouter(ctx context.Context, cfg RoutingConfig, p Peer) error {
 	switch p.Name {
-	case RouterPdplane, RouterPdplaneRing:
+	case RouterPdplane, RouterPdplaneRing, RouterPdplaneP2C:
 		return waitPairs(ctx, f.procs[0], f.url, len(f.prefills)*len(f.decodes))
 	case RouterOracle:
 		o, url, err := startOracle(f.prefills, f.decodes)

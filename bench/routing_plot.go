@@ -42,7 +42,7 @@ func (r *RoutingReport) WriteSVG(w io.Writer) error {
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", plotWidth, height)
 	c := r.Config
 	svgText(&b, plotWidth/2, 28, "middle", 15, fmt.Sprintf("pdplane bench routing: %d prefills + %d decodes a router, %v a prefill token, cache of %s tokens a prefill, load %.2f",
-		c.Prefills, c.Decodes, c.PrefillTimePerToken, thousands(float64(c.KVPages*c.PageSize)), c.Load))
+		c.Prefills, c.Decodes, c.PrefillTimePerToken, thousands(float64(c.CachePages*c.PageSize)), c.Load))
 	for i, run := range r.Runs {
 		plotRun(&b, run, plotTitleH+i*plotRowH)
 	}

@@ -26,14 +26,14 @@ func (r *RoutingReport) Print(w io.Writer) {
 			fmt.Fprint(w, "; every prompt fresh random text, of the prefix-heavy workload's lengths")
 		}
 		fmt.Fprintf(w, "; streamed /v1/completions of %d tokens.\n\n", c.MaxTokens)
-		capTokens := c.KVPages * c.PageSize
+		capTokens := c.CachePages * c.PageSize
 		fmt.Fprintf(w, "Each router on a fleet of its own, started cold: %s and %s (pdplane sim --cheap-transfer, --prefill-time-per-token %v on uncached tokens only, --prefill-slots %d), SGLang sims",
 			plural(c.Prefills, "prefill"), plural(c.Decodes, "decode"), c.PrefillTimePerToken, c.PrefillSlots)
 		if slices.ContainsFunc(run.Results, func(r RouterResult) bool { return r.Engine == "vllm" }) {
 			fmt.Fprint(w, ", but vllm-router's are vLLM sims (vLLM's PD protocol runs the prefill before the decode, so its TTFT is not comparable to the others')")
 		}
 		fmt.Fprintf(w, ". Prefix cache: %s pages of %d tokens = %s tokens a prefill, %s in the fleet; the workload's distinct prompt tokens: %s",
-			thousands(float64(c.KVPages)), c.PageSize, thousands(float64(capTokens)), thousands(float64(capTokens*c.Prefills)), thousands(float64(total)))
+			thousands(float64(c.CachePages)), c.PageSize, thousands(float64(capTokens)), thousands(float64(capTokens*c.Prefills)), thousands(float64(total)))
 		if systems > 0 {
 			fmt.Fprintf(w, " (%s of them system prompts)", thousands(float64(systems)))
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -171,7 +172,11 @@ type dispatch struct {
 	rid    string
 	key    uint64
 	prompt *promptBlocks // the precise policy's view of the prompt; nil under another
-	ex     exclusions
+	// queuedOn is the prefill whose queued tokens count this attempt's
+	// (queuedWork), until its prefill leg ends (prefillEnded).
+	queuedOn   atomic.Pointer[peerState]
+	queuedWork int64
+	ex         exclusions
 
 	start      time.Time
 	dispatched time.Time
@@ -487,10 +492,23 @@ func (d *dispatch) attempt(pr *pair) *failure {
 	pr.d.state.inflight.Add(1)
 	defer pr.p.state.inflight.Add(-1)
 	defer pr.d.state.inflight.Add(-1)
+	if q := d.prompt; q != nil && q.scored {
+		d.queuedWork = int64(len(q.tokens) - q.cached)
+		pr.p.state.queued.Add(d.queuedWork)
+		d.queuedOn.Store(pr.p.state)
+		defer d.prefillEnded()
+	}
 	if proto == registry.EngineVLLM {
 		return d.runVLLM(pr)
 	}
 	return d.runSGLang(pr)
+}
+
+// prefillEnded takes the attempt's tokens off its prefill's queue, once.
+func (d *dispatch) prefillEnded() {
+	if st := d.queuedOn.Swap(nil); st != nil {
+		st.queued.Add(-d.queuedWork)
+	}
 }
 
 // settle feeds an attempt's outcome to the breakers it touched.

@@ -325,6 +325,7 @@ func (d *dispatch) vllmPrefill(pr *pair) (kv []byte, f *failure) {
 	ctx, ls := d.startLeg(d.ctx, legPrefill, pr.p, &pr.p.ep.targets[d.route])
 	var ans []byte
 	defer func() {
+		d.prefillEnded()
 		rt.m.prefillSeries("vllm", result).Observe(rt.cfg.Now().Sub(start).Seconds())
 		ls.end(f, attrAnswerKept.Int(len(ans)))
 	}()
@@ -528,6 +529,7 @@ func (d *dispatch) sglangPrefill(a *attemptCtx, pr *pair, body []byte) prefillRe
 	defer a.prefillDone() // also when the leg panics (prefillGuarded)
 	res := d.prefillLegResult(ctx, pr, body, ls)
 	a.prefillDone()
+	d.prefillEnded()
 	result := "ok"
 	if res.fail != nil {
 		if errors.Is(a.Cause(), errDecodeLegFailed) || res.fail.kind == failClientGone {

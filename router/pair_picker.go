@@ -46,9 +46,13 @@ type peerState struct {
 
 	// kv is the peer's KV events subscription and index (kv_events.go),
 	// nil unless it is a prefill that publishes them and the prefill
-	// policy is precise. It also fills the state to 128 bytes: a state
-	// fills whole cache lines (TestPickLayout).
+	// policy is precise.
 	kv atomic.Pointer[kvSub]
+	// queued is the prompt tokens this router expects the peer to compute
+	// for the prefills it sent and that have not answered yet (precise).
+	queued atomic.Int64
+
+	_ [56]byte // to 192 bytes: a state fills whole cache lines (TestPickLayout)
 }
 
 // endpoint is what the router derives from a peer's spec, once per spec.

@@ -79,8 +79,9 @@ func (w *queuedWork) add(tokens float64) {
 
 // precise picks the eligible prefill where the prompt would be computed
 // soonest: the fewest prompt tokens it does not hold plus the work queued
-// ahead of it (its requests by the load, times the tokens a request costs
-// on average). Ties go to the first from a random start. It looks at every
+// ahead of it (the uncached tokens of this router's prefills in flight
+// there, and the other requests its load reports, at the tokens a request
+// costs on average). Ties go to the first from a random start. It looks at every
 // candidate: O(candidates + blocks matched), no I/O. With no prompt, or no
 // candidate whose index is live, it is cache_aware.
 func (rt *Router) precise(cs candidates, ring *hashRing, key uint64, pc *pickCtx) int {
@@ -107,8 +108,12 @@ func (rt *Router) precise(cs candidates, ring *hashRing, key uint64, pc *pickCtx
 				cached = s.index.Match(q.keysFor(bs)) * bs
 			}
 		}
+		// The work ahead of the prompt: the tokens of this router's own
+		// prefills there, and the requests others sent as the engine
+		// reported them, at the tokens a request costs on average.
 		reqs, _ := pc.load(cs, i)
-		cost := float64(len(q.tokens)-cached) + float64(reqs)*work
+		others := max(reqs-c.state.inflight.Load(), 0)
+		cost := float64(len(q.tokens)-cached) + float64(c.state.queued.Load()) + float64(others)*work
 		if best < 0 || cost < bestCost {
 			best, bestCost, bestCached = i, cost, cached
 		}

@@ -73,6 +73,11 @@ type Config struct {
 	// Pages is the number of pages in the KV pool, and the number of
 	// blocks a prefill's prefix cache holds; default 512.
 	Pages int
+	// PrefixCachePages, when set, holds the prefix cache to fewer blocks
+	// than the pool's pages: a cache under pressure (a working set far
+	// above it) while the pool still fits the requests in flight, where an
+	// engine would make them wait for pages and the simulator fails them.
+	PrefixCachePages int
 	// CheapTransfer keeps the PD protocol (bootstrap, rooms, the transfer
 	// with its notification, the per-token times) but computes no KV,
 	// verifies none and moves one page per request instead of the
@@ -247,6 +252,8 @@ func (c Config) validate() error {
 		return bad("dtype", "must be bfloat16, float16, float32 or fp8_e4m3, got %q", c.DType)
 	case c.Pages < 1:
 		return bad("pages", "must be at least 1, got %d", c.Pages)
+	case c.PrefixCachePages < 0 || c.PrefixCachePages > c.Pages:
+		return bad("prefix_cache_pages", "must be 0 (all the pool's pages) to pages (%d), got %d", c.Pages, c.PrefixCachePages)
 	case c.PrefillTimePerToken < 0:
 		return bad("prefill_time_per_token", "must not be negative")
 	case c.PrefillSlots < 0:

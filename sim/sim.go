@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -124,7 +125,7 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 	}
 	s.computeQ.slots = cfg.PrefillSlots
 	if cfg.Role == registry.RolePrefill {
-		s.cache = newPrefixCache(cfg.PageSize, cfg.Pages)
+		s.cache = newPrefixCache(cfg.PageSize, cmp.Or(cfg.PrefixCachePages, cfg.Pages))
 	}
 	if cfg.KVEventsAddr != "" {
 		s.events = newKVEvents(cfg, s.log)

@@ -157,6 +157,8 @@ func TestConfigValidate(t *testing.T) {
 		{"overflowing geometry", func(c *sim.Config) { c.PageSize, c.NumKVHeads, c.HeadDim = 1<<21, 1<<21, 1<<21 }, "pages"},
 		{"head dim", func(c *sim.Config) { c.HeadDim = -1 }, "head_dim"},
 		{"prefill slots", func(c *sim.Config) { c.PrefillSlots = -1 }, "prefill_slots"},
+		{"prefix cache above the pool", func(c *sim.Config) { c.Pages, c.PrefixCachePages = 8, 9 }, "prefix_cache_pages"},
+		{"negative prefix cache", func(c *sim.Config) { c.PrefixCachePages = -1 }, "prefix_cache_pages"},
 		{"KV events address", func(c *sim.Config) { c.KVEventsAddr = "nowhere" }, "kv_events_addr"},
 		{"KV events on a decode", func(c *sim.Config) { c.Role, c.KVEventsAddr = registry.RoleDecode, "127.0.0.1:0" }, "kv_events_addr"},
 		{"a replay without events", func(c *sim.Config) { c.KVEventsReplayAddr = "127.0.0.1:0" }, "kv_events_replay_addr"},

@@ -182,8 +182,10 @@ its cache and queue before each pick. Progress goes to stderr; a run takes minut
 	fs.Int(&cfg.PrefillSlots, "prefill-slots", 1, "prefills each prefill sim computes at once")
 	fs.Int(&cfg.PageSize, "page-size", 16, "tokens per KV page, the prefix cache's block")
 	fs.Int(&cfg.KVPages, "kv-pages", 1024, "each prefill's KV pages, so its prefix cache's capacity (the default is below the prefix-heavy working set)")
+	fs.Int(&cfg.CachePages, "cache-pages", 0, "each prefill's prefix cache in pages, if fewer than --kv-pages: a cache under pressure "+
+		"while the pool still fits the requests in flight (0: the whole pool)")
 	fs.Int(&cfg.MaxTokens, "max-tokens", 8, "tokens generated per request")
-	fs.Str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter+","+bench.RouterOracle, "comma-separated routers to run beside pdplane and pdplane-ring: smg, vllm-router, oracle; empty runs those two alone")
+	fs.Str(&peers, "peers", bench.PeerSMG+","+bench.PeerVLLMRouter+","+bench.RouterOracle, "comma-separated routers to run beside pdplane and pdplane-ring: smg, vllm-router, oracle, pdplane-power-of-two; empty runs those two alone")
 	fs.Choice(&output, "output", "table", []string{"table", "json"}, `table (Markdown), or json: {"routers": {"<router>": {"hit_rate", "prefill_tokens_per_request", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "rps", "failed"}}}, under {"workloads": {"<workload>": ...}} with --workload both`)
 	fs.Shorthand("o", "output")
 	fs.Str(&plot, "plot", "", "also write an SVG page of each router's TTFT distribution and hit rate to this file")
@@ -218,13 +220,13 @@ its cache and queue before each pick. Progress goes to stderr; a run takes minut
 	cfg.Routers = []bench.Peer{{Name: bench.RouterPdplane}, {Name: bench.RouterPdplaneRing}}
 	bins := map[string]string{bench.PeerSMG: smgBin, bench.PeerVLLMRouter: vllmRouterBin}
 	for _, name := range splitList(peers) {
-		if name == bench.RouterOracle {
+		if name == bench.RouterOracle || name == bench.RouterPdplaneP2C {
 			cfg.Routers = append(cfg.Routers, bench.Peer{Name: name})
 			continue
 		}
 		bin, ok := bins[name]
 		if !ok {
-			return cli.Usagef("invalid value %q for --peers: want smg, vllm-router and/or oracle", peers)
+			return cli.Usagef("invalid value %q for --peers: want smg, vllm-router, oracle and/or pdplane-power-of-two", peers)
 		}
 		if bin = bench.FindRouter(bin, name); bin == "" {
 			if require {

@@ -28,6 +28,8 @@ func simFlags(fs *cli.FlagSet, c *sim.Config, role, engine *string) {
 	fs.Dur(&c.DecodeTimePerToken, "decode-time-per-token", 0, "simulated decode time per generated token (an SGLang decode sends its first, the prefill's, at once)")
 	fs.Int(&c.Pages, "kv-pages", sim.DefaultPages, "pages in the KV pool (page_size tokens each); a request holds its prompt's pages "+
 		"until its answer ends, so held streams need as many")
+	fs.Int(&c.PrefixCachePages, "prefix-cache-pages", 0, "a prefill's prefix cache in pages, if fewer than --kv-pages: "+
+		"a cache under pressure while the pool still fits the requests in flight (0: the whole pool)")
 	fs.Int(&c.PageSize, "page-size", sim.DefaultPageSize, "tokens per KV page")
 	fs.Int(&c.NumLayers, "num-layers", sim.DefaultNumLayers, "model layers: the KV pool has a K and a V region per layer")
 	fs.Int(&c.NumKVHeads, "num-kv-heads", sim.DefaultNumKVHeads, "KV heads")
