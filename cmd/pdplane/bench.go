@@ -130,11 +130,9 @@ Prints Markdown tables per peer.`
 			cfg.Peers = append(cfg.Peers, bench.Peer{Name: name, Bin: bin})
 			continue
 		}
-		if bin = bench.FindRouter(bin, name); bin == "" {
-			if require {
-				return fmt.Errorf("%s: executable not found (set --%s, or run with --install)", name, name)
-			}
-			fmt.Fprintf(os.Stderr, "pdplane bench: skipping %s: executable not found (set --%s, or run with --install)\n", name, name)
+		if bin, err = peerBin(bin, name, require); err != nil {
+			return err
+		} else if bin == "" {
 			continue
 		}
 		cfg.Peers = append(cfg.Peers, bench.Peer{Name: name, Bin: bin})
@@ -228,11 +226,9 @@ its cache and queue before each pick. Progress goes to stderr; a run takes minut
 		if !ok {
 			return cli.Usagef("invalid value %q for --peers: want smg, vllm-router, oracle and/or pdplane-power-of-two", peers)
 		}
-		if bin = bench.FindRouter(bin, name); bin == "" {
-			if require {
-				return fmt.Errorf("%s: executable not found (set --%s, or run with --install)", name, name)
-			}
-			fmt.Fprintf(os.Stderr, "pdplane bench: skipping %s: executable not found (set --%s, or run with --install)\n", name, name)
+		if bin, err = peerBin(bin, name, require); err != nil {
+			return err
+		} else if bin == "" {
 			continue
 		}
 		cfg.Routers = append(cfg.Routers, bench.Peer{Name: name, Bin: bin})
@@ -322,4 +318,16 @@ kernel cost for the same traffic. Trusts its engines; never expose it.`
 		return err
 	}
 	return nil
+}
+
+// peerBin finds a peer router's executable; "" when it is not found and
+// not required (the run goes on without it, and says so).
+func peerBin(bin, name string, require bool) (string, error) {
+	if bin = bench.FindRouter(bin, name); bin == "" {
+		if require {
+			return "", fmt.Errorf("%s: executable not found (set --%s, or run with --install)", name, name)
+		}
+		fmt.Fprintf(os.Stderr, "pdplane bench: skipping %s: executable not found (set --%s, or run with --install)\n", name, name)
+	}
+	return bin, nil
 }
