@@ -150,3 +150,51 @@ func TestHostileKVEventsStayWithTheirEngine(t *testing.T) {
 		t.Errorf("the good prefill's index was emptied %v times", n)
 	}
 }
+
+// TestPreciseSpreadsAHotPrefix: a prefix held by one prefill goes there
+// while its queue is short, but once the work queued there costs more than
+// computing the whole prompt elsewhere, requests sharing it go to the
+// other prefill, which then holds it too.
+func TestPreciseSpreadsAHotPrefix(t *testing.T) {
+	t.Parallel()
+	prefills := make([]*sim.Sim, 2)
+	for i := range prefills {
+		c := simtest.Config(fmt.Sprintf("p%d", i), registry.RolePrefill, registry.EngineSGLang)
+		c.KVEventsAddr = "127.0.0.1:0"
+		c.PrefillTimePerToken, c.PrefillSlots, c.Pages = 200*time.Microsecond, 1, 4096
+		prefills[i] = simtest.Start(t, c)
+	}
+	dc := simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang)
+	dc.Pages = 4096 // every prompt's pages at once
+	d := simtest.Start(t, dc)
+	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyPrecise, RouteReceipt: true}, prefills[0], prefills[1], d)
+	hot := strings.Repeat("the hot system prompt everyone shares ", 20)
+	warm := map[string]any{"model": "sim-model", "max_tokens": 2, "prompt": hot}
+	if _, _, err := simtest.NewClient().SGLang(context.Background(), prefills[0], d, "/v1/completions", warm, simtest.Room()); err != nil {
+		t.Fatal(err)
+	}
+	simtest.WaitFor(t, "p0's blocks indexed", func() bool {
+		return routertest.Value(t, b.prom, "pdplane_router_kv_index_blocks", map[string]string{"peer": "p0"}) > 0
+	})
+	const n = 12
+	got := make(chan string, n)
+	for i := range n {
+		go func() {
+			prompt := hot + strings.Repeat(fmt.Sprintf("question %d asks a long thing ", i), 8)
+			resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","max_tokens":2,"prompt":`+strconv.Quote(prompt)+`}`)
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("%d %s", resp.StatusCode, body)
+			}
+			got <- resp.Header.Get(router.RouteReceiptHeader)
+		}()
+	}
+	to := map[string]int{}
+	for range n {
+		r := <-got
+		to[strings.SplitN(strings.TrimPrefix(r, "prefill="), "@", 2)[0]]++
+	}
+	if to["p0"] == 0 || to["p1"] == 0 {
+		t.Fatalf("%d requests sharing a held prefix went %v: want most to its holder, the rest spread once its queue is long", n, to)
+	}
+	t.Logf("%d requests sharing p0's prefix: %v", n, to)
+}
