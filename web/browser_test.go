@@ -527,6 +527,7 @@ func TestStatusPageLive(t *testing.T) {
 	t.Run("hostile name is text", func(t *testing.T) {
 		spec := registrytest.Spec(hostile, registry.RoleDecode)
 		spec.Labels = map[string]string{"note": `<script>window.__pwned = true</script>`}
+		spec.KVEvents = registry.KVEvents{Endpoint: "tcp://10.0.0.9:5557", Topic: `<b>kv</b>`}
 		id := f.register(spec)
 		f.markStale(id, `<b onmouseover=alert(2)>reason</b>`, `<svg onload=alert(3)>`)
 		b.waitFor(t, "the hostile peer's row", stateOf(id, "stale"), 5*time.Second)
@@ -552,6 +553,10 @@ func TestStatusPageLive(t *testing.T) {
 		}
 		if got := eval[bool](t, b, `[...document.querySelectorAll('#pd-body .label')].some((e) => e.textContent === 'note=<script>window.__pwned = true</script>')`); !got {
 			t.Error("the hostile label is not shown as text")
+		}
+		// Where its engine publishes its KV events, the topic as text.
+		if got := eval[string](t, b, `[...document.querySelectorAll('#pd-body .facts dt')].find((e) => e.textContent === 'KV events').nextElementSibling.textContent`); !strings.Contains(got, "tcp://10.0.0.9:5557 topic <b>kv</b>") {
+			t.Errorf("KV events fact = %q", got)
 		}
 		injected := eval[[]string](t, b, `[...document.querySelectorAll('img, script, svg[onload], b')]`+
 			`.filter((e) => e.tagName === 'B' || e.hasAttribute('onerror') || e.hasAttribute('onload') || e.getAttribute('src') === 'x' || (e.tagName === 'SCRIPT' && !e.src))`+

@@ -1130,6 +1130,10 @@
         fact('Breaker', breakerBadge(p.breaker)),
         fact('Transfer group', p.transfer_group || '—'),
         fact('KV exchanged with', partners(p)),
+        fact('KV events', p.kv_events
+          ? el('span', null, el('code', null, p.kv_events.endpoint), p.kv_events.topic ? el('span', null, ' topic ', el('code', null, p.kv_events.topic)) : null,
+            el('span', { class: 'muted' }, ' · the precise policy routes by the blocks it holds'))
+          : el('span', { class: 'muted' }, 'none published · the precise policy routes it by the prompt-hash ring')),
         fact('Lease left', el('span', { 'data-lease': p.lease_expiry || '', class: lease.cls }, lease.text)),
         fact('Last heartbeat', el('span', { 'data-ago': p.last_heartbeat || '', title: p.last_heartbeat ? stamp(p.last_heartbeat) : null }, ago(p.last_heartbeat))),
         fact('Heartbeat / lease', p.heartbeat_interval_seconds + ' s / ' + p.lease_ttl_seconds + ' s'),
