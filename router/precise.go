@@ -43,9 +43,15 @@ func (q *promptBlocks) keysFor(bs int) []uint64 {
 
 // promptBlocks asks one of the model's prefills that publish KV events, in
 // turn, for q's tokens; nil when it could not (the request is then routed
-// as cache_aware routes it).
+// as cache_aware routes it). A prefill whose breaker is not closed, or whose
+// events subscription is down, is passed over: a request must not wait out
+// a failing engine's tokenize timeout when its pick would avoid that engine.
 func (rt *Router) promptBlocks(ctx context.Context, q *request, mv *modelView) *promptBlocks {
-	ref := mv.tokenizers[int(mv.tokenizeRR.Add(1)%uint64(len(mv.tokenizers)))]
+	ref := tokenizer(mv)
+	if ref == nil {
+		rt.m.tokenize.failed.Inc()
+		return nil
+	}
 	tokens, err := rt.promptTokens(ctx, q, ref.ep.url, ref.ep.protocol)
 	switch {
 	case errors.Is(err, errNoTokenizer):
@@ -58,6 +64,21 @@ func (rt *Router) promptBlocks(ctx context.Context, q *request, mv *modelView) *
 	}
 	rt.m.tokenize.ok.Inc()
 	return &promptBlocks{tokens: tokens}
+}
+
+// tokenizer picks the next of the model's tokenizers, in turn, that is fit
+// to answer: its breaker closed and its KV events subscription live; nil
+// when none is.
+func tokenizer(mv *modelView) *peerRef {
+	n := uint64(len(mv.tokenizers))
+	start := mv.tokenizeRR.Add(1)
+	for k := range n {
+		ref := mv.tokenizers[(start+k)%n]
+		if s := ref.state.kv.Load(); s != nil && s.live.Load() && ref.state.breaker.current() == breakerClosed {
+			return ref
+		}
+	}
+	return nil
 }
 
 // queuedWork is the router's running estimate of the tokens a prefill
