@@ -617,6 +617,33 @@ func (s *suite) testPreciseRouting(t *testing.T, cp *controlPlane, _ *supervisor
 	if hits != float64(held) || queries != float64(len(b)) {
 		t.Errorf("vLLM's prefix cache hit %v of %v queried tokens; the router's index said %d of %d", hits, queries, held, of)
 	}
+
+	// A chat is tokenized by vLLM's /tokenize with its messages (the
+	// model's chat template): the blocks the router expects held for a
+	// second turn under the same system message are those vLLM's prefix
+	// cache hits.
+	system := strings.Repeat("the system message every turn of this chat repeats ", 9)
+	chat := func(user string) map[string]any {
+		return map[string]any{"model": servedModel, "max_tokens": 4,
+			"messages": []map[string]string{{"role": "system", "content": system}, {"role": "user", "content": user}}}
+	}
+	batches := func() float64 { return sumSeries(metrics(t, cp.URL), "pdplane_router_kv_events_batches_total") }
+	applied := batches()
+	ans = post(t, cp.URL+"/v1/chat/completions", chat("what is held?"), 60*time.Second)
+	wantOK(t, "first chat", ans, "application/json")
+	waitFor(t, "the first chat's blocks indexed", 30*time.Second, func() bool { return batches() > applied })
+	before = metrics(t, s.prefill.URL())
+	ans = post(t, cp.URL+"/v1/chat/completions", chat("and what is routed?"), 60*time.Second)
+	wantOK(t, "second chat", ans, "application/json")
+	held, of = heldOf(ans)
+	after = metrics(t, s.prefill.URL())
+	hits = sumSeries(after, "vllm:prefix_cache_hits_total") - sumSeries(before, "vllm:prefix_cache_hits_total")
+	queries = sumSeries(after, "vllm:prefix_cache_queries_total") - sumSeries(before, "vllm:prefix_cache_queries_total")
+	t.Logf("second chat: the router expected %d of %d tokens held; the prefill's prefix cache hit %v of %v queried", held, of, hits, queries)
+	if held < 2*blockSize || hits != float64(held) || queries != float64(of) {
+		t.Errorf("second chat: the router expected %d of %d tokens held, vLLM's prefix cache hit %v of %v; want the same, two blocks at least",
+			held, of, hits, queries)
+	}
 }
 
 // testLoad: 12 requests at once all succeed, and the load the agents
