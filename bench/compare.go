@@ -379,7 +379,7 @@ func startFleet(ctx context.Context, cfg Config, p Peer, spec fleetSpec) (*fleet
 		}
 	}()
 	var err error
-	if f.serve, f.serveURL, err = startServe(ctx, cfg, cfg.Pdplane, "pdplane serve"); err != nil {
+	if f.serve, f.serveURL, err = startServe(ctx, cfg.Pdplane, "pdplane serve", "--max-inflight", strconv.Itoa(maxInflight(cfg))); err != nil {
 		return nil, err
 	}
 	f.procs = append(f.procs, f.serve)
@@ -444,16 +444,15 @@ func (f *fleet) startPeer(ctx context.Context, cfg Config, p Peer, spec fleetSpe
 	return nil
 }
 
-// startServe starts bin's `serve` as the harness runs pdplane and waits
-// until it answers.
-func startServe(ctx context.Context, cfg Config, bin, name string) (*Process, string, error) {
+// startServe starts bin's `serve` on a free port with args and waits until
+// it answers; it stops it when it does not.
+func startServe(ctx context.Context, bin, name string, args ...string) (*Process, string, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, "", err
 	}
 	url := "http://127.0.0.1:" + strconv.Itoa(port)
-	proc, err := Start(name, nil, bin, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port),
-		"--max-inflight", strconv.Itoa(maxInflight(cfg)))
+	proc, err := Start(name, nil, append([]string{bin, "serve", "--addr", "127.0.0.1:" + strconv.Itoa(port)}, args...)...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -487,7 +486,7 @@ func (f *fleet) startEngines(ctx context.Context, cfg Config, spec fleetSpec, co
 // startBaseline starts the baseline's serve and engines of its own, made
 // as pdplane's are: a serve routes only the engines registered with it.
 func (f *fleet) startBaseline(ctx context.Context, cfg Config, p Peer, spec fleetSpec) error {
-	proc, url, err := startServe(ctx, cfg, p.Bin, "baseline serve")
+	proc, url, err := startServe(ctx, p.Bin, "baseline serve", "--max-inflight", strconv.Itoa(maxInflight(cfg)))
 	if err != nil {
 		return err
 	}

@@ -43,19 +43,11 @@ func startRoutingFleet(ctx context.Context, cfg RoutingConfig, p Peer) (_ *routi
 	var controlPlane, secret string
 	pdplane := p.Name == RouterPdplane || p.Name == RouterPdplaneRing || p.Name == RouterPdplaneP2C
 	if pdplane {
-		port, err := FreePort()
+		serve, url, err := startServe(ctx, cfg.Pdplane, p.Name+" serve", "--prefill-policy", pdplanePolicy(p.Name), "--max-inflight", "4096")
 		if err != nil {
 			return nil, err
 		}
-		controlPlane = "http://127.0.0.1:" + strconv.Itoa(port)
-		serve, err := Start(p.Name+" serve", nil, cfg.Pdplane, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port),
-			"--prefill-policy", pdplanePolicy(p.Name), "--max-inflight", "4096")
-		if err != nil {
-			return nil, err
-		}
-		if err := waitStarted(ctx, serve, controlPlane+"/healthz"); err != nil {
-			return nil, err
-		}
+		controlPlane = url
 		f.procs = append(f.procs, serve)
 		f.url = controlPlane
 	} else {
