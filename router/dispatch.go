@@ -173,9 +173,12 @@ type dispatch struct {
 	key    uint64
 	prompt *promptBlocks // the precise policy's view of the prompt; nil under another
 	// queuedOn is the prefill whose queued tokens count this attempt's
-	// (queuedWork), until its prefill leg ends (prefillEnded).
+	// (queuedWork), until its prefill leg ends (prefillEnded); sentTo, its
+	// subscription, counts the prompt's blocks (sentKeys) until then.
 	queuedOn   atomic.Pointer[peerState]
 	queuedWork int64
+	sentTo     *kvSub
+	sentKeys   []uint64
 	ex         exclusions
 
 	start      time.Time
@@ -495,6 +498,12 @@ func (d *dispatch) attempt(pr *pair) *failure {
 	if q := d.prompt; q != nil && q.scored {
 		d.queuedWork = int64(len(q.tokens) - q.cached)
 		pr.p.state.queued.Add(d.queuedWork)
+		if s := pr.p.state.kv.Load(); s != nil {
+			if bs := s.index.BlockSize(); bs > 0 {
+				d.sentTo, d.sentKeys = s, q.keysFor(bs)
+				s.send(d.sentKeys)
+			}
+		}
 		d.queuedOn.Store(pr.p.state)
 		defer d.prefillEnded()
 	}
@@ -504,10 +513,15 @@ func (d *dispatch) attempt(pr *pair) *failure {
 	return d.runSGLang(pr)
 }
 
-// prefillEnded takes the attempt's tokens off its prefill's queue, once.
+// prefillEnded takes the attempt's tokens off its prefill's queue, and its
+// blocks off those sent there, once.
 func (d *dispatch) prefillEnded() {
 	if st := d.queuedOn.Swap(nil); st != nil {
 		st.queued.Add(-d.queuedWork)
+		if d.sentTo != nil {
+			d.sentTo.unsend(d.sentKeys)
+			d.sentTo, d.sentKeys = nil, nil
+		}
 	}
 }
 

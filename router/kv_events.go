@@ -44,6 +44,17 @@ type kvSub struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	// capacity is the engine's cache in blocks as the index learnt it: the
+	// most blocks the index held, once the engine evicted any (it removes
+	// blocks only when full); 0 before. peak and evicting are run's.
+	capacity atomic.Int64
+	peak     int64
+	evicting bool
+	// sent counts, by key, the blocks of the prompts this router sent the
+	// engine whose prefill legs have not ended (precise.go).
+	sentMu sync.Mutex
+	sent   map[uint64]int32
+
 	refusing              bool // the last batch was refused (run's goroutine only)
 	batches, gaps, resets atomic.Uint64
 	lag                   atomic.Uint64 // seconds between the engine's last batch and its arrival, as float64 bits
@@ -173,9 +184,29 @@ func (s *kvSub) apply(m kvevents.Message, log zerolog.Logger) {
 	}
 	s.refusing = false
 	s.batches.Add(1)
+	s.learnCapacity(m.Batch)
 	if m.Batch.TS > 0 {
 		lag := float64(time.Now().UnixNano())/1e9 - m.Batch.TS
 		s.lag.Store(math.Float64bits(lag))
+	}
+}
+
+// learnCapacity follows the index's size after a batch: the engine's
+// cache holds about as many blocks as the index did at most, once the
+// engine removed one from its GPU (an offload tier's removals say nothing
+// of the GPU's room).
+func (s *kvSub) learnCapacity(b kvevents.Batch) {
+	s.peak = max(s.peak, int64(s.index.Len()))
+	if !s.evicting {
+		for i := range b.Events {
+			if ev := &b.Events[i]; ev.Kind == kvevents.BlockRemoved && (ev.Medium == "" || ev.Medium == "GPU") {
+				s.evicting = true
+				break
+			}
+		}
+	}
+	if s.evicting {
+		s.capacity.Store(s.peak)
 	}
 }
 

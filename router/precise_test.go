@@ -43,18 +43,7 @@ func TestPreciseRoutesToTheHolder(t *testing.T) {
 	})
 	send := func(prompt string) (prefill string, held, of int) {
 		t.Helper()
-		resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","max_tokens":2,"prompt":`+strconv.Quote(prompt)+`}`)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-		r := resp.Header.Get(router.RouteReceiptHeader)
-		m := regexp.MustCompile(`^prefill=(\S+)@\d+ .* held_tokens=(\d+)/(\d+)`).FindStringSubmatch(r)
-		if m == nil {
-			t.Fatalf("route receipt %q says nothing of the held tokens", r)
-		}
-		held, _ = strconv.Atoi(m[2])
-		of, _ = strconv.Atoi(m[3])
-		return m[1], held, of
+		return sendPrompt(t, b, prompt)
 	}
 	batches := func() (n float64) {
 		for _, v := range routertest.Samples(t, b.prom, "pdplane_router_kv_events_batches_total", nil) {
@@ -85,6 +74,94 @@ func TestPreciseRoutesToTheHolder(t *testing.T) {
 	}
 	if predicted := routertest.Value(t, b.prom, "pdplane_router_precise_cached_tokens_total", nil); predicted != hit || hit == 0 {
 		t.Errorf("the router predicted %v cached prompt tokens, the prefills' caches served %v", predicted, hit)
+	}
+}
+
+// sendPrompt posts prompt as a completion through b and returns what its
+// route receipt says: the prefill, and how many of the prompt's tokens the
+// precise policy counted on it holding.
+func sendPrompt(t *testing.T, b *bundle, prompt string) (prefill string, held, of int) {
+	t.Helper()
+	resp, body := b.post(t, "/v1/completions", `{"model":"sim-model","max_tokens":2,"prompt":`+strconv.Quote(prompt)+`}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("%d %s", resp.StatusCode, body)
+		return "", 0, 0
+	}
+	r := resp.Header.Get(router.RouteReceiptHeader)
+	m := regexp.MustCompile(`^prefill=(\S+)@\d+ .* held_tokens=(\d+)/(\d+)`).FindStringSubmatch(r)
+	if m == nil {
+		t.Errorf("route receipt %q says nothing of the held tokens", r)
+		return "", 0, 0
+	}
+	held, _ = strconv.Atoi(m[2])
+	of, _ = strconv.Atoi(m[3])
+	return m[1], held, of
+}
+
+// TestPreciseQueuesBehindTheSamePrefix: a prompt whose prefix another
+// prompt is computing at a prefill goes there, to be computed after it,
+// rather than to an idle prefill that would compute the whole of it; the
+// router counts on the blocks the prompt ahead stores before its events
+// tell of them, and the prefill's cache serves them.
+func TestPreciseQueuesBehindTheSamePrefix(t *testing.T) {
+	t.Parallel()
+	prefills := make([]*sim.Sim, 2)
+	for i := range prefills {
+		c := simtest.Config(fmt.Sprintf("p%d", i), registry.RolePrefill, registry.EngineSGLang)
+		c.KVEventsAddr = "127.0.0.1:0"
+		c.PrefillTimePerToken, c.PrefillSlots = 2*time.Millisecond, 1
+		prefills[i] = simtest.Start(t, c)
+	}
+	d := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
+	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyPrecise, RouteReceipt: true}, prefills[0], prefills[1], d)
+	simtest.WaitFor(t, "both prefills' KV events subscribed", func() bool {
+		return len(routertest.Samples(t, b.prom, "pdplane_router_kv_events_live", nil)) == 2
+	})
+	// The prefills' block size is learnt from their first events.
+	warm := map[string]any{"model": "sim-model", "max_tokens": 2, "prompt": strings.Repeat("warm up ", 8)}
+	for _, p := range prefills {
+		if _, _, err := simtest.NewClient().SGLang(context.Background(), p, d, "/v1/completions", warm, simtest.Room()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	simtest.WaitFor(t, "both prefills' blocks indexed", func() bool {
+		return len(routertest.Samples(t, b.prom, "pdplane_router_kv_index_blocks", nil)) == 2 &&
+			routertest.Value(t, b.prom, "pdplane_router_kv_index_blocks", map[string]string{"peer": "p0"}) > 0 &&
+			routertest.Value(t, b.prom, "pdplane_router_kv_index_blocks", map[string]string{"peer": "p1"}) > 0
+	})
+	cached := func() (n int64) {
+		for _, p := range prefills {
+			n += p.Stats().CachedPromptTokens
+		}
+		return n
+	}
+	before := cached()
+
+	first := strings.Repeat("a long shared prefix the second prompt extends ", 6)
+	type sent struct {
+		prefill  string
+		held, of int
+	}
+	firstDone := make(chan sent, 1)
+	go func() {
+		p, held, of := sendPrompt(t, b, first)
+		firstDone <- sent{p, held, of}
+	}()
+	// The first prompt computes (2 ms a token) at one prefill.
+	simtest.WaitFor(t, "the first prompt at a prefill", func() bool {
+		return prefills[0].Load().Running+prefills[1].Load().Running > 0
+	})
+	p2, held2, of2 := sendPrompt(t, b, first+"and asks one more thing")
+	a := <-firstDone
+	ps := prefills[0].Config().PageSize
+	if p2 != a.prefill || a.held != 0 || held2 == 0 || held2 > a.of/ps*ps {
+		t.Fatalf("the first prompt went to %s with %d of %d tokens held, the second to %s with %d of %d held: want the second behind the first, counting on its blocks",
+			a.prefill, a.held, a.of, p2, held2, of2)
+	}
+	// The router leaves out a prompt's block holding its last token, which
+	// the engine stores: the cache may serve one block more than counted.
+	if hit := int(cached() - before); hit < held2 || hit > held2+ps {
+		t.Errorf("the router counted on %d tokens held, the prefill's cache served %d", held2, hit)
 	}
 }
 
@@ -152,9 +229,9 @@ func TestHostileKVEventsStayWithTheirEngine(t *testing.T) {
 }
 
 // TestPreciseSpreadsAHotPrefix: a prefix held by one prefill goes there
-// while its queue is short, but once the work queued there costs more than
-// computing the whole prompt elsewhere, requests sharing it go to the
-// other prefill, which then holds it too.
+// while its queue is short, but once the work queued there outweighs
+// computing the whole prompt elsewhere (uncached tokens counted twice),
+// requests sharing it go to the other prefill, which then holds it too.
 func TestPreciseSpreadsAHotPrefix(t *testing.T) {
 	t.Parallel()
 	prefills := make([]*sim.Sim, 2)
@@ -176,7 +253,7 @@ func TestPreciseSpreadsAHotPrefix(t *testing.T) {
 	simtest.WaitFor(t, "p0's blocks indexed", func() bool {
 		return routertest.Value(t, b.prom, "pdplane_router_kv_index_blocks", map[string]string{"peer": "p0"}) > 0
 	})
-	const n = 12
+	const n = 16
 	got := make(chan string, n)
 	for i := range n {
 		go func() {

@@ -122,7 +122,7 @@ func (c *serveConfig) flags(fs *cli.FlagSet) {
 	fs.Str(&c.replica, "replica", "", "name of this replica in the stale reports its router makes (default: the host name)")
 	fs.List(&c.apiKeys, "api-keys", "", "comma-separated client API keys required on /v1 and /generate; empty leaves them open")
 	fs.Str(&c.prefillPolicy, "prefill-policy", string(router.PolicyCacheAware), "round_robin, random, power_of_two, least_load, cache_aware "+
-		"or precise (by the prompt blocks each prefill holds, from the KV events its registration names, weighed against its queue)")
+		"or precise (by the prompt blocks each prefill will hold when the prompt computes, from the KV events its registration names and the prompts sent ahead, weighed against its queue)")
 	fs.Str(&c.decodePolicy, "decode-policy", string(router.PolicyPowerOfTwo), "round_robin, random, power_of_two, least_load or cache_aware")
 	fs.Dur(&c.decodeFirstByteTimeout, "decode-first-byte-timeout", router.DefaultDecodeFirstByteTimeout,
 		"how long a streamed decode may send nothing after its prefill succeeded before the request moves to another pair")
