@@ -616,8 +616,8 @@ func (d *dispatch) commit(resp *http.Response, contentLength int) {
 // answered with both generations, the attempts, and each failed attempt's
 // kind and pair, e.g. "prefill=p0@2 decode=d0@1 attempts=2
 // failed=missing_mem_kind:p1>d0". Under the precise policy it also says
-// how many of the prompt's tokens the prefill held by its KV events when it
-// was chosen: "held_tokens=384/400".
+// how many of the prompt's tokens the router counted on the prefill holding
+// when the prompt computes (precise.go held): "held_tokens=384/400".
 const RouteReceiptHeader = "X-Pdplane-Route"
 
 // receipt is the route receipt of the answer being committed.

@@ -118,7 +118,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.tokenize.ok, m.tokenize.failed, m.tokenize.unsupported = tok.WithLabelValues("ok"), tok.WithLabelValues("failed"), tok.WithLabelValues("unsupported")
 	m.preciseTokens.prompt = r.counter("precise_prompt_tokens_total", "Prompt tokens of the requests the precise policy routed by their blocks (first attempts).")
 	m.preciseTokens.cached = r.counter("precise_cached_tokens_total",
-		"Of those, the tokens the chosen prefill held by its KV events when it was chosen: the hit rate the router predicted, to compare with the engines' own.")
+		"Of those, the tokens the router counted on the chosen prefill holding when the prompt computes (by its KV events and the prompts sent ahead): the hit rate the router predicted, to compare with the engines' own.")
 	if r.err != nil {
 		return nil, r.err
 	}

@@ -155,19 +155,9 @@ func (s *kvSub) sentMatch(keys []uint64) int {
 	return len(keys)
 }
 
-// uncachedWeight is what a prompt token a prefill computes costs in a
-// precise pick, against a token of work queued ahead. The prompt waits for
-// both alike; but the tokens it computes also delay every prompt queued
-// behind it there, and take compute the fleet would otherwise have. Counted
-// twice, a prompt waits a little longer for a prefill that holds its prefix
-// rather than compute it again elsewhere and evict another prefix there
-// (router/BENCHMARKS.md: under cache pressure the hit rate rose from about
-// the oracle's to above it, and TTFT p50 fell).
-const uncachedWeight = 2
-
-// precise picks the eligible prefill of least cost: the prompt tokens it
-// will not hold (held), counted twice (uncachedWeight), plus the work queued
-// ahead of it (the uncached tokens of this router's prefills in flight
+// precise picks the eligible prefill where the prompt would be computed
+// soonest: the fewest prompt tokens it will not hold (held) plus the work
+// queued ahead of it (the uncached tokens of this router's prefills in flight
 // there, and the other requests its load reports, at the tokens a request
 // costs on average). Ties go to the first from a random start. It looks at every
 // candidate: O(candidates + blocks matched), no I/O. With no prompt, or no
@@ -202,7 +192,7 @@ func (rt *Router) precise(cs candidates, ring *hashRing, key uint64, pc *pickCtx
 		// reported them, at the tokens a request costs on average.
 		reqs, _ := pc.load(cs, i)
 		others := max(reqs-c.state.inflight.Load(), 0)
-		cost := uncachedWeight*float64(len(q.tokens)-cached) + queued + float64(others)*work
+		cost := float64(len(q.tokens)-cached) + queued + float64(others)*work
 		if best < 0 || cost < bestCost {
 			best, bestCost, bestCached = i, cost, cached
 		}

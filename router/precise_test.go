@@ -100,9 +100,9 @@ func sendPrompt(t *testing.T, b *bundle, prompt string) (prefill string, held, o
 
 // TestPreciseQueuesBehindTheSamePrefix: a prompt whose prefix another
 // prompt is computing at a prefill goes there, to be computed after it,
-// rather than to an idle prefill that would compute the whole of it; the
-// router counts on the blocks the prompt ahead stores before its events
-// tell of them, and the prefill's cache serves them.
+// rather than to the other prefill, as busy, that would compute the whole
+// of it; the router counts on the blocks the prompt ahead stores before its
+// events tell of them, and the prefill's cache serves them.
 func TestPreciseQueuesBehindTheSamePrefix(t *testing.T) {
 	t.Parallel()
 	prefills := make([]*sim.Sim, 2)
@@ -142,17 +142,26 @@ func TestPreciseQueuesBehindTheSamePrefix(t *testing.T) {
 		prefill  string
 		held, of int
 	}
-	firstDone := make(chan sent, 1)
-	go func() {
-		p, held, of := sendPrompt(t, b, first)
-		firstDone <- sent{p, held, of}
-	}()
-	// The first prompt computes (2 ms a token) at one prefill.
-	simtest.WaitFor(t, "the first prompt at a prefill", func() bool {
-		return prefills[0].Load().Running+prefills[1].Load().Running > 0
-	})
+	send := func(prompt string) chan sent {
+		done := make(chan sent, 1)
+		go func() {
+			p, held, of := sendPrompt(t, b, prompt)
+			done <- sent{p, held, of}
+		}()
+		return done
+	}
+	running := func() int { return prefills[0].Load().Running + prefills[1].Load().Running }
+	// The first prompt computes (2 ms a token) at one prefill, then an
+	// unrelated one at the other.
+	firstDone := send(first)
+	simtest.WaitFor(t, "the first prompt at a prefill", func() bool { return running() == 1 })
+	otherDone := send(strings.Repeat("an unrelated prompt of about the same length ", 6))
+	simtest.WaitFor(t, "the unrelated prompt at the other prefill", func() bool { return running() == 2 })
 	p2, held2, of2 := sendPrompt(t, b, first+"and asks one more thing")
-	a := <-firstDone
+	a, other := <-firstDone, <-otherDone
+	if other.prefill == a.prefill {
+		t.Fatalf("both prompts went to %s, the other prefill idle", a.prefill)
+	}
 	ps := prefills[0].Config().PageSize
 	if p2 != a.prefill || a.held != 0 || held2 == 0 || held2 > a.of/ps*ps {
 		t.Fatalf("the first prompt went to %s with %d of %d tokens held, the second to %s with %d of %d held: want the second behind the first, counting on its blocks",
@@ -229,9 +238,9 @@ func TestHostileKVEventsStayWithTheirEngine(t *testing.T) {
 }
 
 // TestPreciseSpreadsAHotPrefix: a prefix held by one prefill goes there
-// while its queue is short, but once the work queued there outweighs
-// computing the whole prompt elsewhere (uncached tokens counted twice),
-// requests sharing it go to the other prefill, which then holds it too.
+// while its queue is short, but once the work queued there costs more than
+// computing the whole prompt elsewhere, requests sharing it go to the
+// other prefill, which then holds it too.
 func TestPreciseSpreadsAHotPrefix(t *testing.T) {
 	t.Parallel()
 	prefills := make([]*sim.Sim, 2)
