@@ -172,14 +172,10 @@ type dispatch struct {
 	rid    string
 	key    uint64
 	prompt *promptBlocks // the precise policy's view of the prompt; nil under another
-	// queuedOn is the prefill whose queued tokens count this attempt's
-	// (queuedWork), until its prefill leg ends (prefillEnded); sentTo, its
-	// subscription, counts the prompt's blocks (sentKeys) until then.
-	queuedOn   atomic.Pointer[peerState]
-	queuedWork int64
-	sentTo     *kvSub
-	sentKeys   []uint64
-	ex         exclusions
+	// queued is what this attempt's prompt adds to its prefill's queue
+	// (precise), until its prefill leg ends (prefillEnded).
+	queued atomic.Pointer[queuedPrompt]
+	ex     exclusions
 
 	start      time.Time
 	dispatched time.Time
@@ -496,15 +492,7 @@ func (d *dispatch) attempt(pr *pair) *failure {
 	defer pr.p.state.inflight.Add(-1)
 	defer pr.d.state.inflight.Add(-1)
 	if q := d.prompt; q != nil && q.scored {
-		d.queuedWork = int64(len(q.tokens) - q.cached)
-		pr.p.state.queued.Add(d.queuedWork)
-		if s := pr.p.state.kv.Load(); s != nil {
-			if bs := s.index.BlockSize(); bs > 0 {
-				d.sentTo, d.sentKeys = s, q.keysFor(bs)
-				s.send(d.sentKeys)
-			}
-		}
-		d.queuedOn.Store(pr.p.state)
+		d.queued.Store(q.enqueue(pr.p.state))
 		defer d.prefillEnded()
 	}
 	if proto == registry.EngineVLLM {
@@ -513,15 +501,10 @@ func (d *dispatch) attempt(pr *pair) *failure {
 	return d.runSGLang(pr)
 }
 
-// prefillEnded takes the attempt's tokens off its prefill's queue, and its
-// blocks off those sent there, once.
+// prefillEnded takes the attempt's prompt off its prefill's queue, once.
 func (d *dispatch) prefillEnded() {
-	if st := d.queuedOn.Swap(nil); st != nil {
-		st.queued.Add(-d.queuedWork)
-		if d.sentTo != nil {
-			d.sentTo.unsend(d.sentKeys)
-			d.sentTo, d.sentKeys = nil, nil
-		}
+	if qp := d.queued.Swap(nil); qp != nil {
+		qp.dequeue()
 	}
 }
 

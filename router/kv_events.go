@@ -194,7 +194,9 @@ func (s *kvSub) apply(m kvevents.Message, log zerolog.Logger) {
 // learnCapacity follows the index's size after a batch: the engine's
 // cache holds about as many blocks as the index did at most, once the
 // engine removed one from its GPU (an offload tier's removals say nothing
-// of the GPU's room).
+// of the GPU's room). vLLM removes a cached block's hash only when the
+// block is taken for another (v1/core/block_pool.py
+// _maybe_evict_cached_block, BlockRemoved with medium "GPU").
 func (s *kvSub) learnCapacity(b kvevents.Batch) {
 	s.peak = max(s.peak, int64(s.index.Len()))
 	if !s.evicting {

@@ -118,6 +118,38 @@ func (s *kvSub) held(keys []uint64, queued float64) float64 {
 	return max(n, float64(s.sentMatch(keys)))
 }
 
+// queuedPrompt is a prompt the precise policy sent a prefill, as the
+// prefill's queue counts it until the prompt's prefill leg ends: its
+// uncached tokens, and its blocks among those sent the engine.
+type queuedPrompt struct {
+	st     *peerState
+	tokens int64
+	sub    *kvSub // nil when the engine's block size is not known yet
+	keys   []uint64
+}
+
+// enqueue counts q at prefill st: its uncached tokens in st's queue, its
+// blocks among those sent st's engine.
+func (q *promptBlocks) enqueue(st *peerState) *queuedPrompt {
+	qp := &queuedPrompt{st: st, tokens: int64(len(q.tokens) - q.cached)}
+	st.queued.Add(qp.tokens)
+	if s := st.kv.Load(); s != nil {
+		if bs := s.index.BlockSize(); bs > 0 {
+			qp.sub, qp.keys = s, q.keysFor(bs)
+			s.send(qp.keys)
+		}
+	}
+	return qp
+}
+
+// dequeue undoes enqueue.
+func (qp *queuedPrompt) dequeue() {
+	qp.st.queued.Add(-qp.tokens)
+	if qp.sub != nil {
+		qp.sub.unsend(qp.keys)
+	}
+}
+
 // send counts keys, the blocks of a prompt sent to the engine, until unsend.
 func (s *kvSub) send(keys []uint64) {
 	s.sentMu.Lock()
