@@ -30,12 +30,7 @@ import (
 // tokens that prefill held; the prefill's own cache agrees.
 func TestPreciseRoutesToTheHolder(t *testing.T) {
 	t.Parallel()
-	prefills := make([]*sim.Sim, 2)
-	for i := range prefills {
-		c := simtest.Config(fmt.Sprintf("p%d", i), registry.RolePrefill, registry.EngineSGLang)
-		c.KVEventsAddr, c.KVEventsReplayAddr = "127.0.0.1:0", "127.0.0.1:0"
-		prefills[i] = simtest.Start(t, c)
-	}
+	prefills := startPrefills(t, func(c *sim.Config) { c.KVEventsReplayAddr = "127.0.0.1:0" })
 	d := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
 	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyPrecise, RouteReceipt: true}, prefills[0], prefills[1], d)
 	simtest.WaitFor(t, "both prefills' KV events subscribed", func() bool {
@@ -77,6 +72,20 @@ func TestPreciseRoutesToTheHolder(t *testing.T) {
 	}
 }
 
+// startPrefills starts two SGLang prefill sims, p0 and p1, that publish KV
+// events, each with edit's changes to its config.
+func startPrefills(t *testing.T, edit func(*sim.Config)) []*sim.Sim {
+	t.Helper()
+	prefills := make([]*sim.Sim, 2)
+	for i := range prefills {
+		c := simtest.Config(fmt.Sprintf("p%d", i), registry.RolePrefill, registry.EngineSGLang)
+		c.KVEventsAddr = "127.0.0.1:0"
+		edit(&c)
+		prefills[i] = simtest.Start(t, c)
+	}
+	return prefills
+}
+
 // sendPrompt posts prompt as a completion through b and returns what its
 // route receipt says: the prefill, and how many of the prompt's tokens the
 // precise policy counted on it holding.
@@ -105,13 +114,7 @@ func sendPrompt(t *testing.T, b *bundle, prompt string) (prefill string, held, o
 // events tell of them, and the prefill's cache serves them.
 func TestPreciseQueuesBehindTheSamePrefix(t *testing.T) {
 	t.Parallel()
-	prefills := make([]*sim.Sim, 2)
-	for i := range prefills {
-		c := simtest.Config(fmt.Sprintf("p%d", i), registry.RolePrefill, registry.EngineSGLang)
-		c.KVEventsAddr = "127.0.0.1:0"
-		c.PrefillTimePerToken, c.PrefillSlots = 2*time.Millisecond, 1
-		prefills[i] = simtest.Start(t, c)
-	}
+	prefills := startPrefills(t, func(c *sim.Config) { c.PrefillTimePerToken, c.PrefillSlots = 2*time.Millisecond, 1 })
 	d := simtest.Start(t, simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang))
 	b := setupSims(t, router.Config{PrefillPolicy: router.PolicyPrecise, RouteReceipt: true}, prefills[0], prefills[1], d)
 	simtest.WaitFor(t, "both prefills' KV events subscribed", func() bool {
@@ -243,13 +246,9 @@ func TestHostileKVEventsStayWithTheirEngine(t *testing.T) {
 // other prefill, which then holds it too.
 func TestPreciseSpreadsAHotPrefix(t *testing.T) {
 	t.Parallel()
-	prefills := make([]*sim.Sim, 2)
-	for i := range prefills {
-		c := simtest.Config(fmt.Sprintf("p%d", i), registry.RolePrefill, registry.EngineSGLang)
-		c.KVEventsAddr = "127.0.0.1:0"
+	prefills := startPrefills(t, func(c *sim.Config) {
 		c.PrefillTimePerToken, c.PrefillSlots, c.Pages = 200*time.Microsecond, 1, 4096
-		prefills[i] = simtest.Start(t, c)
-	}
+	})
 	dc := simtest.Config("d0", registry.RoleDecode, registry.EngineSGLang)
 	dc.Pages = 4096 // every prompt's pages at once
 	d := simtest.Start(t, dc)
